@@ -1,0 +1,1 @@
+"""Draftline: a reproducible DVC pipeline that trains EAGLE-3 draft models."""

@@ -1,0 +1,98 @@
+"""Small file helpers shared by the stages: JSON/JSONL reading and atomic writing, meta.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temp path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: str | Path, obj) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=False, ensure_ascii=False)
+        f.write("\n")
+
+
+def read_json(path: str | Path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def read_jsonl_tolerant(path: str | Path) -> tuple[list[dict], int]:
+    """Rows of an append-only file that may end in a line cut by a kill; returns (rows, bad_lines)."""
+    rows, bad = [], 0
+    if not Path(path).exists():
+        return rows, bad
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return rows, bad
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_meta(directory: str | Path, stage: str, params: dict, **extra) -> None:
+    """meta.json beside an artifact: what made it (stage, its params, versions, extra facts)."""
+    import importlib.metadata as md
+
+    versions = {}
+    for pkg in ("draftline", "torch", "transformers", "speculators", "datasets"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    write_json(
+        Path(directory) / "meta.json",
+        {"stage": stage, "params": params, "versions": versions, "python": platform.python_version(), **extra},
+    )

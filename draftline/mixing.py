@@ -1,0 +1,113 @@
+"""The weighted, prefix-stable mix of prepared datasets into eval and train prompts.
+
+One merged sequence decides both splits. Each dataset's rows are ordered by a seeded hash of their
+id; the j-th row of dataset d gets the key (j + 0.5) / w_d (weights normalized to sum 1), ties
+broken by dataset name, and merging by key interleaves the datasets in proportion to their
+weights; a dataset that runs out just stops contributing. The first `eval_samples` rows of the
+sequence are eval, the next `samples` rows are train. The sequence does not depend on `samples`,
+so train for samples=N is the first N rows of train for samples=M > N, and eval never moves.
+
+Weights are relative (normalized); a weight of 0 leaves its dataset out entirely.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterator
+from itertools import islice
+
+from draftline.formats import content_hash
+from draftline.io import text_sha256
+
+
+def drop_cross_duplicates(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, int]]:
+    """Keep each conversation (messages+tools) once, in the first dataset by name; count dropped copies."""
+    seen, kept, dropped = set(), {}, {}
+    for name in sorted(pools):
+        kept[name], dropped[name] = [], 0
+        for row in pools[name]:
+            digest = content_hash(row["messages"], row["tools"])
+            if digest in seen:
+                dropped[name] += 1
+            else:
+                seen.add(digest)
+                kept[name].append(row)
+    return kept, dropped
+
+
+def make_ids_unique(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+    """Rename an id already used by an earlier dataset (name order) to "<source>/<id>"; count renames.
+
+    Ids are unique within a prepared dataset, but two hub datasets can both number their rows 0, 1, ...
+    and downstream stages key their records by id.
+    """
+    taken, out, renamed = set(), {}, 0
+    for name in sorted(pools):
+        out[name] = []
+        for row in pools[name]:
+            if row["id"] in taken:
+                row, renamed = {**row, "id": f"{name}/{row['id']}"}, renamed + 1
+            out[name].append(row)
+        taken |= {row["id"] for row in out[name]}
+    return out, renamed
+
+
+def seeded_order(rows: list[dict], source: str, seed: int) -> list[dict]:
+    """Rows in the order of sha256(seed:source:id): a shuffle that is stable as rows come and go."""
+    return sorted(rows, key=lambda row: text_sha256(f"{seed}:{source}:{row['id']}"))
+
+
+def keyed(rows: list[dict], name: str, share: float) -> Iterator[tuple]:
+    """(key, name, j, row) for row j of one dataset; key (j + 0.5) / share rises by 1/share per row."""
+    return (((j + 0.5) / share, name, j, row) for j, row in enumerate(rows))
+
+
+def merge_by_weight(ordered: dict[str, list[dict]], weights: dict[str, float]) -> Iterator[dict]:
+    """The merged sequence of all datasets' ordered rows, smallest key first, ties by dataset name."""
+    total = sum(weights[name] for name in ordered)
+    streams = [keyed(ordered[name], name, weights[name] / total) for name in sorted(ordered) if weights[name] > 0]
+    for *_, row in heapq.merge(*streams):  # (key, name, j) is unique, so rows are never compared
+        yield row
+
+
+def tag_partition(rows: list[dict], long_threshold_tokens: int) -> list[dict]:
+    """Each row with "partition": "long" when its prompt estimate exceeds the threshold, else "short"."""
+    return [{**row, "partition": "long" if row["prompt_tokens_est"] > long_threshold_tokens else "short"}
+            for row in rows]
+
+
+def split_counts(rows: list[dict]) -> dict:
+    return {"rows": len(rows), "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
+            "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")}}
+
+
+def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], samples: int, eval_samples: int,
+                 long_threshold_tokens: int, seed: int) -> tuple[list[dict], list[dict], dict]:
+    """(train, eval, report) from prepared records per dataset; see the module docstring for the rule.
+
+    Fewer rows than requested is not an error: everything is taken and the shortfall reported. Only a
+    train split left empty (every row went to eval) raises ValueError.
+    """
+    pools = {name: rows for name, rows in pools.items() if weights[name] > 0}
+    pools, duplicates = drop_cross_duplicates(pools)
+    pools, renamed = make_ids_unique(pools)
+    ordered = {name: seeded_order(rows, name, seed) for name, rows in pools.items()}
+    sequence = merge_by_weight(ordered, weights)
+    eval_rows = tag_partition(list(islice(sequence, eval_samples)), long_threshold_tokens)
+    train = tag_partition(list(islice(sequence, samples)), long_threshold_tokens)  # continues after eval
+    if not train:
+        raise ValueError(f"mix: no rows left for train; {len(eval_rows)} rows all went to eval "
+                         f"(eval_samples={eval_samples})")
+    total = sum(weights[name] for name in pools)
+    report = {
+        "requested": {"train": samples, "eval": eval_samples},
+        "weights": {name: weights[name] / total for name in sorted(pools)},
+        "available": {name: len(rows) for name, rows in sorted(pools.items())},
+        "train": split_counts(train),
+        "eval": split_counts(eval_rows),
+        "duplicates_dropped": {"total": sum(duplicates.values()), "by_source": duplicates},
+        "ids_renamed": renamed,
+        "shortfall": {"train": samples - len(train), "eval": eval_samples - len(eval_rows)},
+    }
+    return train, eval_rows, report

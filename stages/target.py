@@ -1,0 +1,42 @@
+"""Stage `target`: resolve the target model into models/target/card.json.
+
+    python -m stages.target models/target
+
+`target.model: tiny` builds the embedded chat model into models/target/ (tokenizer with chat
+tokens, chat template, Llama weights trained for a few CPU minutes). A hub id or a local path is
+only read (config + tokenizer) into the same card.
+"""
+
+import sys
+from pathlib import Path
+
+from draftline.config import stage_params
+
+
+def main(out_dir: str) -> None:
+    params = stage_params()
+    cfg = params.target
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from draftline.io import write_json, write_meta
+    from draftline.target import build_card
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.model == "tiny":
+        from draftline.tiny import build_tiny_target
+
+        with Progress(TextColumn("tiny target"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"), TimeRemainingColumn()) as bar:
+            task = bar.add_task("train", total=cfg.tiny.train_steps, loss=float("nan"))
+            stats = build_tiny_target(cfg.tiny, out, lambda step, total, loss: bar.update(task, completed=step, loss=loss))
+        card = build_card(str(out), "tiny", None, cfg.aux_layer_ids, {"tiny_training": stats})
+    else:
+        card = build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {})
+    write_json(out / "card.json", card)
+    write_meta(out, "target", cfg.model_dump())
+    print(f"target: {card['architecture']} {card['num_layers']} layers, hidden {card['hidden_size']}, "
+          f"vocab {card['vocab_size']}, aux layers {card['aux_layer_ids']}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

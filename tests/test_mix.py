@@ -1,0 +1,111 @@
+"""draftline.mixing and stages/mix.py: prefix stability, held-out eval, weights, partitions, dedup."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftline.formats import prepare_records, read_rows
+from draftline.mixing import mix_datasets
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = {"messages": ROOT / "datasets/samples/openai_messages.jsonl", "sharegpt": ROOT / "datasets/samples/sharegpt.jsonl"}
+
+
+@pytest.fixture(scope="module")
+def pools() -> dict[str, list[dict]]:
+    """The bundled samples, prepared: ~594 rows each, 72 prose/colour conversations in both."""
+    return {name: prepare_records(read_rows(str(path)), name)[0] for name, path in SAMPLES.items()}
+
+
+def make_pool(source: str, n: int, prompt_chars=lambda i: 8) -> list[dict]:
+    return [{"id": f"{source}-{i}", "source": source, "tools": None, "prompt_tokens_est": -(-prompt_chars(i) // 4),
+             "messages": [{"role": "user", "content": f"{source} question {i}".ljust(prompt_chars(i), ".")},
+                          {"role": "assistant", "content": ""}]} for i in range(n)]
+
+
+def mix(pools, weights, samples, eval_samples=24, threshold=1024, seed=0):
+    return mix_datasets(pools, weights, samples, eval_samples, threshold, seed)
+
+
+def test_train_is_prefix_stable_and_eval_does_not_move(pools):
+    weights = {"messages": 0.5, "sharegpt": 0.5}
+    train_50, eval_50, _ = mix(pools, weights, 50)
+    train_200, eval_200, _ = mix(pools, weights, 200)
+    assert len(train_50) == 50 and len(train_200) == 200
+    assert train_200[:50] == train_50
+    assert eval_50 == eval_200 and len(eval_200) == 24
+    eval_ids = {r["id"] for r in eval_200}
+    assert not eval_ids & {r["id"] for r in mix(pools, weights, 2000)[0]}  # disjoint even when all is taken
+    assert mix(pools, weights, 50, seed=1)[1] != eval_50  # the seed does reshuffle
+
+
+def test_weights_roughly_honoured(pools):
+    train, eval_rows, report = mix(pools, {"messages": 0.75, "sharegpt": 0.25}, 400)
+    share = report["train"]["by_source"]["messages"] / 400
+    assert abs(share - 0.75) < 0.02
+    assert report["eval"]["by_source"] == {"messages": 18, "sharegpt": 6}
+    # Weights are relative: 3:1 is the same mix as 0.75:0.25.
+    assert mix(pools, {"messages": 3, "sharegpt": 1}, 400)[0] == train
+    # A zero weight leaves the dataset out.
+    assert {r["source"] for r in mix(pools, {"messages": 1, "sharegpt": 0}, 100)[0]} == {"messages"}
+
+
+def test_dataset_that_runs_out_stops_and_shortfall_is_reported():
+    small, big = make_pool("small", 30), make_pool("big", 1000)
+    train, eval_rows, report = mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10)
+    assert len(train) == 200 and report["shortfall"] == {"train": 0, "eval": 0}
+    assert report["train"]["by_source"] == {"big": 175, "small": 25}  # 5 of small's 30 went to eval
+    train, eval_rows, report = mix({"small": small}, {"small": 1}, 200, eval_samples=10)
+    assert len(train) == 20 and report["shortfall"] == {"train": 180, "eval": 0}
+    with pytest.raises(ValueError, match="no rows left for train"):
+        mix({"small": small}, {"small": 1}, 200, eval_samples=30)
+
+
+def test_partition_tagging():
+    pool = make_pool("p", 100, prompt_chars=lambda i: 4000 if i % 4 == 0 else 40)  # 1000 vs 10 tokens
+    train, eval_rows, report = mix({"p": pool}, {"p": 1}, 76, threshold=999)
+    for row in train + eval_rows:
+        assert row["partition"] == ("long" if row["prompt_tokens_est"] > 999 else "short")
+    assert report["train"]["by_partition"]["long"] + report["eval"]["by_partition"]["long"] == 25
+    assert mix({"p": pool}, {"p": 1}, 76, threshold=1000)[2]["train"]["by_partition"]["long"] == 0  # "above" is strict
+
+
+def test_cross_dataset_duplicates_kept_once(pools):
+    _, _, report = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 5000)
+    assert report["duplicates_dropped"] == {"total": 72, "by_source": {"messages": 0, "sharegpt": 72}}
+    assert report["available"] == {"messages": 594, "sharegpt": 522}
+    # Same content under different ids: kept in the first dataset by name; same id, other content: renamed.
+    a, b = make_pool("a", 5), make_pool("b", 5)
+    b[0] = {**a[0], "id": "b-zero", "source": "b"}
+    b[1] = {**b[1], "id": a[1]["id"]}
+    train, eval_rows, report = mix({"b": b, "a": a}, {"a": 1, "b": 1}, 20, eval_samples=2)
+    rows = train + eval_rows
+    assert len(rows) == 9 and report["duplicates_dropped"]["by_source"] == {"a": 0, "b": 1}
+    assert len({r["id"] for r in rows}) == 9 and "b/a-1" in {r["id"] for r in rows}
+    assert report["ids_renamed"] == 1
+
+
+def test_mix_stage(tmp_path, pools):
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    for name, rows in pools.items():
+        (prepared / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "params.yaml").write_text(
+        f"samples: 100\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
+        f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"
+        "mix: {weights: {messages: 0.5, sharegpt: 0.5}, eval_samples: 12, long_threshold_tokens: 100}\n")
+    done = subprocess.run([sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "mixed", "reports/mix.json"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    train = [json.loads(line) for line in open(tmp_path / "mixed/train.jsonl")]
+    eval_rows = [json.loads(line) for line in open(tmp_path / "mixed/eval.jsonl")]
+    assert len(train) == 100 and len(eval_rows) == 12
+    assert train == mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 100, 12, 100)[0]
+    report = json.loads((tmp_path / "reports/mix.json").read_text())
+    assert report["train"]["by_partition"]["long"] == sum(r["partition"] == "long" for r in train) > 0
+    meta = json.loads((tmp_path / "mixed/meta.json").read_text())
+    assert meta["stage"] == "mix" and set(meta["inputs"]) == {"messages", "sharegpt"}

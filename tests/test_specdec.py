@@ -1,0 +1,39 @@
+"""The built-in speculative decoder is lossless: its output is the target's greedy output."""
+
+import torch
+
+from draftline.draft import build_draft
+from draftline.specdec import greedy_generate, speculative_generate
+from draftline.target import load_target
+
+
+def test_greedy_matches_hf_generate(random_target):
+    model, _ = load_target(random_target)
+    prompt = [1, 40, 41, 42, 2, 1, 50]
+    ours = greedy_generate(model, prompt, 20, eos_ids={-1})
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    assert ours.tokens == ref[0, len(prompt):].tolist()
+
+
+def test_speculative_equals_greedy_with_untrained_draft(random_target, vocab_dir):
+    model, _ = load_target(random_target)
+    torch.manual_seed(1)
+    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    for prompt in ([1, 40, 41, 42, 2, 1, 50], [7] * 30, [3, 99, 150, 12]):
+        for k in (1, 3, 5):
+            plain = greedy_generate(model, prompt, 40, eos_ids={-1})
+            spec = speculative_generate(model, draft, random_target["aux_layer_ids"], prompt, 40, k, eos_ids={-1})
+            assert spec.tokens == plain.tokens
+            assert sum(spec.accepted_per_round) + 1 >= len(spec.tokens)  # prefill gives the first token
+            assert all(1 <= a <= k + 1 for a in spec.accepted_per_round)
+
+
+def test_eos_stops_both(random_target, vocab_dir):
+    model, _ = load_target(random_target)
+    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    prompt = [1, 40, 41, 42]
+    free = greedy_generate(model, prompt, 30, eos_ids={-1}).tokens
+    stop = {free[5]}  # pretend the 6th generated token is end-of-turn
+    plain = greedy_generate(model, prompt, 30, eos_ids=stop)
+    spec = speculative_generate(model, draft, random_target["aux_layer_ids"], prompt, 30, 4, eos_ids=stop)
+    assert plain.tokens == spec.tokens and plain.tokens[-1] in stop and len(plain.tokens) <= 6
