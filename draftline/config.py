@@ -68,6 +68,8 @@ class MixConfig(Section):
 
 class RegenerateConfig(Section):
     backend: Literal["transformers"] = "transformers"
+    continuous_batching: bool = False  # transformers serve --continuous-batching (see serving.py)
+    cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
     host: str = "127.0.0.1"
     port: int = Field(8011, ge=1024, le=65535)
     concurrency: int = Field(32, ge=1)  # short partition

@@ -17,11 +17,19 @@ import urllib.request
 from pathlib import Path
 
 
-def transformers_serve_command(model: str, host: str, port: int) -> list[str]:
-    # `transformers serve` loads the model named in each request; naming it on the command line
-    # preloads it. --continuous-batching serves concurrent requests together (one at a time without).
+def transformers_serve_command(model: str, host: str, port: int, continuous_batching: bool, cb_num_blocks: int) -> list[str]:
+    """`transformers serve` pinned to the target: naming the model preloads it (the port opens once
+    it is loaded) and requests must then name exactly the same string.
+
+    Continuous batching is off by default: on CPU it was slower than the plain server, sized its KV
+    cache from total RAM (one server took 88% of 24 GB), and kept the sampling settings of the
+    first request for all later ones. When on, the cache is bounded by --cb-num-blocks.
+    """
     exe = Path(sys.executable).with_name("transformers")
-    return [str(exe), "serve", model, "--device", "cpu" if not _has_cuda() else "cuda", "--continuous-batching", "--host", host, "--port", str(port)]
+    cmd = [str(exe), "serve", model, "--device", "cuda" if _has_cuda() else "cpu", "--host", host, "--port", str(port)]
+    if continuous_batching:
+        cmd += ["--continuous-batching", "--cb-num-blocks", str(cb_num_blocks)]
+    return cmd
 
 
 def _has_cuda() -> bool:
@@ -63,7 +71,8 @@ def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_pa
     raise RuntimeError(f"server not healthy after {timeout_s:.0f}s; log tail:\n{log_tail(log_path)}")
 
 
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGTERM the group, SIGKILL it after grace_s (a batching worker can outlive uvicorn's exit)."""
     if proc.poll() is not None:
         return
     try:

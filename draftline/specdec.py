@@ -35,6 +35,13 @@ class Generation:
         return sum(rounds) / len(rounds) if rounds else 0.0
 
 
+def _keep_first(cache, n: int) -> None:
+    """Crop a KV cache to its first n positions (negative crop = number of positions to drop)."""
+    extra = cache.get_seq_length() - n
+    if extra > 0:
+        cache.crop(-extra)
+
+
 def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
     """Cut at the first eos (kept) or at max_new_tokens; True when generation is over."""
     for i, t in enumerate(tokens[:max_new_tokens]):
@@ -127,7 +134,7 @@ class DraftRunner:
             ids = torch.tensor([[proposal[-1]]], device=self.device)
             logits, hidden = self._layers(ids, hidden, pos, cache, None)
             proposal.append(int(self._to_target_ids(logits[0, -1].argmax())))
-        cache.crop(fixed_len)  # drop the speculative steps; step-0 entries stay valid
+        _keep_first(cache, fixed_len)  # drop the speculative steps; step-0 entries stay valid
         return proposal
 
 
@@ -154,7 +161,7 @@ def speculative_generate(target, draft, aux_layer_ids: list[int], prompt: list[i
         seq.extend(proposal[:a] + [target_choice[a]])
         gen.target_forwards += 1
         gen.accepted_per_round.append(a + 1)
-        t_cache.crop(n + 2 + a)  # positions 0..n+1+a are now fixed
+        _keep_first(t_cache, n + 2 + a)  # positions 0..n+1+a are now fixed
         aux = verify_aux[:, : a + 1]  # features of positions n+1..n+1+a
         pending_from = n + 1
     gen.seconds = time.perf_counter() - start

@@ -149,7 +149,7 @@ def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
 
     model.eval()
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

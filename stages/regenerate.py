@@ -27,6 +27,18 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     from draftline.serving import ManagedServer, server_env, transformers_serve_command
 
     card = read_json(card_path)
+    if cfg.temperature > 0:
+        from transformers import GenerationConfig
+
+        try:
+            do_sample = GenerationConfig.from_pretrained(card["model"], revision=card.get("revision")).do_sample
+        except OSError:
+            do_sample = False
+        if not do_sample:
+            # transformers serve only samples when the model's generation_config says do_sample:
+            # otherwise a temperature > 0 request is silently answered greedily.
+            raise SystemExit("error: regenerate.temperature > 0 but the target's generation_config has no "
+                             "do_sample: true, so `transformers serve` would decode greedily")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
@@ -47,7 +59,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     start = time.perf_counter()
     if todo:
         base_url = f"http://{cfg.host}:{cfg.port}"
-        command = transformers_serve_command(card["model"], cfg.host, cfg.port)
+        command = transformers_serve_command(card["model"], cfg.host, cfg.port, cfg.continuous_batching, cfg.cb_num_blocks)
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed)
         with ManagedServer(command, server_env(out / ".hf_cache"), base_url, out / "server.log", cfg.startup_timeout_s):
             client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=cfg.request_timeout_s, max_retries=cfg.max_retries)
