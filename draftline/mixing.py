@@ -7,12 +7,21 @@ weights; a dataset that runs out just stops contributing. The first `eval_sample
 sequence are eval, the next `samples` rows are train. The sequence does not depend on `samples`,
 so train for samples=N is the first N rows of train for samples=M > N, and eval never moves.
 
+A cap stops a dataset from giving more than `cap` train rows: past it, its rows are skipped in the
+sequence and the others fill in. Skipping never reorders what is left, so caps stay prefix-stable
+(and eval, taken before any skipping, does not move).
+
 Weights are relative (normalized); a weight of 0 leaves its dataset out entirely.
+
+Rows need only "id", "source", "prompt_tokens_est" and either "messages"+"tools" or their
+precomputed content "digest": the mix stage passes such light rows and reads the full records of
+the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Iterator
 from itertools import islice
@@ -21,19 +30,23 @@ from draftline.formats import content_hash
 from draftline.io import text_sha256
 
 
-def drop_cross_duplicates(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, int]]:
-    """Keep each conversation (messages+tools) once, in the first dataset by name; count dropped copies."""
-    seen, kept, dropped = set(), {}, {}
+def drop_cross_duplicates(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
+    """Keep each conversation (messages+tools) once, in the first dataset by name.
+
+    Returns the kept rows and, per dataset, how many of its rows were copies of which earlier dataset's
+    ({"sharegpt": {"messages": 72}}: 72 sharegpt rows dropped, already in messages).
+    """
+    first_seen, kept, copies = {}, {}, {}
     for name in sorted(pools):
-        kept[name], dropped[name] = [], 0
+        kept[name], copies[name] = [], Counter()
         for row in pools[name]:
-            digest = content_hash(row["messages"], row["tools"])
-            if digest in seen:
-                dropped[name] += 1
+            digest = row.get("digest") or content_hash(row["messages"], row["tools"])
+            if digest in first_seen:
+                copies[name][first_seen[digest]] += 1
             else:
-                seen.add(digest)
+                first_seen[digest] = name
                 kept[name].append(row)
-    return kept, dropped
+    return kept, {name: dict(sorted(c.items())) for name, c in copies.items()}
 
 
 def make_ids_unique(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
@@ -82,31 +95,50 @@ def split_counts(rows: list[dict]) -> dict:
             "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")}}
 
 
+def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:
+    """The rows, skipping those of a dataset that already gave its cap (by "source")."""
+    given = Counter()
+    for row in rows:
+        if given[row["source"]] < caps.get(row["source"], math.inf):
+            given[row["source"]] += 1
+            yield row
+
+
 def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], samples: int, eval_samples: int,
-                 long_threshold_tokens: int, seed: int) -> tuple[list[dict], list[dict], dict]:
+                 long_threshold_tokens: int, seed: int, caps: dict[str, int] | None = None
+                 ) -> tuple[list[dict], list[dict], dict]:
     """(train, eval, report) from prepared records per dataset; see the module docstring for the rule.
 
-    Fewer rows than requested is not an error: everything is taken and the shortfall reported. Only a
-    train split left empty (every row went to eval) raises ValueError.
+    Fewer rows than requested is not an error: everything is taken and the shortfall reported. A train
+    split left empty (every row went to eval) or a cap naming no dataset raises ValueError.
     """
+    caps = caps or {}
+    if unknown := sorted(set(caps) - set(pools)):
+        raise ValueError(f"mix.caps names unknown datasets {unknown}; datasets: {', '.join(sorted(pools))}")
     pools = {name: rows for name, rows in pools.items() if weights[name] > 0}
-    pools, duplicates = drop_cross_duplicates(pools)
+    pools, copies = drop_cross_duplicates(pools)
     pools, renamed = make_ids_unique(pools)
     ordered = {name: seeded_order(rows, name, seed) for name, rows in pools.items()}
     sequence = merge_by_weight(ordered, weights)
     eval_rows = tag_partition(list(islice(sequence, eval_samples)), long_threshold_tokens)
-    train = tag_partition(list(islice(sequence, samples)), long_threshold_tokens)  # continues after eval
+    # continues after eval
+    train = tag_partition(list(islice(under_caps(sequence, caps), samples)), long_threshold_tokens)
     if not train:
         raise ValueError(f"mix: no rows left for train; {len(eval_rows)} rows all went to eval "
                          f"(eval_samples={eval_samples})")
     total = sum(weights[name] for name in pools)
+    train_counts = Counter(row["source"] for row in train)
     report = {
         "requested": {"train": samples, "eval": eval_samples},
         "weights": {name: weights[name] / total for name in sorted(pools)},
         "available": {name: len(rows) for name, rows in sorted(pools.items())},
         "train": split_counts(train),
         "eval": split_counts(eval_rows),
-        "duplicates_dropped": {"total": sum(duplicates.values()), "by_source": duplicates},
+        "caps": {name: caps[name] for name in sorted(caps) if name in pools},
+        "capped": sorted(name for name in pools if name in caps and train_counts.get(name, 0) >= caps[name]),
+        "duplicates_dropped": {"total": sum(n for c in copies.values() for n in c.values()),
+                               "by_source": {name: sum(c.values()) for name, c in copies.items()},
+                               "copies_of": {name: c for name, c in copies.items() if c}},
         "ids_renamed": renamed,
         "shortfall": {"train": samples - len(train), "eval": eval_samples - len(eval_rows)},
     }

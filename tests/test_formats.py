@@ -1,4 +1,5 @@
-"""draftline.formats and stages/prepare.py on the bundled samples and small files written per test."""
+"""draftline.formats and stages/prepare.py on the bundled samples and small files written per test
+(the preset schemas are in test_presets.py)."""
 
 import json
 import os
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.formats import content_hash, detect_format, prepare_records, read_rows
+from draftline.formats import (SCRIPT_SAMPLE_LETTERS, _json_array_rows, content_hash, detect_format, dominant_script,
+                               prepare_records, read_rows)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "datasets/samples/sharegpt.jsonl"
@@ -175,3 +177,107 @@ def test_prepare_stage(tmp_path):
     done = run_prepare(tmp_path, "bad", "b.jsonl", "b.json")
     assert done.returncode == 1 and "dataset 'bad': no valid rows" in done.stderr
     assert not (tmp_path / "b.jsonl").exists()
+
+
+def test_json_array_streams_across_read_boundaries(tmp_path):
+    rows = [{"id": i, "conversations": [{"from": "human", "value": f"q{i}, [with] {{braces}} \\u00e9 \"quotes\""}]}
+            for i in range(40)]
+    text = json.dumps(rows[:20] + [7, "not a row"] + rows[20:], indent=1)
+    path = tmp_path / "rows.json"
+    path.write_text(text)
+    with open(path) as f:
+        got = list(_json_array_rows(f, path, chunk=64))  # rows span many 64-byte reads
+    assert got[:20] == rows[:20] and got[20:22] == [None, None] and got[22:] == rows[20:]
+    assert list(read_rows(str(path))) == got
+    for broken, message in ((text[: len(text) // 2], "invalid JSON in array|not closed"), ('{"a": 1}', "not a JSON array")):
+        path.write_text(broken)
+        with open(path) as f, pytest.raises(ValueError, match=message):
+            list(_json_array_rows(f, path, chunk=64))
+
+
+def test_field_mapping_too_long_and_script_filters():
+    rows = [{"q": "Where is Lima?", "uid": "a"},
+            {"q": "Где находится Лима?", "uid": "b"},  # Cyrillic
+            {"q": "利马在哪里？", "uid": "c"},  # Han
+            {"q": "リマはどこですか？", "uid": "d"},  # kana
+            {"q": "12 * 7 = ?", "uid": "e"},  # no letters: always passes
+            {"q": "Where is Lima? " * 50, "uid": "f"},  # 188 estimated tokens
+            {"question": "no q column", "uid": "g"}]
+    records, stats = prepare_records(rows, "s", "prompt", fields={"prompt": "q", "id": "uid"},
+                                     max_prompt_tokens=100, scripts=["latin", "kana"])
+    assert [r["id"] for r in records] == ["a", "d", "e"]
+    assert stats["dropped"] == {"unwanted_script": 2, "missing_field": 1, "too_long": 1}
+    assert dominant_script("Hello, Привет, мир и ещё") == "cyrillic" and dominant_script("1 + 1") is None
+    assert dominant_script("a" * SCRIPT_SAMPLE_LETTERS + "ж" * 5000) == "latin"  # only the first letters count
+    with pytest.raises(ValueError, match="unknown scripts \\['elvish'\\]"):
+        prepare_records(rows, "s", "prompt", fields={"prompt": "q"}, scripts=["elvish"])
+
+
+def test_parse_markup_turns_inline_markup_into_structure():
+    conv = [{"from": "system", "value": "Use tools. <tools>[{\"name\": \"add\", \"parameters\": {}}]</tools>"},
+            {"from": "human", "value": "2+3?"},
+            {"from": "gpt", "value": "<think>Add them.</think>\n<tool_call>{'name': 'add', 'arguments': {'a': 2, 'b': 3}}</tool_call>"},
+            {"from": "tool", "value": "<tool_response>5</tool_response>"},
+            {"from": "gpt", "value": "<think></think>It is 5."}]
+    (record,), _ = prepare_records([{"conversations": conv}], "m", "sharegpt", parse_markup=True)
+    system, _, call, result, answer = record["messages"]
+    assert system == {"role": "system", "content": "Use tools."}
+    assert record["tools"] == [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    assert call["reasoning_content"] == "Add them." and call["content"] == ""
+    assert call["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
+    assert result == {"role": "tool", "content": "5", "tool_call_id": call["tool_calls"][0]["id"]}
+    assert answer == {"role": "assistant", "content": "It is 5."}  # an empty think block just goes
+    # Without parse_markup the same row keeps its markup inline.
+    (inline,), _ = prepare_records([{"conversations": conv}], "m", "sharegpt")
+    assert inline["tools"] is None and inline["messages"][2]["content"].startswith("<think>Add them.</think>")
+    bad = [dict(t) for t in conv]
+    bad[2]["value"] = "<tool_call>{'name': 'add', 'arguments': </tool_call>"
+    _, stats = prepare_records([{"conversations": bad}, {"conversations": conv}], "m", "sharegpt", parse_markup=True)
+    assert stats["dropped"] == {"invalid_tool_calls": 1}
+
+
+def malformed_tenth(path: Path) -> dict:
+    """1000 lines, 900 good and 100 bad with known reasons, shuffled by a fixed rule; returns the counts."""
+    good = [{"id": f"row-{i}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                                           {"role": "assistant", "content": f"{2 * i}"}]} for i in range(900)]
+    bad = (["{\"id\": \"cut-%d\", \"messages\": [{\"role\": \"user\"" % k for k in range(30)]  # malformed_json
+           + ["[1, 2, 3]"] * 5  # JSON, but not an object: malformed_json too
+           + [{"id": f"empty-{k}", "messages": []} for k in range(15)]
+           + [{"id": f"nouser-{k}", "messages": [{"role": "system", "content": "Hi"}, {"role": "assistant", "content": "?"}]}
+              for k in range(10)]
+           + [{"id": f"order-{k}", "messages": [{"role": "user", "content": f"q{k}"}, {"role": "tool", "content": "x"}]}
+              for k in range(10)]
+           + [{"id": f"tools-{k}", "tools": "[{oops", "messages": [{"role": "user", "content": f"t{k}"}]} for k in range(10)]
+           + [{"id": f"long-{k}", "messages": [{"role": "user", "content": f"{k} " + "word " * 200}]} for k in range(10)]
+           + [{"id": f"cyr-{k}", "messages": [{"role": "user", "content": f"Сколько будет {k} плюс {k}?"}]} for k in range(5)]
+           + [{**good[k], "id": f"copy-{k}"} for k in range(3)]  # duplicate content under a new id
+           + [{**good[k], "messages": [{"role": "user", "content": f"other {k}"}]} for k in range(2)])  # duplicate_id
+    lines = [json.dumps(r) for r in good]
+    for k, row in enumerate(bad):  # bad lines after their good originals, spread over the file
+        lines.insert(9 * k + 9, row if isinstance(row, str) else json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return {"malformed_json": 35, "empty": 15, "no_user_turn": 10, "invalid_role_order": 10, "invalid_tools_json": 10,
+            "too_long": 10, "unwanted_script": 5, "duplicate": 3, "duplicate_id": 2}
+
+
+def test_ten_percent_malformed_file_gets_exact_reason_counts(tmp_path):
+    expected = malformed_tenth(tmp_path / "noisy.jsonl")
+    (tmp_path / "params.yaml").write_text(
+        "samples: 10\ndatasets:\n  noisy: {path: noisy.jsonl, max_prompt_tokens: 100, scripts: [latin]}\n"
+        "mix: {weights: {noisy: 1}}\n")
+    done = run_prepare(tmp_path, "noisy", "prepared/noisy.jsonl", "reports/noisy.json", "--source-dep", "noisy.jsonl")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "reports/noisy.json").read_text())
+    assert report["rows_read"] == 1000 and report["rows_kept"] == 900
+    assert report["dropped"] == expected and sum(expected.values()) == 100
+    kept = [json.loads(line) for line in open(tmp_path / "prepared/noisy.jsonl")]
+    assert [r["id"] for r in kept] == [f"row-{i}" for i in range(900)]  # source order, nothing lost
+    assert report["resolved_revision"] is None and report["format"] == "auto"
+
+
+def test_stage_refuses_a_stale_source_dep(tmp_path):
+    write_lines(tmp_path / "a.jsonl", [{"prompt": "hi"}])
+    (tmp_path / "params.yaml").write_text("samples: 1\ndatasets:\n  a: {path: a.jsonl}\nmix: {weights: {a: 1}}\n")
+    done = run_prepare(tmp_path, "a", "a.out.jsonl", "a.report.json", "--source-dep", "old.jsonl")
+    assert done.returncode == 1 and "datasets/sources.yaml is stale" in done.stderr
+    assert not (tmp_path / "a.out.jsonl").exists()

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from draftline.formats import prepare_records, read_rows
+from draftline.formats import content_hash, prepare_records, read_rows
 from draftline.mixing import mix_datasets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +29,8 @@ def make_pool(source: str, n: int, prompt_chars=lambda i: 8) -> list[dict]:
                           {"role": "assistant", "content": ""}]} for i in range(n)]
 
 
-def mix(pools, weights, samples, eval_samples=24, threshold=1024, seed=0):
-    return mix_datasets(pools, weights, samples, eval_samples, threshold, seed)
+def mix(pools, weights, samples, eval_samples=24, threshold=1024, seed=0, caps=None):
+    return mix_datasets(pools, weights, samples, eval_samples, threshold, seed, caps)
 
 
 def test_train_is_prefix_stable_and_eval_does_not_move(pools):
@@ -76,7 +78,8 @@ def test_partition_tagging():
 
 def test_cross_dataset_duplicates_kept_once(pools):
     _, _, report = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 5000)
-    assert report["duplicates_dropped"] == {"total": 72, "by_source": {"messages": 0, "sharegpt": 72}}
+    assert report["duplicates_dropped"] == {"total": 72, "by_source": {"messages": 0, "sharegpt": 72},
+                                            "copies_of": {"sharegpt": {"messages": 72}}}
     assert report["available"] == {"messages": 594, "sharegpt": 522}
     # Same content under different ids: kept in the first dataset by name; same id, other content: renamed.
     a, b = make_pool("a", 5), make_pool("b", 5)
@@ -90,22 +93,92 @@ def test_cross_dataset_duplicates_kept_once(pools):
 
 
 def test_mix_stage(tmp_path, pools):
-    prepared = tmp_path / "prepared"
+    prepared, reports = tmp_path / "prepared", tmp_path / "reports/prepare"
     prepared.mkdir()
+    reports.mkdir(parents=True)
     for name, rows in pools.items():
         (prepared / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (reports / f"{name}.json").write_text(json.dumps({"rows_read": 600, "rows_kept": 594,
+                                                          "dropped": {"empty": 1, "duplicate": 1, name: 4}}))
     (tmp_path / "params.yaml").write_text(
         f"samples: 100\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
         f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"
         "mix: {weights: {messages: 0.5, sharegpt: 0.5}, eval_samples: 12, long_threshold_tokens: 100}\n")
-    done = subprocess.run([sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "mixed", "reports/mix.json"],
+    done = subprocess.run([sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "reports/prepare", "mixed",
+                           "reports/mix.json"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     train = [json.loads(line) for line in open(tmp_path / "mixed/train.jsonl")]
     eval_rows = [json.loads(line) for line in open(tmp_path / "mixed/eval.jsonl")]
     assert len(train) == 100 and len(eval_rows) == 12
-    assert train == mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 100, 12, 100)[0]
+    expected_train, expected_eval, _ = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 100, 12, 100)
+    assert train == expected_train and eval_rows == expected_eval  # light rows in, full records out
+    assert set(train[0]) == {"id", "source", "messages", "tools", "prompt_tokens_est", "partition"}
     report = json.loads((tmp_path / "reports/mix.json").read_text())
     assert report["train"]["by_partition"]["long"] == sum(r["partition"] == "long" for r in train) > 0
+    assert report["dropped_by_reason"] == {"duplicate_across_datasets": 72, "duplicate": 2, "empty": 2,
+                                           "messages": 4, "sharegpt": 4}
+    assert report["prepare"]["sharegpt"]["rows_kept"] == 594
     meta = json.loads((tmp_path / "mixed/meta.json").read_text())
     assert meta["stage"] == "mix" and set(meta["inputs"]) == {"messages", "sharegpt"}
+
+
+def test_caps_limit_train_rows_and_stay_prefix_stable(pools):
+    weights = {"messages": 0.5, "sharegpt": 0.5}
+    train, eval_rows, report = mix(pools, weights, 300, caps={"sharegpt": 100})
+    assert report["train"]["by_source"] == {"messages": 200, "sharegpt": 100} and report["capped"] == ["sharegpt"]
+    assert eval_rows == mix(pools, weights, 300)[1]  # eval is drawn before any cap applies
+    uncapped = mix(pools, weights, 300)[0]
+    assert train[:150] == uncapped[:150]  # identical until sharegpt reaches its cap (~row 200)
+    assert mix(pools, weights, 120, caps={"sharegpt": 100})[0] == train[:120]
+    assert mix(pools, weights, 300, caps={"sharegpt": 0})[2]["train"]["by_source"] == {"messages": 300}
+    with pytest.raises(ValueError, match="mix.caps names unknown datasets \\['nope'\\]"):
+        mix(pools, weights, 10, caps={"nope": 1})
+
+
+# ---- properties ------------------------------------------------------------------------------
+
+@st.composite
+def mixes(draw):
+    """Small pools (some content shared across datasets), weights, caps, seed and two sizes N < M."""
+    names = draw(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True))
+    pools = {name: make_pool(name, draw(st.integers(0, 40))) for name in names}
+    if len(names) > 1 and draw(st.booleans()):  # the second dataset repeats some of the first's conversations
+        first, second = pools[names[0]], pools[names[1]]
+        for j in range(min(len(first), len(second), draw(st.integers(0, 10)))):
+            second[j] = {**first[j], "id": f"{names[1]}-copy-{j}", "source": names[1]}
+    weights = {name: draw(st.sampled_from([0.0, 0.1, 0.5, 1.0, 3.0])) for name in names}
+    if not any(weights.values()):
+        weights[names[0]] = 1.0
+    caps = {name: draw(st.integers(0, 30)) for name in names if draw(st.booleans())}
+    n = draw(st.integers(1, 60))
+    return pools, weights, caps, draw(st.integers(1, 10)), draw(st.integers(0, 2**32)), n, draw(st.integers(n + 1, 120))
+
+
+def mix_or_none(pools, weights, samples, eval_samples, seed, caps):
+    try:
+        return mix_datasets(pools, weights, samples, eval_samples, 1024, seed, caps)
+    except ValueError as err:
+        assert "no rows left for train" in str(err)
+        return None
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixes())
+def test_property_prefix_stable_and_eval_disjoint(case):
+    pools, weights, caps, eval_samples, seed, n, m = case
+    small = mix_or_none(pools, weights, n, eval_samples, seed, caps)
+    large = mix_or_none(pools, weights, m, eval_samples, seed, caps)
+    assert (small is None) == (large is None)  # an empty train does not depend on `samples`
+    if small is None:
+        return
+    (train_n, eval_n, _), (train_m, eval_m, report) = small, large
+    assert train_m[:n] == train_n and eval_n == eval_m
+    assert len(train_n) == min(n, len(train_m))
+    train_ids, eval_ids = [r["id"] for r in train_m], [r["id"] for r in eval_m]
+    assert not set(train_ids) & set(eval_ids) and len(set(train_ids)) == len(train_ids)
+    contents = [content_hash(r["messages"], r["tools"]) for r in train_m + eval_m]
+    assert len(set(contents)) == len(contents)  # no conversation twice, across datasets too
+    for name, cap in caps.items():
+        assert report["train"]["by_source"].get(name, 0) <= cap
+    assert {r["source"] for r in train_m + eval_m} <= {name for name, w in weights.items() if w > 0}
