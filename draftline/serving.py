@@ -1,38 +1,106 @@
-"""Launching and stopping an OpenAI-compatible server for the target.
+"""The target's OpenAI-compatible server: launch commands, lifecycle, and the preflight.
 
-The server runs in its own process group with its output in a log file; `ManagedServer` waits for
-it to answer, prints the log tail when it does not, and always stops the whole group (also on
-Ctrl-C or an exception), escalating from SIGTERM to SIGKILL.
+Launch commands are built from params for three engines (flags as defined by each engine's own
+argument parser):
+
+- `transformers serve MODEL` (transformers 5.x): naming the model preloads it (the port opens once
+  it is loaded) and pins the server to it: a request naming another model gets HTTP 400.
+- `vllm serve MODEL`: `--served-model-name`, `--tensor-parallel-size`, `--data-parallel-size`,
+  `--max-model-len`, `--reasoning-parser`, `--enable-auto-tool-choice --tool-call-parser`
+  (vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py).
+- `python -m sglang.launch_server --model-path MODEL`: `--served-model-name`, `--tp-size`,
+  `--dp-size`, `--context-length`, `--reasoning-parser`, `--tool-call-parser`
+  (python/sglang/srt/server_args.py).
+
+`ManagedServer` runs the server in its own process group with its output in a log file, waits
+for /health (printing the log tail when it fails), and always stops the whole group, also on
+Ctrl-C or an exception, escalating from SIGTERM to SIGKILL. The group id goes to a pid file so a
+run killed with SIGKILL has its orphaned server stopped by the next run; the server also gets
+SIGTERM when the stage process dies (PR_SET_PDEATHSIG).
+
+`preflight` checks every endpoint before the first request: it serves the card's target under
+the expected name, its tokenizer and chat template count the probe prompt as the target's do,
+and it is not speculative (vLLM: no `vllm:spec_decode_*` metrics, which exist only with a
+speculative config; SGLang: no `speculative_algorithm` in /get_server_info). A draft attached
+to the server, or another model, would change the data without any error.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from draftline.regeneration import chat_prompt_ids
 
-def transformers_serve_command(model: str, host: str, port: int, continuous_batching: bool, cb_num_blocks: int) -> list[str]:
-    """`transformers serve` pinned to the target: naming the model preloads it (the port opens once
-    it is loaded) and requests must then name exactly the same string.
+# Varied text (digits, accents, CJK, emoji, code, markup) so that another tokenizer or template
+# is very unlikely to give the same count.
+PROBE_MESSAGES = [{"role": "user", "content": "Preflight probe: 7 × 8 = 56; naïve café, 東京, 🙂, "
+                                              "`x = [1, 2]`, <b>bold</b> and   spaces.\nDone?"}]
+
+
+class PreflightError(RuntimeError):
+    """An endpoint that must not be used for regeneration; the message says why."""
+
+
+# ---- launch commands -------------------------------------------------------------------------
+
+
+def transformers_serve_command(model: str, host: str, port: int, device: str, continuous_batching: bool,
+                               cb_num_blocks: int, extra_args: list[str]) -> list[str]:
+    """`transformers serve` pinned to the target.
 
     Continuous batching is off by default: on CPU it was slower than the plain server, sized its KV
     cache from total RAM (one server took 88% of 24 GB), and kept the sampling settings of the
     first request for all later ones. When on, the cache is bounded by --cb-num-blocks.
     """
     exe = Path(sys.executable).with_name("transformers")
-    cmd = [str(exe), "serve", model, "--device", "cuda" if _has_cuda() else "cpu", "--host", host, "--port", str(port)]
+    cmd = [str(exe), "serve", model, "--device", device, "--host", host, "--port", str(port)]
     if continuous_batching:
         cmd += ["--continuous-batching", "--cb-num-blocks", str(cb_num_blocks)]
-    return cmd
+    return cmd + list(extra_args)
 
 
-def _has_cuda() -> bool:
+def vllm_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
+                       tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
+                       reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:
+    cmd = ["vllm", "serve", model, "--host", host, "--port", str(port), "--served-model-name", served_name,
+           "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size)]
+    if revision:
+        cmd += ["--revision", revision]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if reasoning_parser:
+        cmd += ["--reasoning-parser", reasoning_parser]
+    if tool_call_parser:  # vLLM parses tool calls only with auto tool choice on
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    return cmd + list(extra_args)
+
+
+def sglang_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
+                         tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
+                         reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
+           "--served-model-name", served_name, "--tp-size", str(tensor_parallel_size),
+           "--dp-size", str(data_parallel_size)]
+    if revision:
+        cmd += ["--revision", revision]
+    if max_model_len:
+        cmd += ["--context-length", str(max_model_len)]
+    if reasoning_parser:
+        cmd += ["--reasoning-parser", reasoning_parser]
+    if tool_call_parser:
+        cmd += ["--tool-call-parser", tool_call_parser]
+    return cmd + list(extra_args)
+
+
+def has_cuda() -> bool:
     try:
         import torch
 
@@ -42,11 +110,14 @@ def _has_cuda() -> bool:
 
 
 def server_env(cache_dir: Path) -> dict[str, str]:
-    """Offline hub settings: without an existing HF_HUB_CACHE, /v1/models answers 500."""
+    """Offline hub settings: without an existing HF_HUB_CACHE, transformers' /v1/models answers 500."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache_dir), "TOKENIZERS_PARALLELISM": "false"})
     return env
+
+
+# ---- lifecycle -------------------------------------------------------------------------------
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -56,54 +127,231 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "<no log>"
 
 
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, port)) == 0
+
+
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+    import httpx
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before it was ready; log tail:\n{log_tail(log_path)}")
         try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"server not healthy after {timeout_s:.0f}s; log tail:\n{log_tail(log_path)}")
 
 
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
-    """SIGTERM the group, SIGKILL it after grace_s (a batching worker can outlive uvicorn's exit)."""
-    if proc.poll() is not None:
-        return
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies, which hold no port, do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def kill_group(pgid: int, grace_s: float = 10, leader: subprocess.Popen | None = None) -> None:
+    """SIGTERM the group, SIGKILL whatever is left after grace_s (with continuous batching the
+    server sometimes outlived a first SIGTERM; worker processes can outlive the leader)."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()  # reap it once it exits
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_orphan(pid_file: Path) -> bool:
+    """Stop the server group a killed run left behind (its pid file survived); True if one was."""
+    try:
+        pgid, cmd0 = pid_file.read_text().split("\n", 1)[0].split(" ", 1)
+        pgid = int(pgid)
+    except (OSError, ValueError):
+        return False
+    try:  # the leader still runs the server's program (its pid was not reused by another one)
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
+        ours = any(Path(part.decode(errors="replace")).name == Path(cmd0).name for part in cmdline if part)
+    except OSError:  # the leader is gone: processes left in its group can only be its own
+        ours = True
+    found = ours and group_alive(pgid)
+    if found:
+        kill_group(pgid)
+    pid_file.unlink(missing_ok=True)
+    return found
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the stage process dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
         pass
 
 
 class ManagedServer:
     """`with ManagedServer(cmd, env, base_url, log_path, timeout) as url:` — a ready server."""
 
-    def __init__(self, command: list[str], env: dict[str, str], base_url: str, log_path: Path, startup_timeout_s: float):
+    def __init__(self, command: list[str], env: dict[str, str], base_url: str, log_path: Path,
+                 startup_timeout_s: float, pid_file: Path | None = None):
         self.command, self.env, self.base_url = command, env, base_url
         self.log_path, self.startup_timeout_s = log_path, startup_timeout_s
+        self.pid_file = pid_file or log_path.with_suffix(".pid")
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> str:
+        if stop_orphan(self.pid_file):
+            print(f"stopped the server a killed run left behind ({self.pid_file})", file=sys.stderr)
+        host, port = self.base_url.split("//", 1)[1].rsplit(":", 1)
+        if port_in_use(host, int(port)):
+            # a health check would pass against whatever listens there, possibly another model
+            raise RuntimeError(f"{self.base_url} is already in use by another process; choose another regenerate.port")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True, preexec_fn=preexec)
+        self.pid_file.write_text(f"{self.proc.pid} {self.command[0]}\n")
         try:
             wait_healthy(self.base_url, self.proc, self.startup_timeout_s, self.log_path)
         except BaseException:
-            stop_process_group(self.proc)
+            self.stop()
             raise
         return self.base_url
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         if self.proc is not None:
-            stop_process_group(self.proc)
+            kill_group(self.proc.pid, leader=self.proc)
+            self.proc.wait()
+            self.pid_file.unlink(missing_ok=True)
+            self.proc = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---- preflight -------------------------------------------------------------------------------
+
+
+def _request(client, method: str, url: str, attempts: int, **kwargs):
+    """One HTTP call, retried (1 s, 2 s, ...) on connection errors, timeouts, 429 and 5xx."""
+    import httpx
+
+    for attempt in range(attempts):
+        try:
+            resp = client.request(method, url, **kwargs)
+            if resp.status_code != 429 and resp.status_code < 500:
+                return resp
+            error = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as err:
+            error = f"{type(err).__name__}: {err}"
+        if attempt + 1 < attempts:
+            time.sleep(min(2 ** attempt, 10))
+    raise PreflightError(f"{url}: no answer after {attempts} attempts ({error})")
+
+
+def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> dict:
+    """What the engine says about speculative decoding; raises PreflightError when it uses it."""
+    if engine == "vllm":
+        text = _request(client, "GET", f"{base_url}/metrics", attempts).text
+        lines = [ln for ln in text.splitlines() if "vllm:" in ln]
+        if not lines:
+            raise PreflightError(f"{base_url}: /metrics has no vllm: metrics, so it cannot be checked for a draft "
+                                 "(not vLLM, or started with --disable-log-stats); check regenerate.external_engine")
+        spec = sorted(set(re.findall(r"vllm:spec_decode\w*", text)))
+        if spec:
+            raise PreflightError(f"{base_url}: vLLM runs speculative decoding (metrics {', '.join(spec)} exist only with "
+                                 "--speculative-config); regeneration needs the plain target, start it without a draft")
+        return {"spec_decode_metrics": False}
+    if engine == "sglang":
+        resp = _request(client, "GET", f"{base_url}/get_server_info", attempts)
+        if resp.status_code == 404:  # newer SGLang: /server_info, /get_server_info kept as an alias
+            resp = _request(client, "GET", f"{base_url}/server_info", attempts)
+        try:
+            info = resp.json()
+        except ValueError:
+            info = None
+        if resp.status_code != 200 or not isinstance(info, dict) or "speculative_algorithm" not in info:
+            raise PreflightError(f"{base_url}: /get_server_info has no speculative_algorithm (HTTP {resp.status_code}), "
+                                 "so it cannot be checked for a draft; check regenerate.external_engine")
+        if info["speculative_algorithm"]:
+            raise PreflightError(f"{base_url}: SGLang runs speculative decoding (speculative_algorithm="
+                                 f"{info['speculative_algorithm']}, draft {info.get('speculative_draft_model_path')}); "
+                                 "regeneration needs the plain target, start it without --speculative-algorithm")
+        return {"speculative_algorithm": None, "model_path": info.get("model_path")}
+    return {}  # transformers serve has no speculative mode (no draft/assistant option)
+
+
+def preflight(base_url: str, engine: str, model_name: str, tokenizer, chat_template_kwargs: dict,
+              api_key: str | None = None, timeout_s: float = 60, attempts: int = 4) -> dict:
+    """Check one endpoint before the first request (see the module docstring); returns what it saw."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
+        seen = {"url": base_url, "engine": engine, **check_not_speculative(client, base_url, engine, attempts)}
+
+        # transformers serve lists only hub-cached models (none for a local path; HTTP 500 without
+        # an HF_HUB_CACHE); it is pinned to the model it was started with and answers 400 to any
+        # other name: the probe below checks both.
+        try:
+            resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
+            served = [m.get("id") for m in resp.json().get("data", [])] if resp.status_code == 200 else []
+        except (PreflightError, ValueError, AttributeError):
+            served = []
+        if served and model_name not in served:
+            raise PreflightError(f"{base_url} serves {served}, not the target {model_name!r} of the card; "
+                                 "point regenerate at the target's server (or set regenerate.served_model_name)")
+        seen["served_models"] = served
+
+        expected = chat_prompt_ids(tokenizer, PROBE_MESSAGES, None, chat_template_kwargs)
+        body = {"model": model_name, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0.0}
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = chat_template_kwargs
+        resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
+        if resp.status_code != 200:
+            raise PreflightError(f"{base_url}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
+                                 f"{resp.text[:300]}")
+        counted = (resp.json().get("usage") or {}).get("prompt_tokens")
+        if counted != len(expected):
+            raise PreflightError(f"{base_url}: the server counts {counted} prompt tokens for the probe, the target's "
+                                 f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
+                                 "chat template than the card's target")
+        seen["probe_prompt_tokens"] = counted
+
+        if engine == "vllm":  # exact ids through vLLM's /tokenize (chat form)
+            tok = _request(client, "POST", f"{base_url}/tokenize", attempts,
+                           json={"model": model_name, "messages": PROBE_MESSAGES, "add_generation_prompt": True,
+                                 **({"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {})})
+            if tok.status_code == 200:
+                if tok.json().get("tokens") != expected:
+                    raise PreflightError(f"{base_url}: vLLM's /tokenize gives other token ids for the probe than the "
+                                         "target's tokenizer and chat template")
+                seen["probe_token_ids"] = "match"
+    return seen

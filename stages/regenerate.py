@@ -2,13 +2,20 @@
 
     python -m stages.regenerate models/target/card.json datasets/prompts/train.jsonl datasets/regenerated reports/regenerate.json
 
-Starts `transformers serve` on the target, sends the prompts with the `openai` async client
-(concurrency per short/long partition), stops the server. Output datasets/regenerated/
+Starts the server of `regenerate.backend` on the target (transformers serve on CPU by default;
+vllm or sglang from params), or uses the `external` endpoints; checks each endpoint before the
+first request (the card's target, not speculative); sends the prompts with the `openai` async
+client, per short/long partition concurrency; stops the server. Output datasets/regenerated/
 conversations.jsonl is append-only and keyed by prompt id (persist: true in dvc.yaml): a rerun
-after a crash, or after growing `samples`, sends only the ids not yet there.
+after a crash, or after growing `samples`, sends only the prompts not yet there. failures.jsonl
+has one line per conversation that failed in the last run; the report counts everything.
 """
 
 import asyncio
+import contextlib
+import math
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,82 +23,186 @@ from pathlib import Path
 from draftline.config import stage_params
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
+
+
+def launch_command(cfg, card: dict, model_name: str) -> list[str]:
+    from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
+
+    if cfg.backend == "transformers":
+        return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
+                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args)
+    build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
+    return build(card["model"], model_name, cfg.host, cfg.port, card.get("revision"), cfg.tensor_parallel_size,
+                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args)
+
+
+def read_prompts(path: str) -> list[dict]:
+    from draftline.io import read_jsonl
+
+    rows, seen = [], set()
+    for n, row in enumerate(read_jsonl(path), 1):
+        if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
+            raise SystemExit(f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list")
+        if row["id"] in seen:
+            raise SystemExit(f"error: {path} line {n}: duplicate prompt id {row['id']!r}")
+        seen.add(row["id"])
+        rows.append(row)
+    return rows
+
+
+@contextlib.contextmanager
+def progress_bar(total: int):
+    """(on_done callback) for regenerate_all: a rich bar, or a line every 30 s when not a terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    fields = "ok {task.fields[ok]} failed {task.fields[failed]} truncated {task.fields[truncated]}  " \
+             "{task.fields[rps]:.1f} req/s {task.fields[tps]:.0f} tok/s"
+    with Progress(TextColumn("regenerate"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+                  TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("regenerate", total=total, ok=0, failed=0, truncated=0, rps=0.0, tps=0.0)
+        start = last_line = time.monotonic()
+
+        def on_done(t):
+            nonlocal last_line
+            now = time.monotonic()
+            elapsed = max(now - start, 1e-6)
+            bar.update(task, completed=t.done, ok=t.ok, failed=t.failed, truncated=t.truncated,
+                       rps=t.requests / elapsed, tps=t.completion_tokens / elapsed)
+            if not console.is_terminal and now - last_line > 30:
+                last_line = now
+                console.print(f"regenerate: {t.done}/{total} ok {t.ok} failed {t.failed} truncated {t.truncated} "
+                              f"{t.requests / elapsed:.1f} req/s {t.completion_tokens / elapsed:.0f} tok/s")
+
+        yield on_done
+
+
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
     cfg = params.regenerate
-    from openai import AsyncOpenAI
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_jsonl, write_meta
-    from draftline.regeneration import Sampling, regenerate_all
-    from draftline.serving import ManagedServer, server_env, transformers_serve_command
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from draftline.io import read_json, write_json, write_meta
+    from draftline.regeneration import (RetryPolicy, Sampling, chat_prompt_ids, close_pool, fingerprint,
+                                        load_finished, open_pool, regenerate_all)
+    from draftline.serving import ManagedServer, PreflightError, preflight, server_env
 
     card = read_json(card_path)
-    if cfg.temperature > 0:
+    model_name = cfg.served_model_name or card["model"]
+    engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
+    if engine == "transformers" and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0:
         from transformers import GenerationConfig
 
         try:
             do_sample = GenerationConfig.from_pretrained(card["model"], revision=card.get("revision")).do_sample
         except OSError:
             do_sample = False
-        if not do_sample:
-            # transformers serve only samples when the model's generation_config says do_sample:
-            # otherwise a temperature > 0 request is silently answered greedily.
+        if not do_sample:  # transformers serve would silently answer a temperature > 0 greedily
             raise SystemExit("error: regenerate.temperature > 0 but the target's generation_config has no "
                              "do_sample: true, so `transformers serve` would decode greedily")
+    api_key = None
+    if cfg.api_key_env:
+        api_key = os.environ.get(cfg.api_key_env)
+        if not api_key:
+            raise SystemExit(f"error: regenerate.api_key_env names {cfg.api_key_env}, which is not set")
+
+    prompts = read_prompts(prompts_path)
+    by_id = {row["id"]: row for row in prompts}
+    settings = {"model": card["model"], "revision": card.get("revision"), "chat_template_sha256": card["chat_template_sha256"],
+                **cfg.model_dump(include={"max_tokens", "temperature", "temperatures", "top_p", "seed", "chat_template_kwargs"})}
+    tags = {"fingerprint": fingerprint(settings)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
-    done, bad_lines = read_jsonl_tolerant(conversations_path)
-    prompts = list(read_jsonl(prompts_path))
-    wanted = {row["id"] for row in prompts}
-    seen, kept = set(), []
-    for row in done:  # drop a line cut by a kill, duplicates, and rows no longer in the prompts
-        if row["id"] in wanted and row["id"] not in seen:
-            seen.add(row["id"])
-            kept.append(row)
-    if bad_lines or len(kept) != len(done):
-        write_jsonl(conversations_path, kept)
-    todo = [row for row in prompts if row["id"] not in seen]
-    print(f"regenerate: {len(seen)} of {len(prompts)} conversations already done, {len(todo)} to send")
+    done, resume = load_finished(conversations_path, by_id, tags["fingerprint"])
+    todo = [row for row in prompts if row["id"] not in done]
+    print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
+          + "".join(f", {v} {k.replace('_', ' ')} dropped" for k, v in resume.items() if v and k != "not_in_prompts"))
 
-    tally = None
-    start = time.perf_counter()
+    tally, seen, start = None, [], time.perf_counter()
     if todo:
-        base_url = f"http://{cfg.host}:{cfg.port}"
-        command = transformers_serve_command(card["model"], cfg.host, cfg.port, cfg.continuous_batching, cfg.cb_num_blocks)
-        sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed)
-        with ManagedServer(command, server_env(out / ".hf_cache"), base_url, out / "server.log", cfg.startup_timeout_s):
-            client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=cfg.request_timeout_s, max_retries=cfg.max_retries)
-            with Progress(TextColumn("regenerate"), BarColumn(), TextColumn("{task.completed}/{task.total} ok {task.fields[ok]} failed {task.fields[failed]} truncated {task.fields[truncated]}  {task.fields[tps]:.0f} tok/s"), TimeRemainingColumn()) as bar:
-                task = bar.add_task("regen", total=len(todo), ok=0, failed=0, truncated=0, tps=0.0)
+        from transformers import AutoTokenizer
 
-                def on_done(t):
-                    bar.update(task, completed=t.ok + t.failed, ok=t.ok, failed=t.failed, truncated=t.truncated,
-                               tps=t.completion_tokens / (time.perf_counter() - start))
+        tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+        if cfg.backend == "external":
+            server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
+        else:
+            url = f"http://{cfg.host}:{cfg.port}"
+            server, urls = ManagedServer(launch_command(cfg, card, model_name), server_env(out / ".hf_cache"), url,
+                                         out / "server.log", cfg.startup_timeout_s), [url]
+        sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
+                            tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
+        policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.request_timeout_s)
+        partitions = {"short": (cfg.short.concurrency, cfg.short.max_context),
+                      "long": (cfg.long.concurrency, cfg.long.max_context)}
 
-                tally = asyncio.run(regenerate_all(client, card["model"], todo, sampling,
-                                                   {"short": cfg.concurrency, "long": cfg.long_concurrency},
-                                                   conversations_path, out / "failures.jsonl", on_done))
+        def count_ids(messages, tools):
+            return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
+
+        async def run(on_done):
+            pool = open_pool(urls, api_key)
+            try:
+                return await regenerate_all(pool, model_name, todo, sampling, policy, partitions, conversations_path,
+                                            out / "failures.jsonl", tags, count_ids,
+                                            math.floor(cfg.max_failure_rate * len(todo)), on_done)
+            finally:
+                await close_pool(pool)
+
+        with server:
+            for url in urls:
+                try:
+                    seen.append(preflight(url, engine, model_name, tokenizer, dict(cfg.chat_template_kwargs), api_key,
+                                          timeout_s=cfg.request_timeout_s, attempts=cfg.max_retries + 1))
+                except PreflightError as err:
+                    raise SystemExit(f"error: preflight refused the endpoint: {err}") from None
+            start = time.perf_counter()
+            with progress_bar(len(todo)) as on_done:
+                try:
+                    tally = asyncio.run(run(on_done))
+                except KeyboardInterrupt:
+                    raise SystemExit("regenerate: interrupted; finished conversations are kept, a rerun sends the rest") from None
     elapsed = time.perf_counter() - start
-    write_meta(out, "regenerate", cfg.model_dump(), target=card["model"], chat_template_sha256=card["chat_template_sha256"])
+
+    turns = sum(tally.finish_reasons.values()) if tally else 0
     report = {
+        "backend": cfg.backend,
+        "endpoints": seen,
         "prompts": len(prompts),
-        "reused": len(seen),
-        "sent": len(todo),
+        "reused": len(prompts) - len(todo),
+        "resume": resume,
+        "sent": tally.done if tally else 0,
         "ok": tally.ok if tally else 0,
         "failed": tally.failed if tally else 0,
-        "failure_reasons": tally.reasons if tally else {},
+        "failure_reasons": dict(tally.failure_reasons) if tally else {},
+        "retries": dict(tally.retries) if tally else {},
         "truncated": tally.truncated if tally else 0,
+        "finish_reasons": dict(tally.finish_reasons) if tally else {},
+        "length_share": round(tally.finish_reasons["length"] / turns, 4) if turns else None,
+        "stopped": dict(tally.stopped) if tally else {},
+        "requests": tally.requests if tally else 0,
+        "prompt_tokens": tally.prompt_tokens if tally else 0,
         "completion_tokens": tally.completion_tokens if tally else 0,
-        "tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
-        "seconds": round(elapsed, 1),
-        "dropped_partial_lines": bad_lines,
+        "seconds": round(elapsed, 2),
+        "requests_per_s": round(tally.requests / elapsed, 2) if tally else None,
+        "completion_tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
+        "partitions": {name: p.summary() for name, p in tally.partitions.items()} if tally else {},
+        "conversations": len(prompts) - len(todo) + (tally.ok if tally else 0),
+        "missing": len(todo) - (tally.ok if tally else 0),
     }
     write_json(report_path, report)
-    if tally and tally.failed / len(todo) > cfg.max_failure_rate:
-        raise SystemExit(f"error: {tally.failed} of {len(todo)} conversations failed (> regenerate.max_failure_rate "
-                         f"{cfg.max_failure_rate}); see {out / 'failures.jsonl'}. Rerun to retry only the missing ones.")
+    write_meta(out, "regenerate", cfg.model_dump(), target=card["model"], chat_template_sha256=card["chat_template_sha256"],
+               fingerprint=tags["fingerprint"], endpoints=seen)
+    if tally is None:
+        return
+    print(f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
+          f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing")
+    if tally.aborted or tally.failed > cfg.max_failure_rate * len(todo):
+        stopped = " (stopped early)" if tally.aborted and tally.done < len(todo) else ""
+        raise SystemExit(f"error: {tally.failed} of {len(todo)} conversations failed{stopped}, more than "
+                         f"regenerate.max_failure_rate {cfg.max_failure_rate}; reasons {dict(tally.failure_reasons)}, "
+                         f"see {out / 'failures.jsonl'}. A rerun sends only the missing ones.")
 
 
 if __name__ == "__main__":

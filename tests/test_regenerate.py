@@ -1,21 +1,36 @@
-"""Regeneration through a real `transformers serve`, resume after a kill, and failures recorded."""
+"""Regeneration: a real `transformers serve` launched by the stage; fault injection through a local
+proxy in front of a real server, SIGKILL mid-run and rerun; vLLM/SGLang launch commands against
+their documented flags; the preflight and structured replies against stubs of their wire format."""
 
+import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
 import yaml
 
+from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
-from draftline.regeneration import Sampling, called_tools, regenerate_all
+from draftline.regeneration import (Endpoint, EndpointPool, RetryPolicy, Sampling, called_tools, chat_prompt_ids,
+                                    close_pool, load_finished, open_pool, prompt_sha256, regenerate_all,
+                                    relink_tool_results)
+from draftline.serving import (ManagedServer, PreflightError, preflight, server_env, sglang_serve_command,
+                               transformers_serve_command, vllm_serve_command)
 
 ROOT = Path(__file__).resolve().parents[1]
+FAST_RETRY = RetryPolicy(max_retries=2, backoff_s=0.01, backoff_max_s=0.05, timeout_s=5)
 
 
 def free_port() -> int:
@@ -24,92 +39,752 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prompts(n: int) -> list[dict]:
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def prompts(n: int, seed: int = 11) -> list[dict]:
     from draftline.corpus import generate_conversations
 
-    return [{"id": f"p{i}", "source": "t", "partition": "short", **c} for i, c in enumerate(generate_conversations(n, 11))]
+    return [{"id": f"p{i}", "source": "t", "partition": "long" if i % 5 == 4 else "short", **c}
+            for i, c in enumerate(generate_conversations(n, seed))]
+
+
+@pytest.fixture(scope="module")
+def chatty_target(tmp_path_factory, random_target):
+    """The random target with a large end-of-turn row in lm_head: about a third of its greedy
+    answers end by themselves within a few tokens, so conversations go on to later turns."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from draftline.target import build_card
+
+    path = tmp_path_factory.mktemp("chatty_target")
+    shutil.copytree(random_target["model"], path, dirs_exist_ok=True)
+    model = LlamaForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        row = model.lm_head.weight[random_target["eos_token_id"]]
+        direction = torch.randn(row.shape, generator=torch.Generator().manual_seed(1))
+        model.lm_head.weight[random_target["eos_token_id"]] = direction / direction.norm() * row.norm() * 30
+    model.save_pretrained(path)
+    return build_card(str(path), "test", None, [1, 2, 3], {})
+
+
+def stage_dir(tmp_path: Path, card: dict, rows: list[dict], **regenerate) -> Path:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["regenerate"].update(regenerate)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    write_json(tmp_path / "card.json", card)
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    return tmp_path
+
+
+def stage_cmd() -> list[str]:
+    return [sys.executable, "-m", "stages.regenerate", "card.json", "train.jsonl", "out", "report.json"]
+
+
+def stage_env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT))
 
 
 def run_stage(workdir: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "stages.regenerate", "card.json", "train.jsonl", "out", "report.json"],
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(stage_cmd(), cwd=workdir, env=stage_env(), capture_output=True, text=True, timeout=300)
 
 
-def test_stage_regenerates_and_resumes(tmp_path, random_target):
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["regenerate"].update(port=free_port(), max_tokens=12, concurrency=4)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "card.json", random_target)
-    rows = prompts(8)
-    write_jsonl(tmp_path / "train.jsonl", rows)
+def output_rows(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "out/conversations.jsonl").read_text().splitlines()]
 
-    proc = run_stage(tmp_path)
+
+# ---- a real transformers serve, launched by the stage ------------------------------------------
+
+
+def test_stage_launches_transformers_serve(tmp_path, chatty_target):
+    port = free_port()
+    rows = prompts(6)
+    workdir = stage_dir(tmp_path, chatty_target, rows, port=port, max_tokens=8, short={"concurrency": 2, "max_context": None})
+    proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = tmp_path / "out/conversations.jsonl"
-    done = [json.loads(l) for l in out.read_text().splitlines()]
+
+    done = output_rows(workdir)
     assert sorted(r["id"] for r in done) == sorted(r["id"] for r in rows)
+    by_id = {r["id"]: r for r in rows}
     for r in done:
         assert r["messages"][-1]["role"] == "assistant"
-    report = read_json(tmp_path / "report.json")
-    assert report["sent"] == 8 and report["ok"] == 8 and report["failed"] == 0
+        assert r["regeneration"]["prompt_sha256"] == prompt_sha256(by_id[r["id"]])
+        first_prompt = by_id[r["id"]]["messages"][: next(i for i, m in enumerate(by_id[r["id"]]["messages"]) if m["role"] == "assistant")]
+        assert r["messages"][: len(first_prompt)] == first_prompt  # system/user turns kept verbatim
+    report = read_json(workdir / "report.json")
+    assert report["ok"] == report["sent"] == report["conversations"] == 6 and report["failed"] == report["missing"] == 0
+    assert report["requests"] == sum(report["finish_reasons"].values()) >= 6
+    assert report["partitions"]["short"]["ok"] + report["partitions"]["long"]["ok"] == 6
+    assert report["completion_tokens"] > 0 and report["prompt_tokens"] > 0
+    # the preflight's token count of the probe matched the target's chat template on the real server
+    (seen,) = report["endpoints"]
+    assert seen["engine"] == "transformers" and seen["probe_prompt_tokens"] > 10
+    assert read_json(workdir / "out/meta.json")["fingerprint"] == done[0]["regeneration"]["fingerprint"]
+    # the server was stopped: port closed, pid file gone, its log kept
+    assert not port_open(port) and not (workdir / "out/server.pid").exists()
+    assert "chat/completions" in (workdir / "out/server.log").read_text()
 
-    # a kill: three conversations never finished and the last line was cut mid-write
-    lines = out.read_text().splitlines()
-    out.write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])
-    proc = run_stage(tmp_path)
+    # nothing missing: a rerun sends nothing and starts no server
+    proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = read_json(tmp_path / "report.json")
-    assert report["reused"] == 5 and report["sent"] == 3 and report["dropped_partial_lines"] == 1
-    ids = [json.loads(l)["id"] for l in out.read_text().splitlines()]
-    assert sorted(ids) == sorted(r["id"] for r in rows)  # all there, no duplicates
+    rerun = read_json(workdir / "report.json")
+    assert rerun["sent"] == 0 and rerun["reused"] == 6 and rerun["endpoints"] == [] and len(output_rows(workdir)) == 6
 
 
-class FlakyChat(BaseHTTPRequestHandler):
-    """A stand-in server for fault injection: 500 for prompts mentioning 'weather', else an answer."""
+# ---- fault injection: proxy in front of a real server, SIGKILL, rerun --------------------------
 
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if "weather" in json.dumps(body["messages"]):
-            self.send_response(500)
-            self.end_headers()
-            return
-        answer = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                  "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
-                  "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
+# Per 20 chat requests: 10% HTTP 500, 5% 429, 5% hang past the client's timeout, 5% dropped connection.
+FAULT_CYCLE = {3: "500", 9: "500", 6: "429", 13: "hang", 17: "drop"}
+
+
+class Faults:
+    """Shared by every proxy: the fault schedule, and a gate that holds chat requests once
+    `gate_after` have been forwarded (the test then kills the stage with requests in flight)."""
+
+    def __init__(self, upstream: str, hang_s: float):
+        self.upstream, self.hang_s = upstream.split("//")[1], hang_s
+        self.lock = threading.Lock()
+        self.n = self.forwarded = 0
+        self.injected = Counter()
+        self.gate_after: int | None = None
+        self.gate = threading.Event()
+        self.blocked = threading.Event()
+
+    def next_fault(self) -> str | None:
+        with self.lock:
+            fault = FAULT_CYCLE.get(self.n % 20)
+            self.n += 1
+            self.injected[fault] += 1
+            return fault
+
+
+class FaultProxy(BaseHTTPRequestHandler):
+    faults: Faults
+
+    def _forward(self, body: bytes | None) -> None:
+        import http.client
+
+        conn = http.client.HTTPConnection(self.faults.upstream, timeout=60)
+        conn.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.getheader("Content-Type", "application/json"))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _error(self, status: int) -> None:
+        data = json.dumps({"error": {"message": f"injected {status}", "code": status}}).encode()
+        self.send_response(status)
+        if status == 429:
+            self.send_header("Retry-After", "0")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self):
+        self._forward(None)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path != "/v1/chat/completions":
+            return self._forward(body)
+        fault = self.faults.next_fault()
+        if fault in ("500", "429"):
+            return self._error(int(fault))
+        if fault == "hang":  # no answer until the client gives up (its timeout), at most hang_s
+            self.connection.settimeout(self.faults.hang_s)
+            with contextlib.suppress(OSError):
+                self.connection.recv(1)
+            return self._drop()
+        if fault == "drop":
+            return self._drop()
+        with self.faults.lock:
+            hold = self.faults.gate_after is not None and self.faults.forwarded >= self.faults.gate_after
+            self.faults.forwarded += not hold
+        if hold:
+            self.faults.blocked.set()
+            self.faults.gate.wait()
+            return self._drop()
+        self._forward(body)
+
     def log_message(self, *args):
         pass
 
 
-def test_failures_are_recorded_with_reasons(tmp_path):
-    from openai import AsyncOpenAI
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyChat)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    def handle_error(self, request, client_address):
+        pass  # clients that went away (timeouts, the killed stage)
+
+
+def start_proxy(faults: Faults) -> QuietServer:
+    handler = type("Proxy", (FaultProxy,), {"faults": faults})
+    server = QuietServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def served_chatty(tmp_path_factory, chatty_target):
+    """A real `transformers serve` on the chatty target, warmed up (its first requests are slow)."""
+    import httpx
+
+    port, log_dir = free_port(), tmp_path_factory.mktemp("served")
+    url = f"http://127.0.0.1:{port}"
+    cmd = transformers_serve_command(chatty_target["model"], "127.0.0.1", port, "cpu", False, 16, [])
+    with ManagedServer(cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120) as base_url:
+        body = {"model": chatty_target["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        for _ in range(20):
+            t = time.monotonic()
+            httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
+            if time.monotonic() - t < 0.3:
+                break
+        yield base_url
+
+
+def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(tmp_path, chatty_target, served_chatty):
+    faults = Faults(served_chatty, hang_s=10.0)
+    proxies = [start_proxy(faults) for _ in range(2)]
     try:
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="x", max_retries=1, timeout=10)
         rows = prompts(30)
-        out, failures = tmp_path / "c.jsonl", tmp_path / "f.jsonl"
-        tally = asyncio.run(regenerate_all(client, "m", rows, Sampling(8, 0.0, 1.0, 0), {"short": 4, "long": 1}, out, failures))
+        endpoints = [f"http://127.0.0.1:{p.server_port}" for p in proxies]
+        workdir = stage_dir(tmp_path, chatty_target, rows[:24], backend="external", endpoints=endpoints,
+                            external_engine="transformers", max_tokens=8, request_timeout_s=4.0, max_retries=8,
+                            retry_backoff_s=0.05, retry_backoff_max_s=0.5,
+                            # the server answers one request at a time: more in flight only queue up
+                            short={"concurrency": 2, "max_context": None}, long={"concurrency": 1, "max_context": 1024})
+        faults.gate_after = 8
+        proc = subprocess.Popen(stage_cmd(), cwd=workdir, env=stage_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert faults.blocked.wait(120), "the stage never reached the gate"
+            out = workdir / "out/conversations.jsonl"
+            deadline, last, still = time.monotonic() + 30, -1, 0
+            while time.monotonic() < deadline and still < 6:  # written lines settle, requests stay held
+                size = out.stat().st_size if out.exists() else 0
+                still = still + 1 if size == last and size else 0
+                last = size
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)  # with requests in flight, held at the gate
+        finally:
+            proc.kill()
+            proc.wait()
+        before = [json.loads(line) for line in out.read_text().splitlines()]  # every written line is whole
+        assert 0 < len(before) < 24
+        with open(out, "a") as f:
+            f.write('{"id": "p23", "messages": [{"role": "us')  # a line cut by a kill, for good measure
+
+        faults.gate_after = None
+        faults.gate.set()
+        write_jsonl(workdir / "train.jsonl", rows)  # `samples` grew from 24 to 30 meanwhile
+        proc = run_stage(workdir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     finally:
+        faults.gate.set()
+        for p in proxies:
+            p.shutdown()
+
+    done = output_rows(workdir)
+    ids = [r["id"] for r in done]
+    assert len(ids) == len(set(ids)) == 30 and set(ids) == {r["id"] for r in rows}
+    assert done[: len(before)] == before  # kept as written, the new ones appended
+    report = read_json(workdir / "report.json")
+    assert report["reused"] == len(before) and report["resume"]["bad_lines"] == 1
+    assert report["sent"] == report["ok"] == 30 - len(before) and report["failed"] == 0
+    assert report["conversations"] == 30 and report["missing"] == 0
+    assert sum(report["stopped"].values()) == report["ok"]
+    assert (workdir / "out/failures.jsonl").read_text() == ""
+    # every kind of fault hit the rerun and was retried
+    assert {"http_500", "http_429", "timeout", "connection"} <= set(report["retries"]), report["retries"]
+    # answers that ended by themselves led to later turns, replayed on the model's own answers
+    multi = [r for r in done if sum(m["role"] == "assistant" for m in r["messages"]) > 1]
+    assert multi and all(r["regeneration"]["finish_reasons"][0] == "stop" for r in multi)
+
+
+# ---- failures, retries, balancing --------------------------------------------------------------
+
+
+class ScriptedEngine(BaseHTTPRequestHandler):
+    """Stub of vLLM's / SGLang's wire format (GPU engines that cannot run here): /health,
+    /v1/models, /metrics, /get_server_info, /tokenize and chat completions with structured
+    `tool_calls` and `reasoning`; `answer(body)` scripts each reply."""
+
+    engine = "vllm"
+    speculative = False
+    served = ["m"]
+    tokenizer = None
+    count_offset = 0
+    status_for = staticmethod(lambda body: 200)
+    answer = staticmethod(lambda body: {"content": "ok"})
+    requests: list
+
+    def _json(self, obj, status: int = 200) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._json({})
+        if self.path == "/v1/models":
+            return self._json({"object": "list", "data": [{"id": m, "object": "model", "root": "/models/x"} for m in self.served]})
+        if self.path == "/metrics" and self.engine == "vllm":
+            text = ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
+                    '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
+            if self.speculative:  # registered only with a speculative config (vllm/v1/spec_decode/metrics.py)
+                text += ('# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n'
+                         '# TYPE vllm:spec_decode_num_drafts_total counter\n'
+                         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n')
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
+        if self.path == "/get_server_info" and self.engine == "sglang":
+            return self._json({"model_path": "/models/x", "served_model_name": self.served[0], "tp_size": 1,
+                               "speculative_algorithm": "EAGLE3" if self.speculative else None,
+                               "speculative_draft_model_path": "/models/draft" if self.speculative else None,
+                               "version": "0.5.0", "internal_states": [{}]})
+        self._json({"detail": "Not Found"}, 404)
+
+    def _count(self, body) -> list[int]:
+        ids = chat_prompt_ids(self.tokenizer, body["messages"], body.get("tools"), body.get("chat_template_kwargs") or {})
+        return ids + [0] * self.count_offset
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize" and self.engine == "vllm":
+            ids = self._count(body)
+            return self._json({"count": len(ids), "max_model_len": 4096, "tokens": ids})
+        self.requests.append(body)
+        status = self.status_for(body)
+        if status != 200:
+            return self._json({"object": "error", "message": "scripted", "code": status}, status)
+        if body["model"] not in self.served:
+            return self._json({"object": "error", "message": f"The model `{body['model']}` does not exist."}, 404)
+        reply = self.answer(body)
+        message = {"role": "assistant", "content": reply.get("content")}
+        if reply.get("reasoning"):
+            message["reasoning" if self.engine == "vllm" else "reasoning_content"] = reply["reasoning"]
+        if reply.get("tool_calls"):
+            message["tool_calls"] = [{"id": f"call_{name}_{len(self.requests)}", "type": "function",
+                                      "function": {"name": name, "arguments": json.dumps(args)}}
+                                     for name, args in reply["tool_calls"]]
+        prompt = len(self._count(body)) if self.tokenizer else 5
+        self._json({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")}],
+                    "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub():
+    servers = []
+
+    def start(**attrs) -> tuple[str, type]:
+        attrs = {k: staticmethod(v) if k in ("answer", "status_for") else v for k, v in attrs.items()}
+        handler = type("Stub", (ScriptedEngine,), {"requests": [], **attrs})
+        server = QuietServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}", handler
+
+    yield start
+    for server in servers:
         server.shutdown()
-    weather = {r["id"] for r in rows if "weather" in json.dumps(r["messages"])}
-    assert weather, "the seed should give some weather prompts"
-    failed = [json.loads(l) for l in failures.read_text().splitlines()]
-    assert {f["id"] for f in failed} == weather and tally.failed == len(weather)
-    assert all(f["reason"] == "InternalServerError" for f in failed)
-    assert tally.ok == len(rows) - len(weather) == len(out.read_text().splitlines())
 
 
-def test_called_tools_structured_and_inline():
+def run_rows(urls, rows, tmp_path, sampling=None, policy=FAST_RETRY, partitions=None, count_ids=None, max_failures=None):
+    async def go():
+        pool = open_pool(urls, None)
+        try:
+            return await regenerate_all(pool, "m", rows, sampling or Sampling(8, 0.0, 1.0, 0), policy,
+                                        partitions or {"short": (4, None), "long": (1, None)}, tmp_path / "c.jsonl",
+                                        tmp_path / "f.jsonl", {"fingerprint": "f"}, count_ids, max_failures), pool
+        finally:
+            await close_pool(pool)
+
+    tally, pool = asyncio.run(go())
+    out = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    failures = [json.loads(line) for line in (tmp_path / "f.jsonl").read_text().splitlines()]
+    return tally, out, failures, pool
+
+
+def test_failures_are_recorded_with_reasons_and_retried(tmp_path, stub):
+    weather = lambda body: "weather" in json.dumps(body["messages"])  # noqa: E731
+    url, handler = stub(status_for=lambda body: 500 if weather(body) else (400 if "colour" in json.dumps(body["messages"]) else 200))
+    rows = prompts(30)
+    tally, out, failures, _ = run_rows([url], rows, tmp_path)
+    by_reason = {f["id"]: f for f in failures}
+    for row in rows:
+        text = json.dumps(row["messages"][:2])
+        if weather({"messages": row["messages"][:2]}):
+            assert by_reason[row["id"]]["reason"] == "http_500" and by_reason[row["id"]]["attempts"] == 3  # retried
+        elif "colour" in text:
+            assert by_reason[row["id"]]["reason"] == "http_400" and by_reason[row["id"]]["attempts"] == 1  # not retried
+    assert len(failures) == tally.failed == len({f["id"] for f in failures}) > 0
+    assert tally.ok == len(out) == len(rows) - tally.failed
+    assert tally.retries["http_500"] == 2 * tally.failure_reasons["http_500"]
+
+
+def test_too_many_failures_stop_the_run_early(tmp_path, stub):
+    url, handler = stub(status_for=lambda body: 503)
+    tally, out, failures, _ = run_rows([url], prompts(40), tmp_path, partitions={"short": (1, None), "long": (1, None)},
+                                       max_failures=3)
+    assert tally.aborted and tally.failed == len(failures) < 10 and not out
+
+
+def test_endpoints_balanced_by_outstanding_requests():
+    a, b, c = (Endpoint(u, None) for u in "abc")
+    pool = EndpointPool([a, b, c])
+    picked = [pool.acquire() for _ in range(3)]
+    assert {e.url for e in picked} == {"a", "b", "c"}  # one each while all are equally busy
+    pool.release(b)
+    assert pool.acquire() is b  # the least outstanding
+    pool.release(a, failed_for_s=60)
+    pool.release(c)
+    assert pool.acquire() is c  # a rests after its failure although it has fewer outstanding
+    a.resting_until = b.resting_until = c.resting_until = time.monotonic() + 60
+    assert pool.acquire() is a  # all resting: the least busy anyway
+
+
+def test_two_endpoints_share_the_work(tmp_path, stub):
+    (u1, h1), (u2, h2) = stub(), stub()
+    tally, out, _, pool = run_rows([u1, u2], prompts(24), tmp_path)
+    assert tally.ok == 24 and len(h1.requests) > 4 and len(h2.requests) > 4
+    assert sum(e.requests for e in pool.endpoints) == tally.requests
+
+
+# ---- multi-turn replay on structured replies (vLLM / SGLang wire format) ------------------------
+
+WEATHER_CHAT = {
+    "id": "w1", "partition": "short",
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+              {"type": "function", "function": {"name": "add_numbers", "parameters": {"type": "object"}}}],
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the weather in Cairo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_orig", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Cairo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_orig", "content": "{\"sky\": \"hot\", \"temperature\": 33}"},
+        {"role": "assistant", "content": "It is hot in Cairo."},
+        {"role": "user", "content": "Thanks!"},
+        {"role": "assistant", "content": "You are welcome."},
+    ],
+}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_multi_turn_keeps_reasoning_and_splices_matching_tool_results(tmp_path, stub, engine):
+    def answer(body):
+        last = body["messages"][-1]
+        if last["role"] == "user" and "weather" in last["content"]:
+            return {"reasoning": "I need the weather tool.", "tool_calls": [("get_weather", {"city": "Cairo"})]}
+        if last["role"] == "tool":
+            return {"reasoning": "The tool says hot.", "content": "Hot, 33 degrees."}
+        return {"content": "Bye."}
+
+    url, handler = stub(engine=engine, answer=answer)
+    sampling = Sampling(16, 0.0, 0.9, 7, ((0.0, 1.0), (1.0, 1.0)), {"enable_thinking": True})
+    tally, (row,), _, _ = run_rows([url], [WEATHER_CHAT], tmp_path, sampling=sampling)
+    msgs = row["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    call = msgs[2]["tool_calls"][0]
+    assert msgs[2]["reasoning_content"] == "I need the weather tool." and call["function"]["name"] == "get_weather"
+    assert msgs[3]["tool_call_id"] == call["id"] != "call_orig"  # the original result answers the new call
+    assert msgs[3]["content"] == WEATHER_CHAT["messages"][3]["content"]
+    assert msgs[4] == {"role": "assistant", "content": "Hot, 33 degrees.", "reasoning_content": "The tool says hot."}
+    assert msgs[6]["content"] == "Bye."
+    assert row["regeneration"]["finish_reasons"] == ["tool_calls", "stop", "stop"]
+    # each turn was asked on the model's own previous answers, with the sampling of the conversation
+    temperature, seed = sampling.for_conversation("w1")
+    second = handler.requests[1]
+    assert second["messages"][2]["tool_calls"][0]["id"] == call["id"]
+    for body in handler.requests:
+        assert body["temperature"] == temperature and body["seed"] == seed and body["top_p"] == 0.9
+        assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["max_tokens"] == 16
+        assert body["tools"] == WEATHER_CHAT["tools"]
+
+
+def test_another_tool_call_ends_the_conversation_at_the_call(tmp_path, stub):
+    url, _ = stub(answer=lambda body: {"tool_calls": [("add_numbers", {"a": 1, "b": 2})]})
+    tally, (row,), _, _ = run_rows([url], [WEATHER_CHAT], tmp_path)
+    assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
+    assert row["messages"][-1]["tool_calls"][0]["function"]["name"] == "add_numbers"
+    assert row["regeneration"]["stopped"] == "tool_mismatch" and tally.stopped["tool_mismatch"] == 1
+
+
+def test_max_context_cuts_max_tokens_and_ends_conversations(tmp_path, stub, random_target):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+
+    def answer(body):
+        if body["messages"][-1]["role"] == "user":
+            return {"tool_calls": [("get_weather", {"city": "Cairo"})]}
+        return {"content": "Fine."}
+
+    url, handler = stub(tokenizer=tokenizer, answer=answer)
+
+    def count_ids(messages, tools):
+        return chat_prompt_ids(tokenizer, messages, tools, {})
+
+    first = len(count_ids(WEATHER_CHAT["messages"][:2], WEATHER_CHAT["tools"]))
+    # room for 5 answer tokens after the first prompt; the second prompt (with the call and its
+    # result) no longer fits
+    tally, out, failures, _ = run_rows([url], [WEATHER_CHAT], tmp_path, partitions={"short": (1, first + 5), "long": (1, None)},
+                                       count_ids=count_ids)
+    assert handler.requests[0]["max_tokens"] == 5 and len(handler.requests) == 1
+    assert [m["role"] for m in out[0]["messages"]] == ["system", "user", "assistant"]
+    assert out[0]["regeneration"]["stopped"] == "context_full"
+    (tmp_path / "b").mkdir()
+    tally, out, failures, _ = run_rows([url], [WEATHER_CHAT], tmp_path / "b", partitions={"short": (1, first), "long": (1, None)},
+                                       count_ids=count_ids)
+    assert failures[0]["reason"] == "prompt_too_long" and not out and len(handler.requests) == 1
+
+
+def test_called_tools_and_relinking():
     assert called_tools({"content": '<tool_call>{"name": "a", "arguments": {}}</tool_call>'}) == ["a"]
     assert called_tools({"content": "", "tool_calls": [{"function": {"name": "b", "arguments": "{}"}}]}) == ["b"]
     assert called_tools({"content": "<tool_call>not json</tool_call>"}) == ["<unparsable>"]
     assert called_tools({"content": "plain"}) == []
+    results = [{"role": "tool", "tool_call_id": "old", "content": "1"}]
+    assert relink_tool_results(results, {"tool_calls": [{"id": "new"}]})[0]["tool_call_id"] == "new"
+    assert relink_tool_results(results, {"content": '<tool_call>{"name": "a"}</tool_call>'}) == results
+
+
+def test_temperature_draw_is_seeded_per_conversation():
+    sampling = Sampling(8, 0.0, 1.0, 3, ((0.0, 3.0), (0.7, 1.0)))
+    draws = [sampling.for_conversation(f"p{i}") for i in range(2000)]
+    assert draws == [sampling.for_conversation(f"p{i}") for i in range(2000)]  # a rerun draws the same
+    share = Counter(t for t, _ in draws)[0.0] / len(draws)
+    assert 0.70 < share < 0.80  # weights 3:1
+    assert len({s for _, s in draws}) > 1990  # distinct request seeds
+    assert Sampling(8, 0.5, 1.0, None).for_conversation("p1") == (0.5, None)
+
+
+# ---- resume ------------------------------------------------------------------------------------
+
+
+def test_resume_keeps_only_lines_that_still_hold(tmp_path):
+    rows = {r["id"]: r for r in prompts(6)}
+
+    def line(pid, fp="F", prompt=None):
+        return {"id": pid, "messages": [], "regeneration": {"fingerprint": fp, "prompt_sha256": prompt_sha256(prompt or rows[pid])}}
+
+    path = tmp_path / "c.jsonl"
+    other = {"messages": [{"role": "user", "content": "changed"}]}
+    lines = [line("p0"), line("p1"), line("p0"), line("p2", fp="OLD"), line("p3", prompt=other),
+             {"id": "p5", "messages": []}, line("gone", prompt=other), "not json", line("p4")]
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))  # no final newline: cut by a kill
+    done, counts = load_finished(path, rows, "F")
+    assert done == {"p0", "p1", "gone", "p4"}
+    assert counts == {"bad_lines": 1, "duplicates": 1, "stale_settings": 2, "stale_prompt": 1, "not_in_prompts": 1}
+    kept = path.read_text()
+    assert kept.endswith("\n") and [json.loads(x)["id"] for x in kept.splitlines()] == ["p0", "p1", "gone", "p4"]
+    # a clean file is left untouched
+    mtime = path.stat().st_mtime_ns
+    assert load_finished(path, rows, "F")[0] == done and path.stat().st_mtime_ns == mtime
+
+
+# ---- preflight against the engines' wire formats ------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_preflight_accepts_the_plain_target(stub, random_target, engine):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    url, _ = stub(engine=engine, tokenizer=tokenizer)
+    seen = preflight(url, engine, "m", tokenizer, {}, attempts=1)
+    assert seen["served_models"] == ["m"] and seen["probe_prompt_tokens"] > 10
+    assert seen.get("probe_token_ids") == ("match" if engine == "vllm" else None)
+
+
+@pytest.mark.parametrize("engine, attrs, message", [
+    ("vllm", {"speculative": True}, "vllm:spec_decode_num_drafts_total"),
+    ("sglang", {"speculative": True}, "speculative_algorithm=EAGLE3"),
+    ("vllm", {"served": ["other/model"]}, "not the target"),
+    ("sglang", {"count_offset": 1}, "another model, tokenizer or chat template"),
+    ("sglang", {"engine": "vllm"}, "cannot be checked for a draft"),  # external_engine says sglang, it is not
+    ("vllm", {"engine": "sglang"}, "no vllm: metrics"),
+])
+def test_preflight_refuses(stub, random_target, engine, attrs, message):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    url, _ = stub(**{"engine": engine, "tokenizer": tokenizer, **attrs})
+    with pytest.raises(PreflightError, match=message):
+        preflight(url, engine, "m", tokenizer, {}, attempts=1)
+
+
+def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, random_target):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target["model"]])
+    workdir = stage_dir(tmp_path, random_target, prompts(4), backend="external", endpoints=[url], external_engine="vllm")
+    proc = run_stage(workdir)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "preflight refused" in proc.stderr and "speculative" in proc.stderr
+    assert handler.requests == [] and not (workdir / "out/conversations.jsonl").exists()
+
+
+def test_stage_refuses_sampling_that_transformers_serve_would_ignore(tmp_path, random_target):
+    workdir = stage_dir(tmp_path, random_target, prompts(2), temperature=0.7)
+    proc = run_stage(workdir)
+    assert proc.returncode != 0 and "do_sample" in proc.stderr and not (workdir / "out").exists()
+
+
+# ---- launch commands against vLLM's and SGLang's documented flags -------------------------------
+
+
+def vllm_serve_parser() -> argparse.ArgumentParser:
+    """The flags used, as vLLM defines them: EngineArgs.add_cli_args in vllm/engine/arg_utils.py
+    (--served-model-name nargs=+, -tp/-dp aliases, --max-model-len, --reasoning-parser, --revision,
+    --speculative-config) and FrontendArgs in vllm/entrypoints/openai/cli_args.py (--host, --port,
+    --enable-auto-tool-choice, --tool-call-parser)."""
+    p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
+    p.add_argument("model_tag")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--revision")
+    p.add_argument("--reasoning-parser")
+    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--tool-call-parser")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--speculative-config", type=json.loads)
+    return p
+
+
+def sglang_launch_parser() -> argparse.ArgumentParser:
+    """The flags used, as SGLang's ServerArgs (python/sglang/srt/server_args.py) defines them:
+    --model-path (alias --model), --host, --port, --served-model-name, --tp-size (alias
+    --tensor-parallel-size), --dp-size (alias --data-parallel-size), --context-length, --revision,
+    --reasoning-parser, --tool-call-parser, --speculative-algorithm."""
+    p = argparse.ArgumentParser(prog="sglang.launch_server", allow_abbrev=False)
+    p.add_argument("--model-path", "--model", required=True)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--served-model-name")
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--revision")
+    p.add_argument("--reasoning-parser")
+    p.add_argument("--tool-call-parser")
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--speculative-algorithm")
+    return p
+
+
+def test_vllm_command_uses_documented_flags():
+    cmd = vllm_serve_command("Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "0.0.0.0", 8000, "abc123", 4, 2, 32768, "qwen3",
+                             "hermes", ["--gpu-memory-utilization", "0.85"])
+    assert cmd[:2] == ["vllm", "serve"]
+    args, unknown = vllm_serve_parser().parse_known_args(cmd[2:])
+    assert not unknown
+    assert (args.model_tag, args.served_model_name, args.port, args.revision) == ("Qwen/Qwen3-8B", ["Qwen/Qwen3-8B"], 8000, "abc123")
+    assert (args.tensor_parallel_size, args.data_parallel_size, args.max_model_len) == (4, 2, 32768)
+    assert args.reasoning_parser == "qwen3" and args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
+    assert args.gpu_memory_utilization == 0.85 and args.speculative_config is None
+    bare, unknown = vllm_serve_parser().parse_known_args(vllm_serve_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[2:])
+    assert not unknown and not bare.enable_auto_tool_choice and bare.max_model_len is None
+
+
+def test_sglang_command_uses_documented_flags():
+    cmd = sglang_serve_command("/models/glm", "glm", "0.0.0.0", 30000, None, 8, 2, 65536, "glm45", "glm45",
+                               ["--mem-fraction-static", "0.8"])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    args, unknown = sglang_launch_parser().parse_known_args(cmd[3:])
+    assert not unknown
+    assert (args.model_path, args.served_model_name, args.port, args.tp_size, args.dp_size) == ("/models/glm", "glm", 30000, 8, 2)
+    assert (args.context_length, args.reasoning_parser, args.tool_call_parser) == (65536, "glm45", "glm45")
+    assert args.mem_fraction_static == 0.8 and args.speculative_algorithm is None
+
+
+@pytest.mark.parametrize("regenerate, key", [
+    ({"backend": "vllm", "extra_args": ["--speculative-config", "{}"]}, "regenerate.extra_args"),
+    ({"backend": "sglang", "extra_args": ["--speculative-algorithm", "EAGLE3"]}, "regenerate.extra_args"),
+    ({"backend": "external"}, "regenerate.endpoints"),
+    ({"backend": "external", "endpoints": ["http://h:1"]}, "regenerate.external_engine"),
+    ({"endpoints": ["http://h:1"]}, "regenerate.endpoints"),
+    ({"reasoning_parser": "qwen3"}, "regenerate.reasoning_parser"),
+    ({"temperature": 0.5, "temperatures": [{"value": 1.0, "weight": 1}]}, "regenerate.temperatures"),
+    ({"short": {"concurrency": 0}}, "regenerate.short.concurrency"),
+])
+def test_bad_regenerate_params_name_the_key(regenerate, key):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["regenerate"].update(regenerate)
+    with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
+        parse_params(raw)
+
+
+# ---- server lifecycle ---------------------------------------------------------------------------
+
+
+def http_server_cmd(port: int, directory: Path) -> list[str]:
+    (directory / "health").write_text("ok")  # GET /health -> 200
+    return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)]
+
+
+def test_managed_server_starts_stops_and_reports_failures(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with ManagedServer(http_server_cmd(port, tmp_path), dict(os.environ), url, tmp_path / "s.log", 30) as base:
+        assert port_open(port) and (tmp_path / "s.pid").exists()
+        with pytest.raises(RuntimeError, match="already in use"):
+            ManagedServer(http_server_cmd(port, tmp_path), dict(os.environ), base, tmp_path / "t.log", 30).__enter__()
+    assert not port_open(port) and not (tmp_path / "s.pid").exists()
+    crash = [sys.executable, "-c", "print('no such model'); raise SystemExit(3)"]
+    with pytest.raises(RuntimeError, match=r"(?s)code 3.*no such model"):
+        ManagedServer(crash, dict(os.environ), url, tmp_path / "c.log", 30).__enter__()
+
+
+def test_server_of_a_killed_stage_does_not_outlive_it(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    script = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+              "from pathlib import Path\nfrom draftline.serving import ManagedServer\n"
+              f"with ManagedServer({http_server_cmd(port, tmp_path)!r}, None, {url!r}, Path({str(tmp_path / 's.log')!r}), 30):\n"
+              "    print('ready', flush=True); time.sleep(60)\n")
+    stage = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert stage.stdout.readline().strip() == "ready" and port_open(port)
+    stage.send_signal(signal.SIGKILL)
+    stage.wait()
+    deadline = time.monotonic() + 10
+    while port_open(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not port_open(port)  # the server got SIGTERM when its parent died
+
+    # an orphan that survived (its pid file left behind) is stopped by the next run, which then starts
+    orphan = subprocess.Popen(http_server_cmd(port, tmp_path), start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (tmp_path / "s.pid").write_text(f"{orphan.pid} {sys.executable}\n")
+    while not port_open(port):
+        time.sleep(0.05)
+    with ManagedServer(http_server_cmd(port, tmp_path), None, url, tmp_path / "s.log", 30):
+        assert orphan.wait(10) is not None
+    assert not port_open(port)
