@@ -2,60 +2,220 @@
 
 The loss mask marks exactly the tokens the assistant generated: its reasoning, content, tool
 calls and its end-of-turn token. Everything else (system, user, tool results, the role header
-the template writes before each turn, the newline after end-of-turn) is 0.
+the template writes before each turn, text the template adds after end-of-turn) is 0.
 
-How: render the conversation once; for each assistant turn i, the characters it contributes are
-those between render(messages[:i], add_generation_prompt=True) and render(messages[:i+1]), cut
-after the end-of-turn token. Tokens whose character offsets start inside such a span get mask 1.
-This needs render(messages[:k]) to be a prefix of the full render for each assistant turn k;
-templates that rewrite earlier turns break that and the conversation is reported, not guessed.
+Where each assistant turn i starts and ends is read off the template itself:
+  prompt_i = render(messages[:i], add_generation_prompt=True)   what the server sent the model
+  upto_i   = render(messages[:i+1])                             the turn closed by the template
+The turn's generated text is upto_i[len(prompt_i):], cut after its end-of-turn token.
+
+Templates that rewrite earlier turns (Qwen3 drops the reasoning of turns before the last user
+message) make upto_i disagree with the render of the whole conversation. So a conversation becomes
+one or more rows: a row is the render up to some assistant turn j, and it trains every turn i <= j
+whose upto_i[:end_i] is a prefix of it, i.e. whose context and text appear in the row exactly as
+the target saw and produced them. Turns left over start the next row (taken from the latest one
+backwards). A prefix-stable template gives one row per conversation; Qwen3 gives one per user
+message whose answer carried reasoning. Each row is then what the target saw at serving time, so
+its hidden states are the ones the draft will get. (One row per assistant turn, as speculators'
+prepare-data does, is also exact but repeats every context once per turn.)
+
+Tokens are made per segment (context / generated text), not by tokenizing the row at once and
+mapping character offsets: the server tokenized the prompt on its own and the model produced the
+turn's tokens after it, so the boundary never falls inside a token and decoding the masked tokens
+gives back exactly the assistant text. Where that differs from tokenizing the row at once (a
+tokenizer that merges across the boundary or adds a prefix space per call), the row is tokenized
+at once and the difference is counted (tokenize_row).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 
 class TemplateMismatch(ValueError):
-    """The template renders an earlier turn differently once later turns exist."""
+    """The template renders a conversation so that a turn's boundaries cannot be derived."""
 
 
-def render(tokenizer, messages: list[dict], tools, add_generation_prompt: bool = False) -> str:
+@dataclass(frozen=True)
+class Turn:
+    index: int  # position in messages
+    upto: str  # render(messages[:index+1])
+    start: int  # first character the assistant generated
+    end: int  # one past its end-of-turn token
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """The messages as an OpenAI-compatible server hands them to the template.
+
+    vLLM parses tool-call arguments given as JSON strings into dicts before rendering (templates
+    expect mappings); `reasoning` and `reasoning_content` name the same field in different servers.
+    """
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "assistant":
+            if m.get("reasoning") and not m.get("reasoning_content"):
+                m["reasoning_content"] = m["reasoning"]
+            if m.get("tool_calls"):
+                m["tool_calls"] = [_parsed_call(tc) for tc in m["tool_calls"]]
+            elif "tool_calls" in m:
+                m.pop("tool_calls")  # an empty list would send templates down the tool-call path
+        out.append(m)
+    return out
+
+
+def _parsed_call(tool_call: dict) -> dict:
+    fn = dict(tool_call.get("function") or {})
+    if isinstance(fn.get("arguments"), str):
+        try:
+            parsed = json.loads(fn["arguments"])
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            fn["arguments"] = parsed
+    return {**tool_call, "function": fn}
+
+
+def render(tokenizer, messages: list[dict], tools, add_generation_prompt: bool = False, template_kwargs: dict | None = None) -> str:
+    """The template's text; template_kwargs (enable_thinking...) must be those the server got."""
     return tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+        **(template_kwargs or {}),
     )
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], tools) -> tuple[str, list[tuple[int, int]]]:
-    """(full text, [(start, end) character span of each assistant turn's generated text])."""
-    full = render(tokenizer, messages, tools)
-    eos = tokenizer.eos_token
-    spans = []
+def mark_length_cut(messages: list[dict], finish_reasons: list[str] | None) -> list[dict]:
+    """Copy finish reasons (one per assistant turn, in order, as regeneration records them) onto
+    the assistant messages, so a turn cut by max_tokens is known to have no end-of-turn token."""
+    if not finish_reasons:
+        return messages
+    reasons = iter(finish_reasons)
+    return [{**m, "finish_reason": next(reasons, None)} if m.get("role") == "assistant" else m for m in messages]
+
+
+def end_of_turn_tokens(tokenizer, generation_eos_ids=None) -> list[str]:
+    """Token strings that end a generated turn: the tokenizer's eos and the generation config's
+    eos ids (Llama 3.1 stops on <|eot_id|> and <|eom_id|>)."""
+    ids = generation_eos_ids if isinstance(generation_eos_ids, list) else [generation_eos_ids]
+    names = [tokenizer.eos_token] + [tokenizer.convert_ids_to_tokens(i) for i in ids if i is not None]
+    return sorted({n for n in names if n}, key=len, reverse=True)
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def assistant_turns(tokenizer, messages: list[dict], tools, stops: list[str], template_kwargs: dict | None = None) -> list[Turn]:
+    """The character span of every assistant turn in the render that closes it.
+
+    An assistant message at position 0 has no prompt to answer and stays context. A turn cut by
+    max_tokens (``finish_reason: "length"`` on the message) trains its text but not the
+    end-of-turn token the template appends: the target did not produce one.
+    """
+    turns = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or i == 0:
             continue
-        prefix = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
-        upto = render(tokenizer, messages[: i + 1], tools)
-        if not (upto.startswith(prefix) and full.startswith(upto)):
-            raise TemplateMismatch(f"turn {i}: the template does not render this conversation prefix-stably")
-        end = len(upto)
-        if eos:
-            cut = upto.rfind(eos, len(prefix))
-            if cut != -1:
-                end = cut + len(eos)
-        spans.append((len(prefix), end))
-    return full, spans
+        prompt = render(tokenizer, messages[:i], tools, True, template_kwargs)
+        upto = render(tokenizer, messages[: i + 1], tools, False, template_kwargs)
+        if upto.startswith(prompt):
+            start = len(prompt)
+        else:
+            # The generation prompt pre-fills text the closed turn renders differently (an empty
+            # <think></think> scaffold vs recorded reasoning): the model generated from where the
+            # two part, valid only while the history itself renders the same.
+            history = render(tokenizer, messages[:i], tools, False, template_kwargs)
+            start = _common_prefix_len(prompt, upto)
+            if not upto.startswith(history) or start < len(history):
+                raise TemplateMismatch(f"message {i}: prompt and closed-turn renders differ inside the history")
+        body = upto[start:]
+        cut = max((body.rfind(s) + len(s) for s in stops if s in body), default=-1)
+        end = start + cut if cut != -1 else len(upto)
+        if m.get("finish_reason") == "length" and cut != -1:
+            stop = next(s for s in stops if body[:cut].endswith(s))
+            end -= len(stop)
+        if end <= start:
+            raise TemplateMismatch(f"message {i}: the template renders no text for this assistant turn")
+        turns.append(Turn(i, upto, start, end))
+    return turns
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], tools, max_length: int) -> dict:
-    """{"input_ids", "loss_mask", "truncated"} for one conversation."""
-    full, spans = assistant_char_spans(tokenizer, messages, tools)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    input_ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    loss_mask = [0] * len(input_ids)
-    si = 0
-    for t, (start, _end) in enumerate(offsets):
-        while si < len(spans) and start >= spans[si][1]:
-            si += 1
-        if si < len(spans) and spans[si][0] <= start < spans[si][1]:
-            loss_mask[t] = 1
-    truncated = len(input_ids) > max_length
-    return {"input_ids": input_ids[:max_length], "loss_mask": loss_mask[:max_length], "truncated": truncated}
+def plan_rows(turns: list[Turn]) -> list[tuple[int, str, list[tuple[int, int]]]]:
+    """[(messages rendered, row text, [(start, end) of each trained turn])] in conversation order."""
+    rows = []
+    remaining = list(turns)
+    while remaining:
+        last = remaining[-1]
+        covered = [t for t in remaining if last.upto.startswith(t.upto[: t.end])]
+        rows.append((last.index + 1, last.upto, [(t.start, t.end) for t in covered]))
+        remaining = [t for t in remaining if t not in covered]
+    rows.reverse()
+    return rows
+
+
+def segments(text: str, spans: list[tuple[int, int]]) -> list[tuple[str, bool]]:
+    """Split text into (piece, generated) at the span boundaries; the tail after the last turn is
+    dropped (nothing to train on, and the next user message is no part of this row)."""
+    out, pos = [], 0
+    for start, end in sorted(spans):
+        if start > pos:
+            out.append((text[pos:start], False))
+        out.append((text[start:end], True))
+        pos = end
+    return out
+
+
+def tokenize_segments(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    input_ids, loss_mask = [], []
+    for piece, generated in pieces:
+        ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+        input_ids += ids
+        loss_mask += [int(generated)] * len(ids)
+    return input_ids, loss_mask
+
+
+def tokenize_row(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int], bool]:
+    """(input_ids, loss_mask, whole): segment-wise tokens when they equal the row tokenized at once
+    (byte-level BPE with special tokens at the turn boundaries: Llama 3, Qwen, ...). A tokenizer
+    that merges across a boundary or prefixes every call (SentencePiece's "▁") gets the row
+    tokenized at once instead, tokens masked when they overlap a turn (`whole` = True)."""
+    input_ids, loss_mask = tokenize_segments(tokenizer, segments(text, spans))
+    row_text = text[: max(end for _, end in spans)]
+    try:
+        enc = tokenizer(row_text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:  # a slow tokenizer has no offsets: keep the segments
+        return input_ids, loss_mask, False
+    if enc["input_ids"] == input_ids:
+        return input_ids, loss_mask, False
+    mask = [int(any(start < e and end > s for s, e in spans)) for start, end in enc["offset_mapping"]]
+    return list(enc["input_ids"]), mask, True
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], tools, max_length: int, stops: list[str] | None = None,
+                          template_kwargs: dict | None = None) -> list[dict]:
+    """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "turns", "messages", "whole"}]
+    (`turns`: assistant turns it trains; `messages`: how many messages it renders; `whole`: see
+    tokenize_row).
+
+    Each row is cut to max_length tokens (its tail is lost; the caller drops rows left with no
+    trainable token).
+    """
+    messages = normalize_messages(messages)
+    stops = stops if stops is not None else end_of_turn_tokens(tokenizer)
+    rows = []
+    for n_messages, text, spans in plan_rows(assistant_turns(tokenizer, messages, tools, stops, template_kwargs)):
+        input_ids, loss_mask, whole = tokenize_row(tokenizer, text, spans)
+        rows.append({
+            "input_ids": input_ids[:max_length],
+            "loss_mask": loss_mask[:max_length],
+            "truncated": len(input_ids) > max_length,
+            "turns": len(spans),
+            "messages": n_messages,
+            "whole": whole,
+        })
+    return rows

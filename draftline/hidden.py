@@ -1,66 +1,104 @@
-"""Target hidden states in speculators' file layout, extracted with a plain HF forward pass.
+"""Target hidden states in speculators' file layout.
 
 One file per tokenized row i: hs_{i}.safetensors with
   token_ids      [L]        the row's input_ids
-  hidden_states  [L, 4, H]  inputs of the 3 aux decoder layers, then the last layer's output
-                            *before* the final norm (speculators applies the target's norm itself)
+  hidden_states  [L, 4, H]  the inputs of the 3 aux decoder layers, then the last decoder layer's
+                            output *before* the final norm (speculators applies the target's norm
+                            itself to `verifier_last_hidden_states`)
 
-HF's `output_hidden_states[i]` is the input of decoder layer i (0 = embeddings), matching vLLM's
-aux layer ids; its last element is taken *after* the final norm, so the pre-norm last state is
-captured with a hook on the norm's input instead.
+Aux id i is the residual stream entering decoder layer i (0 = embeddings, N = the final pre-norm
+output), which is what vLLM hands an EAGLE-3 draft: its Llama model appends `hidden_states +
+residual` for aux layer idx just before calling layer idx (vllm/model_executor/models/llama.py,
+LlamaModel.forward). Backend `hf` reads it with forward pre-hooks on those layers and on the final
+norm, so only 4 states per token are ever held; backend `vllm` asks vLLM for ids [a, b, c, N].
+
+Files are written to a temp name and renamed, so a killed run never leaves a file that looks
+finished; a rerun checks each file (header, shape, dtype, token ids) and redoes only what is
+missing or broken. The output directory's meta.json carries a fingerprint of what made the states
+(target, aux ids, dtype): a different fingerprint clears the directory instead of mixing states.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+VLLM_STAGING = ".vllm_staging"  # where vLLM's connector writes inside the output directory
 
 
 def hs_path(directory: Path, index: int) -> Path:
     return directory / f"hs_{index}.safetensors"
 
 
-def is_valid_file(path: Path, token_ids: list[int], hidden_size: int) -> bool:
-    """A finished, uncorrupted file for exactly these tokens."""
+def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
+    """3 distinct ids within [0, num_layers] (num_layers = the final pre-norm output)."""
+    ids = list(aux_layer_ids)
+    if len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0 or max(ids) > num_layers:
+        raise ValueError(
+            f"aux_layer_ids {ids} in the target card: EAGLE-3 needs 3 distinct ids within "
+            f"[0, {num_layers}] for a target with {num_layers} decoder layers"
+        )
+    return ids
+
+
+def is_valid_file(path: Path, token_ids: list[int], hidden_size: int, dtype: torch.dtype | None = None, full: bool = False) -> bool:
+    """A finished, uncorrupted file for exactly these tokens.
+
+    Reads the header (a truncated file fails safetensors' own size check), the shape and dtype,
+    and the small token_ids tensor; `full` also loads the states and checks they are finite.
+    """
     if not path.exists():
         return False
     try:
-        data = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError):
+        with safe_open(str(path), framework="pt") as f:
+            if set(f.keys()) != {"token_ids", "hidden_states"}:
+                return False
+            hs = f.get_slice("hidden_states")
+            if list(hs.get_shape()) != [len(token_ids), 4, hidden_size]:
+                return False
+            if dtype is not None and hs.get_dtype() != _SAFETENSORS_DTYPE[dtype]:
+                return False
+            if f.get_tensor("token_ids").tolist() != list(token_ids):
+                return False
+            if full and not bool(torch.isfinite(f.get_tensor("hidden_states").float()).all()):
+                return False
+    except Exception:  # any unreadable file is redone, whatever the reader raised
         return False
-    hs, ids = data.get("hidden_states"), data.get("token_ids")
-    return (
-        hs is not None
-        and ids is not None
-        and ids.tolist() == token_ids
-        and tuple(hs.shape) == (len(token_ids), 4, hidden_size)
-        and bool(torch.isfinite(hs.float()).all())
-    )
+    return True
 
 
 def estimate_bytes(seq_lens: list[int], hidden_size: int, dtype: torch.dtype) -> int:
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return sum(seq_lens) * 4 * hidden_size * itemsize
+    """tokens x 4 states x H x bytes per value (safetensors headers are negligible)."""
+    return sum(seq_lens) * 4 * hidden_size * dtype.itemsize
 
 
-def check_disk(directory: Path, needed: int, margin: float) -> None:
+def check_disk(directory: Path, needed: int, margin: float) -> int:
+    """Free bytes at `directory`; raises when they are below needed x margin."""
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
     if free < needed * margin:
         raise RuntimeError(
             f"not enough disk for hidden states in {directory}: need {needed / 1e9:.2f} GB "
-            f"x margin {margin} but only {free / 1e9:.2f} GB free"
+            f"x margin {margin} = {needed * margin / 1e9:.2f} GB but only {free / 1e9:.2f} GB free "
+            f"(lower hidden_states.disk_margin only if you know the estimate is high)"
         )
+    return free
 
 
 def token_budget_batches(lengths: dict[int, int], budget: int) -> list[list[int]]:
-    """Group row indices of similar length so that rows x padded length stays within budget."""
+    """Group row indices of similar length so that rows x padded length stays within budget
+    (a row longer than the budget goes alone)."""
     order = sorted(lengths, key=lambda i: (lengths[i], i))
     batches, current, longest = [], [], 0
     for i in order:
@@ -75,33 +113,179 @@ def token_budget_batches(lengths: dict[int, int], budget: int) -> list[list[int]
     return batches
 
 
+def decoder_parts(model):
+    """(decoder layers, final norm) of a causal LM."""
+    decoder = model.get_decoder()
+    layers, norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
+    if layers is None or norm is None:
+        raise ValueError(f"{type(model).__name__}: cannot find the decoder layers and final norm (model.get_decoder().layers/.norm)")
+    return layers, norm
+
+
 @torch.no_grad()
 def capture(model, input_ids: list[list[int]], aux_layer_ids: list[int]) -> list[torch.Tensor]:
     """[L_b, 4, H] hidden states for each sequence of a right-padded batch."""
-    device = next(model.parameters()).device
+    layers, norm = decoder_parts(model)
+    device = model.get_input_embeddings().weight.device
     longest = max(len(s) for s in input_ids)
-    ids = torch.zeros(len(input_ids), longest, dtype=torch.long, device=device)
+    ids = torch.zeros(len(input_ids), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for b, seq in enumerate(input_ids):
-        ids[b, : len(seq)] = torch.tensor(seq, device=device)
+        ids[b, : len(seq)] = torch.tensor(seq)
         mask[b, : len(seq)] = 1
-    captured = {}
-    norm = model.get_decoder().norm
-    handle = norm.register_forward_pre_hook(lambda _m, args: captured.__setitem__("last", args[0]))
+    captured: dict = {}
+
+    def grab(key):
+        def hook(_module, args, kwargs):
+            captured[key] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    handles = [norm.register_forward_pre_hook(grab("last"), with_kwargs=True)]
+    for i in aux_layer_ids:
+        module = layers[i] if i < len(layers) else norm  # id N: the final pre-norm output
+        handles.append(module.register_forward_pre_hook(grab(i), with_kwargs=True))
     try:
-        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
+        model(input_ids=ids.to(device), attention_mask=mask.to(device), logits_to_keep=1, use_cache=False)
     finally:
-        handle.remove()
-    layers = [out.hidden_states[i] for i in aux_layer_ids] + [captured["last"]]
-    stacked = torch.stack(layers, dim=2)  # (B, T, 4, H)
+        for h in handles:
+            h.remove()
+    out_device = captured["last"].device  # with a device_map the layers live on several GPUs
+    stacked = torch.stack([captured[i].to(out_device) for i in aux_layer_ids] + [captured["last"]], dim=2)  # (B, T, 4, H)
     return [stacked[b, : len(seq)] for b, seq in enumerate(input_ids)]
 
 
 def save_hidden_states(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: torch.dtype) -> None:
     """Write atomically: a killed run never leaves a file that looks finished."""
-    tmp = path.with_suffix(".tmp")
-    save_file(
-        {"token_ids": torch.tensor(token_ids, dtype=torch.long), "hidden_states": hidden.to(dtype).contiguous().cpu()},
-        str(tmp),
-    )
-    tmp.replace(path)
+    hidden = hidden.to(dtype)
+    if not bool(torch.isfinite(hidden).all()):
+        raise ValueError(f"{path.name}: the target produced non-finite hidden states (overflow in {dtype}?)")
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({"token_ids": torch.tensor(token_ids, dtype=torch.long), "hidden_states": hidden.contiguous().cpu()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_model(card: dict, device: str, dtype: torch.dtype, device_map=None):
+    """The target for extraction: on one device, or spread by `device_map` ("auto" fills the
+    GPUs in order, for targets larger than one GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"revision": card.get("revision"), "dtype": dtype}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(card["model"], **kwargs)
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    return model
+
+
+def weights_digest(model: str) -> str | None:
+    """Size and first/last MiB of each weight file of a local model: changes when it is retrained,
+    costs milliseconds even for a terabyte checkpoint. None for a hub id (model + revision name it)."""
+    root = Path(model)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.iterdir() if p.suffix in {".safetensors", ".bin", ".pt"} or p.name == "config.json"):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def fingerprint(card: dict, dtype_name: str) -> str:
+    """What the stored values depend on, besides the tokens each file already records."""
+    parts = {
+        "model": card["model"], "revision": card.get("revision"), "weights": weights_digest(card["model"]),
+        "num_layers": card["num_layers"], "hidden_size": card["hidden_size"],
+        "aux_layer_ids": card["aux_layer_ids"], "dtype": dtype_name,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def prepare_output(out: Path, expected_fingerprint: str) -> int:
+    """Remove temp files and vLLM staging of a killed run; clear the directory when its states were made by another
+    target, aux ids or dtype. Returns the number of files removed for that reason."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.tmp"):
+        stale.unlink()
+    shutil.rmtree(out / VLLM_STAGING, ignore_errors=True)
+    meta_path = out / "meta.json"
+    found = json.loads(meta_path.read_text()).get("fingerprint") if meta_path.exists() else None
+    files = list(out.glob("hs_*.safetensors"))
+    if found == expected_fingerprint or not files:
+        return 0
+    for f in files:
+        f.unlink()
+    return len(files)
+
+
+def pending_rows(rows, out: Path, hidden_size: int, dtype: torch.dtype, full_check: bool) -> tuple[dict[int, int], int]:
+    """({row index: length} of rows whose file is missing or invalid, rows already done).
+
+    `rows` is the tokenized datasets.Dataset; files of rows past its end (samples shrank) are removed.
+    """
+    todo, done, i = {}, 0, 0
+    for batch in rows.with_format(None).iter(batch_size=1024):
+        for ids in batch["input_ids"]:
+            if is_valid_file(hs_path(out, i), ids, hidden_size, dtype, full_check):
+                done += 1
+            else:
+                todo[i] = len(ids)
+            i += 1
+    for f in out.glob("hs_*.safetensors"):
+        if not f.stem[3:].isdigit() or int(f.stem[3:]) >= len(rows):
+            f.unlink()
+    return todo, done
+
+
+def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Path, dtype: torch.dtype, token_budget: int, on_batch=None) -> int:
+    """Capture and write the states of the `todo` rows, batched by token budget. Returns tokens done."""
+    done = 0
+    for batch in token_budget_batches(todo, token_budget):
+        token_ids = rows.with_format(None)[batch]["input_ids"]
+        for i, ids, hs in zip(batch, token_ids, capture(model, token_ids, aux_layer_ids), strict=True):
+            save_hidden_states(hs_path(out, i), ids, hs, dtype)
+        done += sum(todo[i] for i in batch)
+        if on_batch:
+            on_batch(len(batch), sum(todo[i] for i in batch))
+    return done
+
+
+# ---- backend vllm: speculators' generate-offline-data against a launched vLLM -----------------
+
+def vllm_serve_command(python: str, model: str, revision: str | None, aux_layer_ids: list[int], num_layers: int,
+                       staging_dir: Path, host: str, port: int, dtype: str, tensor_parallel_size: int,
+                       max_model_len: int, gpu_memory_utilization: float, extra_args: list[str]) -> list[str]:
+    """`vllm serve` set up for hidden-state extraction, as speculators' scripts/launch_vllm.py does:
+    the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
+    and speculators' file connector config writing hs files into `staging_dir`."""
+    from hs_connectors.transfer import FileBackend
+
+    speculative = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}},
+    }
+    kv_transfer = FileBackend.build_kv_transfer_config(argparse.Namespace(hidden_states_path=str(staging_dir)))
+    cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", model,
+           "--host", host, "--port", str(port), "--dtype", dtype,
+           "--tensor-parallel-size", str(tensor_parallel_size), "--max-model-len", str(max_model_len),
+           "--gpu-memory-utilization", str(gpu_memory_utilization),
+           "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(kv_transfer)]
+    if revision:
+        cmd += ["--revision", revision]
+    return cmd + list(extra_args)
+
+
+def generate_offline_data_command(endpoint: str, tokenized_dir: Path, out: Path, concurrency: int,
+                                  request_timeout_s: float, max_retries: int) -> list[str]:
+    """speculators' own extraction client: sends each row's input_ids (max_tokens=1), moves the file
+    vLLM wrote to out/hs_{i}.safetensors, skips files that exist, checks tokens and finiteness."""
+    return [sys.executable, "-m", "speculators", "generate-offline-data",
+            "--endpoint", endpoint, "--preprocessed-data", str(tokenized_dir), "--output", str(out),
+            "--concurrency", str(concurrency), "--validate-outputs",
+            "--request-timeout", str(request_timeout_s), "--max-retries", str(max_retries)]

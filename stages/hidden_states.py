@@ -2,11 +2,14 @@
 
     python -m stages.hidden_states models/target/card.json datasets/tokenized datasets/hidden_states reports/hidden_states.json
 
+Backend `hf` runs the target here (CPU, one GPU, or several with `device_map`); backend `vllm`
+launches `vllm serve` for extraction and hands the rows to speculators' `generate-offline-data`.
 Resumable (persist: true in dvc.yaml): valid files are kept, missing, truncated or corrupt ones
-(re)done, so growing `samples` extracts only the new rows. Refuses to start when the disk cannot
-hold the estimate.
+(re)done, so growing `samples` extracts only the new rows. Prints the disk estimate and refuses to
+start when free space is below it x `disk_margin`.
 """
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,60 +17,122 @@ from pathlib import Path
 from draftline.config import stage_params
 
 
+def run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype) -> int:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from draftline import hidden
+    from draftline.target import resolve_device
+
+    device = "cuda" if cfg.device_map else resolve_device(cfg.device)
+    compute = cfg.compute_dtype if cfg.compute_dtype != "auto" else (cfg.dtype if device == "cuda" else "float32")
+    model = hidden.load_model(card, device, hidden.DTYPES[compute], cfg.device_map)
+    start = time.perf_counter()
+    columns = (TextColumn("hidden states"), BarColumn(), MofNCompleteColumn(), TextColumn("rows {task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn())
+    with Progress(*columns) as bar, torch.inference_mode():
+        task = bar.add_task("hs", total=len(todo), tps=0.0)
+        tokens = 0
+
+        def advance(n_rows: int, n_tokens: int) -> None:
+            nonlocal tokens
+            tokens += n_tokens
+            bar.update(task, advance=n_rows, tps=tokens / (time.perf_counter() - start))
+
+        return hidden.extract(model, rows, todo, aux_ids, out, store_dtype, cfg.token_budget, advance)
+
+
+def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> None:
+    import os
+    import subprocess
+
+    from draftline import hidden
+    from draftline.serving import ManagedServer
+
+    v = cfg.vllm
+    for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
+        hidden.hs_path(out, i).unlink(missing_ok=True)
+    staging = out / hidden.VLLM_STAGING  # same filesystem: speculators' move is then an atomic rename
+    staging.mkdir(parents=True, exist_ok=True)
+    longest = max(rows.with_format(None)["seq_len"])
+    serve = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
+                                      card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
+                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args)
+    base_url = f"http://{v.host}:{v.port}"
+    print("hidden_states: launching", " ".join(serve))
+    try:
+        with ManagedServer(serve, dict(os.environ), base_url, log_path, v.startup_timeout_s):
+            client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
+                                                          v.request_timeout_s, v.max_retries)
+            print("hidden_states: running", " ".join(client))
+            code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
+            if code != 0:
+                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; server log: {log_path}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
     cfg = params.hidden_states
     from datasets import load_from_disk
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from draftline import hidden
     from draftline.io import read_json, write_json, write_meta
-    from draftline.target import load_target, resolve_device
 
     card = read_json(card_path)
+    try:
+        aux_ids = hidden.check_aux_layer_ids(card["aux_layer_ids"], card["num_layers"])
+    except ValueError as err:
+        raise SystemExit(f"error: {card_path}: {err}") from None
+    tok_meta = Path(tokenized_dir) / "meta.json"
+    if tok_meta.exists() and read_json(tok_meta).get("chat_template_sha256") not in (None, card["chat_template_sha256"]):
+        raise SystemExit(f"error: {tokenized_dir} was tokenized with another chat template than {card_path}'s target")
+    rows = load_from_disk(tokenized_dir)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.tmp"):  # a kill mid-write leaves only temp files
-        stale.unlink()
-    rows = load_from_disk(tokenized_dir).with_format(None)
-    token_ids = rows["input_ids"]
-    H = card["hidden_size"]
-    store_dtype = hidden.DTYPES[cfg.dtype]
+    H, store_dtype = card["hidden_size"], hidden.DTYPES[cfg.dtype]
 
-    todo = {i: len(ids) for i, ids in enumerate(token_ids) if not hidden.is_valid_file(hidden.hs_path(out, i), ids, H)}
-    # stale files of rows that no longer exist (samples shrank) are removed so outputs match rows
-    for f in out.glob("hs_*.safetensors"):
-        if int(f.stem[3:]) >= len(token_ids):
-            f.unlink()
+    fingerprint = hidden.fingerprint(card, cfg.dtype)
+    cleared = hidden.prepare_output(out, fingerprint)
+    if cleared:
+        print(f"hidden_states: removed {cleared} files made for another target, aux layers or dtype")
+    todo, done = hidden.pending_rows(rows, out, H, store_dtype, cfg.verify_existing == "full")
     needed = hidden.estimate_bytes(list(todo.values()), H, store_dtype)
-    print(f"hidden_states: {len(token_ids) - len(todo)} rows done, {len(todo)} to extract, "
-          f"{sum(todo.values())} tokens x 4 x {H} x {store_dtype.itemsize} B = {needed / 1e6:.1f} MB")
-    hidden.check_disk(out, needed, cfg.disk_margin)
+    print(f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x 4 x {H} "
+          f"x {store_dtype.itemsize} B = {needed / 1e9:.3f} GB")
+    try:
+        free = hidden.check_disk(out, needed, cfg.disk_margin)
+    except RuntimeError as err:
+        raise SystemExit(f"error: {err}") from None
 
-    device = resolve_device(cfg.device)
-    compute_dtype = store_dtype if device == "cuda" else hidden.DTYPES["float32"]
-    model, _ = load_target(card, device=device, dtype=compute_dtype)
-    start, done_tokens = time.perf_counter(), 0
-    with Progress(TextColumn("hidden states"), BarColumn(), TextColumn("{task.completed}/{task.total} rows  {task.fields[tps]:.0f} tok/s"), TimeRemainingColumn()) as bar:
-        task = bar.add_task("hs", total=len(todo), tps=0.0)
-        for batch in hidden.token_budget_batches(todo, cfg.token_budget):
-            states = hidden.capture(model, [token_ids[i] for i in batch], card["aux_layer_ids"])
-            for i, hs in zip(batch, states, strict=True):
-                hidden.save_hidden_states(hidden.hs_path(out, i), token_ids[i], hs, store_dtype)
-            done_tokens += sum(todo[i] for i in batch)
-            bar.update(task, advance=len(batch), tps=done_tokens / (time.perf_counter() - start))
+    layout = "hs_{i}.safetensors: token_ids [L], hidden_states [L, 4, H] (inputs of the aux layers, then last layer pre-norm)"
+    meta = dict(fingerprint=fingerprint, aux_layer_ids=aux_ids, layout=layout)
+    write_meta(out, "hidden_states", cfg.model_dump(), complete=False, **meta)
+    start, tokens = time.perf_counter(), sum(todo.values())
+    if todo and cfg.backend == "hf":
+        run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype)
+    elif todo:
+        run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, Path(report_path).with_suffix(".vllm.log"))
+        missing, _ = hidden.pending_rows(rows, out, H, store_dtype, False)
+        if missing:
+            raise SystemExit(f"error: {len(missing)} rows still have no valid hidden states after generate-offline-data "
+                             f"(first: {sorted(missing)[:10]}); rerun to retry them")
     elapsed = time.perf_counter() - start
-    write_meta(out, "hidden_states", cfg.model_dump(), aux_layer_ids=card["aux_layer_ids"], layout="hs_{i}.safetensors: token_ids [L], hidden_states [L, 4, H] (3 aux + last pre-norm)")
-    write_json(report_path, {
-        "rows": len(token_ids),
+    write_meta(out, "hidden_states", cfg.model_dump(), complete=True, **meta)
+    report = {
+        "backend": cfg.backend,
+        "rows": len(rows),
+        "reused": done,
         "extracted_now": len(todo),
-        "reused": len(token_ids) - len(todo),
-        "tokens_extracted_now": done_tokens,
-        "tokens_per_s": round(done_tokens / elapsed, 1) if elapsed > 0 else None,
+        "tokens_extracted_now": tokens,
+        "tokens_per_s": round(tokens / elapsed, 1) if todo and elapsed > 0 else None,
+        "removed_for_new_fingerprint": cleared,
         "bytes_estimate": needed,
+        "free_bytes_before": free,
         "dtype": cfg.dtype,
-        "aux_layer_ids": card["aux_layer_ids"],
-    })
+        "aux_layer_ids": aux_ids,
+    }
+    write_json(report_path, report)
+    print(f"hidden_states: {len(todo)} rows extracted ({report['tokens_per_s']} tok/s), {done} reused")
 
 
 if __name__ == "__main__":

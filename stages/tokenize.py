@@ -3,74 +3,124 @@
     python -m stages.tokenize models/target/card.json datasets/prompts/train.jsonl \
         datasets/regenerated/conversations.jsonl datasets/tokenized reports/tokenize.json
 
-Rows follow the prompt order of train.jsonl (hidden-state file hs_{i} is row i). Columns:
-`id`, `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable tokens only.
+Rows follow the prompt order of train.jsonl, so growing `samples` appends rows and hidden-state
+file hs_{i} stays row i. A conversation gives one row, or several when the chat template rewrites
+earlier turns (see draftline/chat.py). Columns: `id` (prompt id), `part` (row within the
+conversation), `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable tokens only
+(speculators' save_token_frequency_distribution).
 """
 
+import shutil
 import sys
 from pathlib import Path
 
 from draftline.config import stage_params
 
 
+def generation_eos_ids(card: dict):
+    """The eos ids generation stops on (a list for Llama 3.x), or None without a generation config."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(card["model"], revision=card.get("revision")).eos_token_id
+    except OSError:
+        return None
+
+
 def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
     cfg = params.tokenize
-    from datasets import Dataset
+    from datasets import Dataset, Features, List, Value, load_from_disk
+    from datasets.arrow_writer import ArrowWriter
+    from jinja2 import TemplateError
     from rich.progress import track
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from transformers import AutoTokenizer
 
-    from draftline.chat import TemplateMismatch, tokenize_conversation
-    from draftline.io import read_json, read_jsonl, write_json, write_meta
+    from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
+    from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_meta
 
     card = read_json(card_path)
+    # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
+    regen_meta = Path(regenerated_path).parent / "meta.json"
+    regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
+    template_kwargs = regen_params.get("chat_template_kwargs") or {}
     tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
-    regenerated = {row["id"]: row for row in read_jsonl(regenerated_path)}
-    order = [row["id"] for row in read_jsonl(prompts_path) if row["id"] in regenerated]
-
-    columns = {"id": [], "input_ids": [], "loss_mask": [], "seq_len": []}
-    skipped = {"template_mismatch": 0, "no_trainable_tokens": 0}
-    truncated = tokens = trainable = 0
-    for pid in track(order, description="tokenize"):
-        row = regenerated[pid]
-        try:
-            enc = tokenize_conversation(tokenizer, row["messages"], row.get("tools"), cfg.max_length)
-        except TemplateMismatch:
-            skipped["template_mismatch"] += 1
-            continue
-        if not any(enc["loss_mask"]):
-            skipped["no_trainable_tokens"] += 1
-            continue
-        truncated += enc["truncated"]
-        tokens += len(enc["input_ids"])
-        trainable += sum(enc["loss_mask"])
-        columns["id"].append(pid)
-        columns["input_ids"].append(enc["input_ids"])
-        columns["loss_mask"].append(enc["loss_mask"])
-        columns["seq_len"].append(len(enc["input_ids"]))
-    if not columns["id"]:
-        raise SystemExit(f"error: tokenize produced no rows (skipped: {skipped})")
+    stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
+    regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
+    regenerated = {row["id"]: row for row in regenerated_rows}
+    prompt_ids = [row["id"] for row in read_jsonl(prompts_path)]
+    order = [pid for pid in prompt_ids if pid in regenerated]
 
     out = Path(out_dir)
-    dataset = Dataset.from_dict(columns)
+    if out.exists():  # a rerun replaces the dataset whole (no stale shards, no reused token_freq.pt)
+        shutil.rmtree(out)
+    building = out.with_name(f".{out.name}.building.arrow")
+    features = Features({"id": Value("string"), "part": Value("int64"), "input_ids": List(Value("int64")),
+                         "loss_mask": List(Value("int64")), "seq_len": Value("int64")})
+    skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
+    conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
+    with ArrowWriter(features=features, path=str(building)) as writer:
+        for pid in track(order, description="tokenize"):
+            row = regenerated[pid]
+            messages = mark_length_cut(row["messages"], (row.get("regeneration") or {}).get("finish_reasons"))
+            try:
+                parts = tokenize_conversation(tokenizer, messages, row.get("tools"), cfg.max_length, stops, template_kwargs)
+            except TemplateMismatch:
+                skipped["template_mismatch"] += 1
+                continue
+            except TemplateError:  # the template refuses the conversation (e.g. two parallel tool calls)
+                skipped["template_error"] += 1
+                continue
+            kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
+            skipped["no_trainable_tokens"] += len(parts) - len(kept)
+            for k, p in enumerate(kept):
+                if max(p["input_ids"]) >= card["vocab_size"]:
+                    raise SystemExit(f"error: conversation {pid}: token id {max(p['input_ids'])} is outside the "
+                                     f"target vocabulary ({card['vocab_size']}); tokenizer and model disagree")
+                writer.write({"id": pid, "part": k, "input_ids": p["input_ids"], "loss_mask": p["loss_mask"],
+                              "seq_len": len(p["input_ids"])})
+                truncated += p["truncated"]
+                whole += p["whole"]
+                tokens += len(p["input_ids"])
+                trainable += sum(p["loss_mask"])
+                longest = max(longest, len(p["input_ids"]))
+            conversations += bool(kept)
+            split += len(kept) > 1
+            rows += len(kept)
+        writer.finalize()
+    if not rows:
+        building.unlink()
+        raise SystemExit(f"error: tokenize produced no rows from {regenerated_path} (skipped: {skipped})")
+
+    dataset = Dataset.from_file(str(building))
     dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True)
     dataset.save_to_disk(str(out))
-    save_token_frequency_distribution(dataset, out / "token_freq.pt")
-    write_meta(out, "tokenize", cfg.model_dump(), chat_template_sha256=card["chat_template_sha256"])
+    del dataset
+    building.unlink()
+    save_token_frequency_distribution(load_from_disk(str(out)), out / "token_freq.pt")
+    write_meta(out, "tokenize", cfg.model_dump(), chat_template_sha256=card["chat_template_sha256"], end_of_turn_tokens=stops,
+               chat_template_kwargs=template_kwargs)
     report = {
-        "conversations": len(columns["id"]),
-        "missing_regenerations": sum(1 for r in read_jsonl(prompts_path)) - len(order),
+        "conversations": conversations,
+        "rows": rows,
+        "split_conversations": split,  # the template rewrote earlier turns: more than one row
+        "missing_regenerations": len(prompt_ids) - len(order),
+        "unreadable_regenerated_lines": bad_lines,
         "skipped": skipped,
         "tokens": tokens,
         "trainable_tokens": trainable,
         "trainable_fraction": round(trainable / tokens, 4),
         "truncated": truncated,
+        # rows whose segment-wise tokens differed from the row tokenized at once (see draftline/chat.py)
+        "rows_tokenized_whole": whole,
         "max_length": cfg.max_length,
+        "longest_row": longest,
+        "end_of_turn_tokens": stops,
     }
     write_json(report_path, report)
-    print(f"tokenize: {report['conversations']} conversations, {tokens} tokens, "
-          f"{report['trainable_fraction']:.1%} trainable, {truncated} truncated")
+    print(f"tokenize: {conversations} conversations -> {rows} rows, {tokens} tokens, "
+          f"{report['trainable_fraction']:.1%} trainable, {truncated} truncated, skipped {skipped}")
 
 
 if __name__ == "__main__":

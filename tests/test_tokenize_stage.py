@@ -1,0 +1,140 @@
+"""Stage `tokenize` on a toy input: speculators' Arrow layout, rows in prompt order, frequencies of
+trainable tokens only, the report, and conversations split where the template rewrites history."""
+
+import copy
+import json
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftline.corpus import arithmetic, multi_turn, tool_call
+from draftline.io import text_sha256
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+
+
+def write_inputs(root: Path, card: dict, conversations: list[dict], max_length: int, regen_meta: dict | None = None) -> None:
+    (root / "params.yaml").write_text(
+        "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
+        f"tokenize: {{max_length: {max_length}}}\n"
+    )
+    (root / "card.json").write_text(json.dumps(card))
+    (root / "regenerated").mkdir(exist_ok=True)
+    with open(root / "prompts.jsonl", "w") as p, open(root / "regenerated" / "conversations.jsonl", "w") as c:
+        for row in conversations:
+            p.write(json.dumps({"id": row["id"]}) + "\n")
+        p.write(json.dumps({"id": "never-regenerated"}) + "\n")
+        for row in reversed(conversations):  # finish order differs from prompt order
+            c.write(json.dumps(row) + "\n")
+        c.write('{"id": "cut-by-a-kill", "mess')  # the line a killed regeneration leaves
+    if regen_meta is not None:
+        (root / "regenerated" / "meta.json").write_text(json.dumps(regen_meta))
+
+
+def run(root: Path) -> dict:
+    from stages.tokenize import main
+
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        main("card.json", "prompts.jsonl", "regenerated/conversations.jsonl", "tokenized", "tokenize.json")
+    finally:
+        os.chdir(cwd)
+    return json.loads((root / "tokenize.json").read_text())
+
+
+def test_layout_order_frequencies_and_report(tmp_path, random_target):
+    from datasets import load_from_disk
+
+    rng = random.Random(4)
+    convs = [dict(id=f"c{k}", **make(rng)) for k, make in enumerate([arithmetic, tool_call, multi_turn, arithmetic, tool_call])]
+    convs[3]["messages"][-1]["content"] = "The answer is"  # cut by max_tokens: no end-of-turn to learn
+    convs[3]["regeneration"] = {"finish_reasons": ["length"]}
+    write_inputs(tmp_path, random_target, convs, 512)
+    report = run(tmp_path)
+
+    data = load_from_disk(str(tmp_path / "tokenized"))
+    assert data.format["type"] == "torch"
+    assert data.with_format(None)["id"] == [c["id"] for c in convs]  # prompt order, one row each
+    assert data.with_format(None)["part"] == [0] * len(convs)
+    row = data[0]
+    assert row["input_ids"].dtype == torch.int64 and row["loss_mask"].dtype == torch.int64
+    assert row["seq_len"].item() == len(row["input_ids"]) == len(row["loss_mask"])
+    cut = data[3]
+    assert cut["input_ids"][cut["loss_mask"].bool()][-1].item() != random_target["eos_token_id"]
+    assert data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target["eos_token_id"]
+
+    freq = torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True)
+    expected = Counter()
+    for r in data:
+        expected.update(r["input_ids"][r["loss_mask"].bool()].tolist())
+    assert freq == dict(expected)
+    tokens = sum(len(r["input_ids"]) for r in data)
+    assert report["tokens"] == tokens and report["trainable_tokens"] == sum(expected.values())
+    assert report["trainable_fraction"] == round(sum(expected.values()) / tokens, 4)
+    assert report["conversations"] == report["rows"] == 5 and report["truncated"] == 0
+    assert report["missing_regenerations"] == 1 and report["unreadable_regenerated_lines"] == 1
+    assert "<|im_end|>" in report["end_of_turn_tokens"] and report["rows_tokenized_whole"] == 0
+
+    # truncation to max_length: counted, rows cut, and rerunning replaces the old dataset whole
+    write_inputs(tmp_path, random_target, convs, 24)
+    report = run(tmp_path)
+    data = load_from_disk(str(tmp_path / "tokenized"))
+    assert max(data.with_format(None)["seq_len"]) <= 24
+    assert report["truncated"] >= 1 and report["truncated"] + report["skipped"]["no_trainable_tokens"] >= 3
+    assert sum(torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True).values()) == report["trainable_tokens"]
+
+
+@pytest.fixture()
+def qwen3_target(tmp_path, tiny_tokenizer, random_target):
+    """The random target's weights with a Qwen3-style thinking template (a copy of its directory)."""
+    import shutil
+
+    path = tmp_path / "qwen3_target"
+    shutil.copytree(random_target["model"], path)
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (TEMPLATES / "qwen3_thinking.jinja").read_text()
+    tok.save_pretrained(path)
+    return {**random_target, "model": str(path), "chat_template_sha256": text_sha256(tok.chat_template)}
+
+
+def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwen3_target):
+    from datasets import load_from_disk
+
+    messages = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "reasoning_content": "2 + 3 = 5.", "content": "5."},
+        {"role": "user", "content": "And times 4?"},
+        {"role": "assistant", "reasoning_content": "5 * 4 = 20.", "content": "20."},
+    ]
+    simple = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    write_inputs(tmp_path, qwen3_target, [{"id": "a", "messages": messages}, {"id": "b", "messages": simple}], 512)
+    report = run(tmp_path)
+    data = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
+    assert data["id"] == ["a", "a", "b"] and data["part"] == [0, 1, 0]
+    assert report["rows"] == 3 and report["conversations"] == 2 and report["split_conversations"] == 1
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen3_target["model"])
+
+    def masked(k):
+        return tok.decode([t for t, m in zip(data["input_ids"][k], data["loss_mask"][k]) if m])
+
+    assert masked(0) == "<think>\n2 + 3 = 5.\n</think>\n\n5.<|im_end|>"
+    assert masked(1) == "<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"
+    assert masked(2) == "<think>\n\n</think>\n\nHello.<|im_end|>"  # thinking on: the model wrote the empty block
+
+    # regenerated with enable_thinking=false (recorded in its meta.json): the server pre-filled
+    # the empty think block, so it is context
+    write_inputs(tmp_path, qwen3_target, [{"id": "b", "messages": simple}], 512,
+                 regen_meta={"params": {"chat_template_kwargs": {"enable_thinking": False}}})
+    run(tmp_path)
+    data = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
+    assert masked(0) == "Hello.<|im_end|>"
+    assert tok.decode(data["input_ids"][0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nHello.<|im_end|>")
+    tok_meta = json.loads((tmp_path / "tokenized" / "meta.json").read_text())
+    assert tok_meta["chat_template_kwargs"] == {"enable_thinking": False}

@@ -1,0 +1,59 @@
+"""Stage `vocab`: speculators' d2t/t2d conventions, the size check, the coverage report."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+PARAMS = "samples: 10\ndatasets:\n  d: {{path: d.jsonl, format: openai}}\nmix:\n  weights: {{d: 1.0}}\nvocab: {{draft_vocab_size: {size}}}\n"
+
+
+def run(tmp_path, freq: dict, draft_vocab_size: int, target_vocab_size: int) -> dict:
+    from stages.vocab import main
+
+    (tmp_path / "params.yaml").write_text(PARAMS.format(size=draft_vocab_size))
+    (tmp_path / "card.json").write_text(json.dumps({"vocab_size": target_vocab_size}))
+    torch.save(freq, tmp_path / "token_freq.pt")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        main("card.json", "token_freq.pt", "vocab", "vocab.json")
+    finally:
+        os.chdir(cwd)
+    return json.loads((tmp_path / "vocab.json").read_text())
+
+
+def test_d2t_offsets_and_t2d_mask(tmp_path):
+    # target vocab 50; trainable tokens with distinct counts, the most frequent ones scattered
+    freq = {40: 100, 3: 90, 17: 80, 45: 70, 8: 60, 30: 5, 2: 4, 11: 1}
+    report = run(tmp_path, freq, 5, 50)
+    d2t, t2d = np.load(tmp_path / "vocab" / "d2t.npy"), np.load(tmp_path / "vocab" / "t2d.npy")
+    assert d2t.dtype == np.int64 and d2t.shape == (5,)
+    assert t2d.dtype == np.bool_ and t2d.shape == (50,) and t2d.sum() == 5
+    top5 = sorted(freq, key=lambda t: -freq[t])[:5]
+    target_ids = np.arange(5) + d2t  # offsets: target id = draft id + d2t[draft id]
+    assert target_ids.tolist() == sorted(top5)  # ascending, the most frequent
+    assert t2d[target_ids].all() and np.flatnonzero(t2d).tolist() == sorted(top5)
+    assert report["coverage"] == round(400 / 410, 6)
+    assert report["distinct_trainable_tokens"] == 8 and report["uncovered_distinct_tokens"] == 3
+    assert report["unseen_tokens_in_draft"] == 0
+
+
+def test_draft_vocab_larger_than_the_distinct_tokens_is_filled(tmp_path):
+    report = run(tmp_path, {7: 3, 9: 1}, 4, 20)
+    t2d = np.load(tmp_path / "vocab" / "t2d.npy")
+    assert t2d.sum() == 4 and t2d[7] and t2d[9]  # padded with the lowest unused ids
+    assert report["coverage"] == 1.0 and report["unseen_tokens_in_draft"] == 2
+
+
+def test_draft_vocab_larger_than_the_target_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match=r"vocab.draft_vocab_size \(64\) is larger than the target vocabulary \(50\)"):
+        run(tmp_path, {1: 1}, 64, 50)
+    assert not (tmp_path / "vocab").exists()
+
+
+def test_frequencies_of_another_vocabulary_are_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="outside the target vocabulary"):
+        run(tmp_path, {1: 1, 70: 2}, 4, 50)
