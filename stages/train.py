@@ -1,60 +1,154 @@
-"""Stage `train`: the EAGLE-3 draft (speculators' Eagle3DraftModel) in our own loop.
+"""Stage `train`: the EAGLE-3 draft (speculators' Eagle3DraftModel), from scratch or fine-tuned.
 
     python -m stages.train models/target/card.json models/vocab datasets/tokenized \
-        datasets/hidden_states models/draft reports/train.json
+        datasets/hidden_states models/draft reports/train.json models/draft_checkpoints
 
-Writes models/draft/ in speculators format (config.json + model.safetensors; loads with
-Eagle3DraftModel.from_pretrained) plus meta.json; per-epoch metrics go to dvclive (reports/train/).
-The kept checkpoint is the epoch with the best validation tau_sim, not the lowest loss.
+Small CPU variant: `dvc exp run -S train.epochs=1 -S train.pack_len=1024`.
+
+backend builtin: our loop on CPU (float32) or one GPU (bf16 autocast). Its resume state lives in
+models/draft_checkpoints/, a `persist: true` output: DVC neither deletes it before a run nor
+loses it when a run dies, so a killed `dvc repro` continues from the last saved step. A finished
+run leaves only last_run.json there. backend speculators: runs `torchrun -m speculators.train`
+(command in reports/train/command.txt) with its checkpoints in models/draft_checkpoints/speculators
+(speculators resumes from them itself), then keeps the epoch with the best validation tau_sim.
+
+Writes models/draft/ in speculators format (loads with Eagle3DraftModel.from_pretrained; vLLM serves
+it with "method": "eagle3") plus meta.json; per-epoch loss, per-position accuracy and tau_sim go
+to dvclive (reports/train/, see `dvc plots show`). The kept weights are those of the epoch with
+the best validation tau_sim, not the lowest loss.
 """
 
+import subprocess
 import sys
 from pathlib import Path
 
 from draftline.config import stage_params
 
 
-def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_dir: str, report_path: str) -> None:
-    params = stage_params()
-    cfg = params.train
-    from dvclive import Live
+def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
+    if init is None:
+        return
+    init_path, out = Path(init).resolve(), out_dir.resolve()
+    if init_path == out or out in init_path.parents:
+        raise SystemExit(f"error: train.init: {init} is this stage's own output, which DVC deletes before "
+                         "the stage runs; copy a previous draft elsewhere (e.g. models/init/) and point to it")
 
-    from draftline.draft import build_draft, seed_everything, train_draft
-    from draftline.io import file_sha256, read_json, write_json, write_meta
+
+def epoch_logger(live):
+    def log(record):
+        for split in ("train", "val"):
+            if record.get(split) is None:
+                continue
+            live.log_metric(f"{split}/loss", record[split]["loss"])
+            live.log_metric(f"{split}/tau_sim", record[split]["tau_sim"])
+            for k, acc in enumerate(record[split]["position_accuracy"]):
+                live.log_metric(f"{split}/position_accuracy/acc_{k}", acc)
+        live.next_step()
+        val = record["val"]
+        print(f"epoch {record['epoch']}: val loss {val['loss']:.4f}  tau_sim {val['tau_sim']:.3f}  "
+              f"acc {val['position_accuracy']}", flush=True)
+    return log
+
+
+def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
+    from draftline import draft
     from draftline.target import resolve_device
 
-    card = read_json(card_path)
     device = resolve_device(cfg.device)
-    seed_everything(cfg.seed)
-    model = build_draft(card, Path(vocab_dir), cfg.num_layers, cfg.ttt_steps, attn_impl="eager" if device == "cpu" else "simple_flex_attention")
+    fingerprint = draft.run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
+    attn = "eager" if device == "cpu" else "simple_flex_attention"
+    shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings, train_lm_head=cfg.train_lm_head)
+    draft.seed_everything(cfg.seed)
+    if init_dir is None:
+        model, notes = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape), []
+    else:
+        model, notes = draft.load_init_draft(init_dir, card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape,
+                                             remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab)
+        for note in notes:
+            print(f"train.init remap: {note}")
+    result = draft.train_draft(model, cfg, paths["tokenized"], paths["hs"], device,
+                               state_dir=paths["state"], fingerprint=fingerprint, log=log)
+    return model, result, notes
 
-    with Live(dir=str(Path(report_path).with_suffix("")), save_dvc_exp=False, dvcyaml=None) as live:
-        def log(record):
-            for split in ("train", "val"):
-                live.log_metric(f"{split}/loss", record[split]["loss"])
-                live.log_metric(f"{split}/tau_sim", record[split]["tau_sim"])
-                for k, acc in enumerate(record[split]["position_accuracy"]):
-                    live.log_metric(f"{split}/acc_{k}", acc)
-            live.next_step()
-            print(f"epoch {record['epoch']}: train loss {record['train']['loss']:.3f}  "
-                  f"val tau_sim {record['val']['tau_sim']:.3f}  val acc {record['val']['position_accuracy']}")
 
-        result = train_draft(model, cfg, Path(tokenized_dir), Path(hs_dir), device, log)
+def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
+    import torch
+
+    from draftline import draft
+
+    nproc = cfg.gpus or torch.cuda.device_count()
+    if nproc < 1:
+        raise SystemExit("error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin")
+    notes = []
+    if init_dir is not None:  # checked and re-targeted (verifier, aux ids, vocab remaps) as in the builtin loop
+        model, notes = draft.load_init_draft(init_dir, card, paths["vocab"], cfg.num_layers, cfg.ttt_steps,
+                                             speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
+                                             remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab)
+        init_dir = paths["state"] / "init_retargeted"
+        model.save_pretrained(init_dir)
+    save_path = paths["state"] / "speculators"
+    cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
+                                          save_path, live_dir / "speculators", nproc, init_dir)
+    live_dir.mkdir(parents=True, exist_ok=True)
+    (live_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    print(" ".join(cmd), flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
+    model, result = draft.best_speculators_epoch(save_path, cfg, paths["tokenized"], paths["hs"], "cuda", log)
+    return model, result, notes
+
+
+def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_dir: str, report_path: str,
+         state_dir: str = "models/draft_checkpoints") -> None:
+    params = stage_params()
+    cfg = params.train
+    refuse_own_output_as_init(cfg.init, Path(out_dir))
+    from dvclive import Live
+
+    from draftline import draft
+    from draftline.io import read_json, write_json, write_meta
+
+    card = read_json(card_path)
+    paths = {"vocab": Path(vocab_dir), "tokenized": Path(tokenized_dir), "hs": Path(hs_dir), "state": Path(state_dir)}
+    paths["state"].mkdir(parents=True, exist_ok=True)
+    try:
+        draft.check_hidden_states(paths["hs"], card)
+        init_dir = draft.prepare_init(cfg.init, card, cfg.init_convert, paths["state"]) if cfg.init else None
+    except (draft.InitMismatch, draft.DataMismatch) as err:
+        raise SystemExit(f"error: {err}") from None
+    data_sha = draft.training_data_sha256(paths["tokenized"], paths["hs"])
+    init_sha = draft.dir_sha256(Path(cfg.init)) if cfg.init else None
+
+    live_dir = Path(report_path).with_suffix("")
+    with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
+        try:
+            if cfg.backend == "speculators":
+                model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir)
+            else:
+                model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live))
+        except draft.InitMismatch as err:
+            raise SystemExit(f"error: {err}") from None
 
     out = Path(out_dir)
-    model.to("cpu")
-    model.save_pretrained(out)
-    write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
-               tokenized_sha256=file_sha256(next(Path(tokenized_dir).glob("data-*.arrow"))))
+    vllm_fields = draft.save_draft(model, out)
     best = result["best"]
+    write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
+               data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
+               best_epoch=best["epoch"], vllm_speculator=vllm_fields)
     write_json(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],
         "val_position_accuracy": best["val"]["position_accuracy"],
         "val_loss": round(best["val"]["loss"], 5),
-        "train_loss": round(best["train"]["loss"], 5),
+        "train_loss": round(best["train"]["loss"], 5) if best.get("train") else None,
         "epochs": cfg.epochs,
+        "steps": result.get("steps"),
+        "step_seconds": result.get("step_seconds"),
+        "resumed_at": result.get("resumed_at"),
+        "init": cfg.init,
     })
+    if cfg.backend == "builtin":
+        draft.finish_state(paths["state"], {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]})
 
 
 if __name__ == "__main__":

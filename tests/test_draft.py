@@ -1,0 +1,208 @@
+"""The draft model: parts taken from the target, the saved format vLLM reads, fine-tune init checks
+and remaps, EAGLE-layout conversion, and the speculators multi-GPU command."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftline import draft
+from draftline.config import TrainConfig
+from draftline.target import load_target
+
+
+@pytest.fixture(scope="module")
+def target(random_target):
+    model, _ = load_target(random_target)
+    return model
+
+
+@pytest.fixture(scope="module")
+def saved_draft(tmp_path_factory, random_target, vocab_dir):
+    """A draft with non-trivial trained parts, saved in speculators format."""
+    torch.manual_seed(3)
+    model = draft.build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path_factory.mktemp("draft") / "draft"
+    fields = draft.save_draft(model, path)
+    return path, model, fields
+
+
+def trained_parts(model) -> dict:
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_dir, target):
+    model = draft.build_draft(random_target, vocab_dir, num_layers=2, ttt_steps=3)
+    t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
+    assert len(model.layers) == 2 and model.config.transformer_layer_config.hidden_size == random_target["hidden_size"]
+    assert torch.equal(model.embed_tokens.weight, target.model.embed_tokens.weight)
+    assert torch.equal(model.lm_head.weight, target.lm_head.weight[t2d])
+    assert torch.equal(model.verifier_norm.weight, target.model.norm.weight)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight"} <= frozen
+    assert "fc.weight" not in frozen
+    opened = draft.build_draft(random_target, vocab_dir, 1, 3, train_embeddings=True, train_lm_head=True)
+    assert opened.embed_tokens.weight.requires_grad and opened.lm_head.weight.requires_grad
+    assert not opened.verifier_lm_head.weight.requires_grad and opened.config.embed_requires_grad
+
+
+def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_target):
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    from draftline.evaluation import load_draft
+
+    path, model, fields = saved_draft
+    loaded = Eagle3DraftModel.from_pretrained(str(path))
+    for name, value in trained_parts(model).items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert load_draft(path, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
+    config = json.loads((path / "config.json").read_text())
+    assert fields == draft.vllm_speculator_fields(config)
+    assert fields["method"] == "eagle3" and fields["draft_model_type"] == "llama"
+    assert fields["num_speculative_tokens"] == 4
+    assert fields["verifier"] == random_target["model"]
+    assert fields["eagle_aux_hidden_state_layer_ids"] == random_target["aux_layer_ids"]
+    assert fields["draft_vocab_size"] == random_target["vocab_size"] // 2
+    assert fields["target_vocab_size"] == random_target["vocab_size"]
+    assert (fields["norm_before_residual"], fields["norm_before_fc"], fields["norm_output"]) == (True, True, True)
+
+
+def copy_with_config(src, dst, edit):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    edit(config)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_finetune_init_takes_trained_parts_and_our_target(saved_draft, random_target, vocab_dir, target):
+    path, model, _ = saved_draft
+    loaded, notes = draft.load_init_draft(path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2)
+    assert notes == []
+    for name, value in trained_parts(model).items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert torch.equal(loaded.verifier_norm.weight, target.model.norm.weight)
+    assert loaded.config.speculators_config.proposal_methods[0].speculative_tokens == 2
+    assert not loaded.lm_head.weight.requires_grad and loaded.fc.weight.requires_grad
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda c: c["transformer_layer_config"].__setitem__("hidden_size", 96), "hidden size"),
+    (lambda c: c["transformer_layer_config"].__setitem__("vocab_size", 4000), "target vocabulary"),
+    (lambda c: c["transformer_layer_config"].update(num_hidden_layers=2, layer_types=["full_attention"] * 2), "train.num_layers"),
+    (lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]), "train.init_remap_aux_layers"),
+])
+def test_init_mismatch_is_a_clear_error(saved_draft, random_target, vocab_dir, tmp_path, edit, key):
+    bad = copy_with_config(saved_draft[0], tmp_path / "bad", edit)
+    with pytest.raises(draft.InitMismatch, match=key):
+        draft.load_init_draft(bad, random_target, vocab_dir, num_layers=1, ttt_steps=3)
+
+
+def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_path):
+    other = copy_with_config(saved_draft[0], tmp_path / "other", lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]))
+    loaded, notes = draft.load_init_draft(other, random_target, vocab_dir, 1, 3, remap_aux=True)
+    assert notes == ["aux layers [0, 2, 4] -> [1, 2, 3]"]
+    assert loaded.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
+    assert torch.equal(loaded.fc.weight, saved_draft[1].fc.weight)
+
+
+def test_vocab_remap_matches_lm_head_rows_by_target_token(saved_draft, random_target, vocab_dir, tmp_path, target):
+    # our new vocabulary: target tokens 100 .. 100+n (the checkpoint's was 0 .. n)
+    n = random_target["vocab_size"] // 2
+    shifted = tmp_path / "vocab"
+    shifted.mkdir()
+    np.save(shifted / "d2t.npy", np.full(n, 100, dtype=np.int64))
+    t2d = np.zeros(random_target["vocab_size"], dtype=bool)
+    t2d[100:100 + n] = True
+    np.save(shifted / "t2d.npy", t2d)
+    with pytest.raises(draft.InitMismatch, match="train.init_remap_vocab"):
+        draft.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
+    loaded, notes = draft.load_init_draft(saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True)
+    assert notes and loaded.lm_head.weight.shape == (n, random_target["hidden_size"])
+    old_head = saved_draft[1].lm_head.weight
+    assert torch.equal(loaded.lm_head.weight[0], old_head[100])  # target token 100 was in both vocabularies
+    assert torch.equal(loaded.lm_head.weight[n - 1], target.lm_head.weight[100 + n - 1])  # new token: target's row
+    assert torch.equal(loaded.d2t, torch.full((n,), 100))
+
+
+def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_dir, tmp_path):
+    """An EAGLE/SpecForge layout (flat Llama config, midlayer.* weights) goes through speculators'
+    Eagle-3 converter and loads with the same trained weights."""
+    _, model, _ = saved_draft
+    tl = model.config.transformer_layer_config
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": tl.hidden_size,
+        "intermediate_size": tl.intermediate_size, "num_attention_heads": tl.num_attention_heads,
+        "num_key_value_heads": tl.num_key_value_heads, "head_dim": tl.head_dim, "num_hidden_layers": 1,
+        "vocab_size": tl.vocab_size, "draft_vocab_size": model.config.draft_vocab_size, "rms_norm_eps": tl.rms_norm_eps,
+        "rope_theta": 10000.0, "max_position_embeddings": tl.max_position_embeddings, "hidden_act": "silu",
+    }))
+    sd = model.state_dict()
+    weights = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()
+               if k.startswith("layers.0.") or k in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")}
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(eagle / "model.safetensors"))
+
+    with pytest.raises(draft.InitMismatch, match="init_convert"):
+        draft.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
+    converted = draft.prepare_init(eagle, random_target, {"norm_before_residual": True, "norm_output": True,
+                                                          "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, tmp_path / "work")
+    assert converted == tmp_path / "work" / draft.CONVERTED_INIT_DIR
+    assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
+    loaded, _ = draft.load_init_draft(converted, random_target, vocab_dir, 1, 3)
+    assert loaded.input_norm is None  # EAGLE checkpoints have no norm before fc
+    for name in ("fc.weight", "norm.weight", "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight"):
+        assert torch.equal(loaded.state_dict()[name], sd[name]), name
+    assert draft.prepare_init(converted, random_target, {}, tmp_path / "again") == converted  # already speculators format
+
+
+def test_speculators_command_parses_with_speculators_own_parser(random_target, vocab_dir, tmp_path):
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    cfg = TrainConfig(backend="speculators", epochs=3, lr=5e-4, pack_len=4096, num_layers=2, fsdp=True, seed=7,
+                      ttt_steps=4, warmup_steps=20, scheduler="linear", train_embeddings=True)
+    cmd = draft.speculators_train_command(cfg, random_target, vocab_dir, tmp_path / "tok", tmp_path / "hs",
+                                          tmp_path / "ckpt", tmp_path / "logs", nproc=8)
+    assert cmd[0] == "torchrun"
+    launch = get_args_parser().parse_args(cmd[1:])
+    assert launch.nproc_per_node == "8" and launch.module and launch.training_script == "speculators.train"
+    run = SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()
+    expected = {
+        "speculator_type": "eagle3", "verifier_name_or_path": random_target["model"],
+        "data_path": str(tmp_path / "tok"), "hidden_states_path": str(tmp_path / "hs"), "on_missing": "raise",
+        "d2t_path": str(vocab_dir / "d2t.npy"), "t2d_path": str(vocab_dir / "t2d.npy"),
+        "draft_vocab_size": random_target["vocab_size"] // 2, "target_layer_ids": random_target["aux_layer_ids"],
+        "num_layers": 2, "full_attention_indices": [0, 1], "draft_arch": "llama",
+        "norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "embed_requires_grad": True,
+        "total_seq_len": 4096, "train_data_ratio": 0.9, "epochs": 3, "lr": 5e-4, "optimizer": "adamw",
+        "scheduler_type": "linear", "scheduler_warmup_steps": 20, "ttt_steps": 4, "loss_fn": "kl_div",
+        "seed": 7, "fsdp_shard": True, "save_path": str(tmp_path / "ckpt"),
+    }
+    assert {k: run[k] for k in expected} == expected
+
+    init_cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                               tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
+    init_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(init_cmd[1:]).training_script_args).flatten()
+    assert init_run["from_pretrained"] == str(tmp_path / "init") and init_run["fsdp_shard"] is False
+
+
+@pytest.mark.parametrize("setting, key", [({"grad_accum_steps": 4}, "grad_accum_steps"), ({"train_lm_head": True}, "train_lm_head")])
+def test_speculators_backend_refuses_what_it_cannot_do(setting, key):
+    from draftline.config import ParamsError, load_params, parse_params
+
+    raw = load_params(Path(__file__).resolve().parents[1] / "params.yaml").model_dump()
+    raw["train"].update(backend="speculators", **setting)
+    with pytest.raises(ParamsError, match=key):
+        parse_params(raw)
+    raw["train"]["backend"] = "builtin"
+    parse_params(raw)

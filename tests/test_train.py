@@ -1,0 +1,206 @@
+"""Training: same seed -> same weights; a SIGKILL mid-epoch resumes to the uninterrupted result;
+fine-tuning starts from a previous run's draft; the stage refuses what it cannot do.
+
+Data: a few dozen token sequences through the random target (conftest), tokenized in speculators'
+Arrow layout and captured with draftline.hidden, as the tokenize and hidden_states stages write them.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from draftline import draft, hidden
+from draftline.config import TrainConfig
+from draftline.io import write_json
+from draftline.target import load_target
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = {"epochs": 2, "pack_len": 128, "lr": 3e-3, "warmup_steps": 2, "val_fraction": 0.25,
+         "checkpoint_every_steps": 2, "device": "cpu", "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, random_target, vocab_dir):
+    from datasets import Dataset
+
+    from draftline.target import build_card
+
+    root = tmp_path_factory.mktemp("train_data")
+    # the random target with a sharpened lm_head: its next-token distribution is peaked, so the
+    # draft has something to learn and tau_sim moves
+    model, tokenizer = load_target(random_target)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    model.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    card = build_card(str(root / "target"), "test", None, random_target["aux_layer_ids"], {})
+    g = torch.Generator().manual_seed(0)
+    patterns = [torch.randint(3, card["vocab_size"], (48,), generator=g).tolist() for _ in range(4)]
+    rows = []  # prefixes of a few recurring sequences: contexts the draft sees again and again
+    for i in range(32):
+        length = int(torch.randint(16, 48, (1,), generator=g))
+        rows.append(patterns[i % 4][:length])
+    mask = [[0] * (len(ids) // 4) + [1] * (len(ids) - len(ids) // 4) for ids in rows]
+    dataset = Dataset.from_dict({"input_ids": rows, "loss_mask": mask, "seq_len": [len(r) for r in rows]})
+    dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])
+    dataset.save_to_disk(str(root / "tokenized"))
+    (root / "hs").mkdir()
+    for i, ids in enumerate(rows):
+        hs = hidden.capture(model, [ids], card["aux_layer_ids"])[0]
+        hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, hs, torch.bfloat16)
+    write_json(root / "hs" / "meta.json", {"aux_layer_ids": card["aux_layer_ids"]})
+    write_json(root / "card.json", card)
+    return {"root": root, "card": card, "vocab": vocab_dir, "tokenized": root / "tokenized", "hs": root / "hs"}
+
+
+def train_in_process(data, **overrides):
+    cfg = TrainConfig(**{**TRAIN, **overrides})
+    draft.seed_everything(cfg.seed)
+    model = draft.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
+    result = draft.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None)
+    return model, result
+
+
+def test_same_params_and_seed_give_identical_weights(data):
+    untrained = draft.build_draft(data["card"], data["vocab"], 1, 3)
+    first, result = train_in_process(data, epochs=1, grad_accum_steps=2)
+    second, _ = train_in_process(data, epochs=1, grad_accum_steps=2)
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(first.fc.weight, untrained.fc.weight)
+    train_set = draft.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+    batches = len(draft.epoch_batches(train_set, 128, 0, 0))
+    assert result["steps"] == -(-batches // 2) >= 3  # one optimizer step per 2 micro-batches
+
+
+def write_params(directory: Path, **train) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["train"] = {**TRAIN, **train}
+    (directory / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def stage_args(data, run: Path) -> list[str]:
+    return [str(data["root"] / "card.json"), str(data["vocab"]), str(data["tokenized"]), str(data["hs"]),
+            str(run / "draft"), str(run / "train.json"), str(run / "checkpoints")]
+
+
+def run_stage_in_process(data, run: Path, monkeypatch, **train) -> dict:
+    from stages import train as stage
+
+    run.mkdir(parents=True, exist_ok=True)
+    write_params(run, **train)
+    monkeypatch.chdir(run)
+    stage.main(*stage_args(data, run))
+    return json.loads((run / "train.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    """One uninterrupted stage run: the baseline for resume and the init for fine-tuning."""
+    with pytest.MonkeyPatch.context() as mp:
+        run = tmp_path_factory.mktemp("reference")
+        report = run_stage_in_process(data, run, mp)
+    return run, report
+
+
+def test_stage_output_meta_and_curves(reference, data):
+    run, report = reference
+    meta = json.loads((run / "draft" / "meta.json").read_text())
+    assert meta["params"]["epochs"] == 2 and meta["data_sha256"] and meta["target"] == data["card"]["model"]
+    assert meta["vllm_speculator"]["eagle_aux_hidden_state_layer_ids"] == data["card"]["aux_layer_ids"]
+    assert report["resumed_at"] is None and report["best_epoch"] in (0, 1)
+    tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
+    assert tau[0] == "step\ttau_sim" and len(tau) == 3  # one row per epoch
+    assert float(tau[2].split()[1]) > float(tau[1].split()[1]) > 1.0  # it learns
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [draft.LAST_RUN_FILE]  # resume state dropped
+
+
+def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, tmp_path):
+    ref_run, ref_report = reference
+    run = tmp_path / "killed"
+    run.mkdir()
+    write_params(run)
+    cmd = [sys.executable, "-m", "stages.train", *stage_args(data, run)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    state = run / "checkpoints" / draft.STATE_FILE
+    with open(run / "first.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None and not state.exists():
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)  # right after the first mid-epoch state was written
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (run / "first.log").read_text()[-2000:]
+    assert not (run / "draft").exists()
+
+    second = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    report = json.loads((run / "train.json").read_text())
+    assert report["resumed_at"]["epoch"] == 0 and report["resumed_at"]["batch"] > 0  # mid-epoch
+    assert report["steps"] == ref_report["steps"] and report["best_epoch"] == ref_report["best_epoch"]
+    assert report["val_tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-3)
+    ours, ref = load_file(str(run / "draft/model.safetensors")), load_file(str(ref_run / "draft/model.safetensors"))
+    for name in ref:
+        torch.testing.assert_close(ours[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
+    tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
+    assert len(tau) == 3  # the restored epochs are in the curves too
+
+
+def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
+    ref_run, ref_report = reference
+    init = tmp_path / "init"
+    shutil.copytree(ref_run / "draft", init)
+    # before any step, the fine-tune starts exactly where the previous run ended
+    model, notes = draft.load_init_draft(init, data["card"], data["vocab"], num_layers=1, ttt_steps=3)
+    from speculators.losses import resolve_loss_config
+
+    val_set = draft.make_dataset(data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32)
+    val = draft.validate(model, val_set, draft.epoch_batches(val_set, 128, 0, 0), 128, "cpu", 3, 1.0,
+                         resolve_loss_config("kl_div", "eager"))
+    assert notes == [] and val["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
+
+    report = run_stage_in_process(data, tmp_path / "finetune", monkeypatch, init=str(init), epochs=1, lr=1e-3)
+    meta = json.loads((tmp_path / "finetune" / "draft" / "meta.json").read_text())
+    assert report["init"] == str(init) and meta["init_sha256"] == draft.dir_sha256(init)
+    scratch_one_epoch = float((ref_run / "train/plots/metrics/val/tau_sim.tsv").read_text().splitlines()[1].split()[1])
+    assert report["val_tau_sim"] > scratch_one_epoch  # one epoch on top of a trained draft beats one from scratch
+
+
+def test_stage_refuses_its_own_output_as_init(data, tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="own output"):
+        run_stage_in_process(data, tmp_path / "run", monkeypatch, init=str(tmp_path / "run" / "draft"))
+
+
+def test_state_of_other_params_is_not_resumed(tmp_path):
+    draft.save_state(tmp_path, {"fingerprint": "a", "step": 3})
+    assert draft.load_state(tmp_path, "a", say=lambda _m: None)["step"] == 3
+    said = []
+    assert draft.load_state(tmp_path, "b", say=said.append) is None and "starting fresh" in said[0]
+
+
+def test_hidden_states_for_other_aux_layers_are_refused(data, tmp_path):
+    write_json(tmp_path / "meta.json", {"aux_layer_ids": [0, 1, 2]})
+    with pytest.raises(draft.DataMismatch, match="meta.json"):
+        draft.check_hidden_states(tmp_path, data["card"])
+    draft.check_hidden_states(data["hs"], data["card"])
+
+
+def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
+    """After a speculators run, its per-epoch checkpoints are scored on our validation rows."""
+    ref_run, ref_report = reference
+    shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
+    draft.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(tmp_path / "0")  # untrained
+    (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
+    chosen, result = draft.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["tokenized"], data["hs"], "cpu")
+    assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
+    assert result["best"]["val"]["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
+    assert torch.equal(chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"])
