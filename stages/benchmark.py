@@ -1,66 +1,85 @@
-"""Stage `benchmark`: tokens/s of plain greedy decoding vs speculative decoding, same prompts.
+"""Stage `benchmark`: tokens/s of the non-speculative baseline vs speculative decoding, same prompts.
 
-    python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json
+    python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json reports/deploy.json
 
-Engine `hf` (built in, CPU or one GPU): warm-up runs, then `repeats` timed passes over the same
-prompts for each mode; the medians are reported with the speedup and the acceptance length.
+Engine `hf` (default; CPU or one GPU): the built-in greedy and speculative decoders, warm-up and
+repeats, medians. Engines `vllm` / `sglang` (GPU hosts): a baseline server and a speculative
+server started from params, driven by the async load generator at every `concurrency` level:
+output tokens/s, TTFT / inter-token latency percentiles, acceptance length read from the server.
+A GPU variant:  dvc exp run -S benchmark.engine=vllm -S 'benchmark.concurrency=[1,8,32,128]'
+
+Preflight runs first for every engine: a non-EAGLE3 algorithm, aux layer ids or a hidden size that
+differ from the target card, or a draft vocabulary that does not fit the target stops the stage
+when it concerns the selected engine. The deployment command of each engine is printed and written
+to reports/deploy.json with the preflight findings (reports/benchmark.json keeps numbers only, for
+`dvc metrics diff` / `dvc exp show`).
 """
 
-import statistics
 import sys
+import tempfile
+from pathlib import Path
 
 from draftline.config import stage_params
 
 
-def main(card_path: str, draft_dir: str, eval_path: str, report_path: str) -> None:
+def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str) -> None:
     params = stage_params()
     cfg = params.benchmark
-    import torch
-
-    from draftline.evaluation import eos_ids, load_draft, prompt_ids
+    from draftline.engines import check_draft, preflight, read_draft_facts
+    from draftline.evaluation import prompt_ids
     from draftline.io import read_json, read_jsonl, write_json
-    from draftline.specdec import greedy_generate, speculative_generate
-    from draftline.target import load_target, resolve_device
 
     card = read_json(card_path)
-    device = resolve_device(cfg.device)
-    target, tokenizer = load_target(card, device=device)
-    draft = load_draft(draft_dir, device)
-    stop = eos_ids(tokenizer, target)
-    prompts = [prompt_ids(tokenizer, row) for row in list(read_jsonl(eval_path))[: cfg.prompts]]
+    deploy = preflight(card, cfg, draft_dir)
+    for engine, info in deploy.items():
+        print(f"benchmark: deploy with {engine}:\n  {info['command']}")
+        for problem in info["problems"]:
+            print(f"  {'error' if engine == cfg.engine else 'warning'}: {problem}")
+    if cfg.engine in deploy and deploy[cfg.engine]["problems"]:
+        raise SystemExit(f"error: preflight for benchmark.engine {cfg.engine}:\n  " + "\n  ".join(deploy[cfg.engine]["problems"]))
+    if cfg.engine == "hf":
+        problems = check_draft(card, read_draft_facts(draft_dir), "hf")
+        if problems:
+            raise SystemExit("error: preflight for the draft:\n  " + "\n  ".join(problems))
 
-    def run(mode: str):
-        gens = []
-        for ids in prompts:
-            if mode == "baseline":
-                gens.append(greedy_generate(target, ids, cfg.max_new_tokens, stop))
-            else:
-                gens.append(speculative_generate(target, draft, card["aux_layer_ids"], ids, cfg.max_new_tokens, cfg.k, stop))
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return gens
+    rows = list(read_jsonl(eval_path))[: cfg.prompts]
+    if not rows:
+        raise SystemExit(f"error: {eval_path} has no eval prompts")
+    report = {"engine": cfg.engine, "k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "prompts": len(rows)}
 
-    for _ in range(cfg.warmup):
-        run("baseline")
-        run("speculative")
-    results = {"baseline": [], "speculative": []}
-    for _ in range(cfg.repeats):  # interleaved so drift in machine load hits both modes alike
-        for mode in results:
-            gens = run(mode)
-            results[mode].append((sum(len(g.tokens) for g in gens), sum(g.seconds for g in gens), gens))
+    if cfg.engine == "hf":
+        from draftline.bench_hf import benchmark_hf
+        from draftline.evaluation import eos_ids, load_draft
+        from draftline.target import load_target, resolve_device
 
-    report = {"engine": cfg.engine, "device": device, "prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens, "k": cfg.k, "repeats": cfg.repeats}
-    for mode, runs in results.items():
-        tps = [tokens / seconds for tokens, seconds, _ in runs]
-        report[mode] = {"tokens_per_s": round(statistics.median(tps), 2), "tokens": runs[0][0], "all_tokens_per_s": [round(t, 2) for t in tps]}
-    spec_rounds = [r for g in results["speculative"][0][2] for r in g.accepted_per_round]
-    report["speculative"]["acceptance_length"] = round(sum(spec_rounds) / len(spec_rounds), 4)
-    report["speedup"] = round(report["speculative"]["tokens_per_s"] / report["baseline"]["tokens_per_s"], 4)
-    same = all(s.tokens == b.tokens for s, b in zip(results["speculative"][0][2], results["baseline"][0][2], strict=True))
-    report["outputs_identical"] = same
+        device = resolve_device(cfg.device)
+        target, tokenizer = load_target(card, device=device)
+        draft = load_draft(draft_dir, device)
+        prompts = [prompt_ids(tokenizer, row) for row in rows]
+        report.update(benchmark_hf(target, draft, card["aux_layer_ids"], prompts, eos_ids(tokenizer, target), cfg, device))
+        print(f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
+              f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
+              f"acceptance length {report['acceptance_length']:.2f}")
+    else:
+        from transformers import AutoTokenizer
+
+        from draftline.bench_server import benchmark_server
+        from draftline.engines import draft_path_for
+
+        # Only the tokenizer here: the target itself may need a whole GPU host.
+        tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+        prompts = [prompt_ids(tokenizer, row) for row in rows]
+        log_dir = Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
+        result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir), prompts, log_dir)
+        deploy["benchmark"] = {"engine": cfg.engine, "serve_commands": result.pop("serve_commands"),
+                               "warnings": result.pop("warnings"), "server_logs": str(log_dir)}
+        report.update(result)
+        for warning in deploy["benchmark"]["warnings"]:
+            print(f"benchmark: warning: {warning}")
+        print(f"benchmark: {cfg.engine} speedup " + ", ".join(f"c={c}: {report[f'speedup_c{c}']}x" for c in cfg.concurrency)
+              + f"; acceptance length {report['acceptance_length']} (server logs in {log_dir})")
+    write_json(deploy_path, deploy)
     write_json(report_path, report)
-    print(f"benchmark: baseline {report['baseline']['tokens_per_s']:.1f} tok/s, speculative "
-          f"{report['speculative']['tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x")
 
 
 if __name__ == "__main__":

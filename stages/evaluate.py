@@ -1,14 +1,16 @@
-"""Stage `evaluate`: real acceptance length of the draft on the held-out eval prompts.
+"""Stage `evaluate`: real and simulated acceptance of the draft on the held-out eval prompts.
 
     python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json
 
-Runs chain speculative decoding (greedy, k draft tokens per round) with the built-in engine and
-checks every output against plain greedy decoding of the target: the engine is lossless, so any
-mismatch fails the stage.
+Real: chain speculative decoding (greedy, k draft tokens per round) with the built-in engine, each
+output checked against plain greedy decoding of the target (the engine is lossless, so a mismatch
+fails the stage). Simulated: tau_sim = 1 + sum of teacher-forced accuracies, from speculators' own
+TTT forward over the target's hidden states of prompt + its greedy completion (the same tokens the
+real decoder verified; the eval prompts have no stored hidden states). Both per source dataset.
 """
 
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 from draftline.config import stage_params
 
@@ -18,7 +20,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str) -> No
     cfg = params.evaluate
     from rich.progress import track
 
-    from draftline.evaluation import eos_ids, load_draft, prompt_ids
+    from draftline.evaluation import (acceptance_summary, add_sums, eos_ids, load_draft, mean, prompt_ids,
+                                      simulated_acceptance, teacher_forced_sample, teacher_forced_sums)
     from draftline.io import read_json, read_jsonl, write_json
     from draftline.specdec import greedy_generate, speculative_generate
     from draftline.target import load_target, resolve_device
@@ -29,36 +32,52 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str) -> No
     draft = load_draft(draft_dir, device)
     stop = eos_ids(tokenizer, target)
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
+    if not rows:
+        raise SystemExit(f"error: {eval_path} has no eval prompts")
 
-    rounds_all, per_source, mismatches = [], defaultdict(list), 0
+    rounds_all, sums_all, mismatches = [], {}, []
+    per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
+    generated = 0
     for row in track(rows, description="evaluate"):
         ids = prompt_ids(tokenizer, row)
         spec = speculative_generate(target, draft, card["aux_layer_ids"], ids, cfg.max_new_tokens, cfg.k, stop)
         plain = greedy_generate(target, ids, cfg.max_new_tokens, stop)
-        mismatches += spec.tokens != plain.tokens
+        if spec.tokens != plain.tokens:
+            mismatches.append(row["id"])
+        sums = teacher_forced_sums(draft, teacher_forced_sample(target, card["aux_layer_ids"], ids, plain.tokens), cfg.k, device)
+        src = per_source[row.get("source", "?")]
+        src["rounds"].extend(spec.accepted_per_round)
+        src["prompts"] += 1
+        add_sums(src["sums"], sums)
         rounds_all.extend(spec.accepted_per_round)
-        per_source[row.get("source", "?")].extend(spec.accepted_per_round)
+        add_sums(sums_all, sums)
+        generated += len(plain.tokens)
     if mismatches:
-        raise SystemExit(f"error: speculative output differed from greedy target output on {mismatches} prompts")
+        raise SystemExit(f"error: speculative output differed from greedy target output on {len(mismatches)} "
+                         f"prompts (ids {mismatches[:5]})")
 
-    def mean(xs):
-        return round(sum(xs) / len(xs), 4) if xs else 0.0
-
-    histogram = Counter(rounds_all)
-    # acceptance rate of draft position i: share of rounds that accepted at least i+1 draft tokens
-    position_acceptance = [round(sum(1 for r in rounds_all if r - 1 > i) / len(rounds_all), 4) for i in range(cfg.k)]
+    real = acceptance_summary(rounds_all, cfg.k)
+    sim = simulated_acceptance(sums_all, cfg.k)
     report = {
-        "acceptance_length": mean(rounds_all),
+        "acceptance_length": real["acceptance_length"],
+        "tau_sim": sim["tau_sim"],
         "k": cfg.k,
         "prompts": len(rows),
-        "rounds": len(rounds_all),
-        "position_acceptance": position_acceptance,
-        "histogram": {str(n): histogram.get(n, 0) for n in range(1, cfg.k + 2)},
-        "per_source": {src: mean(v) for src, v in sorted(per_source.items())},
+        "generated_tokens": generated,
+        "rounds": real["rounds"],
+        "position_acceptance": real["position_acceptance"],
+        "sim_position_accuracy": sim["position_accuracy"],
+        "histogram": real["histogram"],
+        "per_source": {
+            name: {"acceptance_length": mean(s["rounds"]), "tau_sim": simulated_acceptance(s["sums"], cfg.k)["tau_sim"],
+                   "prompts": s["prompts"]}
+            for name, s in sorted(per_source.items())
+        },
         "lossless_checked_prompts": len(rows),
     }
     write_json(report_path, report)
-    print(f"evaluate: mean acceptance length {report['acceptance_length']:.3f} over {len(rounds_all)} rounds (k={cfg.k})")
+    print(f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
+          f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""tau_sim (teacher-forced, speculators' own TTT forward) against independent counts, and the stage."""
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from transformers import DynamicCache
+
+from draftline.draft import build_draft
+from draftline.evaluation import (acceptance_summary, simulated_acceptance, teacher_forced_sample,
+                                  teacher_forced_sums)
+from draftline.io import read_json, write_json, write_jsonl
+from draftline.specdec import DraftRunner, greedy_generate
+from draftline.target import load_target
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = [1, 40, 41, 42, 2, 1, 50, 51]
+
+
+def tail_vocab_dir(path: Path, vocab: int, first: int) -> Path:
+    """A draft vocabulary of target ids [first, vocab): draft id 0 is target id `first`."""
+    path.mkdir()
+    np.save(path / "d2t.npy", np.full(vocab - first, first, dtype=np.int64))
+    t2d = np.zeros(vocab, dtype=bool)
+    t2d[first:] = True
+    np.save(path / "t2d.npy", t2d)
+    return path
+
+
+def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
+    """A draft that always proposes T*: acc_s is the share of completion positions whose next
+    s+1 target choices (argmax over the draft vocabulary, as speculators scores) are all T*."""
+    model, _ = load_target(random_target)
+    m = 24
+    completion = greedy_generate(model, PROMPT, m, eos_ids={-1}).tokens
+    star = Counter(completion[1:]).most_common(1)[0][0]
+    vocab = random_target["vocab_size"]
+    draft = build_draft(random_target, tail_vocab_dir(tmp_path / "vocab", vocab, star), 1, 3).eval()
+    with torch.no_grad():
+        draft.lm_head.weight.zero_()  # all logits equal: argmax = draft id 0 = target id T*
+
+    sums = teacher_forced_sums(draft, teacher_forced_sample(model, random_target["aux_layer_ids"], PROMPT, completion), 3, "cpu")
+    sim = simulated_acceptance(sums, 3)
+
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + completion])).logits[0]  # (P + m, V)
+    choice = [int(logits[len(PROMPT) + j - 1, star:].argmax()) + star for j in range(1, m + 1)]  # target's pick for completion index j (m = after it)
+    # the draft input is completion token i; step s must produce the pick for index i + 1 + s <= m
+    expected = [sum(all(choice[i + t] == star for t in range(s + 1)) for i in range(m) if i + 1 + s <= m) / m
+                for s in range(3)]
+    assert expected[0] > 0  # the check is not vacuous
+    assert [sim["position_accuracy"][str(s + 1)] for s in range(3)] == [round(e, 4) for e in expected]
+    assert sim["tau_sim"] == round(1 + sum(round(e, 4) for e in expected), 4)
+
+
+def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vocab_dir):
+    """Step 0 of speculators' forward over the tau_sim sample proposes, at every completion
+    position, the same token as the built-in decoder's draft given the same context."""
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3 import shift_batch
+    from speculators.train.data import CollateFn
+
+    from draftline.draft import run_batch
+
+    model, _ = load_target(random_target)
+    torch.manual_seed(3)
+    draft = build_draft(random_target, vocab_dir, 1, 3).eval()
+    completion = greedy_generate(model, PROMPT, 12, eos_ids={-1}).tokens
+    sample = teacher_forced_sample(model, random_target["aux_layer_ids"], PROMPT, completion)
+    batch = CollateFn(len(sample["input_ids"]) - 1, sample["verifier_last_hidden_states"].shape[-1], 3, torch.float32,
+                      preprocess=shift_batch)([sample])
+    with torch.no_grad():
+        draft_tokens, _, _ = run_batch(draft, batch, "cpu", 3, 1.0, resolve_loss_config("kl_div", "eager"))
+    runner = DraftRunner(draft)
+    ids, aux = sample["input_ids"].tolist(), sample["hidden_states"].unsqueeze(0)  # (1, L, 3H)
+    p = len(PROMPT)
+    forward_step0 = [int(runner._to_target_ids(draft_tokens[0][0, p + i - 1])) for i in range(len(completion))]
+    incremental = [runner.propose(DynamicCache(), ids[1 : p + i + 1], aux[:, : p + i], 0, 1)[0] for i in range(len(completion))]
+    assert forward_step0 == incremental
+
+
+def test_acceptance_summary_per_position_and_histogram():
+    s = acceptance_summary([4, 4, 2, 1, 3], k=3)
+    assert s["acceptance_length"] == 2.8
+    assert s["position_acceptance"] == {"1": 0.8, "2": 0.6, "3": 0.4}
+    assert s["histogram"] == {"1": 1, "2": 1, "3": 1, "4": 2}
+
+
+def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir):
+    from draftline.corpus import generate_conversations
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["evaluate"].update(k=2, max_new_tokens=10, prompts=3, device="cpu")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    write_json(tmp_path / "card.json", random_target)
+    torch.manual_seed(0)
+    build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
+    rows = [{"id": f"e{i}", "source": "ab"[i % 2], **c} for i, c in enumerate(generate_conversations(4, 5))]
+    write_jsonl(tmp_path / "eval.jsonl", rows)
+    proc = subprocess.run([sys.executable, "-m", "stages.evaluate", "card.json", "draft", "eval.jsonl", "acc.json"],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = read_json(tmp_path / "acc.json")
+    assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
+    assert 1.0 <= report["acceptance_length"] <= 3.0 and 1.0 <= report["tau_sim"] <= 3.0
+    assert set(report["position_acceptance"]) == set(report["sim_position_accuracy"]) == {"1", "2"}
+    assert sum(report["histogram"].values()) == report["rounds"]
+    assert set(report["per_source"]) == {"a", "b"} and report["per_source"]["a"]["prompts"] == 2
+    # every value is a number or a dict of numbers: `dvc metrics diff` shows each under a dotted key
+    for value in report.values():
+        assert isinstance(value, (int, float)) or all(isinstance(v, (int, float, dict)) for v in value.values())
