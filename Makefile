@@ -1,6 +1,7 @@
 # Two entry points on a fresh clone:
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
+#   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -22,6 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 repro: setup
+	$(BIN)/python -m stages.prepare --write-sources datasets/sources.yaml
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
 test: setup
@@ -29,6 +31,14 @@ test: setup
 
 test-unit: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# Each benchmark measures ours against a baseline in the same run and writes a JSON ratio.
+bench: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
 
 clean-venv:
 	rm -rf $(VENV)

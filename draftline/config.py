@@ -51,67 +51,241 @@ class TargetConfig(Section):
 
 
 class DatasetSpec(Section):
-    path: str  # local .jsonl/.json/.parquet file, or a hub dataset id
+    """One source of `datasets`; a `preset` (draftline.formats.PRESETS) fills every key not given."""
+
+    preset: str | None = None  # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
+    path: str  # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id
     format: Literal["auto", "sharegpt", "openai", "alpaca", "prompt"] = "auto"
     split: str = "train"
     name: str | None = None  # hub config name
-    revision: str | None = None
-    max_rows: int | None = Field(None, ge=1)
+    revision: str | None = None  # hub revision pin (a commit sha reproduces; a branch moves)
+    streaming: bool = False  # hub / directory sources: stream rows instead of downloading every shard first
+    fields: dict[str, str] = {}  # canonical field -> source column, e.g. {prompt: question, id: prompt_id}
+    parse_markup: bool = False  # inline <think>/<tool_call>/<tool_response>/<tools> -> structured fields
+    max_rows: int | None = Field(None, ge=1)  # read at most this many rows of the source
+    max_prompt_tokens: int | None = Field(None, ge=1)  # drop rows whose prompt estimate is longer ("too_long")
+    scripts: list[str] | None = None  # language filter by Unicode script of the user turns, e.g. [latin]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, raw):
+        from draftline.formats import PRESETS  # a light module: json/re only
+
+        if not isinstance(raw, dict) or raw.get("preset") is None:
+            return raw
+        preset = PRESETS.get(raw["preset"])
+        if preset is None:
+            raise ValueError(f"unknown preset {raw['preset']!r}; presets: {', '.join(PRESETS)}")
+        defaults = {"path": preset.hub_id, "format": preset.format, "split": preset.split, "name": preset.name,
+                    "fields": preset.fields, "parse_markup": preset.parse_markup, "streaming": preset.streaming}
+        return {**defaults, **raw}
+
+    @model_validator(mode="after")
+    def _known_names(self):
+        from draftline.formats import CANONICAL_FIELDS, SCRIPTS
+
+        if bad := sorted(set(self.fields) - set(CANONICAL_FIELDS)):
+            raise ValueError(f"fields: unknown target {bad}; targets: {', '.join(CANONICAL_FIELDS)}")
+        if bad := sorted(set(self.scripts or ()) - set(SCRIPTS)):
+            raise ValueError(f"scripts: unknown {bad}; supported: {', '.join(SCRIPTS)}")
+        return self
 
 
 class MixConfig(Section):
     # Fraction of `samples` drawn from each dataset; must name exactly the `datasets` keys.
     weights: dict[str, float]
+    # Most train prompts a dataset may give (its eval rows aside); then the others fill in. Prefix-stable.
+    caps: dict[str, int] = {}
     eval_samples: int = Field(32, ge=1)  # held-out prompts for evaluate/benchmark
     long_threshold_tokens: int = Field(1024, ge=1)  # prompts above this go to the `long` partition
 
+    @model_validator(mode="after")
+    def _caps_positive(self):
+        if bad := sorted(name for name, cap in self.caps.items() if cap < 0):
+            raise ValueError(f"caps must be >= 0; negative for {bad}")
+        return self
+
+
+class RegeneratePartition(Section):
+    """Limits for one prompt partition (`mix` tags each prompt short or long)."""
+
+    concurrency: int = Field(32, ge=1)  # conversations in flight at once
+    # prompt + answer tokens of one request, counted with the target's chat template: a turn whose
+    # prompt does not fit ends the conversation, max_tokens is cut to what is left; null = no limit
+    max_context: int | None = Field(None, ge=16)
+
+
+class TemperatureChoice(Section):
+    value: float = Field(ge=0)
+    weight: float = Field(gt=0)
+
 
 class RegenerateConfig(Section):
-    backend: Literal["transformers"] = "transformers"
-    continuous_batching: bool = False  # transformers serve --continuous-batching (see serving.py)
-    cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
+    # transformers | vllm | sglang: the stage starts that server on the target and stops it after;
+    # external: OpenAI-compatible servers run elsewhere, listed in `endpoints`.
+    backend: Literal["transformers", "vllm", "sglang", "external"] = "transformers"
     host: str = "127.0.0.1"
     port: int = Field(8011, ge=1024, le=65535)
-    concurrency: int = Field(32, ge=1)  # short partition
-    long_concurrency: int = Field(4, ge=1)  # long partition
-    max_tokens: int = Field(128, ge=1)
+    endpoints: list[str] = []  # external: base URLs (http://host:port), balanced by outstanding requests
+    # what serves `endpoints`; decides the non-speculative check of the preflight
+    external_engine: Literal["vllm", "sglang", "transformers"] | None = None
+    served_model_name: str | None = None  # model name in requests; null = the card's model string
+    api_key_env: str | None = None  # environment variable holding the endpoints' API key, if any
+    # launched vllm / sglang (each data-parallel replica is one engine behind the same port)
+    tensor_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16)  # vLLM --max-model-len, SGLang --context-length
+    reasoning_parser: str | None = None  # e.g. qwen3, deepseek_r1: reasoning comes back separately
+    tool_call_parser: str | None = None  # e.g. hermes, qwen25: tool calls come back structured
+    extra_args: list[str] = []  # appended to the launch command as given
+    # launched transformers serve (see serving.py for why continuous batching is off)
+    continuous_batching: bool = False
+    cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
+    short: RegeneratePartition = RegeneratePartition(concurrency=32)
+    long: RegeneratePartition = RegeneratePartition(concurrency=4)
+    # sampling
+    max_tokens: int = Field(128, ge=1)  # per assistant turn
     temperature: float = Field(0.0, ge=0)
+    # when given: each conversation draws its temperature from these (seeded by `seed` and its id)
+    temperatures: list[TemperatureChoice] = []
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = 0
+    seed: int | None = 0  # request seed = hash(seed, prompt id); null = no seed sent
+    # passed to the chat template on the server and in the local token counts (enable_thinking...)
+    chat_template_kwargs: dict[str, bool | int | float | str | list | dict | None] = {}
+    # robustness
     startup_timeout_s: float = Field(180, gt=0)
-    request_timeout_s: float = Field(120, gt=0)
-    max_retries: int = Field(3, ge=0)
-    max_failure_rate: float = Field(0.05, ge=0, le=1)
+    request_timeout_s: float = Field(120, gt=0)  # one request, past which it is retried
+    max_retries: int = Field(3, ge=0)  # retries of a request after 429, 5xx, timeout, lost connection
+    retry_backoff_s: float = Field(1.0, gt=0)  # first wait; doubles each retry, with jitter
+    retry_backoff_max_s: float = Field(30, gt=0)
+    max_failure_rate: float = Field(0.05, ge=0, le=1)  # the stage fails above this share of sent prompts
+
+    @model_validator(mode="after")
+    def _backend_options(self):
+        launched = self.backend != "external"
+        if launched and self.endpoints:
+            raise ValueError("regenerate.endpoints: only for backend external (a launched server has one endpoint)")
+        if not launched and not self.endpoints:
+            raise ValueError("regenerate.endpoints: backend external needs at least one base URL")
+        if not launched and self.external_engine is None:
+            raise ValueError("regenerate.external_engine: say what serves the endpoints (vllm, sglang or transformers), "
+                             "so the preflight can check it is not speculative")
+        for url in self.endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"regenerate.endpoints: {url!r} is not an http(s) base URL")
+        if self.backend == "transformers":
+            for key in ("reasoning_parser", "tool_call_parser", "max_model_len"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"regenerate.{key}: a vllm/sglang launch option; transformers serve picks its parser by model type")
+            if self.tensor_parallel_size != 1 or self.data_parallel_size != 1:
+                raise ValueError("regenerate.tensor_parallel_size/data_parallel_size: transformers serve runs one process")
+            if self.served_model_name is not None:
+                raise ValueError("regenerate.served_model_name: transformers serve answers only to the model string it was started with")
+        for arg in self.extra_args:
+            if arg.startswith("--spec"):
+                raise ValueError(f"regenerate.extra_args: {arg!r} would attach a draft; regeneration needs the plain target")
+        if self.temperatures and self.temperature != 0:
+            raise ValueError("regenerate.temperatures: set either temperature or temperatures, not both")
+        return self
 
 
 class TokenizeConfig(Section):
-    max_length: int = Field(1024, ge=8)
+    max_length: int = Field(1024, ge=8)  # tokens per row; longer rows are cut (counted in the report)
 
 
 class VocabConfig(Section):
-    draft_vocab_size: int = Field(256, ge=2)
+    draft_vocab_size: int = Field(256, ge=2)  # most frequent trainable target tokens; at most the target vocab
+
+
+class VllmExtractionConfig(Section):
+    """hidden_states.backend: vllm — `vllm serve` launched for extraction, speculators'
+    generate-offline-data as the client."""
+
+    python: str | None = None  # interpreter that has vLLM installed; null = this one
+    host: str = "127.0.0.1"
+    port: int = Field(8012, ge=1024, le=65535)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16)  # null = longest tokenized row + 1
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    concurrency: int = Field(32, ge=1)  # requests in flight
+    request_timeout_s: float = Field(600, gt=0)
+    max_retries: int = Field(3, ge=0)
+    startup_timeout_s: float = Field(1800, gt=0)  # loading a large target takes a while
+    extra_args: list[str] = []  # appended to `vllm serve` as given
 
 
 class HiddenStatesConfig(Section):
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    token_budget: int = Field(4096, ge=16)  # tokens per forward batch
+    backend: Literal["hf", "vllm"] = "hf"  # hf: forward pass here; vllm: see VllmExtractionConfig
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # backend hf
+    # backend hf: spread a target larger than one GPU over all of them ("auto", "balanced", ...);
+    # null = the whole target on `device`
+    device_map: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # stored; 4 x H x this per token
+    # dtype of the forward pass; auto = `dtype` on GPU, float32 on CPU (bf16 matmuls are slow there)
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    token_budget: int = Field(4096, ge=16)  # padded tokens per forward batch
     disk_margin: float = Field(1.1, ge=1.0)  # required free space = estimate x margin
+    # how existing files are checked on a rerun: header (shape, dtype, token ids; reads a few KB)
+    # or full (also loads the states and checks they are finite)
+    verify_existing: Literal["header", "full"] = "header"
+    vllm: VllmExtractionConfig = VllmExtractionConfig()
+
+    @model_validator(mode="after")
+    def _device_map_needs_hf_on_gpu(self):
+        if self.device_map is not None and (self.backend != "hf" or self.device == "cpu"):
+            raise ValueError("device_map applies to backend hf on GPUs; with backend vllm use vllm.tensor_parallel_size")
+        return self
 
 
 class TrainConfig(Section):
-    num_layers: int = Field(1, ge=1)
+    # builtin: our loop on CPU (float32) or one GPU (bf16 autocast); speculators: hand off to
+    # `torchrun -m speculators.train` (several GPUs, FSDP) with arguments built from these params.
+    backend: Literal["builtin", "speculators"] = "builtin"
+    # null = from scratch; else an EAGLE-3 checkpoint directory to fine-tune: speculators format,
+    # or an EAGLE/SpecForge-style one (converted with speculators' Eagle-3 converter first).
+    init: str | None = None
+    # speculators convert --algorithm-kwargs for a non-speculators `init` (norm_before_residual, ...)
+    init_convert: dict[str, bool | list[int]] = {}
+    # Explicit remaps when `init` was trained for other aux layers / another draft vocabulary:
+    # aux: its fc is reused slot by slot for our aux layer ids; vocab: lm_head rows are matched
+    # by target token id (tokens new to the draft take the target's lm_head row).
+    init_remap_aux_layers: bool = False
+    init_remap_vocab: bool = False
+    num_layers: int = Field(1, ge=1)  # draft decoder layers (must match `init` when given)
+    train_embeddings: bool = False  # embeddings come from the target; frozen unless true
+    train_lm_head: bool = False  # lm_head = target lm_head rows of the draft vocab; frozen unless true
     epochs: int = Field(4, ge=1)
     lr: float = Field(3e-3, gt=0)
-    warmup_steps: int = Field(10, ge=0)
+    scheduler: Literal["cosine", "linear"] = "cosine"  # after linear warmup (as speculators)
+    warmup_steps: int = Field(10, ge=0)  # optimizer steps
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     ttt_steps: int = Field(3, ge=1)
     ttt_step_loss_decay: float = Field(1.0, gt=0)
-    pack_len: int = Field(1024, ge=16)  # tokens per packed batch (speculators CollateFn max_len)
+    # speculative_tokens written to the draft config (vLLM defaults num_speculative_tokens to it)
+    speculative_tokens: int | None = Field(None, ge=1)  # null = ttt_steps
+    pack_len: int = Field(1024, ge=16)  # tokens per packed micro-batch, per device
+    grad_accum_steps: int = Field(1, ge=1)  # micro-batches per optimizer step (builtin backend)
     val_fraction: float = Field(0.1, gt=0, lt=1)
+    checkpoint_every_steps: int = Field(50, ge=1)  # resume state every N optimizer steps (+ each epoch)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
+    # speculators backend only
+    gpus: int | None = Field(None, ge=1)  # torchrun --nproc-per-node; null = every visible GPU
+    fsdp: bool = False  # --fsdp-shard: shard the draft across GPUs instead of replicating it
+    num_workers: int = Field(4, ge=0)  # dataloader workers per GPU
+    torchrun_args: list[str] = []  # extra torchrun arguments, e.g. multi-node rendezvous
+
+    @model_validator(mode="after")
+    def _backend_options(self):
+        if self.backend == "speculators" and self.grad_accum_steps != 1:
+            raise ValueError(
+                "grad_accum_steps: speculators train has no gradient accumulation; "
+                "use more GPUs or a larger pack_len with backend speculators"
+            )
+        if self.backend == "speculators" and self.train_lm_head:
+            raise ValueError("train_lm_head: speculators train keeps lm_head frozen; use backend builtin")
+        return self
 
 
 class EvaluateConfig(Section):
@@ -121,14 +295,57 @@ class EvaluateConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
+class VllmBenchConfig(Section):
+    launcher: list[str] = ["vllm", "serve"]  # what starts the server; the target path follows it
+    method: str = "eagle3"  # speculative_config.method; preflight refuses anything but eagle3
+    speculative_config: dict[str, int | float | str | bool] = {}  # merged in, e.g. draft_tensor_parallel_size
+    args: list[str] = []  # extra server arguments for both servers, e.g. ["--tensor-parallel-size", "8"]
+
+
+class SglangBenchConfig(Section):
+    launcher: list[str] = ["python3", "-m", "sglang.launch_server"]
+    algorithm: str = "EAGLE3"  # --speculative-algorithm; preflight refuses anything but EAGLE3
+    # SGLang loads EAGLE-3 drafts in the LlamaForCausalLMEagle3 layout, not the speculators one:
+    # null = the trained draft (refused by preflight), else a copy in that layout.
+    draft_model_path: str | None = None
+    num_steps: int | None = Field(None, ge=1)  # --speculative-num-steps; null = k
+    eagle_topk: int = Field(1, ge=1)  # --speculative-eagle-topk; 1 = a chain, like the hf engine
+    num_draft_tokens: int | None = Field(None, ge=2)  # null = num_steps + 1 for a chain
+    args: list[str] = []
+
+    @model_validator(mode="after")
+    def _chain_tokens(self):
+        # SGLang silently resets num_draft_tokens to num_steps + 1 when topk is 1
+        if self.eagle_topk == 1 and self.num_draft_tokens is not None and self.num_steps is not None \
+                and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError("num_draft_tokens must be num_steps + 1 when eagle_topk is 1")
+        return self
+
+
 class BenchmarkConfig(Section):
-    engine: Literal["hf"] = "hf"
-    k: int = Field(3, ge=1)
+    # hf: built-in decoder, CPU or one GPU. vllm / sglang: a baseline server and a speculative
+    # server, started one after the other, driven by the async load generator.
+    engine: Literal["hf", "vllm", "sglang"] = "hf"
+    k: int = Field(3, ge=1)  # draft tokens per step (vLLM num_speculative_tokens)
     max_new_tokens: int = Field(96, ge=1)
-    prompts: int = Field(16, ge=1)
-    warmup: int = Field(2, ge=0)
-    repeats: int = Field(3, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    prompts: int = Field(16, ge=1)  # eval prompts used
+    warmup: int = Field(2, ge=0)  # hf: untimed passes; servers: passes over the prompts before measuring
+    repeats: int = Field(3, ge=1)  # hf only: timed passes, medians reported
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # hf only
+    concurrency: list[int] = [1, 8, 32, 128]  # servers: requests in flight, one load level each
+    requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
+    host: str = "127.0.0.1"
+    port: int = Field(8021, ge=1024, le=65535)
+    startup_timeout_s: float = Field(1800, gt=0)  # a large target takes minutes to load
+    request_timeout_s: float = Field(600, gt=0)
+    vllm: VllmBenchConfig = VllmBenchConfig()
+    sglang: SglangBenchConfig = SglangBenchConfig()
+
+    @model_validator(mode="after")
+    def _levels(self):
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ValueError("concurrency: give at least one level, each >= 1")
+        return self
 
 
 class Params(Section):

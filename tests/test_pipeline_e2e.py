@@ -1,14 +1,18 @@
-"""End to end: `dvc repro` of the embedded default in a copy of the repo, with a small override.
+"""End to end: the DVC workflow on a fresh copy of the repo, with a small override of params.yaml.
 
-Checks every declared output and metric, that a second `dvc repro` does nothing, and that a
-`train.*` change makes only `train` and the stages after it stale.
+One pipeline run is shared by the tests of this module, which run in file order:
+outputs and metrics -> no-op repro -> the README workflow (experiment with more samples: only the
+new prompts regenerated and extracted; compare; plots; apply; push) -> fresh clone + pull is clean
+-> a train.* change reruns exactly train and what follows -> queued experiments.
 """
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,11 +46,25 @@ def set_key(params: dict, dotted: str, value) -> None:
     params[leaf] = value
 
 
-def run(cmd: list[str], cwd: Path) -> str:
+def run(cmd, cwd: Path, shell: bool = False) -> str:
     env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, shell=shell)
+    shown = cmd if isinstance(cmd, str) else " ".join(cmd)
+    assert proc.returncode == 0, f"{shown} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout + proc.stderr
+
+
+def git_commit(repo: Path, message: str) -> None:
+    run(["git", "add", "-A"], repo)
+    run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", message], repo)
+
+
+def stages_run(output: str) -> set[str]:
+    return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")}
+
+
+def report(repo: Path, name: str) -> dict:
+    return json.loads((repo / "reports" / name).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +72,7 @@ def repo(tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("repo")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for rel in files:
-        if (ROOT / rel).is_file():
+        if (ROOT / rel).is_file() and not rel.startswith("reports/"):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dst / rel)
     params = yaml.safe_load((dst / "params.yaml").read_text())
@@ -62,8 +80,7 @@ def repo(tmp_path_factory) -> Path:
         set_key(params, key, value)
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], dst)
-    run(["git", "add", "-A"], dst)
-    run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "copy"], dst)
+    git_commit(dst, "copy")
     run(["dvc", "repro"], dst)
     return dst
 
@@ -81,22 +98,90 @@ def test_outputs_and_metrics(repo):
     assert {json.loads(l)["id"] for l in regenerated} == {json.loads(l)["id"] for l in train_prompts}
     assert (repo / "datasets/tokenized/token_freq.pt").exists()
     assert (repo / "models/vocab/d2t.npy").exists() and (repo / "models/vocab/t2d.npy").exists()
-    tokenized_rows = json.loads((repo / "reports/tokenize.json").read_text())["conversations"]
+    tokenized_rows = report(repo, "tokenize.json")["rows"]
     assert len(list((repo / "datasets/hidden_states").glob("hs_*.safetensors"))) == tokenized_rows
     assert (repo / "models/draft/config.json").exists()
 
     metrics = json.loads(run(["dvc", "metrics", "show", "--json"], repo))
-    acceptance = json.loads((repo / "reports/acceptance.json").read_text())
-    bench = json.loads((repo / "reports/benchmark.json").read_text())
-    assert acceptance["acceptance_length"] >= 1.0 and acceptance["lossless_checked_prompts"] == 6
-    assert bench["baseline"]["tokens_per_s"] > 0 and bench["speculative"]["tokens_per_s"] > 0
+    acceptance, bench = report(repo, "acceptance.json"), report(repo, "benchmark.json")
+    assert acceptance["acceptance_length"] >= 1.0
+    assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0
     assert bench["outputs_identical"] is True
     assert "reports/acceptance.json" in json.dumps(metrics)
 
 
 def test_second_repro_is_a_noop(repo):
-    out = run(["dvc", "repro"], repo)
-    assert "Running stage" not in out
+    assert stages_run(run(["dvc", "repro"], repo)) == set()
+
+
+# The README's staleness table: a change to these params makes exactly this stage stale (what
+# follows it reruns only when that stage's outputs change).
+STALENESS = [
+    ("samples", 170, "mix"),
+    ("seed", 1, "mix"),
+    ("mix.eval_samples", 7, "mix"),
+    ("target.tiny.lr", 0.002, "target"),
+    ("datasets.sharegpt_sample.max_rows", 500, "prepare@sharegpt_sample"),
+    ("regenerate.max_tokens", 65, "regenerate"),
+    ("tokenize.max_length", 500, "tokenize"),
+    ("vocab.draft_vocab_size", 200, "vocab"),
+    ("hidden_states.token_budget", 4096, "hidden_states"),
+    ("train.epochs", 3, "train"),
+    ("evaluate.k", 2, "evaluate"),
+    ("benchmark.repeats", 2, "benchmark"),
+]
+
+
+def test_staleness_table(repo):
+    original = (repo / "params.yaml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    try:
+        for key, value, stage in STALENESS:
+            params = yaml.safe_load(original)
+            set_key(params, key, value)
+            (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+            stale = set(json.loads(run(["dvc", "status", "--json"], repo)))
+            assert stale == {stage}, f"{key}: expected only {stage} stale, got {sorted(stale)}"
+            assert f"`{key.split('.')[0]}" in readme, f"README staleness table lacks {key}"
+    finally:
+        (repo / "params.yaml").write_text(original)
+    assert json.loads(run(["dvc", "status", "--json"], repo)) == {}
+
+
+def readme_workflow() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- workflow:begin -->\s*```bash\n(.*?)```", text, re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_readme_workflow_grows_incrementally(repo, tmp_path_factory):
+    remote = tmp_path_factory.mktemp("remote")
+    rows_before = report(repo, "tokenize.json")["rows"]
+    commands = readme_workflow()
+    assert any(c.startswith("dvc exp run") for c in commands) and "dvc push" in commands
+    for command in commands:
+        run(command.replace("REMOTE_URL", str(remote)), repo, shell=True)
+    grown = int(re.search(r"samples=(\d+)", " ".join(commands)).group(1))
+    mix = report(repo, "mix.json")
+    expected_new = mix["train"]["rows"] - 160
+    assert 160 < mix["train"]["rows"] <= grown
+    regen = report(repo, "regenerate.json")
+    assert regen["reused"] == 160 and regen["sent"] == expected_new  # only the new prompts went out
+    hs = report(repo, "hidden_states.json")
+    assert hs["reused"] == rows_before and hs["extracted_now"] == hs["rows"] - rows_before
+    assert (repo / "dvc_plots/index.html").exists()
+    assert any(remote.rglob("*")), "dvc push stored nothing"
+
+
+def test_fresh_clone_pull_is_clean(repo, tmp_path_factory):
+    git_commit(repo, "more data")
+    run(["dvc", "push"], repo)
+    clone = tmp_path_factory.mktemp("clone") / "repo"
+    run(["git", "clone", "-q", str(repo), str(clone)], repo)
+    run(["dvc", "pull"], clone)
+    status = run(["dvc", "status"], clone)
+    assert "up to date" in status, status
+    assert stages_run(run(["dvc", "repro"], clone)) == set()
 
 
 def test_train_param_change_stales_only_train_and_after(repo):
@@ -105,6 +190,22 @@ def test_train_param_change_stales_only_train_and_after(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(["dvc", "status", "--json"], repo))
     assert "train" in status and set(status) <= {"train", "evaluate", "benchmark"}
-    out = run(["dvc", "repro"], repo)
-    ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
-    assert ran == {"train", "evaluate", "benchmark"}
+    assert stages_run(run(["dvc", "repro"], repo)) == {"train", "evaluate", "benchmark"}
+    git_commit(repo, "lr")
+
+
+def test_queued_experiments(repo):
+    before = len(json.loads(run(["dvc", "exp", "show", "--json"], repo)))
+    for lr in ("0.001", "0.01"):
+        run(["dvc", "exp", "run", "--queue", "-S", f"train.lr={lr}"], repo)
+    run(["dvc", "queue", "start", "-j", "2"], repo)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        status = run(["dvc", "queue", "status"], repo)
+        if not re.search(r"\b(Queued|Running)\b", status):
+            break
+        time.sleep(5)
+    assert "Failed" not in status, run(["dvc", "queue", "logs", status.split()[-1]], repo) if status.split() else status
+    shown = run(["dvc", "exp", "show", "--md"], repo)
+    assert shown.count("0.001") >= 1 and shown.count("0.01") >= 1, shown
+    assert len(json.loads(run(["dvc", "exp", "show", "--json"], repo))) >= before

@@ -1,0 +1,48 @@
+"""Speculative decoding on the default target (built-in engine): acceptance length and speedup.
+
+    python bench/specdec.py --out reports/bench/specdec.json      # after `make repro`
+
+Uses the artifacts of the default pipeline (models/target, models/draft, the eval prompts) and the
+same engine as the `benchmark` stage, with more repeats: greedy and speculative decoding of the same
+prompts, interleaved, medians of tokens/s and their ratio.
+"""
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from draftline.bench_hf import benchmark_hf
+from draftline.evaluation import eos_ids, load_draft, prompt_ids
+from draftline.io import read_json, read_jsonl
+from draftline.target import load_target
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--card", default="models/target/card.json")
+    ap.add_argument("--draft", default="models/draft")
+    ap.add_argument("--prompts", default="datasets/prompts/eval.jsonl")
+    ap.add_argument("--n", type=int, default=24)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="reports/bench/specdec.json")
+    args = ap.parse_args()
+    if not Path(args.draft, "config.json").exists():
+        raise SystemExit(f"error: no trained draft at {args.draft}; run `make repro` first")
+    card = read_json(args.card)
+    target, tokenizer = load_target(card)
+    draft = load_draft(args.draft, "cpu")
+    rows = list(read_jsonl(args.prompts))[: args.n]
+    prompts = [prompt_ids(tokenizer, row) for row in rows]
+    cfg = SimpleNamespace(max_new_tokens=args.max_new_tokens, k=args.k, warmup=1, repeats=args.repeats)
+    result = benchmark_hf(target, draft, card["aux_layer_ids"], prompts, eos_ids(tokenizer, target), cfg, "cpu")
+    result.update(prompts=len(prompts), k=args.k, max_new_tokens=args.max_new_tokens)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
