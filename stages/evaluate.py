@@ -1,6 +1,9 @@
 """Stage `evaluate`: real and simulated acceptance of the draft on the held-out eval prompts.
 
-    python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json
+    python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json reports/evaluate
+
+reports/evaluate/ holds the plot data: acceptance length against `samples` (one point per run, so
+`dvc plots diff` over experiments draws the scaling curve) and acceptance per draft position.
 
 Real: chain speculative decoding (greedy, k draft tokens per round) with the built-in engine, each
 output checked against plain greedy decoding of the target (the engine is lossless, so a mismatch
@@ -15,7 +18,7 @@ from collections import defaultdict
 from draftline.config import stage_params
 
 
-def main(card_path: str, draft_dir: str, eval_path: str, report_path: str) -> None:
+def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots_dir: str) -> None:
     params = stage_params()
     cfg = params.evaluate
     from rich.progress import track
@@ -76,6 +79,10 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str) -> No
         "lossless_checked_prompts": len(rows),
     }
     write_json(report_path, report)
+    write_json(f"{plots_dir}/acceptance_vs_samples.json",
+               [{"samples": params.samples, "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])
+    write_json(f"{plots_dir}/position_acceptance.json",
+               [{"position": int(pos), "acceptance": rate} for pos, rate in real["position_acceptance"].items()])
     print(f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
           f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}")
 
