@@ -46,7 +46,7 @@ def free_port() -> int:
 async def run_client(url: str, concurrency: int, n: int, out_dir: Path) -> float:
     rows = [{"id": f"p{i}", "source": "bench", "partition": "short", "tools": None,
              "messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": ""}]} for i in range(n)]
-    pool = open_pool([url], None)
+    pool = open_pool([url], None, concurrency)
     try:
         start = time.perf_counter()
         tally = await regenerate_all(pool, "stub", rows, Sampling(16, 0.0, 1.0, 0), RetryPolicy(0, 0.1, 1.0, 30.0),

@@ -142,7 +142,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
 
         async def run(on_done):
-            pool = open_pool(urls, api_key)
+            pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency)
             try:
                 return await regenerate_all(pool, model_name, todo, sampling, policy, partitions, conversations_path,
                                             out / "failures.jsonl", tags, count_ids,
