@@ -192,8 +192,14 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         "missing": len(todo) - (tally.ok if tally else 0),
     }
     write_json(report_path, report)
-    write_meta(out, "regenerate", cfg.model_dump(), target=card["model"], chat_template_sha256=card["chat_template_sha256"],
-               fingerprint=tags["fingerprint"], endpoints=seen)
+    # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
+    # concurrency, timeouts) go to the report, so changing them leaves this output byte-identical
+    # and the stages after it cached.
+    operational = {"host", "port", "endpoints", "external_engine", "api_key_env", "tensor_parallel_size",
+                   "data_parallel_size", "continuous_batching", "cb_num_blocks", "short", "long", "startup_timeout_s",
+                   "request_timeout_s", "max_retries", "retry_backoff_s", "retry_backoff_max_s", "max_failure_rate"}
+    write_meta(out, "regenerate", cfg.model_dump(exclude=operational), target=card["model"],
+               chat_template_sha256=card["chat_template_sha256"], fingerprint=tags["fingerprint"])
     if tally is None:
         return
     print(f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "

@@ -27,6 +27,23 @@ def generation_eos_ids(card: dict):
         return None
 
 
+def pin_fingerprint(dataset_dir: Path) -> None:
+    """save_to_disk records a random `_fingerprint`; replace it by a hash of the Arrow data, so
+    identical rows give a byte-identical directory and DVC keeps the stages after this one cached."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for f in sorted(dataset_dir.glob("data-*.arrow")):
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    state_path = dataset_dir / "state.json"
+    state = json.loads(state_path.read_text())
+    state["_fingerprint"] = h.hexdigest()[:16]
+    state_path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
 def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
     cfg = params.tokenize
@@ -98,6 +115,7 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     dataset.save_to_disk(str(out))
     del dataset
     building.unlink()
+    pin_fingerprint(out)
     save_token_frequency_distribution(load_from_disk(str(out)), out / "token_freq.pt")
     write_meta(out, "tokenize", cfg.model_dump(), chat_template_sha256=card["chat_template_sha256"], end_of_turn_tokens=stops,
                chat_template_kwargs=template_kwargs)

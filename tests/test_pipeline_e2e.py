@@ -2,7 +2,7 @@
 
 One pipeline run is shared by the tests of this module, which run in file order:
 outputs and metrics -> no-op repro -> the staleness table -> a train.* change reruns exactly train
-and what follows -> the README workflow (experiment with more samples: only the new prompts
+and what follows -> an operational change or a forced rerun leaves later stages cached -> the README workflow (experiment with more samples: only the new prompts
 regenerated and extracted; compare; plots; apply; push) -> fresh clone + pull is clean -> queued
 experiments.
 """
@@ -159,6 +159,16 @@ def test_train_param_change_stales_only_train_and_after(repo):
     assert "train" in status and set(status) <= {"train", "evaluate", "benchmark"}
     assert stages_run(run(["dvc", "repro"], repo)) == {"train", "evaluate", "benchmark"}
     git_commit(repo, "lr")
+
+
+def test_rerun_with_same_data_keeps_later_stages_cached(repo):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["regenerate"]["short"]["concurrency"] += 1  # operational: same conversations
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert stages_run(run(["dvc", "repro"], repo)) == {"regenerate"}
+    assert stages_run(run(["dvc", "repro", "-f", "-s", "tokenize"], repo)) == {"tokenize"}
+    assert stages_run(run(["dvc", "repro"], repo)) == set()  # byte-identical outputs: nothing after reruns
+    git_commit(repo, "concurrency")
 
 
 def readme_workflow() -> list[str]:
