@@ -42,14 +42,10 @@ def hs_path(directory: Path, index: int) -> Path:
 
 
 def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
-    """3 distinct ids within [0, num_layers] (num_layers = the final pre-norm output)."""
-    ids = list(aux_layer_ids)
-    if len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0 or max(ids) > num_layers:
-        raise ValueError(
-            f"aux_layer_ids {ids} in the target card: EAGLE-3 needs 3 distinct ids within "
-            f"[0, {num_layers}] for a target with {num_layers} decoder layers"
-        )
-    return ids
+    """Re-check the card's ids (it may have been edited) with the rule the target stage applies."""
+    from draftline.target import resolve_aux_layer_ids
+
+    return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)
 
 
 def is_valid_file(path: Path, token_ids: list[int], hidden_size: int, dtype: torch.dtype | None = None, full: bool = False) -> bool:

@@ -11,7 +11,6 @@ layers) would be the final output; speculators accepts ids in [0, N].
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from draftline.io import text_sha256
 
@@ -86,7 +85,3 @@ def resolve_device(choice: str) -> str:
         raise RuntimeError("device: cuda requested but no CUDA device is available")
     return choice
 
-
-def local_model_dir(model: str) -> Path | None:
-    p = Path(model)
-    return p if p.is_dir() else None
