@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 import random
 import re
 import time
@@ -100,9 +99,8 @@ class RetryPolicy:
 
 
 class Endpoint:
-    def __init__(self, url: str, clients: list):
-        self.url, self.clients = url, clients
-        self._next_client = 0
+    def __init__(self, url: str, client):
+        self.url, self.client = url, client
         self.outstanding = 0
         self.requests = 0
         self.errors = 0
@@ -137,30 +135,23 @@ class EndpointPool:
             endpoint.resting_until = time.monotonic() + failed_for_s
 
 
-# Requests in flight per `openai` client. Its HTTP pool scans every connection for every request,
-# so one client at 256 in flight spent more CPU there than on anything else (0.87 of the ideal
-# request rate in `make bench`); a client per 32 requests in flight keeps that scan short.
-IN_FLIGHT_PER_CLIENT = 32
+def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = 256) -> EndpointPool:
+    """One `openai` async client per endpoint, on the SDK's aiohttp transport (`DefaultAioHttpClient`),
+    with room for max_in_flight connections; retries are ours (`complete`). The default httpx pool
+    scans every connection for every request: at 256 in flight that scan cost more CPU than anything
+    else in the client, and `make bench` measured 0.87 of the ideal request rate with it."""
+    import httpx2
+    from openai import AsyncOpenAI, DefaultAioHttpClient
 
-
-def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = IN_FLIGHT_PER_CLIENT) -> EndpointPool:
-    """`openai` async clients per endpoint (enough for max_in_flight); retries are ours (`complete`)."""
-    from openai import AsyncOpenAI
-
-    n = max(1, math.ceil(max_in_flight / IN_FLIGHT_PER_CLIENT))
-    return EndpointPool([Endpoint(url, [AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key or "unused", max_retries=0)
-                                        for _ in range(n)]) for url in urls])
-
-
-def next_client(endpoint: Endpoint):
-    endpoint._next_client = (endpoint._next_client + 1) % len(endpoint.clients)
-    return endpoint.clients[endpoint._next_client]
+    limits = httpx2.Limits(max_connections=max(max_in_flight, 1), max_keepalive_connections=max(max_in_flight, 1))
+    return EndpointPool([Endpoint(url, AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key or "unused", max_retries=0,
+                                                   http_client=DefaultAioHttpClient(limits=limits)))
+                         for url in urls])
 
 
 async def close_pool(pool: EndpointPool) -> None:
     for endpoint in pool.endpoints:
-        for client in endpoint.clients:
-            await client.close()
+        await endpoint.client.close()
 
 
 class ConversationFailed(Exception):
@@ -169,11 +160,77 @@ class ConversationFailed(Exception):
         self.reason, self.detail, self.attempts = reason, detail, attempts
 
 
+def root_cause(err: BaseException) -> BaseException:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+def timeout_or_lost(err: BaseException) -> str:
+    """"timeout", or "connection" for a connection the server dropped: the SDK's aiohttp transport
+    maps every aiohttp connection error (a server disconnect too) to a timeout."""
+    import aiohttp
+
+    root = root_cause(err)
+    if isinstance(root, aiohttp.ClientConnectionError) and not isinstance(root, asyncio.TimeoutError):
+        return "connection"
+    return "timeout"
+
+
 def _retry_after(response) -> float | None:
     try:
         return float(response.headers.get("retry-after"))
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+class BadAnswer(ValueError):
+    """An answer that is not a chat completion."""
+
+
+async def chat_completion(client, body: dict, timeout_s: float) -> dict:
+    """POST /chat/completions with the client's transport, auth, timeout and error mapping; the
+    answer is the JSON object, checked by `answer_choice`. The body is sent as it is and the answer
+    kept as JSON: `chat.completions.create` walks every message through the SDK's typed-params
+    transform and builds typed objects from the answer, which together cost more client CPU per
+    request than the HTTP exchange itself, for data that is plain JSON on both ends."""
+    try:
+        return await client.post("/chat/completions", cast_to=object, body=body,
+                                  options={"timeout": timeout_s, "security": {"bearer_auth": True}})
+    except ValueError as err:  # a body that is not JSON
+        raise BadAnswer(f"not JSON: {err}") from None
+
+
+def usage_of(answer: dict) -> dict:
+    """Token counts of an answer; a server that sends none counts 0."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return {}
+    return {k: v for k, v in usage.items() if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)}
+
+
+def answer_choice(answer) -> dict:
+    """The first choice of a chat completion, with the fields this module reads checked."""
+    if not isinstance(answer, dict):
+        raise BadAnswer(f"expected a JSON object, got {type(answer).__name__}")
+    choices = answer.get("choices")
+    if not isinstance(choices, list):
+        raise BadAnswer("no choices list in the answer")
+    if not choices:
+        return {}
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise BadAnswer("choice without a message")
+    for key in ("content", "reasoning_content", "reasoning"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise BadAnswer(f"message {key} is not a string")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(
+            isinstance(tc, dict) and isinstance(tc.get("function"), dict) and isinstance(tc["function"].get("name"), str)
+            for tc in calls):
+        raise BadAnswer("malformed tool_calls")
+    return choice
 
 
 async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retries: Counter):
@@ -184,14 +241,15 @@ async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retri
         endpoint = pool.acquire()
         retry_after = None
         try:
-            resp = await next_client(endpoint).chat.completions.create(**request, timeout=policy.timeout_s)
-            if not resp.choices:
+            answer = await chat_completion(endpoint.client, request, policy.timeout_s)
+            choice = answer_choice(answer)
+            if not choice:
                 reason, detail = "empty_response", "no choices in the answer"
             else:
                 pool.release(endpoint)
-                return resp
+                return choice, usage_of(answer)
         except openai.APITimeoutError as err:
-            reason, detail = "timeout", str(err)
+            reason, detail = timeout_or_lost(err), f"{err}: {root_cause(err)!r}"
         except openai.APIConnectionError as err:
             reason, detail = "connection", f"{err}: {err.__cause__!r}"
         except openai.APIStatusError as err:
@@ -200,7 +258,7 @@ async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retri
                 pool.release(endpoint)
                 raise ConversationFailed(reason, detail, attempt + 1) from None
             retry_after = _retry_after(err.response)
-        except openai.APIError as err:  # an answer the client cannot parse
+        except (openai.APIError, BadAnswer) as err:  # an answer that is not a chat completion
             reason, detail = "bad_response", str(err)[:500]
         except BaseException:
             pool.release(endpoint)
@@ -228,19 +286,20 @@ def called_tools(message: dict) -> list[str]:
     return names
 
 
-def reply_message(choice) -> dict:
-    """The server's answer as a chat message, keeping reasoning and tool calls it returned."""
-    msg = choice.message
-    extra = msg.model_extra or {}
-    out = {"role": "assistant", "content": msg.content or ""}
+def reply_message(choice: dict) -> dict:
+    """The server's answer (a choice checked by `answer_choice`) as a chat message, keeping the
+    reasoning and tool calls it returned."""
+    msg = choice["message"]
+    out = {"role": "assistant", "content": msg.get("content") or ""}
     # vLLM returns `reasoning` (older: `reasoning_content`), SGLang and transformers `reasoning_content`
-    reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if reasoning:
         out["reasoning_content"] = reasoning
-    if msg.tool_calls:
+    if msg.get("tool_calls"):
         out["tool_calls"] = [
-            {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
-            for tc in msg.tool_calls
+            {"id": tc.get("id"), "type": "function",
+             "function": {"name": tc["function"]["name"], "arguments": tc["function"].get("arguments") or "{}"}}
+            for tc in msg["tool_calls"]
         ]
     return out
 
@@ -292,16 +351,15 @@ async def regenerate_conversation(pool: EndpointPool, model: str, row: dict, sam
         if tools:
             request["tools"] = tools
         if sampling.chat_template_kwargs:
-            request["extra_body"] = {"chat_template_kwargs": sampling.chat_template_kwargs}
-        resp = await complete(pool, request, policy, retries)
-        choice = resp.choices[0]
+            request["chat_template_kwargs"] = sampling.chat_template_kwargs
+        choice, usage = await complete(pool, request, policy, retries)
         reply = reply_message(choice)
         messages = messages + [reply]  # a new list: the request above keeps its own
-        stats["finish_reasons"].append(choice.finish_reason or "unknown")
-        if resp.usage:
-            stats["prompt_tokens"] += resp.usage.prompt_tokens
-            stats["completion_tokens"] += resp.usage.completion_tokens
-        if choice.finish_reason == "length":
+        finish_reason = choice.get("finish_reason") or "unknown"
+        stats["finish_reasons"].append(finish_reason)
+        for key in ("prompt_tokens", "completion_tokens"):
+            stats[key] += usage.get(key) or 0
+        if finish_reason == "length":
             stats["stopped"] = "length"
             break
         j = i + 1

@@ -327,6 +327,7 @@ class ScriptedEngine(BaseHTTPRequestHandler):
     count_offset = 0
     status_for = staticmethod(lambda body: 200)
     answer = staticmethod(lambda body: {"content": "ok"})
+    raw_for = staticmethod(lambda body: None)  # bytes: sent as the 200 answer instead of a chat completion
     requests: list
 
     def _json(self, obj, status: int = 200) -> None:
@@ -377,6 +378,13 @@ class ScriptedEngine(BaseHTTPRequestHandler):
             return self._json({"object": "error", "message": "scripted", "code": status}, status)
         if body["model"] not in self.served:
             return self._json({"object": "error", "message": f"The model `{body['model']}` does not exist."}, 404)
+        raw = self.raw_for(body)
+        if raw is not None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            return self.wfile.write(raw)
         reply = self.answer(body)
         message = {"role": "assistant", "content": reply.get("content")}
         if reply.get("reasoning"):
@@ -400,7 +408,7 @@ def stub():
     servers = []
 
     def start(**attrs) -> tuple[str, type]:
-        attrs = {k: staticmethod(v) if k in ("answer", "status_for") else v for k, v in attrs.items()}
+        attrs = {k: staticmethod(v) if k in ("answer", "status_for", "raw_for") else v for k, v in attrs.items()}
         handler = type("Stub", (ScriptedEngine,), {"requests": [], **attrs})
         server = QuietServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -443,6 +451,31 @@ def test_failures_are_recorded_with_reasons_and_retried(tmp_path, stub):
     assert len(failures) == tally.failed == len({f["id"] for f in failures}) > 0
     assert tally.ok == len(out) == len(rows) - tally.failed
     assert tally.retries["http_500"] == 2 * tally.failure_reasons["http_500"]
+
+
+BROKEN_ANSWERS = {  # a word of the prompt -> what the server answers, and the failure it is
+    "weather": (b'{"choices": [{"message": {"content": "cut', "bad_response"),  # not JSON
+    "colour": (b'{"object": "error"}', "bad_response"),  # no choices
+    "minus": (b'{"choices": []}', "empty_response"),
+    "Compute": (b'{"choices": [{"message": {"content": "x", "tool_calls": [{"id": "c", "function": {}}]}}]}', "bad_response"),
+    "add": (b'{"choices": [{"message": {"content": 7}}]}', "bad_response"),
+    "plus": (b'[1, 2]', "bad_response"),
+}
+
+
+def test_answers_that_are_not_chat_completions_fail_their_conversation_only(tmp_path, stub):
+    def broken(messages):  # the first answer of a conversation decides: it fails there
+        text = json.dumps(messages[: next(i for i, m in enumerate(messages) if m["role"] == "assistant")])
+        return next((answer for word, answer in BROKEN_ANSWERS.items() if word in text), (None, None))
+
+    url, _ = stub(raw_for=lambda body: broken(body["messages"] + [{"role": "assistant"}])[0])
+    rows = prompts(60)
+    tally, out, failures, _ = run_rows([url], rows, tmp_path)
+    expected = {row["id"]: broken(row["messages"])[1] for row in rows if broken(row["messages"])[1]}
+    assert {f["id"]: f["reason"] for f in failures} == expected and set(expected.values()) == {"bad_response", "empty_response"}
+    assert all(f["attempts"] == 3 for f in failures)  # retried: a server can send a broken answer once
+    assert tally.ok == len(out) == len(rows) - len(expected) > 0
+    assert all(m["content"] == "ok" for row in out for m in row["messages"] if m["role"] == "assistant")
 
 
 def test_too_many_failures_stop_the_run_early(tmp_path, stub):
