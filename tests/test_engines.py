@@ -17,8 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from stubs import StubHandler
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_S = 0.002  # one decoding step of the stand-ins
@@ -34,23 +36,12 @@ def steps_for(max_tokens: int, k: int | None) -> list[int]:
     return steps
 
 
-class StandIn(BaseHTTPRequestHandler):
+class StandIn(StubHandler):
     engine = "vllm"
     model = ""
     k: int | None = None
     lock = threading.Lock()
     counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-
-    def log_message(self, *args):
-        pass
-
-    def _json(self, obj, status=200):
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):
         if self.path == "/health":
@@ -58,12 +49,7 @@ class StandIn(BaseHTTPRequestHandler):
         elif self.path == "/v1/models" and self.engine == "vllm":
             self._json({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "vllm"}]})
         elif self.path == "/metrics" and self.engine == "vllm":
-            text = self.metrics_text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
+            self._text(self.metrics_text())
         else:
             self._json({"detail": "Not Found"}, 404)
 

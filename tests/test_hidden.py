@@ -2,6 +2,7 @@
 target's logits, files are atomic and checked, the stage resumes after SIGKILL and speculators'
 own data path reads what it writes."""
 
+import contextlib
 import json
 import os
 import signal
@@ -178,14 +179,10 @@ def stage_dir(tmp_path_factory, random_target):
             row = {"id": f"p{k:04d}", "messages": conv["messages"], "tools": conv["tools"]}
             p.write(json.dumps({"id": row["id"]}) + "\n")
             c.write(json.dumps(row) + "\n")
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
+    with contextlib.chdir(root):
         from stages.tokenize import main as tokenize
 
         tokenize("card.json", "prompts.jsonl", "conversations.jsonl", "tokenized", "tokenize.json")
-    finally:
-        os.chdir(cwd)
     return root
 
 
@@ -209,12 +206,8 @@ def hs_read(subsets):
 def run_stage(root: Path, tokenized: str, out: str) -> dict:
     from stages.hidden_states import main
 
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
+    with contextlib.chdir(root):
         main("card.json", tokenized, out, f"{out}.json")
-    finally:
-        os.chdir(cwd)
     return json.loads((root / f"{out}.json").read_text())
 
 

@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
+from stubs import StubHandler
 
 from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
@@ -161,7 +162,7 @@ class Faults:
             return fault
 
 
-class FaultProxy(BaseHTTPRequestHandler):
+class FaultProxy(StubHandler):
     faults: Faults
 
     def _forward(self, body: bytes | None) -> None:
@@ -172,11 +173,7 @@ class FaultProxy(BaseHTTPRequestHandler):
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.getheader("Content-Type", "application/json"))
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._send(data, resp.getheader("Content-Type", "application/json"), resp.status)
 
     def _drop(self) -> None:
         self.close_connection = True
@@ -184,13 +181,7 @@ class FaultProxy(BaseHTTPRequestHandler):
 
     def _error(self, status: int) -> None:
         data = json.dumps({"error": {"message": f"injected {status}", "code": status}}).encode()
-        self.send_response(status)
-        if status == 429:
-            self.send_header("Retry-After", "0")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._send(data, "application/json", status, {"Retry-After": "0"} if status == 429 else None)
 
     def do_GET(self):
         self._forward(None)
@@ -217,9 +208,6 @@ class FaultProxy(BaseHTTPRequestHandler):
             self.faults.gate.wait()
             return self._drop()
         self._forward(body)
-
-    def log_message(self, *args):
-        pass
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -315,7 +303,7 @@ def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(tmp_path, chatt
 # ---- failures, retries, balancing --------------------------------------------------------------
 
 
-class ScriptedEngine(BaseHTTPRequestHandler):
+class ScriptedEngine(StubHandler):
     """Stub of vLLM's / SGLang's wire format (GPU engines that cannot run here): /health,
     /v1/models, /metrics, /get_server_info, /tokenize and chat completions with structured
     `tool_calls` and `reasoning`; `answer(body)` scripts each reply."""
@@ -330,14 +318,6 @@ class ScriptedEngine(BaseHTTPRequestHandler):
     raw_for = staticmethod(lambda body: None)  # bytes: sent as the 200 answer instead of a chat completion
     requests: list
 
-    def _json(self, obj, status: int = 200) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self):
         if self.path == "/health":
             return self._json({})
@@ -350,12 +330,7 @@ class ScriptedEngine(BaseHTTPRequestHandler):
                 text += ('# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n'
                          '# TYPE vllm:spec_decode_num_drafts_total counter\n'
                          'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n')
-            data = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            return self.wfile.write(data)
+            return self._text(text)
         if self.path == "/get_server_info" and self.engine == "sglang":
             return self._json({"model_path": "/models/x", "served_model_name": self.served[0], "tp_size": 1,
                                "speculative_algorithm": "EAGLE3" if self.speculative else None,
@@ -380,11 +355,7 @@ class ScriptedEngine(BaseHTTPRequestHandler):
             return self._json({"object": "error", "message": f"The model `{body['model']}` does not exist."}, 404)
         raw = self.raw_for(body)
         if raw is not None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            return self.wfile.write(raw)
+            return self._send(raw, "application/json")
         reply = self.answer(body)
         message = {"role": "assistant", "content": reply.get("content")}
         if reply.get("reasoning"):
@@ -398,9 +369,6 @@ class ScriptedEngine(BaseHTTPRequestHandler):
                     "choices": [{"index": 0, "message": message,
                                  "finish_reason": "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")}],
                     "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}})
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture

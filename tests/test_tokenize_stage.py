@@ -1,9 +1,9 @@
 """Stage `tokenize` on a toy input: speculators' Arrow layout, rows in prompt order, frequencies of
 trainable tokens only, the report, and conversations split where the template rewrites history."""
 
+import contextlib
 import copy
 import json
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -38,12 +38,8 @@ def write_inputs(root: Path, card: dict, conversations: list[dict], max_length: 
 def run(root: Path) -> dict:
     from stages.tokenize import main
 
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
+    with contextlib.chdir(root):
         main("card.json", "prompts.jsonl", "regenerated/conversations.jsonl", "tokenized", "tokenize.json")
-    finally:
-        os.chdir(cwd)
     return json.loads((root / "tokenize.json").read_text())
 
 

@@ -1,7 +1,7 @@
 """Stage `vocab`: speculators' d2t/t2d conventions, the size check, the coverage report."""
 
+import contextlib
 import json
-import os
 
 import numpy as np
 import pytest
@@ -16,12 +16,8 @@ def run(tmp_path, freq: dict, draft_vocab_size: int, target_vocab_size: int) -> 
     (tmp_path / "params.yaml").write_text(PARAMS.format(size=draft_vocab_size))
     (tmp_path / "card.json").write_text(json.dumps({"vocab_size": target_vocab_size}))
     torch.save(freq, tmp_path / "token_freq.pt")
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
+    with contextlib.chdir(tmp_path):
         main("card.json", "token_freq.pt", "vocab", "vocab.json")
-    finally:
-        os.chdir(cwd)
     return json.loads((tmp_path / "vocab.json").read_text())
 
 
