@@ -288,11 +288,41 @@ class TrainConfig(Section):
         return self
 
 
-class EvaluateConfig(Section):
+class TargetPlacement(Section):
+    """Where the built-in decoder runs the target (evaluate, and benchmark with engine hf)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # spread a target larger than one GPU over all of them ("auto", "balanced", ...); null = on `device`
+    device_map: str | None = None
+    # the target's weights. float32: the speculative output must equal the greedy one token for
+    # token. 16-bit: verifying k+1 tokens in one forward rounds differently from one token at a
+    # time, so a divergence where the target's top two logits were within tie_tolerance is counted
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _device_map_needs_gpus(self):
+        if self.device_map is not None and self.device == "cpu":
+            raise ValueError("device_map spreads the target over GPUs; it does not apply with device: cpu")
+        return self
+
+    def resolved_device(self) -> str:
+        from draftline.target import resolve_device
+
+        return "cuda" if self.device_map is not None else resolve_device(self.device)
+
+
+# Logit gap under which a 16-bit target may order its top two tokens either way (see TargetPlacement).
+TIE_TOLERANCE = {"float32": 0.0, "float16": 0.1, "bfloat16": 0.5}
+
+
+class EvaluateConfig(TargetPlacement):
     k: int = Field(3, ge=1)  # draft tokens per verification step
     max_new_tokens: int = Field(96, ge=1)
     prompts: int | None = Field(None, ge=1)  # null = every eval prompt
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    tie_tolerance: float | None = Field(None, ge=0)  # null = by dtype (TIE_TOLERANCE)
+
+    def resolved_tie_tolerance(self) -> float:
+        return TIE_TOLERANCE[self.dtype] if self.tie_tolerance is None else self.tie_tolerance
 
 
 class VllmBenchConfig(Section):
@@ -322,7 +352,7 @@ class SglangBenchConfig(Section):
         return self
 
 
-class BenchmarkConfig(Section):
+class BenchmarkConfig(TargetPlacement):
     # hf: built-in decoder, CPU or one GPU. vllm / sglang: a baseline server and a speculative
     # server, started one after the other, driven by the async load generator.
     engine: Literal["hf", "vllm", "sglang"] = "hf"
@@ -331,7 +361,7 @@ class BenchmarkConfig(Section):
     prompts: int = Field(16, ge=1)  # eval prompts used
     warmup: int = Field(2, ge=0)  # hf: untimed passes; servers: passes over the prompts before measuring
     repeats: int = Field(3, ge=1)  # hf only: timed passes, medians reported
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # hf only
+    # device, device_map, dtype (TargetPlacement): hf only
     concurrency: list[int] = [1, 8, 32, 128]  # servers: requests in flight, one load level each
     requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = "127.0.0.1"

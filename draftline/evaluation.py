@@ -41,6 +41,20 @@ def eos_ids(tokenizer, model) -> set[int]:
     return ids
 
 
+def compare_to_greedy(spec_tokens: list[int], plain, tie_tolerance: float) -> str:
+    """"identical"; "near_tie" when the outputs first differ at a token whose greedy logit was
+    at most tie_tolerance above the runner-up (a 16-bit target can order those two either way,
+    and the batched verification rounds differently from one-token steps); else "mismatch".
+    `plain` is a greedy Generation made with margins."""
+    if spec_tokens == plain.tokens:
+        return "identical"
+    first = next((i for i, (a, b) in enumerate(zip(spec_tokens, plain.tokens)) if a != b),
+                 min(len(spec_tokens), len(plain.tokens)))
+    if first < len(plain.margins) and plain.margins[first] <= tie_tolerance:
+        return "near_tie"
+    return "mismatch"
+
+
 # ---- acceptance from decoding rounds ------------------------------------------------------
 
 

@@ -160,21 +160,6 @@ def save_hidden_states(path: Path, token_ids: list[int], hidden: torch.Tensor, d
     os.replace(tmp, path)
 
 
-def load_model(card: dict, device: str, dtype: torch.dtype, device_map=None):
-    """The target for extraction: on one device, or spread by `device_map` ("auto" fills the
-    GPUs in order, for targets larger than one GPU)."""
-    from transformers import AutoModelForCausalLM
-
-    kwargs = {"revision": card.get("revision"), "dtype": dtype}
-    if device_map is not None:
-        kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(card["model"], **kwargs)
-    if device_map is None:
-        model.to(device)
-    model.eval()
-    return model
-
-
 def weights_digest(model: str) -> str | None:
     """Size and first/last MiB of each weight file of a local model: changes when it is retrained,
     costs milliseconds even for a terabyte checkpoint. None for a hub id (model + revision name it)."""

@@ -28,6 +28,7 @@ class Generation:
     target_forwards: int = 0  # verification forwards (prefill excluded)
     accepted_per_round: list[int] = field(default_factory=list)  # a+1 per round
     seconds: float = 0.0
+    margins: list[float] = field(default_factory=list)  # greedy: top-1 minus top-2 logit per token, when asked
 
     @property
     def acceptance_length(self) -> float:
@@ -56,31 +57,42 @@ class TargetRunner:
     def __init__(self, model, aux_layer_ids: list[int]):
         self.model = model
         self.aux_layer_ids = aux_layer_ids
-        self.device = next(model.parameters()).device
+        self.device = next(model.parameters()).device  # the embeddings' device under a device_map
 
     @torch.no_grad()
     def forward(self, ids: list[int], cache, want_aux: bool):
         x = torch.tensor([ids], device=self.device)
         out = self.model(input_ids=x, past_key_values=cache, use_cache=True, output_hidden_states=want_aux)
-        aux = torch.cat([out.hidden_states[i] for i in self.aux_layer_ids], dim=-1) if want_aux else None
+        aux = (torch.cat([out.hidden_states[i].to(self.device) for i in self.aux_layer_ids], dim=-1)
+               if want_aux else None)
         return out.logits[0], aux  # (T, V), (1, T, 3H)
 
 
 @torch.no_grad()
-def greedy_generate(target, prompt: list[int], max_new_tokens: int, eos_ids: set[int]) -> Generation:
-    """Plain greedy decoding with a KV cache: the baseline."""
+def greedy_generate(target, prompt: list[int], max_new_tokens: int, eos_ids: set[int], margins: bool = False) -> Generation:
+    """Plain greedy decoding with a KV cache: the baseline. margins: also record how far each
+    chosen token's logit is above the runner-up (untimed uses only: it costs a top-k per token)."""
     start = time.perf_counter()
     runner = TargetRunner(target, [])
     cache = DynamicCache()
+    gaps: list[float] = []
+
+    def choose(logits) -> int:
+        if margins:
+            top = logits[-1].float().topk(2).values
+            gaps.append(float(top[0] - top[1]))
+        return int(logits[-1].argmax())
+
     logits, _ = runner.forward(prompt, cache, want_aux=False)
-    tokens = [int(logits[-1].argmax())]
+    tokens = [choose(logits)]
     while True:
         tokens, done = _finish(tokens, eos_ids, max_new_tokens)
         if done:
             break
         logits, _ = runner.forward(tokens[-1:], cache, want_aux=False)
-        tokens.append(int(logits[-1].argmax()))
-    return Generation(tokens=tokens, target_forwards=len(tokens) - 1, seconds=time.perf_counter() - start)
+        tokens.append(choose(logits))
+    return Generation(tokens=tokens, target_forwards=len(tokens) - 1, seconds=time.perf_counter() - start,
+                      margins=gaps[: len(tokens)])
 
 
 class DraftRunner:
@@ -89,6 +101,7 @@ class DraftRunner:
     def __init__(self, draft):
         self.d = draft
         self.device = next(draft.parameters()).device
+        self.dtype = draft.fc.weight.dtype
         self.d2t = draft.d2t.to(self.device) if getattr(draft, "d2t", None) is not None else None
 
     def _to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -117,6 +130,7 @@ class DraftRunner:
     def propose(self, cache, next_inputs: list[int], aux: torch.Tensor, first_pos: int, k: int) -> list[int]:
         """Draft k tokens. next_inputs/aux: the new step-0 positions first_pos.. (token j+1, aux j)."""
         q = len(next_inputs)
+        aux = aux.to(self.device, self.dtype)  # a 16-bit target's features into the draft's dtype
         past = cache.get_seq_length()
         ids = torch.tensor([next_inputs], device=self.device)
         positions = torch.arange(first_pos + 1, first_pos + 1 + q, device=self.device).unsqueeze(0)

@@ -63,17 +63,27 @@ def build_card(model: str, source: str, revision: str | None, aux_layer_ids: lis
     }
 
 
-def load_target(card: dict, device: str = "cpu", dtype=None):
-    """(model, tokenizer) for a card, in eval mode."""
+def load_target_model(card: dict, device: str = "cpu", dtype=None, device_map: str | None = None):
+    """The target in eval mode: on `device`, or spread over the GPUs by `device_map` ("auto",
+    "balanced", ... as accelerate takes them) when it is larger than one GPU. float32 by default."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"revision": card.get("revision"), "dtype": dtype or torch.float32}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(card["model"], **kwargs)
+    if device_map is None:
+        model.to(device)
+    return model.eval()
+
+
+def load_target(card: dict, device: str = "cpu", dtype=None, device_map: str | None = None):
+    """(model, tokenizer) for a card, the model as `load_target_model` gives it."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
-    model = AutoModelForCausalLM.from_pretrained(
-        card["model"], revision=card.get("revision"), dtype=dtype or torch.float32
-    ).to(device)
-    model.eval()
-    return model, tokenizer
+    return load_target_model(card, device, dtype, device_map), tokenizer
 
 
 def resolve_device(choice: str) -> str:

@@ -48,12 +48,14 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     report = {"engine": cfg.engine, "k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "prompts": len(rows)}
 
     if cfg.engine == "hf":
+        import torch
+
         from draftline.bench_hf import benchmark_hf
         from draftline.evaluation import eos_ids, load_draft
-        from draftline.target import load_target, resolve_device
+        from draftline.target import load_target
 
-        device = resolve_device(cfg.device)
-        target, tokenizer = load_target(card, device=device)
+        device = cfg.resolved_device()
+        target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
         draft = load_draft(draft_dir, device)
         prompts = [prompt_ids(tokenizer, row) for row in rows]
         report.update(benchmark_hf(target, draft, card["aux_layer_ids"], prompts, eos_ids(tokenizer, target), cfg, device))

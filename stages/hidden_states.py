@@ -22,11 +22,11 @@ def run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from draftline import hidden
-    from draftline.target import resolve_device
+    from draftline.target import load_target_model, resolve_device
 
     device = "cuda" if cfg.device_map else resolve_device(cfg.device)
     compute = cfg.compute_dtype if cfg.compute_dtype != "auto" else (cfg.dtype if device == "cuda" else "float32")
-    model = hidden.load_model(card, device, hidden.DTYPES[compute], cfg.device_map)
+    model = load_target_model(card, device, hidden.DTYPES[compute], cfg.device_map)
     start = time.perf_counter()
     columns = (TextColumn("hidden states"), BarColumn(), MofNCompleteColumn(), TextColumn("rows {task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn())
     with Progress(*columns) as bar, torch.inference_mode():

@@ -30,6 +30,9 @@ def test_default_params_validate():
         (lambda r: r["regenerate"].__setitem__("backend", "ollama"), "regenerate.backend"),
         (lambda r: r.__setitem__("extra_section", {}), "extra_section"),
         (lambda r: r["mix"]["weights"].pop("sharegpt_sample"), "mix.weights"),
+        (lambda r: r["evaluate"].__setitem__("dtype", "int8"), "evaluate.dtype"),
+        (lambda r: r["evaluate"].update(device="cpu", device_map="auto"), "evaluate"),
+        (lambda r: r["benchmark"].update(device="cpu", device_map="auto"), "benchmark"),
     ],
 )
 def test_bad_params_name_the_key(mutate, key):
@@ -50,3 +53,12 @@ def test_stage_refuses_bad_params_before_work(tmp_path):
     assert proc.returncode != 0
     assert "samples" in proc.stderr and "train.bogus" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_tie_tolerance_follows_the_dtype_unless_given():
+    raw = default_raw()
+    assert parse_params(raw).evaluate.resolved_tie_tolerance() == 0.0  # float32: token for token
+    raw["evaluate"]["dtype"] = "bfloat16"
+    assert parse_params(raw).evaluate.resolved_tie_tolerance() == 0.5
+    raw["evaluate"]["tie_tolerance"] = 0.2
+    assert parse_params(raw).evaluate.resolved_tie_tolerance() == 0.2

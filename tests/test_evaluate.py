@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from transformers import DynamicCache
@@ -91,11 +92,12 @@ def test_acceptance_summary_per_position_and_histogram():
     assert s["histogram"] == {"1": 1, "2": 1, "3": 1, "4": 2}
 
 
-def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, dtype):
     from draftline.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["evaluate"].update(k=2, max_new_tokens=10, prompts=3, device="cpu")
+    raw["evaluate"].update(k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     write_json(tmp_path / "card.json", random_target)
     torch.manual_seed(0)
@@ -107,6 +109,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = read_json(tmp_path / "acc.json")
     assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
+    assert report["near_tie_divergences"] == 0 if dtype == "float32" else 0 <= report["near_tie_divergences"] <= 3
     assert 1.0 <= report["acceptance_length"] <= 3.0 and 1.0 <= report["tau_sim"] <= 3.0
     assert set(report["position_acceptance"]) == set(report["sim_position_accuracy"]) == {"1", "2"}
     assert sum(report["histogram"].values()) == report["rounds"]

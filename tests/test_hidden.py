@@ -16,6 +16,7 @@ import torch
 
 from draftline import hidden
 from draftline.corpus import generate_conversations
+from draftline.target import load_target_model
 
 REPO = Path(__file__).resolve().parents[1]
 SEQS = [[5, 9, 30, 41, 7, 2, 88, 17, 3], [12, 13, 14]]
@@ -23,12 +24,12 @@ SEQS = [[5, 9, 30, 41, 7, 2, 88, 17, 3], [12, 13, 14]]
 
 @pytest.fixture(scope="module")
 def target_f32(random_target):
-    return hidden.load_model(random_target, "cpu", torch.float32)
+    return load_target_model(random_target, "cpu", torch.float32)
 
 
 @pytest.fixture(scope="module")
 def target_bf16(random_target):
-    return hidden.load_model(random_target, "cpu", torch.bfloat16)
+    return load_target_model(random_target, "cpu", torch.bfloat16)
 
 
 def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(random_target, target_f32):
