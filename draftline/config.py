@@ -252,6 +252,10 @@ class TrainConfig(Section):
     init_remap_aux_layers: bool = False
     init_remap_vocab: bool = False
     num_layers: int = Field(1, ge=1)  # draft decoder layers (must match `init` when given)
+    # speculators: speculators' eagle3 norms (served by vLLM); eagle3: the original EAGLE-3 decoder,
+    # which SGLang serves too (`python -m draftline.sglang_export`). null: speculators for a new
+    # draft, the checkpoint's own with `init` (set, `init` must have it)
+    architecture: Literal["speculators", "eagle3"] | None = None
     train_embeddings: bool = False  # embeddings come from the target; frozen unless true
     train_lm_head: bool = False  # lm_head = target lm_head rows of the draft vocab; frozen unless true
     epochs: int = Field(4, ge=1)

@@ -93,8 +93,28 @@ def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
     model.config.embed_requires_grad = train_embeddings
 
 
+# The draft's norms (train.architecture). speculators: its eagle3 defaults (a norm over the three
+# aux states before fc, the hidden norm before the residual, the normed state carried to the next
+# step); vLLM serves both. eagle3: the original EAGLE-3 decoder, the one SGLang's
+# LlamaForCausalLMEagle3 implements (see draftline/sglang_export.py).
+ARCHITECTURES = {
+    "speculators": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True},
+    "eagle3": {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False},
+}
+
+
+def architecture_of(config) -> str | None:
+    """The ARCHITECTURES name of a draft config (object or dict), None for another combination."""
+    get = config.get if isinstance(config, dict) else (lambda key: getattr(config, key, None))
+    if get("fc_norm"):
+        return None
+    flags = {key: bool(get(key)) for key in ARCHITECTURES["eagle3"]}
+    return next((name for name, arch in ARCHITECTURES.items() if arch == flags), None)
+
+
 def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, attn_impl: str = "eager", *,
-                speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False):
+                speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
+                architecture: str = "speculators"):
     """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
@@ -104,9 +124,7 @@ def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, at
         t2d=t2d,
         d2t=d2t,
         draft_vocab_size=d2t.shape[0],
-        norm_before_residual=True,  # speculators' eagle3 defaults
-        norm_before_fc=True,
-        norm_output=True,
+        **ARCHITECTURES[architecture],
         embed_requires_grad=train_embeddings,
         ttt_steps=speculative_tokens or ttt_steps,  # only sets the proposal's speculative_tokens
         verifier_name_or_path=card["model"],
@@ -223,13 +241,20 @@ FROM_TARGET = {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight
 
 def load_init_draft(init_dir: Path, card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, attn_impl: str = "eager", *,
                     speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
-                    remap_aux: bool = False, remap_vocab: bool = False):
+                    remap_aux: bool = False, remap_vocab: bool = False, architecture: str | None = None):
     """(draft, notes): the checkpoint's architecture and trained weights, re-targeted to our card:
-    our verifier, aux layer ids and draft vocabulary; frozen parts taken from our target."""
+    our verifier, aux layer ids and draft vocabulary; frozen parts taken from our target.
+    architecture: the train.architecture the checkpoint must have (None: any)."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     d2t, t2d = load_vocab(vocab_dir)
     config = Eagle3SpeculatorConfig.from_pretrained(str(init_dir))
+    found = architecture_of(config)
+    if architecture is not None and found != architecture:
+        flags = {key: getattr(config, key, None) for key in (*ARCHITECTURES["eagle3"], "fc_norm")}
+        raise InitMismatch(f"train.init: its norms {flags} are the {found or 'neither'!s} architecture, "
+                           f"train.architecture is {architecture!r}: set train.architecture to match"
+                           + ("" if found else " (or convert it with train.init_convert flags that match)"))
     weights = read_weights(init_dir)
     notes = check_init(config, weights.get("d2t"), card, d2t, num_layers, remap_aux, remap_vocab)
     config.eagle_aux_hidden_state_layer_ids = list(card["aux_layer_ids"])
@@ -590,8 +615,10 @@ def save_draft(model, out_dir: Path) -> dict:
 
 
 def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
-                              save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None) -> list[str]:
-    """`torchrun ... -m speculators.train ...` with the same params as the builtin loop.
+                              save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
+                              architecture: str = "speculators") -> list[str]:
+    """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
+    flags of `architecture` (ARCHITECTURES).
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
@@ -609,7 +636,7 @@ def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: P
         "--t2d-path", str(Path(vocab_dir) / "t2d.npy"),
         "--draft-vocab-size", str(int(d2t.shape[0])),
         "--target-layer-ids", *[str(i) for i in card["aux_layer_ids"]],
-        "--norm-before-residual", "--norm-before-fc", "--norm-output",
+        *[f"--{'' if on else 'no-'}{key.replace('_', '-')}" for key, on in ARCHITECTURES[architecture].items()],
         "--total-seq-len", str(cfg.pack_len),
         "--train-data-ratio", str(1 - cfg.val_fraction),
         "--hidden-states-dtype", "bfloat16",

@@ -184,10 +184,11 @@ def check_engine_settings(engine: str, cfg, facts: DraftFacts) -> list[str]:
             problems.append(f"benchmark.sglang.algorithm: {cfg.sglang.algorithm!r} for an EAGLE-3 draft; it must be "
                             "'EAGLE3' (with 'EAGLE' the aux hidden states are not captured and acceptance collapses)")
         if facts.layout == "speculators":
-            problems.append(f"benchmark.sglang.draft_model_path: {facts.path} is a speculators checkpoint "
-                            f"({', '.join(facts.architectures) or 'no architectures'}); SGLang picks the draft class from "
-                            "config.json architectures (LlamaForCausalLMEagle3) and loads EAGLE-3 drafts in that layout: "
-                            "point draft_model_path at such a copy")
+            problems.append(f"{facts.path} is a speculators checkpoint ({', '.join(facts.architectures) or 'no architectures'}); "
+                            "SGLang picks the draft class from config.json architectures (LlamaForCausalLMEagle3) and "
+                            "loads EAGLE-3 drafts in that layout: the benchmark stage exports a draft trained with "
+                            "train.architecture: eagle3 itself (python -m draftline.sglang_export makes a lasting copy), "
+                            "or set benchmark.sglang.draft_model_path to such a copy")
     return problems
 
 
@@ -221,13 +222,15 @@ def serve_command(engine: str, card: dict, cfg, draft_path: str | None, port: in
     raise ValueError(f"benchmark.engine: no server command for engine {engine!r}")
 
 
-def draft_path_for(engine: str, cfg, draft_dir: str) -> str:
-    if engine == "sglang" and cfg.sglang.draft_model_path:
-        return str(Path(cfg.sglang.draft_model_path).resolve())
+def draft_path_for(engine: str, cfg, draft_dir: str, sglang_draft: str | None = None) -> str:
+    """The draft directory an engine serves: for SGLang benchmark.sglang.draft_model_path, else the
+    stage's export of the draft (sglang_draft), else the draft itself (refused by check_engine_settings)."""
+    if engine == "sglang" and (cfg.sglang.draft_model_path or sglang_draft):
+        return str(Path(cfg.sglang.draft_model_path or sglang_draft).resolve())
     return str(Path(draft_dir).resolve())
 
 
-def preflight(card: dict, cfg, draft_dir: str) -> dict:
+def preflight(card: dict, cfg, draft_dir: str, sglang_draft: str | None = None) -> dict:
     """Checks and deployment commands for every server engine.
 
     Returns {engine: {"command": str, "problems": [...]}}; the selected engine's problems are
@@ -235,7 +238,7 @@ def preflight(card: dict, cfg, draft_dir: str) -> dict:
     """
     out = {}
     for engine in ("vllm", "sglang"):
-        path = draft_path_for(engine, cfg, draft_dir)
+        path = draft_path_for(engine, cfg, draft_dir, sglang_draft)
         facts = read_draft_facts(path)
         problems = check_draft(card, facts, engine) + check_engine_settings(engine, cfg, facts)
         out[engine] = {"command": shlex.join(serve_command(engine, card, cfg, path)), "problems": problems}

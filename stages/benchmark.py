@@ -30,7 +30,17 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     from draftline.io import read_json, read_jsonl, write_json
 
     card = read_json(card_path)
-    deploy = preflight(card, cfg, draft_dir)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-")) if cfg.engine != "hf" else None
+    sglang_draft = None
+    if cfg.engine == "sglang" and cfg.sglang.draft_model_path is None:  # SGLang's own layout, made here
+        from draftline.sglang_export import SglangExportError, export_sglang
+
+        try:
+            sglang_draft = str(export_sglang(draft_dir, card, log_dir / "draft_sglang"))
+        except SglangExportError as err:
+            raise SystemExit(f"error: benchmark.engine sglang: {draft_dir} cannot be served by SGLang: {err}") from None
+        print(f"benchmark: exported the draft for SGLang to {sglang_draft}")
+    deploy = preflight(card, cfg, draft_dir, sglang_draft)
     for engine, info in deploy.items():
         print(f"benchmark: deploy with {engine}:\n  {info['command']}")
         for problem in info["problems"]:
@@ -71,8 +81,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
         # Only the tokenizer here: the target itself may need a whole GPU host.
         tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
         prompts = [prompt_ids(tokenizer, row) for row in rows]
-        log_dir = Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
-        result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir), prompts, log_dir)
+        result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft), prompts, log_dir)
         deploy["benchmark"] = {"engine": cfg.engine, "serve_commands": result.pop("serve_commands"),
                                "warnings": result.pop("warnings"), "server_logs": str(log_dir)}
         report.update(result)

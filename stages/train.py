@@ -57,13 +57,17 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
     device = resolve_device(cfg.device)
     fingerprint = draft.run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
     attn = "eager" if device == "cpu" else "simple_flex_attention"
-    shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings, train_lm_head=cfg.train_lm_head)
+    shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
+                 train_lm_head=cfg.train_lm_head)
     draft.seed_everything(cfg.seed)
     if init_dir is None:
-        model, notes = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape), []
+        model = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape,
+                                  architecture=cfg.architecture or "speculators")
+        notes = []
     else:
         model, notes = draft.load_init_draft(init_dir, card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape,
-                                             remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab)
+                                             remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab,
+                                             architecture=cfg.architecture)
         for note in notes:
             print(f"train.init remap: {note}")
     result = draft.train_draft(model, cfg, paths["tokenized"], paths["hs"], device,
@@ -83,12 +87,17 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
     if init_dir is not None:  # checked and re-targeted (verifier, aux ids, vocab remaps) as in the builtin loop
         model, notes = draft.load_init_draft(init_dir, card, paths["vocab"], cfg.num_layers, cfg.ttt_steps,
                                              speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
-                                             remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab)
+                                             remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab,
+                                             architecture=cfg.architecture)
         init_dir = paths["state"] / "init_retargeted"
         model.save_pretrained(init_dir)
+    architecture = cfg.architecture or (draft.architecture_of(model.config) if init_dir is not None else "speculators")
+    if architecture is None:
+        raise SystemExit("error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
+                         f"{sorted(draft.ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
     save_path = paths["state"] / "speculators"
     cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
-                                          save_path, live_dir / "speculators", nproc, init_dir)
+                                          save_path, live_dir / "speculators", nproc, init_dir, architecture)
     live_dir.mkdir(parents=True, exist_ok=True)
     (live_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     print(" ".join(cmd), flush=True)

@@ -46,3 +46,22 @@ def vocab_dir(tmp_path_factory, random_target):
     t2d[:size] = True
     np.save(path / "t2d.npy", t2d)
     return path
+
+
+@pytest.fixture(scope="session")
+def eagle3_draft_dir(tmp_path_factory, random_target, vocab_dir):
+    """A draft of the original EAGLE-3 architecture (train.architecture: eagle3), its trained parts
+    moved off their initialisation, saved in speculators format."""
+    import torch
+
+    from draftline.draft import build_draft
+
+    torch.manual_seed(5)
+    model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path_factory.mktemp("eagle3_draft")
+    model.save_pretrained(path)
+    return path

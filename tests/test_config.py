@@ -31,6 +31,7 @@ def test_default_params_validate():
         (lambda r: r.__setitem__("extra_section", {}), "extra_section"),
         (lambda r: r["mix"]["weights"].pop("sharegpt_sample"), "mix.weights"),
         (lambda r: r["evaluate"].__setitem__("dtype", "int8"), "evaluate.dtype"),
+        (lambda r: r["train"].__setitem__("architecture", "medusa"), "train.architecture"),
         (lambda r: r["evaluate"].update(device="cpu", device_map="auto"), "evaluate"),
         (lambda r: r["benchmark"].update(device="cpu", device_map="auto"), "benchmark"),
     ],

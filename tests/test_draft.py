@@ -133,6 +133,17 @@ def test_vocab_remap_matches_lm_head_rows_by_target_token(saved_draft, random_ta
     assert torch.equal(loaded.d2t, torch.full((n,), 100))
 
 
+def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_target, vocab_dir):
+    assert draft.architecture_of(saved_draft[1].config) == "speculators"  # the default
+    original = draft.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    assert draft.architecture_of(original.config) == "eagle3" and original.input_norm is None
+    assert draft.architecture_of({"norm_before_residual": True, "norm_before_fc": False, "norm_output": True}) is None
+    with pytest.raises(draft.InitMismatch, match="train.architecture"):
+        draft.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3")
+    loaded, _ = draft.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators")
+    assert draft.architecture_of(loaded.config) == "speculators"
+
+
 def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_dir, tmp_path):
     """An EAGLE/SpecForge layout (flat Llama config, midlayer.* weights) goes through speculators'
     Eagle-3 converter and loads with the same trained weights."""
@@ -194,6 +205,11 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
                                                tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
     init_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(init_cmd[1:]).training_script_args).flatten()
     assert init_run["from_pretrained"] == str(tmp_path / "init") and init_run["fsdp_shard"] is False
+
+    eagle3_cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, architecture="eagle3")
+    eagle3_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args).flatten()
+    assert {k: eagle3_run[k] for k in draft.ARCHITECTURES["eagle3"]} == draft.ARCHITECTURES["eagle3"]
 
 
 @pytest.mark.parametrize("setting, key", [({"grad_accum_steps": 4}, "grad_accum_steps"), ({"train_lm_head": True}, "train_lm_head")])

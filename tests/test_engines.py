@@ -188,6 +188,7 @@ from draftline.config import BenchmarkConfig  # noqa: E402
 from draftline.engines import (check_draft, check_engine_settings, parse_prometheus, preflight,  # noqa: E402
                                read_draft_facts, serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters)
 from draftline.io import read_json, write_json, write_jsonl  # noqa: E402
+from draftline.sglang_export import export_sglang  # noqa: E402
 
 
 def free_port() -> int:
@@ -209,21 +210,6 @@ def draft_dir(tmp_path_factory, random_target, vocab_dir):
     path = tmp_path_factory.mktemp("draft")
     build_draft(random_target, vocab_dir, 1, 3).save_pretrained(path)
     return path
-
-
-def sglang_layout_copy(src: Path, dst: Path, aux_ids: list[int], card: dict) -> Path:
-    """The draft as SGLang loads EAGLE-3 drafts: a flat Llama config naming LlamaForCausalLMEagle3,
-    aux ids in eagle_config (SGLang convention), the weights under their own names."""
-    import shutil
-
-    cfg = read_json(src / "config.json")
-    layer = cfg["transformer_layer_config"]
-    dst.mkdir()
-    write_json(dst / "config.json", {**layer, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-                                     "draft_vocab_size": cfg["draft_vocab_size"], "target_hidden_size": card["hidden_size"],
-                                     "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True}})
-    shutil.copy(src / "model.safetensors", dst / "model.safetensors")
-    return dst
 
 
 def bench_cfg(**overrides) -> BenchmarkConfig:
@@ -259,15 +245,18 @@ def test_preflight_refuses_aux_ids_hidden_size_and_vocab_that_do_not_match(rando
     assert any("t2d covers" in p for p in vocab)
 
 
-def test_preflight_knows_sglangs_aux_id_convention(tmp_path, random_target, draft_dir):
+def test_preflight_knows_sglangs_aux_id_convention(tmp_path, random_target, draft_dir, eagle3_draft_dir):
     """SGLang's eagle_config ids name layer outputs: the card's [1, 2, 3] are SGLang's [0, 1, 2]."""
     facts = read_draft_facts(draft_dir)
     assert any("speculators checkpoint" in p for p in check_engine_settings("sglang", bench_cfg(), facts))
-    good = read_draft_facts(sglang_layout_copy(draft_dir, tmp_path / "good", [0, 1, 2], random_target))
+    exported = export_sglang(eagle3_draft_dir, random_target, tmp_path / "good")
+    good = read_draft_facts(exported)
     assert good.layout == "eagle" and check_draft(random_target, good, "sglang") == []
     assert check_engine_settings("sglang", bench_cfg(), good) == []
-    shifted = read_draft_facts(sglang_layout_copy(draft_dir, tmp_path / "vllm_ids", [1, 2, 3], random_target))
-    [problem] = check_draft(random_target, shifted, "sglang")
+    config = read_json(exported / "config.json")
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # written in vLLM's convention by mistake
+    write_json(exported / "config.json", config)
+    [problem] = check_draft(random_target, read_draft_facts(exported), "sglang")
     assert "[2, 3, 4]" in problem and "id = card id - 1" in problem
 
 
@@ -347,12 +336,12 @@ LOAD = {"k": 3, "max_new_tokens": 10, "prompts": 3, "warmup": 1, "concurrency": 
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_benchmark_stage_drives_baseline_and_speculative_servers(tmp_path, random_target, draft_dir, engine):
-    sglang_draft = sglang_layout_copy(draft_dir, tmp_path / "sglang_draft", [0, 1, 2], random_target)
+def test_benchmark_stage_drives_baseline_and_speculative_servers(tmp_path, random_target, draft_dir, eagle3_draft_dir, engine):
+    """vLLM serves the speculators checkpoint as it is; for SGLang the stage exports the draft
+    (train.architecture: eagle3) to SGLang's layout and serves that copy."""
     overrides = {**LOAD, "engine": engine, "port": free_port(),
-                 "vllm": {"launcher": STAND_IN + ["vllm", "serve"]},
-                 "sglang": {"launcher": STAND_IN + ["sglang"], "draft_model_path": str(sglang_draft)}}
-    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+                 "vllm": {"launcher": STAND_IN + ["vllm", "serve"]}, "sglang": {"launcher": STAND_IN + ["sglang"]}}
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir if engine == "vllm" else eagle3_draft_dir, overrides)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = read_json(tmp_path / "bench.json")
     # 10 tokens per answer in steps accepting 0, 1, 2, 3 drafts: 4 steps, 1 + 6/4 = 2.5
@@ -370,11 +359,20 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(tmp_path, rando
     assert deploy["benchmark"]["serve_commands"]["speculative"] == deploy[engine]["command"]
     assert deploy[engine]["problems"] == [] and deploy[engine]["command"] in proc.stdout
     assert deploy["benchmark"]["warnings"] == []
+    if engine == "sglang":
+        exported = Path(deploy["benchmark"]["server_logs"]) / "draft_sglang"
+        assert f"--speculative-draft-model-path {exported}" in deploy["sglang"]["command"]
+        assert read_json(exported / "config.json")["architectures"] == ["LlamaForCausalLMEagle3"]
 
 
-def test_benchmark_stage_stops_before_launching_on_a_preflight_error(tmp_path, random_target, draft_dir):
+def test_benchmark_stage_stops_before_launching_on_a_preflight_error(tmp_path, random_target, draft_dir, eagle3_draft_dir):
     overrides = {**LOAD, "engine": "sglang", "port": free_port(), "sglang": {"launcher": STAND_IN + ["sglang"], "algorithm": "EAGLE"}}
+    proc = run_benchmark_stage(tmp_path, random_target, eagle3_draft_dir, overrides)
+    assert proc.returncode != 0 and not (tmp_path / "bench.json").exists()
+    assert "benchmark.sglang.algorithm" in proc.stderr and "starting" not in proc.stdout
+    # a draft with speculators' norms has no SGLang copy: refused before any server starts
+    overrides["sglang"]["algorithm"] = "EAGLE3"
     proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
     assert proc.returncode != 0 and not (tmp_path / "bench.json").exists()
-    assert "benchmark.sglang.algorithm" in proc.stderr and "speculators checkpoint" in proc.stderr
+    assert "cannot be served by SGLang" in proc.stderr and "train.architecture: eagle3" in proc.stderr
     assert "starting" not in proc.stdout
