@@ -317,6 +317,7 @@ class ScriptedEngine(StubHandler):
     answer = staticmethod(lambda body: {"content": "ok"})
     raw_for = staticmethod(lambda body: None)  # bytes: sent as the 200 answer instead of a chat completion
     requests: list
+    auth: list  # the Authorization header of each chat request
 
     def do_GET(self):
         if self.path == "/health":
@@ -348,6 +349,7 @@ class ScriptedEngine(StubHandler):
             ids = self._count(body)
             return self._json({"count": len(ids), "max_model_len": 4096, "tokens": ids})
         self.requests.append(body)
+        self.auth.append(self.headers.get("Authorization"))
         status = self.status_for(body)
         if status != 200:
             return self._json({"object": "error", "message": "scripted", "code": status}, status)
@@ -377,7 +379,7 @@ def stub():
 
     def start(**attrs) -> tuple[str, type]:
         attrs = {k: staticmethod(v) if k in ("answer", "status_for", "raw_for") else v for k, v in attrs.items()}
-        handler = type("Stub", (ScriptedEngine,), {"requests": [], **attrs})
+        handler = type("Stub", (ScriptedEngine,), {"requests": [], "auth": [], **attrs})
         server = QuietServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
@@ -388,9 +390,10 @@ def stub():
         server.shutdown()
 
 
-def run_rows(urls, rows, tmp_path, sampling=None, policy=FAST_RETRY, partitions=None, count_ids=None, max_failures=None):
+def run_rows(urls, rows, tmp_path, sampling=None, policy=FAST_RETRY, partitions=None, count_ids=None, max_failures=None,
+             api_key=None):
     async def go():
-        pool = open_pool(urls, None)
+        pool = open_pool(urls, api_key)
         try:
             return await regenerate_all(pool, "m", rows, sampling or Sampling(8, 0.0, 1.0, 0), policy,
                                         partitions or {"short": (4, None), "long": (1, None)}, tmp_path / "c.jsonl",
@@ -444,6 +447,13 @@ def test_answers_that_are_not_chat_completions_fail_their_conversation_only(tmp_
     assert all(f["attempts"] == 3 for f in failures)  # retried: a server can send a broken answer once
     assert tally.ok == len(out) == len(rows) - len(expected) > 0
     assert all(m["content"] == "ok" for row in out for m in row["messages"] if m["role"] == "assistant")
+
+
+def test_the_api_key_goes_with_every_request(tmp_path, stub):
+    url, handler = stub()
+    tally, out, _, _ = run_rows([url], prompts(12), tmp_path, api_key="sk-test-123")
+    assert tally.ok == 12 and len(handler.auth) == tally.requests > 0
+    assert set(handler.auth) == {"Bearer sk-test-123"}
 
 
 def test_too_many_failures_stop_the_run_early(tmp_path, stub):
