@@ -32,3 +32,15 @@ def test_hidden_states_bench(tmp_path):
 def test_dvc_bookkeeping_bench(tmp_path):
     result = bench("dvc_bookkeeping", tmp_path, "--files", "300")
     assert result["files"] == 300 and result["noop_repro_s"] > 0
+
+
+def test_specdec_bench(tmp_path, random_target, eagle3_draft_dir):
+    from draftline.corpus import generate_conversations
+    from draftline.io import write_json, write_jsonl
+
+    write_json(tmp_path / "card.json", random_target)
+    write_jsonl(tmp_path / "eval.jsonl", [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(3, 4))])
+    result = bench("specdec", tmp_path, "--card", str(tmp_path / "card.json"), "--draft", str(eagle3_draft_dir),
+                   "--prompts", str(tmp_path / "eval.jsonl"), "--max-new-tokens", "8", "--repeats", "1")
+    assert result["outputs_identical"] and result["prompts"] == 3 and result["speedup"] > 0
+    assert 1.0 <= result["acceptance_length"] <= 4.0
