@@ -357,7 +357,7 @@ class SglangBenchConfig(Section):
 
 
 class BenchmarkConfig(TargetPlacement):
-    # hf: built-in decoder, CPU or one GPU. vllm / sglang: a baseline server and a speculative
+    # hf: built-in decoder, CPU or GPUs. vllm / sglang: a baseline server and a speculative
     # server, started one after the other, driven by the async load generator.
     engine: Literal["hf", "vllm", "sglang"] = "hf"
     k: int = Field(3, ge=1)  # draft tokens per step (vLLM num_speculative_tokens)
