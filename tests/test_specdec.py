@@ -65,3 +65,17 @@ def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, v
     # 16-bit rounding does reorder near-ties here (a float32 target never diverged above), and never more
     assert "near_tie" in verdicts and "mismatch" not in verdicts, verdicts
 
+
+
+def test_a_target_placed_by_device_map_decodes_the_same(random_target, vocab_dir):
+    """The device_map path of the loader (on GPUs: "auto"; here accelerate's "cpu") gives the same decoding."""
+    from draftline.target import load_target_model
+
+    placed = load_target_model(random_target, device_map="cpu")
+    plain, _ = load_target(random_target)
+    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    prompt = [1, 40, 41, 42, 2, 1, 50]
+    ours = speculative_generate(placed, draft, random_target["aux_layer_ids"], prompt, 20, 3, eos_ids={-1})
+    assert ours.tokens == greedy_generate(plain, prompt, 20, eos_ids={-1}).tokens
+    assert ours.accepted_per_round == speculative_generate(plain, draft, random_target["aux_layer_ids"], prompt, 20, 3,
+                                                           eos_ids={-1}).accepted_per_round
