@@ -3,7 +3,8 @@
 Each server is started from the same command (the speculative one adds the draft), warmed up,
 then driven at every concurrency level with the same prompts and max_new_tokens. Acceptance comes
 from the server itself: vLLM's spec-decode counters on /metrics (difference across each level),
-SGLang's per-request meta_info. The servers run one after the other on the same port and GPUs.
+SGLang's per-request meta_info. The servers run one after the other on the same GPUs, on
+benchmark.port or, by default, a free port chosen at each start.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.loadgen import Endpoint, run_load, summarize_load
-from draftline.serving import ManagedServer
+from draftline.serving import ManagedServer, server_url
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -54,12 +55,17 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
     Returns {"command": str, "levels": {c: (load summary, acceptance or None, first text per prompt,
     (counters before, counters after))}}.
     """
-    command = serve_command(engine, card, cfg, draft_path)
-    base_url = f"http://{cfg.host}:{cfg.port}"
-    say(f"benchmark: starting {shlex.join(command)}  (log: {log_path})")
+    commands = []
+
+    def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
+        commands.append(serve_command(engine, card, cfg, draft_path, port))
+        say(f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path})")
+        return commands[-1]
+
     levels = {}
     mode = "speculative" if draft_path else "baseline"
-    with ManagedServer(command, dict(os.environ), base_url, log_path, cfg.startup_timeout_s), \
+    server = ManagedServer(command, dict(os.environ), server_url(cfg.host, cfg.port), log_path, cfg.startup_timeout_s)
+    with server as base_url, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         endpoint = engine_endpoint(engine, base_url)
 
@@ -89,7 +95,7 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
                 f"{summary['output_tokens_per_s']:.1f} tok/s, ttft p50 {summary['ttft_ms_p50']} ms, "
                 f"{summary['failed']} failed" + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else ""))
             levels[c] = (summary, acceptance, first_texts(results), (before, after))
-    return {"command": shlex.join(command), "levels": levels}
+    return {"command": shlex.join(commands[-1]), "levels": levels}
 
 
 def benchmark_server(engine: str, cfg, card: dict, draft_path: str, prompts: list, log_dir: Path, say=print) -> dict:

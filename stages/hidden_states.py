@@ -46,7 +46,7 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     import subprocess
 
     from draftline import hidden
-    from draftline.serving import ManagedServer
+    from draftline.serving import ManagedServer, server_url
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -54,13 +54,16 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     staging = out / hidden.VLLM_STAGING  # same filesystem: speculators' move is then an atomic rename
     staging.mkdir(parents=True, exist_ok=True)
     longest = max(rows.with_format(None)["seq_len"])
-    serve = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
-                                      card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
-                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args)
-    base_url = f"http://{v.host}:{v.port}"
-    print("hidden_states: launching", " ".join(serve))
-    try:
-        with ManagedServer(serve, dict(os.environ), base_url, log_path, v.startup_timeout_s):
+
+    def serve(port: int) -> list[str]:
+        cmd = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
+                                        card["num_layers"], staging, v.host, port, cfg.dtype, v.tensor_parallel_size,
+                                        v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args)
+        print("hidden_states: launching", " ".join(cmd))
+        return cmd
+
+    try:  # a free port chosen at start unless hidden_states.vllm.port is set
+        with ManagedServer(serve, dict(os.environ), server_url(v.host, v.port), log_path, v.startup_timeout_s) as base_url:
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
                                                           v.request_timeout_s, v.max_retries)
             print("hidden_states: running", " ".join(client))
@@ -92,17 +95,30 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
     H, store_dtype = card["hidden_size"], hidden.DTYPES[cfg.dtype]
 
     fingerprint = hidden.fingerprint(card, cfg.dtype)
-    cleared = hidden.prepare_output(out, fingerprint)
-    if cleared:
-        print(f"hidden_states: removed {cleared} files made for another target, aux layers or dtype")
-    todo, done = hidden.pending_rows(rows, out, H, store_dtype, cfg.verify_existing == "full")
+    hidden.remove_temporaries(out)  # *.tmp and vLLM staging of a killed run: never finished files
+    # Plan what to remove and redo, check the disk, and only then remove anything: a refusal
+    # leaves every file in place.
+    stale = hidden.stale_files(out, fingerprint)  # made for another target, aux layers or dtype
+    if stale:
+        todo, done, extra = hidden.all_rows(rows), 0, []
+    else:
+        todo, done = hidden.pending_rows(rows, out, H, store_dtype, cfg.verify_existing == "full", remove_extra=False)
+        extra = hidden.extra_files(out, len(rows))  # rows past the end: `samples` shrank
+    cleared = sum(f.name != hidden.PLAN_FILE for f in stale)
+    overwritten = [hidden.hs_path(out, i) for i in todo]
+    reclaimable = sum(f.stat().st_size for f in stale + extra + overwritten if f.exists())
     needed = hidden.estimate_bytes(list(todo.values()), H, store_dtype)
     print(f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x 4 x {H} "
-          f"x {store_dtype.itemsize} B = {needed / 1e9:.3f} GB")
+          f"x {store_dtype.itemsize} B = {needed / 1e9:.3f} GB"
+          + (f"; {cleared} files made for another target, aux layers or dtype to remove" if cleared else ""))
     try:
-        free = hidden.check_disk(out, needed, cfg.disk_margin)
+        free = hidden.check_disk(out, needed, cfg.disk_margin, reclaimable)
     except RuntimeError as err:
         raise SystemExit(f"error: {err}") from None
+    for f in stale + extra:
+        f.unlink()
+    if cleared:
+        print(f"hidden_states: removed {cleared} files made for another target, aux layers or dtype")
 
     layout = "hs_{i}.safetensors: token_ids [L], hidden_states [L, 4, H] (inputs of the aux layers, then last layer pre-norm)"
     meta = dict(fingerprint=fingerprint, aux_layer_ids=aux_ids, layout=layout)
@@ -117,6 +133,7 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
             raise SystemExit(f"error: {len(missing)} rows still have no valid hidden states after generate-offline-data "
                              f"(first: {sorted(missing)[:10]}); rerun to retry them")
     elapsed = time.perf_counter() - start
+    (out / hidden.PLAN_FILE).unlink(missing_ok=True)  # complete: the batch plan of this run is done
     write_meta(out, "hidden_states", cfg.model_dump(), complete=True, **meta)
     report = {
         "backend": cfg.backend,

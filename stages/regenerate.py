@@ -27,15 +27,24 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str) -> list[str]:
+def launch_command(cfg, card: dict, model_name: str, port: int) -> list[str]:
     from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
 
     if cfg.backend == "transformers":
-        return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
+        return transformers_serve_command(card["model"], cfg.host, port, "cuda" if has_cuda() else "cpu",
                                           cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args)
     build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
-    return build(card["model"], model_name, cfg.host, cfg.port, card.get("revision"), cfg.tensor_parallel_size,
+    return build(card["model"], model_name, cfg.host, port, card.get("revision"), cfg.tensor_parallel_size,
                  cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args)
+
+
+def cut_last_line(path: Path) -> bool:
+    """The file ends in a line a kill cut short (no final newline)."""
+    if not path.exists() or not path.stat().st_size:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -87,7 +96,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     from draftline.io import read_json, write_json, write_meta
     from draftline.regeneration import (RetryPolicy, Sampling, chat_prompt_ids, close_pool, fingerprint,
                                         load_finished, open_pool, regenerate_all)
-    from draftline.serving import ManagedServer, PreflightError, preflight, server_env
+    from draftline.serving import ManagedServer, PreflightError, preflight, server_env, server_url
 
     card = read_json(card_path)
     model_name = cfg.served_model_name or card["model"]
@@ -116,10 +125,18 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
-    done, resume = load_finished(conversations_path, by_id, tags["fingerprint"])
+    # Count first, drop later: lines made with other settings (or cut by a kill) are removed only
+    # once every endpoint passed its preflight, so a refused server (wrong endpoint, a draft
+    # attached...) leaves conversations.jsonl exactly as it was.
+    done, resume = load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=False)
+    to_drop = sum(v for k, v in resume.items() if k != "not_in_prompts") or cut_last_line(conversations_path)
     todo = [row for row in prompts if row["id"] not in done]
     print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
-          + "".join(f", {v} {k.replace('_', ' ')} dropped" for k, v in resume.items() if v and k != "not_in_prompts"))
+          + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in resume.items() if v and k != "not_in_prompts"))
+
+    def drop_stale_lines() -> None:
+        if to_drop:
+            load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=True)
 
     tally, seen, start = None, [], time.perf_counter()
     if todo:
@@ -128,10 +145,10 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
-        else:
-            url = f"http://{cfg.host}:{cfg.port}"
-            server, urls = ManagedServer(launch_command(cfg, card, model_name), server_env(out / ".hf_cache"), url,
-                                         out / "server.log", cfg.startup_timeout_s), [url]
+        else:  # a free port chosen at start unless regenerate.port is set
+            server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, port),
+                                         server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
+                                         out / "server.log", cfg.startup_timeout_s), []
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
         policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.request_timeout_s)
@@ -150,19 +167,24 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             finally:
                 await close_pool(pool)
 
-        with server:
+        with server as launched:
+            urls = urls or [launched]
             for url in urls:
                 try:
                     seen.append(preflight(url, engine, model_name, tokenizer, dict(cfg.chat_template_kwargs), api_key,
                                           timeout_s=cfg.request_timeout_s, attempts=cfg.max_retries + 1))
                 except PreflightError as err:
-                    raise SystemExit(f"error: preflight refused the endpoint: {err}") from None
+                    raise SystemExit(f"error: preflight refused the endpoint: {err} (nothing was sent or "
+                                     f"dropped: {conversations_path} is as it was)") from None
+            drop_stale_lines()
             start = time.perf_counter()
             with progress_bar(len(todo)) as on_done:
                 try:
                     tally = asyncio.run(run(on_done))
                 except KeyboardInterrupt:
                     raise SystemExit("regenerate: interrupted; finished conversations are kept, a rerun sends the rest") from None
+    else:
+        drop_stale_lines()  # nothing to send: only lines of ids no longer prompted, or a cut line
     elapsed = time.perf_counter() - start
 
     turns = sum(tally.finish_reasons.values()) if tally else 0

@@ -5,6 +5,7 @@
 
 Small CPU variant: `dvc exp run -S train.epochs=1 -S train.pack_len=1024`.
 
+models/draft is a persist output too: it is replaced only once a run has trained its successor.
 backend builtin: our loop on CPU (float32) or one GPU (bf16 autocast). Its resume state lives in
 models/draft_checkpoints/, a `persist: true` output: DVC neither deletes it before a run nor
 loses it when a run dies, so a killed `dvc repro` continues from the last saved step. A finished
@@ -18,6 +19,8 @@ to dvclive (reports/train/, see `dvc plots show`). The kept weights are those of
 the best validation tau_sim, not the lowest loss.
 """
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +33,8 @@ def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
         return
     init_path, out = Path(init).resolve(), out_dir.resolve()
     if init_path == out or out in init_path.parents:
-        raise SystemExit(f"error: train.init: {init} is this stage's own output, which DVC deletes before "
-                         "the stage runs; copy a previous draft elsewhere (e.g. models/init/) and point to it")
+        raise SystemExit(f"error: train.init: {init} is this stage's own output, which a train run replaces; "
+                         "copy a previous draft elsewhere (e.g. models/init/) and point to it")
 
 
 def epoch_logger(live):
@@ -138,12 +141,18 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         except draft.InitMismatch as err:
             raise SystemExit(f"error: {err}") from None
 
+    # models/draft is a persist output: the last draft stays until this one is written and
+    # checked beside it, then replaces it whole (a failed or refused run leaves it in place).
     out = Path(out_dir)
-    vllm_fields = draft.save_draft(model, out)
+    staged = out.with_name(f".{out.name}.new")
+    shutil.rmtree(staged, ignore_errors=True)
+    vllm_fields = draft.save_draft(model, staged)
     best = result["best"]
-    write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
+    write_meta(staged, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
                data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
                best_epoch=best["epoch"], vllm_speculator=vllm_fields)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staged, out)
     write_json(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],
