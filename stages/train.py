@@ -50,7 +50,22 @@ def epoch_logger(live):
     return log
 
 
-def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
+def online_states(card, source: dict, device: str):
+    """hidden_states.mode online: the target on the train device (float32 on CPU, bf16 on a GPU, as
+    extraction computes), the aux ids and the storage dtype of the format the states would have."""
+    import torch
+
+    from draftline import draft, hs_format
+    from draftline.target import load_target_model
+
+    target = load_target_model(card, device, torch.float32 if device == "cpu" else torch.bfloat16)
+    target.eval()
+    target.requires_grad_(False)
+    storage = hs_format.storage_dtype(source["format"], (source.get("params") or {}).get("dtype", "bfloat16"))
+    return draft.OnlineStates(target, card["aux_layer_ids"], storage)
+
+
+def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dict):
     from draftline import draft
     from draftline.target import resolve_device
 
@@ -59,6 +74,8 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
     attn = "eager" if device == "cpu" else "simple_flex_attention"
     shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
                  train_lm_head=cfg.train_lm_head)
+    # before seeding: loading the target must not move the RNG the draft is built and trained with
+    online = online_states(card, source, device) if source["mode"] == "online" else None
     draft.seed_everything(cfg.seed)
     if init_dir is None:
         model = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape,
@@ -71,7 +88,7 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
         for note in notes:
             print(f"train.init remap: {note}")
     result = draft.train_draft(model, cfg, paths["tokenized"], paths["hs"], device,
-                               state_dir=paths["state"], fingerprint=fingerprint, log=log)
+                               state_dir=paths["state"], fingerprint=fingerprint, log=log, online=online)
     return model, result, notes
 
 
@@ -125,6 +142,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         init_dir = draft.prepare_init(cfg.init, card, cfg.init_convert, paths["state"]) if cfg.init else None
     except (draft.InitMismatch, draft.DataMismatch) as err:
         raise SystemExit(f"error: {err}") from None
+    source = draft.hidden_states_source(paths["hs"])
     data_sha = draft.training_data_sha256(paths["tokenized"], paths["hs"])
     init_sha = draft.dir_sha256(Path(cfg.init)) if cfg.init else None
 
@@ -134,7 +152,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
             if cfg.backend == "speculators":
                 model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir)
             else:
-                model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live))
+                model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source)
         except draft.InitMismatch as err:
             raise SystemExit(f"error: {err}") from None
 
@@ -143,7 +161,8 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     best = result["best"]
     write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
                data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
-               best_epoch=best["epoch"], vllm_speculator=vllm_fields)
+               best_epoch=best["epoch"], vllm_speculator=vllm_fields,
+               hidden_states={"mode": source["mode"], "format": source["format"]})
     write_json(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],
@@ -155,6 +174,9 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         "step_seconds": result.get("step_seconds"),
         "resumed_at": result.get("resumed_at"),
         "init": cfg.init,
+        "hidden_states_mode": source["mode"],
+        "hidden_states_format": source["format"],
+        "target_forwards_per_epoch": result.get("target_forwards_per_epoch", 0),
     })
     if cfg.backend == "builtin":
         draft.finish_state(paths["state"], {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]})

@@ -138,7 +138,8 @@ def test_disk_guard(tmp_path, capsys):
     with pytest.raises(RuntimeError, match="not enough disk"):
         hidden.check_disk(tmp_path, 10**18, 1.1)
     assert hidden.check_disk(tmp_path, 1, 1.1) > 0
-    assert hidden.estimate_bytes([10, 20], 64, torch.bfloat16) == 30 * 4 * 64 * 2
+    assert hidden.estimate_bytes([10, 20], 64, torch.bfloat16) == 30 * (4 * 64 * 2 + 8)  # states + int64 token id
+    assert hidden.estimate_bytes([10, 20], 64, torch.float8_e4m3fn) == 30 * (4 * 64 + 4 + 8)  # + the fp8 scale
 
 
 def test_output_of_another_target_is_cleared(tmp_path, random_target):
