@@ -255,3 +255,26 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
     assert not list(online_hs.glob("hs_*")) and not list(run.rglob("hs_*.safetensors"))
     meta = json.loads((run / "draft" / "meta.json").read_text())
     assert meta["hidden_states"] == {"mode": "online", "format": "bf16"}
+
+
+def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
+    """Our loop's dataset (hs-connectors' FP8Transfer) over fp8 files: the bf16 states within fp8's
+    rounding (3 mantissa bits: <= 1/16 of each token's largest value)."""
+    from draftline.hs_format import roundtrip
+
+    fp8_dir = tmp_path / "hs_fp8"
+    fp8_dir.mkdir()
+    for path in data["hs"].glob("hs_*.safetensors"):
+        stored = load_file(str(path))
+        hidden.save_hidden_states(fp8_dir / path.name, stored["token_ids"].tolist(), stored["hidden_states"].float(), torch.float8_e4m3fn)
+    plain = draft.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+    fp8 = draft.make_dataset(data["tokenized"], fp8_dir, "train", 0.75, 128, torch.float32)
+    for i in range(len(plain)):
+        a, b = {k: v.float() if v.is_floating_point() else v for k, v in plain[i].items()}, fp8[i]
+        assert b["hidden_states"].dtype == torch.float32 and torch.equal(a["input_ids"], b["input_ids"])
+        bound = torch.cat([a["hidden_states"], a["verifier_last_hidden_states"]], 1).abs().amax(1, keepdim=True) / 16
+        assert ((a["hidden_states"] - b["hidden_states"]).abs() <= bound).all()
+        assert not torch.equal(a["verifier_last_hidden_states"], b["verifier_last_hidden_states"])  # really quantized
+        expected = roundtrip(torch.cat([a["hidden_states"].view(-1, 3, a["verifier_last_hidden_states"].shape[1]),
+                                        a["verifier_last_hidden_states"][:, None]], 1), torch.float8_e4m3fn)
+        torch.testing.assert_close(b["verifier_last_hidden_states"], expected[:, 3])
