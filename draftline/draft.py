@@ -639,11 +639,35 @@ def save_draft(model, out_dir: Path) -> dict:
 # ---------------------------------------------------------------- multi-GPU hand-off
 
 
+def speculators_hidden_states_args(hs_dir: Path, fmt: str = "bf16", online: dict | None = None,
+                                   endpoint: str | None = None, staging_dir: Path | None = None) -> list[str]:
+    """Where speculators.train gets the states. Offline: the files in hs_dir, read by hs-connectors'
+    `file` or `fp8` backend. Online (`online`: hidden_states.online as a dict): `--on-missing
+    generate` against the vLLM `endpoint` running extract_hidden_states, the states moved by the
+    `file`/`fp8` transfer through `staging_dir` (deleted once loaded) or by `mooncake`."""
+    if online is None:
+        return ["--hidden-states-path", str(hs_dir), "--on-missing", "raise",
+                "--hidden-states-backend", "fp8" if fmt == "fp8" else "file"]
+    transfer = online.get("transfer") or ("fp8" if fmt == "fp8" else "file")
+    if endpoint is None:
+        raise ValueError("online hidden states need the vLLM endpoint (hidden_states.online.endpoint, or a launched server)")
+    args = ["--on-missing", "generate", "--vllm-endpoint", endpoint, "--hidden-states-backend", transfer,
+            "--request-timeout", str(online["request_timeout_s"]), "--max-retries", str(online["max_retries"])]
+    if transfer == "mooncake":
+        m = online["mooncake"]
+        return args + ["--mooncake-master", m["master"], "--mooncake-metadata-server", m["metadata_server"],
+                       "--mooncake-protocol", m["protocol"], "--mooncake-device", m["device"],
+                       "--mooncake-global-segment-gib", str(m["global_segment_gib"]),
+                       "--mooncake-local-buffer-gib", str(m["local_buffer_gib"])]
+    return args + ["--hidden-states-path", str(staging_dir)]
+
+
 def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
                               save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
-                              architecture: str = "speculators") -> list[str]:
+                              architecture: str = "speculators", hidden_states_args: list[str] | None = None) -> list[str]:
     """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
-    flags of `architecture` (ARCHITECTURES).
+    flags of `architecture` (ARCHITECTURES); `hidden_states_args` (speculators_hidden_states_args)
+    say where the states come from, by default the bf16 files in hs_dir.
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
@@ -655,8 +679,7 @@ def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: P
         "--speculator-type", "eagle3",
         "--verifier-name-or-path", card["model"],
         "--data-path", str(tokenized_dir),
-        "--hidden-states-path", str(hs_dir),
-        "--on-missing", "raise",
+        *(hidden_states_args or speculators_hidden_states_args(hs_dir)),
         "--d2t-path", str(Path(vocab_dir) / "d2t.npy"),
         "--t2d-path", str(Path(vocab_dir) / "t2d.npy"),
         "--draft-vocab-size", str(int(d2t.shape[0])),

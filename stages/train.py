@@ -18,6 +18,7 @@ to dvclive (reports/train/, see `dvc plots show`). The kept weights are those of
 the best validation tau_sim, not the lowest loss.
 """
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,29 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dic
     return model, result, notes
 
 
-def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
+def online_vllm(card, paths, source: dict) -> tuple[list[str] | None, str, Path | None]:
+    """hidden_states.mode online with backend speculators: (the `vllm serve` command to launch, or
+    None for an external endpoint; the /v1 endpoint; the staging directory of the file/fp8 transfer)."""
+    from draftline import hidden
+
+    online, params = source["online"], source.get("params") or {}
+    transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
+    staging = None if transfer == "mooncake" else Path(online.get("staging_dir") or paths["hs"] / ".online_staging").resolve()
+    if online.get("endpoint"):
+        return None, online["endpoint"], staging
+    from datasets import load_from_disk
+
+    v = params.get("vllm") or {}
+    longest = max(load_from_disk(str(paths["tokenized"])).with_format(None)["seq_len"])
+    serve = hidden.vllm_serve_command(v.get("python") or sys.executable, card["model"], card.get("revision"), card["aux_layer_ids"],
+                                      card["num_layers"], staging, v.get("host", "127.0.0.1"), v.get("port", 8012),
+                                      params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
+                                      v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
+                                      v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"))
+    return serve, f"http://{v.get('host', '127.0.0.1')}:{v.get('port', 8012)}/v1", staging
+
+
+def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dict):
     import torch
 
     from draftline import draft
@@ -113,14 +136,29 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
         raise SystemExit("error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
                          f"{sorted(draft.ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
     save_path = paths["state"] / "speculators"
+    serve, endpoint, staging = online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
+    hs_args = draft.speculators_hidden_states_args(paths["hs"], source["format"], source.get("online") if endpoint else None,
+                                                   endpoint, staging)
     cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
-                                          save_path, live_dir / "speculators", nproc, init_dir, architecture)
+                                          save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args)
     live_dir.mkdir(parents=True, exist_ok=True)
-    (live_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    print(" ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
-    model, result = draft.best_speculators_epoch(save_path, cfg, paths["tokenized"], paths["hs"], "cuda", log)
+    (live_dir / "command.txt").write_text("\n".join(" ".join(c) for c in (serve, cmd) if c) + "\n")
+    with contextlib.ExitStack() as stack:
+        if serve is not None:  # the extraction server the trainers ask for states, stopped after
+            import os
+
+            from draftline.serving import ManagedServer
+
+            if staging is not None:
+                staging.mkdir(parents=True, exist_ok=True)
+            print("train: launching", " ".join(serve), flush=True)
+            stack.enter_context(ManagedServer(serve, dict(os.environ), endpoint.removesuffix("/v1"), live_dir / "vllm.log",
+                                              (source.get("params") or {}).get("vllm", {}).get("startup_timeout_s", 1800)))
+        print(" ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
+    online = online_states(card, source, "cuda") if source["mode"] == "online" else None
+    model, result = draft.best_speculators_epoch(save_path, cfg, paths["tokenized"], paths["hs"], "cuda", log, online)
     return model, result, notes
 
 
@@ -150,7 +188,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
         try:
             if cfg.backend == "speculators":
-                model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir)
+                model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir, source)
             else:
                 model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source)
         except draft.InitMismatch as err:
