@@ -237,7 +237,8 @@ class OnlineConfig(Section):
     # how states move from vLLM to the trainers (hs-connectors backends): file and fp8 through a
     # shared directory (`staging_dir`), mooncake through a Mooncake store; null = by `format`
     transfer: Literal["file", "fp8", "mooncake"] | None = None
-    staging_dir: str | None = None  # file / fp8: shared directory; null = <hidden-states dir>/.online_staging
+    # file / fp8: a directory vLLM and the trainers share; null = models/draft_checkpoints/online_staging
+    staging_dir: str | None = None
     request_timeout_s: float = Field(600, gt=0)
     max_retries: int = Field(3, ge=0)
     mooncake: MooncakeConfig = MooncakeConfig()

@@ -100,7 +100,9 @@ def online_vllm(card, paths, source: dict) -> tuple[list[str] | None, str, Path 
 
     online, params = source["online"], source.get("params") or {}
     transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
-    staging = None if transfer == "mooncake" else Path(online.get("staging_dir") or paths["hs"] / ".online_staging").resolve()
+    # default staging in the train stage's own state dir: files under datasets/hidden_states would
+    # change the hidden_states stage's output behind DVC's back
+    staging = None if transfer == "mooncake" else Path(online.get("staging_dir") or paths["state"] / "online_staging").resolve()
     if online.get("endpoint"):
         return None, online["endpoint"], staging
     from datasets import load_from_disk
