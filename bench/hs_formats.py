@@ -60,6 +60,7 @@ def build_small(root: Path, steps: int, rows: int) -> dict:
 
 
 def extract(model, rows, aux, out: Path, storage) -> float:
+    out.mkdir(parents=True, exist_ok=True)
     todo = {i: n for i, n in enumerate(rows.with_format(None)["seq_len"])}
     start = time.perf_counter()
     with torch.inference_mode():
