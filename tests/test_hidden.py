@@ -589,3 +589,21 @@ def test_hidden_states_params_are_validated():
         parse_params({**base, "hidden_states": {"backend": "vllm", "device_map": "auto"}})
     with pytest.raises(ParamsError, match="hidden_states.vllm.tensor_parallel_sise"):
         parse_params({**base, "hidden_states": {"vllm": {"tensor_parallel_sise": 2}}})
+
+
+def test_format_and_mode_params_are_validated():
+    import yaml
+
+    from draftline.config import ParamsError, parse_params
+
+    base = yaml.safe_load(PARAMS)
+    hs = parse_params({**base, "hidden_states": {"mode": "online", "format": "fp8"}}).hidden_states
+    assert hs.online.resolved_transfer(hs.format) == "fp8" and hs.online.resolved_transfer("bf16") == "file"
+    with pytest.raises(ParamsError, match="hidden_states: .*dtype: the stored dtype of format bf16"):
+        parse_params({**base, "hidden_states": {"format": "fp8", "dtype": "float32"}})
+    with pytest.raises(ParamsError, match="online.transfer: file moves bf16 states but format is fp8"):
+        parse_params({**base, "hidden_states": {"format": "fp8", "online": {"transfer": "file"}}})
+    with pytest.raises(ParamsError, match="hidden_states.format"):
+        parse_params({**base, "hidden_states": {"format": "int4"}})
+    with pytest.raises(ParamsError, match="hidden_states.online.mooncake.protocol"):
+        parse_params({**base, "hidden_states": {"online": {"transfer": "mooncake", "mooncake": {"protocol": "udp"}}}})
