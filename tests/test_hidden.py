@@ -479,6 +479,7 @@ p.add_argument("--speculative-config"); p.add_argument("--kv-transfer-config")
 args, _ = p.parse_known_args()
 layers = json.loads(args.speculative_config)["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
 storage = json.loads(args.kv_transfer_config)["kv_connector_extra_config"]["shared_storage_path"]
+connector = json.loads(args.kv_transfer_config)["kv_connector"]
 H = int(os.environ["FAKE_VLLM_HIDDEN"])
 with open(os.environ["FAKE_VLLM_ARGS"], "w") as f:
     json.dump(sys.argv, f)
@@ -512,6 +513,13 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         path = os.path.join(storage, f"{uuid.uuid4().hex}.safetensors")
         write_safetensors(path, req["prompt"])
+        if connector == "FP8HiddenStatesConnector":  # what its _write_tensors does to the same tensors
+            import torch
+            from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
+            from safetensors.torch import load_file, save_file
+            tensors = load_file(path)
+            fp8, scales = quantize_tensor_to_fp8(tensors["hidden_states"])
+            save_file({**tensors, "hidden_states": fp8, SCALES_KEY: scales}, path)
         self.reply({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": args.model,
                     "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
                                  "prompt_token_ids": req["prompt"]}],
@@ -530,6 +538,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fake_vllm_python(tmp_path, random_target, monkeypatch) -> Path:
+    stub = tmp_path / "stub" / "vllm" / "entrypoints" / "cli"
+    stub.mkdir(parents=True)
+    for d in (stub.parents[1], stub.parents[0], stub):
+        (d / "__init__.py").write_text("")
+    (stub / "main.py").write_text(FAKE_VLLM)
+    python = tmp_path / "python-with-vllm"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'stub'}:{REPO} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_VLLM_ARGS", str(tmp_path / "args.json"))
+    monkeypatch.setenv("FAKE_VLLM_HIDDEN", str(random_target["hidden_size"]))
+    return python
+
+
 def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(subsets, hs_read, random_target, monkeypatch, tmp_path):
     """The stage with backend vllm: launches the server, runs speculators' real client, keeps the
     valid files of an earlier (hf) run, redoes missing and mismatched ones, stops the server."""
@@ -537,16 +559,7 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(subsets, hs
 
     from safetensors.torch import load_file
 
-    stub = tmp_path / "stub" / "vllm" / "entrypoints" / "cli"
-    stub.mkdir(parents=True)
-    for d in (stub.parents[1], stub.parents[0], stub):
-        (d / "__init__.py").write_text("")
-    (stub / "main.py").write_text(FAKE_VLLM)
-    python = tmp_path / "python-with-vllm"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'stub'} exec {sys.executable} \"$@\"\n")
-    python.chmod(0o755)
-    monkeypatch.setenv("FAKE_VLLM_ARGS", str(tmp_path / "args.json"))
-    monkeypatch.setenv("FAKE_VLLM_HIDDEN", str(random_target["hidden_size"]))
+    python = fake_vllm_python(tmp_path, random_target, monkeypatch)
 
     stage_dir = subsets
     out = stage_dir / "hs_vllm"
@@ -578,6 +591,31 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(subsets, hs
     assert torch.equal(data["hidden_states"].float(), expected.expand(-1, -1, random_target["hidden_size"]))
 
 
+def test_vllm_backend_with_format_fp8_uses_the_fp8_connector(subsets, random_target, monkeypatch, tmp_path):
+    """format fp8 with backend vllm: the server gets hs-connectors' FP8 connector config, the files
+    it writes (fp8 + scales) are checked by the stage itself and read back through FP8Transfer."""
+    from hs_connectors import FP8Transfer
+
+    python = fake_vllm_python(tmp_path, random_target, monkeypatch)
+    params = PARAMS.replace("hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
+                            f"hidden_states:\n  backend: vllm\n  format: fp8\n  vllm: {{python: {python}, port: {free_port()}, "
+                            f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}")
+    (subsets / "params.yaml").write_text(params)
+    try:
+        report = run_stage(subsets, "tokenized_20", "hs_vllm_fp8")
+    finally:
+        (subsets / "params.yaml").write_text(PARAMS)
+    assert report["format"] == "fp8" and report["extracted_now"] == 20
+    argv = json.loads((tmp_path / "args.json").read_text())
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector"] == "FP8HiddenStatesConnector" and kv["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector"
+    sample = FP8Transfer(subsets / "hs_vllm_fp8", dequantize_dtype=torch.float32).get_cached(3)
+    ids = sample["token_ids"]
+    expected = (ids % 64).float()[:, None, None] + torch.arange(4.0)[None, :, None]
+    bound = expected.abs().amax((1, 2), keepdim=True) / 16  # fp8 e4m3: 3 mantissa bits
+    assert ((sample["hidden_states"] - expected).abs() <= bound).all()
+
+
 def test_hidden_states_params_are_validated():
     import yaml
 
@@ -607,3 +645,19 @@ def test_format_and_mode_params_are_validated():
         parse_params({**base, "hidden_states": {"format": "int4"}})
     with pytest.raises(ParamsError, match="hidden_states.online.mooncake.protocol"):
         parse_params({**base, "hidden_states": {"online": {"transfer": "mooncake", "mooncake": {"protocol": "udp"}}}})
+
+
+def test_plan_estimates_tokens_from_the_prompts_before_tokenizing(tmp_path):
+    from draftline import plan
+    from draftline.config import parse_params
+
+    prompt = {"id": "a", "messages": [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y" * 999},
+                                      {"role": "user", "content": "z" * 40}, {"role": "assistant", "content": "w"}]}
+    assert plan.estimate_row_tokens(prompt, 96, 512) == 110 + 2 * 96  # prompt text at 4 chars a token, max_tokens per answer
+    assert plan.estimate_row_tokens(prompt, 400, 512) == 512  # capped at tokenize.max_length
+    (tmp_path / "train.jsonl").write_text(json.dumps(prompt) + "\n")
+    import yaml
+
+    params = parse_params(yaml.safe_load(PARAMS))
+    tokens, rows, source = plan.token_counts(params, tmp_path / "no_tokenized", tmp_path / "train.jsonl")
+    assert rows == 1 and tokens == min(256, 110 + 2 * params.regenerate.max_tokens) and "estimated" in source
