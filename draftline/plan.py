@@ -111,7 +111,7 @@ def render(plan: dict) -> str:
         fits = "?" if mode["fits"] is None else ("yes" if mode["fits"] else "no")
         lines.append(f"| {name.replace('_', ' ')} | {mode['bytes_per_token']:,} | {ratio:.4f} | {human(mode['total_bytes'])} | {fits} |")
     online = plan["modes"]["online"]
-    lines.append(f"| online | 0 | - | 0 B | yes |")
+    lines.append("| online | 0 | - | 0 B | yes |")
     lines += ["", f"online: {online['target_forwards_per_epoch']:,} target forwards per epoch (packed batches of <= "
               f"{plan['pack_len']} tokens, train + validation), {online['target_tokens_per_epoch']:,} tokens through the "
               f"target per epoch, {online['target_forwards_total']:,} over {plan['epochs']} epochs"]
