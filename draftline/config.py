@@ -47,6 +47,9 @@ class TargetConfig(Section):
     # Decoder-layer indices whose *input* is captured (vLLM's eagle_aux_hidden_state_layer_ids).
     # null = the EAGLE-3 rule [2, N//2, N-3]; give them explicitly when the rule is invalid.
     aux_layer_ids: list[int] | None = None
+    # Run the code a target ships (auto_map: custom config, tokenizer or model classes) in every
+    # stage and launched server. Off unless you chose it: it executes the repository's Python.
+    trust_remote_code: bool = False
     tiny: TinyTargetConfig = TinyTargetConfig()
 
 

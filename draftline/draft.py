@@ -63,6 +63,7 @@ def draft_layer_config(card: dict, num_layers: int):
         hidden_act="silu",
         sliding_window=4096,
         full_attention_indices=list(range(num_layers)),
+        trust_remote_code=card.get("trust_remote_code", False),
     )
 
 
@@ -83,6 +84,31 @@ def speculators_config(card: dict, speculative_tokens: int):
         default_proposal_method="greedy",
         verifier=VerifierConfig.from_pretrained(card["model"]),
     )
+
+
+def load_verifier_tensors(model, card: dict, embed: bool = True, lm_head: bool = True) -> None:
+    """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
+    the names the card recorded (draftline.target.read_verifier_tensors). Replaces speculators'
+    load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
+    the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
+    (trained) ones; verifier_lm_head and verifier_norm always come from the target."""
+    from draftline.target import read_verifier_tensors
+
+    tensors = read_verifier_tensors(card)
+    H = model.hidden_size
+    if tensors["norm"].shape != (H,) or tensors["embed_tokens"].shape[1] != H:
+        raise ValueError(f"target {card['model']!r}: verifier tensors {card['verifier_tensors']} do not fit a draft of "
+                         f"hidden size {H}")
+    head = tensors["lm_head"]
+    if model.use_draft_vocab:
+        head = head[model.t2d.to(dtype=torch.bool, device=head.device)]
+    with torch.no_grad():
+        if embed:
+            model.embed_tokens.weight.copy_(tensors["embed_tokens"])
+        if lm_head:
+            model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+        model.verifier_norm.weight.copy_(tensors["norm"])
 
 
 def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
@@ -116,22 +142,46 @@ def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, at
                 speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
                 architecture: str = "speculators"):
     """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
+    # what speculators' Eagle3DraftModel.from_training_args builds, with the verifier tensors
+    # taken from the card's names (load_verifier_tensors)
     d2t, t2d = load_vocab(vocab_dir)
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=draft_layer_config(card, num_layers),
-        t2d=t2d,
-        d2t=d2t,
-        draft_vocab_size=d2t.shape[0],
+    layer_config = draft_layer_config(card, num_layers)
+    layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=int(d2t.shape[0]),
         **ARCHITECTURES[architecture],
+        fc_norm=False,
         embed_requires_grad=train_embeddings,
-        ttt_steps=speculative_tokens or ttt_steps,  # only sets the proposal's speculative_tokens
-        verifier_name_or_path=card["model"],
-        target_layer_ids=card["aux_layer_ids"],
-        draft_attn_impl=attn_impl,
+        eagle_aux_hidden_state_layer_ids=list(card["aux_layer_ids"]),
+        speculators_config=speculators_config(card, speculative_tokens or ttt_steps),
     )
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(t2d, d2t)
+    load_verifier_tensors(model, card)
     set_trainable(model, train_embeddings, train_lm_head)
+    return model
+
+
+def load_saved_draft(directory: Path, card: dict, attn_impl: str = "eager"):
+    """A draft saved in speculators format, with the verifier tensors it does not store restored from
+    the card's target (Eagle3DraftModel.from_pretrained would read the verifier's config without
+    trust_remote_code and match its tensors by suffix)."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
+    config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    model = Eagle3DraftModel(config)
+    weights = read_weights(directory)
+    missing, unexpected = model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()},
+                                                strict=False)
+    missing = set(missing) - {"verifier_lm_head.weight", "verifier_norm.weight", "embed_tokens.weight", "input_norm.weight"}
+    if missing or unexpected:
+        raise ValueError(f"{directory}: weights do not fit its config: missing {sorted(missing)[:8]}, "
+                         f"unexpected {sorted(unexpected)[:8]}")
+    load_verifier_tensors(model, card, embed="embed_tokens.weight" not in weights, lm_head="lm_head.weight" not in weights)
     return model
 
 
@@ -264,7 +314,7 @@ def load_init_draft(init_dir: Path, card: dict, vocab_dir: Path, num_layers: int
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
-    model.load_verifier_weights()  # embeddings, lm_head rows, verifier norm/head from our target
+    load_verifier_tensors(model, card)  # embeddings, lm_head rows, verifier norm/head from our target
 
     trained = {k: v for k, v in weights.items() if k not in FROM_TARGET}
     if train_embeddings and "embed_tokens.weight" in weights:
@@ -662,6 +712,8 @@ def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: P
                  "--full-attention-indices", *[str(i) for i in range(cfg.num_layers)]]
     if cfg.train_embeddings:
         args.append("--embed-requires-grad")
+    if card.get("trust_remote_code"):
+        args.append("--trust-remote-code")
     if cfg.fsdp:
         args.append("--fsdp-shard")
     return torchrun + ["-m", "speculators.train"] + args
@@ -673,11 +725,10 @@ def epoch_checkpoints(save_path: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Path, device: str, log=None):
+def best_speculators_epoch(save_path: Path, cfg, card: dict, tokenized_dir: Path, hs_dir: Path, device: str, log=None):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
     tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
     from speculators.losses import resolve_loss_config
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     dtype = hidden_states_dtype(device)
     val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype)
@@ -688,9 +739,7 @@ def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Pa
     if not checkpoints:
         raise FileNotFoundError(f"{save_path}: speculators train left no epoch checkpoints")
     for directory in checkpoints:
-        config = Eagle3SpeculatorConfig.from_pretrained(str(directory))  # attention impl is not saved
-        config.transformer_layer_config._attn_implementation = "eager" if device == "cpu" else "simple_flex_attention"  # noqa: SLF001
-        model = Eagle3DraftModel.from_pretrained(str(directory), config=config).float().to(device)
+        model = load_saved_draft(directory, card, "eager" if device == "cpu" else "simple_flex_attention").float().to(device)
         val = validate(model, val_set, batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
         record = {"epoch": int(directory.name), "train": None, "val": val, "checkpoint": str(directory)}
         history.append(record)

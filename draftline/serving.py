@@ -28,6 +28,7 @@ to the server, or another model, would change the data without any error.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -53,15 +54,21 @@ class PreflightError(RuntimeError):
 
 
 def transformers_serve_command(model: str, host: str, port: int, device: str, continuous_batching: bool,
-                               cb_num_blocks: int, extra_args: list[str]) -> list[str]:
+                               cb_num_blocks: int, extra_args: list[str], trust_remote_code: bool = False,
+                               chat_template_kwargs: dict | None = None) -> list[str]:
     """`transformers serve` pinned to the target.
 
     Continuous batching is off by default: on CPU it was slower than the plain server, sized its KV
     cache from total RAM (one server took 88% of 24 GB), and kept the sampling settings of the
     first request for all later ones. When on, the cache is bounded by --cb-num-blocks.
+    chat_template_kwargs become the server's defaults too (every request also carries them).
     """
     exe = Path(sys.executable).with_name("transformers")
     cmd = [str(exe), "serve", model, "--device", device, "--host", host, "--port", str(port)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if chat_template_kwargs:
+        cmd += ["--chat-template-kwargs", json.dumps(chat_template_kwargs, sort_keys=True)]
     if continuous_batching:
         cmd += ["--continuous-batching", "--cb-num-blocks", str(cb_num_blocks)]
     return cmd + list(extra_args)
@@ -69,9 +76,12 @@ def transformers_serve_command(model: str, host: str, port: int, device: str, co
 
 def vllm_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
                        tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
-                       reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:
+                       reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
+                       trust_remote_code: bool = False) -> list[str]:
     cmd = ["vllm", "serve", model, "--host", host, "--port", str(port), "--served-model-name", served_name,
            "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     if revision:
         cmd += ["--revision", revision]
     if max_model_len:
@@ -85,10 +95,13 @@ def vllm_serve_command(model: str, served_name: str, host: str, port: int, revis
 
 def sglang_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
                          tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
-                         reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:
+                         reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
+                         trust_remote_code: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
            "--served-model-name", served_name, "--tp-size", str(tensor_parallel_size),
            "--dp-size", str(data_parallel_size)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     if revision:
         cmd += ["--revision", revision]
     if max_model_len:

@@ -56,7 +56,8 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     longest = max(rows.with_format(None)["seq_len"])
     serve = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
                                       card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
-                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args)
+                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
+                                      card.get("trust_remote_code", False))
     base_url = f"http://{v.host}:{v.port}"
     print("hidden_states: launching", " ".join(serve))
     try:

@@ -30,12 +30,15 @@ def _exit_on_sigterm(signum, frame):
 def launch_command(cfg, card: dict, model_name: str) -> list[str]:
     from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
 
+    trust = card.get("trust_remote_code", False)
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
-                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args)
+                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
+                                          cfg.chat_template_kwargs)
     build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
     return build(card["model"], model_name, cfg.host, cfg.port, card.get("revision"), cfg.tensor_parallel_size,
-                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args)
+                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
+                 trust)
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -123,9 +126,9 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
 
     tally, seen, start = None, [], time.perf_counter()
     if todo:
-        from transformers import AutoTokenizer
+        from draftline.target import card_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+        tokenizer = card_tokenizer(card)
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
         else:

@@ -103,7 +103,7 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
     print(" ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0:
         raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
-    model, result = draft.best_speculators_epoch(save_path, cfg, paths["tokenized"], paths["hs"], "cuda", log)
+    model, result = draft.best_speculators_epoch(save_path, cfg, card, paths["tokenized"], paths["hs"], "cuda", log)
     return model, result, notes
 
 
