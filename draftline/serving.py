@@ -74,6 +74,17 @@ def transformers_serve_command(model: str, host: str, port: int, device: str, co
     return cmd + list(extra_args)
 
 
+def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
+    """Whether `transformers serve` can load this target: its model manager (transformers 5.x,
+    cli/serving/model_manager.py `_load_model`) takes AutoModelForMultimodalLM for the model types
+    registered there and otherwise `getattr(transformers, architectures[0])`, so an architecture
+    that ships as the checkpoint's own code cannot be served by it, with or without --trust-remote-code."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES
+
+    return config_model_type in MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES or hasattr(transformers, architecture)
+
+
 def vllm_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
                        tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
                        reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],

@@ -95,6 +95,13 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     card = read_json(card_path)
     model_name = cfg.served_model_name or card["model"]
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
+    if cfg.backend == "transformers":
+        from draftline.serving import transformers_serve_loads
+
+        if not transformers_serve_loads(card["architecture"], card.get("config_model_type", card["model_type"])):
+            raise SystemExit(f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
+                             f"the target's {card['architecture']} is the checkpoint's own code. Use backend vllm or "
+                             "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints")
     if engine == "transformers" and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0:
         from transformers import GenerationConfig
 
