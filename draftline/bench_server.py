@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.loadgen import Endpoint, run_load, summarize_load
-from draftline.serving import ManagedServer
+from draftline.serving import ManagedServer, startup_timeout_s
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -59,7 +59,9 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
     say(f"benchmark: starting {shlex.join(command)}  (log: {log_path})")
     levels = {}
     mode = "speculative" if draft_path else "baseline"
-    with ManagedServer(command, dict(os.environ), base_url, log_path, cfg.startup_timeout_s), \
+    limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+    say(f"benchmark: start-up limit {limit:.0f}s ({why})")
+    with ManagedServer(command, dict(os.environ), base_url, log_path, limit, say=say), \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         endpoint = engine_endpoint(engine, base_url)
 

@@ -156,7 +156,8 @@ class RegenerateConfig(Section):
     # passed to the chat template on the server and in the local token counts (enable_thinking...)
     chat_template_kwargs: dict[str, bool | int | float | str | list | dict | None] = {}
     # robustness
-    startup_timeout_s: float = Field(180, gt=0)
+    # server start-up limit; null = 300 s + 4 s per GB of checkpoint on disk (serving.startup_timeout_s)
+    startup_timeout_s: float | None = Field(None, gt=0)
     request_timeout_s: float = Field(120, gt=0)  # one request, past which it is retried
     max_retries: int = Field(3, ge=0)  # retries of a request after 429, 5xx, timeout, lost connection
     retry_backoff_s: float = Field(1.0, gt=0)  # first wait; doubles each retry, with jitter
@@ -213,7 +214,7 @@ class VllmExtractionConfig(Section):
     concurrency: int = Field(32, ge=1)  # requests in flight
     request_timeout_s: float = Field(600, gt=0)
     max_retries: int = Field(3, ge=0)
-    startup_timeout_s: float = Field(1800, gt=0)  # loading a large target takes a while
+    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     extra_args: list[str] = []  # appended to `vllm serve` as given
 
 
@@ -373,7 +374,7 @@ class BenchmarkConfig(TargetPlacement):
     requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = "127.0.0.1"
     port: int = Field(8021, ge=1024, le=65535)
-    startup_timeout_s: float = Field(1800, gt=0)  # a large target takes minutes to load
+    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     request_timeout_s: float = Field(600, gt=0)
     vllm: VllmBenchConfig = VllmBenchConfig()
     sglang: SglangBenchConfig = SglangBenchConfig()

@@ -46,7 +46,7 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     import subprocess
 
     from draftline import hidden
-    from draftline.serving import ManagedServer
+    from draftline.serving import ManagedServer, startup_timeout_s
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -61,7 +61,9 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     base_url = f"http://{v.host}:{v.port}"
     print("hidden_states: launching", " ".join(serve))
     try:
-        with ManagedServer(serve, dict(os.environ), base_url, log_path, v.startup_timeout_s):
+        limit, why = startup_timeout_s(v.startup_timeout_s, card["model"], card.get("revision"))
+        print(f"hidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
+        with ManagedServer(serve, dict(os.environ), base_url, log_path, limit, say=print):
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
                                                           v.request_timeout_s, v.max_retries)
             print("hidden_states: running", " ".join(client))

@@ -139,9 +139,13 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
         else:
+            from draftline.serving import startup_timeout_s
+
             url = f"http://{cfg.host}:{cfg.port}"
+            limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+            print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
             server, urls = ManagedServer(launch_command(cfg, card, model_name), server_env(out / ".hf_cache"), url,
-                                         out / "server.log", cfg.startup_timeout_s), [url]
+                                         out / "server.log", limit, say=print), [url]
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
         policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.request_timeout_s)
