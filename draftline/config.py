@@ -206,6 +206,10 @@ class VllmExtractionConfig(Section):
     generate-offline-data as the client."""
 
     python: str | None = None  # interpreter that has vLLM installed; null = this one
+    # base URL (http://host:port) of an extraction server already running (speculators'
+    # launch_vllm.py, our aux ids + the last layer, a hidden_states_path this machine can read):
+    # used instead of launching one, after a preflight (README "Using your own target")
+    endpoint: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8012, ge=1024, le=65535)
     tensor_parallel_size: int = Field(1, ge=1)
@@ -216,6 +220,12 @@ class VllmExtractionConfig(Section):
     max_retries: int = Field(3, ge=0)
     startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     extra_args: list[str] = []  # appended to `vllm serve` as given
+
+    @model_validator(mode="after")
+    def _endpoint_url(self):
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint: {self.endpoint!r} is not an http(s) base URL")
+        return self
 
 
 class HiddenStatesConfig(Section):
@@ -378,11 +388,19 @@ class BenchmarkConfig(TargetPlacement):
     request_timeout_s: float = Field(600, gt=0)
     vllm: VllmBenchConfig = VllmBenchConfig()
     sglang: SglangBenchConfig = SglangBenchConfig()
+    # vllm / sglang: servers already running, {baseline: URL, speculative: URL}, used instead of
+    # launching them (each preflighted: the card's target; no draft / this draft with EAGLE3)
+    endpoints: dict[Literal["baseline", "speculative"], str] = {}
 
     @model_validator(mode="after")
     def _levels(self):
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency: give at least one level, each >= 1")
+        if self.endpoints and self.engine == "hf":
+            raise ValueError("endpoints: only for engine vllm or sglang")
+        for url in self.endpoints.values():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints: {url!r} is not an http(s) base URL")
         return self
 
 

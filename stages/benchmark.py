@@ -80,7 +80,12 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
         # Only the tokenizer here: the target itself may need a whole GPU host.
         tokenizer = card_tokenizer(card)
         prompts = [prompt_ids(tokenizer, row) for row in rows]
-        result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft), prompts, log_dir)
+        from draftline.serving import PreflightError
+
+        try:
+            result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft), prompts, log_dir)
+        except PreflightError as err:
+            raise SystemExit(f"error: benchmark.endpoints: {err}") from None
         deploy["benchmark"] = {"engine": cfg.engine, "serve_commands": result.pop("serve_commands"),
                                "warnings": result.pop("warnings"), "server_logs": str(log_dir)}
         report.update(result)

@@ -58,12 +58,27 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
                                       card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
                                       v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
                                       card.get("trust_remote_code", False))
-    base_url = f"http://{v.host}:{v.port}"
-    print("hidden_states: launching", " ".join(serve))
-    try:
+    if v.endpoint:  # already running: checked with one probe row, not started
+        from contextlib import nullcontext
+
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        base_url = v.endpoint.rstrip("/")
+        probe = rows.with_format(None)[min(todo)]["input_ids"]
+        try:
+            seen = preflight_extraction(base_url, card, aux_ids, probe, v.request_timeout_s, v.max_retries + 1)
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
+        print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
+        server = nullcontext()
+    else:
+        base_url = f"http://{v.host}:{v.port}"
         limit, why = startup_timeout_s(v.startup_timeout_s, card["model"], card.get("revision"))
-        print(f"hidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
-        with ManagedServer(serve, dict(os.environ), base_url, log_path, limit, say=print):
+        print(f"hidden_states: launching {' '.join(serve)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
+        server = ManagedServer(serve, dict(os.environ), base_url, log_path, limit, say=print)
+    try:
+        with server:
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
                                                           v.request_timeout_s, v.max_retries)
             print("hidden_states: running", " ".join(client))

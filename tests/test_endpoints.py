@@ -1,0 +1,60 @@
+"""hidden_states.vllm.endpoint: an extraction server already running is checked before use (the
+card's target, a hidden-state file this machine reads, 3 aux layers + the last), against the vLLM
+stand-in of test_hidden.py (vLLM needs a GPU)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from draftline.endpoints import preflight_extraction
+from draftline.serving import PreflightError
+from test_hidden import FAKE_VLLM, free_port
+
+
+def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    storage = tmp_path / "staging"
+    storage.mkdir(exist_ok=True)
+    port = free_port()
+    spec = {"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
+    cmd = [sys.executable, str(script), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+           "--speculative-config", json.dumps(spec),
+           "--kv-transfer-config", json.dumps({"kv_connector_extra_config": {"shared_storage_path": str(storage)}})]
+    env = dict(os.environ, FAKE_VLLM_HIDDEN=str(hidden), FAKE_VLLM_ARGS=str(tmp_path / "args.json"))
+    proc = subprocess.Popen(cmd, env=env)
+    import httpx
+
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, f"http://127.0.0.1:{port}", storage
+        except httpx.HTTPError:
+            assert proc.poll() is None
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("case", ["ok", "three_layers", "other_model"])
+def test_extraction_endpoint_preflight(tmp_path, random_target, case):
+    card = random_target
+    aux, N, H = card["aux_layer_ids"], card["num_layers"], card["hidden_size"]
+    layers = [*aux, N] if case != "three_layers" else aux
+    model = card["model"] if case != "other_model" else "org/another-model"
+    proc, url, storage = start_fake(tmp_path, model, layers, H)
+    try:
+        probe = [5, 6, 7, 8, 9]
+        if case == "ok":
+            seen = preflight_extraction(url, card, aux, probe, 30, 1)
+            assert seen["probe_shape"] == [5, 4, H] and seen["model"] == card["model"]
+            assert not list(storage.iterdir())  # the probe's file is removed
+        else:
+            match = "have shape" if case == "three_layers" else "not the target"
+            with pytest.raises(PreflightError, match=match):
+                preflight_extraction(url, card, aux, probe, 30, 1)
+    finally:
+        proc.terminate()
+        proc.wait()
