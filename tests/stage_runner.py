@@ -33,15 +33,10 @@ def run_stage(root: Path, name: str, *args) -> dict | None:
 
 
 def write_prompts(path: Path, conversations: list[dict], prefix: str = "p") -> list[dict]:
-    """Prompt rows (as `mix` writes them) from conversations: the turns before the first answer."""
+    """Prompt rows as `mix` writes them: whole conversations, whose assistant turns regenerate answers again."""
     rows = []
     for k, conv in enumerate(conversations):
-        messages = []
-        for m in conv["messages"]:
-            if m["role"] == "assistant":
-                break
-            messages.append(m)
-        rows.append({"id": f"{prefix}{k}", "source": "test", "messages": messages, "tools": conv.get("tools") or [],
+        rows.append({"id": f"{prefix}{k}", "source": "test", "messages": conv["messages"], "tools": conv.get("tools") or [],
                      "prompt_tokens_est": 32, "partition": "short"})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
