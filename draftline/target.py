@@ -2,7 +2,7 @@
 
 `card.json` fields: model (what `from_pretrained` loads), source, revision, trust_remote_code,
 architecture, model_type, num_layers, hidden_size, vocab_size, norm_eps, tie_word_embeddings,
-eos_token_id, aux_layer_ids, chat_template_sha256, verifier_tensors, and for the tiny target its
+eos_token_id, aux_layer_ids, chat_template_sha256, quantization, verifier_tensors, and for the tiny target its
 training stats.
 
 Shapes come from the text model's config (`get_text_config()`): a multimodal wrapper (Kimi-K2.5,
@@ -132,8 +132,20 @@ def build_card(model: str, source: str, revision: str | None, aux_layer_ids: lis
         "aux_layer_ids": resolve_aux_layer_ids(aux_layer_ids, num_layers),
         "chat_template_sha256": text_sha256(template),
     }
+    card["quantization"] = quantization_of(config)
     card["verifier_tensors"] = find_verifier_tensors(model, revision, card)
     return {**card, **extra}
+
+
+def quantization_of(config) -> dict | None:
+    """The checkpoint's quantization as its config declares it ({"quant_method", "format"}), e.g.
+    compressed-tensors pack-quantized for published INT4 MoE targets; None for plain weights.
+    vLLM and SGLang read it from config.json themselves (no --quantization flag is passed)."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return None
+    quant = quant if isinstance(quant, dict) else quant.to_dict()
+    return {"quant_method": quant.get("quant_method"), "format": quant.get("format")}
 
 
 # ---- verifier tensors: embeddings, lm_head, final norm, by name from the checkpoint -------------

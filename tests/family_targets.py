@@ -61,3 +61,63 @@ def build_tiny_deepseek_v3(tokenizer, out: Path, seed: int = 0, logit_scale: flo
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+# What published INT4 MoE checkpoints (Kimi-K2-Thinking, ...) declare: W4A16, symmetric int4 in
+# groups of 32 along the input dimension, packed into int32 (`weight_packed`, `weight_scale`,
+# `weight_shape` per expert projection); attention, shared experts, dense MLPs, router, embeddings,
+# lm_head and norms stay bf16.
+INT4_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*mlp\\.gate$"]
+
+
+def int4_quantization_config(group_size: int = 32) -> dict:
+    from compressed_tensors.config import CompressionFormat
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme, QuantizationStatus
+
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size)
+    config = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)},
+                                format=CompressionFormat.pack_quantized.value, ignore=INT4_IGNORE,
+                                quantization_status=QuantizationStatus.COMPRESSED)
+    return config.model_dump(exclude_none=False) | {"quant_method": "compressed-tensors"}
+
+
+def quantize_experts_int4(src: Path, out: Path, group_size: int = 32) -> Path:
+    """A copy of the bf16/fp32 checkpoint at src with every routed expert's gate/up/down projection
+    pack-quantized to W4A16 by compressed-tensors (everything else bf16), and its quantization_config."""
+    import json
+    import re
+    import shutil
+
+    import torch
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+    from safetensors.torch import load_file, save_file
+
+    weights_args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights_args)
+    expert = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, value in load_file(str(src / "model.safetensors")).items():
+        value = value.to(torch.bfloat16)
+        if not expert.match(name):
+            tensors[name] = value
+            continue
+        rows, cols = value.shape
+        groups = value.float().reshape(rows, cols // group_size, group_size)
+        scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), weights_args)  # (rows, cols / group)
+        packed = PackedQuantizationCompressor.compress(
+            {"weight": value, "weight_scale": scale.to(torch.bfloat16), "weight_zero_point": zero_point}, scheme)
+        prefix = name[: -len("weight")]
+        tensors.update({prefix + key: t.contiguous() for key, t in packed.items()})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = int4_quantization_config(group_size)
+    config["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in src.iterdir():
+        if f.name not in {"model.safetensors", "config.json"} and f.is_file():
+            shutil.copy(f, out / f.name)
+    return out
