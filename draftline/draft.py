@@ -664,21 +664,64 @@ def save_draft(model, out_dir: Path) -> dict:
 # ---------------------------------------------------------------- multi-GPU hand-off
 
 
+def verifier_for_speculators(card: dict, directory: Path) -> str:
+    """What speculators' train CLI gets as --verifier-name-or-path.
+
+    speculators 0.9.0 reads the verifier's config with AutoConfig and no trust_remote_code
+    (Eagle3DraftModel.load_verifier_weights, resolve_target_layer_ids) and takes its tensors by
+    suffix match. A target with custom code or a nested text model therefore gets a view in
+    `directory`: the text model's config under a model type transformers ships (the one of the
+    target's architecture class when the config's own type is custom, e.g. kimi_k2 ->
+    deepseek_v3), and an index naming only the card's three verifier tensors, whose shard files
+    are linked from the checkpoint. A plain target is passed as it is."""
+    if not card.get("trust_remote_code") and card.get("config_model_type", card["model_type"]) == card["model_type"]:
+        return card["model"]
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    from draftline.target import _checkpoint_file, checkpoint_weight_map, load_config, text_config_of
+
+    model_type = card["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        arch = getattr(transformers, card["architecture"], None)
+        model_type = getattr(getattr(arch, "config_class", None), "model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise InitMismatch(f"train.backend speculators: the target's text model ({card['model_type']}, "
+                           f"{card['architecture']}) exists only as its own code, which speculators 0.9.0 loads "
+                           "without trust_remote_code; use train.backend builtin")
+    text = text_config_of(load_config(card["model"], card.get("revision"), card.get("trust_remote_code", False)))
+    config = {**text.to_dict(), "model_type": model_type, "architectures": [card["architecture"]]}
+    config.pop("auto_map", None)
+    view = Path(directory)
+    view.mkdir(parents=True, exist_ok=True)
+    (view / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    weight_map = checkpoint_weight_map(card["model"], card.get("revision"))
+    names = [n for n in card["verifier_tensors"].values() if n]
+    index = {"metadata": {}, "weight_map": {n: weight_map[n] for n in names}}
+    (view / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    for shard in sorted(set(index["weight_map"].values())):
+        link = view / shard
+        link.unlink(missing_ok=True)
+        link.symlink_to(_checkpoint_file(card["model"], shard, card.get("revision")).resolve())
+    return str(view)
+
+
 def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
                               save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
-                              architecture: str = "speculators") -> list[str]:
+                              architecture: str = "speculators", verifier: str | None = None) -> list[str]:
     """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
     flags of `architecture` (ARCHITECTURES).
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
-    epoch under save_path and resumes from the last one on rerun."""
+    epoch under save_path and resumes from the last one on rerun. verifier: what it loads the
+    verifier from (verifier_for_speculators), the card's model when None."""
     d2t, _ = load_vocab(vocab_dir)
     torchrun = ["torchrun", f"--nproc-per-node={nproc}"]
     torchrun += list(cfg.torchrun_args) or ["--standalone", "--nnodes=1"]
     args = [
         "--speculator-type", "eagle3",
-        "--verifier-name-or-path", card["model"],
+        "--verifier-name-or-path", verifier or card["model"],
         "--data-path", str(tokenized_dir),
         "--hidden-states-path", str(hs_dir),
         "--on-missing", "raise",

@@ -96,14 +96,19 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
         raise SystemExit("error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
                          f"{sorted(draft.ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
     save_path = paths["state"] / "speculators"
+    try:
+        verifier = draft.verifier_for_speculators(card, paths["state"] / "verifier_view")
+    except draft.InitMismatch as err:
+        raise SystemExit(f"error: {err}") from None
     cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
-                                          save_path, live_dir / "speculators", nproc, init_dir, architecture)
+                                          save_path, live_dir / "speculators", nproc, init_dir, architecture, verifier)
     live_dir.mkdir(parents=True, exist_ok=True)
     (live_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     print(" ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0:
         raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
     model, result = draft.best_speculators_epoch(save_path, cfg, card, paths["tokenized"], paths["hs"], "cuda", log)
+    model.config.speculators_config = draft.speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps)  # the target, not the view
     return model, result, notes
 
 

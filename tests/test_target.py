@@ -154,3 +154,35 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     assert SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"] is True
     assert not serving.transformers_serve_loads(wrapped_card["architecture"], wrapped_card["config_model_type"])
     assert serving.transformers_serve_loads("LlamaForCausalLM", "llama")
+
+
+def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_dir, tmp_path):
+    """speculators' own draft construction (what `speculators train` runs) on the view of the
+    wrapped target: no custom code needed, and it picks up exactly the card's verifier tensors."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    from draftline import draft
+
+    view = draft.verifier_for_speculators(wrapped_card, tmp_path / "view")
+    assert view != wrapped_card["model"]
+    size = wrapped_card["vocab_size"] // 2
+    d2t, t2d = torch.zeros(size, dtype=torch.long), torch.zeros(wrapped_card["vocab_size"], dtype=torch.bool)
+    t2d[:size] = True
+    layer = create_transformer_layer_config(view, 1, "llama", "silu", 4096, [0])  # trust_remote_code=False
+    model = Eagle3DraftModel.from_training_args(verifier_config=layer, t2d=t2d, d2t=d2t, draft_vocab_size=size,
+                                                norm_before_residual=True, ttt_steps=3, verifier_name_or_path=view,
+                                                target_layer_ids=AUX, draft_attn_impl="eager")
+    tensors = read_verifier_tensors(wrapped_card)
+    assert torch.equal(model.verifier_norm.weight, tensors["norm"])
+    assert torch.equal(model.embed_tokens.weight, tensors["embed_tokens"])
+    assert torch.equal(model.verifier_lm_head.weight, tensors["lm_head"][:size])
+    cmd = draft.speculators_train_command(draft_cfg(), wrapped_card, vocab_dir, tmp_path, tmp_path, tmp_path, tmp_path, 2,
+                                          verifier=view)
+    assert cmd[cmd.index("--verifier-name-or-path") + 1] == view
+
+
+def draft_cfg():
+    from draftline.config import TrainConfig
+
+    return TrainConfig(backend="speculators")
