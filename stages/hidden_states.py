@@ -84,7 +84,8 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
             print("hidden_states: running", " ".join(client))
             code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
             if code != 0:
-                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; server log: {log_path}")
+                where = f"the server at {base_url}" if v.endpoint else f"server log: {log_path}"
+                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; {where}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -58,3 +58,46 @@ def test_extraction_endpoint_preflight(tmp_path, random_target, case):
     finally:
         proc.terminate()
         proc.wait()
+
+
+def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_target):
+    """backend vllm with vllm.endpoint: nothing is launched, speculators' client fills every row
+    through the running server; a server that extracts other layers is refused before any row."""
+    import contextlib
+
+    import yaml
+    from datasets import Dataset
+
+    from draftline import hidden
+    from stages.hidden_states import main
+
+    card = random_target
+    aux, N, H = card["aux_layer_ids"], card["num_layers"], card["hidden_size"]
+    rows = [[(7 * i + j) % 200 + 3 for j in range(10 + i)] for i in range(6)]
+    data = Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows], "seq_len": [len(r) for r in rows]})
+    data.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])  # as the tokenize stage saves it
+    data.save_to_disk(str(tmp_path / "tokenized"))
+    (tmp_path / "card.json").write_text(json.dumps(card))
+    for case, layers in (("other_layers", aux), ("ok", [*aux, N])):
+        (tmp_path / case).mkdir()
+        proc, url, _ = start_fake(tmp_path / case, card["model"], layers, H)
+        params = {"samples": 10, "datasets": {"d": {"path": "d.jsonl", "format": "openai"}}, "mix": {"weights": {"d": 1.0}},
+                  "hidden_states": {"backend": "vllm", "dtype": "bfloat16",
+                                    "vllm": {"endpoint": url, "concurrency": 2, "request_timeout_s": 30}}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        try:
+            with contextlib.chdir(tmp_path):
+                if case == "other_layers":
+                    with pytest.raises(SystemExit, match=r"hidden_states\.vllm\.endpoint: .* have shape"):
+                        main("card.json", "tokenized", "hs", "hs.json")
+                    assert not list((tmp_path / "hs").glob("hs_*.safetensors"))
+                else:
+                    main("card.json", "tokenized", "hs", "hs.json")
+        finally:
+            proc.terminate()
+            proc.wait()
+    report = json.loads((tmp_path / "hs.json").read_text())
+    assert report["extracted_now"] == 6
+    for i, ids in enumerate(rows):
+        assert hidden.is_valid_file(hidden.hs_path(tmp_path / "hs", i), ids, H)
+    assert not (tmp_path / "hs.vllm.log").exists()  # no server was launched
