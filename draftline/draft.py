@@ -82,7 +82,7 @@ def speculators_config(card: dict, speculative_tokens: int):
         algorithm="eagle3",
         proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=speculative_tokens)],
         default_proposal_method="greedy",
-        verifier=VerifierConfig.from_pretrained(card["model"]),
+        verifier=VerifierConfig.from_pretrained(card["model"], revision=card.get("revision")),
     )
 
 

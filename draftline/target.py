@@ -185,9 +185,18 @@ def checkpoint_weight_map(model: str, revision: str | None = None) -> dict[str, 
 
 
 def _shape(model: str, revision: str | None, weight_map: dict[str, str], name: str) -> list[int]:
+    """A tensor's shape from its file's header: a local or cached file is opened; a hub shard not
+    downloaded yet has its header read alone (an HTTP range request, not the shard's gigabytes)."""
     from safetensors import safe_open
 
-    with safe_open(str(_checkpoint_file(model, weight_map[name], revision)), framework="pt") as f:
+    filename = weight_map[name]
+    if not Path(model).is_dir():
+        from huggingface_hub import parse_safetensors_file_metadata, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, filename, revision=revision)
+        if not isinstance(cached, str):
+            return list(parse_safetensors_file_metadata(model, filename, revision=revision).tensors[name].shape)
+    with safe_open(str(_checkpoint_file(model, filename, revision)), framework="pt") as f:
         return list(f.get_slice(name).get_shape())
 
 
