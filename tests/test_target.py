@@ -1,7 +1,7 @@
 """Targets of the multimodal-wrapper class with custom code (tests/wrapped_target.py): refused at
 the `target` stage without target.trust_remote_code, and with it: the card from the text config,
 verifier tensors found by name that equal the loaded model's, capture inside the wrapper, and the
-stages target -> tokenize -> vocab -> hidden_states -> train."""
+stages target -> tokenize -> vocab -> hidden_states -> train -> evaluate."""
 
 import json
 
@@ -100,7 +100,8 @@ def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
     write_params(tmp_path, {"model": str(wrapped_dir), "aux_layer_ids": AUX, "trust_remote_code": True},
                  tokenize={"max_length": 256}, vocab={"draft_vocab_size": 128},
                  hidden_states={"device": "cpu"},
-                 train={"epochs": 1, "pack_len": 256, "device": "cpu", "checkpoint_every_steps": 50})
+                 train={"epochs": 1, "pack_len": 256, "device": "cpu", "checkpoint_every_steps": 50},
+                 evaluate={"k": 3, "max_new_tokens": 12, "device": "cpu", "dtype": "float32"})
     run_stage(tmp_path, "target", "models/target")
     card = json.loads((tmp_path / "models/target/card.json").read_text())
     assert card["trust_remote_code"] and card["verifier_tensors"]["norm"] == "language_model.model.norm.weight"
@@ -123,6 +124,10 @@ def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
     assert torch.equal(draft.verifier_norm.weight, tensors["norm"])
     assert torch.equal(draft.embed_tokens.weight, tensors["embed_tokens"])
     assert torch.equal(draft.verifier_lm_head.weight, tensors["lm_head"][draft.t2d.bool()])
+    write_prompts(tmp_path / "prompts/eval.jsonl", corpus(3, 9), prefix="e")
+    acc = run_stage(tmp_path, "evaluate", "models/target/card.json", "models/draft", "prompts/eval.jsonl",
+                    "reports/acceptance.json", "reports/evaluate")
+    assert acc["lossless_checked_prompts"] == 3 and acc["near_tie_divergences"] == 0
 
 
 def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, tmp_path):
