@@ -149,7 +149,7 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
         cmd = launch_command(RegenerateConfig(backend=backend), card, "m")
         assert cmd.count("--trust-remote-code") == 1, backend
         assert "--trust-remote-code" not in launch_command(RegenerateConfig(backend=backend), {**card, "trust_remote_code": False}, "m")
-    cmd = hidden.vllm_serve_command("python", card["model"], None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [], True)
+    cmd = hidden.vllm_serve_command("python", card["model"], None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [], trust_remote_code=True)
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):
         assert "--trust-remote-code" in engines.serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
