@@ -24,7 +24,8 @@ def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
     spec = {"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
     cmd = [sys.executable, str(script), "serve", model, "--host", "127.0.0.1", "--port", str(port),
            "--speculative-config", json.dumps(spec),
-           "--kv-transfer-config", json.dumps({"kv_connector_extra_config": {"shared_storage_path": str(storage)}})]
+           "--kv-transfer-config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                                               "kv_connector_extra_config": {"shared_storage_path": str(storage)}})]
     env = dict(os.environ, FAKE_VLLM_HIDDEN=str(hidden), FAKE_VLLM_ARGS=str(tmp_path / "args.json"))
     proc = subprocess.Popen(cmd, env=env)
     import httpx
