@@ -67,8 +67,10 @@ def vllm_speculative_config(client, base_url: str, attempts: int) -> dict | None
 
 
 def preflight_extraction(base_url: str, card: dict, aux_layer_ids: list[int], probe_ids: list[int],
-                         timeout_s: float = 120, attempts: int = 3) -> dict:
-    """Check an already-running vLLM extraction server (see the module docstring); returns what it saw."""
+                         timeout_s: float = 120, attempts: int = 3, probe_file: bool = True) -> dict:
+    """Check an already-running vLLM extraction server (see the module docstring); returns what it saw.
+    probe_file False (a Mooncake transfer: the states go to a store, not a file) checks the model
+    and, where /server_info is on, the speculative config only."""
     import httpx
     from safetensors import safe_open
 
@@ -87,6 +89,8 @@ def preflight_extraction(base_url: str, card: dict, aux_layer_ids: list[int], pr
                 raise PreflightError(f"{base_url}: extracts layers {list(layers)}, the card needs {want} "
                                      "(aux layer ids + the last layer)")
             seen["speculative_config"] = "checked"
+        if not probe_file:
+            return seen
         body = {"model": model, "prompt": probe_ids, "max_tokens": 1, "return_token_ids": True}
         resp = _request(client, "POST", f"{base_url}/v1/completions", attempts, json=body)
         answer = _json(resp) or {}

@@ -140,6 +140,21 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dic
                          f"{sorted(draft.ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
     save_path = paths["state"] / "speculators"
     serve, endpoint, staging = online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
+    if serve is None and endpoint:  # a running extraction server: checked before the trainers ask it for states
+        from datasets import load_from_disk
+
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        online = source["online"]
+        probe = load_from_disk(str(paths["tokenized"])).with_format(None)[0]["input_ids"]
+        try:
+            seen = preflight_extraction(endpoint.removesuffix("/v1"), card, card["aux_layer_ids"], probe,
+                                        online.get("request_timeout_s", 600), online.get("max_retries", 3) + 1,
+                                        probe_file=(online.get("transfer") or "file") != "mooncake")
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
+        print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
     hs_args = draft.speculators_hidden_states_args(paths["hs"], source["format"], source.get("online") if endpoint else None,
                                                    endpoint, staging)
     try:

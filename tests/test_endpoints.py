@@ -39,7 +39,7 @@ def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
             time.sleep(0.1)
 
 
-@pytest.mark.parametrize("case", ["ok", "three_layers", "other_model"])
+@pytest.mark.parametrize("case", ["ok", "three_layers", "other_model", "no_file"])
 def test_extraction_endpoint_preflight(tmp_path, random_target, case):
     card = random_target
     aux, N, H = card["aux_layer_ids"], card["num_layers"], card["hidden_size"]
@@ -52,6 +52,9 @@ def test_extraction_endpoint_preflight(tmp_path, random_target, case):
             seen = preflight_extraction(url, card, aux, probe, 30, 1)
             assert seen["probe_shape"] == [5, 4, H] and seen["model"] == card["model"]
             assert not list(storage.iterdir())  # the probe's file is removed
+        elif case == "no_file":  # a Mooncake transfer: the model is checked, no probe file is asked for
+            assert "probe_shape" not in preflight_extraction(url, card, aux, probe, 30, 1, probe_file=False)
+            assert not list(storage.iterdir())
         else:
             match = "have shape" if case == "three_layers" else "not the target"
             with pytest.raises(PreflightError, match=match):
