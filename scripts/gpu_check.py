@@ -1,0 +1,438 @@
+"""The GPU check: every CUDA path of the pipeline, run for real on one GPU, summed up in one JSON.
+
+    bash scripts/gpu_check.sh                                  # CUDA host: install what is missing, then this
+    python scripts/gpu_check.py --device cpu --out /tmp/gpu_check.json   # the CPU dry run (tests/test_gpu_check.py)
+
+Runs the stages directly (`python -m stages.<name> <paths>`, no DVC) in a work directory with its
+own params.yaml (the repository's, with the overrides of PROFILES for the device):
+
+  target (tiny, trained on the device; or a copy of models/target when present) -> prepare, mix
+  (the bundled samples) -> tokenize -> vocab -> hidden_states (hf, bf16) -> train (builtin: bf16
+  autocast, flex attention, fused loss on CUDA) -> evaluate (bf16, near-tie rule) -> benchmark (hf)
+  -> train with backend speculators (`torchrun -m speculators.train`, one GPU, one epoch)
+
+There is no regenerate stage (it needs a server): the bundled samples' own answers, made by the
+generator the tiny target learned from, stand in for the regenerated ones. Checks beside the
+stages, as in the CPU tests: the stored last hidden state through the target's norm and lm_head
+gives the target's argmax (near-ties of the stored dtype counted); each trained draft loads with
+Eagle3DraftModel.from_pretrained; evaluate found the speculative output equal to greedy on every
+prompt (near-ties counted). A stage that fails is recorded with its first error and the next one
+runs; one whose input is missing is recorded as skipped. Each stage has a time limit within
+--budget-s, so the whole check ends in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Overrides of params.yaml per device. cuda: the default tiny target and data, on the GPU.
+# cpu: the dry run, a few tiny steps of every stage (well under two minutes on two cores).
+PROFILES = {
+    "cuda": {
+        "target.tiny.device": "cuda",
+        "hidden_states.device": "cuda",
+        "hidden_states.dtype": "bfloat16",
+        "train.device": "cuda",
+        "evaluate.device": "cuda",
+        "evaluate.dtype": "bfloat16",
+        "benchmark.engine": "hf",
+        "benchmark.device": "cuda",
+        "benchmark.dtype": "bfloat16",
+    },
+    "cpu": {
+        "samples": 40,
+        "target.aux_layer_ids": [1, 2, 3],
+        "target.tiny": {"layers": 4, "hidden_size": 64, "heads": 4, "kv_heads": 2, "intermediate_size": 128,
+                        "vocab_size": 320, "corpus_conversations": 300, "train_steps": 20, "batch_size": 8,
+                        "seq_len": 64, "device": "cpu"},
+        "mix.eval_samples": 3,
+        "tokenize.max_length": 256,
+        "vocab.draft_vocab_size": 128,
+        "hidden_states.device": "cpu",
+        "train.device": "cpu",
+        "train.epochs": 1,
+        "train.pack_len": 512,
+        "evaluate.device": "cpu",
+        "evaluate.dtype": "bfloat16",
+        "evaluate.max_new_tokens": 12,
+        "benchmark.engine": "hf",
+        "benchmark.device": "cpu",
+        "benchmark.prompts": 2,
+        "benchmark.warmup": 0,
+        "benchmark.repeats": 1,
+        "benchmark.max_new_tokens": 12,
+    },
+}
+# The speculators hand-off runs in its own directory (it writes models/draft there) with these on top.
+SPECULATORS_TRAIN = {"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2}
+# Seconds each stage may take at most on the GPU (the dry run shares --budget-s alone).
+STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 180, "evaluate": 150,
+                "benchmark": 150, "train_speculators": 240}
+
+
+@dataclass
+class Stage:
+    name: str
+    argv: list[str]  # python -m stages.<module> <paths>, relative to the work directory
+    needs: list[str] = field(default_factory=list)  # files or directories an earlier stage writes
+    cwd: str = "."  # relative to the work directory (its params.yaml is the one read)
+    cuda_only: bool = False
+
+
+def pipeline(datasets: list[str], spec_dir: str) -> list[Stage]:
+    """Every stage the check runs, in order: the one place to change an invocation."""
+    card, vocab, tok, hs = "models/target/card.json", "models/vocab", "datasets/tokenized", "datasets/hidden_states"
+    prepared = [Stage(f"prepare@{name}", ["stages.prepare", name, f"datasets/prepared/{name}.jsonl",
+                                          f"reports/prepare/{name}.json"]) for name in datasets]
+    up = "../" * len(Path(spec_dir).parts)
+    return [
+        Stage("target", ["stages.target", "models/target"]),
+        *prepared,
+        Stage("mix", ["stages.mix", "datasets/prepared", "reports/prepare", "datasets/prompts", "reports/mix.json"],
+              needs=[f"datasets/prepared/{name}.jsonl" for name in datasets]),
+        Stage("tokenize", ["stages.tokenize", card, "datasets/prompts/train.jsonl", "datasets/regenerated/conversations.jsonl",
+                           tok, "reports/tokenize.json"], needs=[card, "datasets/regenerated/conversations.jsonl"]),
+        Stage("vocab", ["stages.vocab", card, f"{tok}/token_freq.pt", vocab, "reports/vocab.json"], needs=[f"{tok}/token_freq.pt"]),
+        Stage("hidden_states", ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"], needs=[f"{tok}/token_freq.pt"]),
+        Stage("train", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json", "models/draft_checkpoints"],
+              needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"]),
+        Stage("evaluate", ["stages.evaluate", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/acceptance.json",
+                           "reports/evaluate"], needs=["models/draft/config.json"]),
+        Stage("benchmark", ["stages.benchmark", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/benchmark.json",
+                            "reports/deploy.json"], needs=["models/draft/config.json"]),
+        Stage("train_speculators", ["stages.train", up + card, up + vocab, up + tok, up + hs, "models/draft", "reports/train.json",
+                                    "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
+              cwd=spec_dir, cuda_only=True),
+    ]
+
+
+# ---------------------------------------------------------------- the work directory
+
+
+def set_key(params: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        params = params.setdefault(key, {})
+    if isinstance(value, dict) and isinstance(params.get(leaf), dict):
+        params[leaf] = {**params[leaf], **value}
+    else:
+        params[leaf] = value
+
+
+def check_params(repo: Path, device: str) -> dict:
+    """The repository's params.yaml with the device's overrides; local dataset paths made absolute."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for key, value in PROFILES[device].items():
+        set_key(params, key, value)
+    for spec in params["datasets"].values():
+        if "path" in spec and (repo / spec["path"]).exists():
+            spec["path"] = str((repo / spec["path"]).resolve())
+    return params
+
+
+def write_params(directory: Path, params: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def prepare_work(work: Path, repo: Path, device: str, target: str) -> tuple[dict, str]:
+    """A fresh work directory with params.yaml; returns (params, how the target is obtained)."""
+    if work.exists():
+        shutil.rmtree(work)
+    params = check_params(repo, device)
+    write_params(work, params)
+    spec = {**params}
+    for key, value in SPECULATORS_TRAIN.items():
+        set_key(spec, key, value)
+    write_params(work / "speculators", spec)
+    source = target
+    if target == "auto":
+        source = str(repo / "models" / "target") if (repo / "models" / "target" / "card.json").is_file() else "build"
+    if source != "build":  # a built target: its card names the model "models/target", relative to the work directory
+        if not (Path(source) / "card.json").is_file():
+            raise SystemExit(f"error: --target {source}: no card.json there (run the target stage first)")
+        shutil.copytree(source, work / "models" / "target")
+    return params, source
+
+
+def stand_in_regenerated(work: Path) -> int:
+    """The bundled samples' own answers as the regenerated conversations (no server runs here)."""
+    src = work / "datasets" / "prompts" / "train.jsonl"
+    dst = work / "datasets" / "regenerated" / "conversations.jsonl"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return sum(1 for line in src.read_text().splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------- running one stage
+
+
+def first_error(log: str) -> str:
+    """The stage's own `error:` line, else the exception line that ended the last traceback, else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("error:"):
+            return line[:2000]
+    if "Traceback (most recent call last):" in log:
+        tail = log[log.rindex("Traceback (most recent call last):"):].splitlines()
+        for line in tail[1:]:
+            if line and not line.startswith((" ", "\t")):
+                return line.strip()[:2000]
+    return lines[-1][:2000] if lines else "no output"
+
+
+def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path) -> dict:
+    cwd = work / stage.cwd
+    cmd = [sys.executable, "-m", *stage.argv]
+    log_path = log_dir / f"{stage.name.replace('@', '_')}.log"
+    record = {"name": stage.name, "command": " ".join(cmd[1:]), "log": str(log_path)}
+    began = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            code = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    record["seconds"] = round(time.perf_counter() - began, 2)
+    if code == 0:
+        record["status"] = "ok"
+    else:
+        record["status"] = "failed"
+        text = log_path.read_text(errors="replace")
+        record["error"] = f"timed out after {limit_s:.0f} s" if code is None else first_error(text)
+        record["exit_code"] = code
+    return record
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stage_numbers(name: str, work: Path, seconds: float, params: dict) -> dict:
+    """tokens/s, acceptance length and speedup, from the reports each stage wrote."""
+    reports = work / "reports"
+    if name == "target":
+        card = read(work / "models" / "target" / "card.json")
+        return {k: v for k, v in (card.get("tiny_training") or {}).items() if k in ("final_train_loss", "train_steps")}
+    if name == "tokenize":
+        rep = read(reports / "tokenize.json")
+        return {"rows": rep.get("rows"), "tokens": rep.get("tokens")}
+    if name == "hidden_states":
+        rep = read(reports / "hidden_states.json")
+        return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now")}
+    if name in ("train", "train_speculators"):
+        sub = work / "speculators" if name == "train_speculators" else work
+        rep = read(sub / "reports" / "train.json")
+        out = {"val_tau_sim": rep.get("val_tau_sim"), "best_epoch": rep.get("best_epoch"), "steps": rep.get("steps"),
+               "step_seconds": rep.get("step_seconds")}
+        tokens = read(reports / "tokenize.json").get("tokens")
+        epochs = params["train"]["epochs"] if name == "train" else SPECULATORS_TRAIN["train.epochs"]
+        if tokens and seconds:  # whole stage wall time: data loading, compilation and validation included
+            out["tokens_per_s"] = round(tokens * epochs / seconds, 1)
+        return out
+    if name == "evaluate":
+        rep = read(reports / "acceptance.json")
+        out = {k: rep.get(k) for k in ("acceptance_length", "tau_sim", "prompts", "lossless_checked_prompts", "near_tie_divergences")}
+        if rep.get("generated_tokens") and seconds:
+            out["tokens_per_s"] = round(rep["generated_tokens"] / seconds, 1)  # wall time, greedy and speculative
+        return out
+    if name == "benchmark":
+        rep = read(reports / "benchmark.json")
+        return {k: rep.get(k) for k in ("baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "acceptance_length",
+                                         "outputs_identical", "device")}
+    return {}
+
+
+# ---------------------------------------------------------------- correctness checks
+
+
+def check_last_state(work: Path, device: str, rows: int = 8) -> dict:
+    """The stored last hidden state through the target's norm and lm_head gives the target's own
+    argmax; a disagreement where the target's top two logits were within the stored dtype's tie
+    tolerance is a near-tie, any other a failure."""
+    import torch
+    from safetensors.torch import load_file
+
+    from draftline import hidden
+    from draftline.config import TIE_TOLERANCE
+    from draftline.target import load_target_model
+
+    card = read(work / "models" / "target" / "card.json")
+    hs_dir = work / "datasets" / "hidden_states"
+    stored_dtype = yaml.safe_load((work / "params.yaml").read_text())["hidden_states"]["dtype"]
+    tolerance = TIE_TOLERANCE[stored_dtype]
+    compute = hidden.DTYPES[stored_dtype] if device == "cuda" else torch.float32  # as the stage computed them
+    model = load_target_model(card, device, compute)
+    norm = hidden.decoder_parts(model)[1]
+    positions = mismatches = near_ties = 0
+    files = sorted(hs_dir.glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:rows]
+    if not files:
+        raise FileNotFoundError(f"no hidden-state files in {hs_dir}")
+    with torch.no_grad():
+        for path in files:
+            data = load_file(str(path))
+            ids = data["token_ids"].to(device).unsqueeze(0)  # (1, L)
+            ref = model(input_ids=ids).logits[0].float()  # (L, V)
+            last = data["hidden_states"][:, 3].to(device, compute)  # (L, H), pre-norm
+            ours = model.lm_head(norm(last)).float()
+            top2 = ref.topk(2, dim=-1).values
+            differ = ours.argmax(-1) != ref.argmax(-1)
+            tie = (top2[:, 0] - top2[:, 1]) <= tolerance
+            positions += ids.shape[1]
+            near_ties += int((differ & tie).sum())
+            mismatches += int((differ & ~tie).sum())
+    return {"passed": mismatches == 0, "rows": len(files), "positions": positions, "mismatches": mismatches,
+            "near_ties": near_ties, "tie_tolerance": tolerance, "stored_dtype": stored_dtype}
+
+
+def check_draft_loads(draft_dir: Path, card: dict) -> dict:
+    """Eagle3DraftModel.from_pretrained takes the saved draft as it is, for our target's aux layers."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    model = Eagle3DraftModel.from_pretrained(str(draft_dir))
+    aux = list(model.config.eagle_aux_hidden_state_layer_ids)
+    problems = [] if aux == list(card["aux_layer_ids"]) else [f"aux layer ids {aux} != card {card['aux_layer_ids']}"]
+    return {"passed": not problems, "class": type(model).__name__, "draft_vocab_size": model.config.draft_vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()), "problems": problems}
+
+
+def check_lossless(work: Path) -> dict:
+    """evaluate fails on any divergence from greedy that is not at a near-tie; its report says how many prompts it checked."""
+    rep = read(work / "reports" / "acceptance.json")
+    if not rep:
+        raise FileNotFoundError("reports/acceptance.json missing: evaluate did not finish")
+    passed = rep["lossless_checked_prompts"] == rep["prompts"] > 0
+    return {"passed": passed, "prompts": rep["prompts"], "checked": rep["lossless_checked_prompts"],
+            "near_tie_divergences": rep["near_tie_divergences"]}
+
+
+def run_check(name: str, fn, *args) -> dict:
+    began = time.perf_counter()
+    try:
+        result = fn(*args)
+    except Exception as err:  # a broken check is a finding, not the end of the run
+        result = {"passed": False, "error": f"{type(err).__name__}: {err}"[:2000]}
+    result["seconds"] = round(time.perf_counter() - began, 2)
+    print(f"gpu_check: check {name}: {'passed' if result['passed'] else 'FAILED'}", flush=True)
+    return {"name": name, **result}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def environment(device: str) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    info = {"machine": platform.node(), "python": platform.python_version(), "device": device, "versions": {}}
+    for dist in ("torch", "triton", "transformers", "speculators", "hs-connectors", "datasets", "dvclive", "safetensors", "pyarrow"):
+        try:
+            info["versions"][dist] = version(dist)
+        except PackageNotFoundError:
+            info["versions"][dist] = None
+    try:
+        import torch
+
+        info["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+            info["cuda"] = torch.version.cuda
+    except Exception as err:  # recorded: the stages will say more
+        info["torch_error"] = f"{type(err).__name__}: {err}"
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", default=str(REPO / "reports" / "gpu_check.json"), help="the JSON written")
+    parser.add_argument("--work", default=None, help="work directory (replaced); default: a fresh one under the temp dir")
+    parser.add_argument("--target", default="auto", help="auto (models/target when it has a card, else build), build, or a directory")
+    parser.add_argument("--budget-s", type=float, default=540, help="the whole check stops starting stages past this")
+    parser.add_argument("--installed", default=None, help="file listing what gpu_check.sh installed (recorded in the JSON)")
+    args = parser.parse_args(argv)
+
+    began = time.perf_counter()
+    work = Path(args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"draftline-gpu-check-{args.device}").resolve()
+    params, target_source = prepare_work(work, REPO, args.device, args.target)
+    log_dir = work / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)  # the checks load the card's target path ("models/target") as the stages do
+    os.environ["HF_HUB_OFFLINE"] = "1"  # local paths only: never wait on the hub
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # torchrun beside python
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if args.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")  # torch's thread pool spins on a busy small host
+    report = {"environment": environment(args.device), "work": str(work), "target": target_source,
+              "installed": Path(args.installed).read_text().split() if args.installed else [],
+              "stages": [], "checks": []}
+    print(f"gpu_check: {args.device} on {report['environment']['machine']}, work directory {work}", flush=True)
+
+    def remaining() -> float:
+        return args.budget_s - (time.perf_counter() - began)
+
+    for stage in pipeline(list(params["datasets"]), "speculators"):
+        if stage.name == "target" and target_source != "build":
+            report["stages"].append({"name": "target", "status": "reused", "source": target_source, "seconds": 0.0})
+            continue
+        if stage.name == "tokenize" and (work / "datasets" / "prompts" / "train.jsonl").is_file():
+            report["regenerated_stand_in"] = {"conversations": stand_in_regenerated(work),
+                                              "source": "the bundled samples' answers (no regeneration server runs here)"}
+        missing = [p for p in stage.needs if not (work / p).exists()]
+        if stage.cuda_only and args.device != "cuda":
+            record = {"name": stage.name, "status": "skipped", "reason": "needs a CUDA GPU (train.backend speculators)"}
+        elif missing:
+            record = {"name": stage.name, "status": "skipped", "reason": f"input missing (an earlier stage failed): {missing[0]}"}
+        elif remaining() < 10:
+            record = {"name": stage.name, "status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
+        else:
+            limit = min(STAGE_LIMITS.get(stage.name, 60), remaining()) if args.device == "cuda" else remaining()
+            print(f"gpu_check: {stage.name} (at most {limit:.0f} s)", flush=True)
+            record = run_stage(stage, work, env, limit, log_dir)
+            if record["status"] == "ok":
+                record.update({k: v for k, v in stage_numbers(stage.name, work, record["seconds"], params).items() if v is not None})
+            else:
+                print(f"gpu_check: {stage.name} failed: {record['error']}", flush=True)
+        report["stages"].append(record)
+        ok = record["status"] in ("ok", "reused")
+        card = read(work / "models" / "target" / "card.json")
+        if stage.name == "hidden_states" and ok:
+            report["checks"].append(run_check("last_state_reproduces_target_argmax", check_last_state, work, args.device))
+        if stage.name == "train" and ok:
+            report["checks"].append(run_check("draft_loads_with_from_pretrained", check_draft_loads, work / "models" / "draft", card))
+        if stage.name == "evaluate" and ok:
+            report["checks"].append(run_check("speculative_equals_greedy", check_lossless, work))
+        if stage.name == "train_speculators" and ok:
+            report["checks"].append(run_check("speculators_draft_loads_with_from_pretrained", check_draft_loads,
+                                              work / "speculators" / "models" / "draft", card))
+
+    report["total_seconds"] = round(time.perf_counter() - began, 1)
+    failed = [s["name"] for s in report["stages"] if s["status"] == "failed"]
+    failed += [c["name"] for c in report["checks"] if not c["passed"]]
+    skipped = [s["name"] for s in report["stages"] if s["status"] == "skipped"]
+    report["passed"] = not failed and all(s["status"] in ("ok", "reused") or s.get("reason", "").startswith("needs a CUDA")
+                                          for s in report["stages"])
+    report["failed"], report["skipped"] = failed, skipped
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"gpu_check: {'passed' if report['passed'] else 'FAILED'} in {report['total_seconds']} s; "
+          f"failed {failed or 'none'}, skipped {skipped or 'none'}; {out}", flush=True)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
