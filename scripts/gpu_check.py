@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the checks use the library of this checkout, as the stages do
 
 # Overrides of params.yaml per device. cuda: the default tiny target and data, on the GPU.
 # cpu: the dry run, a few tiny steps of every stage (well under two minutes on two cores).
@@ -49,8 +50,8 @@ PROFILES = {
         "evaluate.device": "cuda",
         "evaluate.dtype": "bfloat16",
         "benchmark.engine": "hf",
-        "benchmark.device": "cuda",
         "benchmark.dtype": "bfloat16",
+        "benchmark.device_map": "auto",  # the loader path of a target spread over GPUs (accelerate)
     },
     "cpu": {
         "samples": 40,
@@ -354,6 +355,11 @@ def environment(device: str) -> dict:
     return info
 
 
+def write_report(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -363,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=540, help="the whole check stops starting stages past this")
     parser.add_argument("--installed", default=None, help="file listing what gpu_check.sh installed (recorded in the JSON)")
     args = parser.parse_args(argv)
+    args.out = str(Path(args.out).resolve())  # before the run moves into the work directory
 
     began = time.perf_counter()
     work = Path(args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"draftline-gpu-check-{args.device}").resolve()
@@ -380,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
               "installed": Path(args.installed).read_text().split() if args.installed else [],
               "stages": [], "checks": []}
     print(f"gpu_check: {args.device} on {report['environment']['machine']}, work directory {work}", flush=True)
+    if args.device == "cuda" and not report["environment"].get("cuda_available"):
+        report.update(passed=False, failed=["environment"], error="no CUDA device visible to torch")
+        write_report(Path(args.out), report)
+        raise SystemExit(f"error: --device cuda but torch sees no CUDA device; report in {args.out}")
 
     def remaining() -> float:
         return args.budget_s - (time.perf_counter() - began)
@@ -427,8 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                                           for s in report["stages"])
     report["failed"], report["skipped"] = failed, skipped
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(out, report)
     print(f"gpu_check: {'passed' if report['passed'] else 'FAILED'} in {report['total_seconds']} s; "
           f"failed {failed or 'none'}, skipped {skipped or 'none'}; {out}", flush=True)
     return 0 if report["passed"] else 1

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU check (README "GPU check"): on a CUDA host, from this checkout plus the wheels of
+# scripts/gpu_wheels.sh, with no network. Installs from the wheel folder only the distributions of
+# scripts/gpu_requirements.txt that the host's Python lacks (--no-deps: torch, transformers and the
+# rest stay as the host has them), then runs scripts/gpu_check.py, which runs every stage on the
+# GPU and writes one JSON (default reports/gpu_check.json).
+#
+#   bash scripts/gpu_check.sh                                  # make gpu-check
+#   bash scripts/gpu_check.sh --wheels /data/wheels --out /data/gpu_check.json
+#   bash scripts/gpu_check.sh --device cpu --out /tmp/gpu_check.json    # the dry run (tests/test_gpu_check.py)
+#
+# Options of this script: --wheels DIR (default wheels/gpu), --python PY (default $PYTHON or
+# python3). Every other option goes to scripts/gpu_check.py (--device, --out, --work, --target,
+# --budget-s). A distribution installed at another version than the list's is kept and named.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+wheels=wheels/gpu
+python=${PYTHON:-python3}
+args=()
+while (($#)); do
+    case $1 in
+        --wheels) wheels=$2; shift 2 ;;
+        --python) python=$2; shift 2 ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+
+installed=$(mktemp)
+trap 'rm -f "$installed"' EXIT
+# What is missing, by the installed distributions' metadata (not by import: a module can be there
+# without its distribution record, and pip goes by the record).
+missing=$("$python" - scripts/gpu_requirements.txt <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, wanted = line.split("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        print(line)
+        continue
+    if have != wanted:
+        print(f"gpu_check: keeping {name} {have} (the list has {wanted})", file=sys.stderr)
+EOF
+)
+if [[ -n $missing ]]; then
+    if [[ ! -d $wheels ]]; then
+        echo "error: missing $(echo "$missing" | wc -l) distributions and no wheel folder at $wheels" \
+             "(make it with scripts/gpu_wheels.sh, or pass --wheels DIR):" $missing >&2
+        exit 2
+    fi
+    echo "gpu_check: installing $(echo "$missing" | wc -l) distributions from $wheels"
+    # shellcheck disable=SC2086  # one requirement per word
+    "$python" -m pip install --quiet --no-index --no-deps --find-links "$wheels" $missing
+    echo "$missing" > "$installed"
+else
+    echo "gpu_check: every distribution of scripts/gpu_requirements.txt is installed"
+fi
+
+"$python" scripts/gpu_check.py --installed "$installed" ${args[@]+"${args[@]}"}
