@@ -48,16 +48,17 @@ for line in open(sys.argv[1]):
         print(f"gpu_check: keeping {name} {have} (the list has {wanted})", file=sys.stderr)
 EOF
 )
-if [[ -n $missing ]]; then
-    if [[ ! -d $wheels ]]; then
-        echo "error: missing $(echo "$missing" | wc -l) distributions and no wheel folder at $wheels" \
-             "(make it with scripts/gpu_wheels.sh, or pass --wheels DIR):" $missing >&2
-        exit 2
-    fi
+if [[ -n $missing && ! -d $wheels ]]; then
+    # the stages that import them fail, each with its error in the JSON
+    echo "gpu_check: warning: no wheel folder at $wheels (scripts/gpu_wheels.sh makes it); not installed:" $missing >&2
+elif [[ -n $missing ]]; then
     echo "gpu_check: installing $(echo "$missing" | wc -l) distributions from $wheels"
     # shellcheck disable=SC2086  # one requirement per word
-    "$python" -m pip install --quiet --no-index --no-deps --find-links "$wheels" $missing
-    echo "$missing" > "$installed"
+    if "$python" -m pip install --quiet --no-index --no-deps --find-links "$wheels" $missing; then
+        echo "$missing" > "$installed"
+    else
+        echo "gpu_check: warning: pip could not install them; the stages run with what there is" >&2
+    fi
 else
     echo "gpu_check: every distribution of scripts/gpu_requirements.txt is installed"
 fi

@@ -1,0 +1,99 @@
+"""The GPU check (scripts/gpu_check.sh) cannot rot: its CPU dry run runs every stage for a few tiny
+steps and its correctness checks; its CUDA params validate; its wheel list stays in step with
+pyproject.toml."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftline.config import parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_driver():
+    spec = importlib.util.spec_from_file_location("gpu_check_driver", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--python", sys.executable, "--wheels", str(tmp_path / "no-wheels"),
+                           "--device", "cpu", "--target", "build", "--work", str(tmp_path / "work"), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["failed"] == [] and report["environment"]["device"] == "cpu"
+    stages = {s["name"]: s for s in report["stages"]}
+    expected = ["target", "prepare@sharegpt_sample", "prepare@messages_sample", "mix", "tokenize", "vocab", "hidden_states",
+                "train", "evaluate", "benchmark", "train_speculators"]
+    assert list(stages) == expected
+    assert all(stages[name]["status"] == "ok" and stages[name]["seconds"] > 0 for name in expected[:-1])
+    assert stages["train_speculators"]["status"] == "skipped" and "CUDA" in stages["train_speculators"]["reason"]
+    assert stages["hidden_states"]["tokens_per_s"] > 0 and stages["train"]["tokens_per_s"] > 0
+    assert 1.0 <= stages["evaluate"]["acceptance_length"] <= 4.0 and stages["evaluate"]["lossless_checked_prompts"] == 3
+    bench = stages["benchmark"]
+    assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0 and bench["speedup"] > 0
+    checks = {c["name"]: c for c in report["checks"]}
+    assert set(checks) == {"last_state_reproduces_target_argmax", "draft_loads_with_from_pretrained", "speculative_equals_greedy"}
+    assert all(c["passed"] for c in checks.values())
+    assert checks["last_state_reproduces_target_argmax"]["positions"] > 0
+    assert report["regenerated_stand_in"]["conversations"] == 40
+
+
+def test_a_failing_stage_is_recorded_and_the_rest_go_on(tmp_path):
+    """A stage that fails leaves its first error in the JSON; what needs its output is skipped, not run."""
+    driver = load_driver()
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    (work / "params.yaml").write_text("samples: 1\n")  # invalid: no datasets
+    stage = driver.Stage("vocab", ["stages.vocab", "card.json", "freq.pt", "vocab", "vocab.json"])
+    record = driver.run_stage(stage, work, dict(os.environ, PYTHONPATH=str(ROOT)), 120, work / "logs")
+    assert record["status"] == "failed" and record["exit_code"] != 0
+    assert record["error"].startswith("error: invalid params.yaml") and Path(record["log"]).is_file()
+
+
+def test_first_error_prefers_the_stage_message_then_the_exception():
+    driver = load_driver()
+    assert driver.first_error("loading\nerror: no rows\nTraceback (most recent call last):\n  x\nSystemExit: 1") == "error: no rows"
+    log = "step 1\nTraceback (most recent call last):\n  File \"a.py\", line 1\n    f()\nRuntimeError: CUDA out of memory\n"
+    assert driver.first_error(log) == "RuntimeError: CUDA out of memory"
+    assert driver.first_error("") == "no output"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_check_params_validate(device):
+    """The overrides of each device, and of the speculators hand-off, are params the stages accept."""
+    driver = load_driver()
+    params = driver.check_params(ROOT, device)
+    parsed = parse_params(params)
+    assert parsed.train.device == parsed.hidden_states.device == parsed.evaluate.device == device
+    for key, value in driver.SPECULATORS_TRAIN.items():
+        driver.set_key(params, key, value)
+    assert parse_params(params).train.backend == "speculators"
+    assert all(Path(spec["path"]).is_absolute() for spec in params["datasets"].values())
+
+
+def test_wheel_list_pins_what_pyproject_pins():
+    """Where scripts/gpu_requirements.txt and pyproject.toml name the same distribution, the versions agree."""
+    def pins(text: str) -> dict[str, str]:
+        found = re.findall(r"^\s*\"?([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s\",;#]+)", text, flags=re.M)
+        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in found}
+
+    ours = pins((ROOT / "scripts" / "gpu_requirements.txt").read_text())
+    project = pins((ROOT / "pyproject.toml").read_text())
+    for name, version in re.findall(r"([A-Za-z0-9_.\-]+)==([\w.]+)", (ROOT / "Makefile").read_text()):
+        project[re.sub(r"[-_.]+", "-", name).lower()] = version  # speculators, hs-connectors: make setup
+    assert {"speculators", "hs-connectors", "datasets", "dvclive"} <= set(ours)
+    assert not {"torch", "transformers", "triton", "safetensors", "pyarrow"} & set(ours)  # the GPU host has them
+    assert {name: v for name, v in ours.items() if project.get(name, v) != v} == {}
