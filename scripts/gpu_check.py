@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -182,17 +183,20 @@ def stand_in_regenerated(work: Path) -> int:
 
 
 def first_error(log: str) -> str:
-    """The stage's own `error:` line, else the exception line that ended the last traceback, else the last line."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("error:"):
-            return line[:2000]
-    if "Traceback (most recent call last):" in log:
-        tail = log[log.rindex("Traceback (most recent call last):"):].splitlines()
-        for line in tail[1:]:
+    """The stage's own `error:` line and the exception that ended the first traceback (under
+    torchrun the trainer's own, before the stage reports the failure); else the last line."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line.rstrip()) for line in log.splitlines()]
+    stated = next((line.strip() for line in lines if line.startswith("error:")), None)
+    exception = None
+    if "Traceback (most recent call last):" in lines:
+        for line in lines[lines.index("Traceback (most recent call last):") + 1:]:
             if line and not line.startswith((" ", "\t")):
-                return line.strip()[:2000]
-    return lines[-1][:2000] if lines else "no output"
+                exception = line.strip()
+                break
+    found = [x for x in (stated, exception) if x]
+    if not found:
+        found = [next((line.strip() for line in reversed(lines) if line.strip()), "no output")]
+    return (found[0] if len(found) == 1 or found[1] in found[0] else f"{found[0]} (first exception: {found[1]})")[:2000]
 
 
 def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path) -> dict:
@@ -336,7 +340,8 @@ def run_check(name: str, fn, *args) -> dict:
 def environment(device: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    info = {"machine": platform.node(), "python": platform.python_version(), "device": device, "versions": {}}
+    info = {"machine": platform.node(), "python": platform.python_version(), "device": device, "versions": {},
+            "c_compiler": shutil.which("cc") or shutil.which("gcc")}  # Triton builds its launcher with it (flex attention, fused loss)
     for dist in ("torch", "triton", "transformers", "speculators", "hs-connectors", "datasets", "dvclive", "safetensors", "pyarrow"):
         try:
             info["versions"][dist] = version(dist)

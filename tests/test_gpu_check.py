@@ -63,11 +63,14 @@ def test_a_failing_stage_is_recorded_and_the_rest_go_on(tmp_path):
     assert record["error"].startswith("error: invalid params.yaml") and Path(record["log"]).is_file()
 
 
-def test_first_error_prefers_the_stage_message_then_the_exception():
+def test_first_error_names_the_stage_message_and_the_first_exception():
     driver = load_driver()
-    assert driver.first_error("loading\nerror: no rows\nTraceback (most recent call last):\n  x\nSystemExit: 1") == "error: no rows"
+    assert driver.first_error("loading\nerror: no rows in x\n") == "error: no rows in x"
     log = "step 1\nTraceback (most recent call last):\n  File \"a.py\", line 1\n    f()\nRuntimeError: CUDA out of memory\n"
     assert driver.first_error(log) == "RuntimeError: CUDA out of memory"
+    torchrun = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"t.py\", line 3\n"
+                "[rank0]: ValueError: bad --total-seq-len\nE1201 failed (exitcode: 1)\nerror: speculators train failed\n")
+    assert driver.first_error(torchrun) == "error: speculators train failed (first exception: ValueError: bad --total-seq-len)"
     assert driver.first_error("") == "no output"
 
 
