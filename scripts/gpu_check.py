@@ -80,6 +80,7 @@ PROFILES = {
 }
 # The speculators hand-off runs in its own directory (it writes models/draft there) with these on top.
 SPECULATORS_TRAIN = {"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2}
+SPECULATORS_DIR = "speculators"
 # Seconds each stage may take at most on the GPU (the dry run shares --budget-s alone).
 STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 180, "evaluate": 150,
                 "benchmark": 150, "train_speculators": 240}
@@ -99,7 +100,6 @@ def pipeline(datasets: list[str], spec_dir: str) -> list[Stage]:
     card, vocab, tok, hs = "models/target/card.json", "models/vocab", "datasets/tokenized", "datasets/hidden_states"
     prepared = [Stage(f"prepare@{name}", ["stages.prepare", name, f"datasets/prepared/{name}.jsonl",
                                           f"reports/prepare/{name}.json"]) for name in datasets]
-    up = "../" * len(Path(spec_dir).parts)
     return [
         Stage("target", ["stages.target", "models/target"]),
         *prepared,
@@ -115,7 +115,8 @@ def pipeline(datasets: list[str], spec_dir: str) -> list[Stage]:
                            "reports/evaluate"], needs=["models/draft/config.json"]),
         Stage("benchmark", ["stages.benchmark", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/benchmark.json",
                             "reports/deploy.json"], needs=["models/draft/config.json"]),
-        Stage("train_speculators", ["stages.train", up + card, up + vocab, up + tok, up + hs, "models/draft", "reports/train.json",
+        # in its own directory, which sees the target, vocab and data of the work directory (see prepare_work)
+        Stage("train_speculators", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
                                     "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
               cwd=spec_dir, cuda_only=True),
     ]
@@ -159,7 +160,13 @@ def prepare_work(work: Path, repo: Path, device: str, target: str) -> tuple[dict
     spec = {**params}
     for key, value in SPECULATORS_TRAIN.items():
         set_key(spec, key, value)
-    write_params(work / "speculators", spec)
+    write_params(work / SPECULATORS_DIR, spec)
+    # The card names the target by a path relative to the work directory ("models/target"), which
+    # the trainer under torchrun resolves from its own directory: the same inputs are linked there.
+    (work / SPECULATORS_DIR / "models").mkdir()
+    for rel in ("models/target", "models/vocab", "datasets"):
+        (work / SPECULATORS_DIR / rel).symlink_to(Path("../" * (len(Path(rel).parts) - 1) + "../" + rel),
+                                                  target_is_directory=True)
     source = target
     if target == "auto":
         source = str(repo / "models" / "target") if (repo / "models" / "target" / "card.json").is_file() else "build"
@@ -238,7 +245,7 @@ def stage_numbers(name: str, work: Path, seconds: float, params: dict) -> dict:
         rep = read(reports / "hidden_states.json")
         return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now")}
     if name in ("train", "train_speculators"):
-        sub = work / "speculators" if name == "train_speculators" else work
+        sub = work / SPECULATORS_DIR if name == "train_speculators" else work
         rep = read(sub / "reports" / "train.json")
         out = {"val_tau_sim": rep.get("val_tau_sim"), "best_epoch": rep.get("best_epoch"), "steps": rep.get("steps"),
                "step_seconds": rep.get("step_seconds")}
@@ -400,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     def remaining() -> float:
         return args.budget_s - (time.perf_counter() - began)
 
-    for stage in pipeline(list(params["datasets"]), "speculators"):
+    for stage in pipeline(list(params["datasets"]), SPECULATORS_DIR):
         if stage.name == "target" and target_source != "build":
             report["stages"].append({"name": "target", "status": "reused", "source": target_source, "seconds": 0.0})
             continue
@@ -433,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             report["checks"].append(run_check("speculative_equals_greedy", check_lossless, work))
         if stage.name == "train_speculators" and ok:
             report["checks"].append(run_check("speculators_draft_loads_with_from_pretrained", check_draft_loads,
-                                              work / "speculators" / "models" / "draft", card))
+                                              work / SPECULATORS_DIR / "models" / "draft", card))
 
     report["total_seconds"] = round(time.perf_counter() - began, 1)
     failed = [s["name"] for s in report["stages"] if s["status"] == "failed"]

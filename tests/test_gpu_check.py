@@ -100,3 +100,17 @@ def test_wheel_list_pins_what_pyproject_pins():
     assert {"speculators", "hs-connectors", "datasets", "dvclive"} <= set(ours)
     assert not {"torch", "transformers", "triton", "safetensors", "pyarrow"} & set(ours)  # the GPU host has them
     assert {name: v for name, v in ours.items() if project.get(name, v) != v} == {}
+
+
+def test_the_speculators_run_sees_the_inputs_of_the_work_directory(tmp_path):
+    """The card names the target "models/target", relative to the work directory: the speculators
+    hand-off, run from its own directory (torchrun resolves the path from there), sees the same."""
+    driver = load_driver()
+    work = tmp_path / "work"
+    driver.prepare_work(work, ROOT, "cpu", "build")
+    for rel in ("models/target", "models/vocab", "datasets/tokenized"):
+        (work / rel).mkdir(parents=True)
+        assert (work / driver.SPECULATORS_DIR / rel).resolve() == (work / rel).resolve()
+    spec = driver.pipeline(["a"], driver.SPECULATORS_DIR)[-1]
+    plain = next(s for s in driver.pipeline(["a"], driver.SPECULATORS_DIR) if s.name == "train")
+    assert spec.name == "train_speculators" and spec.cwd == driver.SPECULATORS_DIR and spec.argv == plain.argv
