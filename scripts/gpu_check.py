@@ -24,11 +24,13 @@ runs; one whose input is missing is recorded as skipped. Each stage has a time l
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,7 +159,7 @@ def prepare_work(work: Path, repo: Path, device: str, target: str) -> tuple[dict
         shutil.rmtree(work)
     params = check_params(repo, device)
     write_params(work, params)
-    spec = {**params}
+    spec = copy.deepcopy(params)
     for key, value in SPECULATORS_TRAIN.items():
         set_key(spec, key, value)
     write_params(work / SPECULATORS_DIR, spec)
@@ -213,9 +215,13 @@ def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path
     record = {"name": stage.name, "command": " ".join(cmd[1:]), "log": str(log_path)}
     began = time.perf_counter()
     with open(log_path, "w") as log:
+        # its own process group: a stage past its limit goes with every process it started (torchrun's workers)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            code = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s).returncode
+            code = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             code = None
     record["seconds"] = round(time.perf_counter() - began, 2)
     if code == 0:

@@ -63,6 +63,13 @@ def test_a_failing_stage_is_recorded_and_the_rest_go_on(tmp_path):
     assert record["error"].startswith("error: invalid params.yaml") and Path(record["log"]).is_file()
 
 
+def test_a_stage_past_its_limit_is_stopped_and_recorded(tmp_path):
+    driver = load_driver()
+    stage = driver.Stage("slow", ["timeit", "-n", "1", "import time; time.sleep(60)"])
+    record = driver.run_stage(stage, tmp_path, dict(os.environ), 1, tmp_path)
+    assert record["status"] == "failed" and record["error"] == "timed out after 1 s" and record["exit_code"] is None
+
+
 def test_first_error_names_the_stage_message_and_the_first_exception():
     driver = load_driver()
     assert driver.first_error("loading\nerror: no rows in x\n") == "error: no rows in x"
