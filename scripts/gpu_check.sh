@@ -15,9 +15,9 @@
 # option goes to scripts/gpu_check.py (--device, --out, --work, --target, --budget-s). A
 # distribution installed at another version than the list's is kept and named.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo=$(cd "$(dirname "$0")/.." && pwd)  # paths given on the command line stay relative to where it runs
 
-wheels=wheels/gpu
+wheels=$repo/wheels/gpu
 site=
 python=${PYTHON:-python3}
 args=()
@@ -29,14 +29,14 @@ while (($#)); do
         *) args+=("$1"); shift ;;
     esac
 done
-site=$(realpath -m "${site:-wheels/site-$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}")
+site=$(realpath -m "${site:-$repo/wheels/site-$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}")
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 
 installed=$(mktemp)
 trap 'rm -f "$installed"' EXIT
 # What is missing, by the installed distributions' metadata (not by import: a module can be there
 # without its distribution record, and pip goes by the record).
-missing=$("$python" - scripts/gpu_requirements.txt <<'EOF'
+missing=$("$python" - "$repo/scripts/gpu_requirements.txt" <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -69,4 +69,4 @@ else
     echo "gpu_check: every distribution of scripts/gpu_requirements.txt is installed"
 fi
 
-"$python" scripts/gpu_check.py --installed "$installed" ${args[@]+"${args[@]}"}
+"$python" "$repo/scripts/gpu_check.py" --installed "$installed" ${args[@]+"${args[@]}"}

@@ -5,13 +5,13 @@
 # host brings torch, the CUDA libraries, transformers, triton, safetensors, pyarrow and pytest),
 # then prints their total size and fails past the limit.
 #
-#   bash scripts/gpu_wheels.sh                    # -> wheels/gpu/
+#   bash scripts/gpu_wheels.sh                    # -> wheels/gpu/ of this checkout
 #   bash scripts/gpu_wheels.sh DIR                # -> DIR
 #   PYTHON_VERSION=3.11 bash scripts/gpu_wheels.sh DIR   # for a host with another Python
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo=$(cd "$(dirname "$0")/.." && pwd)
 
-dest=${1:-wheels/gpu}
+dest=${1:-$repo/wheels/gpu}
 python_version=${PYTHON_VERSION:-3.12}
 limit_mb=${LIMIT_MB:-60}
 pip=(${PIP:-python3 -m pip})
@@ -22,10 +22,10 @@ mkdir -p "$dest"
     --python-version "$python_version" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-    --dest "$dest" --requirement scripts/gpu_requirements.txt
+    --dest "$dest" --requirement "$repo/scripts/gpu_requirements.txt"
 
 # Only what the list names stays (a folder reused across list changes keeps no old wheel).
-python3 - "$dest" scripts/gpu_requirements.txt "$limit_mb" <<'EOF'
+python3 - "$dest" "$repo/scripts/gpu_requirements.txt" "$limit_mb" <<'EOF'
 import re
 import sys
 from pathlib import Path
