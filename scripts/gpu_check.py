@@ -84,7 +84,7 @@ PROFILES = {
 SPECULATORS_TRAIN = {"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2}
 SPECULATORS_DIR = "speculators"
 # Seconds each stage may take at most on the GPU (the dry run shares --budget-s alone).
-STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 180, "evaluate": 150,
+STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 240, "evaluate": 150,
                 "benchmark": 150, "train_speculators": 240}
 
 
@@ -455,6 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     report["passed"] = not failed and all(s["status"] in ("ok", "reused") or s.get("reason", "").startswith("needs a CUDA")
                                           for s in report["stages"])
     report["failed"], report["skipped"] = failed, skipped
+    by_name = {s["name"]: s for s in report["stages"]}
+    report["summary"] = {  # the headline numbers; each stage's record has the rest
+        "acceptance_length": by_name.get("evaluate", {}).get("acceptance_length"),
+        "speedup": by_name.get("benchmark", {}).get("speedup"),
+        "hidden_states_tokens_per_s": by_name.get("hidden_states", {}).get("tokens_per_s"),
+        "train_tokens_per_s": by_name.get("train", {}).get("tokens_per_s"),
+        "total_seconds": report["total_seconds"],
+    }
     out = Path(args.out)
     write_report(out, report)
     print(f"gpu_check: {'passed' if report['passed'] else 'FAILED'} in {report['total_seconds']} s; "

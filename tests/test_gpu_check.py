@@ -49,6 +49,8 @@ def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
     assert all(c["passed"] for c in checks.values())
     assert checks["last_state_reproduces_target_argmax"]["positions"] > 0
     assert report["regenerated_stand_in"]["conversations"] == 40
+    assert report["summary"]["acceptance_length"] == stages["evaluate"]["acceptance_length"]
+    assert report["summary"]["speedup"] == bench["speedup"]
 
 
 def test_a_failing_stage_is_recorded_and_the_rest_go_on(tmp_path):
