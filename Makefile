@@ -38,6 +38,7 @@ test-unit: setup
 bench: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hs_formats.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py

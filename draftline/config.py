@@ -216,7 +216,48 @@ class VllmExtractionConfig(Section):
     extra_args: list[str] = []  # appended to `vllm serve` as given
 
 
+class MooncakeConfig(Section):
+    """hs-connectors' Mooncake transfer (hidden_states.online.transfer: mooncake): vLLM puts each
+    row's states in a Mooncake store, the trainers read them from it; no shared filesystem."""
+
+    master: str = "127.0.0.1:50051"  # mooncake_master address
+    metadata_server: str = "P2PHANDSHAKE"
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    device: str = ""  # RDMA device(s), e.g. mlx5_0; empty = Mooncake chooses
+    global_segment_gib: float = Field(4.0, gt=0)  # memory each client registers for the store
+    local_buffer_gib: float = Field(2.0, gt=0)
+    writer_threads: int = Field(4, ge=1)  # vLLM side
+
+
+class OnlineConfig(Section):
+    """hidden_states.mode: online with train.backend: speculators — `speculators.train --on-missing
+    generate` asks a vLLM server (extract_hidden_states) for each row's states as it trains."""
+
+    # null = the train stage launches `vllm serve` with hidden_states.vllm.* settings; else the
+    # /v1 base URL of a server already running the extract_hidden_states method
+    endpoint: str | None = None
+    # how states move from vLLM to the trainers (hs-connectors backends): file and fp8 through a
+    # shared directory (`staging_dir`), mooncake through a Mooncake store; null = by `format`
+    transfer: Literal["file", "fp8", "mooncake"] | None = None
+    # file / fp8: a directory vLLM and the trainers share; null = models/draft_checkpoints/online_staging
+    staging_dir: str | None = None
+    request_timeout_s: float = Field(600, gt=0)
+    max_retries: int = Field(3, ge=0)
+    mooncake: MooncakeConfig = MooncakeConfig()
+
+    def resolved_transfer(self, fmt: str) -> str:
+        return self.transfer or ("fp8" if fmt == "fp8" else "file")
+
+
 class HiddenStatesConfig(Section):
+    # offline: every row's states are extracted into files by this stage (resumable);
+    # online: none are stored: the train stage runs the target on each packed batch (backend
+    # builtin) or asks a vLLM server for them (backend speculators, see `online`); this stage then
+    # writes only meta.json and its report (README "Hidden states at scale")
+    mode: Literal["offline", "online"] = "offline"
+    # bf16: speculators' plain layout in `dtype`, 4 x H x 2 bytes a token; fp8: hs-connectors' FP8
+    # layout (float8_e4m3fn + a float32 scale per token), 4 x H + 4 bytes (draftline/hs_format.py)
+    format: Literal["bf16", "fp8"] = "bf16"
     backend: Literal["hf", "vllm"] = "hf"  # hf: forward pass here; vllm: see VllmExtractionConfig
     device: Literal["auto", "cpu", "cuda"] = "auto"  # backend hf
     # backend hf: spread a target larger than one GPU over all of them ("auto", "balanced", ...);
@@ -231,11 +272,17 @@ class HiddenStatesConfig(Section):
     # or full (also loads the states and checks they are finite)
     verify_existing: Literal["header", "full"] = "header"
     vllm: VllmExtractionConfig = VllmExtractionConfig()
+    online: OnlineConfig = OnlineConfig()
 
     @model_validator(mode="after")
     def _device_map_needs_hf_on_gpu(self):
         if self.device_map is not None and (self.backend != "hf" or self.device == "cpu"):
             raise ValueError("device_map applies to backend hf on GPUs; with backend vllm use vllm.tensor_parallel_size")
+        if self.format == "fp8" and self.dtype != "bfloat16":
+            raise ValueError("dtype: the stored dtype of format bf16; format fp8 stores float8_e4m3fn with per-token scales")
+        if self.online.transfer == "file" and self.format == "fp8" or self.online.transfer == "fp8" and self.format == "bf16":
+            raise ValueError(f"online.transfer: {self.online.transfer} moves {'fp8' if self.online.transfer == 'fp8' else 'bf16'} "
+                             f"states but format is {self.format}; leave online.transfer null to follow format")
         return self
 
 

@@ -304,16 +304,28 @@ def dir_sha256(directory: Path, patterns=("*.json", "*.safetensors")) -> str:
 
 def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     """The tokenized rows (file contents) and the hidden-state files (names and sizes: hashing
-    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream)."""
+    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream);
+    in online mode (no files are read) the mode, format and target fingerprint instead."""
     from draftline.io import file_sha256
 
     h = hashlib.sha256()
     for path in sorted(Path(tokenized_dir).glob("*.arrow")):
         h.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    source = hidden_states_source(hs_dir)
+    if source["mode"] == "online":
+        h.update(f"online:{source['format']}:{source.get('states_fingerprint')}\n".encode())
+        return h.hexdigest()
     for path in sorted(Path(hs_dir).iterdir()):
         if path.name.startswith("hs_") or path.name == "meta.json":
             h.update(f"{path.name}:{path.stat().st_size}\n".encode())
     return h.hexdigest()
+
+
+def hidden_states_source(hs_dir: Path) -> dict:
+    """What the hidden_states stage recorded: mode (offline files / online), format, aux ids..."""
+    meta = Path(hs_dir) / "meta.json"
+    found = json.loads(meta.read_text()) if meta.is_file() else {}
+    return {**found, "mode": found.get("mode", "offline"), "format": found.get("format", "bf16")}
 
 
 def check_hidden_states(hs_dir: Path, card: dict) -> None:
@@ -323,6 +335,14 @@ def check_hidden_states(hs_dir: Path, card: dict) -> None:
         if ids is not None and list(ids) != list(card["aux_layer_ids"]):
             raise DataMismatch(f"{meta}: hidden states hold aux layers {ids}, the target card says "
                              f"{card['aux_layer_ids']}; rerun the hidden_states stage")
+
+
+class OnlineStates:
+    """hidden_states.mode: online for the builtin loop: the target (eval mode, on the train device)
+    and what extraction would have captured and stored (aux ids, storage dtype of the format)."""
+
+    def __init__(self, target, aux_layer_ids: list[int], storage: torch.dtype):
+        self.target, self.aux_layer_ids, self.storage = target, list(aux_layer_ids), storage
 
 
 def hidden_states_dtype(device: str) -> torch.dtype:
@@ -336,19 +356,20 @@ def autocast(device: str):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: float, pack_len: int, dtype):
-    from hs_connectors import FileTransfer
+def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: float, pack_len: int, dtype,
+                 online: OnlineStates | None = None):
+    """speculators' ArrowDataset over the rows; states from the files through hs-connectors'
+    FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, `online`, from the
+    target at fetch time (draftline/online.py)."""
+    common = dict(max_len=pack_len, datapath=str(tokenized_dir), train_ratio=train_ratio, split=split, hidden_states_dtype=dtype)
+    if online is not None:
+        from draftline.online import OnlineArrowDataset
+
+        return OnlineArrowDataset(online.target, online.aux_layer_ids, online.storage, **common)
+    from hs_connectors import FP8Transfer
     from speculators.train.data import ArrowDataset
 
-    return ArrowDataset(
-        max_len=pack_len,
-        datapath=str(tokenized_dir),
-        transfer=FileTransfer(Path(hs_dir)),
-        on_missing="raise",
-        train_ratio=train_ratio,
-        split=split,
-        hidden_states_dtype=dtype,
-    )
+    return ArrowDataset(transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common)
 
 
 def epoch_batches(dataset, pack_len: int, seed: int, epoch: int) -> list[list[int]]:
@@ -491,18 +512,19 @@ def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
 
 
 def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, state_dir: Path | None = None,
-                fingerprint: str = "", log=None, say=print) -> dict:
+                fingerprint: str = "", log=None, say=print, online: OnlineStates | None = None) -> dict:
     """Train in place; returns the best epoch's validation summary and restores its weights.
 
     With state_dir, resumes from a matching state there and saves state as it goes; every epoch
-    record (including those restored) is passed to `log` in order."""
+    record (including those restored) is passed to `log` in order. With `online`, the target makes
+    each packed batch's states (no files are read)."""
     from speculators.losses import resolve_loss_config
 
     dtype = hidden_states_dtype(device)
     hidden_size = model.config.transformer_layer_config.hidden_size
     train_ratio = 1 - cfg.val_fraction
-    train_set = make_dataset(tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype)
-    val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype)
+    train_set = make_dataset(tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online)
+    val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype, online)
     plan = [epoch_batches(train_set, cfg.pack_len, cfg.seed, e) for e in range(cfg.epochs)]
     val_batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     accum = cfg.grad_accum_steps
@@ -574,6 +596,9 @@ def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, s
     return {
         "best": pos["best"], "history": pos["history"], "steps": pos["step"], "resumed_at": resumed_at,
         "step_seconds": round(float(np.median(step_seconds)), 4) if step_seconds else None,
+        # online: one target forward per packed batch, train and validation
+        "target_forwards_per_epoch": len(plan[0]) + len(val_batches) if online is not None else 0,
+        "target_forwards_this_run": train_set.forwards + val_set.forwards if online is not None else 0,
     }
 
 
@@ -614,11 +639,35 @@ def save_draft(model, out_dir: Path) -> dict:
 # ---------------------------------------------------------------- multi-GPU hand-off
 
 
+def speculators_hidden_states_args(hs_dir: Path, fmt: str = "bf16", online: dict | None = None,
+                                   endpoint: str | None = None, staging_dir: Path | None = None) -> list[str]:
+    """Where speculators.train gets the states. Offline: the files in hs_dir, read by hs-connectors'
+    `file` or `fp8` backend. Online (`online`: hidden_states.online as a dict): `--on-missing
+    generate` against the vLLM `endpoint` running extract_hidden_states, the states moved by the
+    `file`/`fp8` transfer through `staging_dir` (deleted once loaded) or by `mooncake`."""
+    if online is None:
+        return ["--hidden-states-path", str(hs_dir), "--on-missing", "raise",
+                "--hidden-states-backend", "fp8" if fmt == "fp8" else "file"]
+    transfer = online.get("transfer") or ("fp8" if fmt == "fp8" else "file")
+    if endpoint is None:
+        raise ValueError("online hidden states need the vLLM endpoint (hidden_states.online.endpoint, or a launched server)")
+    args = ["--on-missing", "generate", "--vllm-endpoint", endpoint, "--hidden-states-backend", transfer,
+            "--request-timeout", str(online["request_timeout_s"]), "--max-retries", str(online["max_retries"])]
+    if transfer == "mooncake":
+        m = online["mooncake"]
+        return args + ["--mooncake-master", m["master"], "--mooncake-metadata-server", m["metadata_server"],
+                       "--mooncake-protocol", m["protocol"], "--mooncake-device", m["device"],
+                       "--mooncake-global-segment-gib", str(m["global_segment_gib"]),
+                       "--mooncake-local-buffer-gib", str(m["local_buffer_gib"])]
+    return args + ["--hidden-states-path", str(staging_dir)]
+
+
 def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
                               save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
-                              architecture: str = "speculators") -> list[str]:
+                              architecture: str = "speculators", hidden_states_args: list[str] | None = None) -> list[str]:
     """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
-    flags of `architecture` (ARCHITECTURES).
+    flags of `architecture` (ARCHITECTURES); `hidden_states_args` (speculators_hidden_states_args)
+    say where the states come from, by default the bf16 files in hs_dir.
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
@@ -630,8 +679,7 @@ def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: P
         "--speculator-type", "eagle3",
         "--verifier-name-or-path", card["model"],
         "--data-path", str(tokenized_dir),
-        "--hidden-states-path", str(hs_dir),
-        "--on-missing", "raise",
+        *(hidden_states_args or speculators_hidden_states_args(hs_dir)),
         "--d2t-path", str(Path(vocab_dir) / "d2t.npy"),
         "--t2d-path", str(Path(vocab_dir) / "t2d.npy"),
         "--draft-vocab-size", str(int(d2t.shape[0])),
@@ -673,14 +721,15 @@ def epoch_checkpoints(save_path: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Path, device: str, log=None):
+def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Path, device: str, log=None,
+                           online: OnlineStates | None = None):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
     tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     dtype = hidden_states_dtype(device)
-    val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype)
+    val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype, online)
     batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
     best, best_model, history = None, None, []

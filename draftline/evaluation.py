@@ -80,19 +80,24 @@ def acceptance_summary(rounds: list[int], k: int) -> dict:
 # ---- simulated acceptance (tau_sim) from teacher-forced accuracy ----------------------------
 
 
-def teacher_forced_sample(target, aux_layer_ids: list[int], prompt: list[int], completion: list[int]) -> dict:
+def teacher_forced_sample(target, aux_layer_ids: list[int], prompt: list[int], completion: list[int], storage=None) -> dict:
     """One sample in speculators' training layout over prompt + the target's own completion.
 
     Hidden states come from the same capture as the hidden_states stage; loss_mask marks the
     completion tokens, so after speculators' shift_batch the draft is scored exactly where the
     speculative decoder drafts: from the first completion token (the prefill's output) onwards.
+    `storage` (torch.bfloat16, torch.float8_e4m3fn): the states take that format's round trip, as
+    the trainer read them (draftline/hs_format.py); None = as a server hands them to the draft.
     """
     import torch
 
     from draftline.hidden import capture
+    from draftline.hs_format import roundtrip
 
     ids = list(prompt) + list(completion)
     hs = capture(target, [ids], aux_layer_ids)[0].float().cpu()  # (L, 4, H)
+    if storage is not None:
+        hs = roundtrip(hs, storage, torch.float32)
     return {
         "hidden_states": hs[:, :-1].flatten(1),  # (L, 3H)
         "input_ids": torch.tensor(ids, dtype=torch.long),

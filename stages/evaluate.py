@@ -14,6 +14,7 @@ real decoder verified; the eval prompts have no stored hidden states). Both per 
 
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 from draftline.config import stage_params
 
@@ -40,6 +41,10 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     if not rows:
         raise SystemExit(f"error: {eval_path} has no eval prompts")
 
+    # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
+    trained_on = (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {}) if Path(draft_dir, "meta.json").exists() else {}
+    fp8 = trained_on.get("format") == "fp8"
+    sums_stored = {}
     rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
     per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
     generated = 0
@@ -51,6 +56,9 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
         if verdict != "identical":
             (near_ties if verdict == "near_tie" else mismatches).append(row["id"])
         sums = teacher_forced_sums(draft, teacher_forced_sample(target, card["aux_layer_ids"], ids, plain.tokens), cfg.k, device)
+        if fp8:
+            add_sums(sums_stored, teacher_forced_sums(draft, teacher_forced_sample(
+                target, card["aux_layer_ids"], ids, plain.tokens, torch.float8_e4m3fn), cfg.k, device))
         src = per_source[row.get("source", "?")]
         src["rounds"].extend(spec.accepted_per_round)
         src["prompts"] += 1
@@ -86,6 +94,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
         "lossless_checked_prompts": len(rows),
         "near_tie_divergences": len(near_ties),
     }
+    if fp8:
+        report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
     write_json(report_path, report)
     write_json(f"{plots_dir}/acceptance_vs_samples.json",
                [{"samples": params.samples, "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])

@@ -222,3 +222,80 @@ def test_speculators_backend_refuses_what_it_cannot_do(setting, key):
         parse_params(raw)
     raw["train"]["backend"] = "builtin"
     parse_params(raw)
+
+
+@pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
+def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_dir, tmp_path, transfer):
+    """hidden_states.mode online with train.backend speculators: speculators' own parser reads
+    `--on-missing generate --vllm-endpoint ...` with the transfer backend from params, and the
+    extraction server gets that backend's kv-transfer config, built by hs-connectors itself."""
+    from hs_connectors import HiddenStatesBackend
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    from draftline import hidden
+    from draftline.config import HiddenStatesConfig
+
+    hs = HiddenStatesConfig(mode="online", format="fp8" if transfer == "fp8" else "bf16",
+                            online={"transfer": transfer, "request_timeout_s": 90, "max_retries": 5,
+                                    "mooncake": {"master": "10.0.0.5:50051", "protocol": "rdma", "device": "mlx5_0"}})
+    online = hs.online.model_dump()
+    args = draft.speculators_hidden_states_args(tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging")
+    cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
+    run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
+    assert run["on_missing"] == "generate" and run["vllm_endpoint"] == "http://10.0.0.9:8012/v1"
+    assert run["hidden_states_backend"] == transfer and run["request_timeout"] == 90 and run["max_retries"] == 5
+    # the trainer side's transfer, as speculators.train builds it from these arguments
+    import argparse
+
+    namespace = argparse.Namespace(**run)
+    if transfer == "mooncake":
+        assert run["mooncake_master"] == "10.0.0.5:50051" and run["mooncake_protocol"] == "rdma" and run["mooncake_device"] == "mlx5_0"
+        assert type(HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])).__name__ == "MooncakeTransfer"
+    else:
+        transfer_obj = HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])
+        assert transfer_obj.hidden_states_path == tmp_path / "staging"
+        assert type(transfer_obj).__name__ == ("FP8Transfer" if transfer == "fp8" else "FileTransfer")
+
+    serve = hidden.vllm_serve_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0", 8012,
+                                      "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=online["mooncake"])
+    kv = json.loads(serve[serve.index("--kv-transfer-config") + 1])
+    connector = {"file": "ExampleHiddenStatesConnector", "fp8": "FP8HiddenStatesConnector",
+                 "mooncake": "MooncakeHiddenStatesConnector"}[transfer]
+    assert kv["kv_connector"] == connector and kv["kv_role"] == "kv_producer"
+    if transfer == "mooncake":
+        assert kv["kv_connector_extra_config"]["mooncake"]["master_server_address"] == "10.0.0.5:50051"
+        assert kv["kv_connector_extra_config"]["mooncake"]["protocol"] == "rdma"
+    else:
+        assert kv["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "staging")
+
+
+@pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
+def test_extraction_server_command_parses_with_vllms_own_parser(tmp_path, transfer):
+    """Where vLLM is installed (GPU hosts): `vllm serve`'s real parser takes the command."""
+    from draftline import hidden
+    from draftline.config import MooncakeConfig
+
+    vllm_serve = pytest.importorskip("vllm.entrypoints.cli.serve")
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    serve = hidden.vllm_serve_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0", 8012,
+                                      "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=MooncakeConfig().model_dump())
+    parser = FlexibleArgumentParser()
+    vllm_serve.ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
+    parsed = parser.parse_args(serve[3:])
+    assert parsed.model_tag == "org/target" and parsed.tensor_parallel_size == 8
+
+
+def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(random_target, vocab_dir, tmp_path):
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    args = draft.speculators_hidden_states_args(tmp_path / "hs", "fp8")
+    cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
+    run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
+    assert run["hidden_states_backend"] == "fp8" and run["on_missing"] == "raise" and run["hidden_states_path"] == str(tmp_path / "hs")
