@@ -80,12 +80,22 @@ PROFILES = {
         "benchmark.max_new_tokens": 12,
     },
 }
-# The speculators hand-off runs in its own directory (it writes models/draft there) with these on top.
-SPECULATORS_TRAIN = {"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2}
-SPECULATORS_DIR = "speculators"
+# Runs beside the main one, each in a directory of the work directory named after it, with its own
+# params.yaml (the main one with these overrides) and outputs, and links to the main run's inputs:
+# name -> (overrides, linked paths).
+VARIANTS = {
+    # speculators' trainer through the train.backend: speculators hand-off (torchrun, one GPU)
+    "speculators": ({"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2},
+                    ["models/target", "models/vocab", "datasets/tokenized", "datasets/hidden_states"]),
+    # states stored in hs-connectors' FP8 layout, read back by the trainer through FP8Transfer
+    "fp8": ({"hidden_states.format": "fp8", "train.epochs": 1}, ["models/target", "models/vocab", "datasets/tokenized"]),
+    # no stored states: the trainer runs the target on every packed batch
+    "online": ({"hidden_states.mode": "online", "train.epochs": 1}, ["models/target", "models/vocab", "datasets/tokenized"]),
+}
 # Seconds each stage may take at most on the GPU (the dry run shares --budget-s alone).
-STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 240, "evaluate": 150,
-                "benchmark": 150, "train_speculators": 240}
+STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 240, "evaluate": 150, "benchmark": 150,
+                "train_speculators": 240, "hidden_states_fp8": 90, "train_fp8": 180, "hidden_states_online": 60,
+                "train_online": 180}
 
 
 @dataclass
@@ -93,12 +103,13 @@ class Stage:
     name: str
     argv: list[str]  # python -m stages.<module> <paths>, relative to the work directory
     needs: list[str] = field(default_factory=list)  # files or directories an earlier stage writes
-    cwd: str = "."  # relative to the work directory (its params.yaml is the one read)
+    cwd: str = "."  # relative to the work directory (its params.yaml is the one read); `needs` are relative to it
     cuda_only: bool = False
 
 
-def pipeline(datasets: list[str], spec_dir: str) -> list[Stage]:
-    """Every stage the check runs, in order: the one place to change an invocation."""
+def pipeline(datasets: list[str]) -> list[Stage]:
+    """Every stage the check runs, in order: the one place to change an invocation. The variants
+    come last: when the time budget runs short, they are what is skipped."""
     card, vocab, tok, hs = "models/target/card.json", "models/vocab", "datasets/tokenized", "datasets/hidden_states"
     prepared = [Stage(f"prepare@{name}", ["stages.prepare", name, f"datasets/prepared/{name}.jsonl",
                                           f"reports/prepare/{name}.json"]) for name in datasets]
@@ -117,10 +128,15 @@ def pipeline(datasets: list[str], spec_dir: str) -> list[Stage]:
                            "reports/evaluate"], needs=["models/draft/config.json"]),
         Stage("benchmark", ["stages.benchmark", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/benchmark.json",
                             "reports/deploy.json"], needs=["models/draft/config.json"]),
-        # in its own directory, which sees the target, vocab and data of the work directory (see prepare_work)
+        # the variants (VARIANTS), each in its own directory, which links the main run's inputs
         Stage("train_speculators", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
                                     "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
-              cwd=spec_dir, cuda_only=True),
+              cwd="speculators", cuda_only=True),
+        *[stage for variant in ("fp8", "online") for stage in (
+            Stage(f"hidden_states_{variant}", ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
+                  needs=[f"{tok}/token_freq.pt"], cwd=variant),
+            Stage(f"train_{variant}", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
+                                       "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"], cwd=variant))],
     ]
 
 
@@ -159,16 +175,16 @@ def prepare_work(work: Path, repo: Path, device: str, target: str) -> tuple[dict
         shutil.rmtree(work)
     params = check_params(repo, device)
     write_params(work, params)
-    spec = copy.deepcopy(params)
-    for key, value in SPECULATORS_TRAIN.items():
-        set_key(spec, key, value)
-    write_params(work / SPECULATORS_DIR, spec)
-    # The card names the target by a path relative to the work directory ("models/target"), which
-    # the trainer under torchrun resolves from its own directory: the same inputs are linked there.
-    (work / SPECULATORS_DIR / "models").mkdir()
-    for rel in ("models/target", "models/vocab", "datasets"):
-        (work / SPECULATORS_DIR / rel).symlink_to(Path("../" * (len(Path(rel).parts) - 1) + "../" + rel),
-                                                  target_is_directory=True)
+    for name, (overrides, links) in VARIANTS.items():
+        variant = copy.deepcopy(params)
+        for key, value in overrides.items():
+            set_key(variant, key, value)
+        write_params(work / name, variant)
+        # The card names the target by a path relative to the work directory ("models/target"),
+        # which a variant's stages (and torchrun's workers) resolve from their own directory.
+        for rel in links:
+            (work / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / name / rel).symlink_to(Path("../" * len(Path(rel).parts) + rel), target_is_directory=True)
     source = target
     if target == "auto":
         source = str(repo / "models" / "target") if (repo / "models" / "target" / "card.json").is_file() else "build"
@@ -238,35 +254,37 @@ def read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def stage_numbers(name: str, work: Path, seconds: float, params: dict) -> dict:
-    """tokens/s, acceptance length and speedup, from the reports each stage wrote."""
-    reports = work / "reports"
-    if name == "target":
-        card = read(work / "models" / "target" / "card.json")
+def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
+    """tokens/s, acceptance length and speedup, from the reports the stage wrote."""
+    sub = work / stage.cwd
+    reports, module = sub / "reports", stage.argv[0]
+    if module == "stages.target":
+        card = read(sub / "models" / "target" / "card.json")
         return {k: v for k, v in (card.get("tiny_training") or {}).items() if k in ("final_train_loss", "train_steps")}
-    if name == "tokenize":
+    if module == "stages.tokenize":
         rep = read(reports / "tokenize.json")
         return {"rows": rep.get("rows"), "tokens": rep.get("tokens")}
-    if name == "hidden_states":
+    if module == "stages.hidden_states":
         rep = read(reports / "hidden_states.json")
-        return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now")}
-    if name in ("train", "train_speculators"):
-        sub = work / SPECULATORS_DIR if name == "train_speculators" else work
-        rep = read(sub / "reports" / "train.json")
+        return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now"),
+                "mode": rep.get("mode"), "format": rep.get("format"), "bytes_per_token": rep.get("bytes_per_token")}
+    if module == "stages.train":
+        rep = read(reports / "train.json")
         out = {"val_tau_sim": rep.get("val_tau_sim"), "best_epoch": rep.get("best_epoch"), "steps": rep.get("steps"),
-               "step_seconds": rep.get("step_seconds")}
-        tokens = read(reports / "tokenize.json").get("tokens")
-        epochs = params["train"]["epochs"] if name == "train" else SPECULATORS_TRAIN["train.epochs"]
+               "step_seconds": rep.get("step_seconds"), "hidden_states": rep.get("hidden_states_format"),
+               "hidden_states_mode": rep.get("hidden_states_mode")}
+        tokens = read(work / "reports" / "tokenize.json").get("tokens")
+        epochs = yaml.safe_load((sub / "params.yaml").read_text())["train"]["epochs"]
         if tokens and seconds:  # whole stage wall time: data loading, compilation and validation included
             out["tokens_per_s"] = round(tokens * epochs / seconds, 1)
         return out
-    if name == "evaluate":
+    if module == "stages.evaluate":
         rep = read(reports / "acceptance.json")
         out = {k: rep.get(k) for k in ("acceptance_length", "tau_sim", "prompts", "lossless_checked_prompts", "near_tie_divergences")}
         if rep.get("generated_tokens") and seconds:
             out["tokens_per_s"] = round(rep["generated_tokens"] / seconds, 1)  # wall time, greedy and speculative
         return out
-    if name == "benchmark":
+    if module == "stages.benchmark":
         rep = read(reports / "benchmark.json")
         return {k: rep.get(k) for k in ("baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "acceptance_length",
                                          "outputs_identical", "device")}
@@ -276,25 +294,27 @@ def stage_numbers(name: str, work: Path, seconds: float, params: dict) -> dict:
 # ---------------------------------------------------------------- correctness checks
 
 
-def check_last_state(work: Path, device: str, rows: int = 8) -> dict:
-    """The stored last hidden state through the target's norm and lm_head gives the target's own
-    argmax; a disagreement where the target's top two logits were within the stored dtype's tie
-    tolerance is a near-tie, any other a failure."""
+def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
+    """The stored last hidden state, read back as the trainer reads it, through the target's norm
+    and lm_head gives the target's own argmax. bf16: every disagreement must be a near-tie (top two
+    logits within the stored dtype's tie tolerance). fp8 rounds coarser: away from such near-ties
+    the argmax must hold on at least 99% of the positions (as tests/test_hidden.py asks)."""
     import torch
     from safetensors.torch import load_file
 
-    from draftline import hidden
+    from draftline import hidden, hs_format
     from draftline.config import TIE_TOLERANCE
     from draftline.target import load_target_model
 
-    card = read(work / "models" / "target" / "card.json")
-    hs_dir = work / "datasets" / "hidden_states"
-    stored_dtype = yaml.safe_load((work / "params.yaml").read_text())["hidden_states"]["dtype"]
+    card = read(sub / "models" / "target" / "card.json")
+    hs_dir = sub / "datasets" / "hidden_states"
+    cfg = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"]
+    fmt, stored_dtype = cfg.get("format", "bf16"), cfg["dtype"]
     tolerance = TIE_TOLERANCE[stored_dtype]
     compute = hidden.DTYPES[stored_dtype] if device == "cuda" else torch.float32  # as the stage computed them
     model = load_target_model(card, device, compute)
     norm = hidden.decoder_parts(model)[1]
-    positions = mismatches = near_ties = 0
+    positions = mismatches = near_ties = clear = 0
     files = sorted(hs_dir.glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:rows]
     if not files:
         raise FileNotFoundError(f"no hidden-state files in {hs_dir}")
@@ -303,16 +323,18 @@ def check_last_state(work: Path, device: str, rows: int = 8) -> dict:
             data = load_file(str(path))
             ids = data["token_ids"].to(device).unsqueeze(0)  # (1, L)
             ref = model(input_ids=ids).logits[0].float()  # (L, V)
-            last = data["hidden_states"][:, 3].to(device, compute)  # (L, H), pre-norm
+            last = hs_format.decode(data, torch.float32)[:, 3].to(device, compute)  # (L, H), pre-norm
             ours = model.lm_head(norm(last)).float()
             top2 = ref.topk(2, dim=-1).values
             differ = ours.argmax(-1) != ref.argmax(-1)
             tie = (top2[:, 0] - top2[:, 1]) <= tolerance
             positions += ids.shape[1]
+            clear += int((~tie).sum())
             near_ties += int((differ & tie).sum())
             mismatches += int((differ & ~tie).sum())
-    return {"passed": mismatches == 0, "rows": len(files), "positions": positions, "mismatches": mismatches,
-            "near_ties": near_ties, "tie_tolerance": tolerance, "stored_dtype": stored_dtype}
+    passed = mismatches == 0 if fmt == "bf16" else mismatches <= 0.01 * clear
+    return {"passed": passed, "format": fmt, "rows": len(files), "positions": positions, "mismatches": mismatches,
+            "near_ties": near_ties, "tie_tolerance": tolerance, "stored_dtype": hs_format.storage_name(fmt, stored_dtype)}
 
 
 def check_draft_loads(draft_dir: Path, card: dict) -> dict:
@@ -413,14 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     def remaining() -> float:
         return args.budget_s - (time.perf_counter() - began)
 
-    for stage in pipeline(list(params["datasets"]), SPECULATORS_DIR):
+    for stage in pipeline(list(params["datasets"])):
         if stage.name == "target" and target_source != "build":
             report["stages"].append({"name": "target", "status": "reused", "source": target_source, "seconds": 0.0})
             continue
         if stage.name == "tokenize" and (work / "datasets" / "prompts" / "train.jsonl").is_file():
             report["regenerated_stand_in"] = {"conversations": stand_in_regenerated(work),
                                               "source": "the bundled samples' answers (no regeneration server runs here)"}
-        missing = [p for p in stage.needs if not (work / p).exists()]
+        missing = [p for p in stage.needs if not (work / stage.cwd / p).exists()]
         if stage.cuda_only and args.device != "cuda":
             record = {"name": stage.name, "status": "skipped", "reason": "needs a CUDA GPU (train.backend speculators)"}
         elif missing:
@@ -432,21 +454,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_check: {stage.name} (at most {limit:.0f} s)", flush=True)
             record = run_stage(stage, work, env, limit, log_dir)
             if record["status"] == "ok":
-                record.update({k: v for k, v in stage_numbers(stage.name, work, record["seconds"], params).items() if v is not None})
+                record.update({k: v for k, v in stage_numbers(stage, work, record["seconds"]).items() if v is not None})
             else:
                 print(f"gpu_check: {stage.name} failed: {record['error']}", flush=True)
         report["stages"].append(record)
-        ok = record["status"] in ("ok", "reused")
-        card = read(work / "models" / "target" / "card.json")
-        if stage.name == "hidden_states" and ok:
-            report["checks"].append(run_check("last_state_reproduces_target_argmax", check_last_state, work, args.device))
-        if stage.name == "train" and ok:
-            report["checks"].append(run_check("draft_loads_with_from_pretrained", check_draft_loads, work / "models" / "draft", card))
-        if stage.name == "evaluate" and ok:
+        if record["status"] not in ("ok", "reused"):
+            continue
+        sub, module = work / stage.cwd, stage.argv[0]
+        suffix = "" if stage.cwd == "." else f"_{stage.cwd}"
+        mode = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"].get("mode", "offline")
+        if module == "stages.hidden_states" and mode == "offline":
+            report["checks"].append(run_check(f"last_state_reproduces_target_argmax{suffix}", check_last_state, sub, args.device))
+        if module == "stages.train":
+            report["checks"].append(run_check(f"draft_loads_with_from_pretrained{suffix}", check_draft_loads, sub / "models" / "draft",
+                                              read(work / "models" / "target" / "card.json")))
+        if module == "stages.evaluate":
             report["checks"].append(run_check("speculative_equals_greedy", check_lossless, work))
-        if stage.name == "train_speculators" and ok:
-            report["checks"].append(run_check("speculators_draft_loads_with_from_pretrained", check_draft_loads,
-                                              work / SPECULATORS_DIR / "models" / "draft", card))
 
     report["total_seconds"] = round(time.perf_counter() - began, 1)
     failed = [s["name"] for s in report["stages"] if s["status"] == "failed"]

@@ -36,18 +36,24 @@ def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
     assert report["passed"] and report["failed"] == [] and report["environment"]["device"] == "cpu"
     stages = {s["name"]: s for s in report["stages"]}
     expected = ["target", "prepare@sharegpt_sample", "prepare@messages_sample", "mix", "tokenize", "vocab", "hidden_states",
-                "train", "evaluate", "benchmark", "train_speculators"]
+                "train", "evaluate", "benchmark", "train_speculators", "hidden_states_fp8", "train_fp8",
+                "hidden_states_online", "train_online"]
     assert list(stages) == expected
-    assert all(stages[name]["status"] == "ok" and stages[name]["seconds"] > 0 for name in expected[:-1])
+    assert all(s["status"] == "ok" and s["seconds"] > 0 for name, s in stages.items() if name != "train_speculators")
     assert stages["train_speculators"]["status"] == "skipped" and "CUDA" in stages["train_speculators"]["reason"]
+    assert stages["hidden_states_fp8"]["format"] == "fp8" and stages["train_fp8"]["hidden_states"] == "fp8"
+    assert stages["hidden_states_online"]["mode"] == stages["train_online"]["hidden_states_mode"] == "online"
     assert stages["hidden_states"]["tokens_per_s"] > 0 and stages["train"]["tokens_per_s"] > 0
     assert 1.0 <= stages["evaluate"]["acceptance_length"] <= 4.0 and stages["evaluate"]["lossless_checked_prompts"] == 3
     bench = stages["benchmark"]
     assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0 and bench["speedup"] > 0
     checks = {c["name"]: c for c in report["checks"]}
-    assert set(checks) == {"last_state_reproduces_target_argmax", "draft_loads_with_from_pretrained", "speculative_equals_greedy"}
+    assert set(checks) == {"last_state_reproduces_target_argmax", "draft_loads_with_from_pretrained", "speculative_equals_greedy",
+                           "last_state_reproduces_target_argmax_fp8", "draft_loads_with_from_pretrained_fp8",
+                           "draft_loads_with_from_pretrained_online"}
     assert all(c["passed"] for c in checks.values())
     assert checks["last_state_reproduces_target_argmax"]["positions"] > 0
+    assert checks["last_state_reproduces_target_argmax_fp8"]["stored_dtype"] == "float8_e4m3fn"
     assert report["regenerated_stand_in"]["conversations"] == 40
     assert report["summary"]["acceptance_length"] == stages["evaluate"]["acceptance_length"]
     assert report["summary"]["speedup"] == bench["speedup"]
@@ -90,9 +96,12 @@ def test_the_check_params_validate(device):
     params = driver.check_params(ROOT, device)
     parsed = parse_params(params)
     assert parsed.train.device == parsed.hidden_states.device == parsed.evaluate.device == device
-    for key, value in driver.SPECULATORS_TRAIN.items():
-        driver.set_key(params, key, value)
-    assert parse_params(params).train.backend == "speculators"
+    for name, (overrides, _) in driver.VARIANTS.items():
+        variant = driver.copy.deepcopy(params)
+        for key, value in overrides.items():
+            driver.set_key(variant, key, value)
+        parse_params(variant)
+    assert parse_params(variant).hidden_states.mode == "online"
     assert all(Path(spec["path"]).is_absolute() for spec in params["datasets"].values())
 
 
@@ -111,15 +120,20 @@ def test_wheel_list_pins_what_pyproject_pins():
     assert {name: v for name, v in ours.items() if project.get(name, v) != v} == {}
 
 
-def test_the_speculators_run_sees_the_inputs_of_the_work_directory(tmp_path):
-    """The card names the target "models/target", relative to the work directory: the speculators
-    hand-off, run from its own directory (torchrun resolves the path from there), sees the same."""
+def test_each_variant_sees_the_inputs_of_the_work_directory(tmp_path):
+    """The card names the target "models/target", relative to the work directory: each variant's
+    stages (and, for the speculators hand-off, torchrun's workers), run from the variant's own
+    directory, see the same target, vocabulary and data, and write their own outputs."""
     driver = load_driver()
     work = tmp_path / "work"
     driver.prepare_work(work, ROOT, "cpu", "build")
-    for rel in ("models/target", "models/vocab", "datasets/tokenized"):
+    for rel in ("models/target", "models/vocab", "datasets/tokenized", "datasets/hidden_states"):
         (work / rel).mkdir(parents=True)
-        assert (work / driver.SPECULATORS_DIR / rel).resolve() == (work / rel).resolve()
-    spec = driver.pipeline(["a"], driver.SPECULATORS_DIR)[-1]
-    plain = next(s for s in driver.pipeline(["a"], driver.SPECULATORS_DIR) if s.name == "train")
-    assert spec.name == "train_speculators" and spec.cwd == driver.SPECULATORS_DIR and spec.argv == plain.argv
+    for name, (_, links) in driver.VARIANTS.items():
+        for rel in links:
+            assert (work / name / rel).resolve() == (work / rel).resolve()
+        assert not (work / name / "models" / "draft").exists()
+    assert not (work / "fp8" / "datasets" / "hidden_states").exists()  # its own, written by its hidden_states stage
+    stages = {s.name: s for s in driver.pipeline(["a"])}
+    for name in ("train_speculators", "train_fp8", "train_online"):
+        assert stages[name].argv == stages["train"].argv and stages[name].cwd == name.removeprefix("train_")
