@@ -8,8 +8,9 @@ own params.yaml (the repository's, with the overrides of PROFILES for the device
 
   target (tiny, trained on the device; or a copy of models/target when present) -> prepare, mix
   (the bundled samples) -> tokenize -> vocab -> hidden_states (hf, bf16) -> train (builtin: bf16
-  autocast, flex attention, fused loss on CUDA) -> evaluate (bf16, near-tie rule) -> benchmark (hf)
-  -> train with backend speculators (`torchrun -m speculators.train`, one GPU, one epoch)
+  autocast, flex attention, fused loss on CUDA) -> evaluate (bf16, near-tie rule) -> benchmark (hf,
+  device_map auto); then the VARIANTS: train with backend speculators (`torchrun -m
+  speculators.train`, one GPU, one epoch); hidden_states + train with format fp8; and with mode online
 
 There is no regenerate stage (it needs a server): the bundled samples' own answers, made by the
 generator the tiny target learned from, stand in for the regenerated ones. Checks beside the
