@@ -33,6 +33,8 @@ class TinyTargetConfig(Section):
     seq_len: int = Field(160, ge=32)  # training window, tokens
     lr: float = Field(3e-3, gt=0)
     seed: int = 1234
+    # where it trains: cpu (the default, identical weights on every host), cuda, or auto
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
 
     @model_validator(mode="after")
     def _heads_divide(self):
