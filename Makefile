@@ -2,12 +2,14 @@
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
+#   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
+#                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup repro test test-unit bench clean-venv
+.PHONY: setup repro test test-unit bench gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -43,6 +45,10 @@ bench: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
+
+# No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
+gpu-check:
+	PYTHON=$(PY) bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -10,6 +10,7 @@ benchmark.port or, by default, a free port chosen at each start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import time
@@ -20,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.loadgen import Endpoint, run_load, summarize_load
-from draftline.serving import ManagedServer, server_url
+from draftline.serving import ManagedServer, server_url, startup_timeout_s
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -55,16 +56,27 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
     Returns {"command": str, "levels": {c: (load summary, acceptance or None, first text per prompt,
     (counters before, counters after))}}.
     """
-    commands = []
-
-    def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
-        commands.append(serve_command(engine, card, cfg, draft_path, port))
-        say(f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path})")
-        return commands[-1]
-
+    commands = [serve_command(engine, card, cfg, draft_path)]  # as deployed (no port: the engine's default)
     levels = {}
     mode = "speculative" if draft_path else "baseline"
-    server = ManagedServer(command, dict(os.environ), server_url(cfg.host, cfg.port), log_path, cfg.startup_timeout_s)
+    if mode in cfg.endpoints:  # already running: checked, not started
+        from draftline.endpoints import preflight_benchmark
+
+        base_url = cfg.endpoints[mode].rstrip("/")
+        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
+        seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
+        say(f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
+            f"`{shlex.join(commands[0])}` would be")
+        server = contextlib.nullcontext(base_url)
+    else:
+        limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+
+        def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
+            commands.append(serve_command(engine, card, cfg, draft_path, port))
+            say(f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})")
+            return commands[-1]
+
+        server = ManagedServer(command, dict(os.environ), server_url(cfg.host, cfg.port), log_path, limit, say=say)
     with server as base_url, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         endpoint = engine_endpoint(engine, base_url)

@@ -205,6 +205,7 @@ def serve_command(engine: str, card: dict, cfg, draft_path: str | None, port: in
     benchmark.port); with neither, no --port: the engine's default (the deployment command)."""
     host, port = cfg.host, cfg.port if port is None else port
     revision = ["--revision", card["revision"]] if card.get("revision") else []
+    revision += ["--trust-remote-code"] if card.get("trust_remote_code") else []
     model = str(Path(card["model"]).resolve()) if Path(card["model"]).exists() else card["model"]  # hub id or local dir
     where = ["--host", host] + (["--port", str(port)] if port else [])
     if engine == "vllm":

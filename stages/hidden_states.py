@@ -48,7 +48,7 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     import subprocess
 
     from draftline import hidden
-    from draftline.serving import ManagedServer, server_url
+    from draftline.serving import ManagedServer, server_url, startup_timeout_s
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -58,21 +58,43 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     longest = max(rows.with_format(None)["seq_len"])
 
     def serve(port: int) -> list[str]:
-        cmd = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
-                                        card["num_layers"], staging, v.host, port, cfg.dtype, v.tensor_parallel_size,
-                                        v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
-                                        transfer=cfg.format if cfg.format == "fp8" else "file")
-        print("hidden_states: launching", " ".join(cmd))
-        return cmd
+        return hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
+                                         card["num_layers"], staging, v.host, port, cfg.dtype, v.tensor_parallel_size,
+                                         v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
+                                         transfer=cfg.format if cfg.format == "fp8" else "file",
+                                         trust_remote_code=card.get("trust_remote_code", False))
+    if v.endpoint:  # already running: checked with one probe row, not started
+        from contextlib import nullcontext
 
-    try:  # a free port chosen at start unless hidden_states.vllm.port is set
-        with ManagedServer(serve, dict(os.environ), server_url(v.host, v.port), log_path, v.startup_timeout_s) as base_url:
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        base_url = v.endpoint.rstrip("/")
+        probe = rows.with_format(None)[min(todo)]["input_ids"]
+        try:
+            seen = preflight_extraction(base_url, card, aux_ids, probe, v.request_timeout_s, v.max_retries + 1)
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
+        print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
+        server = nullcontext(base_url)
+    else:
+        limit, why = startup_timeout_s(v.startup_timeout_s, card["model"], card.get("revision"))
+
+        def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
+            cmd = serve(port)
+            print(f"hidden_states: launching {' '.join(cmd)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
+            return cmd
+
+        server = ManagedServer(launch, dict(os.environ), server_url(v.host, v.port), log_path, limit, say=print)
+    try:
+        with server as base_url:
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
                                                           v.request_timeout_s, v.max_retries, validate=cfg.format != "fp8")
             print("hidden_states: running", " ".join(client))
             code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
             if code != 0:
-                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; server log: {log_path}")
+                where = f"the server at {base_url}" if v.endpoint else f"server log: {log_path}"
+                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; {where}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -27,15 +27,20 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str, port: int) -> list[str]:
+def launch_command(cfg, card: dict, model_name: str, port: int | None = None) -> list[str]:
+    """The server command on `port` (else regenerate.port; with neither, no --port: a command to show)."""
+    port = port if port is not None else cfg.port
     from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
 
+    trust = card.get("trust_remote_code", False)
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, port, "cuda" if has_cuda() else "cpu",
-                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args)
+                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
+                                          cfg.chat_template_kwargs)
     build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
     return build(card["model"], model_name, cfg.host, port, card.get("revision"), cfg.tensor_parallel_size,
-                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args)
+                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
+                 trust)
 
 
 def cut_last_line(path: Path) -> bool:
@@ -101,6 +106,13 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     card = read_json(card_path)
     model_name = cfg.served_model_name or card["model"]
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
+    if cfg.backend == "transformers":
+        from draftline.serving import transformers_serve_loads
+
+        if not transformers_serve_loads(card["architecture"], card.get("config_model_type", card["model_type"])):
+            raise SystemExit(f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
+                             f"the target's {card['architecture']} is the checkpoint's own code. Use backend vllm or "
+                             "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints")
     if engine == "transformers" and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0:
         from transformers import GenerationConfig
 
@@ -140,15 +152,19 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
 
     tally, seen, start = None, [], time.perf_counter()
     if todo:
-        from transformers import AutoTokenizer
+        from draftline.target import card_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+        tokenizer = card_tokenizer(card)
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
         else:  # a free port chosen at start unless regenerate.port is set
+            from draftline.serving import startup_timeout_s
+
+            limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+            print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
             server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, port),
                                          server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
-                                         out / "server.log", cfg.startup_timeout_s), []
+                                         out / "server.log", limit, say=print), []
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
         policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.request_timeout_s)

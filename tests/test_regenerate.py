@@ -650,8 +650,8 @@ def test_preflight_refuses(stub, random_target, engine, attrs, message):
 
 
 @pytest.mark.parametrize("actual, speculative, message", [
-    ("vllm", True, "decodes speculatively.*vllm:spec_decode_num_drafts_total"),
-    ("sglang", True, "decodes speculatively.*speculative_algorithm=EAGLE3"),
+    ("vllm", True, "runs speculative decoding.*vllm:spec_decode_num_drafts_total"),
+    ("sglang", True, "runs speculative decoding.*speculative_algorithm=EAGLE3"),
     ("vllm", False, "answers as vllm, not transformers"),
     ("sglang", False, "answers as sglang, not transformers"),
 ])
@@ -676,7 +676,7 @@ def test_stage_refuses_a_speculative_server_declared_as_transformers(tmp_path, s
                         external_engine="transformers")
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "speculatively" in proc.stderr and "vllm:spec_decode" in proc.stderr
+    assert "speculative decoding" in proc.stderr and "vllm:spec_decode" in proc.stderr
     assert handler.requests == [] and not (workdir / "out/conversations.jsonl").exists()
 
 
