@@ -38,6 +38,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from draftline.io import atomic_path
 
@@ -390,7 +391,7 @@ async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retri
     for attempt in range(policy.max_retries + 1):
         async with pool.slot():
             outcome = await _attempt(pool, request, policy, attempt, on_token)
-        if isinstance(outcome, tuple):
+        if not isinstance(outcome, Retry):
             return outcome
         reason, detail, delay = outcome
         if attempt == policy.max_retries:
@@ -400,8 +401,14 @@ async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retri
     raise ConversationFailed(reason, detail, policy.max_retries + 1)
 
 
+class Retry(NamedTuple):
+    reason: str
+    detail: str
+    delay: float  # backoff before the next attempt
+
+
 async def _attempt(pool: EndpointPool, request: dict, policy: RetryPolicy, attempt: int, on_token):
-    """(choice, usage), or (reason, detail, backoff) of a failure worth retrying."""
+    """(choice, usage), or the Retry of a failure worth retrying."""
     import openai
 
     endpoint = pool.acquire()
@@ -435,7 +442,7 @@ async def _attempt(pool: EndpointPool, request: dict, policy: RetryPolicy, attem
         raise
     delay = policy.wait(attempt, retry_after)
     pool.release(endpoint, failed_for_s=delay)
-    return reason, detail, delay
+    return Retry(reason, detail, delay)
 
 
 # ---- one conversation ------------------------------------------------------------------------
