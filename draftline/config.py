@@ -98,6 +98,9 @@ class MixConfig(Section):
     caps: dict[str, int] = {}
     eval_samples: int = Field(32, ge=1)  # held-out prompts for evaluate/benchmark
     long_threshold_tokens: int = Field(1024, ge=1)  # prompts above this go to the `long` partition
+    # false: fail when the datasets cannot supply `samples` / eval_samples at the weights (numbers per
+    # dataset); true: take what there is, and record the rows drawn and the shares they came out at
+    allow_shortfall: bool = False
 
     @model_validator(mode="after")
     def _caps_positive(self):

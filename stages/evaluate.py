@@ -2,8 +2,10 @@
 
     python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json reports/evaluate
 
-reports/evaluate/ holds the plot data: acceptance length against `samples` (one point per run, so
-`dvc plots diff` over experiments draws the scaling curve) and acceptance per draft position.
+reports/evaluate/ holds the plot data: acceptance length against the train prompts `mix` drew (one
+point per run, so `dvc plots diff` over experiments draws the scaling curve; it reads their count
+from the mix's meta.json beside the eval prompts, which is `samples` unless mix.allow_shortfall let
+fewer through) and acceptance per draft position.
 
 Real: chain speculative decoding (greedy, k draft tokens per round) with the built-in engine, each
 output checked against plain greedy decoding of the target (the engine is lossless, so a mismatch
@@ -16,6 +18,21 @@ import sys
 from collections import defaultdict
 
 from draftline.config import stage_params
+
+
+def mixed_train_count(eval_path: str) -> int:
+    """Train prompts the mix drew, from its meta.json beside the eval prompts."""
+    from pathlib import Path
+
+    from draftline.io import read_json
+
+    meta_path = Path(eval_path).parent / "meta.json"
+    try:
+        meta = read_json(meta_path)
+        return int(meta["counts"]["train"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
+                         "the scaling plot records the train prompts mix drew, so run `mix` first") from None
 
 
 def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots_dir: str) -> None:
@@ -39,6 +56,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise SystemExit(f"error: {eval_path} has no eval prompts")
+    train_prompts = mixed_train_count(eval_path)
 
     rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
     per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
@@ -88,7 +106,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     }
     write_json(report_path, report)
     write_json(f"{plots_dir}/acceptance_vs_samples.json",
-               [{"samples": params.samples, "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])
+               [{"samples": train_prompts, "samples_requested": params.samples,
+                 "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])
     write_json(f"{plots_dir}/position_acceptance.json",
                [{"position": int(pos), "acceptance": rate} for pos, rate in real["position_acceptance"].items()])
     print(f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
