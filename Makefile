@@ -2,12 +2,13 @@
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
+#   make exps    experiments side by side: the params that differ and the headline metrics
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup repro test test-unit bench clean-venv
+.PHONY: setup repro test test-unit bench exps clean-venv
 
 setup: $(STAMP)
 
@@ -39,6 +40,13 @@ bench: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
+
+# `dvc exp show` lists every param and every dependency's hash (~180 columns): keep the params that
+# differ between experiments and the headline metrics (tokens/s differ on every run: in metrics diff).
+EXPS_DROP := 'Created|.*/|.*tokens_per_s|val_tau_sim'
+EXPS_KEEP := 'Experiment|acceptance_length|tau_sim|speedup|val_loss'
+exps:
+	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
 
 clean-venv:
 	rm -rf $(VENV)

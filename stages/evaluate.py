@@ -12,6 +12,8 @@ output checked against plain greedy decoding of the target (the engine is lossle
 fails the stage). Simulated: tau_sim = 1 + sum of teacher-forced accuracies, from speculators' own
 TTT forward over the target's hidden states of prompt + its greedy completion (the same tokens the
 real decoder verified; the eval prompts have no stored hidden states). Both per source dataset.
+The metrics file holds the two headline figures; the whole report (per position, per source,
+histogram, prompts) is in acceptance.detail.json beside it.
 """
 
 import sys
@@ -43,7 +45,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
 
     from draftline.evaluation import (acceptance_summary, add_sums, compare_to_greedy, eos_ids, load_draft, mean,
                                       prompt_ids, simulated_acceptance, teacher_forced_sample, teacher_forced_sums)
-    from draftline.io import read_json, read_jsonl, write_json
+    from draftline.io import read_json, read_jsonl, write_json, write_metrics
     from draftline.specdec import greedy_generate, speculative_generate
     from draftline.target import load_target
 
@@ -104,7 +106,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
         "lossless_checked_prompts": len(rows),
         "near_tie_divergences": len(near_ties),
     }
-    write_json(report_path, report)
+    write_metrics(report_path, report, ["acceptance_length", "tau_sim"])
     write_json(f"{plots_dir}/acceptance_vs_samples.json",
                [{"samples": train_prompts, "samples_requested": params.samples,
                  "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])

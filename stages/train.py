@@ -115,7 +115,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     from dvclive import Live
 
     from draftline import draft
-    from draftline.io import read_json, write_json, write_meta
+    from draftline.io import read_json, write_meta, write_metrics
 
     card = read_json(card_path)
     paths = {"vocab": Path(vocab_dir), "tokenized": Path(tokenized_dir), "hs": Path(hs_dir), "state": Path(state_dir)}
@@ -144,7 +144,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
                data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
                best_epoch=best["epoch"], vllm_speculator=vllm_fields)
-    write_json(report_path, {
+    write_metrics(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],
         "val_position_accuracy": best["val"]["position_accuracy"],
@@ -155,7 +155,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         "step_seconds": result.get("step_seconds"),
         "resumed_at": result.get("resumed_at"),
         "init": cfg.init,
-    })
+    }, ["val_tau_sim", "val_loss"])
     if cfg.backend == "builtin":
         draft.finish_state(paths["state"], {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]})
 

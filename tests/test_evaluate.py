@@ -108,7 +108,8 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     proc = subprocess.run([sys.executable, "-m", "stages.evaluate", "card.json", "draft", "eval.jsonl", "acc.json", "plots"],
                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = read_json(tmp_path / "acc.json")
+    report = read_json(tmp_path / "acc.detail.json")
+    assert read_json(tmp_path / "acc.json") == {"acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}
     assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
     assert report["near_tie_divergences"] == 0 if dtype == "float32" else 0 <= report["near_tie_divergences"] <= 3
     assert 1.0 <= report["acceptance_length"] <= 3.0 and 1.0 <= report["tau_sim"] <= 3.0
