@@ -20,6 +20,7 @@ the best validation tau_sim, not the lowest loss.
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from draftline.config import stage_params
@@ -50,6 +51,37 @@ def epoch_logger(live):
     return log
 
 
+PROGRESS_EVERY_S = 30.0
+
+
+def step_reporter(every_s: float = PROGRESS_EVERY_S, clock=time.monotonic, out=print):
+    """progress(p) for train_draft: a line at the first step, then every `every_s` seconds and at the
+    last step of each epoch: steps, tokens/s and the ETA of the epoch and of the run (a CPU epoch
+    can take minutes; the per-epoch line alone left the log silent that long)."""
+    seen = {"last": None, "first_step": 0}
+
+    def progress(p: dict) -> None:
+        now = clock()
+        if seen["last"] is None:
+            seen["first_step"] = p["step"] - 1  # a resumed run times its own steps only
+        elif now - seen["last"] < every_s and p["epoch_step"] < p["epoch_steps"]:
+            return
+        seen["last"] = now
+        per_step = p["seconds"] / max(p["step"] - seen["first_step"], 1)
+        tokens_per_s = p["tokens"] / p["seconds"] if p["seconds"] > 0 else 0.0
+        out(f"train: epoch {p['epoch'] + 1}/{p['epochs']} step {p['epoch_step']}/{p['epoch_steps']} "
+            f"(step {p['step']} of {p['total_steps']}), {tokens_per_s:,.0f} tok/s, "
+            f"epoch ETA {clock_text(per_step * (p['epoch_steps'] - p['epoch_step']))}, "
+            f"run ETA {clock_text(per_step * (p['total_steps'] - p['step']))} (validation aside)", flush=True)
+
+    return progress
+
+
+def clock_text(seconds: float) -> str:
+    minutes, sec = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
+
+
 def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
     from draftline import draft
     from draftline.target import resolve_device
@@ -71,7 +103,7 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
         for note in notes:
             print(f"train.init remap: {note}")
     result = draft.train_draft(model, cfg, paths["tokenized"], paths["hs"], device,
-                               state_dir=paths["state"], fingerprint=fingerprint, log=log)
+                               state_dir=paths["state"], fingerprint=fingerprint, log=log, progress=step_reporter())
     return model, result, notes
 
 
