@@ -95,7 +95,7 @@ def test_step_reporter_prints_steps_tokens_per_s_and_eta():
     # the first step, the end of each epoch, and every 10 s between
     assert [line.split(" (")[0] for line in lines] == [
         "train: epoch 1/2 step 1/10", "train: epoch 1/2 step 6/10", "train: epoch 1/2 step 10/10",
-        "train: epoch 2/2 step 6/10", "train: epoch 2/2 step 10/10"]
+        "train: epoch 2/2 step 5/10", "train: epoch 2/2 step 10/10"]
     assert "500 tok/s" in lines[0] and "epoch ETA 0:00:18" in lines[0] and "run ETA 0:00:38" in lines[0]
 
 
