@@ -22,6 +22,7 @@ continues from it; any other fingerprint starts fresh.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -112,6 +113,52 @@ def architecture_of(config) -> str | None:
     return next((name for name, arch in ARCHITECTURES.items() if arch == flags), None)
 
 
+LOADER_LOG = "speculators.utils.loading"
+
+
+@contextlib.contextmanager
+def verifier_loading():
+    """speculators' verifier loader, without its log: it warns "Tensor 'lm_head.weight' not found"
+    for every target that ties lm_head to its embeddings (and then rightly uses embed_tokens), and
+    "`model.safetensors.index.json` file not found" for every single-file checkpoint. Both are
+    expected for small targets and appeared in every stage that builds or loads a draft;
+    `verifier_tensor_note` says once (in train) what the target really has."""
+    from loguru import logger
+
+    logger.disable(LOADER_LOG)
+    try:
+        yield
+    finally:
+        logger.enable(LOADER_LOG)
+
+
+def verifier_tensor_note(card: dict) -> str | None:
+    """What speculators' loader finds of the target's lm_head, in words: None when it has one; an
+    explanation when the target ties it to its embeddings; a warning when it has neither (the draft
+    would then decode with the embeddings of an untied model)."""
+    from safetensors import safe_open
+    from speculators.utils.loading import _resolve_file, _resolve_key
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(card["model"], revision=card.get("revision"))
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    tied = bool(getattr(text_config, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+    try:
+        index = json.loads(Path(_resolve_file(card["model"], "model.safetensors.index.json")).read_text())
+        keys = list(index["weight_map"])
+    except Exception:  # noqa: BLE001 - a single-file checkpoint (or an index that cannot be read)
+        with safe_open(str(_resolve_file(card["model"], "model.safetensors")), framework="pt", device="cpu") as f:
+            keys = list(f.keys())
+    weight_map = dict.fromkeys(keys, "")
+    if _resolve_key("lm_head.weight", weight_map):
+        return None
+    if tied:
+        return ("the target ties lm_head to its embeddings (tie_word_embeddings), so its checkpoint has no "
+                "lm_head.weight: the draft's lm_head comes from embed_tokens, as it should")
+    return ("WARNING: the target's checkpoint has no tensor matching lm_head.weight and does not tie it to its "
+            "embeddings; speculators falls back to embed_tokens, which is not this target's lm_head")
+
+
 def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, attn_impl: str = "eager", *,
                 speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
                 architecture: str = "speculators"):
@@ -119,18 +166,19 @@ def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, at
     from speculators.models.eagle3 import Eagle3DraftModel
 
     d2t, t2d = load_vocab(vocab_dir)
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=draft_layer_config(card, num_layers),
-        t2d=t2d,
-        d2t=d2t,
-        draft_vocab_size=d2t.shape[0],
-        **ARCHITECTURES[architecture],
-        embed_requires_grad=train_embeddings,
-        ttt_steps=speculative_tokens or ttt_steps,  # only sets the proposal's speculative_tokens
-        verifier_name_or_path=card["model"],
-        target_layer_ids=card["aux_layer_ids"],
-        draft_attn_impl=attn_impl,
-    )
+    with verifier_loading():
+        model = Eagle3DraftModel.from_training_args(
+            verifier_config=draft_layer_config(card, num_layers),
+            t2d=t2d,
+            d2t=d2t,
+            draft_vocab_size=d2t.shape[0],
+            **ARCHITECTURES[architecture],
+            embed_requires_grad=train_embeddings,
+            ttt_steps=speculative_tokens or ttt_steps,  # only sets the proposal's speculative_tokens
+            verifier_name_or_path=card["model"],
+            target_layer_ids=card["aux_layer_ids"],
+            draft_attn_impl=attn_impl,
+        )
     set_trainable(model, train_embeddings, train_lm_head)
     return model
 
@@ -264,7 +312,8 @@ def load_init_draft(init_dir: Path, card: dict, vocab_dir: Path, num_layers: int
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
-    model.load_verifier_weights()  # embeddings, lm_head rows, verifier norm/head from our target
+    with verifier_loading():
+        model.load_verifier_weights()  # embeddings, lm_head rows, verifier norm/head from our target
 
     trained = {k: v for k, v in weights.items() if k not in FROM_TARGET}
     if train_embeddings and "embed_tokens.weight" in weights:
@@ -700,7 +749,8 @@ def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Pa
     for directory in checkpoints:
         config = Eagle3SpeculatorConfig.from_pretrained(str(directory))  # attention impl is not saved
         config.transformer_layer_config._attn_implementation = "eager" if device == "cpu" else "simple_flex_attention"  # noqa: SLF001
-        model = Eagle3DraftModel.from_pretrained(str(directory), config=config).float().to(device)
+        with verifier_loading():
+            model = Eagle3DraftModel.from_pretrained(str(directory), config=config).float().to(device)
         val = validate(model, val_set, batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
         record = {"epoch": int(directory.name), "train": None, "val": val, "checkpoint": str(directory)}
         history.append(record)

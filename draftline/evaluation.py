@@ -13,7 +13,10 @@ def load_draft(draft_dir: str | Path, device: str):
     # the model's own TTT forward (tau_sim) picks its mask builder from this setting in __init__.
     config = Eagle3SpeculatorConfig.from_pretrained(str(draft_dir))
     config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
-    draft = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
+    from draftline.draft import verifier_loading
+
+    with verifier_loading():
+        draft = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
     return draft.to(device).eval()
 
 

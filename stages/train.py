@@ -91,6 +91,8 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
     attn = "eager" if device == "cpu" else "simple_flex_attention"
     shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
                  train_lm_head=cfg.train_lm_head)
+    if note := draft.verifier_tensor_note(card):
+        print(f"train: {note}")
     draft.seed_everything(cfg.seed)
     if init_dir is None:
         model = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape,

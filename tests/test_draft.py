@@ -222,3 +222,42 @@ def test_speculators_backend_refuses_what_it_cannot_do(setting, key):
         parse_params(raw)
     raw["train"]["backend"] = "builtin"
     parse_params(raw)
+
+
+@pytest.fixture(scope="module")
+def tied_target(tmp_path_factory, random_target):
+    """The random target with lm_head tied to its embeddings: its checkpoint holds no lm_head.weight."""
+    from transformers import LlamaForCausalLM
+
+    from draftline.target import build_card
+
+    model = LlamaForCausalLM.from_pretrained(random_target["model"])
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    path = tmp_path_factory.mktemp("tied_target")
+    model.save_pretrained(path)
+    for item in Path(random_target["model"]).iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(item, path)
+    return build_card(str(path), "test", None, [1, 2, 3], {})
+
+
+def test_expected_loader_warnings_are_explained_once_not_repeated(tied_target, random_target, vocab_dir, capfd):
+    assert "lm_head.weight" not in load_file(Path(tied_target["model"]) / "model.safetensors")
+    note = draft.verifier_tensor_note(tied_target)
+    assert "ties lm_head to its embeddings" in note and not note.startswith("WARNING")
+    assert draft.verifier_tensor_note(random_target) is None  # its own lm_head
+    capfd.readouterr()
+    model = draft.build_draft(tied_target, vocab_dir, 1, 3)
+    err = capfd.readouterr().err
+    assert "not found" not in err, err  # speculators' loader warnings, expected here, are silenced
+    assert torch.equal(model.verifier_lm_head.weight, model.embed_tokens.weight[torch.from_numpy(np.load(vocab_dir / "t2d.npy"))])
+
+
+def test_an_untied_target_without_lm_head_is_warned_about(tmp_path, tied_target):
+    from draftline.target import build_card
+
+    shutil.copytree(tied_target["model"], tmp_path / "m")
+    config = json.loads((tmp_path / "m/config.json").read_text())
+    (tmp_path / "m/config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    assert draft.verifier_tensor_note(build_card(str(tmp_path / "m"), "test", None, [1, 2, 3], {})).startswith("WARNING")
