@@ -44,8 +44,11 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     deploy = preflight(card, cfg, draft_dir, sglang_draft)
     for engine, info in deploy.items():
         print(f"benchmark: deploy with {engine}:\n  {info['command']}")
-        for problem in info["problems"]:
-            print(f"  {'error' if engine == cfg.engine else 'warning'}: {problem}")
+        for problem in info["problems"] if engine == cfg.engine else []:
+            print(f"  error: {problem}")
+    # what would stop the engines not in use is for whoever deploys with them, not a warning here
+    if later := sorted(engine for engine, info in deploy.items() if engine != cfg.engine and info["problems"]):
+        print(f"benchmark: {deploy_path} notes what deploying with {' / '.join(later)} needs")
     if cfg.engine in deploy and deploy[cfg.engine]["problems"]:
         raise SystemExit(f"error: preflight for benchmark.engine {cfg.engine}:\n  " + "\n  ".join(deploy[cfg.engine]["problems"]))
     if cfg.engine == "hf":

@@ -366,6 +366,17 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(tmp_path, rando
         assert read_json(exported / "config.json")["architectures"] == ["LlamaForCausalLMEagle3"]
 
 
+def test_hf_benchmark_prints_no_warning_about_engines_not_in_use(tmp_path, random_target, draft_dir):
+    """The default draft has speculators' norms, which SGLang cannot serve: deploy.json says so for
+    whoever deploys with SGLang, but the hf benchmark prints no warning about it."""
+    overrides = {"engine": "hf", "k": 2, "max_new_tokens": 6, "prompts": 2, "warmup": 0, "repeats": 1}
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert read_json(tmp_path / "deploy.json")["sglang"]["problems"]
+    assert "warning" not in (proc.stdout + proc.stderr).lower() and "deploy.json notes what deploying with sglang" in proc.stdout
+    assert set(read_json(tmp_path / "bench.json")) == {"speedup", "baseline_tokens_per_s", "speculative_tokens_per_s"}
+
+
 def test_benchmark_stage_stops_before_launching_on_a_preflight_error(tmp_path, random_target, draft_dir, eagle3_draft_dir):
     overrides = {**LOAD, "engine": "sglang", "port": free_port(), "sglang": {"launcher": STAND_IN + ["sglang"], "algorithm": "EAGLE"}}
     proc = run_benchmark_stage(tmp_path, random_target, eagle3_draft_dir, overrides)
