@@ -204,8 +204,8 @@ def shortfall_problems(report: dict) -> list[str]:
                         f"datasets supply {report['eval']['rows']}")
     drifted = [name for name, row in report["per_dataset"].items() if row["short_of_weight"]]
     if drifted:
-        problems.append(f"{', '.join(drifted)} ran out before giving their share of the weights, so the others "
-                        "filled in")
+        problems.append(f"{', '.join(drifted)} ran out before giving {'its' if len(drifted) == 1 else 'their'} "
+                        "share of the weights, so the others filled in")
     return problems
 
 

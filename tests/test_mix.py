@@ -130,7 +130,7 @@ def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
     done = run_mix_stage(tmp_path, pools, samples=100000)
     assert done.returncode == 1 and not (tmp_path / "mixed/train.jsonl").exists()
     assert "samples=100000 asks for 100000 train prompts; the datasets supply 1104" in done.stderr
-    assert "sharegpt ran out before giving their share of the weights" in done.stderr
+    assert "sharegpt ran out before giving its share of the weights" in done.stderr
     rows = {line.split()[0]: line.split()[1:] for line in done.stderr.splitlines() if line.startswith("  ")}
     assert rows["messages"] == ["50%", "50000", "594", "6", "588", "53%"]
     assert rows["sharegpt"] == ["50%", "50000", "522", "6", "516", "47%"]
