@@ -339,6 +339,28 @@ class ScriptedEngine(StubHandler):
                                "version": "0.5.0", "internal_states": [{}]})
         self._json({"detail": "Not Found"}, 404)
 
+    def _stream(self, message: dict, finish: str, usage: dict) -> None:
+        """The answer as the engines stream it: role, then text and reasoning in pieces, tool calls
+        by index (id and name first, arguments in two pieces), finish_reason, then the usage chunk."""
+        def piece(text):
+            return [text[: len(text) // 2], text[len(text) // 2:]] if text else []
+
+        deltas = [{"role": "assistant", "content": ""}]
+        reasoning_key = next((k for k in ("reasoning", "reasoning_content") if message.get(k)), None)
+        deltas += [{reasoning_key: p} for p in piece(message.get(reasoning_key) or "")]
+        deltas += [{"content": p} for p in piece(message.get("content") or "")]
+        for i, call in enumerate(message.get("tool_calls") or []):
+            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            deltas += [{"tool_calls": [{"index": i, "function": {"arguments": p}}]} for p in piece(call["function"]["arguments"])]
+        chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}, {"choices": [], "usage": usage}]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b"".join(b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", **c}).encode()
+                                  + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+
     def _count(self, body) -> list[int]:
         ids = chat_prompt_ids(self.tokenizer, body["messages"], body.get("tools"), body.get("chat_template_kwargs") or {})
         return ids + [0] * self.count_offset
@@ -367,6 +389,10 @@ class ScriptedEngine(StubHandler):
                                       "function": {"name": name, "arguments": json.dumps(args)}}
                                      for name, args in reply["tool_calls"]]
         prompt = len(self._count(body)) if self.tokenizer else 5
+        usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
+        finish = "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")
+        if body.get("stream"):
+            return self._stream(message, finish, usage)
         self._json({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                     "choices": [{"index": 0, "message": message,
                                  "finish_reason": "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")}],
