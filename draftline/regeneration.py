@@ -195,8 +195,8 @@ def root_cause(err: BaseException) -> BaseException:
     return err
 
 
-def lost_or_timeout(err: BaseException) -> str:
-    """"connection" for a connection the server dropped, else "timeout": the SDK's aiohttp transport
+def timeout_or_lost(err: BaseException) -> str:
+    """"timeout", or "connection" for a connection the server dropped: the SDK's aiohttp transport
     maps every aiohttp connection error (a server disconnect too) to a timeout."""
     import aiohttp
 
@@ -313,7 +313,7 @@ def add_chunk(streamed: StreamedAnswer, payload: bytes) -> int:
 async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None) -> dict:
     """POST /chat/completions, streamed, with the client's transport, auth and error mapping; the
     answer is the chat completion the chunks amount to (a server that ignores `stream` and answers
-    one JSON object is read as it is), checked by `answer_choice`.
+    one JSON object is read as it is, within first_token_timeout_s), checked by `answer_choice`.
 
     The clock measures the server's work, not the client's patience: the first generated chunk must
     come within first_token_timeout_s of sending, each next one within token_timeout_s of the last.
@@ -441,7 +441,7 @@ async def _attempt(pool: EndpointPool, request: dict, policy: RetryPolicy, attem
         except AnswerTimeout as err:
             reason, detail = err.reason, str(err)
         except openai.APITimeoutError as err:
-            reason, detail = lost_or_timeout(err), f"{err}: {root_cause(err)!r}"
+            reason, detail = timeout_or_lost(err), f"{err}: {root_cause(err)!r}"
         except openai.APIConnectionError as err:
             reason, detail = "connection", f"{err}: {err.__cause__!r}"
         except openai.APIStatusError as err:
