@@ -79,9 +79,9 @@ def progress_line(t, total: int, elapsed: float, slots: int | None) -> str:
     """One plain progress line: done, in flight (of what the servers run at once), rates, ETA."""
     rate = t.done / elapsed if elapsed > 0 else 0.0
     left = (total - t.done) / rate if rate else float("inf")
-    bound = f" of {slots} the server{'s' if slots != 1 else ''} run{'s' if slots == 1 else ''} at once" if slots else ""
+    bound = f" (at most {slots})" if slots else ""
     return (f"regenerate: {t.done}/{total} done (ok {t.ok}, failed {t.failed}, truncated {t.truncated}), "
-            f"{t.in_flight} requests in flight{bound}, {t.streamed_tokens / max(elapsed, 1e-6):.0f} tok/s, "
+            f"in flight {t.in_flight}{bound}, {t.streamed_tokens / max(elapsed, 1e-6):.0f} tok/s, "
             f"{t.requests / max(elapsed, 1e-6):.2f} req/s, ETA {eta(left)}"
             + (f"; retries {dict(t.retries)}" if t.retries else ""))
 
