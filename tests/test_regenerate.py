@@ -650,6 +650,24 @@ def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(tmp_
     assert lines and all("(at most 1)" in ln and "tok/s" in ln and "ETA" in ln for ln in lines)
 
 
+def test_server_slots_known_for_launched_servers_or_given():
+    from stages.regenerate import server_slots
+
+    def cfg(**raw):
+        params = yaml.safe_load((ROOT / "params.yaml").read_text())
+        params["regenerate"].update(raw)
+        return parse_params(params).regenerate
+
+    assert server_slots(cfg(), "transformers") == 1  # one inference thread
+    assert server_slots(cfg(continuous_batching=True), "transformers") is None
+    assert server_slots(cfg(continuous_batching=True, server_slots=8), "transformers") == 8
+    assert server_slots(cfg(backend="vllm", extra_args=["--max-num-seqs", "64"]), "vllm") == 64
+    assert server_slots(cfg(backend="sglang", extra_args=["--max-running-requests=48"]), "sglang") == 48
+    assert server_slots(cfg(backend="vllm"), "vllm") is None  # batches what it is sent
+    external = cfg(backend="external", endpoints=["http://h:1"], external_engine="transformers")
+    assert server_slots(external, "transformers") == 1
+
+
 def test_given_up_requests_are_closed_and_the_server_stops_them(tmp_path, slow_server):
     """A request silent past token_timeout_s (or first_token_timeout_s) is closed and retried; the
     server sees each close and stops generating: nothing runs on for a client that has gone."""
@@ -977,6 +995,8 @@ def test_sglang_command_uses_documented_flags():
     ({"reasoning_parser": "qwen3"}, "regenerate.reasoning_parser"),
     ({"temperature": 0.5, "temperatures": [{"value": 1.0, "weight": 1}]}, "regenerate.temperatures"),
     ({"short": {"concurrency": 0}}, "regenerate.short.concurrency"),
+    ({"request_timeout_s": 120}, "replaced by first_token_timeout_s"),
+    ({"server_slots": 0}, "regenerate.server_slots"),
 ])
 def test_bad_regenerate_params_name_the_key(regenerate, key):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
