@@ -241,9 +241,15 @@ class StreamedAnswer:
         self.finish_reason = None
         self.usage = None
         self.choices_seen = False
+        self.chunks = 0  # chunks that carried output
 
     def add(self, chunk) -> bool:
         """Takes one chunk; True when it carries generated output (text, a tool call, the end)."""
+        generated = self._add(chunk)
+        self.chunks += generated
+        return generated
+
+    def _add(self, chunk) -> bool:
         if not isinstance(chunk, dict):
             raise BadAnswer(f"stream chunk is not a JSON object: {chunk!r:.200}")
         if chunk.get("error") is not None:
@@ -360,7 +366,10 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
                     break
             if not done and pending.startswith(b"data:") and pending[5:].strip() != b"[DONE]":
                 add_chunk(streamed, pending[5:].strip())  # a last event without its newline
-            return streamed.answer()
+            answer = streamed.answer()
+            if on_token and isinstance((answer.get("usage") or {}).get("completion_tokens"), int):
+                on_token(answer["usage"]["completion_tokens"] - streamed.chunks)  # a chunk may hold several tokens
+            return answer
     except TimeoutError:
         if phase == "first_token_timeout":
             raise AnswerTimeout(phase, f"no token within {first:g} s of sending (regenerate.first_token_timeout_s)") from None
@@ -600,7 +609,9 @@ class Tally:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    streamed_tokens: int = 0  # chunks with output received so far, finished or not (live tokens/s)
+    # tokens received so far, finished or not (live tokens/s): chunks with output, corrected by the
+    # usage of each finished answer (transformers serve sends several tokens in one chunk)
+    streamed_tokens: int = 0
     in_flight: int = 0  # requests at the servers now
     conversations_in_flight: int = 0
     cancelled: int = 0  # conversations in flight when the run stopped early (a rerun sends them)

@@ -519,6 +519,7 @@ class OneAtATimeEngine(ScriptedEngine):
     a client that went away is noticed before the next token and its generation stopped.
 
     It records what the server saw: `most_at_once` (requests holding or waiting for the thread),
+    `handling` (requests being handled now),
     `cancelled` (prompts of requests stopped because the client closed the stream), `wasted`
     (answers generated to the end for a client that had gone), and `stall(body)` scripts a request
     that goes silent after `stall(body)` tokens (None: no stall) until its client closes it."""
@@ -550,6 +551,15 @@ class OneAtATimeEngine(ScriptedEngine):
         self.wfile.flush()
 
     def do_POST(self):
+        with self.state["lock"]:
+            self.state["handling"] += 1
+        try:
+            self._post()
+        finally:
+            with self.state["lock"]:
+                self.state["handling"] -= 1
+
+    def _post(self):
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         body = json.loads(raw)
         if not body.get("stream"):
@@ -615,7 +625,8 @@ def slow_server():
 
     def start(**attrs):
         attrs = {k: staticmethod(v) if k in ("stall", "status_for", "answer") else v for k, v in attrs.items()}
-        state = {"lock": threading.Lock(), "at_once": 0, "most_at_once": 0, "cancelled": [], "wasted": 0, "streams": 0}
+        state = {"lock": threading.Lock(), "at_once": 0, "most_at_once": 0, "cancelled": [], "wasted": 0, "streams": 0,
+                 "handling": 0}
         handler = type("Slow", (OneAtATimeEngine,), {"requests": [], "auth": [], "state": state,
                                                      "thread": threading.Lock(), **attrs})
         server = QuietServer(("127.0.0.1", 0), handler)
@@ -703,9 +714,9 @@ def test_stopping_early_closes_the_requests_in_flight(tmp_path, slow_server):
                                           partitions={"short": (40, None), "long": (40, None)})
     assert tally.aborted and tally.failed == len(failures) >= 1 and tally.cancelled >= 1 and not out
     assert pool.in_flight == 0
-    streams = [b for b in handler.requests if not weather(b)]
-    for _ in range(3000):  # the server notices each close before its next token
-        if len(handler.state["cancelled"]) == len(streams):
+    for _ in range(3000):  # the server notices each close before its next token; late arrivals too
+        streams = [b for b in handler.requests if not weather(b)]
+        if handler.state["handling"] == 0 and len(handler.state["cancelled"]) == len(streams):
             break
         time.sleep(0.01)
     assert len(handler.state["cancelled"]) == len(streams) > 0 and handler.state["wasted"] == 0
