@@ -2,13 +2,15 @@
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
+#   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
+#                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup repro test test-unit bench exps clean-venv
+.PHONY: setup repro test test-unit bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -37,6 +39,7 @@ test-unit: setup
 bench: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hs_formats.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
@@ -48,6 +51,10 @@ EXPS_DROP := 'Created|.*/|.*tokens_per_s|val_tau_sim'
 EXPS_KEEP := 'Experiment|acceptance_length|reports/acceptance.json:acceptance_length|tau_sim|speedup|val_loss'
 exps:
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
+
+# No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
+gpu-check:
+	PYTHON=$(PY) bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

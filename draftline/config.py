@@ -33,6 +33,8 @@ class TinyTargetConfig(Section):
     seq_len: int = Field(160, ge=32)  # training window, tokens
     lr: float = Field(3e-3, gt=0)
     seed: int = 1234
+    # where it trains: cpu (the default, identical weights on every host), cuda, or auto
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
 
     @model_validator(mode="after")
     def _heads_divide(self):
@@ -47,6 +49,9 @@ class TargetConfig(Section):
     # Decoder-layer indices whose *input* is captured (vLLM's eagle_aux_hidden_state_layer_ids).
     # null = the EAGLE-3 rule [2, N//2, N-3]; give them explicitly when the rule is invalid.
     aux_layer_ids: list[int] | None = None
+    # Run the code a target ships (auto_map: custom config, tokenizer or model classes) in every
+    # stage and launched server. Off unless you chose it: it executes the repository's Python.
+    trust_remote_code: bool = False
     tiny: TinyTargetConfig = TinyTargetConfig()
 
 
@@ -156,7 +161,8 @@ class RegenerateConfig(Section):
     # passed to the chat template on the server and in the local token counts (enable_thinking...)
     chat_template_kwargs: dict[str, bool | int | float | str | list | dict | None] = {}
     # robustness
-    startup_timeout_s: float = Field(180, gt=0)
+    # server start-up limit; null = 300 s + 4 s per GB of checkpoint on disk (serving.startup_timeout_s)
+    startup_timeout_s: float | None = Field(None, gt=0)
     # requests one endpoint runs at once; more in flight would only wait in its queue. null = known
     # for a launched server (transformers serve: 1; vllm/sglang: --max-num-seqs /
     # --max-running-requests of extra_args, else no bound beyond the partitions' concurrency) and for
@@ -222,6 +228,10 @@ class VllmExtractionConfig(Section):
     generate-offline-data as the client."""
 
     python: str | None = None  # interpreter that has vLLM installed; null = this one
+    # base URL (http://host:port) of an extraction server already running (speculators'
+    # launch_vllm.py, our aux ids + the last layer, a hidden_states_path this machine can read):
+    # used instead of launching one, after a preflight (README "Using your own target")
+    endpoint: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8012, ge=1024, le=65535)
     tensor_parallel_size: int = Field(1, ge=1)
@@ -230,11 +240,58 @@ class VllmExtractionConfig(Section):
     concurrency: int = Field(32, ge=1)  # requests in flight
     request_timeout_s: float = Field(600, gt=0)
     max_retries: int = Field(3, ge=0)
-    startup_timeout_s: float = Field(1800, gt=0)  # loading a large target takes a while
+    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     extra_args: list[str] = []  # appended to `vllm serve` as given
+
+    @model_validator(mode="after")
+    def _endpoint_url(self):
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint: {self.endpoint!r} is not an http(s) base URL")
+        return self
+
+
+class MooncakeConfig(Section):
+    """hs-connectors' Mooncake transfer (hidden_states.online.transfer: mooncake): vLLM puts each
+    row's states in a Mooncake store, the trainers read them from it; no shared filesystem."""
+
+    master: str = "127.0.0.1:50051"  # mooncake_master address
+    metadata_server: str = "P2PHANDSHAKE"
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    device: str = ""  # RDMA device(s), e.g. mlx5_0; empty = Mooncake chooses
+    global_segment_gib: float = Field(4.0, gt=0)  # memory each client registers for the store
+    local_buffer_gib: float = Field(2.0, gt=0)
+    writer_threads: int = Field(4, ge=1)  # vLLM side
+
+
+class OnlineConfig(Section):
+    """hidden_states.mode: online with train.backend: speculators — `speculators.train --on-missing
+    generate` asks a vLLM server (extract_hidden_states) for each row's states as it trains."""
+
+    # null = the train stage launches `vllm serve` with hidden_states.vllm.* settings; else the
+    # /v1 base URL of a server already running the extract_hidden_states method
+    endpoint: str | None = None
+    # how states move from vLLM to the trainers (hs-connectors backends): file and fp8 through a
+    # shared directory (`staging_dir`), mooncake through a Mooncake store; null = by `format`
+    transfer: Literal["file", "fp8", "mooncake"] | None = None
+    # file / fp8: a directory vLLM and the trainers share; null = models/draft_checkpoints/online_staging
+    staging_dir: str | None = None
+    request_timeout_s: float = Field(600, gt=0)
+    max_retries: int = Field(3, ge=0)
+    mooncake: MooncakeConfig = MooncakeConfig()
+
+    def resolved_transfer(self, fmt: str) -> str:
+        return self.transfer or ("fp8" if fmt == "fp8" else "file")
 
 
 class HiddenStatesConfig(Section):
+    # offline: every row's states are extracted into files by this stage (resumable);
+    # online: none are stored: the train stage runs the target on each packed batch (backend
+    # builtin) or asks a vLLM server for them (backend speculators, see `online`); this stage then
+    # writes only meta.json and its report (README "Hidden states at scale")
+    mode: Literal["offline", "online"] = "offline"
+    # bf16: speculators' plain layout in `dtype`, 4 x H x 2 bytes a token; fp8: hs-connectors' FP8
+    # layout (float8_e4m3fn + a float32 scale per token), 4 x H + 4 bytes (draftline/hs_format.py)
+    format: Literal["bf16", "fp8"] = "bf16"
     backend: Literal["hf", "vllm"] = "hf"  # hf: forward pass here; vllm: see VllmExtractionConfig
     device: Literal["auto", "cpu", "cuda"] = "auto"  # backend hf
     # backend hf: spread a target larger than one GPU over all of them ("auto", "balanced", ...);
@@ -249,11 +306,17 @@ class HiddenStatesConfig(Section):
     # or full (also loads the states and checks they are finite)
     verify_existing: Literal["header", "full"] = "header"
     vllm: VllmExtractionConfig = VllmExtractionConfig()
+    online: OnlineConfig = OnlineConfig()
 
     @model_validator(mode="after")
     def _device_map_needs_hf_on_gpu(self):
         if self.device_map is not None and (self.backend != "hf" or self.device == "cpu"):
             raise ValueError("device_map applies to backend hf on GPUs; with backend vllm use vllm.tensor_parallel_size")
+        if self.format == "fp8" and self.dtype != "bfloat16":
+            raise ValueError("dtype: the stored dtype of format bf16; format fp8 stores float8_e4m3fn with per-token scales")
+        if self.online.transfer == "file" and self.format == "fp8" or self.online.transfer == "fp8" and self.format == "bf16":
+            raise ValueError(f"online.transfer: {self.online.transfer} moves {'fp8' if self.online.transfer == 'fp8' else 'bf16'} "
+                             f"states but format is {self.format}; leave online.transfer null to follow format")
         return self
 
 
@@ -390,15 +453,23 @@ class BenchmarkConfig(TargetPlacement):
     requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = "127.0.0.1"
     port: int = Field(8021, ge=1024, le=65535)
-    startup_timeout_s: float = Field(1800, gt=0)  # a large target takes minutes to load
+    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     request_timeout_s: float = Field(600, gt=0)
     vllm: VllmBenchConfig = VllmBenchConfig()
     sglang: SglangBenchConfig = SglangBenchConfig()
+    # vllm / sglang: servers already running, {baseline: URL, speculative: URL}, used instead of
+    # launching them (each preflighted: the card's target; no draft / this draft with EAGLE3)
+    endpoints: dict[Literal["baseline", "speculative"], str] = {}
 
     @model_validator(mode="after")
     def _levels(self):
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency: give at least one level, each >= 1")
+        if self.endpoints and self.engine == "hf":
+            raise ValueError("endpoints: only for engine vllm or sglang")
+        for url in self.endpoints.values():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints: {url!r} is not an http(s) base URL")
         return self
 
 

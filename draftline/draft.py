@@ -22,7 +22,6 @@ continues from it; any other fingerprint starts fresh.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -64,6 +63,7 @@ def draft_layer_config(card: dict, num_layers: int):
         hidden_act="silu",
         sliding_window=4096,
         full_attention_indices=list(range(num_layers)),
+        trust_remote_code=card.get("trust_remote_code", False),
     )
 
 
@@ -82,8 +82,33 @@ def speculators_config(card: dict, speculative_tokens: int):
         algorithm="eagle3",
         proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=speculative_tokens)],
         default_proposal_method="greedy",
-        verifier=VerifierConfig.from_pretrained(card["model"]),
+        verifier=VerifierConfig.from_pretrained(card["model"], revision=card.get("revision")),
     )
+
+
+def load_verifier_tensors(model, card: dict, embed: bool = True, lm_head: bool = True) -> None:
+    """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
+    the names the card recorded (draftline.target.read_verifier_tensors). Replaces speculators'
+    load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
+    the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
+    (trained) ones; verifier_lm_head and verifier_norm always come from the target."""
+    from draftline.target import read_verifier_tensors
+
+    tensors = read_verifier_tensors(card)
+    H = model.hidden_size
+    if tensors["norm"].shape != (H,) or tensors["embed_tokens"].shape[1] != H:
+        raise ValueError(f"target {card['model']!r}: verifier tensors {card['verifier_tensors']} do not fit a draft of "
+                         f"hidden size {H}")
+    head = tensors["lm_head"]
+    if model.use_draft_vocab:
+        head = head[model.t2d.to(dtype=torch.bool, device=head.device)]
+    with torch.no_grad():
+        if embed:
+            model.embed_tokens.weight.copy_(tensors["embed_tokens"])
+        if lm_head:
+            model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+        model.verifier_norm.weight.copy_(tensors["norm"])
 
 
 def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
@@ -113,73 +138,50 @@ def architecture_of(config) -> str | None:
     return next((name for name, arch in ARCHITECTURES.items() if arch == flags), None)
 
 
-LOADER_LOG = "speculators.utils.loading"
-
-
-@contextlib.contextmanager
-def verifier_loading():
-    """speculators' verifier loader, without its log: it warns "Tensor 'lm_head.weight' not found"
-    for every target that ties lm_head to its embeddings (and then rightly uses embed_tokens), and
-    "`model.safetensors.index.json` file not found" for every single-file checkpoint. Both are
-    expected for small targets and appeared in every stage that builds or loads a draft;
-    `verifier_tensor_note` says once (in train) what the target really has."""
-    from loguru import logger
-
-    logger.disable(LOADER_LOG)
-    try:
-        yield
-    finally:
-        logger.enable(LOADER_LOG)
-
-
-def verifier_tensor_note(card: dict) -> str | None:
-    """What speculators' loader finds of the target's lm_head, in words: None when it has one; an
-    explanation when the target ties it to its embeddings; a warning when it has neither (the draft
-    would then decode with the embeddings of an untied model)."""
-    from safetensors import safe_open
-    from speculators.utils.loading import _resolve_file, _resolve_key
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(card["model"], revision=card.get("revision"))
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    tied = bool(getattr(text_config, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
-    try:
-        index = json.loads(Path(_resolve_file(card["model"], "model.safetensors.index.json")).read_text())
-        keys = list(index["weight_map"])
-    except Exception:  # noqa: BLE001 - a single-file checkpoint (or an index that cannot be read)
-        with safe_open(str(_resolve_file(card["model"], "model.safetensors")), framework="pt", device="cpu") as f:
-            keys = list(f.keys())
-    weight_map = dict.fromkeys(keys, "")
-    if _resolve_key("lm_head.weight", weight_map):
-        return None
-    if tied:
-        return ("the target ties lm_head to its embeddings (tie_word_embeddings), so its checkpoint has no "
-                "lm_head.weight: the draft's lm_head comes from embed_tokens, as it should")
-    return ("WARNING: the target's checkpoint has no tensor matching lm_head.weight and does not tie it to its "
-            "embeddings; speculators falls back to embed_tokens, which is not this target's lm_head")
-
-
 def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, attn_impl: str = "eager", *,
                 speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
                 architecture: str = "speculators"):
     """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
+    # what speculators' Eagle3DraftModel.from_training_args builds, with the verifier tensors
+    # taken from the card's names (load_verifier_tensors)
     d2t, t2d = load_vocab(vocab_dir)
-    with verifier_loading():
-        model = Eagle3DraftModel.from_training_args(
-            verifier_config=draft_layer_config(card, num_layers),
-            t2d=t2d,
-            d2t=d2t,
-            draft_vocab_size=d2t.shape[0],
-            **ARCHITECTURES[architecture],
-            embed_requires_grad=train_embeddings,
-            ttt_steps=speculative_tokens or ttt_steps,  # only sets the proposal's speculative_tokens
-            verifier_name_or_path=card["model"],
-            target_layer_ids=card["aux_layer_ids"],
-            draft_attn_impl=attn_impl,
-        )
+    layer_config = draft_layer_config(card, num_layers)
+    layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=int(d2t.shape[0]),
+        **ARCHITECTURES[architecture],
+        fc_norm=False,
+        embed_requires_grad=train_embeddings,
+        eagle_aux_hidden_state_layer_ids=list(card["aux_layer_ids"]),
+        speculators_config=speculators_config(card, speculative_tokens or ttt_steps),
+    )
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(t2d, d2t)
+    load_verifier_tensors(model, card)
     set_trainable(model, train_embeddings, train_lm_head)
+    return model
+
+
+def load_saved_draft(directory: Path, card: dict, attn_impl: str = "eager"):
+    """A draft saved in speculators format, with the verifier tensors it does not store restored from
+    the card's target (Eagle3DraftModel.from_pretrained would read the verifier's config without
+    trust_remote_code and match its tensors by suffix)."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
+    config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    model = Eagle3DraftModel(config)
+    weights = read_weights(directory)
+    missing, unexpected = model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()},
+                                                strict=False)
+    missing = set(missing) - {"verifier_lm_head.weight", "verifier_norm.weight", "embed_tokens.weight", "input_norm.weight"}
+    if missing or unexpected:
+        raise ValueError(f"{directory}: weights do not fit its config: missing {sorted(missing)[:8]}, "
+                         f"unexpected {sorted(unexpected)[:8]}")
+    load_verifier_tensors(model, card, embed="embed_tokens.weight" not in weights, lm_head="lm_head.weight" not in weights)
     return model
 
 
@@ -312,8 +314,7 @@ def load_init_draft(init_dir: Path, card: dict, vocab_dir: Path, num_layers: int
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
-    with verifier_loading():
-        model.load_verifier_weights()  # embeddings, lm_head rows, verifier norm/head from our target
+    load_verifier_tensors(model, card)  # embeddings, lm_head rows, verifier norm/head from our target
 
     trained = {k: v for k, v in weights.items() if k not in FROM_TARGET}
     if train_embeddings and "embed_tokens.weight" in weights:
@@ -353,16 +354,28 @@ def dir_sha256(directory: Path, patterns=("*.json", "*.safetensors")) -> str:
 
 def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     """The tokenized rows (file contents) and the hidden-state files (names and sizes: hashing
-    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream)."""
+    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream);
+    in online mode (no files are read) the mode, format and target fingerprint instead."""
     from draftline.io import file_sha256
 
     h = hashlib.sha256()
     for path in sorted(Path(tokenized_dir).glob("*.arrow")):
         h.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    source = hidden_states_source(hs_dir)
+    if source["mode"] == "online":
+        h.update(f"online:{source['format']}:{source.get('states_fingerprint')}\n".encode())
+        return h.hexdigest()
     for path in sorted(Path(hs_dir).iterdir()):
         if path.name.startswith("hs_") or path.name == "meta.json":
             h.update(f"{path.name}:{path.stat().st_size}\n".encode())
     return h.hexdigest()
+
+
+def hidden_states_source(hs_dir: Path) -> dict:
+    """What the hidden_states stage recorded: mode (offline files / online), format, aux ids..."""
+    meta = Path(hs_dir) / "meta.json"
+    found = json.loads(meta.read_text()) if meta.is_file() else {}
+    return {**found, "mode": found.get("mode", "offline"), "format": found.get("format", "bf16")}
 
 
 def check_hidden_states(hs_dir: Path, card: dict) -> None:
@@ -372,6 +385,14 @@ def check_hidden_states(hs_dir: Path, card: dict) -> None:
         if ids is not None and list(ids) != list(card["aux_layer_ids"]):
             raise DataMismatch(f"{meta}: hidden states hold aux layers {ids}, the target card says "
                              f"{card['aux_layer_ids']}; rerun the hidden_states stage")
+
+
+class OnlineStates:
+    """hidden_states.mode: online for the builtin loop: the target (eval mode, on the train device)
+    and what extraction would have captured and stored (aux ids, storage dtype of the format)."""
+
+    def __init__(self, target, aux_layer_ids: list[int], storage: torch.dtype):
+        self.target, self.aux_layer_ids, self.storage = target, list(aux_layer_ids), storage
 
 
 def hidden_states_dtype(device: str) -> torch.dtype:
@@ -385,19 +406,20 @@ def autocast(device: str):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: float, pack_len: int, dtype):
-    from hs_connectors import FileTransfer
+def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: float, pack_len: int, dtype,
+                 online: OnlineStates | None = None):
+    """speculators' ArrowDataset over the rows; states from the files through hs-connectors'
+    FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, `online`, from the
+    target at fetch time (draftline/online.py)."""
+    common = dict(max_len=pack_len, datapath=str(tokenized_dir), train_ratio=train_ratio, split=split, hidden_states_dtype=dtype)
+    if online is not None:
+        from draftline.online import OnlineArrowDataset
+
+        return OnlineArrowDataset(online.target, online.aux_layer_ids, online.storage, **common)
+    from hs_connectors import FP8Transfer
     from speculators.train.data import ArrowDataset
 
-    return ArrowDataset(
-        max_len=pack_len,
-        datapath=str(tokenized_dir),
-        transfer=FileTransfer(Path(hs_dir)),
-        on_missing="raise",
-        train_ratio=train_ratio,
-        split=split,
-        hidden_states_dtype=dtype,
-    )
+    return ArrowDataset(transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common)
 
 
 def epoch_batches(dataset, pack_len: int, seed: int, epoch: int) -> list[list[int]]:
@@ -540,20 +562,22 @@ def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
 
 
 def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, state_dir: Path | None = None,
-                fingerprint: str = "", log=None, say=print, progress=None) -> dict:
+                fingerprint: str = "", log=None, say=print, online: OnlineStates | None = None,
+                progress=None) -> dict:
     """Train in place; returns the best epoch's validation summary and restores its weights.
 
     With state_dir, resumes from a matching state there and saves state as it goes; every epoch
-    record (including those restored) is passed to `log` in order. progress(p) follows every
-    optimizer step: p has epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens
-    and seconds of this run's steps so far (for tokens/s and an ETA)."""
+    record (including those restored) is passed to `log` in order. With `online`, the target makes
+    each packed batch's states (no files are read). progress(p) follows every optimizer step: p has
+    epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this
+    run's steps so far (for tokens/s and an ETA)."""
     from speculators.losses import resolve_loss_config
 
     dtype = hidden_states_dtype(device)
     hidden_size = model.config.transformer_layer_config.hidden_size
     train_ratio = 1 - cfg.val_fraction
-    train_set = make_dataset(tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype)
-    val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype)
+    train_set = make_dataset(tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online)
+    val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype, online)
     plan = [epoch_batches(train_set, cfg.pack_len, cfg.seed, e) for e in range(cfg.epochs)]
     val_batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     accum = cfg.grad_accum_steps
@@ -633,6 +657,9 @@ def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, s
     return {
         "best": pos["best"], "history": pos["history"], "steps": pos["step"], "resumed_at": resumed_at,
         "step_seconds": round(float(np.median(step_seconds)), 4) if step_seconds else None,
+        # online: one target forward per packed batch, train and validation
+        "target_forwards_per_epoch": len(plan[0]) + len(val_batches) if online is not None else 0,
+        "target_forwards_this_run": train_set.forwards + val_set.forwards if online is not None else 0,
     }
 
 
@@ -673,24 +700,91 @@ def save_draft(model, out_dir: Path) -> dict:
 # ---------------------------------------------------------------- multi-GPU hand-off
 
 
+def verifier_for_speculators(card: dict, directory: Path) -> str:
+    """What speculators' train CLI gets as --verifier-name-or-path.
+
+    speculators 0.9.0 reads the verifier's config with AutoConfig and no trust_remote_code
+    (Eagle3DraftModel.load_verifier_weights, resolve_target_layer_ids) and takes its tensors by
+    suffix match. A target with custom code or a nested text model therefore gets a view in
+    `directory`: the text model's config under a model type transformers ships (the one of the
+    target's architecture class when the config's own type is custom, e.g. kimi_k2 ->
+    deepseek_v3), and an index naming only the card's three verifier tensors, whose shard files
+    are linked from the checkpoint. A plain target is passed as it is."""
+    if not card.get("trust_remote_code") and card.get("config_model_type", card["model_type"]) == card["model_type"]:
+        return card["model"]
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    from draftline.target import _checkpoint_file, checkpoint_weight_map, load_config, text_config_of
+
+    model_type = card["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        arch = getattr(transformers, card["architecture"], None)
+        model_type = getattr(getattr(arch, "config_class", None), "model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise InitMismatch(f"train.backend speculators: the target's text model ({card['model_type']}, "
+                           f"{card['architecture']}) exists only as its own code, which speculators 0.9.0 loads "
+                           "without trust_remote_code; use train.backend builtin")
+    text = text_config_of(load_config(card["model"], card.get("revision"), card.get("trust_remote_code", False)))
+    config = {**text.to_dict(), "model_type": model_type, "architectures": [card["architecture"]]}
+    config.pop("auto_map", None)
+    view = Path(directory)
+    view.mkdir(parents=True, exist_ok=True)
+    (view / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    weight_map = checkpoint_weight_map(card["model"], card.get("revision"))
+    names = [n for n in card["verifier_tensors"].values() if n]
+    index = {"metadata": {}, "weight_map": {n: weight_map[n] for n in names}}
+    (view / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    for shard in sorted(set(index["weight_map"].values())):
+        link = view / shard
+        link.unlink(missing_ok=True)
+        link.symlink_to(_checkpoint_file(card["model"], shard, card.get("revision")).resolve())
+    return str(view)
+
+
+def speculators_hidden_states_args(hs_dir: Path, fmt: str = "bf16", online: dict | None = None,
+                                   endpoint: str | None = None, staging_dir: Path | None = None) -> list[str]:
+    """Where speculators.train gets the states. Offline: the files in hs_dir, read by hs-connectors'
+    `file` or `fp8` backend. Online (`online`: hidden_states.online as a dict): `--on-missing
+    generate` against the vLLM `endpoint` running extract_hidden_states, the states moved by the
+    `file`/`fp8` transfer through `staging_dir` (deleted once loaded) or by `mooncake`."""
+    if online is None:
+        return ["--hidden-states-path", str(hs_dir), "--on-missing", "raise",
+                "--hidden-states-backend", "fp8" if fmt == "fp8" else "file"]
+    transfer = online.get("transfer") or ("fp8" if fmt == "fp8" else "file")
+    if endpoint is None:
+        raise ValueError("online hidden states need the vLLM endpoint (hidden_states.online.endpoint, or a launched server)")
+    args = ["--on-missing", "generate", "--vllm-endpoint", endpoint, "--hidden-states-backend", transfer,
+            "--request-timeout", str(online["request_timeout_s"]), "--max-retries", str(online["max_retries"])]
+    if transfer == "mooncake":
+        m = online["mooncake"]
+        return args + ["--mooncake-master", m["master"], "--mooncake-metadata-server", m["metadata_server"],
+                       "--mooncake-protocol", m["protocol"], "--mooncake-device", m["device"],
+                       "--mooncake-global-segment-gib", str(m["global_segment_gib"]),
+                       "--mooncake-local-buffer-gib", str(m["local_buffer_gib"])]
+    return args + ["--hidden-states-path", str(staging_dir)]
+
+
 def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
                               save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
-                              architecture: str = "speculators") -> list[str]:
+                              architecture: str = "speculators", hidden_states_args: list[str] | None = None,
+                              verifier: str | None = None) -> list[str]:
     """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
-    flags of `architecture` (ARCHITECTURES).
+    flags of `architecture` (ARCHITECTURES); `hidden_states_args` (speculators_hidden_states_args)
+    say where the states come from, by default the bf16 files in hs_dir.
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
-    epoch under save_path and resumes from the last one on rerun."""
+    epoch under save_path and resumes from the last one on rerun. verifier: what it loads the
+    verifier from (verifier_for_speculators), the card's model when None."""
     d2t, _ = load_vocab(vocab_dir)
     torchrun = ["torchrun", f"--nproc-per-node={nproc}"]
     torchrun += list(cfg.torchrun_args) or ["--standalone", "--nnodes=1"]
     args = [
         "--speculator-type", "eagle3",
-        "--verifier-name-or-path", card["model"],
+        "--verifier-name-or-path", verifier or card["model"],
         "--data-path", str(tokenized_dir),
-        "--hidden-states-path", str(hs_dir),
-        "--on-missing", "raise",
+        *(hidden_states_args or speculators_hidden_states_args(hs_dir)),
         "--d2t-path", str(Path(vocab_dir) / "d2t.npy"),
         "--t2d-path", str(Path(vocab_dir) / "t2d.npy"),
         "--draft-vocab-size", str(int(d2t.shape[0])),
@@ -721,6 +815,8 @@ def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: P
                  "--full-attention-indices", *[str(i) for i in range(cfg.num_layers)]]
     if cfg.train_embeddings:
         args.append("--embed-requires-grad")
+    if card.get("trust_remote_code"):
+        args.append("--trust-remote-code")
     if cfg.fsdp:
         args.append("--fsdp-shard")
     return torchrun + ["-m", "speculators.train"] + args
@@ -732,14 +828,14 @@ def epoch_checkpoints(save_path: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Path, device: str, log=None):
+def best_speculators_epoch(save_path: Path, cfg, card: dict, tokenized_dir: Path, hs_dir: Path, device: str, log=None,
+                           online: OnlineStates | None = None):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
     tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
     from speculators.losses import resolve_loss_config
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     dtype = hidden_states_dtype(device)
-    val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype)
+    val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype, online)
     batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
     best, best_model, history = None, None, []
@@ -747,10 +843,7 @@ def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Pa
     if not checkpoints:
         raise FileNotFoundError(f"{save_path}: speculators train left no epoch checkpoints")
     for directory in checkpoints:
-        config = Eagle3SpeculatorConfig.from_pretrained(str(directory))  # attention impl is not saved
-        config.transformer_layer_config._attn_implementation = "eager" if device == "cpu" else "simple_flex_attention"  # noqa: SLF001
-        with verifier_loading():
-            model = Eagle3DraftModel.from_pretrained(str(directory), config=config).float().to(device)
+        model = load_saved_draft(directory, card, "eager" if device == "cpu" else "simple_flex_attention").float().to(device)
         val = validate(model, val_set, batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
         record = {"epoch": int(directory.name), "train": None, "val": val, "checkpoint": str(directory)}
         history.append(record)

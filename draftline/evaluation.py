@@ -5,19 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def load_draft(draft_dir: str | Path, device: str):
-    """The saved draft with verifier weights restored, eager attention, eval mode."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+def load_draft(draft_dir: str | Path, card: dict, device: str):
+    """The saved draft with the target's verifier tensors restored, eager attention, eval mode."""
+    from draftline.draft import load_saved_draft
 
     # Eager attention from construction on: our incremental decoder passes dense float masks, and
     # the model's own TTT forward (tau_sim) picks its mask builder from this setting in __init__.
-    config = Eagle3SpeculatorConfig.from_pretrained(str(draft_dir))
-    config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
-    from draftline.draft import verifier_loading
-
-    with verifier_loading():
-        draft = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
-    return draft.to(device).eval()
+    return load_saved_draft(Path(draft_dir), card, "eager").to(device).eval()
 
 
 def first_turn_prompt(row: dict) -> list[dict]:
@@ -83,19 +77,24 @@ def acceptance_summary(rounds: list[int], k: int) -> dict:
 # ---- simulated acceptance (tau_sim) from teacher-forced accuracy ----------------------------
 
 
-def teacher_forced_sample(target, aux_layer_ids: list[int], prompt: list[int], completion: list[int]) -> dict:
+def teacher_forced_sample(target, aux_layer_ids: list[int], prompt: list[int], completion: list[int], storage=None) -> dict:
     """One sample in speculators' training layout over prompt + the target's own completion.
 
     Hidden states come from the same capture as the hidden_states stage; loss_mask marks the
     completion tokens, so after speculators' shift_batch the draft is scored exactly where the
     speculative decoder drafts: from the first completion token (the prefill's output) onwards.
+    `storage` (torch.bfloat16, torch.float8_e4m3fn): the states take that format's round trip, as
+    the trainer read them (draftline/hs_format.py); None = as a server hands them to the draft.
     """
     import torch
 
     from draftline.hidden import capture
+    from draftline.hs_format import roundtrip
 
     ids = list(prompt) + list(completion)
     hs = capture(target, [ids], aux_layer_ids)[0].float().cpu()  # (L, 4, H)
+    if storage is not None:
+        hs = roundtrip(hs, storage, torch.float32)
     return {
         "hidden_states": hs[:, :-1].flatten(1),  # (L, 3H)
         "input_ids": torch.tensor(ids, dtype=torch.long),

@@ -33,7 +33,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3"}
+SCALES_KEY = "hidden_states_scales"  # hs-connectors' fp8 layout (draftline/hs_format.py)
 VLLM_STAGING = ".vllm_staging"  # where vLLM's connector writes inside the output directory
 
 
@@ -53,30 +54,42 @@ def is_valid_file(path: Path, token_ids: list[int], hidden_size: int, dtype: tor
 
     Reads the header (a truncated file fails safetensors' own size check), the shape and dtype,
     and the small token_ids tensor; `full` also loads the states and checks they are finite.
+    An fp8 file (dtype float8_e4m3fn) also carries its per-token scales [L, 1, 1].
     """
     if not path.exists():
         return False
+    fp8 = dtype == torch.float8_e4m3fn
     try:
         with safe_open(str(path), framework="pt") as f:
-            if set(f.keys()) != {"token_ids", "hidden_states"}:
+            if set(f.keys()) != {"token_ids", "hidden_states"} | ({SCALES_KEY} if fp8 else set()):
                 return False
             hs = f.get_slice("hidden_states")
             if list(hs.get_shape()) != [len(token_ids), 4, hidden_size]:
                 return False
             if dtype is not None and hs.get_dtype() != _SAFETENSORS_DTYPE[dtype]:
                 return False
+            if fp8 and list(f.get_slice(SCALES_KEY).get_shape()) != [len(token_ids), 1, 1]:
+                return False
             if f.get_tensor("token_ids").tolist() != list(token_ids):
                 return False
-            if full and not bool(torch.isfinite(f.get_tensor("hidden_states").float()).all()):
-                return False
+            if full:
+                from draftline.hs_format import decode
+
+                values = decode({k: f.get_tensor(k) for k in f.keys() if k != "token_ids"}, torch.float32)
+                if not bool(torch.isfinite(values).all()):
+                    return False
     except Exception:  # any unreadable file is redone, whatever the reader raised
         return False
     return True
 
 
 def estimate_bytes(seq_lens: list[int], hidden_size: int, dtype: torch.dtype) -> int:
-    """tokens x 4 states x H x bytes per value (safetensors headers are negligible)."""
-    return sum(seq_lens) * 4 * hidden_size * dtype.itemsize
+    """tokens x the format's true bytes per token: 4 states x H x bytes per value, the int64 token
+    id, and the fp8 scale (draftline/hs_format.py; safetensors headers are negligible)."""
+    from draftline.hs_format import bytes_per_token
+
+    fmt, name = ("fp8", "bfloat16") if dtype == torch.float8_e4m3fn else ("bf16", str(dtype).removeprefix("torch."))
+    return sum(seq_lens) * bytes_per_token(hidden_size, fmt, name)
 
 
 def check_disk(directory: Path, needed: int, margin: float) -> int:
@@ -110,12 +123,22 @@ def token_budget_batches(lengths: dict[int, int], budget: int) -> list[list[int]
 
 
 def decoder_parts(model):
-    """(decoder layers, final norm) of a causal LM."""
-    decoder = model.get_decoder()
-    layers, norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
-    if layers is None or norm is None:
-        raise ValueError(f"{type(model).__name__}: cannot find the decoder layers and final norm (model.get_decoder().layers/.norm)")
-    return layers, norm
+    """(decoder layers, final norm) of a causal LM, also when the language model sits inside a
+    multimodal wrapper (wrapper.language_model -> ForCausalLM -> .model.layers): get_decoder() is
+    followed, then `.model`, until a module has both `layers` and `norm`."""
+    module = model
+    for _ in range(6):
+        layers, norm = getattr(module, "layers", None), getattr(module, "norm", None)
+        if layers is not None and norm is not None:
+            return layers, norm
+        inner = module.get_decoder() if hasattr(module, "get_decoder") else None
+        if inner is None or inner is module:
+            inner = getattr(module, "model", None)
+        if inner is None or inner is module:
+            break
+        module = inner
+    raise ValueError(f"{type(model).__name__}: cannot find the language model's decoder layers and final norm "
+                     "(followed get_decoder() and .model to a module with .layers and .norm)")
 
 
 @torch.no_grad()
@@ -152,11 +175,14 @@ def capture(model, input_ids: list[list[int]], aux_layer_ids: list[int]) -> list
 
 def save_hidden_states(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: torch.dtype) -> None:
     """Write atomically: a killed run never leaves a file that looks finished."""
-    hidden = hidden.to(dtype)
-    if not bool(torch.isfinite(hidden).all()):
+    from draftline.hs_format import encode
+
+    tensors = encode(hidden, dtype)  # fp8: hs-connectors' quantization, with per-token scales
+    stored = hidden if dtype == torch.float8_e4m3fn else tensors["hidden_states"]
+    if not bool(torch.isfinite(stored).all()):
         raise ValueError(f"{path.name}: the target produced non-finite hidden states (overflow in {dtype}?)")
     tmp = path.with_name(path.name + ".tmp")
-    save_file({"token_ids": torch.tensor(token_ids, dtype=torch.long), "hidden_states": hidden.contiguous().cpu()}, str(tmp))
+    save_file({"token_ids": torch.tensor(token_ids, dtype=torch.long), **tensors}, str(tmp))
     os.replace(tmp, path)
 
 
@@ -240,18 +266,19 @@ def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Pa
 
 def vllm_serve_command(python: str, model: str, revision: str | None, aux_layer_ids: list[int], num_layers: int,
                        staging_dir: Path, host: str, port: int, dtype: str, tensor_parallel_size: int,
-                       max_model_len: int, gpu_memory_utilization: float, extra_args: list[str]) -> list[str]:
+                       max_model_len: int, gpu_memory_utilization: float, extra_args: list[str],
+                       transfer: str = "file", mooncake: dict | None = None, trust_remote_code: bool = False) -> list[str]:
     """`vllm serve` set up for hidden-state extraction, as speculators' scripts/launch_vllm.py does:
     the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
-    and speculators' file connector config writing hs files into `staging_dir`."""
-    from hs_connectors.transfer import FileBackend
-
+    and the kv-transfer config of hs-connectors' `transfer` backend: file (vLLM's
+    ExampleHiddenStatesConnector) or fp8 (FP8HiddenStatesConnector) writing hs files into
+    `staging_dir`, or mooncake (`mooncake`: hidden_states.online.mooncake settings)."""
     speculative = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}},
     }
-    kv_transfer = FileBackend.build_kv_transfer_config(argparse.Namespace(hidden_states_path=str(staging_dir)))
+    kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake)
     cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", model,
            "--host", host, "--port", str(port), "--dtype", dtype,
            "--tensor-parallel-size", str(tensor_parallel_size), "--max-model-len", str(max_model_len),
@@ -259,14 +286,42 @@ def vllm_serve_command(python: str, model: str, revision: str | None, aux_layer_
            "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(kv_transfer)]
     if revision:
         cmd += ["--revision", revision]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     return cmd + list(extra_args)
 
 
+def mooncake_args(mooncake: dict) -> argparse.Namespace:
+    """hidden_states.online.mooncake as the argparse namespace hs-connectors' MooncakeBackend reads."""
+    return argparse.Namespace(
+        mooncake_master=mooncake["master"], mooncake_metadata_server=mooncake["metadata_server"],
+        mooncake_protocol=mooncake["protocol"], mooncake_device=mooncake["device"],
+        mooncake_global_segment_gib=mooncake["global_segment_gib"], mooncake_local_buffer_gib=mooncake["local_buffer_gib"],
+        mooncake_writer_threads=mooncake["writer_threads"])
+
+
+def kv_transfer_config(transfer: str, staging_dir: Path | None, mooncake: dict | None = None) -> dict:
+    """vLLM's --kv-transfer-config for an hs-connectors backend (file, fp8, mooncake), built by the
+    backend itself."""
+    from hs_connectors import HiddenStatesBackend
+
+    backend = HiddenStatesBackend.registry.get(transfer)
+    if backend is None:
+        raise ValueError(f"hidden-state transfer {transfer!r}: hs-connectors has {sorted(HiddenStatesBackend.registry)}")
+    if transfer == "mooncake":
+        if mooncake is None:
+            raise ValueError("transfer mooncake needs hidden_states.online.mooncake settings")
+        return backend.build_kv_transfer_config(mooncake_args(mooncake))
+    return backend.build_kv_transfer_config(argparse.Namespace(hidden_states_path=str(staging_dir)))
+
+
 def generate_offline_data_command(endpoint: str, tokenized_dir: Path, out: Path, concurrency: int,
-                                  request_timeout_s: float, max_retries: int) -> list[str]:
+                                  request_timeout_s: float, max_retries: int, validate: bool = True) -> list[str]:
     """speculators' own extraction client: sends each row's input_ids (max_tokens=1), moves the file
-    vLLM wrote to out/hs_{i}.safetensors, skips files that exist, checks tokens and finiteness."""
+    vLLM wrote to out/hs_{i}.safetensors, skips files that exist; `validate` checks tokens and
+    finiteness (its check cannot read fp8 files on CPU: torch has no aminmax for float8 there, so
+    fp8 files are checked by the stage after it, with pending_rows)."""
     return [sys.executable, "-m", "speculators", "generate-offline-data",
             "--endpoint", endpoint, "--preprocessed-data", str(tokenized_dir), "--output", str(out),
-            "--concurrency", str(concurrency), "--validate-outputs",
+            "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else []),
             "--request-timeout", str(request_timeout_s), "--max-retries", str(max_retries)]

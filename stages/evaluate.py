@@ -18,23 +18,27 @@ histogram, prompts) is in acceptance.detail.json beside it.
 
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 from draftline.config import stage_params
 
 
-def mixed_train_count(eval_path: str) -> int:
-    """Train prompts the mix drew, from its meta.json beside the eval prompts."""
+def mixed_train_count(eval_path: str, samples: int) -> int:
+    """Train prompts the mix drew, from its meta.json beside the eval prompts; prompts made by hand
+    (no mix meta there) are taken to be `samples`, and the stage says so."""
     from pathlib import Path
 
     from draftline.io import read_json
 
     meta_path = Path(eval_path).parent / "meta.json"
+    if not meta_path.is_file():
+        print(f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}")
+        return samples
     try:
-        meta = read_json(meta_path)
-        return int(meta["counts"]["train"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        return int(read_json(meta_path)["counts"]["train"])
+    except (ValueError, KeyError, TypeError) as err:
         raise SystemExit(f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
-                         "the scaling plot records the train prompts mix drew, so run `mix` first") from None
+                         "the scaling plot records the train prompts mix drew, so run `mix` again") from None
 
 
 def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots_dir: str) -> None:
@@ -53,13 +57,17 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     device = cfg.resolved_device()
     target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
     tie_tolerance = cfg.resolved_tie_tolerance()
-    draft = load_draft(draft_dir, device)
+    draft = load_draft(draft_dir, card, device)
     stop = eos_ids(tokenizer, target)
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise SystemExit(f"error: {eval_path} has no eval prompts")
-    train_prompts = mixed_train_count(eval_path)
+    train_prompts = mixed_train_count(eval_path, params.samples)
 
+    # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
+    trained_on = (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {}) if Path(draft_dir, "meta.json").exists() else {}
+    fp8 = trained_on.get("format") == "fp8"
+    sums_stored = {}
     rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
     per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
     generated = 0
@@ -71,6 +79,9 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
         if verdict != "identical":
             (near_ties if verdict == "near_tie" else mismatches).append(row["id"])
         sums = teacher_forced_sums(draft, teacher_forced_sample(target, card["aux_layer_ids"], ids, plain.tokens), cfg.k, device)
+        if fp8:
+            add_sums(sums_stored, teacher_forced_sums(draft, teacher_forced_sample(
+                target, card["aux_layer_ids"], ids, plain.tokens, torch.float8_e4m3fn), cfg.k, device))
         src = per_source[row.get("source", "?")]
         src["rounds"].extend(spec.accepted_per_round)
         src["prompts"] += 1
@@ -106,6 +117,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
         "lossless_checked_prompts": len(rows),
         "near_tie_divergences": len(near_ties),
     }
+    if fp8:
+        report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
     write_metrics(report_path, report, ["acceptance_length", "tau_sim"])
     write_json(f"{plots_dir}/acceptance_vs_samples.json",
                [{"samples": train_prompts, "samples_requested": params.samples,

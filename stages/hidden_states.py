@@ -4,6 +4,8 @@
 
 Backend `hf` runs the target here (CPU, one GPU, or several with `device_map`); backend `vllm`
 launches `vllm serve` for extraction and hands the rows to speculators' `generate-offline-data`.
+`format: fp8` stores hs-connectors' FP8 layout (vLLM: its FP8 connector). `mode: online` stores
+nothing: meta.json tells the train stage to make the states itself, the report gives the estimate.
 Resumable (persist: true in dvc.yaml): valid files are kept, missing, truncated or corrupt ones
 (re)done, so growing `samples` extracts only the new rows. Prints the disk estimate and refuses to
 start when free space is below it x `disk_margin`.
@@ -46,7 +48,7 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     import subprocess
 
     from draftline import hidden
-    from draftline.serving import ManagedServer
+    from draftline.serving import ManagedServer, startup_timeout_s
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -56,19 +58,72 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     longest = max(rows.with_format(None)["seq_len"])
     serve = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
                                       card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
-                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args)
-    base_url = f"http://{v.host}:{v.port}"
-    print("hidden_states: launching", " ".join(serve))
+                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
+                                      transfer=cfg.format if cfg.format == "fp8" else "file",
+                                      trust_remote_code=card.get("trust_remote_code", False))
+    if v.endpoint:  # already running: checked with one probe row, not started
+        from contextlib import nullcontext
+
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        base_url = v.endpoint.rstrip("/")
+        probe = rows.with_format(None)[min(todo)]["input_ids"]
+        try:
+            seen = preflight_extraction(base_url, card, aux_ids, probe, v.request_timeout_s, v.max_retries + 1)
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
+        print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
+        server = nullcontext()
+    else:
+        base_url = f"http://{v.host}:{v.port}"
+        limit, why = startup_timeout_s(v.startup_timeout_s, card["model"], card.get("revision"))
+        print(f"hidden_states: launching {' '.join(serve)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
+        server = ManagedServer(serve, dict(os.environ), base_url, log_path, limit, say=print)
     try:
-        with ManagedServer(serve, dict(os.environ), base_url, log_path, v.startup_timeout_s):
+        with server:
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
-                                                          v.request_timeout_s, v.max_retries)
+                                                          v.request_timeout_s, v.max_retries, validate=cfg.format != "fp8")
             print("hidden_states: running", " ".join(client))
             code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
             if code != 0:
-                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; server log: {log_path}")
+                where = f"the server at {base_url}" if v.endpoint else f"server log: {log_path}"
+                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; {where}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+LAYOUTS = {
+    "bf16": "hs_{i}.safetensors: token_ids [L], hidden_states [L, 4, H] (inputs of the aux layers, then last layer pre-norm)",
+    "fp8": "hs_{i}.safetensors (hs-connectors fp8): token_ids [L], hidden_states [L, 4, H] float8_e4m3fn, "
+           "hidden_states_scales [L, 1, 1] float32 (inputs of the aux layers, then last layer pre-norm)",
+}
+
+
+def write_online(cfg, card, rows, out: Path, report_path: str, fingerprint: str, aux_ids) -> None:
+    """mode online: no states are stored. meta.json tells the train stage to make them itself; files
+    an earlier offline run left are kept for a switch back (their fingerprint stays recorded)."""
+    from draftline import plan
+    from draftline.io import read_json, write_json, write_meta
+
+    out.mkdir(parents=True, exist_ok=True)
+    previous = read_json(out / "meta.json") if (out / "meta.json").exists() else {}
+    files_fingerprint = previous.get("fingerprint") if previous.get("mode", "offline") == "offline" else previous.get("files_fingerprint")
+    lengths = rows.with_format(None)["seq_len"]
+    the_plan = plan.make_plan(sum(lengths), len(lengths), card["hidden_size"], dtype_name=cfg.dtype,
+                              free=plan.free_bytes(out), margin=cfg.disk_margin, source="tokenized data")
+    write_meta(out, "hidden_states", cfg.model_dump(), complete=True, mode="online", format=cfg.format,
+               states_fingerprint=fingerprint, files_fingerprint=files_fingerprint, fingerprint=files_fingerprint,
+               aux_layer_ids=aux_ids, online=cfg.online.model_dump())
+    report = {
+        "backend": None, "mode": "online", "format": cfg.format, "rows": len(lengths), "tokens": sum(lengths),
+        "extracted_now": 0, "files_kept_from_offline": len(list(out.glob("hs_*.safetensors"))),
+        "offline_bytes": {name: m["total_bytes"] for name, m in the_plan["modes"].items() if name != "online"},
+        "free_bytes_before": the_plan["free_bytes"], "aux_layer_ids": aux_ids,
+    }
+    write_json(report_path, report)
+    print(f"hidden_states: mode online, nothing stored ({sum(lengths):,} tokens would take "
+          f"{report['offline_bytes']['offline_bf16'] / 1e9:.3f} GB in bf16, {report['offline_bytes']['offline_fp8'] / 1e9:.3f} GB in fp8)")
 
 
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
@@ -76,7 +131,7 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
     cfg = params.hidden_states
     from datasets import load_from_disk
 
-    from draftline import hidden
+    from draftline import hidden, hs_format, plan
     from draftline.io import read_json, write_json, write_meta
 
     card = read_json(card_path)
@@ -89,23 +144,29 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
         raise SystemExit(f"error: {tokenized_dir} was tokenized with another chat template than {card_path}'s target")
     rows = load_from_disk(tokenized_dir)
     out = Path(out_dir)
-    H, store_dtype = card["hidden_size"], hidden.DTYPES[cfg.dtype]
+    H, store_dtype = card["hidden_size"], hs_format.storage_dtype(cfg.format, cfg.dtype)
 
-    fingerprint = hidden.fingerprint(card, cfg.dtype)
+    fingerprint = hidden.fingerprint(card, hs_format.storage_name(cfg.format, cfg.dtype))
+    if cfg.mode == "online":
+        return write_online(cfg, card, rows, out, report_path, fingerprint, aux_ids)
     cleared = hidden.prepare_output(out, fingerprint)
     if cleared:
         print(f"hidden_states: removed {cleared} files made for another target, aux layers or dtype")
     todo, done = hidden.pending_rows(rows, out, H, store_dtype, cfg.verify_existing == "full")
     needed = hidden.estimate_bytes(list(todo.values()), H, store_dtype)
-    print(f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x 4 x {H} "
-          f"x {store_dtype.itemsize} B = {needed / 1e9:.3f} GB")
+    print(f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x "
+          f"{hs_format.bytes_per_token(H, cfg.format, cfg.dtype):,} B ({cfg.format}) = {needed / 1e9:.3f} GB")
     try:
         free = hidden.check_disk(out, needed, cfg.disk_margin)
     except RuntimeError as err:
-        raise SystemExit(f"error: {err}") from None
+        the_plan = plan.make_plan(sum(todo.values()), len(todo), H, dtype_name=cfg.dtype, free=plan.free_bytes(out),
+                                  margin=cfg.disk_margin, pack_len=params.train.pack_len)
+        fits = plan.cheaper_modes(the_plan, f"offline_{cfg.format}")
+        hint = ("; these would fit: " + "; ".join(fits)) if fits else ""
+        raise SystemExit(f"error: {err}{hint} (`python -m draftline.plan` prints the figures)") from None
 
-    layout = "hs_{i}.safetensors: token_ids [L], hidden_states [L, 4, H] (inputs of the aux layers, then last layer pre-norm)"
-    meta = dict(fingerprint=fingerprint, aux_layer_ids=aux_ids, layout=layout)
+    layout = LAYOUTS[cfg.format]
+    meta = dict(mode="offline", format=cfg.format, fingerprint=fingerprint, aux_layer_ids=aux_ids, layout=layout)
     write_meta(out, "hidden_states", cfg.model_dump(), complete=False, **meta)
     start, tokens = time.perf_counter(), sum(todo.values())
     if todo and cfg.backend == "hf":
@@ -128,7 +189,10 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
         "removed_for_new_fingerprint": cleared,
         "bytes_estimate": needed,
         "free_bytes_before": free,
-        "dtype": cfg.dtype,
+        "mode": "offline",
+        "format": cfg.format,
+        "dtype": hs_format.storage_name(cfg.format, cfg.dtype),
+        "bytes_per_token": hs_format.bytes_per_token(H, cfg.format, cfg.dtype),
         "aux_layer_ids": aux_ids,
     }
     write_json(report_path, report)

@@ -4,7 +4,8 @@
 
 `target.model: tiny` builds the embedded chat model into models/target/ (tokenizer with chat
 tokens, chat template, Llama weights trained for a few CPU minutes). A hub id or a local path is
-only read (config + tokenizer) into the same card.
+only read (config, tokenizer, safetensors index) into the same card; a target that ships custom
+code needs `target.trust_remote_code: true`, and fails here, naming it, without.
 """
 
 import sys
@@ -19,7 +20,7 @@ def main(out_dir: str) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from draftline.io import write_json, write_meta
-    from draftline.target import build_card
+    from draftline.target import RemoteCodeRequired, build_card
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -31,11 +32,14 @@ def main(out_dir: str) -> None:
             stats = build_tiny_target(cfg.tiny, out, lambda step, total, loss: bar.update(task, completed=step, loss=loss))
         card = build_card(str(out), "tiny", None, cfg.aux_layer_ids, {"tiny_training": stats})
     else:
-        card = build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {})
+        try:
+            card = build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code)
+        except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
     write_json(out / "card.json", card)
     write_meta(out, "target", cfg.model_dump())
     print(f"target: {card['architecture']} {card['num_layers']} layers, hidden {card['hidden_size']}, "
-          f"vocab {card['vocab_size']}, aux layers {card['aux_layer_ids']}")
+          f"vocab {card['vocab_size']}, aux layers {card['aux_layer_ids']}; verifier tensors {card['verifier_tensors']}")
 
 
 if __name__ == "__main__":

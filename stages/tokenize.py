@@ -3,8 +3,11 @@
     python -m stages.tokenize models/target/card.json datasets/prompts/train.jsonl \
         datasets/regenerated/conversations.jsonl datasets/tokenized reports/tokenize.json
 
-Rows follow the prompt order of train.jsonl, so growing `samples` appends rows and hidden-state
-file hs_{i} stays row i. A conversation gives one row, or several when the chat template rewrites
+Rows are append-only: conversations come in the order they first appear in conversations.jsonl
+(itself append-only, keyed by prompt id), restricted to the prompts of train.jsonl. A rerun that
+fills prompts which failed before, or that grows `samples`, appends their rows after every existing
+one, so hidden-state file hs_{i} stays row i and only the new rows are extracted (ordering by prompt
+would shift every row after a filled gap). A conversation gives one row, or several when the chat template rewrites
 earlier turns (see draftline/chat.py). Columns: `id` (prompt id), `part` (row within the
 conversation), `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable tokens only
 (speculators' save_token_frequency_distribution).
@@ -52,22 +55,24 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     from jinja2 import TemplateError
     from rich.progress import track
     from speculators.train.vocab_mapping import save_token_frequency_distribution
-    from transformers import AutoTokenizer
-
     from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
     from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_meta
+    from draftline.target import card_tokenizer
 
     card = read_json(card_path)
     # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
     regen_meta = Path(regenerated_path).parent / "meta.json"
     regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
     template_kwargs = regen_params.get("chat_template_kwargs") or {}
-    tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+    tokenizer = card_tokenizer(card)
     stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
     regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
-    regenerated = {row["id"]: row for row in regenerated_rows}
+    regenerated = {}  # prompt id -> its first line, in order of first appearance
+    for row in regenerated_rows:
+        regenerated.setdefault(row["id"], row)
     prompt_ids = [row["id"] for row in read_jsonl(prompts_path)]
-    order = [pid for pid in prompt_ids if pid in regenerated]
+    prompted = set(prompt_ids)
+    order = [pid for pid in regenerated if pid in prompted]
 
     out = Path(out_dir)
     if out.exists():  # a rerun replaces the dataset whole (no stale shards, no reused token_freq.pt)

@@ -18,6 +18,7 @@ to dvclive (reports/train/, see `dvc plots show`). The kept weights are those of
 the best validation tau_sim, not the lowest loss.
 """
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -82,7 +83,22 @@ def clock_text(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
 
 
-def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
+def online_states(card, source: dict, device: str):
+    """hidden_states.mode online: the target on the train device (float32 on CPU, bf16 on a GPU, as
+    extraction computes), the aux ids and the storage dtype of the format the states would have."""
+    import torch
+
+    from draftline import draft, hs_format
+    from draftline.target import load_target_model
+
+    target = load_target_model(card, device, torch.float32 if device == "cpu" else torch.bfloat16)
+    target.eval()
+    target.requires_grad_(False)
+    storage = hs_format.storage_dtype(source["format"], (source.get("params") or {}).get("dtype", "bfloat16"))
+    return draft.OnlineStates(target, card["aux_layer_ids"], storage)
+
+
+def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dict):
     from draftline import draft
     from draftline.target import resolve_device
 
@@ -91,8 +107,8 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
     attn = "eager" if device == "cpu" else "simple_flex_attention"
     shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
                  train_lm_head=cfg.train_lm_head)
-    if note := draft.verifier_tensor_note(card):
-        print(f"train: {note}")
+    # before seeding: loading the target must not move the RNG the draft is built and trained with
+    online = online_states(card, source, device) if source["mode"] == "online" else None
     draft.seed_everything(cfg.seed)
     if init_dir is None:
         model = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, attn, **shape,
@@ -105,11 +121,37 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log):
         for note in notes:
             print(f"train.init remap: {note}")
     result = draft.train_draft(model, cfg, paths["tokenized"], paths["hs"], device,
-                               state_dir=paths["state"], fingerprint=fingerprint, log=log, progress=step_reporter())
+                               state_dir=paths["state"], fingerprint=fingerprint, log=log, online=online,
+                               progress=step_reporter())
     return model, result, notes
 
 
-def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
+def online_vllm(card, paths, source: dict) -> tuple[list[str] | None, str, Path | None]:
+    """hidden_states.mode online with backend speculators: (the `vllm serve` command to launch, or
+    None for an external endpoint; the /v1 endpoint; the staging directory of the file/fp8 transfer)."""
+    from draftline import hidden
+
+    online, params = source["online"], source.get("params") or {}
+    transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
+    # default staging in the train stage's own state dir: files under datasets/hidden_states would
+    # change the hidden_states stage's output behind DVC's back
+    staging = None if transfer == "mooncake" else Path(online.get("staging_dir") or paths["state"] / "online_staging").resolve()
+    if online.get("endpoint"):
+        return None, online["endpoint"], staging
+    from datasets import load_from_disk
+
+    v = params.get("vllm") or {}
+    longest = max(load_from_disk(str(paths["tokenized"])).with_format(None)["seq_len"])
+    serve = hidden.vllm_serve_command(v.get("python") or sys.executable, card["model"], card.get("revision"), card["aux_layer_ids"],
+                                      card["num_layers"], staging, v.get("host", "127.0.0.1"), v.get("port", 8012),
+                                      params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
+                                      v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
+                                      v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
+                                      trust_remote_code=card.get("trust_remote_code", False))
+    return serve, f"http://{v.get('host', '127.0.0.1')}:{v.get('port', 8012)}/v1", staging
+
+
+def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dict):
     import torch
 
     from draftline import draft
@@ -130,14 +172,52 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path):
         raise SystemExit("error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
                          f"{sorted(draft.ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
     save_path = paths["state"] / "speculators"
+    serve, endpoint, staging = online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
+    if serve is None and endpoint:  # a running extraction server: checked before the trainers ask it for states
+        from datasets import load_from_disk
+
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        online = source["online"]
+        probe = load_from_disk(str(paths["tokenized"])).with_format(None)[0]["input_ids"]
+        try:
+            seen = preflight_extraction(endpoint.removesuffix("/v1"), card, card["aux_layer_ids"], probe,
+                                        online.get("request_timeout_s", 600), online.get("max_retries", 3) + 1,
+                                        probe_file=(online.get("transfer") or "file") != "mooncake")
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
+        print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
+    hs_args = draft.speculators_hidden_states_args(paths["hs"], source["format"], source.get("online") if endpoint else None,
+                                                   endpoint, staging)
+    try:
+        verifier = draft.verifier_for_speculators(card, paths["state"] / "verifier_view")
+    except draft.InitMismatch as err:
+        raise SystemExit(f"error: {err}") from None
     cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
-                                          save_path, live_dir / "speculators", nproc, init_dir, architecture)
+                                          save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args,
+                                          verifier)
     live_dir.mkdir(parents=True, exist_ok=True)
-    (live_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    print(" ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
-    model, result = draft.best_speculators_epoch(save_path, cfg, paths["tokenized"], paths["hs"], "cuda", log)
+    (live_dir / "command.txt").write_text("\n".join(" ".join(c) for c in (serve, cmd) if c) + "\n")
+    with contextlib.ExitStack() as stack:
+        if serve is not None:  # the extraction server the trainers ask for states, stopped after
+            import os
+
+            from draftline.serving import ManagedServer, startup_timeout_s
+
+            if staging is not None:
+                staging.mkdir(parents=True, exist_ok=True)
+            limit, why = startup_timeout_s((source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
+                                           card["model"], card.get("revision"))
+            print(f"train: launching {' '.join(serve)} (start-up limit {limit:.0f}s: {why})", flush=True)
+            stack.enter_context(ManagedServer(serve, dict(os.environ), endpoint.removesuffix("/v1"), live_dir / "vllm.log",
+                                              limit, say=print))
+        print(" ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
+    online = online_states(card, source, "cuda") if source["mode"] == "online" else None
+    model, result = draft.best_speculators_epoch(save_path, cfg, card, paths["tokenized"], paths["hs"], "cuda", log, online)
+    model.config.speculators_config = draft.speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps)  # the target, not the view
     return model, result, notes
 
 
@@ -159,6 +239,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         init_dir = draft.prepare_init(cfg.init, card, cfg.init_convert, paths["state"]) if cfg.init else None
     except (draft.InitMismatch, draft.DataMismatch) as err:
         raise SystemExit(f"error: {err}") from None
+    source = draft.hidden_states_source(paths["hs"])
     data_sha = draft.training_data_sha256(paths["tokenized"], paths["hs"])
     init_sha = draft.dir_sha256(Path(cfg.init)) if cfg.init else None
 
@@ -166,9 +247,9 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
         try:
             if cfg.backend == "speculators":
-                model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir)
+                model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir, source)
             else:
-                model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live))
+                model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source)
         except draft.InitMismatch as err:
             raise SystemExit(f"error: {err}") from None
 
@@ -177,7 +258,8 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     best = result["best"]
     write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
                data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
-               best_epoch=best["epoch"], vllm_speculator=vllm_fields)
+               best_epoch=best["epoch"], vllm_speculator=vllm_fields,
+               hidden_states={"mode": source["mode"], "format": source["format"]})
     write_metrics(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],
@@ -189,6 +271,9 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         "step_seconds": result.get("step_seconds"),
         "resumed_at": result.get("resumed_at"),
         "init": cfg.init,
+        "hidden_states_mode": source["mode"],
+        "hidden_states_format": source["format"],
+        "target_forwards_per_epoch": result.get("target_forwards_per_epoch", 0),
     }, ["val_tau_sim", "val_loss"])
     if cfg.backend == "builtin":
         draft.finish_state(paths["state"], {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]})

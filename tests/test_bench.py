@@ -44,3 +44,12 @@ def test_specdec_bench(tmp_path, random_target, eagle3_draft_dir):
                    "--prompts", str(tmp_path / "eval.jsonl"), "--max-new-tokens", "8", "--repeats", "1")
     assert result["outputs_identical"] and result["prompts"] == 3 and result["speedup"] > 0
     assert 1.0 <= result["acceptance_length"] <= 4.0
+
+
+def test_hs_formats_bench(tmp_path):
+    result = bench("hs_formats", tmp_path, "--small", "--small-steps", "5", "--small-rows", "40", "--epochs", "1",
+                   "--argmax-rows", "4")
+    for fmt in ("bf16", "fp8"):
+        assert result["formats"][fmt]["ratio_to_minimum"] >= 1.0 and result["formats"][fmt]["train"]["val_tau_sim"] >= 1.0
+    assert result["formats"]["fp8"]["bytes_per_token"] < result["formats"]["bf16"]["bytes_per_token"]
+    assert result["online"]["train"]["target_forwards_per_epoch"] > 0

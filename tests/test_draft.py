@@ -63,7 +63,7 @@ def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_targe
     loaded = Eagle3DraftModel.from_pretrained(str(path))
     for name, value in trained_parts(model).items():
         assert torch.equal(loaded.state_dict()[name], value), name
-    assert load_draft(path, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
+    assert load_draft(path, random_target, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
     config = json.loads((path / "config.json").read_text())
     assert fields == draft.vllm_speculator_fields(config)
     assert fields["method"] == "eagle3" and fields["draft_model_type"] == "llama"
@@ -242,22 +242,91 @@ def tied_target(tmp_path_factory, random_target):
     return build_card(str(path), "test", None, [1, 2, 3], {})
 
 
-def test_expected_loader_warnings_are_explained_once_not_repeated(tied_target, random_target, vocab_dir, capfd):
+def test_a_tied_target_builds_its_draft_without_loader_warnings(tied_target, vocab_dir, capfd):
+    """speculators' loader printed "Tensor 'lm_head.weight' not found" (and "index.json not found")
+    for every tied, single-file target in each stage that builds or loads a draft; the card's
+    verifier tensors name the embeddings as the lm_head instead."""
     assert "lm_head.weight" not in load_file(Path(tied_target["model"]) / "model.safetensors")
-    note = draft.verifier_tensor_note(tied_target)
-    assert "ties lm_head to its embeddings" in note and not note.startswith("WARNING")
-    assert draft.verifier_tensor_note(random_target) is None  # its own lm_head
     capfd.readouterr()
     model = draft.build_draft(tied_target, vocab_dir, 1, 3)
     err = capfd.readouterr().err
-    assert "not found" not in err, err  # speculators' loader warnings, expected here, are silenced
-    assert torch.equal(model.verifier_lm_head.weight, model.embed_tokens.weight[torch.from_numpy(np.load(vocab_dir / "t2d.npy"))])
+    assert "not found" not in err and "WARNING" not in err, err
+    t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
+    assert torch.equal(model.verifier_lm_head.weight, model.embed_tokens.weight[t2d])
 
 
-def test_an_untied_target_without_lm_head_is_warned_about(tmp_path, tied_target):
-    from draftline.target import build_card
+@pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
+def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_dir, tmp_path, transfer):
+    """hidden_states.mode online with train.backend speculators: speculators' own parser reads
+    `--on-missing generate --vllm-endpoint ...` with the transfer backend from params, and the
+    extraction server gets that backend's kv-transfer config, built by hs-connectors itself."""
+    from hs_connectors import HiddenStatesBackend
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
 
-    shutil.copytree(tied_target["model"], tmp_path / "m")
-    config = json.loads((tmp_path / "m/config.json").read_text())
-    (tmp_path / "m/config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
-    assert draft.verifier_tensor_note(build_card(str(tmp_path / "m"), "test", None, [1, 2, 3], {})).startswith("WARNING")
+    from draftline import hidden
+    from draftline.config import HiddenStatesConfig
+
+    hs = HiddenStatesConfig(mode="online", format="fp8" if transfer == "fp8" else "bf16",
+                            online={"transfer": transfer, "request_timeout_s": 90, "max_retries": 5,
+                                    "mooncake": {"master": "10.0.0.5:50051", "protocol": "rdma", "device": "mlx5_0"}})
+    online = hs.online.model_dump()
+    args = draft.speculators_hidden_states_args(tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging")
+    cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
+    run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
+    assert run["on_missing"] == "generate" and run["vllm_endpoint"] == "http://10.0.0.9:8012/v1"
+    assert run["hidden_states_backend"] == transfer and run["request_timeout"] == 90 and run["max_retries"] == 5
+    # the trainer side's transfer, as speculators.train builds it from these arguments
+    import argparse
+
+    namespace = argparse.Namespace(**run)
+    if transfer == "mooncake":
+        assert run["mooncake_master"] == "10.0.0.5:50051" and run["mooncake_protocol"] == "rdma" and run["mooncake_device"] == "mlx5_0"
+        assert type(HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])).__name__ == "MooncakeTransfer"
+    else:
+        transfer_obj = HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])
+        assert transfer_obj.hidden_states_path == tmp_path / "staging"
+        assert type(transfer_obj).__name__ == ("FP8Transfer" if transfer == "fp8" else "FileTransfer")
+
+    serve = hidden.vllm_serve_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0", 8012,
+                                      "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=online["mooncake"])
+    kv = json.loads(serve[serve.index("--kv-transfer-config") + 1])
+    connector = {"file": "ExampleHiddenStatesConnector", "fp8": "FP8HiddenStatesConnector",
+                 "mooncake": "MooncakeHiddenStatesConnector"}[transfer]
+    assert kv["kv_connector"] == connector and kv["kv_role"] == "kv_producer"
+    if transfer == "mooncake":
+        assert kv["kv_connector_extra_config"]["mooncake"]["master_server_address"] == "10.0.0.5:50051"
+        assert kv["kv_connector_extra_config"]["mooncake"]["protocol"] == "rdma"
+    else:
+        assert kv["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "staging")
+
+
+@pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
+def test_extraction_server_command_parses_with_vllms_own_parser(tmp_path, transfer):
+    """Where vLLM is installed (GPU hosts): `vllm serve`'s real parser takes the command."""
+    from draftline import hidden
+    from draftline.config import MooncakeConfig
+
+    vllm_serve = pytest.importorskip("vllm.entrypoints.cli.serve")
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    serve = hidden.vllm_serve_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0", 8012,
+                                      "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=MooncakeConfig().model_dump())
+    parser = FlexibleArgumentParser()
+    vllm_serve.ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
+    parsed = parser.parse_args(serve[3:])
+    assert parsed.model_tag == "org/target" and parsed.tensor_parallel_size == 8
+
+
+def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(random_target, vocab_dir, tmp_path):
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    args = draft.speculators_hidden_states_args(tmp_path / "hs", "fp8")
+    cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
+    run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
+    assert run["hidden_states_backend"] == "fp8" and run["on_missing"] == "raise" and run["hidden_states_path"] == str(tmp_path / "hs")

@@ -1,4 +1,4 @@
-"""Stage `tokenize` on a toy input: speculators' Arrow layout, rows in prompt order, frequencies of
+"""Stage `tokenize` on a toy input: speculators' Arrow layout, rows in order of first appearance, frequencies of
 trainable tokens only, the report, and conversations split where the template rewrites history."""
 
 import contextlib
@@ -55,12 +55,12 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
 
     data = load_from_disk(str(tmp_path / "tokenized"))
     assert data.format["type"] == "torch"
-    assert data.with_format(None)["id"] == [c["id"] for c in convs]  # prompt order, one row each
+    assert data.with_format(None)["id"] == [c["id"] for c in reversed(convs)]  # order of first appearance, one row each
     assert data.with_format(None)["part"] == [0] * len(convs)
     row = data[0]
     assert row["input_ids"].dtype == torch.int64 and row["loss_mask"].dtype == torch.int64
     assert row["seq_len"].item() == len(row["input_ids"]) == len(row["loss_mask"])
-    cut = data[3]
+    cut = data[1]  # convs[3]
     assert cut["input_ids"][cut["loss_mask"].bool()][-1].item() != random_target["eos_token_id"]
     assert data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target["eos_token_id"]
 
@@ -111,7 +111,7 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
     write_inputs(tmp_path, qwen3_target, [{"id": "a", "messages": messages}, {"id": "b", "messages": simple}], 512)
     report = run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
-    assert data["id"] == ["a", "a", "b"] and data["part"] == [0, 1, 0]
+    assert data["id"] == ["b", "a", "a"] and data["part"] == [0, 0, 1]  # b was written first
     assert report["rows"] == 3 and report["conversations"] == 2 and report["split_conversations"] == 1
     from transformers import AutoTokenizer
 
@@ -120,9 +120,9 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
     def masked(k):
         return tok.decode([t for t, m in zip(data["input_ids"][k], data["loss_mask"][k]) if m])
 
-    assert masked(0) == "<think>\n2 + 3 = 5.\n</think>\n\n5.<|im_end|>"
-    assert masked(1) == "<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"
-    assert masked(2) == "<think>\n\n</think>\n\nHello.<|im_end|>"  # thinking on: the model wrote the empty block
+    assert masked(1) == "<think>\n2 + 3 = 5.\n</think>\n\n5.<|im_end|>"
+    assert masked(2) == "<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"
+    assert masked(0) == "<think>\n\n</think>\n\nHello.<|im_end|>"  # thinking on: the model wrote the empty block
 
     # regenerated with enable_thinking=false (recorded in its meta.json): the server pre-filled
     # the empty think block, so it is context

@@ -229,7 +229,7 @@ def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
     shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
     draft.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(tmp_path / "0")  # untrained
     (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
-    chosen, result = draft.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["tokenized"], data["hs"], "cpu")
+    chosen, result = draft.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu")
     assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
     assert result["best"]["val"]["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
     assert torch.equal(chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"])
@@ -249,3 +249,61 @@ def test_train_step_bench_still_runs(data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["steps"] >= 1 and result["ours_step_s"] > 0 and result["ratio_ours_over_bare"] > 0
+
+
+def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, data, tmp_path):
+    """hidden_states.mode online: the target makes each packed batch's states; no file is written,
+    a kill mid-epoch resumes, and validation tau_sim is that of the offline run on stored bf16 states."""
+    _, ref_report = reference
+    online_hs = tmp_path / "hs_online"  # what the hidden_states stage writes in online mode: meta.json only
+    online_hs.mkdir()
+    write_json(online_hs / "meta.json", {"mode": "online", "format": "bf16", "aux_layer_ids": data["card"]["aux_layer_ids"],
+                                         "params": {"dtype": "bfloat16"}})
+    run = tmp_path / "online"
+    run.mkdir()
+    write_params(run)
+    args = stage_args(data, run)
+    args[3] = str(online_hs)
+    cmd = [sys.executable, "-m", "stages.train", *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    state = run / "checkpoints" / draft.STATE_FILE
+    with open(run / "first.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None and not state.exists():
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (run / "first.log").read_text()[-2000:]
+    second = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    report = json.loads((run / "train.detail.json").read_text())
+    assert report["resumed_at"]["epoch"] == 0 and report["resumed_at"]["batch"] > 0
+    assert report["hidden_states_mode"] == "online" and report["target_forwards_per_epoch"] > 0
+    assert report["steps"] == ref_report["steps"]
+    assert abs(report["val_tau_sim"] - ref_report["val_tau_sim"]) <= 0.05
+    assert not list(online_hs.glob("hs_*")) and not list(run.rglob("hs_*.safetensors"))
+    meta = json.loads((run / "draft" / "meta.json").read_text())
+    assert meta["hidden_states"] == {"mode": "online", "format": "bf16"}
+
+
+def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
+    """Our loop's dataset (hs-connectors' FP8Transfer) over fp8 files: the bf16 states within fp8's
+    rounding (3 mantissa bits: <= 1/16 of each token's largest value)."""
+    from draftline.hs_format import roundtrip
+
+    fp8_dir = tmp_path / "hs_fp8"
+    fp8_dir.mkdir()
+    for path in data["hs"].glob("hs_*.safetensors"):
+        stored = load_file(str(path))
+        hidden.save_hidden_states(fp8_dir / path.name, stored["token_ids"].tolist(), stored["hidden_states"].float(), torch.float8_e4m3fn)
+    plain = draft.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+    fp8 = draft.make_dataset(data["tokenized"], fp8_dir, "train", 0.75, 128, torch.float32)
+    for i in range(len(plain)):
+        a, b = {k: v.float() if v.is_floating_point() else v for k, v in plain[i].items()}, fp8[i]
+        assert b["hidden_states"].dtype == torch.float32 and torch.equal(a["input_ids"], b["input_ids"])
+        bound = torch.cat([a["hidden_states"], a["verifier_last_hidden_states"]], 1).abs().amax(1, keepdim=True) / 16
+        assert ((a["hidden_states"] - b["hidden_states"]).abs() <= bound).all()
+        assert not torch.equal(a["verifier_last_hidden_states"], b["verifier_last_hidden_states"])  # really quantized
+        expected = roundtrip(torch.cat([a["hidden_states"].view(-1, 3, a["verifier_last_hidden_states"].shape[1]),
+                                        a["verifier_last_hidden_states"][:, None]], 1), torch.float8_e4m3fn)
+        torch.testing.assert_close(b["verifier_last_hidden_states"], expected[:, 3])
