@@ -122,10 +122,21 @@ class TemperatureChoice(Section):
     weight: float = Field(gt=0)
 
 
+class HfBatchConfig(Section):
+    """regenerate.backend: hf — draftline.batch_server: greedy batched `generate` behind the
+    OpenAI-compatible API (CPU, or one GPU for a small target)."""
+
+    max_batch: int = Field(32, ge=1)  # requests decoded together; the partitions' concurrency keeps it fed
+    gather_ms: float = Field(20, ge=0)  # after the first waiting request, how long to wait for more
+    tie_tolerance: float = Field(1e-4, ge=0)  # top-two logit margin below which a token counts as a near-tie
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads of the server; null = the stage's policy
+
+
 class RegenerateConfig(Section):
-    # transformers | vllm | sglang: the stage starts that server on the target and stops it after;
+    # transformers | vllm | sglang | hf (draftline.batch_server, greedy batches: the fast one on CPU):
+    # the stage starts that server on the target and stops it after;
     # external: OpenAI-compatible servers run elsewhere, listed in `endpoints`.
-    backend: Literal["transformers", "vllm", "sglang", "external"] = "transformers"
+    backend: Literal["transformers", "vllm", "sglang", "hf", "external"] = "transformers"
     host: str = "127.0.0.1"
     port: int = Field(8011, ge=1024, le=65535)
     endpoints: list[str] = []  # external: base URLs (http://host:port), balanced by outstanding requests
@@ -143,6 +154,7 @@ class RegenerateConfig(Section):
     # launched transformers serve (see serving.py for why continuous batching is off)
     continuous_batching: bool = False
     cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
+    hf: HfBatchConfig = HfBatchConfig()  # backend hf
     short: RegeneratePartition = RegeneratePartition(concurrency=32)
     long: RegeneratePartition = RegeneratePartition(concurrency=4)
     # sampling
@@ -175,7 +187,10 @@ class RegenerateConfig(Section):
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"regenerate.endpoints: {url!r} is not an http(s) base URL")
-        if self.backend == "transformers":
+        if self.backend == "hf" and (self.temperature > 0 or self.temperatures):
+            raise ValueError("regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
+                             "transformers / vllm / sglang to sample)")
+        if self.backend in ("transformers", "hf"):
             for key in ("reasoning_parser", "tool_call_parser", "max_model_len"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"regenerate.{key}: a vllm/sglang launch option; transformers serve picks its parser by model type")

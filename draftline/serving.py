@@ -67,6 +67,15 @@ def transformers_serve_command(model: str, host: str, port: int, device: str, co
     return cmd + list(extra_args)
 
 
+def hf_batch_serve_command(model: str, host: str, port: int, max_batch: int, gather_ms: float, tie_tolerance: float,
+                           threads: int | None, stats_file: Path) -> list[str]:
+    """draftline.batch_server pinned to the target: greedy batches of the requests in flight."""
+    cmd = [sys.executable, "-m", "draftline.batch_server", model, "--host", host, "--port", str(port),
+           "--max-batch", str(max_batch), "--gather-ms", str(gather_ms), "--tie-tolerance", str(tie_tolerance),
+           "--stats-file", str(stats_file)]
+    return cmd + (["--threads", str(threads)] if threads else [])
+
+
 def vllm_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
                        tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
                        reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:

@@ -27,9 +27,13 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str) -> list[str]:
-    from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
+def launch_command(cfg, card: dict, model_name: str, out: Path) -> list[str]:
+    from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
+                                   vllm_serve_command)
 
+    if cfg.backend == "hf":
+        return hf_batch_serve_command(card["model"], cfg.host, cfg.port, cfg.hf.max_batch, cfg.hf.gather_ms,
+                                      cfg.hf.tie_tolerance, cfg.hf.threads, out / "server_stats.json") + cfg.extra_args
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
                                           cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args)
@@ -130,7 +134,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
         else:
             url = f"http://{cfg.host}:{cfg.port}"
-            server, urls = ManagedServer(launch_command(cfg, card, model_name), server_env(out / ".hf_cache"), url,
+            server, urls = ManagedServer(launch_command(cfg, card, model_name, out), server_env(out / ".hf_cache"), url,
                                          out / "server.log", cfg.startup_timeout_s), [url]
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
@@ -157,6 +161,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
                                           timeout_s=cfg.request_timeout_s, attempts=cfg.max_retries + 1))
                 except PreflightError as err:
                     raise SystemExit(f"error: preflight refused the endpoint: {err}") from None
+            import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
+
             start = time.perf_counter()
             with progress_bar(len(todo)) as on_done:
                 try:
@@ -166,6 +172,9 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     elapsed = time.perf_counter() - start
 
     turns = sum(tally.finish_reasons.values()) if tally else 0
+    server_stats = None
+    if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():
+        server_stats = read_json(out / "server_stats.json")  # batches, near-tie tokens (draftline/batch_server.py)
     report = {
         "backend": cfg.backend,
         "endpoints": seen,
@@ -188,6 +197,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         "requests_per_s": round(tally.requests / elapsed, 2) if tally else None,
         "completion_tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
         "partitions": {name: p.summary() for name, p in tally.partitions.items()} if tally else {},
+        "server": server_stats,
         "conversations": len(prompts) - len(todo) + (tally.ok if tally else 0),
         "missing": len(todo) - (tally.ok if tally else 0),
     }
@@ -196,7 +206,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     # concurrency, timeouts) go to the report, so changing them leaves this output byte-identical
     # and the stages after it cached.
     operational = {"host", "port", "endpoints", "external_engine", "api_key_env", "tensor_parallel_size",
-                   "data_parallel_size", "continuous_batching", "cb_num_blocks", "short", "long", "startup_timeout_s",
+                   "data_parallel_size", "continuous_batching", "cb_num_blocks", "hf", "short", "long", "startup_timeout_s",
                    "request_timeout_s", "max_retries", "retry_backoff_s", "retry_backoff_max_s", "max_failure_rate"}
     write_meta(out, "regenerate", cfg.model_dump(exclude=operational), target=card["model"],
                chat_template_sha256=card["chat_template_sha256"], fingerprint=tags["fingerprint"])
