@@ -46,6 +46,7 @@ test-unit: setup setup-smollm2
 # Each benchmark measures ours against a baseline in the same run and writes a JSON ratio.
 bench: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_throughput.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hs_formats.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py

@@ -187,9 +187,6 @@ class RegenerateConfig(Section):
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"regenerate.endpoints: {url!r} is not an http(s) base URL")
-        if self.backend == "hf" and (self.temperature > 0 or self.temperatures):
-            raise ValueError("regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
-                             "transformers / vllm / sglang to sample)")
         if self.backend in ("transformers", "hf"):
             for key in ("reasoning_parser", "tool_call_parser", "max_model_len"):
                 if getattr(self, key) is not None:
@@ -203,6 +200,9 @@ class RegenerateConfig(Section):
                 raise ValueError(f"regenerate.extra_args: {arg!r} would attach a draft; regeneration needs the plain target")
         if self.temperatures and self.temperature != 0:
             raise ValueError("regenerate.temperatures: set either temperature or temperatures, not both")
+        if self.backend == "hf" and (self.temperature > 0 or self.temperatures):
+            raise ValueError("regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
+                             "transformers / vllm / sglang to sample)")
         return self
 
 
