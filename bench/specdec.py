@@ -33,7 +33,7 @@ def main() -> None:
         raise SystemExit(f"error: no trained draft at {args.draft}; run `make repro` first")
     card = read_json(args.card)
     target, tokenizer = load_target(card)
-    draft = load_draft(args.draft, "cpu")
+    draft = load_draft(args.draft, card, "cpu")
     rows = list(read_jsonl(args.prompts))[: args.n]
     prompts = [prompt_ids(tokenizer, row) for row in rows]
     cfg = SimpleNamespace(max_new_tokens=args.max_new_tokens, k=args.k, warmup=1, repeats=args.repeats)

@@ -88,14 +88,15 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, pad_id: i
 
 class BatchServer:
     def __init__(self, model_dir: str, served_name: str, max_batch: int, gather_s: float, tie_tolerance: float,
-                 stats_file: Path | None):
+                 stats_file: Path | None, trust_remote_code: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.served_name, self.max_batch, self.gather_s = served_name, max_batch, gather_s
         self.tie_tolerance, self.stats_file = tie_tolerance, stats_file
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                          trust_remote_code=trust_remote_code).eval()
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.eos_ids = {e for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tie-tolerance", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--stats-file", type=Path, default=None)
+    parser.add_argument("--trust-remote-code", action="store_true", help="the target ships its own model code")
     args = parser.parse_args(argv)
     if args.threads:
         import torch
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     from aiohttp import web
 
     server = BatchServer(args.model, args.served_model_name or args.model, args.max_batch, args.gather_ms / 1000,
-                         args.tie_tolerance, args.stats_file)
+                         args.tie_tolerance, args.stats_file, args.trust_remote_code)
     app = web.Application(client_max_size=64 * 2**20)
     app.add_routes([web.get("/health", server.health), web.get("/v1/models", server.models),
                     web.post("/v1/chat/completions", server.chat_completions)])

@@ -9,6 +9,7 @@ SGLang's per-request meta_info. The servers run one after the other on the same 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import time
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.loadgen import Endpoint, run_load, summarize_load
-from draftline.serving import ManagedServer
+from draftline.serving import ManagedServer, startup_timeout_s
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -55,11 +56,23 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
     (counters before, counters after))}}.
     """
     command = serve_command(engine, card, cfg, draft_path)
-    base_url = f"http://{cfg.host}:{cfg.port}"
-    say(f"benchmark: starting {shlex.join(command)}  (log: {log_path})")
     levels = {}
     mode = "speculative" if draft_path else "baseline"
-    with ManagedServer(command, dict(os.environ), base_url, log_path, cfg.startup_timeout_s), \
+    if mode in cfg.endpoints:  # already running: checked, not started
+        from draftline.endpoints import preflight_benchmark
+
+        base_url = cfg.endpoints[mode].rstrip("/")
+        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
+        seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
+        say(f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
+            f"`{shlex.join(command)}` would be")
+        server = contextlib.nullcontext()
+    else:
+        base_url = f"http://{cfg.host}:{cfg.port}"
+        limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+        say(f"benchmark: starting {shlex.join(command)}  (log: {log_path}, start-up limit {limit:.0f}s: {why})")
+        server = ManagedServer(command, dict(os.environ), base_url, log_path, limit, say=say)
+    with server, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         endpoint = engine_endpoint(engine, base_url)
 

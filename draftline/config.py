@@ -33,6 +33,8 @@ class TinyTargetConfig(Section):
     seq_len: int = Field(160, ge=32)  # training window, tokens
     lr: float = Field(3e-3, gt=0)
     seed: int = 1234
+    # where it trains: cpu (the default, identical weights on every host), cuda, or auto
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
 
     @model_validator(mode="after")
     def _heads_divide(self):
@@ -49,6 +51,9 @@ class TargetConfig(Section):
     # Decoder-layer indices whose *input* is captured (vLLM's eagle_aux_hidden_state_layer_ids).
     # null = the EAGLE-3 rule [2, N//2, N-3]; give them explicitly when the rule is invalid.
     aux_layer_ids: list[int] | None = None
+    # Run the code a target ships (auto_map: custom config, tokenizer or model classes) in every
+    # stage and launched server. Off unless you chose it: it executes the repository's Python.
+    trust_remote_code: bool = False
     tiny: TinyTargetConfig = TinyTargetConfig()
 
 
@@ -167,7 +172,8 @@ class RegenerateConfig(Section):
     # passed to the chat template on the server and in the local token counts (enable_thinking...)
     chat_template_kwargs: dict[str, bool | int | float | str | list | dict | None] = {}
     # robustness
-    startup_timeout_s: float = Field(180, gt=0)
+    # server start-up limit; null = 300 s + 4 s per GB of checkpoint on disk (serving.startup_timeout_s)
+    startup_timeout_s: float | None = Field(None, gt=0)
     request_timeout_s: float = Field(120, gt=0)  # one request, past which it is retried
     max_retries: int = Field(3, ge=0)  # retries of a request after 429, 5xx, timeout, lost connection
     retry_backoff_s: float = Field(1.0, gt=0)  # first wait; doubles each retry, with jitter
@@ -219,6 +225,10 @@ class VllmExtractionConfig(Section):
     generate-offline-data as the client."""
 
     python: str | None = None  # interpreter that has vLLM installed; null = this one
+    # base URL (http://host:port) of an extraction server already running (speculators'
+    # launch_vllm.py, our aux ids + the last layer, a hidden_states_path this machine can read):
+    # used instead of launching one, after a preflight (README "Using your own target")
+    endpoint: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8012, ge=1024, le=65535)
     tensor_parallel_size: int = Field(1, ge=1)
@@ -227,8 +237,14 @@ class VllmExtractionConfig(Section):
     concurrency: int = Field(32, ge=1)  # requests in flight
     request_timeout_s: float = Field(600, gt=0)
     max_retries: int = Field(3, ge=0)
-    startup_timeout_s: float = Field(1800, gt=0)  # loading a large target takes a while
+    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     extra_args: list[str] = []  # appended to `vllm serve` as given
+
+    @model_validator(mode="after")
+    def _endpoint_url(self):
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint: {self.endpoint!r} is not an http(s) base URL")
+        return self
 
 
 class MooncakeConfig(Section):
@@ -434,15 +450,23 @@ class BenchmarkConfig(TargetPlacement):
     requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = "127.0.0.1"
     port: int = Field(8021, ge=1024, le=65535)
-    startup_timeout_s: float = Field(1800, gt=0)  # a large target takes minutes to load
+    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     request_timeout_s: float = Field(600, gt=0)
     vllm: VllmBenchConfig = VllmBenchConfig()
     sglang: SglangBenchConfig = SglangBenchConfig()
+    # vllm / sglang: servers already running, {baseline: URL, speculative: URL}, used instead of
+    # launching them (each preflighted: the card's target; no draft / this draft with EAGLE3)
+    endpoints: dict[Literal["baseline", "speculative"], str] = {}
 
     @model_validator(mode="after")
     def _levels(self):
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency: give at least one level, each >= 1")
+        if self.endpoints and self.engine == "hf":
+            raise ValueError("endpoints: only for engine vllm or sglang")
+        for url in self.endpoints.values():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints: {url!r} is not an http(s) base URL")
         return self
 
 

@@ -63,6 +63,7 @@ def draft_layer_config(card: dict, num_layers: int):
         hidden_act="silu",
         sliding_window=4096,
         full_attention_indices=list(range(num_layers)),
+        trust_remote_code=card.get("trust_remote_code", False),
     )
 
 
@@ -81,8 +82,33 @@ def speculators_config(card: dict, speculative_tokens: int):
         algorithm="eagle3",
         proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=speculative_tokens)],
         default_proposal_method="greedy",
-        verifier=VerifierConfig.from_pretrained(card["model"]),
+        verifier=VerifierConfig.from_pretrained(card["model"], revision=card.get("revision")),
     )
+
+
+def load_verifier_tensors(model, card: dict, embed: bool = True, lm_head: bool = True) -> None:
+    """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
+    the names the card recorded (draftline.target.read_verifier_tensors). Replaces speculators'
+    load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
+    the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
+    (trained) ones; verifier_lm_head and verifier_norm always come from the target."""
+    from draftline.target import read_verifier_tensors
+
+    tensors = read_verifier_tensors(card)
+    H = model.hidden_size
+    if tensors["norm"].shape != (H,) or tensors["embed_tokens"].shape[1] != H:
+        raise ValueError(f"target {card['model']!r}: verifier tensors {card['verifier_tensors']} do not fit a draft of "
+                         f"hidden size {H}")
+    head = tensors["lm_head"]
+    if model.use_draft_vocab:
+        head = head[model.t2d.to(dtype=torch.bool, device=head.device)]
+    with torch.no_grad():
+        if embed:
+            model.embed_tokens.weight.copy_(tensors["embed_tokens"])
+        if lm_head:
+            model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+        model.verifier_norm.weight.copy_(tensors["norm"])
 
 
 def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
@@ -116,22 +142,46 @@ def build_draft(card: dict, vocab_dir: Path, num_layers: int, ttt_steps: int, at
                 speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
                 architecture: str = "speculators"):
     """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
+    # what speculators' Eagle3DraftModel.from_training_args builds, with the verifier tensors
+    # taken from the card's names (load_verifier_tensors)
     d2t, t2d = load_vocab(vocab_dir)
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=draft_layer_config(card, num_layers),
-        t2d=t2d,
-        d2t=d2t,
-        draft_vocab_size=d2t.shape[0],
+    layer_config = draft_layer_config(card, num_layers)
+    layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=int(d2t.shape[0]),
         **ARCHITECTURES[architecture],
+        fc_norm=False,
         embed_requires_grad=train_embeddings,
-        ttt_steps=speculative_tokens or ttt_steps,  # only sets the proposal's speculative_tokens
-        verifier_name_or_path=card["model"],
-        target_layer_ids=card["aux_layer_ids"],
-        draft_attn_impl=attn_impl,
+        eagle_aux_hidden_state_layer_ids=list(card["aux_layer_ids"]),
+        speculators_config=speculators_config(card, speculative_tokens or ttt_steps),
     )
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(t2d, d2t)
+    load_verifier_tensors(model, card)
     set_trainable(model, train_embeddings, train_lm_head)
+    return model
+
+
+def load_saved_draft(directory: Path, card: dict, attn_impl: str = "eager"):
+    """A draft saved in speculators format, with the verifier tensors it does not store restored from
+    the card's target (Eagle3DraftModel.from_pretrained would read the verifier's config without
+    trust_remote_code and match its tensors by suffix)."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
+    config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    model = Eagle3DraftModel(config)
+    weights = read_weights(directory)
+    missing, unexpected = model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()},
+                                                strict=False)
+    missing = set(missing) - {"verifier_lm_head.weight", "verifier_norm.weight", "embed_tokens.weight", "input_norm.weight"}
+    if missing or unexpected:
+        raise ValueError(f"{directory}: weights do not fit its config: missing {sorted(missing)[:8]}, "
+                         f"unexpected {sorted(unexpected)[:8]}")
+    load_verifier_tensors(model, card, embed="embed_tokens.weight" not in weights, lm_head="lm_head.weight" not in weights)
     return model
 
 
@@ -264,7 +314,7 @@ def load_init_draft(init_dir: Path, card: dict, vocab_dir: Path, num_layers: int
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
-    model.load_verifier_weights()  # embeddings, lm_head rows, verifier norm/head from our target
+    load_verifier_tensors(model, card)  # embeddings, lm_head rows, verifier norm/head from our target
 
     trained = {k: v for k, v in weights.items() if k not in FROM_TARGET}
     if train_embeddings and "embed_tokens.weight" in weights:
@@ -639,6 +689,48 @@ def save_draft(model, out_dir: Path) -> dict:
 # ---------------------------------------------------------------- multi-GPU hand-off
 
 
+def verifier_for_speculators(card: dict, directory: Path) -> str:
+    """What speculators' train CLI gets as --verifier-name-or-path.
+
+    speculators 0.9.0 reads the verifier's config with AutoConfig and no trust_remote_code
+    (Eagle3DraftModel.load_verifier_weights, resolve_target_layer_ids) and takes its tensors by
+    suffix match. A target with custom code or a nested text model therefore gets a view in
+    `directory`: the text model's config under a model type transformers ships (the one of the
+    target's architecture class when the config's own type is custom, e.g. kimi_k2 ->
+    deepseek_v3), and an index naming only the card's three verifier tensors, whose shard files
+    are linked from the checkpoint. A plain target is passed as it is."""
+    if not card.get("trust_remote_code") and card.get("config_model_type", card["model_type"]) == card["model_type"]:
+        return card["model"]
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    from draftline.target import _checkpoint_file, checkpoint_weight_map, load_config, text_config_of
+
+    model_type = card["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        arch = getattr(transformers, card["architecture"], None)
+        model_type = getattr(getattr(arch, "config_class", None), "model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise InitMismatch(f"train.backend speculators: the target's text model ({card['model_type']}, "
+                           f"{card['architecture']}) exists only as its own code, which speculators 0.9.0 loads "
+                           "without trust_remote_code; use train.backend builtin")
+    text = text_config_of(load_config(card["model"], card.get("revision"), card.get("trust_remote_code", False)))
+    config = {**text.to_dict(), "model_type": model_type, "architectures": [card["architecture"]]}
+    config.pop("auto_map", None)
+    view = Path(directory)
+    view.mkdir(parents=True, exist_ok=True)
+    (view / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    weight_map = checkpoint_weight_map(card["model"], card.get("revision"))
+    names = [n for n in card["verifier_tensors"].values() if n]
+    index = {"metadata": {}, "weight_map": {n: weight_map[n] for n in names}}
+    (view / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    for shard in sorted(set(index["weight_map"].values())):
+        link = view / shard
+        link.unlink(missing_ok=True)
+        link.symlink_to(_checkpoint_file(card["model"], shard, card.get("revision")).resolve())
+    return str(view)
+
+
 def speculators_hidden_states_args(hs_dir: Path, fmt: str = "bf16", online: dict | None = None,
                                    endpoint: str | None = None, staging_dir: Path | None = None) -> list[str]:
     """Where speculators.train gets the states. Offline: the files in hs_dir, read by hs-connectors'
@@ -664,20 +756,22 @@ def speculators_hidden_states_args(hs_dir: Path, fmt: str = "bf16", online: dict
 
 def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
                               save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
-                              architecture: str = "speculators", hidden_states_args: list[str] | None = None) -> list[str]:
+                              architecture: str = "speculators", hidden_states_args: list[str] | None = None,
+                              verifier: str | None = None) -> list[str]:
     """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
     flags of `architecture` (ARCHITECTURES); `hidden_states_args` (speculators_hidden_states_args)
     say where the states come from, by default the bf16 files in hs_dir.
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
-    epoch under save_path and resumes from the last one on rerun."""
+    epoch under save_path and resumes from the last one on rerun. verifier: what it loads the
+    verifier from (verifier_for_speculators), the card's model when None."""
     d2t, _ = load_vocab(vocab_dir)
     torchrun = ["torchrun", f"--nproc-per-node={nproc}"]
     torchrun += list(cfg.torchrun_args) or ["--standalone", "--nnodes=1"]
     args = [
         "--speculator-type", "eagle3",
-        "--verifier-name-or-path", card["model"],
+        "--verifier-name-or-path", verifier or card["model"],
         "--data-path", str(tokenized_dir),
         *(hidden_states_args or speculators_hidden_states_args(hs_dir)),
         "--d2t-path", str(Path(vocab_dir) / "d2t.npy"),
@@ -710,6 +804,8 @@ def speculators_train_command(cfg, card: dict, vocab_dir: Path, tokenized_dir: P
                  "--full-attention-indices", *[str(i) for i in range(cfg.num_layers)]]
     if cfg.train_embeddings:
         args.append("--embed-requires-grad")
+    if card.get("trust_remote_code"):
+        args.append("--trust-remote-code")
     if cfg.fsdp:
         args.append("--fsdp-shard")
     return torchrun + ["-m", "speculators.train"] + args
@@ -721,12 +817,11 @@ def epoch_checkpoints(save_path: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Path, device: str, log=None,
+def best_speculators_epoch(save_path: Path, cfg, card: dict, tokenized_dir: Path, hs_dir: Path, device: str, log=None,
                            online: OnlineStates | None = None):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
     tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
     from speculators.losses import resolve_loss_config
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     dtype = hidden_states_dtype(device)
     val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype, online)
@@ -737,9 +832,7 @@ def best_speculators_epoch(save_path: Path, cfg, tokenized_dir: Path, hs_dir: Pa
     if not checkpoints:
         raise FileNotFoundError(f"{save_path}: speculators train left no epoch checkpoints")
     for directory in checkpoints:
-        config = Eagle3SpeculatorConfig.from_pretrained(str(directory))  # attention impl is not saved
-        config.transformer_layer_config._attn_implementation = "eager" if device == "cpu" else "simple_flex_attention"  # noqa: SLF001
-        model = Eagle3DraftModel.from_pretrained(str(directory), config=config).float().to(device)
+        model = load_saved_draft(directory, card, "eager" if device == "cpu" else "simple_flex_attention").float().to(device)
         val = validate(model, val_set, batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
         record = {"epoch": int(directory.name), "train": None, "val": val, "checkpoint": str(directory)}
         history.append(record)

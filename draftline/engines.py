@@ -204,6 +204,7 @@ def serve_command(engine: str, card: dict, cfg, draft_path: str | None, port: in
     """The server command line; draft_path None gives the non-speculative baseline."""
     host, port = cfg.host, cfg.port if port is None else port
     revision = ["--revision", card["revision"]] if card.get("revision") else []
+    revision += ["--trust-remote-code"] if card.get("trust_remote_code") else []
     model = str(Path(card["model"]).resolve()) if Path(card["model"]).exists() else card["model"]  # hub id or local dir
     if engine == "vllm":
         cmd = [*cfg.vllm.launcher, model, *revision, "--host", host, "--port", str(port), *cfg.vllm.args]

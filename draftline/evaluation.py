@@ -5,16 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def load_draft(draft_dir: str | Path, device: str):
-    """The saved draft with verifier weights restored, eager attention, eval mode."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+def load_draft(draft_dir: str | Path, card: dict, device: str):
+    """The saved draft with the target's verifier tensors restored, eager attention, eval mode."""
+    from draftline.draft import load_saved_draft
 
     # Eager attention from construction on: our incremental decoder passes dense float masks, and
     # the model's own TTT forward (tau_sim) picks its mask builder from this setting in __init__.
-    config = Eagle3SpeculatorConfig.from_pretrained(str(draft_dir))
-    config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
-    draft = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
-    return draft.to(device).eval()
+    return load_saved_draft(Path(draft_dir), card, "eager").to(device).eval()
 
 
 def first_turn_prompt(row: dict) -> list[dict]:

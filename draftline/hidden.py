@@ -123,12 +123,22 @@ def token_budget_batches(lengths: dict[int, int], budget: int) -> list[list[int]
 
 
 def decoder_parts(model):
-    """(decoder layers, final norm) of a causal LM."""
-    decoder = model.get_decoder()
-    layers, norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
-    if layers is None or norm is None:
-        raise ValueError(f"{type(model).__name__}: cannot find the decoder layers and final norm (model.get_decoder().layers/.norm)")
-    return layers, norm
+    """(decoder layers, final norm) of a causal LM, also when the language model sits inside a
+    multimodal wrapper (wrapper.language_model -> ForCausalLM -> .model.layers): get_decoder() is
+    followed, then `.model`, until a module has both `layers` and `norm`."""
+    module = model
+    for _ in range(6):
+        layers, norm = getattr(module, "layers", None), getattr(module, "norm", None)
+        if layers is not None and norm is not None:
+            return layers, norm
+        inner = module.get_decoder() if hasattr(module, "get_decoder") else None
+        if inner is None or inner is module:
+            inner = getattr(module, "model", None)
+        if inner is None or inner is module:
+            break
+        module = inner
+    raise ValueError(f"{type(model).__name__}: cannot find the language model's decoder layers and final norm "
+                     "(followed get_decoder() and .model to a module with .layers and .norm)")
 
 
 @torch.no_grad()
@@ -257,7 +267,7 @@ def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Pa
 def vllm_serve_command(python: str, model: str, revision: str | None, aux_layer_ids: list[int], num_layers: int,
                        staging_dir: Path, host: str, port: int, dtype: str, tensor_parallel_size: int,
                        max_model_len: int, gpu_memory_utilization: float, extra_args: list[str],
-                       transfer: str = "file", mooncake: dict | None = None) -> list[str]:
+                       transfer: str = "file", mooncake: dict | None = None, trust_remote_code: bool = False) -> list[str]:
     """`vllm serve` set up for hidden-state extraction, as speculators' scripts/launch_vllm.py does:
     the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
     and the kv-transfer config of hs-connectors' `transfer` backend: file (vLLM's
@@ -276,6 +286,8 @@ def vllm_serve_command(python: str, model: str, revision: str | None, aux_layer_
            "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(kv_transfer)]
     if revision:
         cmd += ["--revision", revision]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     return cmd + list(extra_args)
 
 

@@ -28,6 +28,7 @@ to the server, or another model, would change the data without any error.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -53,34 +54,54 @@ class PreflightError(RuntimeError):
 
 
 def transformers_serve_command(model: str, host: str, port: int, device: str, continuous_batching: bool,
-                               cb_num_blocks: int, extra_args: list[str]) -> list[str]:
+                               cb_num_blocks: int, extra_args: list[str], trust_remote_code: bool = False,
+                               chat_template_kwargs: dict | None = None) -> list[str]:
     """`transformers serve` pinned to the target.
 
     Continuous batching is off by default: on CPU it was slower than the plain server, sized its KV
     cache from total RAM (one server took 88% of 24 GB), and kept the sampling settings of the
     first request for all later ones. When on, the cache is bounded by --cb-num-blocks.
+    chat_template_kwargs become the server's defaults too (every request also carries them).
     """
     exe = Path(sys.executable).with_name("transformers")
     cmd = [str(exe), "serve", model, "--device", device, "--host", host, "--port", str(port)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if chat_template_kwargs:
+        cmd += ["--chat-template-kwargs", json.dumps(chat_template_kwargs, sort_keys=True)]
     if continuous_batching:
         cmd += ["--continuous-batching", "--cb-num-blocks", str(cb_num_blocks)]
     return cmd + list(extra_args)
 
 
 def hf_batch_serve_command(model: str, host: str, port: int, max_batch: int, gather_ms: float, tie_tolerance: float,
-                           threads: int | None, stats_file: Path) -> list[str]:
+                           threads: int | None, stats_file: Path, trust_remote_code: bool = False) -> list[str]:
     """draftline.batch_server pinned to the target: greedy batches of the requests in flight."""
     cmd = [sys.executable, "-m", "draftline.batch_server", model, "--host", host, "--port", str(port),
            "--max-batch", str(max_batch), "--gather-ms", str(gather_ms), "--tie-tolerance", str(tie_tolerance),
            "--stats-file", str(stats_file)]
-    return cmd + (["--threads", str(threads)] if threads else [])
+    return cmd + (["--threads", str(threads)] if threads else []) + (["--trust-remote-code"] if trust_remote_code else [])
+
+
+def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
+    """Whether `transformers serve` can load this target: its model manager (transformers 5.x,
+    cli/serving/model_manager.py `_load_model`) takes AutoModelForMultimodalLM for the model types
+    registered there and otherwise `getattr(transformers, architectures[0])`, so an architecture
+    that ships as the checkpoint's own code cannot be served by it, with or without --trust-remote-code."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES
+
+    return config_model_type in MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES or hasattr(transformers, architecture)
 
 
 def vllm_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
                        tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
-                       reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:
+                       reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
+                       trust_remote_code: bool = False) -> list[str]:
     cmd = ["vllm", "serve", model, "--host", host, "--port", str(port), "--served-model-name", served_name,
            "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     if revision:
         cmd += ["--revision", revision]
     if max_model_len:
@@ -94,10 +115,13 @@ def vllm_serve_command(model: str, served_name: str, host: str, port: int, revis
 
 def sglang_serve_command(model: str, served_name: str, host: str, port: int, revision: str | None,
                          tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
-                         reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str]) -> list[str]:
+                         reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
+                         trust_remote_code: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
            "--served-model-name", served_name, "--tp-size", str(tensor_parallel_size),
            "--dp-size", str(data_parallel_size)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     if revision:
         cmd += ["--revision", revision]
     if max_model_len:
@@ -142,20 +166,63 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+# Start-up time: a checkpoint is read from disk (or page cache) and moved to the devices. 300 s for
+# the engine itself (CUDA graphs, compilation), then 4 s per GB on disk (250 MB/s): a 600 GB INT4
+# MoE gets ~45 min, twice the 20+ min such targets were seen to take. A server that dies fails at
+# once whatever the limit; only a hung one waits it out.
+STARTUP_BASE_S = 300.0
+STARTUP_S_PER_GB = 4.0
+STARTUP_UNKNOWN_SIZE_S = 3600.0  # a hub id not in the local cache: size unknown until downloaded
+
+
+def checkpoint_bytes(model: str, revision: str | None = None) -> int | None:
+    """Size of the weight files of a local directory, or of a hub model in the local cache; None if unknown."""
+    root = Path(model)
+    if not root.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = Path(snapshot_download(model, revision=revision, local_files_only=True))
+        except Exception:  # not cached (or not a hub id): unknown until downloaded
+            return None
+    files = [f for f in root.iterdir() if f.suffix in {".safetensors", ".bin", ".pt", ".gguf"}]
+    return sum(f.stat().st_size for f in files) if files else None
+
+
+def startup_timeout_s(explicit: float | None, model: str, revision: str | None = None) -> tuple[float, str]:
+    """(seconds, how they were chosen): the param when given, else derived from the checkpoint size."""
+    if explicit is not None:
+        return float(explicit), "set in params"
+    size = checkpoint_bytes(model, revision)
+    if size is None:
+        return STARTUP_UNKNOWN_SIZE_S, "checkpoint size unknown"
+    return round(STARTUP_BASE_S + STARTUP_S_PER_GB * size / 1e9), f"{size / 1e9:.1f} GB on disk"
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path, say=None,
+                 progress_every_s: float = 30.0) -> None:
+    """Poll /health until it answers 200; every progress_every_s a line (elapsed, limit, the log's
+    last line) through `say`. A server that exits fails at once with its log's last lines."""
     import httpx
 
-    deadline = time.monotonic() + timeout_s
+    start = last_line = time.monotonic()
+    deadline = start + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} before it was ready; log tail:\n{log_tail(log_path)}")
+            raise RuntimeError(f"server exited with code {proc.returncode} before it was ready "
+                               f"(after {time.monotonic() - start:.0f}s); last lines of {log_path}:\n{log_tail(log_path)}")
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
+        now = time.monotonic()
+        if say is not None and now - last_line >= progress_every_s:
+            last_line = now
+            say(f"server: loading, {now - start:.0f}s of {timeout_s:.0f}s; log: {log_tail(log_path, 1).strip()[-160:]}")
         time.sleep(0.5)
-    raise RuntimeError(f"server not healthy after {timeout_s:.0f}s; log tail:\n{log_tail(log_path)}")
+    raise RuntimeError(f"server not healthy after {timeout_s:.0f}s (a larger checkpoint needs a larger startup_timeout_s); "
+                       f"last lines of {log_path}:\n{log_tail(log_path)}")
 
 
 def group_alive(pgid: int) -> bool:
@@ -228,9 +295,9 @@ class ManagedServer:
     """`with ManagedServer(cmd, env, base_url, log_path, timeout) as url:` — a ready server."""
 
     def __init__(self, command: list[str], env: dict[str, str], base_url: str, log_path: Path,
-                 startup_timeout_s: float, pid_file: Path | None = None):
+                 startup_timeout_s: float, pid_file: Path | None = None, say=None):
         self.command, self.env, self.base_url = command, env, base_url
-        self.log_path, self.startup_timeout_s = log_path, startup_timeout_s
+        self.log_path, self.startup_timeout_s, self.say = log_path, startup_timeout_s, say
         self.pid_file = pid_file or log_path.with_suffix(".pid")
         self.proc: subprocess.Popen | None = None
 
@@ -248,7 +315,7 @@ class ManagedServer:
                                          start_new_session=True, preexec_fn=preexec)
         self.pid_file.write_text(f"{self.proc.pid} {self.command[0]}\n")
         try:
-            wait_healthy(self.base_url, self.proc, self.startup_timeout_s, self.log_path)
+            wait_healthy(self.base_url, self.proc, self.startup_timeout_s, self.log_path, self.say)
         except BaseException:
             self.stop()
             raise

@@ -89,10 +89,15 @@ def _batches(token_stream: list[int], seq_len: int, batch_size: int, rng: random
 
 
 def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
-    """Generate the corpus, train tokenizer and model, save both to out_dir. Returns training stats."""
+    """Generate the corpus, train tokenizer and model (on cfg.device), save both to out_dir.
+    Returns training stats."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.utils.chat_template_utils import render_jinja_template
+
+    from draftline.target import resolve_device
+
+    device = resolve_device(cfg.device)
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -119,7 +124,7 @@ def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     warmup = max(1, cfg.train_steps // 20)
@@ -134,7 +139,7 @@ def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
     batches = _batches(stream, cfg.seq_len, cfg.batch_size, rng)
     ema_loss = None
     for step in range(cfg.train_steps):
-        batch = next(batches)
+        batch = next(batches).to(device)
         out = model(input_ids=batch[:, :-1], labels=batch[:, :-1])
         # labels are shifted inside the model; the extra token only keeps windows full
         out.loss.backward()
@@ -147,7 +152,7 @@ def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
         if progress:
             progress(step + 1, cfg.train_steps, ema_loss)
 
-    model.eval()
+    model.to("cpu").eval()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0
     )

@@ -66,22 +66,26 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
 
         device = cfg.resolved_device()
         target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
-        draft = load_draft(draft_dir, device)
+        draft = load_draft(draft_dir, card, device)
         prompts = [prompt_ids(tokenizer, row) for row in rows]
         report.update(benchmark_hf(target, draft, card["aux_layer_ids"], prompts, eos_ids(tokenizer, target), cfg, device))
         print(f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
               f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
               f"acceptance length {report['acceptance_length']:.2f}")
     else:
-        from transformers import AutoTokenizer
-
         from draftline.bench_server import benchmark_server
         from draftline.engines import draft_path_for
+        from draftline.target import card_tokenizer
 
         # Only the tokenizer here: the target itself may need a whole GPU host.
-        tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+        tokenizer = card_tokenizer(card)
         prompts = [prompt_ids(tokenizer, row) for row in rows]
-        result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft), prompts, log_dir)
+        from draftline.serving import PreflightError
+
+        try:
+            result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft), prompts, log_dir)
+        except PreflightError as err:
+            raise SystemExit(f"error: benchmark.endpoints: {err}") from None
         deploy["benchmark"] = {"engine": cfg.engine, "serve_commands": result.pop("serve_commands"),
                                "warnings": result.pop("warnings"), "server_logs": str(log_dir)}
         report.update(result)

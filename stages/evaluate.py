@@ -35,7 +35,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     device = cfg.resolved_device()
     target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
     tie_tolerance = cfg.resolved_tie_tolerance()
-    draft = load_draft(draft_dir, device)
+    draft = load_draft(draft_dir, card, device)
     stop = eos_ids(tokenizer, target)
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:

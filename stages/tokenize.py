@@ -55,17 +55,16 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     from jinja2 import TemplateError
     from rich.progress import track
     from speculators.train.vocab_mapping import save_token_frequency_distribution
-    from transformers import AutoTokenizer
-
     from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
     from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_meta
+    from draftline.target import card_tokenizer
 
     card = read_json(card_path)
     # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
     regen_meta = Path(regenerated_path).parent / "meta.json"
     regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
     template_kwargs = regen_params.get("chat_template_kwargs") or {}
-    tokenizer = AutoTokenizer.from_pretrained(card["model"], revision=card.get("revision"))
+    tokenizer = card_tokenizer(card)
     stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
     regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
     regenerated = {}  # prompt id -> its first line, in order of first appearance

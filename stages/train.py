@@ -113,7 +113,8 @@ def online_vllm(card, paths, source: dict) -> tuple[list[str] | None, str, Path 
                                       card["num_layers"], staging, v.get("host", "127.0.0.1"), v.get("port", 8012),
                                       params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
                                       v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
-                                      v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"))
+                                      v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
+                                      trust_remote_code=card.get("trust_remote_code", False))
     return serve, f"http://{v.get('host', '127.0.0.1')}:{v.get('port', 8012)}/v1", staging
 
 
@@ -139,28 +140,51 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dic
                          f"{sorted(draft.ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
     save_path = paths["state"] / "speculators"
     serve, endpoint, staging = online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
+    if serve is None and endpoint:  # a running extraction server: checked before the trainers ask it for states
+        from datasets import load_from_disk
+
+        from draftline.endpoints import preflight_extraction
+        from draftline.serving import PreflightError
+
+        online = source["online"]
+        probe = load_from_disk(str(paths["tokenized"])).with_format(None)[0]["input_ids"]
+        try:
+            seen = preflight_extraction(endpoint.removesuffix("/v1"), card, card["aux_layer_ids"], probe,
+                                        online.get("request_timeout_s", 600), online.get("max_retries", 3) + 1,
+                                        probe_file=(online.get("transfer") or "file") != "mooncake")
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
+        print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
     hs_args = draft.speculators_hidden_states_args(paths["hs"], source["format"], source.get("online") if endpoint else None,
                                                    endpoint, staging)
+    try:
+        verifier = draft.verifier_for_speculators(card, paths["state"] / "verifier_view")
+    except draft.InitMismatch as err:
+        raise SystemExit(f"error: {err}") from None
     cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
-                                          save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args)
+                                          save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args,
+                                          verifier)
     live_dir.mkdir(parents=True, exist_ok=True)
     (live_dir / "command.txt").write_text("\n".join(" ".join(c) for c in (serve, cmd) if c) + "\n")
     with contextlib.ExitStack() as stack:
         if serve is not None:  # the extraction server the trainers ask for states, stopped after
             import os
 
-            from draftline.serving import ManagedServer
+            from draftline.serving import ManagedServer, startup_timeout_s
 
             if staging is not None:
                 staging.mkdir(parents=True, exist_ok=True)
-            print("train: launching", " ".join(serve), flush=True)
+            limit, why = startup_timeout_s((source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
+                                           card["model"], card.get("revision"))
+            print(f"train: launching {' '.join(serve)} (start-up limit {limit:.0f}s: {why})", flush=True)
             stack.enter_context(ManagedServer(serve, dict(os.environ), endpoint.removesuffix("/v1"), live_dir / "vllm.log",
-                                              (source.get("params") or {}).get("vllm", {}).get("startup_timeout_s", 1800)))
+                                              limit, say=print))
         print(" ".join(cmd), flush=True)
         if subprocess.run(cmd).returncode != 0:
             raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
     online = online_states(card, source, "cuda") if source["mode"] == "online" else None
-    model, result = draft.best_speculators_epoch(save_path, cfg, paths["tokenized"], paths["hs"], "cuda", log, online)
+    model, result = draft.best_speculators_epoch(save_path, cfg, card, paths["tokenized"], paths["hs"], "cuda", log, online)
+    model.config.speculators_config = draft.speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps)  # the target, not the view
     return model, result, notes
 
 

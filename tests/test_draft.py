@@ -63,7 +63,7 @@ def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_targe
     loaded = Eagle3DraftModel.from_pretrained(str(path))
     for name, value in trained_parts(model).items():
         assert torch.equal(loaded.state_dict()[name], value), name
-    assert load_draft(path, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
+    assert load_draft(path, random_target, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
     config = json.loads((path / "config.json").read_text())
     assert fields == draft.vllm_speculator_fields(config)
     assert fields["method"] == "eagle3" and fields["draft_model_type"] == "llama"

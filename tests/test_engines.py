@@ -40,6 +40,7 @@ class StandIn(StubHandler):
     engine = "vllm"
     model = ""
     k: int | None = None
+    server_info: dict = {}  # SGLang's /get_server_info
     lock = threading.Lock()
     counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
 
@@ -50,6 +51,8 @@ class StandIn(StubHandler):
             self._json({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "vllm"}]})
         elif self.path == "/metrics" and self.engine == "vllm":
             self._text(self.metrics_text())
+        elif self.path == "/get_server_info" and self.engine == "sglang":
+            self._json(self.server_info)
         else:
             self._json({"detail": "Not Found"}, 404)
 
@@ -166,6 +169,8 @@ def stand_in_main(argv: list[str]) -> None:
             assert spec["method"] == "eagle3" and Path(spec["model"]).is_dir()
             StandIn.k = spec["num_speculative_tokens"]
     else:
+        StandIn.server_info = {"model_path": args.model_path, "speculative_algorithm": args.speculative_algorithm,
+                               "speculative_draft_model_path": args.speculative_draft_model_path}
         if args.speculative_algorithm:
             assert args.speculative_eagle_topk == 1 and args.speculative_num_draft_tokens == args.speculative_num_steps + 1
             assert Path(args.speculative_draft_model_path).is_dir()
@@ -376,3 +381,45 @@ def test_benchmark_stage_stops_before_launching_on_a_preflight_error(tmp_path, r
     assert proc.returncode != 0 and not (tmp_path / "bench.json").exists()
     assert "cannot be served by SGLang" in proc.stderr and "train.architecture: eagle3" in proc.stderr
     assert "starting" not in proc.stdout
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_benchmark_on_already_running_servers(tmp_path, random_target, draft_dir, eagle3_draft_dir, engine):
+    """benchmark.endpoints: the stage starts nothing, checks each running server (target, draft or
+    none), and measures them; a baseline URL that points at the speculative server is refused."""
+    import httpx
+
+    from draftline.engines import draft_path_for, serve_command
+    from draftline.sglang_export import export_sglang
+
+    draft = draft_dir if engine == "vllm" else eagle3_draft_dir
+    cfg = BenchmarkConfig(**{**LOAD, "engine": engine, "vllm": {"launcher": STAND_IN + ["vllm", "serve"]},
+                             "sglang": {"launcher": STAND_IN + ["sglang"]}})
+    served = export_sglang(draft, random_target, tmp_path / "draft_sglang") if engine == "sglang" else draft
+    ports, procs = {"baseline": free_port(), "speculative": free_port()}, []
+    for mode, port in ports.items():
+        cmd = serve_command(engine, random_target, cfg, draft_path_for(engine, cfg, str(served)) if mode == "speculative" else None, port)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        for port in ports.values():
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+        urls = {mode: f"http://127.0.0.1:{port}" for mode, port in ports.items()}
+        overrides = {**LOAD, "engine": engine, "port": free_port(), "endpoints": urls,
+                     "vllm": {"launcher": ["/nonexistent/vllm"]}, "sglang": {"launcher": ["/nonexistent/sglang"],
+                                                                            "draft_model_path": str(served)}}
+        proc = run_benchmark_stage(tmp_path, random_target, draft, overrides)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert "starting" not in proc.stdout and "preflight" in proc.stdout
+        assert read_json(tmp_path / "bench.json")["acceptance_length"] == 2.5
+        swapped = {**overrides, "endpoints": {"baseline": urls["speculative"], "speculative": urls["speculative"]}}
+        proc = run_benchmark_stage(tmp_path, random_target, draft, swapped)
+        assert proc.returncode != 0 and "error: benchmark.endpoints:" in proc.stderr and "speculative decoding" in proc.stderr
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()

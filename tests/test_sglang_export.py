@@ -45,7 +45,7 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
     back_dir = draft.prepare_init(out, random_target, {"eagle_aux_hidden_state_layer_ids": random_target["aux_layer_ids"]},
                                   tmp_path / "work")
     back, notes = draft.load_init_draft(back_dir, random_target, vocab_dir, 1, 3, architecture="eagle3")
-    original = load_draft(eagle3_draft_dir, "cpu")
+    original = load_draft(eagle3_draft_dir, random_target, "cpu")
     sd = original.state_dict()
     for name, value in back.state_dict().items():
         if name in sd and not name.startswith("verifier_"):

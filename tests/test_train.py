@@ -200,7 +200,7 @@ def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
     shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
     draft.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(tmp_path / "0")  # untrained
     (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
-    chosen, result = draft.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["tokenized"], data["hs"], "cpu")
+    chosen, result = draft.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu")
     assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
     assert result["best"]["val"]["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
     assert torch.equal(chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"])

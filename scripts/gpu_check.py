@@ -1,0 +1,498 @@
+"""The GPU check: every CUDA path of the pipeline, run for real on one GPU, summed up in one JSON.
+
+    bash scripts/gpu_check.sh                                  # CUDA host: install what is missing, then this
+    python scripts/gpu_check.py --device cpu --out /tmp/gpu_check.json   # the CPU dry run (tests/test_gpu_check.py)
+
+Runs the stages directly (`python -m stages.<name> <paths>`, no DVC) in a work directory with its
+own params.yaml (the repository's, with the overrides of PROFILES for the device):
+
+  target (tiny, trained on the device; or a copy of models/target when present) -> prepare, mix
+  (the bundled samples) -> tokenize -> vocab -> hidden_states (hf, bf16) -> train (builtin: bf16
+  autocast, flex attention, fused loss on CUDA) -> evaluate (bf16, near-tie rule) -> benchmark (hf,
+  device_map auto); then the VARIANTS: train with backend speculators (`torchrun -m
+  speculators.train`, one GPU, one epoch); hidden_states + train with format fp8; and with mode online
+
+There is no regenerate stage (it needs a server): the bundled samples' own answers, made by the
+generator the tiny target learned from, stand in for the regenerated ones. Checks beside the
+stages, as in the CPU tests: the stored last hidden state through the target's norm and lm_head
+gives the target's argmax (near-ties of the stored dtype counted); each trained draft loads with
+Eagle3DraftModel.from_pretrained; evaluate found the speculative output equal to greedy on every
+prompt (near-ties counted). A stage that fails is recorded with its first error and the next one
+runs; one whose input is missing is recorded as skipped. Each stage has a time limit within
+--budget-s, so the whole check ends in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the checks use the library of this checkout, as the stages do
+
+# Overrides of params.yaml per device. cuda: the default tiny target and data, on the GPU.
+# cpu: the dry run, a few tiny steps of every stage (well under two minutes on two cores).
+PROFILES = {
+    "cuda": {
+        "target.tiny.device": "cuda",
+        "hidden_states.device": "cuda",
+        "hidden_states.dtype": "bfloat16",
+        "train.device": "cuda",
+        "evaluate.device": "cuda",
+        "evaluate.dtype": "bfloat16",
+        "benchmark.engine": "hf",
+        "benchmark.dtype": "bfloat16",
+        "benchmark.device_map": "auto",  # the loader path of a target spread over GPUs (accelerate)
+    },
+    "cpu": {
+        "samples": 40,
+        "target.aux_layer_ids": [1, 2, 3],
+        "target.tiny": {"layers": 4, "hidden_size": 64, "heads": 4, "kv_heads": 2, "intermediate_size": 128,
+                        "vocab_size": 320, "corpus_conversations": 300, "train_steps": 20, "batch_size": 8,
+                        "seq_len": 64, "device": "cpu"},
+        "mix.eval_samples": 3,
+        "tokenize.max_length": 256,
+        "vocab.draft_vocab_size": 128,
+        "hidden_states.device": "cpu",
+        "train.device": "cpu",
+        "train.epochs": 1,
+        "train.pack_len": 512,
+        "evaluate.device": "cpu",
+        "evaluate.dtype": "bfloat16",
+        "evaluate.max_new_tokens": 12,
+        "benchmark.engine": "hf",
+        "benchmark.device": "cpu",
+        "benchmark.prompts": 2,
+        "benchmark.warmup": 0,
+        "benchmark.repeats": 1,
+        "benchmark.max_new_tokens": 12,
+    },
+}
+# Runs beside the main one, each in a directory of the work directory named after it, with its own
+# params.yaml (the main one with these overrides) and outputs, and links to the main run's inputs:
+# name -> (overrides, linked paths).
+VARIANTS = {
+    # speculators' trainer through the train.backend: speculators hand-off (torchrun, one GPU)
+    "speculators": ({"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2},
+                    ["models/target", "models/vocab", "datasets/tokenized", "datasets/hidden_states"]),
+    # states stored in hs-connectors' FP8 layout, read back by the trainer through FP8Transfer
+    "fp8": ({"hidden_states.format": "fp8", "train.epochs": 1}, ["models/target", "models/vocab", "datasets/tokenized"]),
+    # no stored states: the trainer runs the target on every packed batch
+    "online": ({"hidden_states.mode": "online", "train.epochs": 1}, ["models/target", "models/vocab", "datasets/tokenized"]),
+}
+# Seconds each stage may take at most on the GPU (the dry run shares --budget-s alone).
+STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 240, "evaluate": 150, "benchmark": 150,
+                "train_speculators": 240, "hidden_states_fp8": 90, "train_fp8": 180, "hidden_states_online": 60,
+                "train_online": 180}
+
+
+@dataclass
+class Stage:
+    name: str
+    argv: list[str]  # python -m stages.<module> <paths>, relative to the work directory
+    needs: list[str] = field(default_factory=list)  # files or directories an earlier stage writes
+    cwd: str = "."  # relative to the work directory (its params.yaml is the one read); `needs` are relative to it
+    cuda_only: bool = False
+
+
+def pipeline(datasets: list[str]) -> list[Stage]:
+    """Every stage the check runs, in order: the one place to change an invocation. The variants
+    come last: when the time budget runs short, they are what is skipped."""
+    card, vocab, tok, hs = "models/target/card.json", "models/vocab", "datasets/tokenized", "datasets/hidden_states"
+    prepared = [Stage(f"prepare@{name}", ["stages.prepare", name, f"datasets/prepared/{name}.jsonl",
+                                          f"reports/prepare/{name}.json"]) for name in datasets]
+    return [
+        Stage("target", ["stages.target", "models/target"]),
+        *prepared,
+        Stage("mix", ["stages.mix", "datasets/prepared", "reports/prepare", "datasets/prompts", "reports/mix.json"],
+              needs=[f"datasets/prepared/{name}.jsonl" for name in datasets]),
+        Stage("tokenize", ["stages.tokenize", card, "datasets/prompts/train.jsonl", "datasets/regenerated/conversations.jsonl",
+                           tok, "reports/tokenize.json"], needs=[card, "datasets/regenerated/conversations.jsonl"]),
+        Stage("vocab", ["stages.vocab", card, f"{tok}/token_freq.pt", vocab, "reports/vocab.json"], needs=[f"{tok}/token_freq.pt"]),
+        Stage("hidden_states", ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"], needs=[f"{tok}/token_freq.pt"]),
+        Stage("train", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json", "models/draft_checkpoints"],
+              needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"]),
+        Stage("evaluate", ["stages.evaluate", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/acceptance.json",
+                           "reports/evaluate"], needs=["models/draft/config.json"]),
+        Stage("benchmark", ["stages.benchmark", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/benchmark.json",
+                            "reports/deploy.json"], needs=["models/draft/config.json"]),
+        # the variants (VARIANTS), each in its own directory, which links the main run's inputs
+        Stage("train_speculators", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
+                                    "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
+              cwd="speculators", cuda_only=True),
+        *[stage for variant in ("fp8", "online") for stage in (
+            Stage(f"hidden_states_{variant}", ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
+                  needs=[f"{tok}/token_freq.pt"], cwd=variant),
+            Stage(f"train_{variant}", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
+                                       "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"], cwd=variant))],
+    ]
+
+
+# ---------------------------------------------------------------- the work directory
+
+
+def set_key(params: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        params = params.setdefault(key, {})
+    if isinstance(value, dict) and isinstance(params.get(leaf), dict):
+        params[leaf] = {**params[leaf], **value}
+    else:
+        params[leaf] = value
+
+
+def check_params(repo: Path, device: str) -> dict:
+    """The repository's params.yaml with the device's overrides; local dataset paths made absolute."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for key, value in PROFILES[device].items():
+        set_key(params, key, value)
+    for spec in params["datasets"].values():
+        if "path" in spec and (repo / spec["path"]).exists():
+            spec["path"] = str((repo / spec["path"]).resolve())
+    return params
+
+
+def write_params(directory: Path, params: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def prepare_work(work: Path, repo: Path, device: str, target: str) -> tuple[dict, str]:
+    """A fresh work directory with params.yaml; returns (params, how the target is obtained)."""
+    if work.exists():
+        shutil.rmtree(work)
+    params = check_params(repo, device)
+    write_params(work, params)
+    for name, (overrides, links) in VARIANTS.items():
+        variant = copy.deepcopy(params)
+        for key, value in overrides.items():
+            set_key(variant, key, value)
+        write_params(work / name, variant)
+        # The card names the target by a path relative to the work directory ("models/target"),
+        # which a variant's stages (and torchrun's workers) resolve from their own directory.
+        for rel in links:
+            (work / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / name / rel).symlink_to(Path("../" * len(Path(rel).parts) + rel), target_is_directory=True)
+    source = target
+    if target == "auto":
+        source = str(repo / "models" / "target") if (repo / "models" / "target" / "card.json").is_file() else "build"
+    if source != "build":  # a built target: its card names the model "models/target", relative to the work directory
+        if not (Path(source) / "card.json").is_file():
+            raise SystemExit(f"error: --target {source}: no card.json there (run the target stage first)")
+        shutil.copytree(source, work / "models" / "target")
+    return params, source
+
+
+def stand_in_regenerated(work: Path) -> int:
+    """The bundled samples' own answers as the regenerated conversations (no server runs here)."""
+    src = work / "datasets" / "prompts" / "train.jsonl"
+    dst = work / "datasets" / "regenerated" / "conversations.jsonl"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return sum(1 for line in src.read_text().splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------- running one stage
+
+
+def first_error(log: str) -> str:
+    """The stage's own `error:` line and the exception that ended the first traceback (under
+    torchrun the trainer's own, before the stage reports the failure); else the last line."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line.rstrip()) for line in log.splitlines()]
+    stated = next((line.strip() for line in lines if line.startswith("error:")), None)
+    exception = None
+    if "Traceback (most recent call last):" in lines:
+        for line in lines[lines.index("Traceback (most recent call last):") + 1:]:
+            if line and not line.startswith((" ", "\t")):
+                exception = line.strip()
+                break
+    found = [x for x in (stated, exception) if x]
+    if not found:
+        found = [next((line.strip() for line in reversed(lines) if line.strip()), "no output")]
+    return (found[0] if len(found) == 1 or found[1] in found[0] else f"{found[0]} (first exception: {found[1]})")[:2000]
+
+
+def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path) -> dict:
+    cwd = work / stage.cwd
+    cmd = [sys.executable, "-m", *stage.argv]
+    log_path = log_dir / f"{stage.name.replace('@', '_')}.log"
+    record = {"name": stage.name, "command": " ".join(cmd[1:]), "log": str(log_path)}
+    began = time.perf_counter()
+    with open(log_path, "w") as log:
+        # its own process group: a stage past its limit goes with every process it started (torchrun's workers)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    record["seconds"] = round(time.perf_counter() - began, 2)
+    if code == 0:
+        record["status"] = "ok"
+    else:
+        record["status"] = "failed"
+        text = log_path.read_text(errors="replace")
+        record["error"] = f"timed out after {limit_s:.0f} s" if code is None else first_error(text)
+        record["exit_code"] = code
+    return record
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
+    """tokens/s, acceptance length and speedup, from the reports the stage wrote."""
+    sub = work / stage.cwd
+    reports, module = sub / "reports", stage.argv[0]
+    if module == "stages.target":
+        card = read(sub / "models" / "target" / "card.json")
+        return {k: v for k, v in (card.get("tiny_training") or {}).items() if k in ("final_train_loss", "train_steps")}
+    if module == "stages.tokenize":
+        rep = read(reports / "tokenize.json")
+        return {"rows": rep.get("rows"), "tokens": rep.get("tokens")}
+    if module == "stages.hidden_states":
+        rep = read(reports / "hidden_states.json")
+        return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now"),
+                "mode": rep.get("mode"), "format": rep.get("format"), "bytes_per_token": rep.get("bytes_per_token")}
+    if module == "stages.train":
+        rep = read(reports / "train.json")
+        out = {"val_tau_sim": rep.get("val_tau_sim"), "best_epoch": rep.get("best_epoch"), "steps": rep.get("steps"),
+               "step_seconds": rep.get("step_seconds"), "hidden_states": rep.get("hidden_states_format"),
+               "hidden_states_mode": rep.get("hidden_states_mode")}
+        tokens = read(work / "reports" / "tokenize.json").get("tokens")
+        epochs = yaml.safe_load((sub / "params.yaml").read_text())["train"]["epochs"]
+        if tokens and seconds:  # whole stage wall time: data loading, compilation and validation included
+            out["tokens_per_s"] = round(tokens * epochs / seconds, 1)
+        return out
+    if module == "stages.evaluate":
+        rep = read(reports / "acceptance.json")
+        out = {k: rep.get(k) for k in ("acceptance_length", "tau_sim", "prompts", "lossless_checked_prompts", "near_tie_divergences")}
+        if rep.get("generated_tokens") and seconds:
+            out["tokens_per_s"] = round(rep["generated_tokens"] / seconds, 1)  # wall time, greedy and speculative
+        return out
+    if module == "stages.benchmark":
+        rep = read(reports / "benchmark.json")
+        return {k: rep.get(k) for k in ("baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "acceptance_length",
+                                         "outputs_identical", "device")}
+    return {}
+
+
+# ---------------------------------------------------------------- correctness checks
+
+
+def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
+    """The stored last hidden state, read back as the trainer reads it, through the target's norm
+    and lm_head gives the target's own argmax. bf16: every disagreement must be a near-tie (top two
+    logits within the stored dtype's tie tolerance). fp8 rounds coarser: away from such near-ties
+    the argmax must hold on at least 99% of the positions (as tests/test_hidden.py asks)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from draftline import hidden, hs_format
+    from draftline.config import TIE_TOLERANCE
+    from draftline.target import load_target_model
+
+    card = read(sub / "models" / "target" / "card.json")
+    hs_dir = sub / "datasets" / "hidden_states"
+    cfg = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"]
+    fmt, stored_dtype = cfg.get("format", "bf16"), cfg["dtype"]
+    tolerance = TIE_TOLERANCE[stored_dtype]
+    compute = hidden.DTYPES[stored_dtype] if device == "cuda" else torch.float32  # as the stage computed them
+    model = load_target_model(card, device, compute)
+    norm = hidden.decoder_parts(model)[1]
+    positions = mismatches = near_ties = clear = 0
+    files = sorted(hs_dir.glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:rows]
+    if not files:
+        raise FileNotFoundError(f"no hidden-state files in {hs_dir}")
+    with torch.no_grad():
+        for path in files:
+            data = load_file(str(path))
+            ids = data["token_ids"].to(device).unsqueeze(0)  # (1, L)
+            ref = model(input_ids=ids).logits[0].float()  # (L, V)
+            last = hs_format.decode(data, torch.float32)[:, 3].to(device, compute)  # (L, H), pre-norm
+            ours = model.lm_head(norm(last)).float()
+            top2 = ref.topk(2, dim=-1).values
+            differ = ours.argmax(-1) != ref.argmax(-1)
+            tie = (top2[:, 0] - top2[:, 1]) <= tolerance
+            positions += ids.shape[1]
+            clear += int((~tie).sum())
+            near_ties += int((differ & tie).sum())
+            mismatches += int((differ & ~tie).sum())
+    passed = mismatches == 0 if fmt == "bf16" else mismatches <= 0.01 * clear
+    return {"passed": passed, "format": fmt, "rows": len(files), "positions": positions, "mismatches": mismatches,
+            "near_ties": near_ties, "tie_tolerance": tolerance, "stored_dtype": hs_format.storage_name(fmt, stored_dtype)}
+
+
+def check_draft_loads(draft_dir: Path, card: dict) -> dict:
+    """Eagle3DraftModel.from_pretrained takes the saved draft as it is, for our target's aux layers."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    model = Eagle3DraftModel.from_pretrained(str(draft_dir))
+    aux = list(model.config.eagle_aux_hidden_state_layer_ids)
+    problems = [] if aux == list(card["aux_layer_ids"]) else [f"aux layer ids {aux} != card {card['aux_layer_ids']}"]
+    return {"passed": not problems, "class": type(model).__name__, "draft_vocab_size": model.config.draft_vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()), "problems": problems}
+
+
+def check_lossless(work: Path) -> dict:
+    """evaluate fails on any divergence from greedy that is not at a near-tie; its report says how many prompts it checked."""
+    rep = read(work / "reports" / "acceptance.json")
+    if not rep:
+        raise FileNotFoundError("reports/acceptance.json missing: evaluate did not finish")
+    passed = rep["lossless_checked_prompts"] == rep["prompts"] > 0
+    return {"passed": passed, "prompts": rep["prompts"], "checked": rep["lossless_checked_prompts"],
+            "near_tie_divergences": rep["near_tie_divergences"]}
+
+
+def run_check(name: str, fn, *args) -> dict:
+    began = time.perf_counter()
+    try:
+        result = fn(*args)
+    except Exception as err:  # a broken check is a finding, not the end of the run
+        result = {"passed": False, "error": f"{type(err).__name__}: {err}"[:2000]}
+    result["seconds"] = round(time.perf_counter() - began, 2)
+    print(f"gpu_check: check {name}: {'passed' if result['passed'] else 'FAILED'}", flush=True)
+    return {"name": name, **result}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def environment(device: str) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    info = {"machine": platform.node(), "python": platform.python_version(), "device": device, "versions": {},
+            "c_compiler": shutil.which("cc") or shutil.which("gcc")}  # Triton builds its launcher with it (flex attention, fused loss)
+    for dist in ("torch", "triton", "transformers", "speculators", "hs-connectors", "datasets", "dvclive", "safetensors", "pyarrow"):
+        try:
+            info["versions"][dist] = version(dist)
+        except PackageNotFoundError:
+            info["versions"][dist] = None
+    try:
+        import torch
+
+        info["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+            info["cuda"] = torch.version.cuda
+    except Exception as err:  # recorded: the stages will say more
+        info["torch_error"] = f"{type(err).__name__}: {err}"
+    return info
+
+
+def write_report(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", default=str(REPO / "reports" / "gpu_check.json"), help="the JSON written")
+    parser.add_argument("--work", default=None, help="work directory (replaced); default: a fresh one under the temp dir")
+    parser.add_argument("--target", default="auto", help="auto (models/target when it has a card, else build), build, or a directory")
+    parser.add_argument("--budget-s", type=float, default=540, help="the whole check stops starting stages past this")
+    parser.add_argument("--installed", default=None, help="file listing what gpu_check.sh installed (recorded in the JSON)")
+    args = parser.parse_args(argv)
+    args.out = str(Path(args.out).resolve())  # before the run moves into the work directory
+
+    began = time.perf_counter()
+    work = Path(args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"draftline-gpu-check-{args.device}").resolve()
+    params, target_source = prepare_work(work, REPO, args.device, args.target)
+    log_dir = work / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)  # the checks load the card's target path ("models/target") as the stages do
+    os.environ["HF_HUB_OFFLINE"] = "1"  # local paths only: never wait on the hub
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # torchrun beside python
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if args.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")  # torch's thread pool spins on a busy small host
+    report = {"environment": environment(args.device), "work": str(work), "target": target_source,
+              "installed": Path(args.installed).read_text().split() if args.installed else [],
+              "stages": [], "checks": []}
+    print(f"gpu_check: {args.device} on {report['environment']['machine']}, work directory {work}", flush=True)
+    if args.device == "cuda" and not report["environment"].get("cuda_available"):
+        report.update(passed=False, failed=["environment"], error="no CUDA device visible to torch")
+        write_report(Path(args.out), report)
+        raise SystemExit(f"error: --device cuda but torch sees no CUDA device; report in {args.out}")
+
+    def remaining() -> float:
+        return args.budget_s - (time.perf_counter() - began)
+
+    for stage in pipeline(list(params["datasets"])):
+        if stage.name == "target" and target_source != "build":
+            report["stages"].append({"name": "target", "status": "reused", "source": target_source, "seconds": 0.0})
+            continue
+        if stage.name == "tokenize" and (work / "datasets" / "prompts" / "train.jsonl").is_file():
+            report["regenerated_stand_in"] = {"conversations": stand_in_regenerated(work),
+                                              "source": "the bundled samples' answers (no regeneration server runs here)"}
+        missing = [p for p in stage.needs if not (work / stage.cwd / p).exists()]
+        if stage.cuda_only and args.device != "cuda":
+            record = {"name": stage.name, "status": "skipped", "reason": "needs a CUDA GPU (train.backend speculators)"}
+        elif missing:
+            record = {"name": stage.name, "status": "skipped", "reason": f"input missing (an earlier stage failed): {missing[0]}"}
+        elif remaining() < 10:
+            record = {"name": stage.name, "status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
+        else:
+            limit = min(STAGE_LIMITS.get(stage.name, 60), remaining()) if args.device == "cuda" else remaining()
+            print(f"gpu_check: {stage.name} (at most {limit:.0f} s)", flush=True)
+            record = run_stage(stage, work, env, limit, log_dir)
+            if record["status"] == "ok":
+                record.update({k: v for k, v in stage_numbers(stage, work, record["seconds"]).items() if v is not None})
+            else:
+                print(f"gpu_check: {stage.name} failed: {record['error']}", flush=True)
+        report["stages"].append(record)
+        if record["status"] not in ("ok", "reused"):
+            continue
+        sub, module = work / stage.cwd, stage.argv[0]
+        suffix = "" if stage.cwd == "." else f"_{stage.cwd}"
+        mode = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"].get("mode", "offline")
+        if module == "stages.hidden_states" and mode == "offline":
+            report["checks"].append(run_check(f"last_state_reproduces_target_argmax{suffix}", check_last_state, sub, args.device))
+        if module == "stages.train":
+            report["checks"].append(run_check(f"draft_loads_with_from_pretrained{suffix}", check_draft_loads, sub / "models" / "draft",
+                                              read(work / "models" / "target" / "card.json")))
+        if module == "stages.evaluate":
+            report["checks"].append(run_check("speculative_equals_greedy", check_lossless, work))
+
+    report["total_seconds"] = round(time.perf_counter() - began, 1)
+    failed = [s["name"] for s in report["stages"] if s["status"] == "failed"]
+    failed += [c["name"] for c in report["checks"] if not c["passed"]]
+    skipped = [s["name"] for s in report["stages"] if s["status"] == "skipped"]
+    report["passed"] = not failed and all(s["status"] in ("ok", "reused") or s.get("reason", "").startswith("needs a CUDA")
+                                          for s in report["stages"])
+    report["failed"], report["skipped"] = failed, skipped
+    by_name = {s["name"]: s for s in report["stages"]}
+    report["summary"] = {  # the headline numbers; each stage's record has the rest
+        "acceptance_length": by_name.get("evaluate", {}).get("acceptance_length"),
+        "speedup": by_name.get("benchmark", {}).get("speedup"),
+        "hidden_states_tokens_per_s": by_name.get("hidden_states", {}).get("tokens_per_s"),
+        "train_tokens_per_s": by_name.get("train", {}).get("tokens_per_s"),
+        "total_seconds": report["total_seconds"],
+    }
+    out = Path(args.out)
+    write_report(out, report)
+    print(f"gpu_check: {'passed' if report['passed'] else 'FAILED'} in {report['total_seconds']} s; "
+          f"failed {failed or 'none'}, skipped {skipped or 'none'}; {out}", flush=True)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
