@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def _exit_on_sigterm(signum, frame):
@@ -89,6 +90,7 @@ def progress_bar(total: int):
 
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("regenerate")  # before torch loads: draftline/threads.py
     cfg = params.regenerate
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from draftline.io import read_json, write_json, write_meta

@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def main(out_dir: str) -> None:
     params = stage_params()
+    apply_thread_policy("target")  # before torch loads: draftline/threads.py
     cfg = params.target
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
