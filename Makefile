@@ -54,6 +54,7 @@ bench: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/cpu_load.py
 
 # No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
 gpu-check:
