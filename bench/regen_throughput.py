@@ -7,7 +7,8 @@ For each target (`--targets tiny smollm2`): the same single-turn prompts (system
 of the bundled datasets/samples/openai_messages.jsonl, no tools), greedy, the same max_tokens:
 
 - bare: the model in this process, left-padded batches of `--batch` through `model.generate`
-  (float32, do_sample=False), tokens counted up to and including the end-of-turn token;
+  (float32, do_sample=False), tokens counted up to and including the end-of-turn token, under the
+  same thread policy as the regenerate stage (draftline/threads.py);
 - ours: the regenerate stage itself (`python -m stages.regenerate ...` in a scratch repo with
   params.yaml's `regenerate` section plus the --set overrides), server launch and preflight
   excluded: its report's completion tokens over the seconds of the sending phase.
@@ -179,10 +180,14 @@ def main() -> None:
     parser.add_argument("--tiny-steps", type=int, default=150)
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench" / "regen_throughput.json"))
     args = parser.parse_args()
+    from draftline.threads import apply_thread_policy
+
+    threads = apply_thread_policy("regenerate")  # the bare side runs as the server does (threads, wait policy)
 
     prompts = single_turn_prompts(args.prompts)
     result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "bare_batch": args.batch,
-              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "targets": {}}
+              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "threads": threads,
+              "targets": {}}
     for name in args.targets:
         with tempfile.TemporaryDirectory(prefix=f"regen_bench_{name}_") as tmp:
             work = Path(tmp)
