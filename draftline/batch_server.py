@@ -68,8 +68,8 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, pad_id: i
     import torch
 
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                              temperature=None, top_p=None, top_k=None, pad_token_id=pad_id,
@@ -97,6 +97,8 @@ class BatchServer:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                           trust_remote_code=trust_remote_code).eval()
+        if torch.cuda.is_available():  # a small target on one GPU; float32 keeps it the reference decode
+            self.model.to("cuda")
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.eos_ids = {e for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
