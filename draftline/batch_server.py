@@ -2,9 +2,9 @@
 
     python -m draftline.batch_server MODEL_DIR --port 8011 [--max-batch 32] [--stats-file F]
 
-On CPU, `transformers serve` answers one request at a time (its continuous batching was slower
-still on CPU), so the regenerate stage ran at a tenth of what a batched `generate` of the same
-model does (bench/regen_throughput.py). This server keeps the stage's client, records, resume and
+On CPU, `transformers serve` answers one request at a time, so the regenerate stage ran at a tenth
+of what a batched `generate` of the same model does, and at a fifth with its continuous batching
+(bench/regen_throughput.py). This server keeps the stage's client, records, resume and
 failure handling exactly as they are (it is one more OpenAI-compatible endpoint) and runs the
 requests in flight together: one inference thread takes every waiting request (up to --max-batch,
 after a --gather-ms pause for stragglers), left-pads them and runs one `model.generate`

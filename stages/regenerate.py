@@ -28,14 +28,16 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str, out: Path) -> list[str]:
+def launch_command(cfg, card: dict, model_name: str, out: Path | None = None) -> list[str]:
+    """The server command of a launched backend; `out` (the stage's output dir) takes backend hf's stats."""
     from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
                                    vllm_serve_command)
 
     trust = card.get("trust_remote_code", False)
     if cfg.backend == "hf":
         return hf_batch_serve_command(card["model"], cfg.host, cfg.port, cfg.hf.max_batch, cfg.hf.gather_ms,
-                                      cfg.hf.tie_tolerance, cfg.hf.threads, out / "server_stats.json", trust) + cfg.extra_args
+                                      cfg.hf.tie_tolerance, cfg.hf.threads,
+                                      out / "server_stats.json" if out else None, trust) + cfg.extra_args
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
                                           cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
