@@ -5,13 +5,14 @@
 #   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
+#   make exps    experiments side by side: the params that differ and the headline metrics
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
 
-.PHONY: setup setup-smollm2 repro test test-unit bench gpu-check clean-venv
+.PHONY: setup setup-smollm2 repro test test-unit bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -55,6 +56,14 @@ bench: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/cpu_load.py
+
+# `dvc exp show` lists every param and every dependency's hash (~180 columns): keep the params that
+# differ between experiments and the headline metrics (tokens/s differ on every run: in metrics diff).
+# Metrics files of older commits also had acceptance_length in benchmark.json: then the column is prefixed.
+EXPS_DROP := 'Created|.*/|.*tokens_per_s|val_tau_sim'
+EXPS_KEEP := 'Experiment|acceptance_length|reports/acceptance.json:acceptance_length|tau_sim|speedup|val_loss'
+exps:
+	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
 
 # No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
 gpu-check:

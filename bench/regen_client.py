@@ -4,8 +4,10 @@ for our client and, side by side on the same stub, speculators' `regenerate-resp
     python bench/regen_client.py --out reports/bench/regen_client.json
 
 A stub OpenAI-compatible server (its own process, aiohttp) answers every chat completion after
-exactly `latency` seconds, in vLLM's wire format with `return_token_ids` (speculators needs the
-token ids; our client ignores them). With `c` requests in flight the ideal rate is c / latency.
+exactly `latency` seconds, in vLLM's wire format: streamed (server-sent events, one chunk a token,
+the usage chunk last) when the request asks for it, as ours does, else one JSON object with
+`return_token_ids` (speculators needs the token ids). With `c` requests in flight the ideal rate is
+c / latency.
 
 - ours: draftline.regeneration.regenerate_all (endpoint pool, retries, partitions, one flushed JSONL
   line per conversation), timed from its start to its end, as the stage runs it;
@@ -41,9 +43,28 @@ def stub_server(port: int, latency: float) -> None:
     arrivals: list[float] = []
     departures: list[float] = []
 
+    def sse(chunk: dict) -> bytes:
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
     async def chat(request):
         arrivals.append(time.monotonic())
         body = await request.json()
+        if body.get("stream"):  # as vLLM streams: role, then the tokens, then finish_reason and usage
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            delta = lambda **d: {"id": "stub", "object": "chat.completion.chunk", "created": 0,  # noqa: E731
+                                 "model": body["model"], "choices": [{"index": 0, **d}]}
+            await response.write(sse(delta(delta={"role": "assistant", "content": ""}, finish_reason=None)))
+            await asyncio.sleep(latency)
+            await response.write(sse(delta(delta={"content": "o"}, finish_reason=None))
+                                 + sse(delta(delta={"content": "k"}, finish_reason=None))
+                                 + sse(delta(delta={}, finish_reason="stop"))
+                                 + sse({"id": "stub", "object": "chat.completion.chunk", "choices": [],
+                                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+                                 + b"data: [DONE]\n\n")
+            departures.append(time.monotonic())
+            await response.write_eof()
+            return response
         await asyncio.sleep(latency)
         departures.append(time.monotonic())
         return web.json_response({

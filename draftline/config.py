@@ -105,6 +105,9 @@ class MixConfig(Section):
     caps: dict[str, int] = {}
     eval_samples: int = Field(32, ge=1)  # held-out prompts for evaluate/benchmark
     long_threshold_tokens: int = Field(1024, ge=1)  # prompts above this go to the `long` partition
+    # false: fail when the datasets cannot supply `samples` / eval_samples at the weights (numbers per
+    # dataset); true: take what there is, and record the rows drawn and the shares they came out at
+    allow_shortfall: bool = False
 
     @model_validator(mode="after")
     def _caps_positive(self):
@@ -174,11 +177,28 @@ class RegenerateConfig(Section):
     # robustness
     # server start-up limit; null = 300 s + 4 s per GB of checkpoint on disk (serving.startup_timeout_s)
     startup_timeout_s: float | None = Field(None, gt=0)
-    request_timeout_s: float = Field(120, gt=0)  # one request, past which it is retried
+    # requests one endpoint runs at once; more in flight would only wait in its queue. null = known
+    # for a launched server (transformers serve: 1; hf: hf.max_batch; vllm/sglang: --max-num-seqs /
+    # --max-running-requests of extra_args, else no bound beyond the partitions' concurrency) and for
+    # an external transformers serve (1); give it for continuous batching or an external vllm/sglang
+    server_slots: int | None = Field(None, ge=1)
+    # answers are streamed: a request is retried when its first token takes longer than this from
+    # sending (prefill; the server runs it at once, see server_slots)...
+    first_token_timeout_s: float = Field(120, gt=0)
+    token_timeout_s: float = Field(30, gt=0)  # ...or when the next token takes longer than this
+    progress_every_s: float = Field(30, gt=0)  # a progress line this often, whatever happens
     max_retries: int = Field(3, ge=0)  # retries of a request after 429, 5xx, timeout, lost connection
     retry_backoff_s: float = Field(1.0, gt=0)  # first wait; doubles each retry, with jitter
     retry_backoff_max_s: float = Field(30, gt=0)
     max_failure_rate: float = Field(0.05, ge=0, le=1)  # the stage fails above this share of sent prompts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, raw):
+        if isinstance(raw, dict) and "request_timeout_s" in raw:
+            raise ValueError("request_timeout_s: replaced by first_token_timeout_s (from sending to the first "
+                             "streamed token) and token_timeout_s (between tokens); answers are streamed")
+        return raw
 
     @model_validator(mode="after")
     def _backend_options(self):

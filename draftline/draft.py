@@ -562,12 +562,15 @@ def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
 
 
 def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, state_dir: Path | None = None,
-                fingerprint: str = "", log=None, say=print, online: OnlineStates | None = None) -> dict:
+                fingerprint: str = "", log=None, say=print, online: OnlineStates | None = None,
+                progress=None) -> dict:
     """Train in place; returns the best epoch's validation summary and restores its weights.
 
     With state_dir, resumes from a matching state there and saves state as it goes; every epoch
     record (including those restored) is passed to `log` in order. With `online`, the target makes
-    each packed batch's states (no files are read)."""
+    each packed batch's states (no files are read). progress(p) follows every optimizer step: p has
+    epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this
+    run's steps so far (for tokens/s and an ETA)."""
     from speculators.losses import resolve_loss_config
 
     dtype = hidden_states_dtype(device)
@@ -611,8 +614,10 @@ def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, s
         })
 
     step_seconds = []
+    run_tokens, run_seconds = 0, 0.0
     for epoch in range(pos["epoch"], cfg.epochs):
         batches = plan[epoch]
+        epoch_steps = math.ceil(len(batches) / accum)
         first = pos["batch"] if epoch == pos["epoch"] else 0
         sums = dict(pos["train_sums"]) if epoch == pos["epoch"] else {}
         model.train()
@@ -631,6 +636,12 @@ def train_draft(model, cfg, tokenized_dir: Path, hs_dir: Path, device: str, *, s
             sched.step()
             pos["step"] += 1
             step_seconds.append(time.perf_counter() - began)
+            run_tokens += sum(train_set.approx_lengths[i] for batch in batches[start:start + n] for i in batch)
+            run_seconds += step_seconds[-1]
+            if progress:
+                progress({"epoch": epoch, "epochs": cfg.epochs, "epoch_step": (start + n + accum - 1) // accum,
+                          "epoch_steps": epoch_steps, "step": pos["step"], "total_steps": total_steps,
+                          "tokens": run_tokens, "seconds": run_seconds})
             if pos["step"] % cfg.checkpoint_every_steps == 0 and start + n < len(batches):
                 checkpoint(epoch, start + n, sums)
         val = validate(model, val_set, val_batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)

@@ -70,6 +70,19 @@ def read_jsonl_tolerant(path: str | Path) -> tuple[list[dict], int]:
     return rows, bad
 
 
+def detail_path(metrics_path: str | Path) -> Path:
+    """Where the whole report of a metrics file goes: reports/x.json -> reports/x.detail.json."""
+    path = Path(metrics_path)
+    return path.with_name(f"{path.stem}.detail{path.suffix}")
+
+
+def write_metrics(path: str | Path, report: dict, headline: list[str]) -> None:
+    """The headline figures, flat, in the metrics file (what `dvc exp show` and `dvc metrics diff`
+    show, one column each); the whole report in its detail file beside it (detail_path)."""
+    write_json(detail_path(path), report)
+    write_json(path, {key: report[key] for key in headline if key in report})
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -13,6 +13,11 @@ sequence and the others fill in. Skipping never reorders what is left, so caps s
 
 Weights are relative (normalized); a weight of 0 leaves its dataset out entirely.
 
+When the datasets cannot supply `samples` (or `eval_samples`), or a dataset runs out so that the
+others fill in and the shares drift from the weights, the report says so per dataset
+(`per_dataset`, `shortfall`, `weights_honoured`) and `shortfall_problems` words it: the stage fails
+on it unless `mix.allow_shortfall` says to train on what there is.
+
 Rows need only "id", "source", "prompt_tokens_est" and either "messages"+"tools" or their
 precomputed content "digest": the mix stage passes such light rows and reads the full records of
 the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes.
@@ -109,8 +114,9 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
                  ) -> tuple[list[dict], list[dict], dict]:
     """(train, eval, report) from prepared records per dataset; see the module docstring for the rule.
 
-    Fewer rows than requested is not an error: everything is taken and the shortfall reported. A train
-    split left empty (every row went to eval) or a cap naming no dataset raises ValueError.
+    Fewer rows than requested is not an error here: everything is taken, and the report has the
+    numbers per dataset for the stage to decide (`shortfall_problems`). A train split left empty
+    (every row went to eval) or a cap naming no dataset raises ValueError.
     """
     caps = caps or {}
     if unknown := sorted(set(caps) - set(pools)):
@@ -128,6 +134,9 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
                          f"(eval_samples={eval_samples})")
     total = sum(weights[name] for name in pools)
     train_counts = Counter(row["source"] for row in train)
+    eval_counts = Counter(row["source"] for row in eval_rows)
+    per_dataset = dataset_table(pools, {name: weights[name] / total for name in pools}, caps, samples,
+                                train_counts, eval_counts)
     report = {
         "requested": {"train": samples, "eval": eval_samples},
         "weights": {name: weights[name] / total for name in sorted(pools)},
@@ -141,5 +150,71 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
                                "copies_of": {name: c for name, c in copies.items() if c}},
         "ids_renamed": renamed,
         "shortfall": {"train": samples - len(train), "eval": eval_samples - len(eval_rows)},
+        "per_dataset": per_dataset,
+        "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
+        "max_samples_at_weights": max_samples_at_weights(per_dataset),
     }
     return train, eval_rows, report
+
+
+def dataset_table(pools: dict[str, list[dict]], shares: dict[str, float], caps: dict[str, int], samples: int,
+                  train_counts: Counter, eval_counts: Counter) -> dict[str, dict]:
+    """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
+    cross-dataset duplicates), rows drawn for train and eval, the realised train share, and whether
+    it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
+    share the rest by weight; one drawn more than one row short of that ran out (the others filled in)."""
+    drawn = sum(train_counts.values())
+    capped_rows = sum(train_counts.get(name, 0) for name in pools if name in caps)
+    open_share = sum(share for name, share in shares.items() if name not in caps)
+
+    def asked(name: str, n: int, capped: int) -> float:  # train rows the weights ask of `name` out of n
+        if name in caps:
+            return min(caps[name], shares[name] * n)
+        return shares[name] / open_share * (n - capped) if open_share else 0.0
+
+    table = {}
+    for name in sorted(pools):
+        got = train_counts.get(name, 0)
+        table[name] = {"weight": round(shares[name], 4), "wanted_train": round(asked(name, samples, capped_rows)),
+                       "available": len(pools[name]), "train": got, "eval": eval_counts.get(name, 0),
+                       "share": round(got / drawn, 4) if drawn else 0.0, "capped": name in caps,
+                       # of the rows drawn, it gave less than its weight asks: the others filled in for it
+                       "short_of_weight": got < asked(name, drawn, capped_rows) - 1}
+    return table
+
+
+def max_samples_at_weights(table: dict[str, dict]) -> int:
+    """The largest `samples` the uncapped datasets supply at their weights (eval rows aside)."""
+    open_rows = {name: row for name, row in table.items() if not row["capped"] and row["weight"] > 0}
+    if not open_rows:
+        return 0
+    share_sum = sum(row["weight"] for row in open_rows.values())
+    return int(min((row["available"] - row["eval"]) / (row["weight"] / share_sum) for row in open_rows.values()))
+
+
+def shortfall_problems(report: dict) -> list[str]:
+    """What the mix could not honour, in words (empty when it supplied everything at the weights)."""
+    problems = []
+    requested, short = report["requested"], report["shortfall"]
+    if short["train"] > 0:
+        problems.append(f"samples={requested['train']} asks for {requested['train']} train prompts; the datasets "
+                        f"supply {report['train']['rows']}")
+    if short["eval"] > 0:
+        problems.append(f"mix.eval_samples={requested['eval']} asks for {requested['eval']} eval prompts; the "
+                        f"datasets supply {report['eval']['rows']}")
+    drifted = [name for name, row in report["per_dataset"].items() if row["short_of_weight"]]
+    if drifted:
+        problems.append(f"{', '.join(drifted)} ran out before giving {'its' if len(drifted) == 1 else 'their'} "
+                        "share of the weights, so the others filled in")
+    return problems
+
+
+def shortfall_table(report: dict) -> str:
+    """The per-dataset numbers as an aligned text table."""
+    width = max(len("dataset"), *(len(n) for n in report["per_dataset"]))
+    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  train  share"]
+    for name, row in report["per_dataset"].items():
+        cap = " (capped)" if row["capped"] else ""
+        lines.append(f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
+                     f"{row['eval']:>4}  {row['train']:>5}  {row['share']:>5.0%}{cap}")
+    return "\n".join(lines)

@@ -13,6 +13,13 @@ Requests go to the least busy endpoint (fewest requests outstanding; one that ju
 for its backoff) and are retried with exponential backoff and jitter after HTTP 429/5xx/408,
 timeouts and lost connections; other HTTP errors (400, 404, 422...) fail the conversation at once.
 
+Requests in flight are bounded by what the servers run at once (`slots` per endpoint): a request
+beyond it would only wait in the server's queue, and its timeout would measure the queue instead of
+the server. Answers are streamed, so timeouts measure the server's work: the first generated token
+within `first_token_timeout_s` of sending (prefill), then each next one within `token_timeout_s`.
+A request given up (timeout, or the run stopping early) closes its stream: the server sees the
+disconnect and stops generating it (transformers serve, vLLM and SGLang all abort on it).
+
 Output is append-only JSONL keyed by prompt id, one flushed line per finished conversation, so a
 SIGKILL loses at most the conversations in flight. Each line carries a `regeneration` record
 with the fingerprint of what shaped it (target, chat template, sampling) and the hash of its
@@ -22,6 +29,7 @@ prompt: a rerun keeps the lines that still match and sends only the missing prom
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -30,6 +38,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from draftline.io import atomic_path
 
@@ -87,7 +96,8 @@ class RetryPolicy:
     max_retries: int
     backoff_s: float
     backoff_max_s: float
-    timeout_s: float  # per request
+    first_token_timeout_s: float  # from sending a request to its first generated token
+    token_timeout_s: float | None = None  # longest gap between two streamed chunks; None = first_token_timeout_s
 
     def wait(self, attempt: int, retry_after: float | None = None) -> float:
         cap = min(self.backoff_max_s, self.backoff_s * 2**attempt)
@@ -108,17 +118,35 @@ class Endpoint:
 
 
 class EndpointPool:
-    """Picks the endpoint with the fewest requests outstanding among those not resting."""
+    """Picks the endpoint with the fewest requests outstanding among those not resting; with
+    `slots` (requests one endpoint runs at once), `slot()` holds a request until one is free."""
 
-    def __init__(self, endpoints: list[Endpoint]):
+    def __init__(self, endpoints: list[Endpoint], slots: int | None = None):
         if not endpoints:
             raise ValueError("no endpoints")
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
         self.endpoints = endpoints
+        self.slots = slots
+        self._free: asyncio.Semaphore | None = None  # made in the running loop
         self._turn = 0
+
+    @property
+    def in_flight(self) -> int:
+        return sum(e.outstanding for e in self.endpoints)
+
+    def slot(self) -> asyncio.Semaphore | contextlib.nullcontext:
+        """`async with pool.slot():` around one request: at most slots x endpoints at once."""
+        if self.slots is None:
+            return contextlib.nullcontext()
+        if self._free is None:
+            self._free = asyncio.Semaphore(self.slots * len(self.endpoints))
+        return self._free
 
     def acquire(self) -> Endpoint:
         now = time.monotonic()
-        ready = [e for e in self.endpoints if e.resting_until <= now] or self.endpoints
+        open_ = [e for e in self.endpoints if self.slots is None or e.outstanding < self.slots] or self.endpoints
+        ready = [e for e in open_ if e.resting_until <= now] or open_
         self._turn += 1
         n = len(ready)  # ties go round-robin
         best = min(range(n), key=lambda k: (ready[k].outstanding, (k - self._turn) % n))
@@ -135,18 +163,19 @@ class EndpointPool:
             endpoint.resting_until = time.monotonic() + failed_for_s
 
 
-def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = 256) -> EndpointPool:
+def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = 256, slots: int | None = None) -> EndpointPool:
     """One `openai` async client per endpoint, on the SDK's aiohttp transport (`DefaultAioHttpClient`),
     with room for max_in_flight connections; retries are ours (`complete`). The default httpx pool
     scans every connection for every request: at 256 in flight that scan cost more CPU than anything
-    else in the client, and `make bench` measured 0.87 of the ideal request rate with it."""
+    else in the client, and `make bench` measured 0.87 of the ideal request rate with it. `slots`:
+    requests one endpoint runs at once (None: no bound beyond the conversations in flight)."""
     import httpx2
     from openai import AsyncOpenAI, DefaultAioHttpClient
 
     limits = httpx2.Limits(max_connections=max(max_in_flight, 1), max_keepalive_connections=max(max_in_flight, 1))
     return EndpointPool([Endpoint(url, AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key or "unused", max_retries=0,
                                                    http_client=DefaultAioHttpClient(limits=limits)))
-                         for url in urls])
+                         for url in urls], slots)
 
 
 async def close_pool(pool: EndpointPool) -> None:
@@ -188,17 +217,166 @@ class BadAnswer(ValueError):
     """An answer that is not a chat completion."""
 
 
-async def chat_completion(client, body: dict, timeout_s: float) -> dict:
-    """POST /chat/completions with the client's transport, auth, timeout and error mapping; the
-    answer is the JSON object, checked by `answer_choice`. The body is sent as it is and the answer
-    kept as JSON: `chat.completions.create` walks every message through the SDK's typed-params
-    transform and builds typed objects from the answer, which together cost more client CPU per
-    request than the HTTP exchange itself, for data that is plain JSON on both ends."""
+class StreamError(Exception):
+    """An error the server reported inside its stream, after answering 200."""
+
+
+class AnswerTimeout(Exception):
+    """No first token within first_token_timeout_s, or a gap between tokens past token_timeout_s."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason  # first_token_timeout | token_timeout
+
+
+class StreamedAnswer:
+    """A chat completion put together from its streamed chunks (OpenAI's delta format): content and
+    reasoning concatenated, tool calls merged by index, the last finish_reason, the usage chunk."""
+
+    def __init__(self):
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.reasoning_key = "reasoning_content"
+        self.tool_calls: dict[int, dict] = {}
+        self.finish_reason = None
+        self.usage = None
+        self.choices_seen = False
+        self.chunks = 0  # chunks that carried output
+
+    def add(self, chunk) -> bool:
+        """Takes one chunk; True when it carries generated output (text, a tool call, the end)."""
+        generated = self._add(chunk)
+        self.chunks += generated
+        return generated
+
+    def _add(self, chunk) -> bool:
+        if not isinstance(chunk, dict):
+            raise BadAnswer(f"stream chunk is not a JSON object: {chunk!r:.200}")
+        if chunk.get("error") is not None:
+            raise StreamError(f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise BadAnswer("stream chunk choices is not a list")
+        generated = False
+        for choice in choices[:1]:
+            self.choices_seen = True
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                raise BadAnswer("stream choice without a delta")
+            for key, parts in (("content", self.content), ("reasoning_content", self.reasoning), ("reasoning", self.reasoning)):
+                piece = delta.get(key)
+                if piece is None:
+                    continue
+                if not isinstance(piece, str):
+                    raise BadAnswer(f"delta {key} is not a string")
+                if piece:
+                    parts.append(piece)
+                    generated = True
+                    if key != "content":
+                        self.reasoning_key = key
+            for call in delta.get("tool_calls") or []:
+                if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
+                    raise BadAnswer("malformed tool_calls delta")
+                merged = self.tool_calls.setdefault(call.get("index", len(self.tool_calls)),
+                                                    {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+                merged["id"] = call.get("id") or merged["id"]
+                function = call.get("function") or {}
+                if function.get("name"):
+                    merged["function"]["name"] = function["name"]
+                if function.get("arguments"):
+                    merged["function"]["arguments"] += function["arguments"]
+                generated = True
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                generated = True
+        return generated
+
+    def answer(self) -> dict:
+        """The chat completion it amounts to, in the non-streamed shape `answer_choice` reads."""
+        if not self.choices_seen:
+            return {"choices": [], "usage": self.usage}
+        if self.finish_reason is None:
+            raise BadAnswer("the stream ended without a finish_reason (cut short)")
+        message = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            message[self.reasoning_key] = "".join(self.reasoning)
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return {"choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}], "usage": self.usage}
+
+
+def add_chunk(streamed: StreamedAnswer, payload: bytes) -> int:
+    """1 when the chunk (the JSON of one `data:` line) carries output, else 0."""
     try:
-        return await client.post("/chat/completions", cast_to=object, body=body,
-                                  options={"timeout": timeout_s, "security": {"bearer_auth": True}})
-    except ValueError as err:  # a body that is not JSON
-        raise BadAnswer(f"not JSON: {err}") from None
+        chunk = json.loads(payload)
+    except ValueError as err:
+        raise BadAnswer(f"stream chunk not JSON: {err}") from None
+    return int(streamed.add(chunk))
+
+
+async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None) -> dict:
+    """POST /chat/completions, streamed, with the client's transport, auth and error mapping; the
+    answer is the chat completion the chunks amount to (a server that ignores `stream` and answers
+    one JSON object is read as it is, within first_token_timeout_s), checked by `answer_choice`.
+
+    The clock measures the server's work, not the client's patience: the first generated chunk must
+    come within first_token_timeout_s of sending, each next one within token_timeout_s of the last.
+    Giving up (timeout, cancellation) closes the stream, which makes the server stop generating.
+    The body is sent as it is and chunks are read as plain JSON lines: the SDK's typed transform and
+    typed objects cost more client CPU per request than the HTTP exchange, for data that is JSON on
+    both ends. on_token(n) is called with the number of chunks carrying output in each read (live
+    tokens/s)."""
+    import httpx2
+
+    first, gap = policy.first_token_timeout_s, policy.token_timeout_s or policy.first_token_timeout_s
+    loop = asyncio.get_running_loop()
+    response = None
+    phase = "first_token_timeout"
+    try:
+        async with asyncio.timeout(first) as deadline:
+            response = await client.post("/chat/completions", cast_to=httpx2.Response, body={**body, "stream": True},
+                                         stream=True, options={"timeout": max(first, gap) + 10,
+                                                               "security": {"bearer_auth": True}})
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                try:
+                    return json.loads(await response.aread())
+                except ValueError as err:  # a body that is not JSON
+                    raise BadAnswer(f"not JSON: {err}") from None
+            streamed = StreamedAnswer()
+            pending, done = b"", False
+            async for data in response.aiter_bytes():  # split here: cheaper than httpx2's text and line decoders
+                *lines, pending = (pending + data).split(b"\n")
+                output = 0
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, ": keep-alive" comments, "event:" names
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    output += add_chunk(streamed, payload)
+                if output:
+                    phase = "token_timeout"
+                    deadline.reschedule(loop.time() + gap)
+                    if on_token:
+                        on_token(output)
+                if done:
+                    break
+            if not done and pending.startswith(b"data:") and pending[5:].strip() != b"[DONE]":
+                add_chunk(streamed, pending[5:].strip())  # a last event without its newline
+            answer = streamed.answer()
+            if on_token and isinstance((answer.get("usage") or {}).get("completion_tokens"), int):
+                on_token(answer["usage"]["completion_tokens"] - streamed.chunks)  # a chunk may hold several tokens
+            return answer
+    except TimeoutError:
+        if phase == "first_token_timeout":
+            raise AnswerTimeout(phase, f"no token within {first:g} s of sending (regenerate.first_token_timeout_s)") from None
+        raise AnswerTimeout(phase, f"no next token within {gap:g} s (regenerate.token_timeout_s)") from None
+    finally:
+        if response is not None:
+            await response.aclose()  # unread: the connection is closed, not reused
 
 
 def usage_of(answer: dict) -> dict:
@@ -233,21 +411,44 @@ def answer_choice(answer) -> dict:
     return choice
 
 
-async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retries: Counter):
+async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retries: Counter, on_token=None):
     """One chat completion, retried on 429/5xx/408, timeouts and lost connections."""
+    for attempt in range(policy.max_retries + 1):
+        async with pool.slot():
+            outcome = await _attempt(pool, request, policy, attempt, on_token)
+        if not isinstance(outcome, Retry):
+            return outcome
+        reason, detail, delay = outcome
+        if attempt == policy.max_retries:
+            break
+        retries[reason] += 1
+        await asyncio.sleep(delay)  # outside the slot: another request may use the server meanwhile
+    raise ConversationFailed(reason, detail, policy.max_retries + 1)
+
+
+class Retry(NamedTuple):
+    reason: str
+    detail: str
+    delay: float  # backoff before the next attempt
+
+
+async def _attempt(pool: EndpointPool, request: dict, policy: RetryPolicy, attempt: int, on_token):
+    """(choice, usage), or the Retry of a failure worth retrying."""
     import openai
 
-    for attempt in range(policy.max_retries + 1):
-        endpoint = pool.acquire()
-        retry_after = None
+    endpoint = pool.acquire()
+    retry_after = None
+    try:
         try:
-            answer = await chat_completion(endpoint.client, request, policy.timeout_s)
+            answer = await chat_completion(endpoint.client, request, policy, on_token)
             choice = answer_choice(answer)
             if not choice:
                 reason, detail = "empty_response", "no choices in the answer"
             else:
                 pool.release(endpoint)
                 return choice, usage_of(answer)
+        except AnswerTimeout as err:
+            reason, detail = err.reason, str(err)
         except openai.APITimeoutError as err:
             reason, detail = timeout_or_lost(err), f"{err}: {root_cause(err)!r}"
         except openai.APIConnectionError as err:
@@ -255,21 +456,18 @@ async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retri
         except openai.APIStatusError as err:
             reason, detail = f"http_{err.status_code}", str(err)[:500]
             if err.status_code not in RETRY_STATUS and err.status_code < 500:
-                pool.release(endpoint)
-                raise ConversationFailed(reason, detail, attempt + 1) from None
+                raise ConversationFailed(reason, detail, attempt + 1) from None  # released below
             retry_after = _retry_after(err.response)
+        except StreamError as err:
+            reason, detail = "stream_error", str(err)[:500]
         except (openai.APIError, BadAnswer) as err:  # an answer that is not a chat completion
             reason, detail = "bad_response", str(err)[:500]
-        except BaseException:
-            pool.release(endpoint)
-            raise
-        delay = policy.wait(attempt, retry_after)
-        pool.release(endpoint, failed_for_s=delay)
-        if attempt == policy.max_retries:
-            break
-        retries[reason] += 1
-        await asyncio.sleep(delay)
-    raise ConversationFailed(reason, detail, policy.max_retries + 1)
+    except BaseException:
+        pool.release(endpoint)
+        raise
+    delay = policy.wait(attempt, retry_after)
+    pool.release(endpoint, failed_for_s=delay)
+    return Retry(reason, detail, delay)
 
 
 # ---- one conversation ------------------------------------------------------------------------
@@ -318,8 +516,10 @@ def trim_to_assistant(messages: list[dict]) -> list[dict]:
 
 
 async def regenerate_conversation(pool: EndpointPool, model: str, row: dict, sampling: Sampling, policy: RetryPolicy,
-                                  max_context: int | None, count_ids, retries: Counter) -> tuple[list[dict], dict]:
-    """(regenerated messages, stats). Raises ConversationFailed when a request fails for good."""
+                                  max_context: int | None, count_ids, retries: Counter, extra_body: dict | None = None,
+                                  on_token=None) -> tuple[list[dict], dict]:
+    """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
+    extra_body goes into every request as it is (e.g. vLLM's stream_options)."""
     original, tools = row["messages"], row.get("tools")
     temperature, seed = sampling.for_conversation(row["id"])
     messages: list[dict] = []
@@ -352,7 +552,9 @@ async def regenerate_conversation(pool: EndpointPool, model: str, row: dict, sam
             request["tools"] = tools
         if sampling.chat_template_kwargs:
             request["chat_template_kwargs"] = sampling.chat_template_kwargs
-        choice, usage = await complete(pool, request, policy, retries)
+        if extra_body:
+            request.update(extra_body)
+        choice, usage = await complete(pool, request, policy, retries, on_token)
         reply = reply_message(choice)
         messages = messages + [reply]  # a new list: the request above keeps its own
         finish_reason = choice.get("finish_reason") or "unknown"
@@ -407,6 +609,12 @@ class Tally:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # tokens received so far, finished or not (live tokens/s): chunks with output, corrected by the
+    # usage of each finished answer (transformers serve sends several tokens in one chunk)
+    streamed_tokens: int = 0
+    in_flight: int = 0  # requests at the servers now
+    conversations_in_flight: int = 0
+    cancelled: int = 0  # conversations in flight when the run stopped early (a rerun sends them)
     finish_reasons: Counter = field(default_factory=Counter)
     stopped: Counter = field(default_factory=Counter)
     failure_reasons: Counter = field(default_factory=Counter)
@@ -421,13 +629,19 @@ class Tally:
 
 async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampling: Sampling, policy: RetryPolicy,
                          partitions: dict[str, tuple[int, int | None]], out_path: Path, failures_path: Path,
-                         tags: dict, count_ids=None, max_failures: int | None = None, on_done=None) -> Tally:
+                         tags: dict, count_ids=None, max_failures: int | None = None, on_done=None,
+                         on_tick=None, tick_s: float = 30.0, extra_body: dict | None = None) -> Tally:
     """Regenerate `rows`; `partitions` maps "short"/"long" to (concurrency, max_context).
 
     Each finished conversation is one flushed line of out_path (the row with its regenerated
     messages and a `regeneration` record: `tags` plus its own stats); each failed one is one line
     of failures_path with its reason. Past `max_failures` failures the run stops early: the stage
-    would fail anyway, and what is done stays done.
+    would fail anyway, so the conversations in flight are cancelled (their streams closed, which
+    stops the server's work on them) and what is done stays done.
+
+    A partition runs at most `concurrency` conversations, and no more than the pool's slots: a
+    conversation beyond them would only wait. on_done(tally) follows every finished conversation;
+    on_tick(tally) comes every tick_s whatever happens (tally.in_flight: requests at the servers).
     """
     tally = Tally(partitions={name: PartitionTally() for name in partitions})
     queues: dict[str, list[dict]] = {name: [] for name in partitions}
@@ -438,15 +652,19 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
         queues[name].append(row)
     stop = asyncio.Event()
 
+    def on_token(n: int) -> None:
+        tally.streamed_tokens += n
+
     with open(out_path, "a") as out, open(failures_path, "w") as failures:
         async def one(name: str, row: dict) -> None:
             part = tally.partitions[name]
             part.sent += 1
             part.first_start = part.first_start or time.monotonic()
             max_context = partitions[name][1]
+            tally.conversations_in_flight += 1
             try:
                 messages, stats = await regenerate_conversation(pool, model, row, sampling, policy, max_context,
-                                                                count_ids, tally.retries)
+                                                                count_ids, tally.retries, extra_body, on_token)
             except ConversationFailed as err:
                 tally.failed += 1
                 part.failed += 1
@@ -456,6 +674,9 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
                 failures.flush()
                 if max_failures is not None and tally.failed > max_failures:
                     stop.set()
+            except asyncio.CancelledError:
+                tally.cancelled += 1
+                raise
             else:
                 record = {k: v for k, v in row.items() if k != "messages"}
                 record["messages"] = messages
@@ -473,7 +694,10 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
                 for t in (tally, part):
                     t.prompt_tokens += stats["prompt_tokens"]
                     t.completion_tokens += stats["completion_tokens"]
+            finally:
+                tally.conversations_in_flight -= 1
             part.last_end = time.monotonic()
+            tally.in_flight = pool.in_flight
             if on_done:
                 on_done(tally)
 
@@ -483,15 +707,32 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
                     return
                 await one(name, row)
 
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(tick_s)
+                tally.in_flight = pool.in_flight
+                on_tick(tally)
+
         workers = []
+        slots = pool.slots * len(pool.endpoints) if pool.slots else None
         for name, (concurrency, _) in partitions.items():
             queue = iter(queues[name])
-            workers += [asyncio.create_task(worker(name, queue)) for _ in range(min(concurrency, len(queues[name])))]
+            n = min(concurrency, len(queues[name]), slots or concurrency)
+            workers += [asyncio.create_task(worker(name, queue)) for _ in range(n)]
+        background = [asyncio.create_task(ticker())] if on_tick else []
+        stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.gather(*workers)
-        finally:
-            for w in workers:
-                w.cancel()
+            pending = {*workers, stopping}
+            while stopping in pending and pending - {stopping}:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished - {stopping}:
+                    if task.exception():
+                        raise task.exception()  # a bug, not a failed conversation: stop everything
+        finally:  # stopped early, or done: the conversations still in flight are given up now
+            for task in [*workers, *background, stopping]:
+                task.cancel()
+            await asyncio.gather(*workers, *background, stopping, return_exceptions=True)
+    tally.in_flight = pool.in_flight
     tally.aborted = stop.is_set()
     return tally
 

@@ -270,7 +270,7 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
         return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now"),
                 "mode": rep.get("mode"), "format": rep.get("format"), "bytes_per_token": rep.get("bytes_per_token")}
     if module == "stages.train":
-        rep = read(reports / "train.json")
+        rep = read(reports / "train.detail.json")  # the metrics file has the headline only
         out = {"val_tau_sim": rep.get("val_tau_sim"), "best_epoch": rep.get("best_epoch"), "steps": rep.get("steps"),
                "step_seconds": rep.get("step_seconds"), "hidden_states": rep.get("hidden_states_format"),
                "hidden_states_mode": rep.get("hidden_states_mode")}
@@ -280,13 +280,13 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
             out["tokens_per_s"] = round(tokens * epochs / seconds, 1)
         return out
     if module == "stages.evaluate":
-        rep = read(reports / "acceptance.json")
+        rep = read(reports / "acceptance.detail.json")
         out = {k: rep.get(k) for k in ("acceptance_length", "tau_sim", "prompts", "lossless_checked_prompts", "near_tie_divergences")}
         if rep.get("generated_tokens") and seconds:
             out["tokens_per_s"] = round(rep["generated_tokens"] / seconds, 1)  # wall time, greedy and speculative
         return out
     if module == "stages.benchmark":
-        rep = read(reports / "benchmark.json")
+        rep = read(reports / "benchmark.detail.json")
         return {k: rep.get(k) for k in ("baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "acceptance_length",
                                          "outputs_identical", "device")}
     return {}
@@ -351,9 +351,9 @@ def check_draft_loads(draft_dir: Path, card: dict) -> dict:
 
 def check_lossless(work: Path) -> dict:
     """evaluate fails on any divergence from greedy that is not at a near-tie; its report says how many prompts it checked."""
-    rep = read(work / "reports" / "acceptance.json")
+    rep = read(work / "reports" / "acceptance.detail.json")
     if not rep:
-        raise FileNotFoundError("reports/acceptance.json missing: evaluate did not finish")
+        raise FileNotFoundError("reports/acceptance.detail.json missing: evaluate did not finish")
     passed = rep["lossless_checked_prompts"] == rep["prompts"] > 0
     return {"passed": passed, "prompts": rep["prompts"], "checked": rep["lossless_checked_prompts"],
             "near_tie_divergences": rep["near_tie_divergences"]}

@@ -11,8 +11,9 @@ A GPU variant:  dvc exp run -S benchmark.engine=vllm -S 'benchmark.concurrency=[
 Preflight runs first for every engine: a non-EAGLE3 algorithm, aux layer ids or a hidden size that
 differ from the target card, or a draft vocabulary that does not fit the target stops the stage
 when it concerns the selected engine. The deployment command of each engine is printed and written
-to reports/deploy.json with the preflight findings (reports/benchmark.json keeps numbers only, for
-`dvc metrics diff` / `dvc exp show`).
+to reports/deploy.json with the preflight findings. reports/benchmark.json keeps the headline
+figures only, for `dvc metrics diff` / `dvc exp show`; the whole report (per repeat, per load
+level, latencies, acceptance length) is in reports/benchmark.detail.json.
 """
 
 import sys
@@ -29,7 +30,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     cfg = params.benchmark
     from draftline.engines import check_draft, preflight, read_draft_facts
     from draftline.evaluation import prompt_ids
-    from draftline.io import read_json, read_jsonl, write_json
+    from draftline.io import read_json, read_jsonl, write_json, write_metrics
 
     card = read_json(card_path)
     log_dir = Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-")) if cfg.engine != "hf" else None
@@ -45,8 +46,11 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     deploy = preflight(card, cfg, draft_dir, sglang_draft)
     for engine, info in deploy.items():
         print(f"benchmark: deploy with {engine}:\n  {info['command']}")
-        for problem in info["problems"]:
-            print(f"  {'error' if engine == cfg.engine else 'warning'}: {problem}")
+        for problem in info["problems"] if engine == cfg.engine else []:
+            print(f"  error: {problem}")
+    # what would stop the engines not in use is for whoever deploys with them, not a warning here
+    if later := sorted(engine for engine, info in deploy.items() if engine != cfg.engine and info["problems"]):
+        print(f"benchmark: {deploy_path} notes what deploying with {' / '.join(later)} needs")
     if cfg.engine in deploy and deploy[cfg.engine]["problems"]:
         raise SystemExit(f"error: preflight for benchmark.engine {cfg.engine}:\n  " + "\n  ".join(deploy[cfg.engine]["problems"]))
     if cfg.engine == "hf":
@@ -96,7 +100,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
         print(f"benchmark: {cfg.engine} speedup " + ", ".join(f"c={c}: {report[f'speedup_c{c}']}x" for c in cfg.concurrency)
               + f"; acceptance length {report['acceptance_length']} (server logs in {log_dir})")
     write_json(deploy_path, deploy)
-    write_json(report_path, report)
+    headline = ["speedup", "baseline_tokens_per_s", "speculative_tokens_per_s"]
+    write_metrics(report_path, report, headline + [f"speedup_c{c}" for c in cfg.concurrency if cfg.engine != "hf"])
 
 
 if __name__ == "__main__":

@@ -2,14 +2,18 @@
 
     python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json reports/evaluate
 
-reports/evaluate/ holds the plot data: acceptance length against `samples` (one point per run, so
-`dvc plots diff` over experiments draws the scaling curve) and acceptance per draft position.
+reports/evaluate/ holds the plot data: acceptance length against the train prompts `mix` drew (one
+point per run, so `dvc plots diff` over experiments draws the scaling curve; it reads their count
+from the mix's meta.json beside the eval prompts, which is `samples` unless mix.allow_shortfall let
+fewer through) and acceptance per draft position.
 
 Real: chain speculative decoding (greedy, k draft tokens per round) with the built-in engine, each
 output checked against plain greedy decoding of the target (the engine is lossless, so a mismatch
 fails the stage). Simulated: tau_sim = 1 + sum of teacher-forced accuracies, from speculators' own
 TTT forward over the target's hidden states of prompt + its greedy completion (the same tokens the
 real decoder verified; the eval prompts have no stored hidden states). Both per source dataset.
+The metrics file holds the two headline figures; the whole report (per position, per source,
+histogram, prompts) is in acceptance.detail.json beside it.
 """
 
 import sys
@@ -18,6 +22,24 @@ from pathlib import Path
 
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
+
+
+def mixed_train_count(eval_path: str, samples: int) -> int:
+    """Train prompts the mix drew, from its meta.json beside the eval prompts; prompts made by hand
+    (no mix meta there) are taken to be `samples`, and the stage says so."""
+    from pathlib import Path
+
+    from draftline.io import read_json
+
+    meta_path = Path(eval_path).parent / "meta.json"
+    if not meta_path.is_file():
+        print(f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}")
+        return samples
+    try:
+        return int(read_json(meta_path)["counts"]["train"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
+                         "the scaling plot records the train prompts mix drew, so run `mix` again") from None
 
 
 def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots_dir: str) -> None:
@@ -29,7 +51,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
 
     from draftline.evaluation import (acceptance_summary, add_sums, compare_to_greedy, eos_ids, load_draft, mean,
                                       prompt_ids, simulated_acceptance, teacher_forced_sample, teacher_forced_sums)
-    from draftline.io import read_json, read_jsonl, write_json
+    from draftline.io import read_json, read_jsonl, write_json, write_metrics
     from draftline.specdec import greedy_generate, speculative_generate
     from draftline.target import load_target
 
@@ -42,6 +64,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise SystemExit(f"error: {eval_path} has no eval prompts")
+    train_prompts = mixed_train_count(eval_path, params.samples)
 
     # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
     trained_on = (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {}) if Path(draft_dir, "meta.json").exists() else {}
@@ -98,9 +121,10 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     }
     if fp8:
         report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
-    write_json(report_path, report)
+    write_metrics(report_path, report, ["acceptance_length", "tau_sim"])
     write_json(f"{plots_dir}/acceptance_vs_samples.json",
-               [{"samples": params.samples, "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])
+               [{"samples": train_prompts, "samples_requested": params.samples,
+                 "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}])
     write_json(f"{plots_dir}/position_acceptance.json",
                [{"position": int(pos), "acceptance": rate} for pos, rate in real["position_acceptance"].items()])
     print(f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "

@@ -51,7 +51,7 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
     params = stage_params()
     apply_thread_policy("mix")  # before torch loads: draftline/threads.py
     from draftline.io import file_sha256, read_json, write_json, write_jsonl, write_meta
-    from draftline.mixing import mix_datasets
+    from draftline.mixing import mix_datasets, shortfall_problems, shortfall_table
 
     pools, paths, inputs, prepared = {}, {}, {}, {}
     for name in sorted(params.datasets):
@@ -71,6 +71,15 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
                                                 cfg.long_threshold_tokens, params.seed, cfg.caps)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    report["allow_shortfall"] = cfg.allow_shortfall
+    if problems := shortfall_problems(report):
+        numbers = (f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
+                   f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them first)")
+        if not cfg.allow_shortfall:
+            raise SystemExit(f"error: mix: {numbers}\nLower `samples` (at most {report['max_samples_at_weights']} "
+                             "keeps the weights), add data or change mix.weights / mix.caps, or set "
+                             "mix.allow_shortfall: true to train on the rows there are at the shares above.")
+        print(f"mix: SHORTFALL accepted (mix.allow_shortfall: true): {numbers}", file=sys.stderr)
     reasons = sum((Counter(p["dropped"]) for p in prepared.values()), Counter())
     reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
     report["prepare"] = prepared
@@ -81,11 +90,9 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
     write_json(report_json, report)
     write_meta(out, "mix", {"samples": params.samples, "seed": params.seed, "mix": cfg.model_dump()},
                inputs=inputs, counts={"train": len(train), "eval": len(eval_rows)})
-    short = report["shortfall"]
     print(f"mix: train {len(train)} {report['train']['by_source']}, eval {len(eval_rows)}; "
           f"duplicates dropped {report['duplicates_dropped']['total']}"
-          + (f"; capped {report['capped']}" if report["capped"] else "")
-          + (f"; SHORTFALL train {short['train']}, eval {short['eval']}" if any(short.values()) else ""))
+          + (f"; capped {report['capped']}" if report["capped"] else ""))
 
 
 if __name__ == "__main__":

@@ -62,32 +62,100 @@ def read_prompts(path: str) -> list[dict]:
     return rows
 
 
+def server_slots(cfg, engine: str) -> int | None:
+    """Requests one endpoint runs at once: given, or known for the server (None: no bound beyond the
+    partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
+    if cfg.server_slots is not None:
+        return cfg.server_slots
+    if engine == "hf":  # draftline.batch_server decodes up to max_batch requests together, answers each whole
+        return cfg.hf.max_batch
+    if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
+        return None if cfg.continuous_batching else 1
+    flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]
+    args = list(cfg.extra_args) if cfg.backend != "external" else []
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+def eta(seconds: float) -> str:
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    minutes, sec = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{sec:02d}s"
+
+
+def progress_line(t, total: int, elapsed: float, slots: int | None) -> str:
+    """One plain progress line: done, in flight (of what the servers run at once), rates, ETA."""
+    rate = t.done / elapsed if elapsed > 0 else 0.0
+    left = (total - t.done) / rate if rate else float("inf")
+    bound = f" (at most {slots})" if slots else ""
+    return (f"regenerate: {t.done}/{total} done (ok {t.ok}, failed {t.failed}, truncated {t.truncated}), "
+            f"in flight {t.in_flight}{bound}, {t.streamed_tokens / max(elapsed, 1e-6):.0f} tok/s, "
+            f"{t.requests / max(elapsed, 1e-6):.2f} req/s, ETA {eta(left)}"
+            + (f"; retries {dict(t.retries)}" if t.retries else ""))
+
+
 @contextlib.contextmanager
-def progress_bar(total: int):
-    """(on_done callback) for regenerate_all: a rich bar, or a line every 30 s when not a terminal."""
+def progress_bar(total: int, slots: int | None):
+    """(on_done, on_tick) for regenerate_all: a rich bar on a terminal; a plain line every tick
+    otherwise (a log file), even while no conversation finishes."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
     fields = "ok {task.fields[ok]} failed {task.fields[failed]} truncated {task.fields[truncated]}  " \
-             "{task.fields[rps]:.1f} req/s {task.fields[tps]:.0f} tok/s"
+             "in flight {task.fields[in_flight]}  {task.fields[rps]:.1f} req/s {task.fields[tps]:.0f} tok/s"
     with Progress(TextColumn("regenerate"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
                   TimeRemainingColumn(), console=console) as bar:
-        task = bar.add_task("regenerate", total=total, ok=0, failed=0, truncated=0, rps=0.0, tps=0.0)
-        start = last_line = time.monotonic()
+        task = bar.add_task("regenerate", total=total, ok=0, failed=0, truncated=0, in_flight=0, rps=0.0, tps=0.0)
+        start = time.monotonic()
 
-        def on_done(t):
-            nonlocal last_line
-            now = time.monotonic()
-            elapsed = max(now - start, 1e-6)
-            bar.update(task, completed=t.done, ok=t.ok, failed=t.failed, truncated=t.truncated,
-                       rps=t.requests / elapsed, tps=t.completion_tokens / elapsed)
-            if not console.is_terminal and now - last_line > 30:
-                last_line = now
-                console.print(f"regenerate: {t.done}/{total} ok {t.ok} failed {t.failed} truncated {t.truncated} "
-                              f"{t.requests / elapsed:.1f} req/s {t.completion_tokens / elapsed:.0f} tok/s")
+        def update(t):
+            elapsed = max(time.monotonic() - start, 1e-6)
+            bar.update(task, completed=t.done, ok=t.ok, failed=t.failed, truncated=t.truncated, in_flight=t.in_flight,
+                       rps=t.requests / elapsed, tps=t.streamed_tokens / elapsed)
 
-        yield on_done
+        def on_tick(t):
+            update(t)
+            if not console.is_terminal:
+                print(progress_line(t, total, time.monotonic() - start, slots), file=sys.stderr, flush=True)
+
+        yield update, on_tick
+
+
+# What to change when conversations fail, by failure reason: the cause and the param.
+ADVICE = {
+    "first_token_timeout": "the server did not start answering within regenerate.first_token_timeout_s; raise it "
+                           "(long prompts prefill slowly), or set regenerate.server_slots to what the server runs at "
+                           "once so that requests do not wait in its queue",
+    "token_timeout": "the server stalled between two tokens longer than regenerate.token_timeout_s; raise it, or "
+                     "check the server log for a stall",
+    "timeout": "the connection timed out; see the server log, or raise regenerate.first_token_timeout_s",
+    "connection": "the server dropped connections or is down; see the server log",
+    "stream_error": "the server reported errors mid-answer; see the server log",
+    "bad_response": "the server's answers are not chat completions; check regenerate.external_engine / the endpoint",
+    "empty_response": "the server answered without choices; see the server log",
+    "prompt_too_long": "prompts longer than the partition's max_context; raise regenerate.short.max_context / "
+                       "regenerate.long.max_context, or lower mix.long_threshold_tokens",
+    "template_error": "the target's chat template rejects these conversations; see failures.jsonl",
+}
+
+
+def failure_advice(reasons: dict) -> str:
+    lines = []
+    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        if reason.startswith("http_"):
+            code = int(reason[5:])
+            text = ("server errors; see the server log" if code >= 500 or code in (408, 429) else
+                    "the server refused the request; see the detail in failures.jsonl (regenerate.max_tokens or "
+                    "max_context beyond the model's context, or chat_template_kwargs it does not accept?)")
+        else:
+            text = ADVICE.get(reason, "see failures.jsonl")
+        lines.append(f"  {count} x {reason}: {text}")
+    return "\n".join(lines)
 
 
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
@@ -139,7 +207,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
           + "".join(f", {v} {k.replace('_', ' ')} dropped" for k, v in resume.items() if v and k != "not_in_prompts"))
 
-    tally, seen, start = None, [], time.perf_counter()
+    tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
         from draftline.target import card_tokenizer
 
@@ -156,19 +224,25 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
                                          out / "server.log", limit, say=print), [url]
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
-        policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.request_timeout_s)
+        policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.first_token_timeout_s,
+                             cfg.token_timeout_s)
+        slots = server_slots(cfg, engine)
+        # vLLM and SGLang send the usage of a streamed answer only when asked; transformers serve
+        # sends it anyway and refuses the field
+        extra_body = {} if engine == "transformers" else {"stream_options": {"include_usage": True}}
         partitions = {"short": (cfg.short.concurrency, cfg.short.max_context),
                       "long": (cfg.long.concurrency, cfg.long.max_context)}
 
         def count_ids(messages, tools):
             return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
 
-        async def run(on_done):
-            pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency)
+        async def run(on_done, on_tick):
+            pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
             try:
                 return await regenerate_all(pool, model_name, todo, sampling, policy, partitions, conversations_path,
                                             out / "failures.jsonl", tags, count_ids,
-                                            math.floor(cfg.max_failure_rate * len(todo)), on_done)
+                                            math.floor(cfg.max_failure_rate * len(todo)), on_done, on_tick,
+                                            cfg.progress_every_s, extra_body)
             finally:
                 await close_pool(pool)
 
@@ -176,15 +250,17 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             for url in urls:
                 try:
                     seen.append(preflight(url, engine, model_name, tokenizer, dict(cfg.chat_template_kwargs), api_key,
-                                          timeout_s=cfg.request_timeout_s, attempts=cfg.max_retries + 1))
+                                          timeout_s=cfg.first_token_timeout_s, attempts=cfg.max_retries + 1))
                 except PreflightError as err:
                     raise SystemExit(f"error: preflight refused the endpoint: {err}") from None
             import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
 
             start = time.perf_counter()
-            with progress_bar(len(todo)) as on_done:
+            bound = f", at most {slots * len(urls)} requests in flight (regenerate.server_slots {slots})" if slots else ""
+            print(f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}", flush=True)
+            with progress_bar(len(todo), slots and slots * len(urls)) as (on_done, on_tick):
                 try:
-                    tally = asyncio.run(run(on_done))
+                    tally = asyncio.run(run(on_done, on_tick))
                 except KeyboardInterrupt:
                     raise SystemExit("regenerate: interrupted; finished conversations are kept, a rerun sends the rest") from None
     elapsed = time.perf_counter() - start
@@ -202,6 +278,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         "sent": tally.done if tally else 0,
         "ok": tally.ok if tally else 0,
         "failed": tally.failed if tally else 0,
+        "cancelled": tally.cancelled if tally else 0,
+        "server_slots": slots if tally else None,
         "failure_reasons": dict(tally.failure_reasons) if tally else {},
         "retries": dict(tally.retries) if tally else {},
         "truncated": tally.truncated if tally else 0,
@@ -225,7 +303,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     # and the stages after it cached.
     operational = {"host", "port", "endpoints", "external_engine", "api_key_env", "tensor_parallel_size",
                    "data_parallel_size", "continuous_batching", "cb_num_blocks", "hf", "short", "long", "startup_timeout_s",
-                   "request_timeout_s", "max_retries", "retry_backoff_s", "retry_backoff_max_s", "max_failure_rate"}
+                   "server_slots", "first_token_timeout_s", "token_timeout_s", "progress_every_s", "max_retries",
+                   "retry_backoff_s", "retry_backoff_max_s", "max_failure_rate"}
     write_meta(out, "regenerate", cfg.model_dump(exclude=operational), target=card["model"],
                chat_template_sha256=card["chat_template_sha256"], fingerprint=tags["fingerprint"])
     if tally is None:
@@ -233,10 +312,12 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     print(f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
           f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing")
     if tally.aborted or tally.failed > cfg.max_failure_rate * len(todo):
-        stopped = " (stopped early)" if tally.aborted and tally.done < len(todo) else ""
+        stopped = (f" (stopped early; {tally.cancelled} in flight cancelled)"
+                   if tally.aborted and tally.done < len(todo) else "")
         raise SystemExit(f"error: {tally.failed} of {len(todo)} conversations failed{stopped}, more than "
-                         f"regenerate.max_failure_rate {cfg.max_failure_rate}; reasons {dict(tally.failure_reasons)}, "
-                         f"see {out / 'failures.jsonl'}. A rerun sends only the missing ones.")
+                         f"regenerate.max_failure_rate {cfg.max_failure_rate}; by cause:\n"
+                         f"{failure_advice(dict(tally.failure_reasons))}\n"
+                         f"Details in {out / 'failures.jsonl'}; a rerun sends only the missing ones.")
 
 
 if __name__ == "__main__":

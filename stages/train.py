@@ -21,6 +21,7 @@ the best validation tau_sim, not the lowest loss.
 import contextlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from draftline.config import stage_params
@@ -50,6 +51,37 @@ def epoch_logger(live):
         print(f"epoch {record['epoch']}: val loss {val['loss']:.4f}  tau_sim {val['tau_sim']:.3f}  "
               f"acc {val['position_accuracy']}", flush=True)
     return log
+
+
+PROGRESS_EVERY_S = 30.0
+
+
+def step_reporter(every_s: float = PROGRESS_EVERY_S, clock=time.monotonic, out=print):
+    """progress(p) for train_draft: a line at the first step, then every `every_s` seconds and at the
+    last step of each epoch: steps, tokens/s and the ETA of the epoch and of the run (a CPU epoch
+    can take minutes; the per-epoch line alone left the log silent that long)."""
+    seen = {"last": None, "first_step": 0}
+
+    def progress(p: dict) -> None:
+        now = clock()
+        if seen["last"] is None:
+            seen["first_step"] = p["step"] - 1  # a resumed run times its own steps only
+        elif now - seen["last"] < every_s and p["epoch_step"] < p["epoch_steps"]:
+            return
+        seen["last"] = now
+        per_step = p["seconds"] / max(p["step"] - seen["first_step"], 1)
+        tokens_per_s = p["tokens"] / p["seconds"] if p["seconds"] > 0 else 0.0
+        out(f"train: epoch {p['epoch'] + 1}/{p['epochs']} step {p['epoch_step']}/{p['epoch_steps']} "
+            f"(step {p['step']} of {p['total_steps']}), {tokens_per_s:,.0f} tok/s, "
+            f"epoch ETA {clock_text(per_step * (p['epoch_steps'] - p['epoch_step']))}, "
+            f"run ETA {clock_text(per_step * (p['total_steps'] - p['step']))} (validation aside)", flush=True)
+
+    return progress
+
+
+def clock_text(seconds: float) -> str:
+    minutes, sec = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
 
 
 def online_states(card, source: dict, device: str):
@@ -90,7 +122,8 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dic
         for note in notes:
             print(f"train.init remap: {note}")
     result = draft.train_draft(model, cfg, paths["tokenized"], paths["hs"], device,
-                               state_dir=paths["state"], fingerprint=fingerprint, log=log, online=online)
+                               state_dir=paths["state"], fingerprint=fingerprint, log=log, online=online,
+                               progress=step_reporter())
     return model, result, notes
 
 
@@ -198,7 +231,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     from dvclive import Live
 
     from draftline import draft
-    from draftline.io import read_json, write_json, write_meta
+    from draftline.io import read_json, write_meta, write_metrics
 
     card = read_json(card_path)
     paths = {"vocab": Path(vocab_dir), "tokenized": Path(tokenized_dir), "hs": Path(hs_dir), "state": Path(state_dir)}
@@ -229,7 +262,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
                data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
                best_epoch=best["epoch"], vllm_speculator=vllm_fields,
                hidden_states={"mode": source["mode"], "format": source["format"]})
-    write_json(report_path, {
+    write_metrics(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],
         "val_position_accuracy": best["val"]["position_accuracy"],
@@ -243,7 +276,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         "hidden_states_mode": source["mode"],
         "hidden_states_format": source["format"],
         "target_forwards_per_epoch": result.get("target_forwards_per_epoch", 0),
-    })
+    }, ["val_tau_sim", "val_loss"])
     if cfg.backend == "builtin":
         draft.finish_state(paths["state"], {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]})
 

@@ -24,11 +24,16 @@ def write_params(root: Path, target: dict, **sections) -> None:
 
 
 def run_stage(root: Path, name: str, *args) -> dict | None:
-    """stages.<name>.main(*args) with root as the working directory; the report (last arg ending in .json) if any."""
+    """stages.<name>.main(*args) with root as the working directory; the report (last arg ending in .json) if any,
+    the whole one for a metrics file (its .detail.json beside it)."""
+    from draftline.io import detail_path
+
     stage = importlib.import_module(f"stages.{name}")
     with contextlib.chdir(root):
         stage.main(*[str(a) for a in args])
     reports = [Path(root, a) for a in args if str(a).endswith(".json") and not str(a).endswith("card.json")]
+    if reports and detail_path(reports[-1]).is_file():
+        reports.append(detail_path(reports[-1]))
     return json.loads(reports[-1].read_text()) if reports and reports[-1].is_file() else None
 
 

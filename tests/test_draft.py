@@ -224,6 +224,37 @@ def test_speculators_backend_refuses_what_it_cannot_do(setting, key):
     parse_params(raw)
 
 
+@pytest.fixture(scope="module")
+def tied_target(tmp_path_factory, random_target):
+    """The random target with lm_head tied to its embeddings: its checkpoint holds no lm_head.weight."""
+    from transformers import LlamaForCausalLM
+
+    from draftline.target import build_card
+
+    model = LlamaForCausalLM.from_pretrained(random_target["model"])
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    path = tmp_path_factory.mktemp("tied_target")
+    model.save_pretrained(path)
+    for item in Path(random_target["model"]).iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(item, path)
+    return build_card(str(path), "test", None, [1, 2, 3], {})
+
+
+def test_a_tied_target_builds_its_draft_without_loader_warnings(tied_target, vocab_dir, capfd):
+    """speculators' loader printed "Tensor 'lm_head.weight' not found" (and "index.json not found")
+    for every tied, single-file target in each stage that builds or loads a draft; the card's
+    verifier tensors name the embeddings as the lm_head instead."""
+    assert "lm_head.weight" not in load_file(Path(tied_target["model"]) / "model.safetensors")
+    capfd.readouterr()
+    model = draft.build_draft(tied_target, vocab_dir, 1, 3)
+    err = capfd.readouterr().err
+    assert "not found" not in err and "WARNING" not in err, err
+    t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
+    assert torch.equal(model.verifier_lm_head.weight, model.embed_tokens.weight[t2d])
+
+
 @pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
 def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_dir, tmp_path, transfer):
     """hidden_states.mode online with train.backend speculators: speculators' own parser reads

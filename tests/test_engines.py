@@ -348,7 +348,9 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(tmp_path, rando
                  "vllm": {"launcher": STAND_IN + ["vllm", "serve"]}, "sglang": {"launcher": STAND_IN + ["sglang"]}}
     proc = run_benchmark_stage(tmp_path, random_target, draft_dir if engine == "vllm" else eagle3_draft_dir, overrides)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    report = read_json(tmp_path / "bench.json")
+    report = read_json(tmp_path / "bench.detail.json")
+    headline = {"speedup", "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup_c1", "speedup_c4"}
+    assert set(read_json(tmp_path / "bench.json")) == headline  # the rest is in the detail file
     # 10 tokens per answer in steps accepting 0, 1, 2, 3 drafts: 4 steps, 1 + 6/4 = 2.5
     assert report["acceptance_length"] == 2.5
     for c in ("c1", "c4"):
@@ -368,6 +370,17 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(tmp_path, rando
         exported = Path(deploy["benchmark"]["server_logs"]) / "draft_sglang"
         assert f"--speculative-draft-model-path {exported}" in deploy["sglang"]["command"]
         assert read_json(exported / "config.json")["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+def test_hf_benchmark_prints_no_warning_about_engines_not_in_use(tmp_path, random_target, draft_dir):
+    """The default draft has speculators' norms, which SGLang cannot serve: deploy.json says so for
+    whoever deploys with SGLang, but the hf benchmark prints no warning about it."""
+    overrides = {"engine": "hf", "k": 2, "max_new_tokens": 6, "prompts": 2, "warmup": 0, "repeats": 1}
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert read_json(tmp_path / "deploy.json")["sglang"]["problems"]
+    assert "warning" not in (proc.stdout + proc.stderr).lower() and "deploy.json notes what deploying with sglang" in proc.stdout
+    assert set(read_json(tmp_path / "bench.json")) == {"speedup", "baseline_tokens_per_s", "speculative_tokens_per_s"}
 
 
 def test_benchmark_stage_stops_before_launching_on_a_preflight_error(tmp_path, random_target, draft_dir, eagle3_draft_dir):
@@ -415,7 +428,7 @@ def test_benchmark_on_already_running_servers(tmp_path, random_target, draft_dir
         proc = run_benchmark_stage(tmp_path, random_target, draft, overrides)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "starting" not in proc.stdout and "preflight" in proc.stdout
-        assert read_json(tmp_path / "bench.json")["acceptance_length"] == 2.5
+        assert read_json(tmp_path / "bench.detail.json")["acceptance_length"] == 2.5
         swapped = {**overrides, "endpoints": {"baseline": urls["speculative"], "speculative": urls["speculative"]}}
         proc = run_benchmark_stage(tmp_path, random_target, draft, swapped)
         assert proc.returncode != 0 and "error: benchmark.endpoints:" in proc.stderr and "speculative decoding" in proc.stderr

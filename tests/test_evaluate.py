@@ -104,10 +104,12 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
     rows = [{"id": f"e{i}", "source": "ab"[i % 2], **c} for i, c in enumerate(generate_conversations(4, 5))]
     write_jsonl(tmp_path / "eval.jsonl", rows)
+    write_json(tmp_path / "meta.json", {"stage": "mix", "counts": {"train": 1092, "eval": 4}})  # fewer than `samples`
     proc = subprocess.run([sys.executable, "-m", "stages.evaluate", "card.json", "draft", "eval.jsonl", "acc.json", "plots"],
                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = read_json(tmp_path / "acc.json")
+    report = read_json(tmp_path / "acc.detail.json")
+    assert read_json(tmp_path / "acc.json") == {"acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}
     assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
     assert report["near_tie_divergences"] == 0 if dtype == "float32" else 0 <= report["near_tie_divergences"] <= 3
     assert 1.0 <= report["acceptance_length"] <= 3.0 and 1.0 <= report["tau_sim"] <= 3.0
@@ -118,6 +120,8 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     for value in report.values():
         assert isinstance(value, (int, float)) or all(isinstance(v, (int, float, dict)) for v in value.values())
     scaling = read_json(tmp_path / "plots/acceptance_vs_samples.json")
-    assert scaling == [{"samples": raw["samples"], "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}]
+    # the scaling point is at the train prompts mix drew (mix.allow_shortfall), not at the `samples` asked
+    assert scaling == [{"samples": 1092, "samples_requested": raw["samples"], "acceptance_length": report["acceptance_length"],
+                        "tau_sim": report["tau_sim"]}]
     positions = read_json(tmp_path / "plots/position_acceptance.json")
     assert [p["position"] for p in positions] == [1, 2]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftline.formats import content_hash, prepare_records, read_rows
-from draftline.mixing import mix_datasets
+from draftline.mixing import mix_datasets, shortfall_problems, shortfall_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = {"messages": ROOT / "datasets/samples/openai_messages.jsonl", "sharegpt": ROOT / "datasets/samples/sharegpt.jsonl"}
@@ -92,21 +92,61 @@ def test_cross_dataset_duplicates_kept_once(pools):
     assert report["ids_renamed"] == 1
 
 
-def test_mix_stage(tmp_path, pools):
+def test_shortfall_is_worded_with_numbers_per_dataset():
+    small, big = make_pool("small", 30), make_pool("big", 1000)
+    _, _, report = mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10)
+    assert report["per_dataset"]["small"] == {"weight": 0.5, "wanted_train": 100, "available": 30, "train": 25, "eval": 5,
+                                              "share": 0.125, "capped": False, "short_of_weight": True}
+    assert not report["weights_honoured"] and report["max_samples_at_weights"] == 50  # small's 25 train rows = half
+    (problem,) = shortfall_problems(report)  # 200 rows drawn, but not at the weights
+    assert "small ran out" in problem
+    assert shortfall_problems(mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 50, eval_samples=10)[2]) == []
+    _, _, report = mix({"small": small}, {"small": 1}, 200, eval_samples=10)  # one dataset: short, no drift
+    assert shortfall_problems(report) == ["samples=200 asks for 200 train prompts; the datasets supply 20"]
+    assert shortfall_table(report).splitlines()[1].split() == ["small", "100%", "200", "30", "10", "20", "100%"]
+    # a cap is a decision: the others filling in for it is no shortfall
+    _, _, report = mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10, caps={"small": 20})
+    assert report["weights_honoured"] and shortfall_problems(report) == []
+
+
+def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.CompletedProcess:
     prepared, reports = tmp_path / "prepared", tmp_path / "reports/prepare"
-    prepared.mkdir()
-    reports.mkdir(parents=True)
+    prepared.mkdir(exist_ok=True)
+    reports.mkdir(parents=True, exist_ok=True)
     for name, rows in pools.items():
         (prepared / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (reports / f"{name}.json").write_text(json.dumps({"rows_read": 600, "rows_kept": 594,
                                                           "dropped": {"empty": 1, "duplicate": 1, name: 4}}))
     (tmp_path / "params.yaml").write_text(
-        f"samples: 100\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
+        f"samples: {samples}\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
         f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"
-        "mix: {weights: {messages: 0.5, sharegpt: 0.5}, eval_samples: 12, long_threshold_tokens: 100}\n")
-    done = subprocess.run([sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "reports/prepare", "mixed",
+        f"mix: {{weights: {{messages: 0.5, sharegpt: 0.5}}, eval_samples: 12, long_threshold_tokens: 100{mix_extra}}}\n")
+    return subprocess.run([sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "reports/prepare", "mixed",
                            "reports/mix.json"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+
+
+def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
+    done = run_mix_stage(tmp_path, pools, samples=100000)
+    assert done.returncode == 1 and not (tmp_path / "mixed/train.jsonl").exists()
+    assert "samples=100000 asks for 100000 train prompts; the datasets supply 1104" in done.stderr
+    assert "sharegpt ran out before giving its share of the weights" in done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stderr.splitlines() if line.startswith("  ")}
+    assert rows["messages"] == ["50%", "50000", "594", "6", "588", "53%"]
+    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "516", "47%"]
+    for line in ("at most 1032 keeps the weights", "mix.allow_shortfall: true"):
+        assert line in done.stderr, done.stderr
+    done = run_mix_stage(tmp_path, pools, samples=100000, mix_extra=", allow_shortfall: true")
+    assert done.returncode == 0, done.stderr
+    assert "SHORTFALL accepted (mix.allow_shortfall: true)" in done.stderr
+    report = json.loads((tmp_path / "reports/mix.json").read_text())
+    assert report["train"]["rows"] == 1104 and report["allow_shortfall"] and not report["weights_honoured"]
+    assert report["per_dataset"]["messages"]["share"] == round(588 / 1104, 4)
+    assert json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 1104  # what evaluate plots
+
+
+def test_mix_stage(tmp_path, pools):
+    done = run_mix_stage(tmp_path, pools)
     assert done.returncode == 0, done.stderr
     train = [json.loads(line) for line in open(tmp_path / "mixed/train.jsonl")]
     eval_rows = [json.loads(line) for line in open(tmp_path / "mixed/eval.jsonl")]

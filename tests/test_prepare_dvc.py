@@ -84,3 +84,45 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     deps = next(entry["changed deps"] for entry in status["prepare@hub_chat"] if "changed deps" in entry)
     assert set(deps) == {"stages/prepare.py", "draftline/formats.py", "params.yaml"}, deps
     assert json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}  # the others untouched
+
+
+TINY_TARGET = {"layers": 4, "hidden_size": 32, "heads": 2, "kv_heads": 1, "intermediate_size": 64, "vocab_size": 256,
+               "corpus_conversations": 100, "train_steps": 1, "batch_size": 4, "seq_len": 64}
+
+
+def test_a_failed_run_leaves_only_the_failed_stage_stale_and_outputs_ignored(repo):
+    """A regenerate that fails (its endpoint is unreachable) after a dataset was added: DVC undoes the
+    .gitignore lines it wrote during a failed run, so a prepared file must be ignored by a committed
+    pattern, and `mix`, which depends on datasets/prepared as a directory, must not go stale."""
+    dvc = str(BIN / "dvc")
+
+    def small(p):
+        p["samples"], p["mix"]["eval_samples"] = 40, 6
+        p["target"]["tiny"].update(TINY_TARGET)
+        p["target"]["aux_layer_ids"] = [1, 2, 3]
+        p["regenerate"].update(backend="external", endpoints=["http://127.0.0.1:9"], external_engine="vllm", max_retries=0)
+
+    edit_params(repo, small)
+    run(["git", "add", "-A"], repo)
+    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "copy"], repo)
+    failed = run([dvc, "repro"], repo, ok=False)
+    assert failed.returncode != 0 and "preflight refused the endpoint" in failed.stderr, failed.stderr[-2000:]
+
+    # a new dataset, then the same failure
+    (repo / "datasets/extra.jsonl").write_text("".join(
+        json.dumps({"id": f"x{i}", "conversations": [{"from": "human", "value": f"Extra question number {i}?"},
+                                                     {"from": "gpt", "value": "An answer."}]}) + "\n" for i in range(30)))
+    edit_params(repo, lambda p: (p["datasets"].update(extra={"path": "datasets/extra.jsonl", "format": "sharegpt"}),
+                                 p["mix"]["weights"].update(extra=0.2)))
+    run([sys.executable, "-m", "stages.prepare", "--write-sources", "datasets/sources.yaml"], repo)
+    failed = run([dvc, "repro"], repo, ok=False)
+    assert failed.returncode != 0 and "Running stage 'prepare@extra'" in failed.stdout + failed.stderr
+    assert (repo / "datasets/prepared/extra.jsonl").is_file()
+
+    # untracked: only what git should track (the new source, the stage's report), no DVC output
+    untracked = {line[3:] for line in run(["git", "status", "--porcelain", "--untracked-files=all"], repo).stdout.splitlines()
+                 if line.startswith("??")}
+    assert untracked == {"datasets/extra.jsonl", "reports/prepare/extra.json"}, untracked
+    run(["git", "check-ignore", "-q", "datasets/prepared/extra.jsonl"], repo)
+    stale = set(json.loads(run([dvc, "status", "--json"], repo).stdout))
+    assert stale == {"regenerate", "tokenize", "vocab", "hidden_states", "train", "evaluate", "benchmark"}, stale

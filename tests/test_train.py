@@ -71,6 +71,34 @@ def train_in_process(data, **overrides):
     return model, result
 
 
+def test_progress_follows_every_step_with_tokens_and_time(data):
+    seen = []
+    cfg = TrainConfig(**{**TRAIN, "epochs": 2})
+    model = draft.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
+    result = draft.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None, progress=seen.append)
+    assert [p["step"] for p in seen] == list(range(1, result["steps"] + 1))
+    assert seen[-1]["step"] == seen[-1]["total_steps"] and seen[-1]["epoch"] == 1
+    ends = [p for p in seen if p["epoch_step"] == p["epoch_steps"]]
+    assert [p["epoch"] for p in ends] == [0, 1]
+    assert all(b["tokens"] > a["tokens"] and b["seconds"] > a["seconds"] for a, b in zip(seen, seen[1:]))
+
+
+def test_step_reporter_prints_steps_tokens_per_s_and_eta():
+    from stages.train import step_reporter
+
+    now, lines = [0.0], []
+    progress = step_reporter(every_s=10, clock=lambda: now[0], out=lambda line, flush: lines.append(line))
+    for step in range(1, 21):  # 10 steps an epoch, 2 s and 1,000 tokens a step
+        now[0] = 2.0 * step
+        progress({"epoch": (step - 1) // 10, "epochs": 2, "epoch_step": (step - 1) % 10 + 1, "epoch_steps": 10,
+                  "step": step, "total_steps": 20, "tokens": 1000 * step, "seconds": 2.0 * step})
+    # the first step, the end of each epoch, and every 10 s between
+    assert [line.split(" (")[0] for line in lines] == [
+        "train: epoch 1/2 step 1/10", "train: epoch 1/2 step 6/10", "train: epoch 1/2 step 10/10",
+        "train: epoch 2/2 step 5/10", "train: epoch 2/2 step 10/10"]
+    assert "500 tok/s" in lines[0] and "epoch ETA 0:00:18" in lines[0] and "run ETA 0:00:38" in lines[0]
+
+
 def test_same_params_and_seed_give_identical_weights(data):
     untrained = draft.build_draft(data["card"], data["vocab"], 1, 3)
     first, result = train_in_process(data, epochs=1, grad_accum_steps=2)
@@ -101,7 +129,7 @@ def run_stage_in_process(data, run: Path, monkeypatch, **train) -> dict:
     write_params(run, **train)
     monkeypatch.chdir(run)
     stage.main(*stage_args(data, run))
-    return json.loads((run / "train.json").read_text())
+    return json.loads((run / "train.detail.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +172,8 @@ def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, t
 
     second = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    report = json.loads((run / "train.json").read_text())
+    report = json.loads((run / "train.detail.json").read_text())
+    assert json.loads((run / "train.json").read_text()) == {"val_tau_sim": report["val_tau_sim"], "val_loss": report["val_loss"]}
     assert report["resumed_at"]["epoch"] == 0 and report["resumed_at"]["batch"] > 0  # mid-epoch
     assert report["steps"] == ref_report["steps"] and report["best_epoch"] == ref_report["best_epoch"]
     assert report["val_tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-3)
@@ -247,7 +276,7 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
     assert proc.returncode == -signal.SIGKILL, (run / "first.log").read_text()[-2000:]
     second = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    report = json.loads((run / "train.json").read_text())
+    report = json.loads((run / "train.detail.json").read_text())
     assert report["resumed_at"]["epoch"] == 0 and report["resumed_at"]["batch"] > 0
     assert report["hidden_states_mode"] == "online" and report["target_forwards_per_epoch"] > 0
     assert report["steps"] == ref_report["steps"]
