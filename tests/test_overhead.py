@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(script: str, tmp_path: Path, *args: str) -> dict:
+def bench(script: str, tmp_path: Path, *args: str) -> dict:
     out = tmp_path / f"{script}.json"
     proc = subprocess.run([sys.executable, f"overhead/{script}.py", *args, "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
@@ -18,7 +18,7 @@ def measure(script: str, tmp_path: Path, *args: str) -> dict:
 
 
 def test_regen_client_overhead(tmp_path):
-    result = measure("regen_client", tmp_path, "--latency", "0.05", "--concurrency", "1", "8", "--waves", "2")
+    result = bench("regen_client", tmp_path, "--latency", "0.05", "--concurrency", "1", "8", "--waves", "2")
     theirs = result["speculators_regenerate_responses"]  # side by side on the same stub
     assert set(result["levels"]) == set(theirs) == {"c1", "c8"}
     for level in [*result["levels"].values(), *theirs.values()]:
@@ -26,12 +26,12 @@ def test_regen_client_overhead(tmp_path):
 
 
 def test_hs_extraction_overhead(tmp_path):
-    result = measure("hs_extraction", tmp_path, "--tiny", "--rows", "3", "--seq", "40", "--repeats", "1")
+    result = bench("hs_extraction", tmp_path, "--tiny", "--rows", "3", "--seq", "40", "--repeats", "1")
     assert result["bytes_ratio"] >= 1.0 and result["ratio_ours_over_bare"] > 0
 
 
 def test_dvc_bookkeeping_overhead(tmp_path):
-    result = measure("dvc_bookkeeping", tmp_path, "--files", "300")
+    result = bench("dvc_bookkeeping", tmp_path, "--files", "300")
     assert result["files"] == 300 and result["noop_repro_s"] > 0
 
 
@@ -41,14 +41,14 @@ def test_specdec_speedup(tmp_path, random_target, eagle3_draft_dir):
 
     write_json(tmp_path / "card.json", random_target)
     write_jsonl(tmp_path / "eval.jsonl", [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(3, 4))])
-    result = measure("specdec_speedup", tmp_path, "--card", str(tmp_path / "card.json"), "--draft", str(eagle3_draft_dir),
+    result = bench("specdec_speedup", tmp_path, "--card", str(tmp_path / "card.json"), "--draft", str(eagle3_draft_dir),
                    "--prompts", str(tmp_path / "eval.jsonl"), "--max-new-tokens", "8", "--repeats", "1")
     assert result["outputs_identical"] and result["prompts"] == 3 and result["speedup"] > 0
     assert 1.0 <= result["acceptance_length"] <= 4.0
 
 
 def test_hs_format_tradeoffs(tmp_path):
-    result = measure("hs_format_tradeoffs", tmp_path, "--small", "--small-steps", "5", "--small-rows", "40", "--epochs", "1",
+    result = bench("hs_format_tradeoffs", tmp_path, "--small", "--small-steps", "5", "--small-rows", "40", "--epochs", "1",
                    "--argmax-rows", "4")
     for fmt in ("bf16", "fp8"):
         assert result["formats"][fmt]["ratio_to_minimum"] >= 1.0 and result["formats"][fmt]["train"]["val_tau_sim"] >= 1.0
