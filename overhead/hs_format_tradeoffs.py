@@ -3,8 +3,8 @@ each format's minimum, the fp8 last state's argmax agreement with the target, an
 tau_sim of drafts trained on bf16 files, fp8 files and online (the target run on each packed
 batch), same params and seed.
 
-    python overhead/hs_format_tradeoffs.py --out reports/overhead/hs_format_tradeoffs.json          # after make repro
-    python overhead/hs_format_tradeoffs.py --small --out /tmp/hs_format_tradeoffs.json           # no pipeline outputs needed
+    python overhead/hs_format_tradeoffs.py --out reports/overhead/hs_format_tradeoffs.json   # after make repro
+    python overhead/hs_format_tradeoffs.py --small --out /tmp/hs_format_tradeoffs.json       # no pipeline outputs needed
 
 Default: the default run's target (models/target), tokenized rows (datasets/tokenized), draft
 vocabulary (models/vocab) and `train` params (params.yaml). --small builds its own: the tiny
