@@ -1,7 +1,8 @@
 # Two entry points on a fresh clone:
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
-#   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
+#   make overhead   our own overhead against bare baselines -> reports/overhead/*.json (after make
+#                   repro); not the pipeline's `benchmark` stage (draft speedup, reports/benchmark.json)
 #   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
@@ -12,7 +13,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
 
-.PHONY: setup setup-smollm2 repro test test-unit bench exps gpu-check clean-venv
+.PHONY: setup setup-smollm2 repro test test-unit overhead bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -46,16 +47,18 @@ test: setup setup-smollm2
 test-unit: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-# Each benchmark measures ours against a baseline in the same run and writes a JSON ratio.
-bench: setup setup-smollm2
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_throughput.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hs_formats.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/cpu_load.py
+# Each measures ours against a baseline in the same run and writes a JSON ratio (overhead/*.py).
+overhead: setup setup-smollm2
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_client.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_throughput.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_extraction.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_format_tradeoffs.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/train_step.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/dvc_bookkeeping.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/specdec_speedup.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/cpu_load.py
+
+bench: overhead  # the former name
 
 # `dvc exp show` lists every param and every dependency's hash (~180 columns): keep the params that
 # differ between experiments and the headline metrics (tokens/s differ on every run: in metrics diff).

@@ -4,7 +4,7 @@
 
 On CPU, `transformers serve` answers one request at a time, so the regenerate stage ran at a tenth
 of what a batched `generate` of the same model does, and at a fifth with its continuous batching
-(bench/regen_throughput.py). This server keeps the stage's client, records, resume and
+(overhead/regen_throughput.py). This server keeps the stage's client, records, resume and
 failure handling exactly as they are (it is one more OpenAI-compatible endpoint) and runs the
 requests in flight together: one inference thread takes every waiting request (up to --max-batch,
 after a --gather-ms pause for stragglers), left-pads them and runs one `model.generate`

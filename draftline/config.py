@@ -519,6 +519,103 @@ class Params(Section):
         return self
 
 
+# ---- what each param does to its stage's output ------------------------------------------------
+# Output-shaping: a change makes a different output, so the field is in the stage's fingerprint /
+# resume identity (regenerate: `output_shaping(cfg)` in the conversations' fingerprint and meta.json;
+# train: the resume state's fingerprint) and old outputs are never reused. Operational: where and how
+# fast the work runs (hosts, ports, concurrency, timeouts, retries, progress, server slots, paths to
+# executables, scale-out); a change never redoes work. Every field of every section is named in
+# exactly one of the two (tests/test_param_kinds.py); a section-valued field named output-shaping brings
+# its own output-shaping fields. Unnamed fields count as output-shaping.
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
+    TinyTargetConfig: _names("layers hidden_size heads kv_heads intermediate_size vocab_size corpus_conversations "
+                             "train_steps batch_size seq_len lr seed device"),
+    TargetConfig: _names("model revision aux_layer_ids trust_remote_code tiny"),
+    DatasetSpec: _names("preset path format split name revision fields parse_markup max_rows max_prompt_tokens scripts"),
+    MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall"),
+    RegeneratePartition: _names("max_context"),  # cuts max_tokens, ends a conversation whose prompt does not fit
+    TemperatureChoice: _names("value weight"),
+    HfBatchConfig: _names(""),
+    # the engine, its parsers and launch arguments (extra_args may set anything: dtype, template...)
+    # decide what an answer holds, as do the sampling settings
+    RegenerateConfig: _names("backend external_engine reasoning_parser tool_call_parser extra_args short long "
+                             "max_tokens temperature temperatures top_p seed chat_template_kwargs"),
+    TokenizeConfig: _names("max_length"),
+    VocabConfig: _names("draft_vocab_size"),
+    VllmExtractionConfig: _names("extra_args"),
+    MooncakeConfig: _names(""),
+    OnlineConfig: _names(""),
+    HiddenStatesConfig: _names("mode format backend device dtype compute_dtype vllm online"),
+    TrainConfig: _names("backend init init_convert init_remap_aux_layers init_remap_vocab num_layers architecture "
+                        "train_embeddings train_lm_head epochs lr scheduler warmup_steps max_grad_norm weight_decay "
+                        "ttt_steps ttt_step_loss_decay speculative_tokens pack_len grad_accum_steps val_fraction "
+                        "device seed"),
+    EvaluateConfig: _names("device dtype k max_new_tokens prompts tie_tolerance"),
+    VllmBenchConfig: _names("method speculative_config args"),
+    SglangBenchConfig: _names("algorithm draft_model_path num_steps eagle_topk num_draft_tokens args"),
+    # what is measured: timings depend on warm-up, repeats and load levels too
+    BenchmarkConfig: _names("device dtype engine k max_new_tokens prompts warmup repeats concurrency "
+                            "requests_per_level vllm sglang"),
+    Params: _names("samples seed target datasets mix regenerate tokenize vocab hidden_states train evaluate benchmark"),
+}
+
+OPERATIONAL: dict[type[Section], frozenset[str]] = {
+    TinyTargetConfig: _names(""),
+    TargetConfig: _names(""),
+    DatasetSpec: _names("streaming"),  # the same rows, read as a stream or after downloading the shards
+    MixConfig: _names(""),
+    RegeneratePartition: _names("concurrency"),
+    TemperatureChoice: _names(""),
+    # backend hf's batching: answers are greedy either way (only near-ties can differ, and are counted)
+    HfBatchConfig: _names("max_batch gather_ms tie_tolerance threads"),
+    # max_model_len: a conversation longer than the server's context fails (and is retried), it is
+    # not cut; tensor/data parallel and continuous batching: the same engine, spread or scheduled
+    RegenerateConfig: _names("host port endpoints served_model_name api_key_env tensor_parallel_size "
+                             "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
+                             "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
+                             "retry_backoff_s retry_backoff_max_s max_failure_rate"),
+    TokenizeConfig: _names(""),
+    VocabConfig: _names(""),
+    VllmExtractionConfig: _names("python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
+                                 "concurrency request_timeout_s max_retries startup_timeout_s"),
+    MooncakeConfig: _names("master metadata_server protocol device global_segment_gib local_buffer_gib "
+                           "writer_threads"),
+    # transfer must agree with hidden_states.format (checked): how states move, not what they are
+    OnlineConfig: _names("endpoint transfer staging_dir request_timeout_s max_retries mooncake"),
+    HiddenStatesConfig: _names("device_map token_budget disk_margin verify_existing"),
+    # how often state is saved and how the speculators hand-off is launched
+    TrainConfig: _names("checkpoint_every_steps gpus fsdp num_workers torchrun_args"),
+    EvaluateConfig: _names("device_map"),
+    VllmBenchConfig: _names("launcher"),
+    SglangBenchConfig: _names("launcher"),
+    BenchmarkConfig: _names("device_map host port startup_timeout_s request_timeout_s endpoints"),
+    Params: _names(""),
+}
+
+
+def output_shaping(section: Section) -> dict:
+    """`section.model_dump()` without its operational fields, at every depth: what a fingerprint
+    or a meta.json records."""
+    skip = OPERATIONAL.get(type(section), frozenset())
+    return {name: _shaping_value(getattr(section, name)) for name in type(section).model_fields if name not in skip}
+
+
+def _shaping_value(value):
+    if isinstance(value, Section):
+        return output_shaping(value)
+    if isinstance(value, dict):
+        return {k: _shaping_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shaping_value(v) for v in value]
+    return value
+
+
 class ParamsError(ValueError):
     """A params.yaml that does not validate; the message names every bad key."""
 

@@ -18,7 +18,7 @@ gets the core back, so the stage slows far more than the CPU it lost. Two measur
 
 Explicit choices win: OMP_NUM_THREADS or DRAFTLINE_THREADS in the environment sets the count for
 every stage (e.g. a 64-core host where the CPU stages should spread), and an explicit
-OMP_WAIT_POLICY is kept. `bench/cpu_load.py` measures the policy: stage work idle vs with a CPU
+OMP_WAIT_POLICY is kept. `overhead/cpu_load.py` measures the policy: stage work idle vs with a CPU
 hog on every core.
 """
 

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from draftline.config import stage_params
+from draftline.config import output_shaping, stage_params
 from draftline.threads import apply_thread_policy
 
 
@@ -46,6 +46,13 @@ def launch_command(cfg, card: dict, model_name: str, out: Path | None = None) ->
     return build(card["model"], model_name, cfg.host, cfg.port, card.get("revision"), cfg.tensor_parallel_size,
                  cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
                  trust)
+
+
+def regeneration_settings(cfg, card: dict) -> dict:
+    """Everything that shapes the answers: the target, its chat template and the output-shaping
+    regenerate params (draftline/config.py). Conversations made under other settings are redone."""
+    return {"model": card["model"], "revision": card.get("revision"), "chat_template_sha256": card["chat_template_sha256"],
+            **output_shaping(cfg)}
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -196,9 +203,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
 
     prompts = read_prompts(prompts_path)
     by_id = {row["id"]: row for row in prompts}
-    settings = {"model": card["model"], "revision": card.get("revision"), "chat_template_sha256": card["chat_template_sha256"],
-                **cfg.model_dump(include={"max_tokens", "temperature", "temperatures", "top_p", "seed", "chat_template_kwargs"})}
-    tags = {"fingerprint": fingerprint(settings)}
+    tags = {"fingerprint": fingerprint(regeneration_settings(cfg, card))}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
@@ -299,13 +304,9 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     }
     write_json(report_path, report)
     # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
-    # concurrency, timeouts) go to the report, so changing them leaves this output byte-identical
-    # and the stages after it cached.
-    operational = {"host", "port", "endpoints", "external_engine", "api_key_env", "tensor_parallel_size",
-                   "data_parallel_size", "continuous_batching", "cb_num_blocks", "hf", "short", "long", "startup_timeout_s",
-                   "server_slots", "first_token_timeout_s", "token_timeout_s", "progress_every_s", "max_retries",
-                   "retry_backoff_s", "retry_backoff_max_s", "max_failure_rate"}
-    write_meta(out, "regenerate", cfg.model_dump(exclude=operational), target=card["model"],
+    # concurrency, timeouts: draftline/config.py OPERATIONAL) go to the report, so changing them
+    # leaves this output byte-identical and the stages after it cached.
+    write_meta(out, "regenerate", output_shaping(cfg), target=card["model"],
                chat_template_sha256=card["chat_template_sha256"], fingerprint=tags["fingerprint"])
     if tally is None:
         return

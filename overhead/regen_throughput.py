@@ -1,7 +1,7 @@
 """Regeneration throughput on CPU against a bare batched `generate` of the same model, side by side.
 
-    python bench/regen_throughput.py --out reports/bench/regen_throughput.json          # after make repro
-    python bench/regen_throughput.py --small --out /tmp/regen_throughput.json           # no pipeline outputs needed
+    python overhead/regen_throughput.py --out reports/overhead/regen_throughput.json          # after make repro
+    python overhead/regen_throughput.py --small --out /tmp/regen_throughput.json           # no pipeline outputs needed
 
 For each target (`--targets tiny smollm2`): the same single-turn prompts (system + first user turn
 of the bundled datasets/samples/openai_messages.jsonl, no tools), greedy, the same max_tokens:
@@ -178,7 +178,7 @@ def main() -> None:
                         help="regenerate.* overrides for our side, e.g. short.concurrency=32 continuous_batching=true")
     parser.add_argument("--small", action="store_true", help="build the tiny target here (no pipeline outputs needed)")
     parser.add_argument("--tiny-steps", type=int, default=150)
-    parser.add_argument("--out", default=str(ROOT / "reports" / "bench" / "regen_throughput.json"))
+    parser.add_argument("--out", default=str(ROOT / "reports" / "overhead" / "regen_throughput.json"))
     args = parser.parse_args()
     from draftline.threads import apply_thread_policy
 

@@ -1,7 +1,7 @@
 """Stage work under a CPU hog: time with a busy process on every core over time without, per stage.
 
-    python bench/cpu_load.py --out reports/bench/cpu_load.json
-    python bench/cpu_load.py --small --out /tmp/cpu_load.json          # two stages, fewer steps
+    python overhead/cpu_load.py --out reports/overhead/cpu_load.json
+    python overhead/cpu_load.py --small --out /tmp/cpu_load.json          # two stages, fewer steps
 
 Each stage's characteristic work runs in a fresh process (so the thread policy is set before torch
 loads, as in the stage) on the default run's shapes (params.yaml `target.tiny`, `train`,
@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", action="store_true", help="target and train only, 3 steps")
     ap.add_argument("--configs", nargs="+", default=["policy", "torch_default"])
-    ap.add_argument("--out", default=str(ROOT / "reports" / "bench" / "cpu_load.json"))
+    ap.add_argument("--out", default=str(ROOT / "reports" / "overhead" / "cpu_load.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="policy", help=argparse.SUPPRESS)
     args = ap.parse_args()
