@@ -35,8 +35,10 @@ def launch_command(cfg, card: dict, model_name: str, out: Path | None = None) ->
 
     trust = card.get("trust_remote_code", False)
     if cfg.backend == "hf":
-        return hf_batch_serve_command(card["model"], cfg.host, cfg.port, cfg.hf.max_batch, cfg.hf.gather_ms,
-                                      cfg.hf.tie_tolerance, cfg.hf.threads,
+        from draftline import batch_server  # the server it launches: an edit to it changes the answers
+
+        return hf_batch_serve_command(batch_server.__name__, card["model"], cfg.host, cfg.port, cfg.hf.max_batch,
+                                      cfg.hf.gather_ms, cfg.hf.tie_tolerance, cfg.hf.threads,
                                       out / "server_stats.json" if out else None, trust) + cfg.extra_args
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
