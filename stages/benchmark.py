@@ -21,10 +21,12 @@ import tempfile
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("benchmark")  # before torch loads: draftline/threads.py
     cfg = params.benchmark
     from draftline.engines import check_draft, preflight, read_draft_facts
     from draftline.evaluation import prompt_ids

@@ -16,6 +16,7 @@ datasets/sources.yaml (see --write-sources and README "Datasets") fails instead 
 import sys
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 SOURCES_HEADER = """\
 # Generated from params.yaml by `python -m stages.prepare --write-sources datasets/sources.yaml`; do not edit.
@@ -33,6 +34,7 @@ def write_sources(path: str = "datasets/sources.yaml") -> None:
     from draftline.io import atomic_path
 
     params = stage_params()
+    apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
     deps = {name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(params.datasets.items())}
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         f.write(SOURCES_HEADER + yaml.safe_dump({"datasets": deps}, sort_keys=True))
@@ -41,6 +43,7 @@ def write_sources(path: str = "datasets/sources.yaml") -> None:
 
 def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
     params = stage_params()
+    apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
     if name not in params.datasets:
         raise SystemExit(f"error: unknown dataset {name!r}; params.yaml datasets: {', '.join(sorted(params.datasets))}")
     spec = params.datasets[name]

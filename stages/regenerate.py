@@ -21,16 +21,25 @@ import time
 from pathlib import Path
 
 from draftline.config import output_shaping, stage_params
+from draftline.threads import apply_thread_policy
 
 
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str) -> list[str]:
-    from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
+def launch_command(cfg, card: dict, model_name: str, out: Path | None = None) -> list[str]:
+    """The server command of a launched backend; `out` (the stage's output dir) takes backend hf's stats."""
+    from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
+                                   vllm_serve_command)
 
     trust = card.get("trust_remote_code", False)
+    if cfg.backend == "hf":
+        from draftline import batch_server  # the server it launches: an edit to it changes the answers
+
+        return hf_batch_serve_command(batch_server.__name__, card["model"], cfg.host, cfg.port, cfg.hf.max_batch,
+                                      cfg.hf.gather_ms, cfg.hf.tie_tolerance, cfg.hf.threads,
+                                      out / "server_stats.json" if out else None, trust) + cfg.extra_args
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
                                           cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
@@ -67,6 +76,8 @@ def server_slots(cfg, engine: str) -> int | None:
     partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
     if cfg.server_slots is not None:
         return cfg.server_slots
+    if engine == "hf":  # draftline.batch_server decodes up to max_batch requests together, answers each whole
+        return cfg.hf.max_batch
     if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
         return None if cfg.continuous_batching else 1
     flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]
@@ -158,6 +169,7 @@ def failure_advice(reasons: dict) -> str:
 
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("regenerate")  # before torch loads: draftline/threads.py
     cfg = params.regenerate
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from draftline.io import read_json, write_json, write_meta
@@ -215,7 +227,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             url = f"http://{cfg.host}:{cfg.port}"
             limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
             print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
-            server, urls = ManagedServer(launch_command(cfg, card, model_name), server_env(out / ".hf_cache"), url,
+            server, urls = ManagedServer(launch_command(cfg, card, model_name, out), server_env(out / ".hf_cache"), url,
                                          out / "server.log", limit, say=print), [url]
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
@@ -248,6 +260,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
                                           timeout_s=cfg.first_token_timeout_s, attempts=cfg.max_retries + 1))
                 except PreflightError as err:
                     raise SystemExit(f"error: preflight refused the endpoint: {err}") from None
+            import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
+
             start = time.perf_counter()
             bound = f", at most {slots * len(urls)} requests in flight (regenerate.server_slots {slots})" if slots else ""
             print(f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}", flush=True)
@@ -259,6 +273,9 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     elapsed = time.perf_counter() - start
 
     turns = sum(tally.finish_reasons.values()) if tally else 0
+    server_stats = None
+    if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():
+        server_stats = read_json(out / "server_stats.json")  # batches, near-tie tokens (draftline/batch_server.py)
     report = {
         "backend": cfg.backend,
         "endpoints": seen,
@@ -283,6 +300,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         "requests_per_s": round(tally.requests / elapsed, 2) if tally else None,
         "completion_tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
         "partitions": {name: p.summary() for name, p in tally.partitions.items()} if tally else {},
+        "server": server_stats,
         "conversations": len(prompts) - len(todo) + (tally.ok if tally else 0),
         "missing": len(todo) - (tally.ok if tally else 0),
     }

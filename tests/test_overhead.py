@@ -54,3 +54,11 @@ def test_hs_format_tradeoffs(tmp_path):
         assert result["formats"][fmt]["ratio_to_minimum"] >= 1.0 and result["formats"][fmt]["train"]["val_tau_sim"] >= 1.0
     assert result["formats"]["fp8"]["bytes_per_token"] < result["formats"]["bf16"]["bytes_per_token"]
     assert result["online"]["train"]["target_forwards_per_epoch"] > 0
+
+
+def test_regen_throughput_bench(tmp_path):
+    result = bench("regen_throughput", tmp_path, "--small", "--targets", "tiny", "--prompts", "4", "--max-tokens", "8",
+                   "--tiny-steps", "5")
+    tiny = result["targets"]["tiny"]
+    assert tiny["ours"]["ok"] == 4 and tiny["ours"]["completion_tokens"] == tiny["bare_generate"]["completion_tokens"]
+    assert tiny["ratio"] > 0 and tiny["answers_equal"] == 1.0
