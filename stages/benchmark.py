@@ -21,10 +21,12 @@ import tempfile
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("benchmark")  # before torch loads: draftline/threads.py
     cfg = params.benchmark
     from draftline.engines import check_draft, preflight, read_draft_facts
     from draftline.evaluation import prompt_ids
@@ -64,7 +66,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     if cfg.engine == "hf":
         import torch
 
-        from draftline.bench_hf import benchmark_hf
+        from draftline.benchmark_hf import benchmark_hf
         from draftline.evaluation import eos_ids, load_draft
         from draftline.target import load_target
 
@@ -77,7 +79,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
               f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
               f"acceptance length {report['acceptance_length']:.2f}")
     else:
-        from draftline.bench_server import benchmark_server
+        from draftline.benchmark_server import benchmark_server
         from draftline.engines import draft_path_for
         from draftline.target import card_tokenizer
 

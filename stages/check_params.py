@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 STAMP = "params.yaml is valid: checked by stages/check_params.py before any other stage runs.\n"
 
@@ -59,6 +60,7 @@ def init_problem(init: str | None, draft_dir: Path) -> str | None:
 
 def main(sources_yaml: str, draft_dir: str, out_path: str) -> None:
     params = stage_params()  # every section; exits 2 naming each bad key
+    apply_thread_policy("check_params")  # as every stage does (draftline/threads.py); torch is never loaded here
     problems = sources_problems(params.datasets, Path(sources_yaml))
     if problem := init_problem(params.train.init, Path(draft_dir)):
         problems.append(problem)

@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def mixed_train_count(eval_path: str, samples: int) -> int:
@@ -44,6 +45,7 @@ def mixed_train_count(eval_path: str, samples: int) -> int:
 
 def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots_dir: str) -> None:
     params = stage_params()
+    apply_thread_policy("evaluate")  # before torch loads: draftline/threads.py
     cfg = params.evaluate
     import torch
     from rich.progress import track

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype) -> int:
@@ -134,6 +135,7 @@ def write_online(cfg, card, rows, out: Path, report_path: str, fingerprint: str,
 
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("hidden_states")  # before torch loads: draftline/threads.py
     cfg = params.hidden_states
     from datasets import load_from_disk
 

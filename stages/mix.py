@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def light_rows(path: Path) -> list[dict]:
@@ -49,6 +50,7 @@ def full_records(rows: list[dict], paths: dict[str, Path]) -> Iterator[dict]:
 
 def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str) -> None:
     params = stage_params()
+    apply_thread_policy("mix")  # before torch loads: draftline/threads.py
     from draftline.io import file_sha256, read_json, write_json, write_jsonl, write_meta
     from draftline.mixing import mix_datasets, shortfall_problems, shortfall_table
 

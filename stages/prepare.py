@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from draftline.config import DATASET_NAME, stage_params
+from draftline.threads import apply_thread_policy
 
 SOURCES_HEADER = """\
 # Generated from params.yaml by `python -m stages.prepare --write-sources datasets/sources.yaml`; do not edit.
@@ -34,6 +35,7 @@ def write_sources(path: str = "datasets/sources.yaml") -> None:
     from draftline.io import atomic_path
 
     params = stage_params()
+    apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
     deps = {name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(params.datasets.items())}
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         f.write(SOURCES_HEADER + yaml.safe_dump({"datasets": deps}, sort_keys=True))
@@ -53,6 +55,7 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
     params = stage_params()
     if not DATASET_NAME.fullmatch(name):
         raise SystemExit(f"error: {name!r} is not a plain dataset name (letters, digits, _ and -)")
+    apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
     if name not in params.datasets:
         raise SystemExit(f"error: unknown dataset {name!r}; params.yaml datasets: {', '.join(sorted(params.datasets))}")
     spec = params.datasets[name]

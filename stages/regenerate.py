@@ -20,19 +20,28 @@ import sys
 import time
 from pathlib import Path
 
-from draftline.config import stage_params
+from draftline.config import output_shaping, stage_params
+from draftline.threads import apply_thread_policy
 
 
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str, port: int | None = None) -> list[str]:
-    """The server command on `port` (else regenerate.port; with neither, no --port: a command to show)."""
-    port = port if port is not None else cfg.port
-    from draftline.serving import has_cuda, sglang_serve_command, transformers_serve_command, vllm_serve_command
+def launch_command(cfg, card: dict, model_name: str, out: Path | None = None, port: int | None = None) -> list[str]:
+    """The server command of a launched backend on `port` (else regenerate.port; with neither, no
+    --port: a command to show); `out` (the stage's output dir) takes backend hf's stats."""
+    from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
+                                   vllm_serve_command)
 
+    port = port if port is not None else cfg.port
     trust = card.get("trust_remote_code", False)
+    if cfg.backend == "hf":
+        from draftline import batch_server  # the server it launches: an edit to it changes the answers
+
+        return hf_batch_serve_command(batch_server.__name__, card["model"], cfg.host, port, cfg.hf.max_batch,
+                                      cfg.hf.gather_ms, cfg.hf.tie_tolerance, cfg.hf.threads,
+                                      out / "server_stats.json" if out else None, trust) + cfg.extra_args
     if cfg.backend == "transformers":
         return transformers_serve_command(card["model"], cfg.host, port, "cuda" if has_cuda() else "cpu",
                                           cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
@@ -41,6 +50,13 @@ def launch_command(cfg, card: dict, model_name: str, port: int | None = None) ->
     return build(card["model"], model_name, cfg.host, port, card.get("revision"), cfg.tensor_parallel_size,
                  cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
                  trust)
+
+
+def regeneration_settings(cfg, card: dict) -> dict:
+    """Everything that shapes the answers: the target, its chat template and the output-shaping
+    regenerate params (draftline/config.py). Conversations made under other settings are redone."""
+    return {"model": card["model"], "revision": card.get("revision"), "chat_template_sha256": card["chat_template_sha256"],
+            **output_shaping(cfg)}
 
 
 def cut_last_line(path: Path) -> bool:
@@ -71,6 +87,8 @@ def server_slots(cfg, engine: str) -> int | None:
     partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
     if cfg.server_slots is not None:
         return cfg.server_slots
+    if engine == "hf":  # draftline.batch_server decodes up to max_batch requests together, answers each whole
+        return cfg.hf.max_batch
     if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
         return None if cfg.continuous_batching else 1
     flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]
@@ -162,6 +180,7 @@ def failure_advice(reasons: dict) -> str:
 
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("regenerate")  # before torch loads: draftline/threads.py
     cfg = params.regenerate
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from draftline.io import read_json, write_json, write_meta
@@ -197,9 +216,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
 
     prompts = read_prompts(prompts_path)
     by_id = {row["id"]: row for row in prompts}
-    settings = {"model": card["model"], "revision": card.get("revision"), "chat_template_sha256": card["chat_template_sha256"],
-                **cfg.model_dump(include={"max_tokens", "temperature", "temperatures", "top_p", "seed", "chat_template_kwargs"})}
-    tags = {"fingerprint": fingerprint(settings)}
+    tags = {"fingerprint": fingerprint(regeneration_settings(cfg, card))}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
@@ -228,7 +245,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
 
             limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
             print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
-            server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, port),
+            server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, out, port),
                                          server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
                                          out / "server.log", limit, say=print), []
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
@@ -265,6 +282,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
                     raise SystemExit(f"error: preflight refused the endpoint: {err} (nothing was sent or "
                                      f"dropped: {conversations_path} is as it was)") from None
             drop_stale_lines()
+            import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
+
             start = time.perf_counter()
             bound = f", at most {slots * len(urls)} requests in flight (regenerate.server_slots {slots})" if slots else ""
             print(f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}", flush=True)
@@ -278,6 +297,9 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     elapsed = time.perf_counter() - start
 
     turns = sum(tally.finish_reasons.values()) if tally else 0
+    server_stats = None
+    if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():
+        server_stats = read_json(out / "server_stats.json")  # batches, near-tie tokens (draftline/batch_server.py)
     report = {
         "backend": cfg.backend,
         "endpoints": seen,
@@ -302,18 +324,15 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         "requests_per_s": round(tally.requests / elapsed, 2) if tally else None,
         "completion_tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
         "partitions": {name: p.summary() for name, p in tally.partitions.items()} if tally else {},
+        "server": server_stats,
         "conversations": len(prompts) - len(todo) + (tally.ok if tally else 0),
         "missing": len(todo) - (tally.ok if tally else 0),
     }
     write_json(report_path, report)
     # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
-    # concurrency, timeouts) go to the report, so changing them leaves this output byte-identical
-    # and the stages after it cached.
-    operational = {"host", "port", "endpoints", "external_engine", "api_key_env", "tensor_parallel_size",
-                   "data_parallel_size", "continuous_batching", "cb_num_blocks", "short", "long", "startup_timeout_s",
-                   "server_slots", "first_token_timeout_s", "token_timeout_s", "progress_every_s", "max_retries",
-                   "retry_backoff_s", "retry_backoff_max_s", "max_failure_rate"}
-    write_meta(out, "regenerate", cfg.model_dump(exclude=operational), target=card["model"],
+    # concurrency, timeouts: draftline/config.py OPERATIONAL) go to the report, so changing them
+    # leaves this output byte-identical and the stages after it cached.
+    write_meta(out, "regenerate", output_shaping(cfg), target=card["model"],
                chat_template_sha256=card["chat_template_sha256"], fingerprint=tags["fingerprint"])
     if tally is None:
         return

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def generation_eos_ids(card: dict):
@@ -49,6 +50,7 @@ def pin_fingerprint(dataset_dir: Path) -> None:
 
 def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("tokenize")  # before torch loads: draftline/threads.py
     cfg = params.tokenize
     from datasets import Dataset, Features, List, Value, load_from_disk
     from datasets.arrow_writer import ArrowWriter

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
@@ -240,6 +241,7 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dic
 def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_dir: str, report_path: str,
          state_dir: str = "models/draft_checkpoints") -> None:
     params = stage_params()
+    apply_thread_policy("train")  # before torch loads: draftline/threads.py
     cfg = params.train
     refuse_own_output_as_init(cfg.init, Path(out_dir))
     from dvclive import Live

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
 
 
 def check_sizes(draft_vocab_size: int, target_vocab_size: int, freq: dict[int, int]) -> None:
@@ -43,6 +44,7 @@ def coverage_report(freq: dict[int, int], t2d, draft_vocab_size: int, target_voc
 
 def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
+    apply_thread_policy("vocab")  # before torch loads: draftline/threads.py
     cfg = params.vocab
     import numpy as np
     import torch

@@ -412,7 +412,7 @@ def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(s
 
     # The random target's logits are nearly flat (median top-2 gap ~0.03), so fp8 rounding flips
     # near-ties; away from them the argmax must hold. On the trained default target it holds on
-    # >= 99% of all positions (bench/hidden_states.py measures it).
+    # >= 99% of all positions (overhead/hs_extraction.py measures it).
     ds = ArrowDataset(max_len=1024, datapath=str(subsets / "tokenized_20"), transfer=FP8Transfer(out), on_missing="raise")
     agree = total = clear_agree = clear = 0
     for i in range(20):

@@ -103,7 +103,8 @@ def output_rows(workdir: Path) -> list[dict]:
 def test_stage_launches_transformers_serve(tmp_path, chatty_target):
     port = free_port()
     rows = prompts(6)
-    workdir = stage_dir(tmp_path, chatty_target, rows, port=port, max_tokens=8, short={"concurrency": 2, "max_context": None})
+    workdir = stage_dir(tmp_path, chatty_target, rows, backend="transformers", port=port, max_tokens=8,
+                        short={"concurrency": 2, "max_context": None})
     proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -988,7 +989,7 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
 
 
 def test_stage_refuses_sampling_that_transformers_serve_would_ignore(tmp_path, random_target):
-    workdir = stage_dir(tmp_path, random_target, prompts(2), temperature=0.7)
+    workdir = stage_dir(tmp_path, random_target, prompts(2), backend="transformers", temperature=0.7)
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "do_sample" in proc.stderr and not (workdir / "out").exists()
 

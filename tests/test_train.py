@@ -276,14 +276,14 @@ def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
     assert torch.equal(chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"])
 
 
-def test_train_step_bench_still_runs(data, tmp_path):
-    """bench/train_step.py on this module's data (its numbers are `make bench`'s business)."""
+def test_train_step_overhead_still_runs(data, tmp_path):
+    """overhead/train_step.py on this module's data (its numbers are `make overhead`'s business)."""
     from draftline.io import write_json
 
     write_json(tmp_path / "card.json", data["card"])
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "train_step.json"
-    proc = subprocess.run([sys.executable, "bench/train_step.py", "--card", str(tmp_path / "card.json"), "--vocab", str(data["vocab"]),
+    proc = subprocess.run([sys.executable, "overhead/train_step.py", "--card", str(tmp_path / "card.json"), "--vocab", str(data["vocab"]),
                            "--tokenized", str(data["tokenized"]), "--hidden-states", str(data["hs"]), "--out", str(out)],
                           cwd=root, capture_output=True, text=True, timeout=300, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                                                                                        "PYTHONPATH": str(root)})

@@ -1,7 +1,7 @@
 """Regeneration client overhead: achieved requests/s over the ideal, against a fixed-latency stub,
 for our client and, side by side on the same stub, speculators' `regenerate-responses`.
 
-    python bench/regen_client.py --out reports/bench/regen_client.json
+    python overhead/regen_client.py --out reports/overhead/regen_client.json
 
 A stub OpenAI-compatible server (its own process, aiohttp) answers every chat completion after
 exactly `latency` seconds, in vLLM's wire format: streamed (server-sent events, one chunk a token,
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--waves", type=int, default=16)  # requests = waves x concurrency
     ap.add_argument("--no-speculators", action="store_true", help="only our client")
-    ap.add_argument("--out", default="reports/bench/regen_client.json")
+    ap.add_argument("--out", default="reports/overhead/regen_client.json")
     args = ap.parse_args()
     port = free_port()
     server = mp.get_context("spawn").Process(target=stub_server, args=(port, args.latency), daemon=True)

@@ -1,6 +1,6 @@
 """Speculative decoding on the default target (built-in engine): acceptance length and speedup.
 
-    python bench/specdec.py --out reports/bench/specdec.json      # after `make repro`
+    python overhead/specdec_speedup.py --out reports/overhead/specdec_speedup.json      # after `make repro`
 
 Uses the artifacts of the default pipeline (models/target, models/draft, the eval prompts) and the
 same engine as the `benchmark` stage, with more repeats: greedy and speculative decoding of the same
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from draftline.bench_hf import benchmark_hf
+from draftline.benchmark_hf import benchmark_hf
 from draftline.evaluation import eos_ids, load_draft, prompt_ids
 from draftline.io import read_json, read_jsonl
 from draftline.target import load_target
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default="reports/bench/specdec.json")
+    ap.add_argument("--out", default="reports/overhead/specdec_speedup.json")
     args = ap.parse_args()
     if not Path(args.draft, "config.json").exists():
         raise SystemExit(f"error: no trained draft at {args.draft}; run `make repro` first")

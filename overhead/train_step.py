@@ -1,6 +1,6 @@
 """Training-step overhead: our loop's optimizer step vs a bare Eagle3DraftModel step, same batches.
 
-    python bench/train_step.py --out reports/bench/train_step.json      # after `make repro`
+    python overhead/train_step.py --out reports/overhead/train_step.json      # after `make repro`
 
 Uses the default pipeline's tokenized rows and hidden states. "ours" is the median step time of
 draftline.draft.train_draft (speculators' ArrowDataset + Multipack plan + CollateFn read from disk
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--vocab", default="models/vocab")
     ap.add_argument("--tokenized", default="datasets/tokenized")
     ap.add_argument("--hidden-states", default="datasets/hidden_states")
-    ap.add_argument("--out", default="reports/bench/train_step.json")
+    ap.add_argument("--out", default="reports/overhead/train_step.json")
     args = ap.parse_args()
     if not Path(args.hidden_states).is_dir():
         raise SystemExit("error: no hidden states; run `make repro` first")

@@ -1,6 +1,6 @@
 """DVC bookkeeping at scale: a stage whose output is N small hidden-state-like files.
 
-    python bench/dvc_bookkeeping.py --files 100000 --out reports/bench/dvc_bookkeeping.json
+    python overhead/dvc_bookkeeping.py --files 100000 --out reports/overhead/dvc_bookkeeping.json
 
 Builds a throwaway git+DVC repo in a temp dir, runs the producing stage once (DVC hashes and
 caches every file), then times what a user pays on every later command: a no-op `dvc repro`,
@@ -35,7 +35,7 @@ def timed(cmd: list[str], cwd: Path, env: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=100_000)
-    ap.add_argument("--out", default="reports/bench/dvc_bookkeeping.json")
+    ap.add_argument("--out", default="reports/overhead/dvc_bookkeeping.json")
     args = ap.parse_args()
     bindir = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")

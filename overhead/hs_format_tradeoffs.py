@@ -3,8 +3,8 @@ each format's minimum, the fp8 last state's argmax agreement with the target, an
 tau_sim of drafts trained on bf16 files, fp8 files and online (the target run on each packed
 batch), same params and seed.
 
-    python bench/hs_formats.py --out reports/bench/hs_formats.json          # after make repro
-    python bench/hs_formats.py --small --out /tmp/hs_formats.json           # no pipeline outputs needed
+    python overhead/hs_format_tradeoffs.py --out reports/overhead/hs_format_tradeoffs.json   # after make repro
+    python overhead/hs_format_tradeoffs.py --small --out /tmp/hs_format_tradeoffs.json       # no pipeline outputs needed
 
 Default: the default run's target (models/target), tokenized rows (datasets/tokenized), draft
 vocabulary (models/vocab) and `train` params (params.yaml). --small builds its own: the tiny
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="build a small target and data instead of the default run's")
     ap.add_argument("--small-steps", type=int, default=150)
     ap.add_argument("--small-rows", type=int, default=120)
-    ap.add_argument("--out", default="reports/bench/hs_formats.json")
+    ap.add_argument("--out", default="reports/overhead/hs_format_tradeoffs.json")
     args = ap.parse_args()
     torch.set_num_threads(1)  # see DESIGN: the intra-op pool spins on a shared 2-core machine
     from datasets import load_from_disk

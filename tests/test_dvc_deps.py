@@ -1,0 +1,107 @@
+"""dvc.yaml lists, for each stage, exactly the project code the stage runs.
+
+A stage's code is `stages/<name>.py` and every project module it imports, transitively, including
+imports inside functions (read with ast, nothing is imported). A module missing from the stage's
+deps would leave a stale output that `dvc status` calls clean after an edit; a listed module the
+stage never reaches would rerun it for nothing.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("draftline", "stages")  # the project's own code; scripts/ and overhead/ are not stages
+STAGE_CMD = re.compile(r"python -m (stages\.\w+)")
+
+
+def module_file(name: str) -> Path | None:
+    """The project file of a dotted module name, or None (not ours, or not a module)."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every module `path` imports anywhere in it (`from a import b`: a, and a.b
+    when b is a module)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def has_code(path: Path) -> bool:
+    """False for an __init__.py holding only a docstring (importing it runs nothing)."""
+    body = ast.parse(path.read_text()).body
+    return not all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body)
+
+
+def closure(module: str) -> set[str]:
+    """Repository-relative paths of the project files a `python -m <module>` can execute."""
+    todo, seen = [module_file(module)], set()
+    while todo:
+        path = todo.pop()
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        for name in imported_modules(path):
+            parts = name.split(".")
+            # importing a.b.c runs a/__init__.py and a/b/__init__.py first
+            todo.extend(module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1))
+    return {str(p.relative_to(ROOT)) for p in seen if p.name != "__init__.py" or has_code(p)}
+
+
+def stages() -> dict[str, dict]:
+    """Each stage of dvc.yaml; a foreach stage by its `do` template (its deps are the same for every item)."""
+    with open(ROOT / "dvc.yaml") as f:
+        spec = yaml.safe_load(f)["stages"]
+    return {name: stage.get("do", stage) for name, stage in spec.items()}
+
+
+def code_deps(stage: dict) -> set[str]:
+    return {dep if isinstance(dep, str) else next(iter(dep)) for dep in stage.get("deps", [])}
+
+
+def covered(path: str, deps: set[str]) -> bool:
+    return any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+
+
+@pytest.mark.parametrize("name", sorted(stages()))
+def test_stage_lists_its_import_closure(name):
+    stage = stages()[name]
+    match = STAGE_CMD.search(stage["cmd"])
+    assert match, f"dvc.yaml stage {name}: cmd does not run `python -m stages.<name>`: {stage['cmd']!r}"
+    needed = closure(match.group(1))
+    assert needed, f"dvc.yaml stage {name}: {match.group(1)} is not a module of this repository"
+    deps = code_deps(stage)
+    missing = sorted(p for p in needed if not covered(p, deps))
+    assert not missing, (f"dvc.yaml stage {name}: the stage imports {missing} (directly or through the modules it "
+                         f"uses) but does not list them as deps; add them, or an edit to them leaves a stale output")
+    unused = sorted(d for d in deps if d.endswith(".py") and d.split("/")[0] in PACKAGES and d not in needed)
+    assert not unused, (f"dvc.yaml stage {name}: lists {unused} as deps but never imports them; remove them, or an "
+                        f"edit to them reruns the stage for nothing")
+
+
+def test_closure_follows_imports_inside_functions():
+    """The walk sees an import inside a function, and follows imports transitively."""
+    found = imported_modules(ROOT / "stages" / "benchmark.py")
+    assert "draftline.benchmark_hf" in found  # imported inside main()
+    assert "draftline/config.py" in closure("stages.vocab")
+    assert "draftline/target.py" in closure("stages.benchmark")
