@@ -210,9 +210,10 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
     done, resume = load_finished(conversations_path, by_id, tags["fingerprint"])
+    tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
     todo = [row for row in prompts if row["id"] not in done]
     print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
-          + "".join(f", {v} {k.replace('_', ' ')} dropped" for k, v in resume.items() if v and k != "not_in_prompts"))
+          + "".join(f", {v} {k.replace('_', ' ')} dropped" for k, v in resume.items() if v and k not in ("not_in_prompts", "last_run")))
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
