@@ -743,7 +743,8 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
 def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
                   rewrite: bool = True) -> tuple[set[str], dict]:
     """Ids of the lines of previous runs that still hold: well-formed, first of their id, made
-    with the same fingerprint and, for ids still prompted, from the same prompt. Lines of ids no
+    with the same fingerprint and, for ids still prompted, from the same prompt; with counts of
+    what was dropped and `last_run`, the highest run number kept (see run_of). Lines of ids no
     longer prompted stay (shrinking `samples` and growing it back loses nothing). When anything was
     dropped or the last line was cut by a kill, the file is rewritten atomically without it (only
     with `rewrite`: the stage first counts, and drops lines only once the servers passed their
@@ -751,6 +752,7 @@ def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
     counts = Counter()
     keep: list[bool] = []
     done: set[str] = set()
+    last_run = 0  # the highest `run` of the lines kept (lines from before runs were numbered: 0)
     cut_last_line = False
     if path.exists():
         with open(path, "rb") as f:
@@ -778,6 +780,7 @@ def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
                     reason = None
                     done.add(pid)
                     counts["not_in_prompts"] += pid not in prompts
+                    last_run = max(last_run, run_of(row))
                 if reason:
                     counts[reason] += 1
                 keep.append(reason is None)
@@ -787,4 +790,15 @@ def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
             for line, kept in zip(src, keep):
                 if kept:
                     dst.write(line if line.endswith(b"\n") else line + b"\n")
-    return done, {k: counts[k] for k in ("bad_lines", "duplicates", "stale_settings", "stale_prompt", "not_in_prompts")}
+    kept = {k: counts[k] for k in ("bad_lines", "duplicates", "stale_settings", "stale_prompt", "not_in_prompts")}
+    return done, {**kept, "last_run": last_run}
+
+
+def run_of(row: dict) -> int:
+    """The regenerate run that wrote a conversation line: each run of the stage that sends anything
+    numbers its lines one past the highest kept (`regeneration.run`; 0 for lines written before runs
+    were numbered). Rows are ordered by (run, prompt order) downstream: deterministic for a given
+    history of runs, whatever order the answers finished in, and append-only across runs."""
+    regen = row.get("regeneration")
+    run = regen.get("run", 0) if isinstance(regen, dict) else 0
+    return run if isinstance(run, int) else 0

@@ -224,10 +224,12 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     # once every endpoint passed its preflight, so a refused server (wrong endpoint, a draft
     # attached...) leaves conversations.jsonl exactly as it was.
     done, resume = load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=False)
-    to_drop = sum(v for k, v in resume.items() if k != "not_in_prompts") or cut_last_line(conversations_path)
+    tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
+    dropping = {k: v for k, v in resume.items() if v and k not in ("not_in_prompts", "last_run")}
+    to_drop = bool(dropping) or cut_last_line(conversations_path)
     todo = [row for row in prompts if row["id"] not in done]
     print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
-          + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in resume.items() if v and k != "not_in_prompts"))
+          + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in dropping.items()))
 
     def drop_stale_lines() -> None:
         if to_drop:

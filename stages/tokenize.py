@@ -3,11 +3,12 @@
     python -m stages.tokenize models/target/card.json datasets/prompts/train.jsonl \
         datasets/regenerated/conversations.jsonl datasets/tokenized reports/tokenize.json
 
-Rows are append-only: conversations come in the order they first appear in conversations.jsonl
-(itself append-only, keyed by prompt id), restricted to the prompts of train.jsonl. A rerun that
-fills prompts which failed before, or that grows `samples`, appends their rows after every existing
-one, so hidden-state file hs_{i} stays row i and only the new rows are extracted (ordering by prompt
-would shift every row after a filled gap). A conversation gives one row, or several when the chat template rewrites
+Rows are append-only: conversations come ordered by the regenerate run that wrote them, then by
+prompt order within a run (draftline.regeneration.run_of), restricted to the prompts of
+train.jsonl. A rerun that fills prompts which failed before, or that grows `samples`, appends their
+rows after every existing one, so hidden-state file hs_{i} stays row i and only the new rows are
+extracted (ordering by prompt alone would shift every row after a filled gap; by finish order, two
+runs of the same data would differ). A conversation gives one row, or several when the chat template rewrites
 earlier turns (see draftline/chat.py). Columns: `id` (prompt id), `part` (row within the
 conversation), `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable tokens only
 (speculators' save_token_frequency_distribution).
@@ -59,6 +60,7 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
     from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_meta
+    from draftline.regeneration import run_of
     from draftline.target import card_tokenizer
 
     card = read_json(card_path)
@@ -69,12 +71,12 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     tokenizer = card_tokenizer(card)
     stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
     regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
-    regenerated = {}  # prompt id -> its first line, in order of first appearance
+    regenerated = {}  # prompt id -> its first line
     for row in regenerated_rows:
         regenerated.setdefault(row["id"], row)
     prompt_ids = [row["id"] for row in read_jsonl(prompts_path)]
-    prompted = set(prompt_ids)
-    order = [pid for pid in regenerated if pid in prompted]
+    position = {pid: i for i, pid in enumerate(prompt_ids)}
+    order = sorted((pid for pid in regenerated if pid in position), key=lambda pid: (run_of(regenerated[pid]), position[pid]))
 
     out = Path(out_dir)
     if out.exists():  # a rerun replaces the dataset whole (no stale shards, no reused token_freq.pt)

@@ -870,7 +870,8 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))  # no final newline: cut by a kill
     done, counts = load_finished(path, rows, "F")
     assert done == {"p0", "p1", "gone", "p4"}
-    assert counts == {"bad_lines": 1, "duplicates": 1, "stale_settings": 2, "stale_prompt": 1, "not_in_prompts": 1}
+    assert counts == {"bad_lines": 1, "duplicates": 1, "stale_settings": 2, "stale_prompt": 1, "not_in_prompts": 1,
+                      "last_run": 0}
     kept = path.read_text()
     assert kept.endswith("\n") and [json.loads(x)["id"] for x in kept.splitlines()] == ["p0", "p1", "gone", "p4"]
     # a clean file is left untouched

@@ -49,14 +49,15 @@ class FlakyServer(StubHandler):
 def regenerate(url: str, rows: list[dict], root: Path) -> None:
     """What the regenerate stage does: keep the finished lines, send only the missing prompts."""
     out = root / "regenerated" / "conversations.jsonl"
-    done, _ = load_finished(out, {r["id"]: r for r in rows}, "f")
+    done, resume = load_finished(out, {r["id"]: r for r in rows}, "f")
     todo = [r for r in rows if r["id"] not in done]
+    tags = {"fingerprint": "f", "run": resume["last_run"] + 1}
 
     async def go():
         pool = open_pool([url], None)
         try:
             await regenerate_all(pool, "m", todo, Sampling(8, 0.0, 1.0, 0), RetryPolicy(1, 0.01, 0.02, 5),
-                                 {"short": (4, None), "long": (1, None)}, out, root / "failures.jsonl", {"fingerprint": "f"})
+                                 {"short": (4, None), "long": (1, None)}, out, root / "failures.jsonl", tags)
         finally:
             await close_pool(pool)
 

@@ -1,4 +1,4 @@
-"""Stage `tokenize` on a toy input: speculators' Arrow layout, rows in order of first appearance, frequencies of
+"""Stage `tokenize` on a toy input: speculators' Arrow layout, rows by regenerate run then prompt order, frequencies of
 trainable tokens only, the report, and conversations split where the template rewrites history."""
 
 import contextlib
@@ -49,18 +49,22 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     rng = random.Random(4)
     convs = [dict(id=f"c{k}", **make(rng)) for k, make in enumerate([arithmetic, tool_call, multi_turn, arithmetic, tool_call])]
     convs[3]["messages"][-1]["content"] = "The answer is"  # cut by max_tokens: no end-of-turn to learn
-    convs[3]["regeneration"] = {"finish_reasons": ["length"]}
+    for c in convs:
+        c["regeneration"] = {"run": 1}
+    convs[0]["regeneration"] = {"run": 2}  # filled by a later run of the stage
+    convs[3]["regeneration"] = {"finish_reasons": ["length"], "run": 1}
     write_inputs(tmp_path, random_target, convs, 512)
     report = run(tmp_path)
 
     data = load_from_disk(str(tmp_path / "tokenized"))
     assert data.format["type"] == "torch"
-    assert data.with_format(None)["id"] == [c["id"] for c in reversed(convs)]  # order of first appearance, one row each
+    # by run, then prompt order: the finish order within a run (reversed here) does not matter
+    assert data.with_format(None)["id"] == ["c1", "c2", "c3", "c4", "c0"]
     assert data.with_format(None)["part"] == [0] * len(convs)
     row = data[0]
     assert row["input_ids"].dtype == torch.int64 and row["loss_mask"].dtype == torch.int64
     assert row["seq_len"].item() == len(row["input_ids"]) == len(row["loss_mask"])
-    cut = data[1]  # convs[3]
+    cut = data[2]  # convs[3]
     assert cut["input_ids"][cut["loss_mask"].bool()][-1].item() != random_target["eos_token_id"]
     assert data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target["eos_token_id"]
 
@@ -111,7 +115,7 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
     write_inputs(tmp_path, qwen3_target, [{"id": "a", "messages": messages}, {"id": "b", "messages": simple}], 512)
     report = run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
-    assert data["id"] == ["b", "a", "a"] and data["part"] == [0, 0, 1]  # b was written first
+    assert data["id"] == ["a", "a", "b"] and data["part"] == [0, 1, 0]  # prompt order within one run
     assert report["rows"] == 3 and report["conversations"] == 2 and report["split_conversations"] == 1
     from transformers import AutoTokenizer
 
@@ -120,9 +124,9 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
     def masked(k):
         return tok.decode([t for t, m in zip(data["input_ids"][k], data["loss_mask"][k]) if m])
 
-    assert masked(1) == "<think>\n2 + 3 = 5.\n</think>\n\n5.<|im_end|>"
-    assert masked(2) == "<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"
-    assert masked(0) == "<think>\n\n</think>\n\nHello.<|im_end|>"  # thinking on: the model wrote the empty block
+    assert masked(0) == "<think>\n2 + 3 = 5.\n</think>\n\n5.<|im_end|>"
+    assert masked(1) == "<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"
+    assert masked(2) == "<think>\n\n</think>\n\nHello.<|im_end|>"  # thinking on: the model wrote the empty block
 
     # regenerated with enable_thinking=false (recorded in its meta.json): the server pre-filled
     # the empty think block, so it is context
