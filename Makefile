@@ -48,8 +48,11 @@ $(MOONCAKE): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[mooncake]'
 	touch $(MOONCAKE)
 
+# params are validated before DVC touches anything (dvc.yaml's first stage, check_params, does the
+# same for a plain `dvc repro` / `dvc exp run`)
 repro: setup
 	$(BIN)/python -m stages.prepare --write-sources datasets/sources.yaml
+	$(BIN)/python -m stages.check_params datasets/sources.yaml models/draft reports/params_check.txt
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
 test: setup setup-smollm2 setup-mooncake

@@ -3,7 +3,8 @@
 Each server is started from the same command (the speculative one adds the draft), warmed up,
 then driven at every concurrency level with the same prompts and max_new_tokens. Acceptance comes
 from the server itself: vLLM's spec-decode counters on /metrics (difference across each level),
-SGLang's per-request meta_info. The servers run one after the other on the same port and GPUs.
+SGLang's per-request meta_info. The servers run one after the other on the same GPUs, on
+benchmark.port or, by default, a free port chosen at each start.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.loadgen import Endpoint, run_load, summarize_load
-from draftline.serving import ManagedServer, startup_timeout_s
+from draftline.serving import ManagedServer, server_url, startup_timeout_s
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -55,7 +56,7 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
     Returns {"command": str, "levels": {c: (load summary, acceptance or None, first text per prompt,
     (counters before, counters after))}}.
     """
-    command = serve_command(engine, card, cfg, draft_path)
+    commands = [serve_command(engine, card, cfg, draft_path)]  # as deployed (no port: the engine's default)
     levels = {}
     mode = "speculative" if draft_path else "baseline"
     if mode in cfg.endpoints:  # already running: checked, not started
@@ -65,14 +66,18 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
         algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
         seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
         say(f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
-            f"`{shlex.join(command)}` would be")
-        server = contextlib.nullcontext()
+            f"`{shlex.join(commands[0])}` would be")
+        server = contextlib.nullcontext(base_url)
     else:
-        base_url = f"http://{cfg.host}:{cfg.port}"
         limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
-        say(f"benchmark: starting {shlex.join(command)}  (log: {log_path}, start-up limit {limit:.0f}s: {why})")
-        server = ManagedServer(command, dict(os.environ), base_url, log_path, limit, say=say)
-    with server, \
+
+        def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
+            commands.append(serve_command(engine, card, cfg, draft_path, port))
+            say(f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})")
+            return commands[-1]
+
+        server = ManagedServer(command, dict(os.environ), server_url(cfg.host, cfg.port), log_path, limit, say=say)
+    with server as base_url, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         endpoint = engine_endpoint(engine, base_url)
 
@@ -102,7 +107,7 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
                 f"{summary['output_tokens_per_s']:.1f} tok/s, ttft p50 {summary['ttft_ms_p50']} ms, "
                 f"{summary['failed']} failed" + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else ""))
             levels[c] = (summary, acceptance, first_texts(results), (before, after))
-    return {"command": shlex.join(command), "levels": levels}
+    return {"command": shlex.join(commands[-1]), "levels": levels}
 
 
 def benchmark_server(engine: str, cfg, card: dict, draft_path: str, prompts: list, log_dir: Path, say=print) -> dict:

@@ -1,17 +1,39 @@
 """Typed, validated params.yaml.
 
 Every section is a pydantic model with ``extra="forbid"``: an unknown key or a bad value fails
-before any stage does work, with a message naming the dotted key. Stages call
-``load_params()`` first thing, before importing torch, so a bad file fails in about a second.
+before any stage does work, with a message naming the dotted key. The `check_params` stage runs
+this first under DVC (before DVC deletes any stage's outputs); stages call ``stage_params()``
+first thing too, before importing torch, so a bad file fails in about a second. Beyond types:
+plain dataset names, aux layer ids against the target's layer count when known offline, no
+credentials in any URL (params end up in dvc.lock and reports), ports (null = free at start).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Dataset names become file names (datasets/prepared/<name>.jsonl), DVC stage names (prepare@<name>)
+# and dotted params keys (datasets.<name>): letters, digits, _ and -, nothing that walks a path.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def _port(value: int | None) -> int | None:
+    """A fixed port, or None (also given as 0): a free port chosen when the server starts."""
+    if value in (None, 0):
+        return None
+    if not 1024 <= value <= 65535:
+        raise ValueError("a port in [1024, 65535], or null (or 0) for a free port chosen when the server starts")
+    return value
+
+
+# null/0 = a free port picked at start, so two pipelines on one host (or `dvc queue start -j 2`) never collide
+Port = Annotated[int | None, AfterValidator(_port)]
 
 
 class Section(BaseModel):
@@ -55,6 +77,50 @@ class TargetConfig(Section):
     # stage and launched server. Off unless you chose it: it executes the repository's Python.
     trust_remote_code: bool = False
     tiny: TinyTargetConfig = TinyTargetConfig()
+
+    def check_aux_layer_ids(self) -> None:
+        """Range-check the aux ids now when the layer count is known without loading anything (the
+        tiny target's params, a local config.json, a hub config already in the cache), instead of
+        after the tiny target has trained or at the hidden_states stage. (Params runs it on a given
+        section: the default one, tiny with the EAGLE-3 rule, is refused by the target stage.)"""
+        from draftline.target import resolve_aux_layer_ids  # light: json/hashlib only
+
+        num_layers = self.tiny.layers if self.model == "tiny" else known_num_layers(self.model, self.revision)
+        if num_layers is not None:
+            resolve_aux_layer_ids(self.aux_layer_ids, num_layers)  # ValueError naming target.aux_layer_ids
+
+
+def layers_of_config(config: dict) -> int | None:
+    """Decoder layers of a config.json: top level, else a nested text/language model config."""
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    for key in ("text_config", "language_config", "llm_config", "thinker_config"):
+        if isinstance(config.get(key), dict) and (found := layers_of_config(config[key])) is not None:
+            return found
+    return None
+
+
+def known_num_layers(model: str, revision: str | None) -> int | None:
+    """The target's layer count from a local config.json or the hub cache; None when not known
+    offline (the target stage checks the ids once it has read the config)."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        if Path(model).exists() or model.count("/") > 1:
+            return None
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json", revision=revision)
+        except Exception:  # noqa: BLE001 - a malformed id: the target stage says so
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        return layers_of_config(json.loads(path.read_text()))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class DatasetSpec(Section):
@@ -146,7 +212,7 @@ class RegenerateConfig(Section):
     # external: OpenAI-compatible servers run elsewhere, listed in `endpoints`.
     backend: Literal["transformers", "vllm", "sglang", "hf", "external"] = "transformers"
     host: str = "127.0.0.1"
-    port: int = Field(8011, ge=1024, le=65535)
+    port: Port = None  # null = a free port chosen at start
     endpoints: list[str] = []  # external: base URLs (http://host:port), balanced by outstanding requests
     # what serves `endpoints`; decides the non-speculative check of the preflight
     external_engine: Literal["vllm", "sglang", "transformers"] | None = None
@@ -250,7 +316,7 @@ class VllmExtractionConfig(Section):
     # used instead of launching one, after a preflight (README "Using your own target")
     endpoint: str | None = None
     host: str = "127.0.0.1"
-    port: int = Field(8012, ge=1024, le=65535)
+    port: Port = None  # null = a free port chosen at start
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=16)  # null = longest tokenized row + 1
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
@@ -469,7 +535,7 @@ class BenchmarkConfig(TargetPlacement):
     concurrency: list[int] = [1, 8, 32, 128]  # servers: requests in flight, one load level each
     requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = "127.0.0.1"
-    port: int = Field(8021, ge=1024, le=65535)
+    port: Port = None  # both servers, one after the other; null = a free port chosen at each start
     startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
     request_timeout_s: float = Field(600, gt=0)
     vllm: VllmBenchConfig = VllmBenchConfig()
@@ -493,7 +559,7 @@ class BenchmarkConfig(TargetPlacement):
 class Params(Section):
     samples: int = Field(ge=1)  # training prompts drawn by `mix`
     seed: int = 0
-    target: TargetConfig = TargetConfig()
+    target: TargetConfig = TargetConfig()  # checked only when given (see _aux_ids_fit_the_target)
     datasets: dict[str, DatasetSpec]
     mix: MixConfig
     regenerate: RegenerateConfig = RegenerateConfig()
@@ -503,6 +569,22 @@ class Params(Section):
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
+
+    @field_validator("target")
+    @classmethod
+    def _aux_ids_fit_the_target(cls, target: TargetConfig) -> TargetConfig:
+        target.check_aux_layer_ids()
+        return target
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _plain_names(cls, raw):
+        for name in raw if isinstance(raw, dict) else ():
+            if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a plain dataset name (letters, digits, _ and -, starting with "
+                                 "a letter or digit, at most 64): it becomes a file name, a DVC stage name and a "
+                                 "params key")
+        return raw
 
     @model_validator(mode="after")
     def _weights_match_datasets(self):
@@ -620,15 +702,44 @@ class ParamsError(ValueError):
     """A params.yaml that does not validate; the message names every bad key."""
 
 
+# A URL carrying a secret: user:password@host, or a query parameter named like one.
+URL_USERINFO = re.compile(r"\b(?:https?|wss?)://[^/?#\s@]+@|\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s@:]*:[^/?#\s@]*@")
+SECRET_PARAM = r"[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|auth|sig|signature|credential)s?"
+URL_SECRET_QUERY = re.compile(rf"://\S*[?&#]{SECRET_PARAM}=", re.IGNORECASE)
+
+
+def credential_problems(raw, key: str = "") -> list[str]:
+    """Dotted keys whose value is a URL with credentials in it. Params are written into dvc.lock,
+    meta.json files and reports (and pushed to git and DVC remotes), so a secret must not be one."""
+    if isinstance(raw, dict):
+        return [p for k, v in raw.items() for p in credential_problems(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(raw, list):
+        return [p for i, v in enumerate(raw) for p in credential_problems(v, f"{key}.{i}")]
+    if isinstance(raw, str) and (URL_USERINFO.search(raw) or URL_SECRET_QUERY.search(raw)):
+        return [f"  {key}: a URL with credentials in it ({redact_url(raw)}); params are recorded in dvc.lock, "
+                "meta.json and reports: put the secret in an environment variable and name it in "
+                "regenerate.api_key_env (endpoints), or use the tool's own credential store"]
+    return []
+
+
+def redact_url(text: str) -> str:
+    """`text` with the user:password of URLs and the values of secret-looking query parameters masked."""
+    text = re.sub(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s@]*@", r"\1***@", text)
+    return re.sub(rf"([?&#]{SECRET_PARAM}=)[^&#\s]*", r"\1***", text, flags=re.IGNORECASE)
+
+
 def parse_params(raw: dict) -> Params:
+    lines = credential_problems(raw)
     try:
-        return Params.model_validate(raw)
+        params = Params.model_validate(raw)
     except ValidationError as err:
-        lines = []
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"]) or "<top level>"
-            lines.append(f"  {key}: {e['msg']}")
+            lines.append(f"  {key}: {redact_url(e['msg'])}")
+        params = None
+    if lines:
         raise ParamsError("invalid params.yaml:\n" + "\n".join(lines)) from None
+    return params
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

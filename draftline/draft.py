@@ -505,7 +505,11 @@ def run_fingerprint(params: dict, card: dict, data_sha256: str, init_sha256: str
 
 
 def rng_states() -> dict:
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """RNG states as tensors, ints, strings and tuples only: what torch.load(weights_only=True) reads."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {"python": random.getstate(),
+              "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -513,7 +517,8 @@ def rng_states() -> dict:
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -532,8 +537,15 @@ def load_state(state_dir: Path, fingerprint: str, say=print) -> dict | None:
     path = Path(state_dir) / STATE_FILE
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: RNG tuples inside
-    if state.get("fingerprint") != fingerprint:
+    # weights_only: tensors and plain containers, no pickled code. The file may come from a shared
+    # DVC remote (`dvc pull`); a full unpickle would run whatever a tampered copy carries.
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - UnpicklingError, or anything a damaged file raises
+        say(f"{path}: not loadable as plain tensors and containers (tampered, damaged, or from an older version: "
+            f"{type(err).__name__}); ignored, starting fresh")
+        return None
+    if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
         say(f"{path}: made with other params, data or init; starting fresh")
         return None
     return state

@@ -11,7 +11,8 @@ speculative configuration answers without any error:
   row's token ids and [L, 4, hidden_size] states (3 aux layers + the last); with
   VLLM_SERVER_DEV_MODE=1 the server's /server_info also shows its speculative_config, whose method
   must be extract_hidden_states and whose layer ids must be the card's aux ids + [N];
-- benchmark baseline: not speculative (serving.check_not_speculative);
+- benchmark baseline: not speculative, probed whatever the engine is said to be
+  (serving.check_not_speculative);
 - benchmark speculative: SGLang's /get_server_info must say EAGLE3 and name the draft being
   benchmarked; vLLM must export spec-decode metrics, and where /server_info is on, its
   speculative_config must be eagle3 with this draft. Without /server_info vLLM does not say which

@@ -201,19 +201,21 @@ def sglang_steps(cfg) -> tuple[int, int, int]:
 
 
 def serve_command(engine: str, card: dict, cfg, draft_path: str | None, port: int | None = None) -> list[str]:
-    """The server command line; draft_path None gives the non-speculative baseline."""
+    """The server command line; draft_path None gives the non-speculative baseline. `port` (else
+    benchmark.port); with neither, no --port: the engine's default (the deployment command)."""
     host, port = cfg.host, cfg.port if port is None else port
     revision = ["--revision", card["revision"]] if card.get("revision") else []
     revision += ["--trust-remote-code"] if card.get("trust_remote_code") else []
     model = str(Path(card["model"]).resolve()) if Path(card["model"]).exists() else card["model"]  # hub id or local dir
+    where = ["--host", host] + (["--port", str(port)] if port else [])
     if engine == "vllm":
-        cmd = [*cfg.vllm.launcher, model, *revision, "--host", host, "--port", str(port), *cfg.vllm.args]
+        cmd = [*cfg.vllm.launcher, model, *revision, *where, *cfg.vllm.args]
         if draft_path:
             spec = {"method": cfg.vllm.method, "model": draft_path, "num_speculative_tokens": cfg.k, **cfg.vllm.speculative_config}
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
     if engine == "sglang":
-        cmd = [*cfg.sglang.launcher, "--model-path", model, *revision, "--host", host, "--port", str(port), *cfg.sglang.args]
+        cmd = [*cfg.sglang.launcher, "--model-path", model, *revision, *where, *cfg.sglang.args]
         if draft_path:
             steps, topk, draft_tokens = sglang_steps(cfg)
             cmd += ["--speculative-algorithm", cfg.sglang.algorithm, "--speculative-draft-model-path", draft_path,

@@ -5,9 +5,13 @@ A source is a local .jsonl/.json/.parquet file, a local dataset directory, or a 
 usual sets with their hub id, format, default split and field mapping. Every row, whatever its
 format (ShareGPT, OpenAI messages, Alpaca, prompt-only), becomes one record::
 
-    {"id": str, "source": str, "tools": list | None, "prompt_tokens_est": int,
+    {"id": str, "source": str, "source_detail"?: str, "tools": list | None, "prompt_tokens_est": int,
      "messages": [{"role": "system|user|assistant|tool", "content": str,
                    "reasoning_content"?: str, "tool_calls"?: [...], "tool_call_id"?: str}]}
+
+`source` is the dataset's name in params.yaml; `source_detail` is the row's own `source` column
+when it has one (the upstream subset of a blended set). A top-level `system` column becomes the
+first system turn in every format.
 
 or is dropped with a reason (``Dropped``) that the caller counts. Turn-order rules:
 
@@ -349,9 +353,18 @@ def from_prompt(row: dict) -> list[dict]:
     return system + [{"role": "user", "content": _text(prompt)}]
 
 
+def with_row_system(row: dict, messages: list[dict]) -> list[dict]:
+    """A row's top-level `system` column (OpenThoughts-style ShareGPT rows, some messages sets) as
+    the first turn, unless the conversation already opens with that same system text."""
+    system = _text(row.get("system")) if row.get("system") else ""
+    if not system.strip() or (messages and messages[0]["role"] == "system" and messages[0]["content"] == system):
+        return messages
+    return [{"role": "system", "content": system}] + messages
+
+
 CONVERTERS = {
-    "sharegpt": lambda row: from_sharegpt(row["conversations"]),
-    "openai": lambda row: from_openai(row["messages"]),
+    "sharegpt": lambda row: with_row_system(row, from_sharegpt(row["conversations"])),
+    "openai": lambda row: with_row_system(row, from_openai(row["messages"])),
     "alpaca": from_alpaca,
     "prompt": from_prompt,
 }
@@ -500,8 +513,14 @@ def to_record(row: dict, fmt: str, source: str, parse_markup: bool = False) -> d
     if messages[-1]["role"] != "assistant":
         messages.append({"role": "assistant", "content": ""})  # the reply to regenerate
     own_id = next((row[k] for k in ID_KEYS if row.get(k) not in (None, "")), None)
-    return {"id": str(own_id) if own_id is not None else content_hash(messages, tools), "source": source,
-            "messages": messages, "tools": tools, "prompt_tokens_est": prompt_tokens_est(messages, tools)}
+    record = {"id": str(own_id) if own_id is not None else content_hash(messages, tools), "source": source,
+              "messages": messages, "tools": tools, "prompt_tokens_est": prompt_tokens_est(messages, tools)}
+    # The row's own `source` column (open-perfectblend, Mixture-of-Thoughts: the upstream set it came
+    # from) is kept beside the dataset name; reports break results down by it.
+    detail = row.get("source")
+    if isinstance(detail, (str, int)) and not isinstance(detail, bool) and str(detail).strip():
+        record["source_detail"] = str(detail)
+    return record
 
 
 # ---- a whole dataset -------------------------------------------------------------------------

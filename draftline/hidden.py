@@ -15,7 +15,13 @@ norm, so only 4 states per token are ever held; backend `vllm` asks vLLM for ids
 Files are written to a temp name and renamed, so a killed run never leaves a file that looks
 finished; a rerun checks each file (header, shape, dtype, token ids) and redoes only what is
 missing or broken. The output directory's meta.json carries a fingerprint of what made the states
-(target, aux ids, dtype): a different fingerprint clears the directory instead of mixing states.
+(target, aux ids, dtype): a different fingerprint clears the directory instead of mixing states
+(the stage decides what it would remove and checks the disk first, then removes it).
+
+Batches are a fixed plan (PLAN_FILE, kept in the directory until the run completes): a resumed
+run recomputes each unfinished batch with exactly the rows, order and padding of the run it
+resumes, so its files are byte-identical to an uninterrupted run's (padding and batch shape change
+the rounding of the stored bf16 values).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3"}
 SCALES_KEY = "hidden_states_scales"  # hs-connectors' fp8 layout (draftline/hs_format.py)
 VLLM_STAGING = ".vllm_staging"  # where vLLM's connector writes inside the output directory
+PLAN_FILE = ".extract_plan.json"  # the batches of a run in progress (see extraction_plan)
 
 
 def hs_path(directory: Path, index: int) -> Path:
@@ -92,15 +99,17 @@ def estimate_bytes(seq_lens: list[int], hidden_size: int, dtype: torch.dtype) ->
     return sum(seq_lens) * bytes_per_token(hidden_size, fmt, name)
 
 
-def check_disk(directory: Path, needed: int, margin: float) -> int:
-    """Free bytes at `directory`; raises when they are below needed x margin."""
+def check_disk(directory: Path, needed: int, margin: float, reclaimable: int = 0) -> int:
+    """Free bytes at `directory`; raises when they plus `reclaimable` (files the run would remove or
+    overwrite) are below needed x margin. Called before anything is removed."""
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
-    if free < needed * margin:
+    if free + reclaimable < needed * margin:
+        freed = f" (+ {reclaimable / 1e9:.2f} GB the run would free)" if reclaimable else ""
         raise RuntimeError(
             f"not enough disk for hidden states in {directory}: need {needed / 1e9:.2f} GB "
-            f"x margin {margin} = {needed * margin / 1e9:.2f} GB but only {free / 1e9:.2f} GB free "
-            f"(lower hidden_states.disk_margin only if you know the estimate is high)"
+            f"x margin {margin} = {needed * margin / 1e9:.2f} GB but only {free / 1e9:.2f} GB free{freed} "
+            f"(lower hidden_states.disk_margin only if you know the estimate is high); nothing was removed"
         )
     return free
 
@@ -213,27 +222,47 @@ def fingerprint(card: dict, dtype_name: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def prepare_output(out: Path, expected_fingerprint: str) -> int:
-    """Remove temp files and vLLM staging of a killed run; clear the directory when its states were made by another
-    target, aux ids or dtype. Returns the number of files removed for that reason."""
+def remove_temporaries(out: Path) -> None:
+    """Temp files and vLLM staging a killed run left (never outputs: finished files are renamed in)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):
         stale.unlink()
     shutil.rmtree(out / VLLM_STAGING, ignore_errors=True)
+
+
+def stale_files(out: Path, expected_fingerprint: str) -> list[Path]:
+    """The hidden-state files (and batch plan) to clear because another target, aux ids or dtype
+    made them; [] when the fingerprint matches or there is nothing. Removes nothing."""
     meta_path = out / "meta.json"
     found = json.loads(meta_path.read_text()).get("fingerprint") if meta_path.exists() else None
-    files = list(out.glob("hs_*.safetensors"))
+    files = sorted(out.glob("hs_*.safetensors"))
     if found == expected_fingerprint or not files:
-        return 0
+        return []
+    return files + [p for p in [out / PLAN_FILE] if p.exists()]
+
+
+def prepare_output(out: Path, expected_fingerprint: str) -> int:
+    """remove_temporaries, then clear the stale_files at once (no disk check: the stage plans,
+    checks, then removes). Returns the number of hidden-state files removed."""
+    remove_temporaries(out)
+    files = stale_files(out, expected_fingerprint)
     for f in files:
         f.unlink()
-    return len(files)
+    return sum(f.name != PLAN_FILE for f in files)
 
 
-def pending_rows(rows, out: Path, hidden_size: int, dtype: torch.dtype, full_check: bool) -> tuple[dict[int, int], int]:
+def extra_files(out: Path, n_rows: int) -> list[Path]:
+    """Files of rows past the end of the tokenized data (`samples` shrank)."""
+    return sorted(f for f in out.glob("hs_*.safetensors") if not f.stem[3:].isdigit() or int(f.stem[3:]) >= n_rows)
+
+
+def pending_rows(rows, out: Path, hidden_size: int, dtype: torch.dtype, full_check: bool,
+                 remove_extra: bool = True) -> tuple[dict[int, int], int]:
     """({row index: length} of rows whose file is missing or invalid, rows already done).
 
-    `rows` is the tokenized datasets.Dataset; files of rows past its end (samples shrank) are removed.
+    `rows` is the tokenized datasets.Dataset; with remove_extra, files of rows past its end
+    (samples shrank) are removed (the stage lists them with extra_files and removes them after
+    its disk check instead).
     """
     todo, done, i = {}, 0, 0
     for batch in rows.with_format(None).iter(batch_size=1024):
@@ -243,22 +272,76 @@ def pending_rows(rows, out: Path, hidden_size: int, dtype: torch.dtype, full_che
             else:
                 todo[i] = len(ids)
             i += 1
-    for f in out.glob("hs_*.safetensors"):
-        if not f.stem[3:].isdigit() or int(f.stem[3:]) >= len(rows):
+    if remove_extra:
+        for f in extra_files(out, len(rows)):
             f.unlink()
     return todo, done
 
 
+def all_rows(rows) -> dict[int, int]:
+    """{row index: length} of every row (all of them to do, e.g. after clearing)."""
+    lengths, i = {}, 0
+    for batch in rows.with_format(None).iter(batch_size=1024):
+        for ids in batch["input_ids"]:
+            lengths[i] = len(ids)
+            i += 1
+    return lengths
+
+
+def _row_digest(ids) -> str:
+    return hashlib.blake2b(json.dumps(list(ids)).encode(), digest_size=8).hexdigest()
+
+
+def extraction_plan(rows, todo: dict[int, int], token_budget: int, out: Path) -> list[list[int]]:
+    """The batches to run, fixed for the whole run and saved in out/PLAN_FILE.
+
+    A plan left by a killed run is reused when it was made with the same token_budget for the
+    same rows (token digests): its batches keep their exact make-up, so resumed files are
+    byte-identical to an uninterrupted run's. Rows it does not cover (samples grew meanwhile) get
+    batches of their own. A fresh run plans its `todo` rows by token budget."""
+    path, plan = out / PLAN_FILE, None
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+            covered = [int(i) for i in saved["rows"]]
+            if saved["token_budget"] == token_budget and all(i < len(rows) for i in covered):
+                ids = rows.with_format(None).select(covered)["input_ids"] if covered else []
+                if all(_row_digest(t) == saved["rows"][str(i)] for i, t in zip(covered, ids, strict=True)):
+                    plan = saved
+        except (OSError, ValueError, KeyError, TypeError):
+            plan = None
+    if plan is None:
+        plan = {"token_budget": token_budget, "rows": {}, "batches": []}
+    uncovered = {i: n for i, n in todo.items() if str(i) not in plan["rows"]}
+    if uncovered:
+        new = token_budget_batches(uncovered, token_budget)
+        ids = rows.with_format(None).select(sorted(uncovered))["input_ids"]
+        plan["rows"].update({str(i): _row_digest(t) for i, t in zip(sorted(uncovered), ids, strict=True)})
+        plan["batches"] += new
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(plan))
+        os.replace(tmp, path)
+    return [[int(i) for i in batch] for batch in plan["batches"]]
+
+
 def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Path, dtype: torch.dtype, token_budget: int, on_batch=None) -> int:
-    """Capture and write the states of the `todo` rows, batched by token budget. Returns tokens done."""
+    """Capture and write the states of the `todo` rows, by the batches of extraction_plan (every
+    row of a batch that has a todo row is run; only todo rows are written). Returns tokens done.
+    The plan file is removed once every batch is done."""
     done = 0
-    for batch in token_budget_batches(todo, token_budget):
+    for batch in extraction_plan(rows, todo, token_budget, out):
+        wanted = [i for i in batch if i in todo]
+        if not wanted:
+            continue
         token_ids = rows.with_format(None)[batch]["input_ids"]
         for i, ids, hs in zip(batch, token_ids, capture(model, token_ids, aux_layer_ids), strict=True):
-            save_hidden_states(hs_path(out, i), ids, hs, dtype)
-        done += sum(todo[i] for i in batch)
+            if i in todo:
+                save_hidden_states(hs_path(out, i), ids, hs, dtype)
+        done += sum(todo[i] for i in wanted)
         if on_batch:
-            on_batch(len(batch), sum(todo[i] for i in batch))
+            on_batch(len(wanted), sum(todo[i] for i in wanted))
+    (out / PLAN_FILE).unlink(missing_ok=True)
     return done
 
 

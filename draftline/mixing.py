@@ -18,7 +18,7 @@ others fill in and the shares drift from the weights, the report says so per dat
 (`per_dataset`, `shortfall`, `weights_honoured`) and `shortfall_problems` words it: the stage fails
 on it unless `mix.allow_shortfall` says to train on what there is.
 
-Rows need only "id", "source", "prompt_tokens_est" and either "messages"+"tools" or their
+Rows need only "id", "source" (optionally "source_detail"), "prompt_tokens_est" and either "messages"+"tools" or their
 precomputed content "digest": the mix stage passes such light rows and reads the full records of
 the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes.
 """
@@ -96,8 +96,13 @@ def tag_partition(rows: list[dict], long_threshold_tokens: int) -> list[dict]:
 
 
 def split_counts(rows: list[dict]) -> dict:
-    return {"rows": len(rows), "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
-            "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")}}
+    counts = {"rows": len(rows), "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
+              "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")}}
+    if any(r.get("source_detail") for r in rows):  # a row's own upstream source, inside its dataset
+        counts["by_source_detail"] = {
+            name: dict(sorted(Counter(r.get("source_detail") or "?" for r in rows if r["source"] == name).items()))
+            for name in sorted({r["source"] for r in rows if r.get("source_detail")})}
+    return counts
 
 
 def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:

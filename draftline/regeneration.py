@@ -740,13 +740,15 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
 # ---- resume ----------------------------------------------------------------------------------
 
 
-def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str) -> tuple[set[str], dict]:
+def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
+                  rewrite: bool = True) -> tuple[set[str], dict]:
     """Ids of the lines of previous runs that still hold: well-formed, first of their id, made
     with the same fingerprint and, for ids still prompted, from the same prompt; with counts of
     what was dropped and `last_run`, the highest run number kept (see run_of). Lines of ids no
     longer prompted stay (shrinking `samples` and growing it back loses nothing). When anything was
-    dropped or the last line was cut by a kill, the file is rewritten atomically without it; the
-    file is streamed twice rather than held in memory (it reaches gigabytes)."""
+    dropped or the last line was cut by a kill, the file is rewritten atomically without it (only
+    with `rewrite`: the stage first counts, and drops lines only once the servers passed their
+    preflight); the file is streamed twice rather than held in memory (it reaches gigabytes)."""
     counts = Counter()
     keep: list[bool] = []
     done: set[str] = set()
@@ -783,7 +785,7 @@ def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str) -
                     counts[reason] += 1
                 keep.append(reason is None)
     dropped = sum(v for k, v in counts.items() if k != "not_in_prompts")
-    if dropped or cut_last_line:
+    if rewrite and (dropped or cut_last_line):
         with atomic_path(path) as tmp, open(path, "rb") as src, open(tmp, "wb") as dst:
             for line, kept in zip(src, keep):
                 if kept:

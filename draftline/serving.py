@@ -16,13 +16,18 @@ argument parser):
 for /health (printing the log tail when it fails), and always stops the whole group, also on
 Ctrl-C or an exception, escalating from SIGTERM to SIGKILL. The group id goes to a pid file so a
 run killed with SIGKILL has its orphaned server stopped by the next run; the server also gets
-SIGTERM when the stage process dies (PR_SET_PDEATHSIG).
+SIGTERM when the stage process dies (PR_SET_PDEATHSIG). Without a fixed port (params `port:
+null`) it picks a free one at start, and when another process takes that port first (two
+pipelines on one host) it notices (its server could not bind, or what answers is not its own
+process) and tries another. Commands are argv lists, never run through a shell.
 
 `preflight` checks every endpoint before the first request: it serves the card's target under
 the expected name, its tokenizer and chat template count the probe prompt as the target's do,
-and it is not speculative (vLLM: no `vllm:spec_decode_*` metrics, which exist only with a
-speculative config; SGLang: no `speculative_algorithm` in /get_server_info). A draft attached
-to the server, or another model, would change the data without any error.
+and it is not speculative. What the server is gets probed whatever params declare: every
+engine's evidence is read (vLLM: `vllm:` metrics and `vllm:spec_decode_*`, which exist only with a
+speculative config; SGLang: /get_server_info and its `speculative_algorithm`; `owned_by` of
+/v1/models), a speculative one is refused, and so is one that answers as another engine than
+declared. A draft attached to the server, or another model, would change the data without any error.
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ class PreflightError(RuntimeError):
 # ---- launch commands -------------------------------------------------------------------------
 
 
+def _port_flag(port: int | None) -> list[str]:
+    """--port PORT; none for None (the engine's default: a command shown, not launched)."""
+    return ["--port", str(port)] if port else []
+
+
 def transformers_serve_command(model: str, host: str, port: int, device: str, continuous_batching: bool,
                                cb_num_blocks: int, extra_args: list[str], trust_remote_code: bool = False,
                                chat_template_kwargs: dict | None = None) -> list[str]:
@@ -64,7 +74,7 @@ def transformers_serve_command(model: str, host: str, port: int, device: str, co
     chat_template_kwargs become the server's defaults too (every request also carries them).
     """
     exe = Path(sys.executable).with_name("transformers")
-    cmd = [str(exe), "serve", model, "--device", device, "--host", host, "--port", str(port)]
+    cmd = [str(exe), "serve", model, "--device", device, "--host", host, *_port_flag(port)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
     if chat_template_kwargs:
@@ -78,7 +88,7 @@ def hf_batch_serve_command(module: str, model: str, host: str, port: int, max_ba
                            tie_tolerance: float, threads: int | None, stats_file: Path | None,
                            trust_remote_code: bool = False) -> list[str]:
     """`module` (draftline.batch_server) pinned to the target: greedy batches of the requests in flight."""
-    cmd = [sys.executable, "-m", module, model, "--host", host, "--port", str(port),
+    cmd = [sys.executable, "-m", module, model, "--host", host, *_port_flag(port),
            "--max-batch", str(max_batch), "--gather-ms", str(gather_ms), "--tie-tolerance", str(tie_tolerance)]
     cmd += ["--stats-file", str(stats_file)] if stats_file else []
     return cmd + (["--threads", str(threads)] if threads else []) + (["--trust-remote-code"] if trust_remote_code else [])
@@ -99,7 +109,7 @@ def vllm_serve_command(model: str, served_name: str, host: str, port: int, revis
                        tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
                        reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
                        trust_remote_code: bool = False) -> list[str]:
-    cmd = ["vllm", "serve", model, "--host", host, "--port", str(port), "--served-model-name", served_name,
+    cmd = ["vllm", "serve", model, "--host", host, *_port_flag(port), "--served-model-name", served_name,
            "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
@@ -118,7 +128,7 @@ def sglang_serve_command(model: str, served_name: str, host: str, port: int, rev
                          tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
                          reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
                          trust_remote_code: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, *_port_flag(port),
            "--served-model-name", served_name, "--tp-size", str(tensor_parallel_size),
            "--dp-size", str(data_parallel_size)]
     if trust_remote_code:
@@ -162,9 +172,84 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.settimeout(1)
         return s.connect_ex((host, port)) == 0
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now (the kernel's pick); the server binds it a moment later, so
+    ManagedServer checks that what answers there is its own."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_url(host: str, port: int | None) -> str:
+    """Base URL for ManagedServer; port None (params `port: null`) = a free port chosen at start."""
+    return f"http://{host}:{port or 0}"
+
+
+def _split_url(base_url: str) -> tuple[str, int]:
+    host, port = base_url.split("//", 1)[1].rsplit(":", 1)
+    return host.strip("[]"), int(port.rstrip("/"))
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the TCP sockets listening on `port` in this network namespace (Linux); None elsewhere."""
+    found, readable = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st ... inode (index 9)
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found if readable else None
+
+
+def _holds_socket(pid: str, inodes: set[str]) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
+
+
+def listener_is_ours(port: int, pgid: int) -> bool | None:
+    """Whether the process listening on `port` belongs to process group `pgid`: True, False (a
+    process we can see, outside the group: another pipeline's server), or None when it cannot be
+    told (no /proc, or a listener we may not inspect, e.g. a container runtime's proxy)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    others = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state ppid pgrp ...
+        except (OSError, IndexError):
+            continue
+        pid = stat.parent.name
+        if int(fields[2]) == pgid:
+            if _holds_socket(pid, inodes):
+                return True
+        else:
+            others.append(pid)
+    return False if any(_holds_socket(pid, inodes) for pid in others) else None
+
+
+class PortTaken(RuntimeError):
+    """Another process got the port a server was started on."""
 
 
 # Start-up time: a checkpoint is read from disk (or page cache) and moved to the devices. 300 s for
@@ -201,22 +286,33 @@ def startup_timeout_s(explicit: float | None, model: str, revision: str | None =
 
 
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path, say=None,
-                 progress_every_s: float = 30.0) -> None:
-    """Poll /health until it answers 200; every progress_every_s a line (elapsed, limit, the log's
-    last line) through `say`. A server that exits fails at once with its log's last lines."""
+                 progress_every_s: float = 30.0, check_owner: bool = False) -> None:
+    """Poll /health until it answers 200 from the server `proc` started; every progress_every_s a
+    line (elapsed, limit, the log's last line) through `say`. A server that exits fails at once with
+    its log's last lines; PortTaken when another process holds its port (it exited unable to bind,
+    or, with check_owner, what answers is a process outside its group)."""
     import httpx
 
+    host, port = _split_url(base_url)
     start = last_line = time.monotonic()
     deadline = start + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            tail = log_tail(log_path)
+            if port_in_use(host, port) or "address already in use" in tail.lower():
+                raise PortTaken(f"{base_url}: another process holds the port; the server exited with code "
+                                f"{proc.returncode}; last lines of {log_path}:\n{tail}")
             raise RuntimeError(f"server exited with code {proc.returncode} before it was ready "
-                               f"(after {time.monotonic() - start:.0f}s); last lines of {log_path}:\n{log_tail(log_path)}")
+                               f"(after {time.monotonic() - start:.0f}s); last lines of {log_path}:\n{tail}")
         try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
+            healthy = httpx.get(f"{base_url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
+            healthy = False
+        if healthy:
+            if check_owner and listener_is_ours(port, proc.pid) is False:
+                raise PortTaken(f"{base_url} answers, but from a process this stage did not start (another pipeline "
+                                "took the port first)")
+            return
         now = time.monotonic()
         if say is not None and now - last_line >= progress_every_s:
             last_line = now
@@ -293,9 +389,15 @@ def _die_with_parent() -> None:
 
 
 class ManagedServer:
-    """`with ManagedServer(cmd, env, base_url, log_path, timeout) as url:` — a ready server."""
+    """`with ManagedServer(cmd, env, base_url, log_path, timeout) as url:` — a ready server.
 
-    def __init__(self, command: list[str], env: dict[str, str], base_url: str, log_path: Path,
+    `command` is the argv, or a function port -> argv. With port 0 in base_url (`server_url(host,
+    None)`) it must be a function: a free port is picked at start, and another one (up to
+    PORT_ATTEMPTS) when another process takes it first. `url` is the server's actual base URL."""
+
+    PORT_ATTEMPTS = 5
+
+    def __init__(self, command, env: dict[str, str] | None, base_url: str, log_path: Path,
                  startup_timeout_s: float, pid_file: Path | None = None, say=None):
         self.command, self.env, self.base_url = command, env, base_url
         self.log_path, self.startup_timeout_s, self.say = log_path, startup_timeout_s, say
@@ -305,22 +407,44 @@ class ManagedServer:
     def __enter__(self) -> str:
         if stop_orphan(self.pid_file):
             print(f"stopped the server a killed run left behind ({self.pid_file})", file=sys.stderr)
-        host, port = self.base_url.split("//", 1)[1].rsplit(":", 1)
-        if port_in_use(host, int(port)):
-            # a health check would pass against whatever listens there, possibly another model
-            raise RuntimeError(f"{self.base_url} is already in use by another process; choose another regenerate.port")
+        host, port = _split_url(self.base_url)
+        auto = port == 0
+        if auto and not callable(self.command):
+            raise ValueError("a port chosen at start needs the command as a function of the port")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(self.PORT_ATTEMPTS if auto else 1):
+            if auto:
+                port = free_port(host)
+            elif port_in_use(host, port):
+                # a health check would pass against whatever listens there, possibly another model
+                raise RuntimeError(f"{self.base_url} is already in use by another process; choose another port "
+                                   "(or null: a free one is chosen at start)")
+            url = f"http://{host}:{port}"
+            try:
+                self._start(self.command(port) if callable(self.command) else self.command, url, auto)
+            except PortTaken as err:
+                if not auto:
+                    raise RuntimeError(f"{err}; choose another port (or null: a free one is chosen at start)") from None
+                print(f"port {port} was taken by another process; trying another ({attempt + 1}/{self.PORT_ATTEMPTS})",
+                      file=sys.stderr)
+                continue
+            self.base_url = url
+            return url
+        raise RuntimeError(f"no free port held for {self.PORT_ATTEMPTS} attempts on {host}: other processes took each "
+                           "one first, or what answers is not the launched process (a launcher such as a container "
+                           "runtime: give the server a fixed port)")
+
+    def _start(self, command: list[str], url: str, check_owner: bool) -> None:
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+        with open(self.log_path, "w") as log:  # an argv list: no shell sees the params
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True, preexec_fn=preexec)
-        self.pid_file.write_text(f"{self.proc.pid} {self.command[0]}\n")
+        self.pid_file.write_text(f"{self.proc.pid} {command[0]}\n")
         try:
-            wait_healthy(self.base_url, self.proc, self.startup_timeout_s, self.log_path, self.say)
+            wait_healthy(url, self.proc, self.startup_timeout_s, self.log_path, self.say, check_owner=check_owner)
         except BaseException:
             self.stop()
             raise
-        return self.base_url
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -353,36 +477,101 @@ def _request(client, method: str, url: str, attempts: int, **kwargs):
     raise PreflightError(f"{url}: no answer after {attempts} attempts ({error})")
 
 
-def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> dict:
-    """What the engine says about speculative decoding; raises PreflightError when it uses it."""
-    if engine == "vllm":
-        text = _request(client, "GET", f"{base_url}/metrics", attempts).text
-        lines = [ln for ln in text.splitlines() if "vllm:" in ln]
-        if not lines:
-            raise PreflightError(f"{base_url}: /metrics has no vllm: metrics, so it cannot be checked for a draft "
-                                 "(not vLLM, or started with --disable-log-stats); check regenerate.external_engine")
-        spec = sorted(set(re.findall(r"vllm:spec_decode\w*", text)))
-        if spec:
-            raise PreflightError(f"{base_url}: vLLM runs speculative decoding (metrics {', '.join(spec)} exist only with "
-                                 "--speculative-config); regeneration needs the plain target, start it without a draft")
-        return {"spec_decode_metrics": False}
-    if engine == "sglang":
-        resp = _request(client, "GET", f"{base_url}/get_server_info", attempts)
-        if resp.status_code == 404:  # newer SGLang: /server_info, /get_server_info kept as an alias
-            resp = _request(client, "GET", f"{base_url}/server_info", attempts)
+def _answer(client, method: str, url: str, attempts: int):
+    """`_request`, or None when the endpoint never answers (a path this engine does not have)."""
+    try:
+        return _request(client, method, url, attempts)
+    except PreflightError:
+        return None
+
+
+def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
+    """What the server shows of itself, whatever params say it is: the engines it answers as
+    ("vllm", "sglang"), which of them could be checked for speculative decoding, and any sign
+    that it decodes speculatively.
+
+    vLLM: `vllm:` metrics on /metrics, where `vllm:spec_decode_*` exist only with
+    --speculative-config (vllm/v1/spec_decode/metrics.py); a dev-mode /server_info with its
+    vllm_config. SGLang: /get_server_info (newer: /server_info) with `speculative_algorithm`;
+    `sglang:` metrics. Both: `owned_by` of /v1/models. transformers serve has none of these and
+    no speculative mode."""
+    engines, checked, speculative, facts = set(), set(), [], {}
+    resp = _answer(client, "GET", f"{base_url}/metrics", attempts)
+    text = resp.text if resp is not None and resp.status_code == 200 else ""
+    if re.search(r"^vllm:", text, re.M):
+        engines.add("vllm")
+        checked.add("vllm")
+    if re.search(r"^sglang:", text, re.M):
+        engines.add("sglang")
+    if spec := sorted(set(re.findall(r"vllm:spec_decode\w*", text))):
+        speculative.append(f"vLLM metrics {', '.join(spec)} (they exist only with --speculative-config)")
+    for path in ("/get_server_info", "/server_info"):
+        resp = _answer(client, "GET", f"{base_url}{path}", attempts)
         try:
-            info = resp.json()
+            info = resp.json() if resp is not None and resp.status_code == 200 else None
         except ValueError:
             info = None
-        if resp.status_code != 200 or not isinstance(info, dict) or "speculative_algorithm" not in info:
-            raise PreflightError(f"{base_url}: /get_server_info has no speculative_algorithm (HTTP {resp.status_code}), "
-                                 "so it cannot be checked for a draft; check regenerate.external_engine")
-        if info["speculative_algorithm"]:
-            raise PreflightError(f"{base_url}: SGLang runs speculative decoding (speculative_algorithm="
-                                 f"{info['speculative_algorithm']}, draft {info.get('speculative_draft_model_path')}); "
-                                 "regeneration needs the plain target, start it without --speculative-algorithm")
-        return {"speculative_algorithm": None, "model_path": info.get("model_path")}
-    return {}  # transformers serve has no speculative mode (no draft/assistant option)
+        if isinstance(info, dict) and "speculative_algorithm" in info:
+            engines.add("sglang")
+            checked.add("sglang")
+            facts.update(speculative_algorithm=info["speculative_algorithm"], model_path=info.get("model_path"))
+            if info["speculative_algorithm"]:
+                speculative.append(f"SGLang speculative_algorithm={info['speculative_algorithm']} "
+                                   f"(draft {info.get('speculative_draft_model_path')})")
+            break
+        if isinstance(info, dict) and "vllm_config" in info:  # vLLM with VLLM_SERVER_DEV_MODE
+            engines.add("vllm")
+            checked.add("vllm")
+            found = re.search(r"speculative_config=([^,)]+)", str(info["vllm_config"]))
+            if found and found.group(1).strip() != "None":
+                speculative.append(f"vLLM /server_info speculative_config={found.group(1).strip()}")
+            break
+    for entry in models:
+        if isinstance(entry, dict) and entry.get("owned_by") in ("vllm", "sglang"):
+            engines.add(entry["owned_by"])
+    return {"engines": sorted(engines), "checked": sorted(checked), "speculative": speculative, **facts}
+
+
+def check_engine(base_url: str, declared: str, probe: dict) -> None:
+    """Refuse a speculative server whatever was declared; refuse one that answers as another
+    engine than declared, or that cannot be checked for a draft as the engine it is."""
+    if probe["speculative"]:
+        raise PreflightError(f"{base_url}: the server runs speculative decoding ({'; '.join(probe['speculative'])}); "
+                             "it must serve the plain target: start it without a draft")
+    if probe["engines"] and declared not in probe["engines"]:
+        raise PreflightError(f"{base_url} answers as {' and '.join(probe['engines'])}, not {declared} as declared "
+                             "(regenerate.external_engine or benchmark.engine; for a launched server, another "
+                             "process holds the port); say what it is so the right checks run")
+    if declared in ("vllm", "sglang") and declared not in probe["checked"]:
+        how = ("/metrics has no vllm: metrics (not vLLM, or started with --disable-log-stats)" if declared == "vllm"
+               else "/get_server_info has no speculative_algorithm")
+        raise PreflightError(f"{base_url}: {how}, so it cannot be checked for a draft; check regenerate.external_engine")
+
+
+def listed_models(client, base_url: str, attempts: int) -> list:
+    """The entries of /v1/models ([] when it does not answer with a list)."""
+    try:
+        resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
+        models = resp.json().get("data", []) if resp.status_code == 200 else []
+    except (PreflightError, ValueError, AttributeError):
+        return []
+    return models if isinstance(models, list) else []
+
+
+def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> dict:
+    """What the server says about speculative decoding, probed whatever `engine` declares
+    (probe_engine, check_engine); raises PreflightError when it decodes speculatively, answers as
+    another engine, or cannot be checked. Returns vLLM: spec_decode_metrics False; SGLang:
+    speculative_algorithm None and its model_path."""
+    from draftline.config import redact_url
+
+    probe = probe_engine(client, base_url, attempts, listed_models(client, base_url, attempts))
+    check_engine(redact_url(base_url), engine, probe)
+    if engine == "vllm":
+        return {"spec_decode_metrics": False}
+    if engine == "sglang":
+        return {"speculative_algorithm": None, "model_path": probe.get("model_path")}
+    return {}
 
 
 def preflight(base_url: str, engine: str, model_name: str, tokenizer, chat_template_kwargs: dict,
@@ -390,20 +579,24 @@ def preflight(base_url: str, engine: str, model_name: str, tokenizer, chat_templ
     """Check one endpoint before the first request (see the module docstring); returns what it saw."""
     import httpx
 
+    from draftline.config import redact_url
+
+    shown = redact_url(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=timeout_s, headers=headers) as client:
-        seen = {"url": base_url, "engine": engine, **check_not_speculative(client, base_url, engine, attempts)}
-
         # transformers serve lists only hub-cached models (none for a local path; HTTP 500 without
         # an HF_HUB_CACHE); it is pinned to the model it was started with and answers 400 to any
         # other name: the probe below checks both.
-        try:
-            resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
-            served = [m.get("id") for m in resp.json().get("data", [])] if resp.status_code == 200 else []
-        except (PreflightError, ValueError, AttributeError):
-            served = []
+        models = listed_models(client, base_url, attempts)
+        probe = probe_engine(client, base_url, attempts, models)
+        check_engine(shown, engine, probe)
+        seen = {"url": shown, "engine": engine, "answers_as": probe["engines"] or [engine],
+                **{k: v for k, v in probe.items() if k not in ("engines", "checked", "speculative")},
+                "speculative": False}
+
+        served = [m.get("id") for m in models if isinstance(m, dict)]
         if served and model_name not in served:
-            raise PreflightError(f"{base_url} serves {served}, not the target {model_name!r} of the card; "
+            raise PreflightError(f"{shown} serves {served}, not the target {model_name!r} of the card; "
                                  "point regenerate at the target's server (or set regenerate.served_model_name)")
         seen["served_models"] = served
 
@@ -413,11 +606,11 @@ def preflight(base_url: str, engine: str, model_name: str, tokenizer, chat_templ
             body["chat_template_kwargs"] = chat_template_kwargs
         resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
         if resp.status_code != 200:
-            raise PreflightError(f"{base_url}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
+            raise PreflightError(f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
                                  f"{resp.text[:300]}")
         counted = (resp.json().get("usage") or {}).get("prompt_tokens")
         if counted != len(expected):
-            raise PreflightError(f"{base_url}: the server counts {counted} prompt tokens for the probe, the target's "
+            raise PreflightError(f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "
                                  f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
                                  "chat template than the card's target")
         seen["probe_prompt_tokens"] = counted
@@ -428,7 +621,7 @@ def preflight(base_url: str, engine: str, model_name: str, tokenizer, chat_templ
                                  **({"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {})})
             if tok.status_code == 200:
                 if tok.json().get("tokens") != expected:
-                    raise PreflightError(f"{base_url}: vLLM's /tokenize gives other token ids for the probe than the "
+                    raise PreflightError(f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
                                          "target's tokenizer and chat template")
                 seen["probe_token_ids"] = "match"
     return seen

@@ -29,6 +29,7 @@ import sys
 
 # stage -> most intra-op threads (None: every core the process may run on)
 STAGE_THREADS: dict[str, int | None] = {
+    "check_params": 1,  # validation only: never loads torch
     "target": 1,  # tiny target training: 128-wide matmuls (smollm2: a one-off conversion)
     "prepare": 1,
     "mix": 1,

@@ -11,7 +11,8 @@ Real: chain speculative decoding (greedy, k draft tokens per round) with the bui
 output checked against plain greedy decoding of the target (the engine is lossless, so a mismatch
 fails the stage). Simulated: tau_sim = 1 + sum of teacher-forced accuracies, from speculators' own
 TTT forward over the target's hidden states of prompt + its greedy completion (the same tokens the
-real decoder verified; the eval prompts have no stored hidden states). Both per source dataset.
+real decoder verified; the eval prompts have no stored hidden states). Both per source dataset, and
+per row source inside a dataset (`source_detail`, e.g. open-perfectblend's subsets) when rows have one.
 The metrics file holds the two headline figures; the whole report (per position, per source,
 histogram, prompts) is in acceptance.detail.json beside it.
 """
@@ -72,6 +73,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     sums_stored = {}
     rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
     per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
+    per_detail = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})  # (dataset, its row's own source)
     generated = 0
     for row in track(rows, description="evaluate"):
         ids = prompt_ids(tokenizer, row)
@@ -84,10 +86,13 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
         if fp8:
             add_sums(sums_stored, teacher_forced_sums(draft, teacher_forced_sample(
                 target, card["aux_layer_ids"], ids, plain.tokens, torch.float8_e4m3fn), cfg.k, device))
-        src = per_source[row.get("source", "?")]
-        src["rounds"].extend(spec.accepted_per_round)
-        src["prompts"] += 1
-        add_sums(src["sums"], sums)
+        groups = [per_source[row.get("source", "?")]]
+        if row.get("source_detail"):
+            groups.append(per_detail[(row.get("source", "?"), row["source_detail"])])
+        for src in groups:
+            src["rounds"].extend(spec.accepted_per_round)
+            src["prompts"] += 1
+            add_sums(src["sums"], sums)
         rounds_all.extend(spec.accepted_per_round)
         add_sums(sums_all, sums)
         generated += len(plain.tokens)
@@ -116,6 +121,10 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
                    "prompts": s["prompts"]}
             for name, s in sorted(per_source.items())
         },
+        **({"per_source_detail": {
+            f"{name}/{detail}": {"acceptance_length": mean(s["rounds"]),
+                                 "tau_sim": simulated_acceptance(s["sums"], cfg.k)["tau_sim"], "prompts": s["prompts"]}
+            for (name, detail), s in sorted(per_detail.items())}} if per_detail else {}),
         "lossless_checked_prompts": len(rows),
         "near_tie_divergences": len(near_ties),
     }

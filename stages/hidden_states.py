@@ -49,7 +49,7 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     import subprocess
 
     from draftline import hidden
-    from draftline.serving import ManagedServer, startup_timeout_s
+    from draftline.serving import ManagedServer, server_url, startup_timeout_s
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -57,11 +57,13 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
     staging = out / hidden.VLLM_STAGING  # same filesystem: speculators' move is then an atomic rename
     staging.mkdir(parents=True, exist_ok=True)
     longest = max(rows.with_format(None)["seq_len"])
-    serve = hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
-                                      card["num_layers"], staging, v.host, v.port, cfg.dtype, v.tensor_parallel_size,
-                                      v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
-                                      transfer=cfg.format if cfg.format == "fp8" else "file",
-                                      trust_remote_code=card.get("trust_remote_code", False))
+
+    def serve(port: int) -> list[str]:
+        return hidden.vllm_serve_command(v.python or sys.executable, card["model"], card.get("revision"), aux_ids,
+                                         card["num_layers"], staging, v.host, port, cfg.dtype, v.tensor_parallel_size,
+                                         v.max_model_len or longest + 1, v.gpu_memory_utilization, v.extra_args,
+                                         transfer=cfg.format if cfg.format == "fp8" else "file",
+                                         trust_remote_code=card.get("trust_remote_code", False))
     if v.endpoint:  # already running: checked with one probe row, not started
         from contextlib import nullcontext
 
@@ -75,14 +77,18 @@ def run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path) -> No
         except PreflightError as err:
             raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
         print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
-        server = nullcontext()
+        server = nullcontext(base_url)
     else:
-        base_url = f"http://{v.host}:{v.port}"
         limit, why = startup_timeout_s(v.startup_timeout_s, card["model"], card.get("revision"))
-        print(f"hidden_states: launching {' '.join(serve)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
-        server = ManagedServer(serve, dict(os.environ), base_url, log_path, limit, say=print)
+
+        def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
+            cmd = serve(port)
+            print(f"hidden_states: launching {' '.join(cmd)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}")
+            return cmd
+
+        server = ManagedServer(launch, dict(os.environ), server_url(v.host, v.port), log_path, limit, say=print)
     try:
-        with server:
+        with server as base_url:
             client = hidden.generate_offline_data_command(f"{base_url}/v1", Path(tokenized_dir), out, v.concurrency,
                                                           v.request_timeout_s, v.max_retries, validate=cfg.format != "fp8")
             print("hidden_states: running", " ".join(client))
@@ -151,21 +157,34 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
     fingerprint = hidden.fingerprint(card, hs_format.storage_name(cfg.format, cfg.dtype))
     if cfg.mode == "online":
         return write_online(cfg, card, rows, out, report_path, fingerprint, aux_ids)
-    cleared = hidden.prepare_output(out, fingerprint)
-    if cleared:
-        print(f"hidden_states: removed {cleared} files made for another target, aux layers or dtype")
-    todo, done = hidden.pending_rows(rows, out, H, store_dtype, cfg.verify_existing == "full")
+    hidden.remove_temporaries(out)  # *.tmp and vLLM staging of a killed run: never finished files
+    # Plan what to remove and redo, check the disk, and only then remove anything: a refusal
+    # leaves every file in place.
+    stale = hidden.stale_files(out, fingerprint)  # made for another target, aux layers, dtype or format
+    if stale:
+        todo, done, extra = hidden.all_rows(rows), 0, []
+    else:
+        todo, done = hidden.pending_rows(rows, out, H, store_dtype, cfg.verify_existing == "full", remove_extra=False)
+        extra = hidden.extra_files(out, len(rows))  # rows past the end: `samples` shrank
+    cleared = sum(f.name != hidden.PLAN_FILE for f in stale)
+    overwritten = [hidden.hs_path(out, i) for i in todo]
+    reclaimable = sum(f.stat().st_size for f in stale + extra + overwritten if f.exists())
     needed = hidden.estimate_bytes(list(todo.values()), H, store_dtype)
     print(f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x "
-          f"{hs_format.bytes_per_token(H, cfg.format, cfg.dtype):,} B ({cfg.format}) = {needed / 1e9:.3f} GB")
+          f"{hs_format.bytes_per_token(H, cfg.format, cfg.dtype):,} B ({cfg.format}) = {needed / 1e9:.3f} GB"
+          + (f"; {cleared} files made for another target, aux layers, dtype or format to remove" if cleared else ""))
     try:
-        free = hidden.check_disk(out, needed, cfg.disk_margin)
+        free = hidden.check_disk(out, needed, cfg.disk_margin, reclaimable)
     except RuntimeError as err:
         the_plan = plan.make_plan(sum(todo.values()), len(todo), H, dtype_name=cfg.dtype, free=plan.free_bytes(out),
                                   margin=cfg.disk_margin, pack_len=params.train.pack_len)
         fits = plan.cheaper_modes(the_plan, f"offline_{cfg.format}")
         hint = ("; these would fit: " + "; ".join(fits)) if fits else ""
         raise SystemExit(f"error: {err}{hint} (`python -m draftline.plan` prints the figures)") from None
+    for f in stale + extra:
+        f.unlink()
+    if cleared:
+        print(f"hidden_states: removed {cleared} files made for another target, aux layers, dtype or format")
 
     layout = LAYOUTS[cfg.format]
     meta = dict(mode="offline", format=cfg.format, fingerprint=fingerprint, aux_layer_ids=aux_ids, layout=layout)
@@ -180,6 +199,7 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
             raise SystemExit(f"error: {len(missing)} rows still have no valid hidden states after generate-offline-data "
                              f"(first: {sorted(missing)[:10]}); rerun to retry them")
     elapsed = time.perf_counter() - start
+    (out / hidden.PLAN_FILE).unlink(missing_ok=True)  # complete: the batch plan of this run is done
     write_meta(out, "hidden_states", cfg.model_dump(), complete=True, **meta)
     report = {
         "backend": cfg.backend,

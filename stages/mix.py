@@ -31,6 +31,7 @@ def light_rows(path: Path) -> list[dict]:
             if line.strip():
                 record = json.loads(line)
                 rows.append({"id": record["id"], "source": record.get("source"), "offset": offset,
+                             **({"source_detail": record["source_detail"]} if record.get("source_detail") else {}),
                              "prompt_tokens_est": record["prompt_tokens_est"],
                              "digest": content_hash(record["messages"], record["tools"])})
             offset += len(line)

@@ -14,8 +14,9 @@ datasets/sources.yaml (see --write-sources and README "Datasets") fails instead 
 """
 
 import sys
+from pathlib import Path
 
-from draftline.config import stage_params
+from draftline.config import DATASET_NAME, stage_params
 from draftline.threads import apply_thread_policy
 
 SOURCES_HEADER = """\
@@ -41,8 +42,19 @@ def write_sources(path: str = "datasets/sources.yaml") -> None:
     print(f"{path}: source deps of {len(deps)} datasets")
 
 
+def inside_workspace(*paths: str) -> list[Path]:
+    """The paths resolved (symlinks, `..`); SystemExit naming any that lands outside the current
+    directory, the workspace DVC runs the stage in."""
+    root, resolved = Path.cwd().resolve(), [Path(p).resolve() for p in paths]
+    if outside := [str(p) for p in resolved if root != p and root not in p.parents]:
+        raise SystemExit(f"error: outputs outside the workspace {root}: {', '.join(outside)}")
+    return resolved
+
+
 def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
     params = stage_params()
+    if not DATASET_NAME.fullmatch(name):
+        raise SystemExit(f"error: {name!r} is not a plain dataset name (letters, digits, _ and -)")
     apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
     if name not in params.datasets:
         raise SystemExit(f"error: unknown dataset {name!r}; params.yaml datasets: {', '.join(sorted(params.datasets))}")
@@ -58,6 +70,7 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
         raise SystemExit(f"error: dvc.yaml makes prepare@{name} depend on {options[1]!r}, but its source is "
                          f"{spec.path!r}: datasets/sources.yaml is stale; run "
                          "`python -m stages.prepare --write-sources datasets/sources.yaml`")
+    out_path, report_path = inside_workspace(out_jsonl, report_json)
     stats = PrepareStats()
     try:
         with Progress(transient=True) as progress:
@@ -72,7 +85,8 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
         **stats.as_dict(),
     })
     dropped = ", ".join(f"{reason} {n}" for reason, n in stats.as_dict()["dropped"].items()) or "none"
-    print(f"prepare {name}: kept {stats.rows_kept}/{stats.rows_read} rows; dropped: {dropped}")
+    print(f"prepare {name}: kept {stats.rows_kept}/{stats.rows_read} rows -> {out_path}; dropped: {dropped}; "
+          f"report {report_path}")
 
 
 if __name__ == "__main__":

@@ -28,24 +28,26 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str, out: Path | None = None) -> list[str]:
-    """The server command of a launched backend; `out` (the stage's output dir) takes backend hf's stats."""
+def launch_command(cfg, card: dict, model_name: str, out: Path | None = None, port: int | None = None) -> list[str]:
+    """The server command of a launched backend on `port` (else regenerate.port; with neither, no
+    --port: a command to show); `out` (the stage's output dir) takes backend hf's stats."""
     from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
                                    vllm_serve_command)
 
+    port = port if port is not None else cfg.port
     trust = card.get("trust_remote_code", False)
     if cfg.backend == "hf":
         from draftline import batch_server  # the server it launches: an edit to it changes the answers
 
-        return hf_batch_serve_command(batch_server.__name__, card["model"], cfg.host, cfg.port, cfg.hf.max_batch,
+        return hf_batch_serve_command(batch_server.__name__, card["model"], cfg.host, port, cfg.hf.max_batch,
                                       cfg.hf.gather_ms, cfg.hf.tie_tolerance, cfg.hf.threads,
                                       out / "server_stats.json" if out else None, trust) + cfg.extra_args
     if cfg.backend == "transformers":
-        return transformers_serve_command(card["model"], cfg.host, cfg.port, "cuda" if has_cuda() else "cpu",
+        return transformers_serve_command(card["model"], cfg.host, port, "cuda" if has_cuda() else "cpu",
                                           cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
                                           cfg.chat_template_kwargs)
     build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
-    return build(card["model"], model_name, cfg.host, cfg.port, card.get("revision"), cfg.tensor_parallel_size,
+    return build(card["model"], model_name, cfg.host, port, card.get("revision"), cfg.tensor_parallel_size,
                  cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
                  trust)
 
@@ -55,6 +57,15 @@ def regeneration_settings(cfg, card: dict) -> dict:
     regenerate params (draftline/config.py). Conversations made under other settings are redone."""
     return {"model": card["model"], "revision": card.get("revision"), "chat_template_sha256": card["chat_template_sha256"],
             **output_shaping(cfg)}
+
+
+def cut_last_line(path: Path) -> bool:
+    """The file ends in a line a kill cut short (no final newline)."""
+    if not path.exists() or not path.stat().st_size:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -175,7 +186,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     from draftline.io import read_json, write_json, write_meta
     from draftline.regeneration import (RetryPolicy, Sampling, chat_prompt_ids, close_pool, fingerprint,
                                         load_finished, open_pool, regenerate_all)
-    from draftline.serving import ManagedServer, PreflightError, preflight, server_env
+    from draftline.serving import ManagedServer, PreflightError, preflight, server_env, server_url
 
     card = read_json(card_path)
     model_name = cfg.served_model_name or card["model"]
@@ -209,11 +220,20 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations_path = out / "conversations.jsonl"
-    done, resume = load_finished(conversations_path, by_id, tags["fingerprint"])
+    # Count first, drop later: lines made with other settings (or cut by a kill) are removed only
+    # once every endpoint passed its preflight, so a refused server (wrong endpoint, a draft
+    # attached...) leaves conversations.jsonl exactly as it was.
+    done, resume = load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=False)
     tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
+    dropping = {k: v for k, v in resume.items() if v and k not in ("not_in_prompts", "last_run")}
+    to_drop = bool(dropping) or cut_last_line(conversations_path)
     todo = [row for row in prompts if row["id"] not in done]
     print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
-          + "".join(f", {v} {k.replace('_', ' ')} dropped" for k, v in resume.items() if v and k not in ("not_in_prompts", "last_run")))
+          + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in dropping.items()))
+
+    def drop_stale_lines() -> None:
+        if to_drop:
+            load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=True)
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
@@ -222,14 +242,14 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         tokenizer = card_tokenizer(card)
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
-        else:
+        else:  # a free port chosen at start unless regenerate.port is set
             from draftline.serving import startup_timeout_s
 
-            url = f"http://{cfg.host}:{cfg.port}"
             limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
             print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
-            server, urls = ManagedServer(launch_command(cfg, card, model_name, out), server_env(out / ".hf_cache"), url,
-                                         out / "server.log", limit, say=print), [url]
+            server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, out, port),
+                                         server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
+                                         out / "server.log", limit, say=print), []
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
                             tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
         policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.first_token_timeout_s,
@@ -254,13 +274,16 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             finally:
                 await close_pool(pool)
 
-        with server:
+        with server as launched:
+            urls = urls or [launched]
             for url in urls:
                 try:
                     seen.append(preflight(url, engine, model_name, tokenizer, dict(cfg.chat_template_kwargs), api_key,
                                           timeout_s=cfg.first_token_timeout_s, attempts=cfg.max_retries + 1))
                 except PreflightError as err:
-                    raise SystemExit(f"error: preflight refused the endpoint: {err}") from None
+                    raise SystemExit(f"error: preflight refused the endpoint: {err} (nothing was sent or "
+                                     f"dropped: {conversations_path} is as it was)") from None
+            drop_stale_lines()
             import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
 
             start = time.perf_counter()
@@ -271,6 +294,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
                     tally = asyncio.run(run(on_done, on_tick))
                 except KeyboardInterrupt:
                     raise SystemExit("regenerate: interrupted; finished conversations are kept, a rerun sends the rest") from None
+    else:
+        drop_stale_lines()  # nothing to send: only lines of ids no longer prompted, or a cut line
     elapsed = time.perf_counter() - start
 
     turns = sum(tally.finish_reasons.values()) if tally else 0

@@ -5,6 +5,7 @@
 
 Small CPU variant: `dvc exp run -S train.epochs=1 -S train.pack_len=1024`.
 
+models/draft is a persist output too: it is replaced only once a run has trained its successor.
 backend builtin: our loop on CPU (float32) or one GPU (bf16 autocast). Its resume state lives in
 models/draft_checkpoints/, a `persist: true` output: DVC neither deletes it before a run nor
 loses it when a run dies, so a killed `dvc repro` continues from the last saved step. A finished
@@ -19,6 +20,8 @@ the best validation tau_sim, not the lowest loss.
 """
 
 import contextlib
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,8 +36,8 @@ def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
         return
     init_path, out = Path(init).resolve(), out_dir.resolve()
     if init_path == out or out in init_path.parents:
-        raise SystemExit(f"error: train.init: {init} is this stage's own output, which DVC deletes before "
-                         "the stage runs; copy a previous draft elsewhere (e.g. models/init/) and point to it")
+        raise SystemExit(f"error: train.init: {init} is this stage's own output, which a train run replaces; "
+                         "copy a previous draft elsewhere (e.g. models/init/) and point to it")
 
 
 def epoch_logger(live):
@@ -127,10 +130,13 @@ def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dic
     return model, result, notes
 
 
-def online_vllm(card, paths, source: dict) -> tuple[list[str] | None, str, Path | None]:
-    """hidden_states.mode online with backend speculators: (the `vllm serve` command to launch, or
-    None for an external endpoint; the /v1 endpoint; the staging directory of the file/fp8 transfer)."""
+def online_vllm(card, paths, source: dict) -> tuple:
+    """hidden_states.mode online with backend speculators: (a function port -> the `vllm serve`
+    command to launch, or None for an external endpoint; the /v1 endpoint of an external server,
+    or the base URL to launch on, port 0 = a free one chosen at start; the staging directory of
+    the file/fp8 transfer)."""
     from draftline import hidden
+    from draftline.serving import server_url
 
     online, params = source["online"], source.get("params") or {}
     transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
@@ -143,13 +149,16 @@ def online_vllm(card, paths, source: dict) -> tuple[list[str] | None, str, Path 
 
     v = params.get("vllm") or {}
     longest = max(load_from_disk(str(paths["tokenized"])).with_format(None)["seq_len"])
-    serve = hidden.vllm_serve_command(v.get("python") or sys.executable, card["model"], card.get("revision"), card["aux_layer_ids"],
-                                      card["num_layers"], staging, v.get("host", "127.0.0.1"), v.get("port", 8012),
-                                      params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
-                                      v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
-                                      v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
-                                      trust_remote_code=card.get("trust_remote_code", False))
-    return serve, f"http://{v.get('host', '127.0.0.1')}:{v.get('port', 8012)}/v1", staging
+    host = v.get("host") or "127.0.0.1"
+
+    def serve(port: int) -> list[str]:
+        return hidden.vllm_serve_command(v.get("python") or sys.executable, card["model"], card.get("revision"),
+                                         card["aux_layer_ids"], card["num_layers"], staging, host, port,
+                                         params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
+                                         v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
+                                         v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
+                                         trust_remote_code=card.get("trust_remote_code", False))
+    return serve, server_url(host, v.get("port")), staging
 
 
 def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dict):
@@ -189,30 +198,37 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dic
         except PreflightError as err:
             raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
         print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
-    hs_args = draft.speculators_hidden_states_args(paths["hs"], source["format"], source.get("online") if endpoint else None,
-                                                   endpoint, staging)
     try:
         verifier = draft.verifier_for_speculators(card, paths["state"] / "verifier_view")
     except draft.InitMismatch as err:
         raise SystemExit(f"error: {err}") from None
-    cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
-                                          save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args,
-                                          verifier)
     live_dir.mkdir(parents=True, exist_ok=True)
-    (live_dir / "command.txt").write_text("\n".join(" ".join(c) for c in (serve, cmd) if c) + "\n")
+    launched = []
     with contextlib.ExitStack() as stack:
         if serve is not None:  # the extraction server the trainers ask for states, stopped after
             import os
 
             from draftline.serving import ManagedServer, startup_timeout_s
 
+            def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
+                launched.append(serve(port))
+                print("train: launching", " ".join(launched[-1]), flush=True)
+                return launched[-1]
+
             if staging is not None:
                 staging.mkdir(parents=True, exist_ok=True)
             limit, why = startup_timeout_s((source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
                                            card["model"], card.get("revision"))
-            print(f"train: launching {' '.join(serve)} (start-up limit {limit:.0f}s: {why})", flush=True)
-            stack.enter_context(ManagedServer(serve, dict(os.environ), endpoint.removesuffix("/v1"), live_dir / "vllm.log",
-                                              limit, say=print))
+            print(f"train: extraction server start-up limit {limit:.0f}s: {why}", flush=True)
+            base_url = stack.enter_context(ManagedServer(launch, dict(os.environ), endpoint, live_dir / "vllm.log",
+                                                         limit, say=print))
+            endpoint = f"{base_url}/v1"
+        hs_args = draft.speculators_hidden_states_args(paths["hs"], source["format"], source.get("online") if endpoint else None,
+                                                       endpoint, staging)
+        cmd = draft.speculators_train_command(cfg, card, paths["vocab"], paths["tokenized"], paths["hs"],
+                                              save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args,
+                                              verifier)
+        (live_dir / "command.txt").write_text("\n".join(" ".join(c) for c in (launched[-1:] + [cmd]) if c) + "\n")
         print(" ".join(cmd), flush=True)
         if subprocess.run(cmd).returncode != 0:
             raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
@@ -255,13 +271,19 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
         except draft.InitMismatch as err:
             raise SystemExit(f"error: {err}") from None
 
+    # models/draft is a persist output: the last draft stays until this one is written and
+    # checked beside it, then replaces it whole (a failed or refused run leaves it in place).
     out = Path(out_dir)
-    vllm_fields = draft.save_draft(model, out)
+    staged = out.with_name(f".{out.name}.new")
+    shutil.rmtree(staged, ignore_errors=True)
+    vllm_fields = draft.save_draft(model, staged)
     best = result["best"]
-    write_meta(out, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
+    write_meta(staged, "train", cfg.model_dump(), target=card["model"], target_revision=card.get("revision"),
                data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
                best_epoch=best["epoch"], vllm_speculator=vllm_fields,
                hidden_states={"mode": source["mode"], "format": source["format"]})
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staged, out)
     write_metrics(report_path, {
         "best_epoch": best["epoch"],
         "val_tau_sim": best["val"]["tau_sim"],

@@ -103,6 +103,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     torch.manual_seed(0)
     build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
     rows = [{"id": f"e{i}", "source": "ab"[i % 2], **c} for i, c in enumerate(generate_conversations(4, 5))]
+    rows[0]["source_detail"] = rows[2]["source_detail"] = "upstream"  # a blended dataset's own column
     write_jsonl(tmp_path / "eval.jsonl", rows)
     write_json(tmp_path / "meta.json", {"stage": "mix", "counts": {"train": 1092, "eval": 4}})  # fewer than `samples`
     proc = subprocess.run([sys.executable, "-m", "stages.evaluate", "card.json", "draft", "eval.jsonl", "acc.json", "plots"],
@@ -116,6 +117,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     assert set(report["position_acceptance"]) == set(report["sim_position_accuracy"]) == {"1", "2"}
     assert sum(report["histogram"].values()) == report["rounds"]
     assert set(report["per_source"]) == {"a", "b"} and report["per_source"]["a"]["prompts"] == 2
+    assert report["per_source_detail"] == {"a/upstream": {**report["per_source"]["a"]}}  # rows 0 and 2: all of a
     # every value is a number or a dict of numbers: `dvc metrics diff` shows each under a dotted key
     for value in report.values():
         assert isinstance(value, (int, float)) or all(isinstance(v, (int, float, dict)) for v in value.values())

@@ -24,7 +24,7 @@ def write_lines(path: Path, rows: list) -> Path:
 
 
 def check_schema(record: dict, source: str) -> None:
-    assert set(record) == {"id", "source", "messages", "tools", "prompt_tokens_est"}
+    assert set(record) - {"source_detail"} == {"id", "source", "messages", "tools", "prompt_tokens_est"}
     assert record["source"] == source and isinstance(record["id"], str) and record["id"]
     assert record["tools"] is None or isinstance(record["tools"], list)
     assert isinstance(record["prompt_tokens_est"], int) and record["prompt_tokens_est"] >= 0
@@ -281,3 +281,28 @@ def test_stage_refuses_a_stale_source_dep(tmp_path):
     done = run_prepare(tmp_path, "a", "a.out.jsonl", "a.report.json", "--source-dep", "old.jsonl")
     assert done.returncode == 1 and "datasets/sources.yaml is stale" in done.stderr
     assert not (tmp_path / "a.out.jsonl").exists()
+
+
+def test_sharegpt_top_level_system_and_the_rows_own_source_are_kept():
+    """Issue #16.6: OpenThoughts-style ShareGPT rows carry the system prompt in a top-level `system`
+    column (Alpaca and prompt-only already read it); blended sets carry their upstream in `source`,
+    which the dataset name used to replace."""
+    rows = [
+        {"system": "Think step by step.", "source": "open-thoughts/math",
+         "conversations": [{"from": "user", "value": "1 + 1?"}, {"from": "assistant", "value": "2"}]},
+        {"system": "Be brief.", "conversations": [{"from": "system", "value": "Be brief."},
+                                                  {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+        {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red"}],
+         "system": "Answer in one word.", "source": 7},
+    ]
+    records, stats = prepare_records(rows, "blend")
+    assert stats["rows_kept"] == 3
+    first, second, third = records
+    assert first["messages"][0] == {"role": "system", "content": "Think step by step."}
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
+    assert first["source"] == "blend" and first["source_detail"] == "open-thoughts/math"
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant"]  # not doubled
+    assert "source_detail" not in second
+    assert third["messages"][0]["content"] == "Answer in one word." and third["source_detail"] == "7"
+    for record in records:
+        check_schema(record, "blend")

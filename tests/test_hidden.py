@@ -258,6 +258,43 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
     assert json.loads((out / "meta.json").read_text())["complete"] is True
 
 
+class Killed(BaseException):
+    """Stands in for SIGKILL: raised from inside a batch, after some of its files were written."""
+
+
+def test_resumed_extraction_is_byte_identical_to_an_uninterrupted_one(subsets, monkeypatch):
+    """Issue #16.7: a run killed mid-batch and resumed writes the same bytes as an uninterrupted
+    run (before: the rerun re-batched the remaining rows, and other padding rounds bf16 otherwise,
+    so some files differed and `train` went stale)."""
+    stage_dir = subsets
+    (stage_dir / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 1024, compute_dtype: bfloat16"))
+    try:
+        run_stage(stage_dir, "tokenized", "hs_whole")
+        real_save, saved = hidden.save_hidden_states, []
+
+        def save_then_die(path, *args):
+            if len(saved) == 41:  # inside a batch: some of its rows written, the others not
+                raise Killed
+            real_save(path, *args)
+            saved.append(path.name)
+
+        monkeypatch.setattr(hidden, "save_hidden_states", save_then_die)
+        with pytest.raises(Killed):
+            run_stage(stage_dir, "tokenized", "hs_resumed")
+        monkeypatch.setattr(hidden, "save_hidden_states", real_save)
+        assert len(list((stage_dir / "hs_resumed").glob("hs_*.safetensors"))) == 41
+        report = run_stage(stage_dir, "tokenized", "hs_resumed")
+    finally:
+        (stage_dir / "params.yaml").write_text(PARAMS)
+    assert report["reused"] == 41 and report["extracted_now"] == 120 - 41
+    whole, resumed = stage_dir / "hs_whole", stage_dir / "hs_resumed"
+    names = sorted(f.name for f in whole.glob("hs_*.safetensors"))
+    assert len(names) == 120 and names == sorted(f.name for f in resumed.glob("hs_*.safetensors"))
+    differ = [n for n in names if (whole / n).read_bytes() != (resumed / n).read_bytes()]
+    assert differ == []
+    assert not (resumed / hidden.PLAN_FILE).exists() and not (whole / hidden.PLAN_FILE).exists()
+
+
 def test_disk_guard_prints_the_estimate_and_refuses_before_any_work(subsets, capsys):
     (subsets / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 1024, disk_margin: 1.0e+15"))
     try:
@@ -267,6 +304,37 @@ def test_disk_guard_prints_the_estimate_and_refuses_before_any_work(subsets, cap
         (subsets / "params.yaml").write_text(PARAMS)
     assert "0 rows done, 20 to extract" in capsys.readouterr().out
     assert not list((subsets / "hs_guard").glob("hs_*"))
+
+
+def test_a_disk_refusal_after_a_dtype_change_removes_nothing(subsets, hs_read, random_target, capsys):
+    """Issue #16.2: the states of another dtype are to be cleared, but the disk check refuses: every
+    file must still be there, untouched (before: all were removed, then the stage refused). With
+    room, they are cleared and redone, the space they held counted as free."""
+    import shutil
+
+    out = subsets / "hs_dtype"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(subsets / "hs_read", out)
+    stamps = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.iterdir()}
+    assert len([n for n in stamps if n.startswith("hs_")]) == 20
+    (subsets / "params.yaml").write_text(PARAMS.replace("dtype: bfloat16, token_budget: 1024",
+                                                        "dtype: float16, token_budget: 1024, disk_margin: 1.0e+15"))
+    try:
+        with pytest.raises(SystemExit, match="not enough disk"):
+            run_stage(subsets, "tokenized_20", "hs_dtype")
+        assert {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.iterdir()} == stamps
+        assert "20 files made for another target, aux layers, dtype or format to remove" in capsys.readouterr().out
+
+        (subsets / "params.yaml").write_text(PARAMS.replace("dtype: bfloat16", "dtype: float16"))
+        report = run_stage(subsets, "tokenized_20", "hs_dtype")
+    finally:
+        (subsets / "params.yaml").write_text(PARAMS)
+    assert report["removed_for_new_fingerprint"] == 20 and report["extracted_now"] == 20
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(subsets / "tokenized_20")).with_format(None)["input_ids"]
+    H = random_target["hidden_size"]
+    assert all(hidden.is_valid_file(hidden.hs_path(out, i), ids, H, torch.float16) for i, ids in enumerate(rows))
 
 
 def test_growing_samples_extracts_only_the_new_rows(subsets, random_target):

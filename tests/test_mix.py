@@ -222,3 +222,15 @@ def test_property_prefix_stable_and_eval_disjoint(case):
     for name, cap in caps.items():
         assert report["train"]["by_source"].get(name, 0) <= cap
     assert {r["source"] for r in train_m + eval_m} <= {name for name, w in weights.items() if w > 0}
+
+
+def test_reports_break_sources_down_by_the_rows_own_source():
+    """Issue #16.6: a blended dataset's rows keep their upstream source (`source_detail`), and the
+    mix report counts them per dataset."""
+    blend = [{**row, "source_detail": "math" if i % 3 else "code"} for i, row in enumerate(make_pool("blend", 60))]
+    train, eval_rows, report = mix({"blend": blend, "plain": make_pool("plain", 60)}, {"blend": 1, "plain": 1}, 40, 10)
+    counts = report["train"]["by_source_detail"]
+    assert set(counts) == {"blend"} and sum(counts["blend"].values()) == report["train"]["by_source"]["blend"]
+    assert set(counts["blend"]) == {"math", "code"}
+    assert all(r.get("source_detail") for r in train if r["source"] == "blend")
+    assert "by_source_detail" not in mix({"plain": make_pool("plain", 60)}, {"plain": 1}, 40, 10)[2]["train"]

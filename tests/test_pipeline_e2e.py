@@ -1,7 +1,7 @@
 """End to end: the DVC workflow on a fresh copy of the repo, with a small override of params.yaml.
 
 One pipeline run is shared by the tests of this module, which run in file order:
-outputs and metrics -> no-op repro -> the staleness table -> a train.* change reruns exactly train
+outputs and metrics -> no-op repro -> a params typo then its fix loses and reruns nothing -> the staleness table -> a train.* change reruns exactly train
 and what follows -> an operational change or a forced rerun leaves later stages cached -> the README workflow (experiment with more samples: only the new prompts
 regenerated and extracted; compare; plots; apply; push) -> fresh clone + pull is clean -> queued
 experiments.
@@ -119,6 +119,35 @@ def test_second_repro_is_a_noop(repo):
     assert stages_run(run(["dvc", "repro"], repo)) == set()
 
 
+def test_params_typo_in_train_keeps_the_draft(repo):
+    """Issue #16.3: `train.epocs: 4` used to reach the train stage, after DVC had removed
+    models/draft (and train's persist checkpoints keep the run cache from restoring it). Now
+    check_params stops `dvc repro` first, in seconds, naming the key: every output keeps its
+    bytes and mtime, and after the fix `dvc repro` reruns nothing."""
+    def stamps() -> dict:
+        roots = ["models/draft", "models/draft_checkpoints", "models/target", "models/vocab", "datasets/hidden_states",
+                 "datasets/regenerated", "datasets/tokenized", "datasets/prompts", "datasets/prepared", "reports"]
+        return {str(f.relative_to(repo)): (f.stat().st_size, f.stat().st_mtime_ns)
+                for root in roots for f in sorted((repo / root).rglob("*")) if f.is_file()}
+
+    good = (repo / "params.yaml").read_text()
+    before, lock = stamps(), (repo / "dvc.lock").read_text()
+    assert any(k.startswith("models/draft/") for k in before)
+    params = yaml.safe_load(good)
+    params["train"]["epocs"] = params["train"]["epochs"]
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    start = time.monotonic()
+    proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True)
+    took = time.monotonic() - start
+    assert proc.returncode != 0 and "train.epocs" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert stages_run(proc.stdout + proc.stderr) == {"check_params"} and took < 10, took
+    assert stamps() == before and (repo / "dvc.lock").read_text() == lock
+    (repo / "params.yaml").write_text(good)  # the fix
+    assert stages_run(run(["dvc", "repro"], repo)) == set()
+    assert stamps() == before and json.loads(run(["dvc", "status", "--json"], repo)) == {}
+
+
 # The README's staleness table: a change to these params makes exactly this stage stale (what
 # follows it reruns only when that stage's outputs change).
 STALENESS = [
@@ -146,7 +175,8 @@ def test_staleness_table(repo):
             set_key(params, key, value)
             (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
             stale = set(json.loads(run(["dvc", "status", "--json"], repo)))
-            assert stale == set(stage.split()), f"{key}: expected only {stage} stale, got {sorted(stale)}"
+            # check_params too: it reruns first on any params edit (its output does not change)
+            assert stale == {"check_params", *stage.split()}, f"{key}: expected only {stage} stale, got {sorted(stale)}"
             assert f"`{key.split('.')[0]}" in readme, f"README staleness table lacks {key}"
     finally:
         (repo / "params.yaml").write_text(original)
@@ -158,8 +188,8 @@ def test_train_param_change_stales_only_train_and_after(repo):
     params["train"]["lr"] = params["train"]["lr"] / 2
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(["dvc", "status", "--json"], repo))
-    assert "train" in status and set(status) <= {"train", "evaluate", "benchmark"}
-    assert stages_run(run(["dvc", "repro"], repo)) == {"train", "evaluate", "benchmark"}
+    assert "train" in status and set(status) <= {"check_params", "train", "evaluate", "benchmark"}
+    assert stages_run(run(["dvc", "repro"], repo)) == {"check_params", "train", "evaluate", "benchmark"}
     git_commit(repo, "lr")
 
 
@@ -167,7 +197,7 @@ def test_rerun_with_same_data_keeps_later_stages_cached(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["regenerate"]["short"]["concurrency"] += 1  # operational: same conversations
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert stages_run(run(["dvc", "repro"], repo)) == {"regenerate"}
+    assert stages_run(run(["dvc", "repro"], repo)) == {"check_params", "regenerate"}
     assert stages_run(run(["dvc", "repro", "-f", "-s", "tokenize"], repo)) == {"tokenize"}
     assert stages_run(run(["dvc", "repro"], repo)) == set()  # byte-identical outputs: nothing after reruns
     git_commit(repo, "concurrency")

@@ -1,12 +1,14 @@
 """prepare@<name> under DVC, in a copy of the repo: one dataset's params change reruns only its prepare
 stage and what follows; prepare stages run in parallel (`dvc --wait-for-lock repro -s`); a hub id
-needs no file; datasets/sources.yaml stays in sync with params.yaml. Runs prepare and mix only."""
+needs no file; datasets/sources.yaml stays in sync with params.yaml; a params mistake is stopped by
+the check_params stage before DVC touches any output. Runs check_params, prepare and mix only."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,14 +58,14 @@ def test_sources_file_is_in_sync_with_params(tmp_path):
 
 def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     dvc = str(BIN / "dvc")
-    assert ran(run([dvc, "repro", "mix"], repo)) == set(STAGES)
+    assert ran(run([dvc, "repro", "mix"], repo)) == {"check_params", *STAGES}
     assert json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout) == {}
 
     edit_params(repo, lambda p: p["datasets"]["sharegpt_sample"].update(max_rows=400))
     status = json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout)
     assert set(status) == {"prepare@sharegpt_sample"}  # the foreach params key is datasets.<name>
     assert "datasets.sharegpt_sample" in json.dumps(status)
-    assert ran(run([dvc, "repro", "mix"], repo)) == {"prepare@sharegpt_sample", "mix"}
+    assert ran(run([dvc, "repro", "mix"], repo)) == {"check_params", "prepare@sharegpt_sample", "mix"}
     assert json.loads((repo / "reports/prepare/sharegpt_sample.json").read_text())["rows_read"] == 400
 
     # Fan-out: both prepare stages at once, each waiting for the repo lock when the other holds it.
@@ -85,6 +87,70 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     code = {d for d in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["prepare"]["do"]["deps"] if "$" not in d}
     assert set(deps) == code | {"params.yaml"}, deps  # its code (the source dep is stages/prepare.py) and params
     assert json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}  # the others untouched
+
+
+def stamps(repo: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every stage output of the subset: what a removal or rewrite would change."""
+    files = [*(repo / "datasets/prepared").glob("*.jsonl"), *(repo / "datasets/prompts").glob("*"),
+             *(repo / "reports/prepare").glob("*.json"), repo / "reports/mix.json", repo / "reports/params_check.txt"]
+    return {str(f.relative_to(repo)): (f.stat().st_size, f.stat().st_mtime_ns) for f in files}
+
+
+TYPOS = [  # (section, a typo in it, the key the error must name)
+    ("samples", lambda p: p.update(sampels=600), "sampels"),  # a key no stage tracks: only check_params sees it
+    ("target", lambda p: p["target"]["tiny"].update(layers=2), "target.tiny.layers"),
+    ("datasets", lambda p: p["datasets"]["sharegpt_sample"].update(max_rowz=400), "datasets.sharegpt_sample.max_rowz"),
+    ("mix", lambda p: p["mix"].update(eval_samples=-1), "mix.eval_samples"),
+    ("regenerate", lambda p: p["regenerate"].update(max_token=64), "regenerate.max_token"),
+    ("tokenize", lambda p: p["tokenize"].update(max_length="long"), "tokenize.max_length"),
+    ("vocab", lambda p: p["vocab"].update(draft_vocab_sise=256), "vocab.draft_vocab_sise"),
+    ("hidden_states", lambda p: p["hidden_states"].update(dtype="bf16"), "hidden_states.dtype"),
+    ("train", lambda p: p["train"].update(epocs=4), "train.epocs"),
+    ("evaluate", lambda p: p["evaluate"].update(k=0), "evaluate.k"),
+    ("benchmark", lambda p: p["benchmark"].update(engine="trt"), "benchmark.engine"),
+]
+
+
+def test_a_params_typo_then_its_fix_loses_nothing_and_reruns_nothing(repo):
+    """Issue #16.3: DVC deletes a stage's non-persist outputs before its command runs, so a check
+    inside the stage came too late (`datasets.sharegpt_sample.max_rowz` deleted the prepared file;
+    `train.epocs` deleted models/draft). check_params runs first and refuses, naming the key, in a
+    second or two, whatever the section; after the fix `dvc repro` reruns nothing that had finished."""
+    dvc = str(BIN / "dvc")
+    run([dvc, "repro", "mix"], repo)
+    good = (repo / "params.yaml").read_text()
+    before = stamps(repo)
+    for section, typo, key in TYPOS:
+        edit_params(repo, typo)
+        start = time.monotonic()
+        failed = run([dvc, "repro", "mix"], repo, ok=False)
+        took = time.monotonic() - start
+        assert failed.returncode != 0 and key in failed.stdout + failed.stderr, (section, failed.stderr[-2000:])
+        assert ran(failed) == {"check_params"} and took < 10, (section, took)
+        assert stamps(repo) == before, section  # every output in place, untouched
+        (repo / "params.yaml").write_text(good)  # the fix
+    assert ran(run([dvc, "repro", "mix"], repo)) == set()  # the fix restores what the last check passed
+    edit_params(repo, lambda p: None)  # a valid edit that only reformats the file: the check reruns, alone
+    assert ran(run([dvc, "repro", "mix"], repo)) == {"check_params"}
+    assert stamps(repo) == before and json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout) == {}
+
+
+def test_check_params_refuses_what_dvc_would_find_out_too_late(tmp_path):
+    """A stale datasets/sources.yaml or train.init pointing at the draft the run replaces."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "datasets").mkdir()
+    shutil.copy(ROOT / "datasets/sources.yaml", tmp_path / "datasets/sources.yaml")
+    check = [sys.executable, "-m", "stages.check_params", "datasets/sources.yaml", "models/draft", "ok.txt"]
+    assert run(check, tmp_path).returncode == 0 and (tmp_path / "ok.txt").read_text().startswith("params.yaml is valid")
+    stamp = (tmp_path / "ok.txt").stat().st_mtime_ns
+    edit_params(tmp_path, lambda p: p["datasets"]["sharegpt_sample"].update(path="elsewhere.jsonl"))
+    proc = run(check, tmp_path, ok=False)
+    assert proc.returncode != 0 and "datasets.sharegpt_sample" in proc.stderr and "--write-sources" in proc.stderr
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    edit_params(tmp_path, lambda p: p["train"].update(init="models/draft"))
+    proc = run(check, tmp_path, ok=False)
+    assert proc.returncode != 0 and "train.init" in proc.stderr
+    assert (tmp_path / "ok.txt").stat().st_mtime_ns == stamp  # same bytes, never rewritten
 
 
 TINY_TARGET = {"layers": 4, "hidden_size": 32, "heads": 2, "kv_heads": 1, "intermediate_size": 64, "vocab_size": 256,

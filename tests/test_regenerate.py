@@ -27,7 +27,7 @@ from draftline.io import read_json, write_json, write_jsonl
 from draftline.regeneration import (Endpoint, EndpointPool, RetryPolicy, Sampling, called_tools, chat_prompt_ids,
                                     close_pool, load_finished, open_pool, prompt_sha256, regenerate_all,
                                     relink_tool_results)
-from draftline.serving import (ManagedServer, PreflightError, preflight, server_env, sglang_serve_command,
+from draftline.serving import (ManagedServer, PreflightError, preflight, server_env, server_url, sglang_serve_command,
                                transformers_serve_command, vllm_serve_command)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -898,8 +898,10 @@ def test_preflight_accepts_the_plain_target(stub, random_target, engine):
     ("sglang", {"speculative": True}, "speculative_algorithm=EAGLE3"),
     ("vllm", {"served": ["other/model"]}, "not the target"),
     ("sglang", {"count_offset": 1}, "another model, tokenizer or chat template"),
-    ("sglang", {"engine": "vllm"}, "cannot be checked for a draft"),  # external_engine says sglang, it is not
-    ("vllm", {"engine": "sglang"}, "no vllm: metrics"),
+    ("sglang", {"engine": "vllm"}, "answers as vllm, not sglang"),  # external_engine says sglang, it is not
+    ("vllm", {"engine": "sglang"}, "answers as sglang, not vllm"),
+    ("vllm", {"engine": "transformers"}, "no vllm: metrics"),  # cannot be checked for a draft
+    ("sglang", {"engine": "transformers"}, "no speculative_algorithm"),
 ])
 def test_preflight_refuses(stub, random_target, engine, attrs, message):
     from transformers import AutoTokenizer
@@ -908,6 +910,37 @@ def test_preflight_refuses(stub, random_target, engine, attrs, message):
     url, _ = stub(**{"engine": engine, "tokenizer": tokenizer, **attrs})
     with pytest.raises(PreflightError, match=message):
         preflight(url, engine, "m", tokenizer, {}, attempts=1)
+
+
+@pytest.mark.parametrize("actual, speculative, message", [
+    ("vllm", True, "runs speculative decoding.*vllm:spec_decode_num_drafts_total"),
+    ("sglang", True, "runs speculative decoding.*speculative_algorithm=EAGLE3"),
+    ("vllm", False, "answers as vllm, not transformers"),
+    ("sglang", False, "answers as sglang, not transformers"),
+])
+def test_preflight_probes_what_the_server_is_whatever_is_declared(stub, random_target, actual, speculative, message):
+    """Declared `external_engine: transformers` (which has no speculative mode), the server is
+    really vLLM / SGLang: its own evidence decides, a draft is found and refused."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    url, handler = stub(engine=actual, speculative=speculative, tokenizer=tokenizer)
+    with pytest.raises(PreflightError, match=message):
+        preflight(url, "transformers", "m", tokenizer, {}, attempts=1)
+    assert handler.requests == []  # refused before the probe request, let alone the data
+
+
+def test_stage_refuses_a_speculative_server_declared_as_transformers(tmp_path, stub, random_target):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target["model"]])
+    workdir = stage_dir(tmp_path, random_target, prompts(4), backend="external", endpoints=[url],
+                        external_engine="transformers")
+    proc = run_stage(workdir)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "speculative decoding" in proc.stderr and "vllm:spec_decode" in proc.stderr
+    assert handler.requests == [] and not (workdir / "out/conversations.jsonl").exists()
 
 
 def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, random_target):
@@ -920,6 +953,40 @@ def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, r
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "preflight refused" in proc.stderr and "speculative" in proc.stderr
     assert handler.requests == [] and not (workdir / "out/conversations.jsonl").exists()
+
+
+def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target):
+    """Issue #16.1: a changed sampling param makes every line stale; with an endpoint the preflight
+    refuses, conversations.jsonl must stay byte for byte (before: all lines were dropped first, and
+    reverting the param sent everything again). Once a good endpoint passes, the stale lines go."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    rows = prompts(12)
+    workdir = stage_dir(tmp_path, random_target, rows)
+    out = workdir / "out/conversations.jsonl"
+    out.parent.mkdir()
+    made_with_other_sampling = [{**row, "regeneration": {"fingerprint": "other-sampling", "prompt_sha256": prompt_sha256(row)}}
+                                for row in rows]
+    out.write_text("".join(json.dumps(r) + "\n" for r in made_with_other_sampling) + '{"id": "p0", "mess')  # + a cut line
+    before = (out.read_bytes(), out.stat().st_mtime_ns)
+
+    bad, bad_handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target["model"]])
+    stage_dir(workdir, random_target, rows, backend="external", endpoints=[bad], external_engine="vllm")
+    proc = run_stage(workdir)
+    assert proc.returncode != 0 and "preflight refused" in proc.stderr
+    assert (out.read_bytes(), out.stat().st_mtime_ns) == before and bad_handler.requests == []
+    assert "is as it was" in proc.stderr
+
+    good, handler = stub(engine="vllm", tokenizer=tokenizer, served=[random_target["model"]])
+    stage_dir(workdir, random_target, rows, backend="external", endpoints=[good], external_engine="vllm")
+    proc = run_stage(workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = read_json(workdir / "report.json")
+    assert report["resume"]["stale_settings"] == 12 and report["resume"]["bad_lines"] == 1 and report["sent"] == 12
+    done = output_rows(workdir)
+    assert sorted(r["id"] for r in done) == sorted(r["id"] for r in rows)
+    assert {r["regeneration"]["fingerprint"] for r in done} == {read_json(workdir / "out/meta.json")["fingerprint"]}
 
 
 def test_stage_refuses_sampling_that_transformers_serve_would_ignore(tmp_path, random_target):
@@ -1064,3 +1131,96 @@ def test_server_of_a_killed_stage_does_not_outlive_it(tmp_path):
     with ManagedServer(http_server_cmd(port, tmp_path), None, url, tmp_path / "s.log", 30):
         assert orphan.wait(10) is not None
     assert not port_open(port)
+
+
+def _whoami(url: str) -> str:
+    import httpx
+
+    return httpx.get(f"{url}/whoami", timeout=5).text
+
+
+@contextlib.contextmanager
+def started_concurrently(servers: list[ManagedServer]):
+    """Each server entered in a thread of its own at the same time; the threads stay alive until
+    the end (a launched server gets SIGTERM when the thread that started it exits: PDEATHSIG)."""
+    urls, ready, done = [None] * len(servers), threading.Barrier(len(servers) + 1), threading.Event()
+
+    def run(k):
+        try:
+            urls[k] = servers[k].__enter__()
+        except Exception as err:  # noqa: BLE001 - reported by the caller's assertion
+            urls[k] = err
+        ready.wait()
+        done.wait(120)
+        servers[k].stop()
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(servers))]
+    for t in threads:
+        t.start()
+    ready.wait(120)
+    try:
+        yield urls
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+
+
+def test_two_servers_started_at_once_get_free_ports_of_their_own(tmp_path):
+    """Issue #16.8: `port: null` (the default of regenerate, benchmark and extraction servers) picks
+    a free port at start, so two pipelines on one host (`dvc queue start -j 2`) do not collide."""
+    assert parse_params(yaml.safe_load((ROOT / "params.yaml").read_text())).regenerate.port is None
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["hidden_states"] = {"vllm": {"port": 0}}
+    assert parse_params(raw).hidden_states.vllm.port is None and parse_params(raw).benchmark.port is None
+    servers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "whoami").write_text(name)
+        servers.append(ManagedServer(lambda port, d=tmp_path / name: http_server_cmd(port, d), dict(os.environ),
+                                     server_url("127.0.0.1", None), tmp_path / name / "s.log", 30))
+    with started_concurrently(servers) as urls:
+        assert all(isinstance(u, str) for u in urls), urls
+        assert urls[0] != urls[1] and [_whoami(u) for u in urls] == ["a", "b"]
+    assert not any(port_open(int(u.rsplit(":", 1)[1])) for u in urls)
+
+
+def test_a_port_taken_by_another_pipeline_is_noticed_and_another_one_used(tmp_path, monkeypatch):
+    """Both pipelines are handed the same "free" port: whichever server loses the race (it cannot
+    bind, or what answers its health check is the other one's) moves to another port."""
+    import draftline.serving as serving
+
+    real, same, lock, calls = serving.free_port, free_port(), threading.Lock(), []
+
+    def racy_free_port(host):
+        with lock:
+            calls.append(host)
+            return same if len(calls) <= 2 else real(host)
+
+    monkeypatch.setattr(serving, "free_port", racy_free_port)
+    servers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "whoami").write_text(name)
+        servers.append(ManagedServer(lambda port, d=tmp_path / name: http_server_cmd(port, d), dict(os.environ),
+                                     server_url("127.0.0.1", None), tmp_path / name / "s.log", 30))
+    with started_concurrently(servers) as urls:
+        assert all(isinstance(u, str) for u in urls), urls
+        assert len(calls) == 3 and urls[0] != urls[1] and f"http://127.0.0.1:{same}" in urls
+        assert [_whoami(u) for u in urls] == ["a", "b"]  # each talks to its own server
+    # the loser is slow to bind: its health check first reaches the winner's server, which is not
+    # in its process group, so it moves on instead of using the other pipeline's server
+    calls.clear()
+    first = ManagedServer(lambda port: http_server_cmd(port, tmp_path / "a"), dict(os.environ),
+                          server_url("127.0.0.1", None), tmp_path / "a.log", 30)
+    slow_dir = tmp_path / "b"
+    slow = ManagedServer(lambda port: ["sh", "-c", f"sleep 2; exec {' '.join(http_server_cmd(port, slow_dir))}"],
+                         dict(os.environ), server_url("127.0.0.1", None), tmp_path / "b.log", 30)
+    with first as url_a, slow as url_b:
+        assert url_a == f"http://127.0.0.1:{same}" != url_b and (_whoami(url_a), _whoami(url_b)) == ("a", "b")
+    # a fixed port that is taken is still refused, naming it
+    with ManagedServer(lambda port: http_server_cmd(port, tmp_path / "a"), dict(os.environ),
+                       server_url("127.0.0.1", None), tmp_path / "c.log", 30) as url:
+        with pytest.raises(RuntimeError, match="already in use"):
+            ManagedServer(http_server_cmd(int(url.rsplit(":", 1)[1]), tmp_path), dict(os.environ), url,
+                          tmp_path / "d.log", 30).__enter__()

@@ -216,6 +216,47 @@ def test_state_of_other_params_is_not_resumed(tmp_path):
     assert draft.load_state(tmp_path, "b", say=said.append) is None and "starting fresh" in said[0]
 
 
+class RunsCodeWhenUnpickled:
+    """What a tampered state.pt on a shared DVC remote could carry: unpickling calls Path.touch."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_tampered_resume_state_runs_no_code(tmp_path):
+    """Issue #16.9: models/draft_checkpoints/state.pt comes back with `dvc pull`; loading it must not
+    unpickle code (before: torch.load(weights_only=False) ran whatever the file carried)."""
+    marker = tmp_path / "code-ran"
+    torch.save({"fingerprint": "a", "step": 3, "payload": RunsCodeWhenUnpickled(marker)}, tmp_path / draft.STATE_FILE)
+    said = []
+    assert draft.load_state(tmp_path, "a", say=said.append) is None
+    assert not marker.exists() and "starting fresh" in said[0]
+
+    # the state the loop writes (optimizer, scheduler, RNG states) loads without any pickled code
+    import random
+
+    import numpy as np
+
+    draft.seed_everything(7)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = draft.make_scheduler(opt, "cosine", 2, 10)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sched.step()
+    draft.save_state(tmp_path, {"fingerprint": "b", "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                "rng": draft.rng_states(), "history": [{"val": {"tau_sim": 1.5}}]})
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    state = draft.load_state(tmp_path, "b", say=said.append)
+    draft.set_rng_states(state["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+
+
 def test_hidden_states_for_other_aux_layers_are_refused(data, tmp_path):
     write_json(tmp_path / "meta.json", {"aux_layer_ids": [0, 1, 2]})
     with pytest.raises(draft.DataMismatch, match="meta.json"):
