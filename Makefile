@@ -6,7 +6,7 @@
 #   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
 #   make setup-mooncake  the Mooncake transfer engine (hidden_states.online.transfer: mooncake); make test too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
-#                    (README "GPU check"; the host's own Python, wheels from scripts/gpu_wheels.sh)
+#                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
 PY      ?= python3
 VENV    := .venv

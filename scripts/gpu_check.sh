@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (README "GPU check"): on a CUDA host, from this checkout plus the wheels of
+# The GPU check (docs/gpu-check.md): on a CUDA host, from this checkout plus the wheels of
 # scripts/gpu_wheels.sh, with no network. Installs from the wheel folder only the distributions of
 # scripts/gpu_requirements.txt that the host's Python lacks (--no-deps: torch, transformers and the
 # rest stay as the host has them) into a folder of their own put on PYTHONPATH (the host's Python

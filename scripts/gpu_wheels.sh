@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels the GPU check installs on a bare CUDA host with no network (README "GPU check").
+# The wheels the GPU check installs on a bare CUDA host with no network (docs/gpu-check.md).
 # Run on any machine with pip and an index: downloads, for Python 3.12 on manylinux x86-64, exactly
 # the distributions of scripts/gpu_requirements.txt (binary wheels only, no dependencies: the GPU
 # host brings torch, the CUDA libraries, transformers, triton, safetensors, pyarrow and pytest),

@@ -140,7 +140,7 @@ def test_readme_datasets_example_validates():
 
     from draftline.config import DatasetSpec, MixConfig
 
-    section = (ROOT / "README.md").read_text().split("## Datasets", 1)[1]
+    section = (ROOT / "docs" / "datasets.md").read_text().split("# Datasets", 1)[1]
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     specs = {name: DatasetSpec(**raw) for name, raw in example["datasets"].items()}
     assert specs["chat"].path == "HuggingFaceH4/ultrachat_200k" and specs["thinking"].scripts == ["latin"]
