@@ -313,7 +313,7 @@ class VllmExtractionConfig(Section):
     python: str | None = None  # interpreter that has vLLM installed; null = this one
     # base URL (http://host:port) of an extraction server already running (speculators'
     # launch_vllm.py, our aux ids + the last layer, a hidden_states_path this machine can read):
-    # used instead of launching one, after a preflight (README "Using your own target")
+    # used instead of launching one, after a preflight (docs/targets.md)
     endpoint: str | None = None
     host: str = "127.0.0.1"
     port: Port = None  # null = a free port chosen at start
@@ -370,7 +370,7 @@ class HiddenStatesConfig(Section):
     # offline: every row's states are extracted into files by this stage (resumable);
     # online: none are stored: the train stage runs the target on each packed batch (backend
     # builtin) or asks a vLLM server for them (backend speculators, see `online`); this stage then
-    # writes only meta.json and its report (README "Hidden states at scale")
+    # writes only meta.json and its report (docs/hidden-states.md "Hidden states at scale")
     mode: Literal["offline", "online"] = "offline"
     # bf16: speculators' plain layout in `dtype`, 4 x H x 2 bytes a token; fp8: hs-connectors' FP8
     # layout (float8_e4m3fn + a float32 scale per token), 4 x H + 4 bytes (draftline/hs_format.py)

