@@ -405,9 +405,12 @@ class ManagedServer:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> str:
+        host, port = _split_url(self.base_url)
         if stop_orphan(self.pid_file):
             print(f"stopped the server a killed run left behind ({self.pid_file})", file=sys.stderr)
-        host, port = _split_url(self.base_url)
+            deadline = time.monotonic() + 10  # its listening socket closes as the process finishes exiting
+            while port and port_in_use(host, port) and time.monotonic() < deadline:
+                time.sleep(0.1)
         auto = port == 0
         if auto and not callable(self.command):
             raise ValueError("a port chosen at start needs the command as a function of the port")

@@ -58,7 +58,8 @@ def test_sources_file_is_in_sync_with_params(tmp_path):
 
 def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     dvc = str(BIN / "dvc")
-    assert ran(run([dvc, "repro", "mix"], repo)) == {"check_params", *STAGES}
+    # check_params runs first unless the committed dvc.lock already holds these params
+    assert ran(run([dvc, "repro", "mix"], repo)) - {"check_params"} == set(STAGES)
     assert json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout) == {}
 
     edit_params(repo, lambda p: p["datasets"]["sharegpt_sample"].update(max_rows=400))
