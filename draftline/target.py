@@ -1,9 +1,5 @@
-"""The target card: everything downstream stages need to know about the target model.
-
-`card.json` fields: model (what `from_pretrained` loads), source, revision, trust_remote_code,
-architecture, model_type, num_layers, hidden_size, vocab_size, norm_eps, tie_word_embeddings,
-eos_token_id, aux_layer_ids, chat_template_sha256, quantization, verifier_tensors, and for the tiny target its
-training stats.
+"""Building the target card (`draftline/card.py`, the fields and their meaning) from a model, and
+loading the target it names: config, tokenizer, model, verifier tensors.
 
 Shapes come from the text model's config (`get_text_config()`): a multimodal wrapper (Kimi-K2.5,
 Qwen-VL...) keeps its language model under `text_config`, and that is the model the draft serves.
@@ -30,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.io import text_sha256
 
 TRUST_PARAM = "target.trust_remote_code"
@@ -102,7 +99,7 @@ def resolve_aux_layer_ids(explicit: list[int] | None, num_layers: int) -> list[i
 
 
 def build_card(model: str, source: str, revision: str | None, aux_layer_ids: list[int] | None, extra: dict,
-               trust_remote_code: bool = False) -> dict:
+               trust_remote_code: bool = False) -> TargetCard:
     """Read the model's config, tokenizer and safetensors index (local dir or hub id) into a card."""
     config = load_config(model, revision, trust_remote_code)
     text_config = text_config_of(config)
@@ -134,7 +131,7 @@ def build_card(model: str, source: str, revision: str | None, aux_layer_ids: lis
     }
     card["quantization"] = quantization_of(config)
     card["verifier_tensors"] = find_verifier_tensors(model, revision, card)
-    return {**card, **extra}
+    return TargetCard.from_dict({**card, **extra})
 
 
 def quantization_of(config) -> dict | None:

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
@@ -32,7 +33,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     from draftline.evaluation import prompt_ids
     from draftline.io import read_json, read_jsonl, write_json, write_metrics
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     log_dir = Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-")) if cfg.engine != "hf" else None
     sglang_draft = None
     if cfg.engine == "sglang" and cfg.sglang.draft_model_path is None:  # SGLang's own layout, made here

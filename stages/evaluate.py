@@ -21,6 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
@@ -56,7 +57,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     from draftline.specdec import greedy_generate, speculative_generate
     from draftline.target import load_target
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     device = cfg.resolved_device()
     target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
     tie_tolerance = cfg.resolved_tie_tolerance()

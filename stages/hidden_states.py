@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
@@ -142,7 +143,7 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
     from draftline import hidden, hs_format, plan
     from draftline.io import read_json, write_json, write_meta
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     try:
         aux_ids = hidden.check_aux_layer_ids(card["aux_layer_ids"], card["num_layers"])
     except ValueError as err:

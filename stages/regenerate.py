@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import output_shaping, stage_params
 from draftline.threads import apply_thread_policy
 
@@ -188,7 +189,7 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
                                         load_finished, open_pool, regenerate_all)
     from draftline.serving import ManagedServer, PreflightError, preflight, server_env, server_url
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     model_name = cfg.served_model_name or card["model"]
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
     if cfg.backend == "transformers":

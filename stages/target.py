@@ -23,7 +23,7 @@ def main(out_dir: str) -> None:
     cfg = params.target
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from draftline.io import write_json, write_meta
+    from draftline.io import write_meta
     from draftline.gguf_target import GGUF_TARGETS
     from draftline.target import RemoteCodeRequired, build_card
 
@@ -51,10 +51,10 @@ def main(out_dir: str) -> None:
             card = build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code)
         except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
             raise SystemExit(f"error: {err}") from None
-    write_json(out / "card.json", card)
+    card.write(out / "card.json")
     write_meta(out, "target", cfg.model_dump())
-    print(f"target: {card['architecture']} {card['num_layers']} layers, hidden {card['hidden_size']}, "
-          f"vocab {card['vocab_size']}, aux layers {card['aux_layer_ids']}; verifier tensors {card['verifier_tensors']}")
+    print(f"target: {card.architecture} {card.num_layers} layers, hidden {card.hidden_size}, "
+          f"vocab {card.vocab_size}, aux layers {card.aux_ids}; verifier tensors {card.verifier_tensors}")
 
 
 if __name__ == "__main__":

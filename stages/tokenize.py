@@ -18,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
@@ -63,7 +64,7 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     from draftline.regeneration import run_of
     from draftline.target import card_tokenizer
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
     regen_meta = Path(regenerated_path).parent / "meta.json"
     regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}

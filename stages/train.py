@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
@@ -249,7 +250,7 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     from draftline import draft
     from draftline.io import read_json, write_meta, write_metrics
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     paths = {"vocab": Path(vocab_dir), "tokenized": Path(tokenized_dir), "hs": Path(hs_dir), "state": Path(state_dir)}
     paths["state"].mkdir(parents=True, exist_ok=True)
     try:

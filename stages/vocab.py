@@ -11,6 +11,7 @@ d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascendin
 import sys
 from pathlib import Path
 
+from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
@@ -52,7 +53,7 @@ def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None
 
     from draftline.io import read_json, write_json, write_meta
 
-    card = read_json(card_path)
+    card = TargetCard.load(card_path)
     freq = torch.load(freq_path, weights_only=True)
     try:
         check_sizes(cfg.draft_vocab_size, card["vocab_size"], freq)

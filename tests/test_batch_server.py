@@ -68,7 +68,7 @@ def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, rando
     raw["regenerate"].update(backend="hf", port=free_port(), max_tokens=6, hf={"max_batch": 4, "gather_ms": 50},
                              short={"concurrency": 4, "max_context": None})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "card.json", random_target)
+    random_target.write(tmp_path / "card.json")
     write_jsonl(tmp_path / "train.jsonl", rows)
     cmd = [sys.executable, "-m", "stages.regenerate", "card.json", "train.jsonl", "out", "report.json"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))

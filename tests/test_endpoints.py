@@ -81,7 +81,7 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     data = Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows], "seq_len": [len(r) for r in rows]})
     data.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])  # as the tokenize stage saves it
     data.save_to_disk(str(tmp_path / "tokenized"))
-    (tmp_path / "card.json").write_text(json.dumps(card))
+    card.write(tmp_path / "card.json")
     for case, layers in (("other_layers", aux), ("ok", [*aux, N])):
         (tmp_path / case).mkdir()
         proc, url, _ = start_fake(tmp_path / case, card["model"], layers, H)

@@ -10,6 +10,7 @@ spec_verify_ct / spec_accept_histogram from TokenizerManager). They "decode" det
 token j of every answer is `w{j}`, and speculative step n accepts n mod (k+1) draft tokens.
 """
 
+from dataclasses import replace
 import argparse
 import json
 import os
@@ -189,6 +190,7 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
+from draftline.card import TargetCard
 from draftline.config import BenchmarkConfig  # noqa: E402
 from draftline.engines import (check_draft, check_engine_settings, parse_prometheus, preflight,  # noqa: E402
                                read_draft_facts, serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters)
@@ -241,11 +243,11 @@ def test_preflight_refuses_a_non_eagle3_algorithm(random_target, draft_dir):
 
 def test_preflight_refuses_aux_ids_hidden_size_and_vocab_that_do_not_match(random_target, draft_dir):
     facts = read_draft_facts(draft_dir)
-    [aux] = check_draft({**random_target, "aux_layer_ids": [1, 2, 4]}, facts, "vllm")
+    [aux] = check_draft(replace(random_target, aux_layer_ids=[1, 2, 4]), facts, "vllm")
     assert "aux layer ids" in aux and "[1, 2, 3]" in aux
-    hidden = check_draft({**random_target, "hidden_size": 96}, facts, "vllm")
+    hidden = check_draft(replace(random_target, hidden_size=96), facts, "vllm")
     assert len(hidden) == 2 and all("hidden size" in p for p in hidden)
-    vocab = check_draft({**random_target, "vocab_size": random_target["vocab_size"] // 4}, facts, "vllm")
+    vocab = check_draft(replace(random_target, vocab_size=random_target["vocab_size"] // 4), facts, "vllm")
     assert any("outside the target vocabulary" in p for p in vocab)
     assert any("t2d covers" in p for p in vocab)
 
@@ -322,13 +324,13 @@ def test_sglang_meta_info_gives_acceptance():
 # -- the stage against the stand-ins ---------------------------------------------------------------
 
 
-def run_benchmark_stage(tmp_path: Path, card: dict, draft: Path, overrides: dict) -> subprocess.CompletedProcess:
+def run_benchmark_stage(tmp_path: Path, card: TargetCard, draft: Path, overrides: dict) -> subprocess.CompletedProcess:
     from draftline.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["benchmark"].update(overrides)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "card.json", card)
+    card.write(tmp_path / "card.json")
     write_jsonl(tmp_path / "eval.jsonl", [{"id": f"e{i}", "source": "s", **c} for i, c in enumerate(generate_conversations(3, 9))])
     return subprocess.run([sys.executable, "-m", "stages.benchmark", "card.json", str(draft), "eval.jsonl", "bench.json", "deploy.json"],
                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path)),  # server logs

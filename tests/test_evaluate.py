@@ -99,7 +99,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["evaluate"].update(k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "card.json", random_target)
+    random_target.write(tmp_path / "card.json")
     torch.manual_seed(0)
     build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
     rows = [{"id": f"e{i}", "source": "ab"[i % 2], **c} for i, c in enumerate(generate_conversations(4, 5))]

@@ -2,6 +2,7 @@
 target's logits, files are atomic and checked, the stage resumes after SIGKILL and speculators'
 own data path reads what it writes."""
 
+from dataclasses import replace
 import contextlib
 import json
 import os
@@ -149,7 +150,7 @@ def test_output_of_another_target_is_cleared(tmp_path, random_target):
     (out / "hs_1.safetensors.tmp").write_bytes(b"x")
     fp = hidden.fingerprint(random_target, "bfloat16")
     assert fp != hidden.fingerprint(random_target, "float32")
-    assert fp != hidden.fingerprint({**random_target, "aux_layer_ids": [1, 2, 4]}, "bfloat16")
+    assert fp != hidden.fingerprint(replace(random_target, aux_layer_ids=[1, 2, 4]), "bfloat16")
     (out / "meta.json").write_text(json.dumps({"fingerprint": fp}))
     assert hidden.prepare_output(out, fp) == 0 and (out / "hs_0.safetensors").exists()
     assert not (out / "hs_1.safetensors.tmp").exists()
@@ -174,7 +175,7 @@ def stage_dir(tmp_path_factory, random_target):
     """A work dir with params.yaml, the card and 120 rows tokenized by the tokenize stage."""
     root = tmp_path_factory.mktemp("hs_stage")
     (root / "params.yaml").write_text(PARAMS)
-    (root / "card.json").write_text(json.dumps(random_target))
+    (root / "card.json").write_text(json.dumps(random_target.to_dict()))
     convs = generate_conversations(120, 11)
     with open(root / "prompts.jsonl", "w") as p, open(root / "conversations.jsonl", "w") as c:
         for k, conv in enumerate(convs):

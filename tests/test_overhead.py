@@ -39,7 +39,7 @@ def test_specdec_speedup(tmp_path, random_target, eagle3_draft_dir):
     from draftline.corpus import generate_conversations
     from draftline.io import write_json, write_jsonl
 
-    write_json(tmp_path / "card.json", random_target)
+    random_target.write(tmp_path / "card.json")
     write_jsonl(tmp_path / "eval.jsonl", [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(3, 4))])
     result = bench("specdec_speedup", tmp_path, "--card", str(tmp_path / "card.json"), "--draft", str(eagle3_draft_dir),
                    "--prompts", str(tmp_path / "eval.jsonl"), "--max-new-tokens", "8", "--repeats", "1")

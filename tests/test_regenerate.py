@@ -22,6 +22,7 @@ import pytest
 import yaml
 from stubs import StubHandler
 
+from draftline.card import TargetCard
 from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
 from draftline.regeneration import (Endpoint, EndpointPool, RetryPolicy, Sampling, called_tools, chat_prompt_ids,
@@ -72,11 +73,11 @@ def chatty_target(tmp_path_factory, random_target):
     return build_card(str(path), "test", None, [1, 2, 3], {})
 
 
-def stage_dir(tmp_path: Path, card: dict, rows: list[dict], **regenerate) -> Path:
+def stage_dir(tmp_path: Path, card: TargetCard, rows: list[dict], **regenerate) -> Path:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["regenerate"].update(regenerate)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "card.json", card)
+    card.write(tmp_path / "card.json")
     write_jsonl(tmp_path / "train.jsonl", rows)
     return tmp_path
 

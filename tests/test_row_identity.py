@@ -85,7 +85,7 @@ def test_filled_failures_and_grown_samples_extract_exactly_the_new_rows(tmp_path
     from datasets import load_from_disk
 
     (tmp_path / "params.yaml").write_text(PARAMS)
-    (tmp_path / "card.json").write_text(json.dumps(random_target))
+    (tmp_path / "card.json").write_text(json.dumps(random_target.to_dict()))
     (tmp_path / "regenerated").mkdir()
     convs = [{"id": f"p{k:03d}", "partition": "short", **c} for k, c in enumerate(generate_conversations(40, 3))]
     first_user = {c["id"]: next(m["content"] for m in c["messages"] if m["role"] == "user") for c in convs}

@@ -2,6 +2,7 @@
 trained draft (checked by reading it back through speculators' own Eagle-3 converter), and a
 refusal for every draft SGLang would serve as another function."""
 
+from dataclasses import replace
 import json
 import subprocess
 import sys
@@ -71,13 +72,13 @@ def test_drafts_sglang_would_serve_differently_are_refused(random_target, vocab_
     one_layer = tmp_path / "one_layer"
     draft.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3").save_pretrained(one_layer)
     with pytest.raises(SglangExportError, match="aux layer id 0"):
-        export_sglang(one_layer, {**random_target, "aux_layer_ids": [0, 2, 3]}, tmp_path / "out")
+        export_sglang(one_layer, replace(random_target, aux_layer_ids=[0, 2, 3]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_exports_or_says_why_not(eagle3_draft_dir, random_target, vocab_dir, tmp_path):
     card = tmp_path / "card.json"
-    card.write_text(json.dumps(random_target))
+    card.write_text(json.dumps(random_target.to_dict()))
     run = lambda src, dst: subprocess.run([sys.executable, "-m", "draftline.sglang_export", str(src), str(card), str(dst)],  # noqa: E731
                                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     ok = run(eagle3_draft_dir, tmp_path / "sglang")

@@ -3,6 +3,7 @@ the `target` stage without target.trust_remote_code, and with it: the card from 
 verifier tensors found by name that equal the loaded model's, capture inside the wrapper, and the
 stages target -> tokenize -> vocab -> hidden_states -> train -> evaluate."""
 
+from dataclasses import replace
 import json
 
 import pytest
@@ -143,12 +144,12 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     from draftline.config import BenchmarkConfig, RegenerateConfig, TrainConfig
     from stages.regenerate import launch_command
 
-    card = {**wrapped_card, "architecture": "LlamaForCausalLM"}
+    card = replace(wrapped_card, architecture="LlamaForCausalLM")
     assert "trust_remote_code" in inspect.signature(Serve.__init__).parameters
     for backend in ("transformers", "vllm", "sglang"):
         cmd = launch_command(RegenerateConfig(backend=backend), card, "m")
         assert cmd.count("--trust-remote-code") == 1, backend
-        assert "--trust-remote-code" not in launch_command(RegenerateConfig(backend=backend), {**card, "trust_remote_code": False}, "m")
+        assert "--trust-remote-code" not in launch_command(RegenerateConfig(backend=backend), replace(card, trust_remote_code=False), "m")
     cmd = hidden.vllm_serve_command("python", card["model"], None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [], trust_remote_code=True)
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):

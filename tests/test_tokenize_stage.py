@@ -1,6 +1,7 @@
 """Stage `tokenize` on a toy input: speculators' Arrow layout, rows by regenerate run then prompt order, frequencies of
 trainable tokens only, the report, and conversations split where the template rewrites history."""
 
+from dataclasses import replace
 import contextlib
 import copy
 import json
@@ -99,7 +100,7 @@ def qwen3_target(tmp_path, tiny_tokenizer, random_target):
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = (TEMPLATES / "qwen3_thinking.jinja").read_text()
     tok.save_pretrained(path)
-    return {**random_target, "model": str(path), "chat_template_sha256": text_sha256(tok.chat_template)}
+    return replace(random_target, model=str(path), chat_template_sha256=text_sha256(tok.chat_template))
 
 
 def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwen3_target):

@@ -59,7 +59,7 @@ def data(tmp_path_factory, random_target, vocab_dir):
         hs = hidden.capture(model, [ids], card["aux_layer_ids"])[0]
         hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, hs, torch.bfloat16)
     write_json(root / "hs" / "meta.json", {"aux_layer_ids": card["aux_layer_ids"]})
-    write_json(root / "card.json", card)
+    card.write(root / "card.json")
     return {"root": root, "card": card, "vocab": vocab_dir, "tokenized": root / "tokenized", "hs": root / "hs"}
 
 
@@ -280,7 +280,7 @@ def test_train_step_overhead_still_runs(data, tmp_path):
     """overhead/train_step.py on this module's data (its numbers are `make overhead`'s business)."""
     from draftline.io import write_json
 
-    write_json(tmp_path / "card.json", data["card"])
+    data["card"].write(tmp_path / "card.json")
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "train_step.json"
     proc = subprocess.run([sys.executable, "overhead/train_step.py", "--card", str(tmp_path / "card.json"), "--vocab", str(data["vocab"]),
