@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
-from draftline.loadgen import Endpoint, run_load, summarize_load
+from draftline.loadgen import LoadTarget, run_load, summarize_load
 from draftline.serving import ManagedServer, server_url, startup_timeout_s
 
 
@@ -29,13 +29,13 @@ def http_get(url: str, timeout: float = 10) -> str:
         return resp.read().decode()
 
 
-def engine_endpoint(engine: str, base_url: str) -> Endpoint:
+def engine_endpoint(engine: str, base_url: str) -> LoadTarget:
     if engine == "sglang":
-        return Endpoint(base_url, "sglang-generate")
+        return LoadTarget(base_url, "sglang-generate")
     import json
 
     models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
-    return Endpoint(base_url, "openai-completions", model=models[0]["id"], stream_options=True)
+    return LoadTarget(base_url, "openai-completions", model=models[0]["id"], stream_options=True)
 
 
 def metrics_snapshot(engine: str, base_url: str) -> dict | None:

@@ -1,4 +1,4 @@
-"""Loading the trained draft for inference and turning eval prompts into token ids."""
+"""Loading the trained draft for inference and measuring its acceptance against the target."""
 
 from __future__ import annotations
 
@@ -12,22 +12,6 @@ def load_draft(draft_dir: str | Path, card: dict, device: str):
     # Eager attention from construction on: our incremental decoder passes dense float masks, and
     # the model's own TTT forward (tau_sim) picks its mask builder from this setting in __init__.
     return load_saved_draft(Path(draft_dir), card, "eager").to(device).eval()
-
-
-def first_turn_prompt(row: dict) -> list[dict]:
-    """The messages before the first assistant turn: what the model is asked to answer."""
-    prompt = []
-    for m in row["messages"]:
-        if m["role"] == "assistant":
-            break
-        prompt.append(m)
-    return prompt
-
-
-def prompt_ids(tokenizer, row: dict) -> list[int]:
-    return tokenizer.apply_chat_template(
-        first_turn_prompt(row), tools=row.get("tools") or None, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
 
 
 def eos_ids(tokenizer, model) -> set[int]:

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from draftline.regeneration import chat_prompt_ids
+from draftline.chat import chat_prompt_ids
 
 # Varied text (digits, accents, CJK, emoji, code, markup) so that another tokenizer or template
 # is very unlikely to give the same count.

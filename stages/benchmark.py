@@ -29,8 +29,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     params = stage_params()
     apply_thread_policy("benchmark")  # before torch loads: draftline/threads.py
     cfg = params.benchmark
+    from draftline.chat import first_turn_ids
     from draftline.engines import check_draft, preflight, read_draft_facts
-    from draftline.evaluation import prompt_ids
     from draftline.io import read_json, read_jsonl, write_json, write_metrics
 
     card = TargetCard.load(card_path)
@@ -74,7 +74,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
         device = cfg.resolved_device()
         target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
         draft = load_draft(draft_dir, card, device)
-        prompts = [prompt_ids(tokenizer, row) for row in rows]
+        prompts = [first_turn_ids(tokenizer, row) for row in rows]
         report.update(benchmark_hf(target, draft, card["aux_layer_ids"], prompts, eos_ids(tokenizer, target), cfg, device))
         print(f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
               f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
@@ -86,7 +86,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
 
         # Only the tokenizer here: the target itself may need a whole GPU host.
         tokenizer = card_tokenizer(card)
-        prompts = [prompt_ids(tokenizer, row) for row in rows]
+        prompts = [first_turn_ids(tokenizer, row) for row in rows]
         from draftline.serving import PreflightError
 
         try:

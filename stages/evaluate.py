@@ -51,8 +51,9 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     import torch
     from rich.progress import track
 
+    from draftline.chat import first_turn_ids
     from draftline.evaluation import (acceptance_summary, add_sums, compare_to_greedy, eos_ids, load_draft, mean,
-                                      prompt_ids, simulated_acceptance, teacher_forced_sample, teacher_forced_sums)
+                                      simulated_acceptance, teacher_forced_sample, teacher_forced_sums)
     from draftline.io import read_json, read_jsonl, write_json, write_metrics
     from draftline.specdec import greedy_generate, speculative_generate
     from draftline.target import load_target
@@ -77,7 +78,7 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots
     per_detail = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})  # (dataset, its row's own source)
     generated = 0
     for row in track(rows, description="evaluate"):
-        ids = prompt_ids(tokenizer, row)
+        ids = first_turn_ids(tokenizer, row)
         spec = speculative_generate(target, draft, card["aux_layer_ids"], ids, cfg.max_new_tokens, cfg.k, stop)
         plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, margins=True)
         verdict = compare_to_greedy(spec.tokens, plain, tie_tolerance)

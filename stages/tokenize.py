@@ -4,7 +4,7 @@
         datasets/regenerated/conversations.jsonl datasets/tokenized reports/tokenize.json
 
 Rows are append-only: conversations come ordered by the regenerate run that wrote them, then by
-prompt order within a run (draftline.regeneration.run_of), restricted to the prompts of
+prompt order within a run (draftline.conversation_store.run_of), restricted to the prompts of
 train.jsonl. A rerun that fills prompts which failed before, or that grows `samples`, appends their
 rows after every existing one, so hidden-state file hs_{i} stays row i and only the new rows are
 extracted (ordering by prompt alone would shift every row after a filled gap; by finish order, two
@@ -61,7 +61,7 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
     from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_meta
-    from draftline.regeneration import run_of
+    from draftline.conversation_store import run_of
     from draftline.target import card_tokenizer
 
     card = TargetCard.load(card_path)

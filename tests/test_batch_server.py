@@ -15,7 +15,7 @@ import yaml
 from draftline.batch_server import decode_batch
 from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
-from draftline.regeneration import chat_prompt_ids
+from draftline.chat import chat_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -98,7 +98,7 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from draftline.config import RegenerateConfig
-    from draftline.regeneration import chat_prompt_ids
+    from draftline.chat import chat_prompt_ids
     from draftline.serving import PROBE_MESSAGES, ManagedServer, PreflightError, preflight, server_env
     from draftline.target import build_card
     from stages.regenerate import launch_command

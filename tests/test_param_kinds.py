@@ -68,8 +68,7 @@ CARD = {"model": "m", "revision": None, "chat_template_sha256": "c"}
 
 
 def regeneration_fingerprint(**changes) -> str:
-    from draftline.regeneration import fingerprint
-    from stages.regenerate import regeneration_settings
+    from draftline.conversation_store import fingerprint, regeneration_settings
 
     return fingerprint(regeneration_settings(RegenerateConfig(backend="vllm", **changes), CARD))
 
@@ -94,8 +93,7 @@ def test_an_output_shaping_change_redoes_the_conversations(changes):
 
 
 def test_an_output_shaping_change_of_the_backend_redoes_the_conversations():
-    from draftline.regeneration import fingerprint
-    from stages.regenerate import regeneration_settings
+    from draftline.conversation_store import fingerprint, regeneration_settings
 
     fingerprints = {fingerprint(regeneration_settings(RegenerateConfig(**cfg), CARD)) for cfg in (
         {}, {"backend": "vllm"}, {"backend": "external", "endpoints": ["http://h:1"], "external_engine": "vllm"})}

@@ -25,9 +25,10 @@ from stubs import StubHandler
 from draftline.card import TargetCard
 from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
-from draftline.regeneration import (Endpoint, EndpointPool, RetryPolicy, Sampling, called_tools, chat_prompt_ids,
-                                    close_pool, load_finished, open_pool, prompt_sha256, regenerate_all,
-                                    relink_tool_results)
+from draftline.chat import chat_prompt_ids
+from draftline.conversation_store import load_finished, prompt_sha256
+from draftline.openai_client import Endpoint, EndpointPool, RetryPolicy, close_pool, open_pool
+from draftline.regeneration import Sampling, called_tools, regenerate_all, relink_tool_results
 from draftline.serving import (ManagedServer, PreflightError, preflight, server_env, server_url, sglang_serve_command,
                                transformers_serve_command, vllm_serve_command)
 
@@ -664,7 +665,7 @@ def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(tmp_
 
 
 def test_server_slots_known_for_launched_servers_or_given():
-    from stages.regenerate import server_slots
+    from draftline.regeneration_run import server_slots
 
     def cfg(**raw):
         params = yaml.safe_load((ROOT / "params.yaml").read_text())
