@@ -64,12 +64,12 @@ def chatty_target(tmp_path_factory, random_target):
     from draftline.target import build_card
 
     path = tmp_path_factory.mktemp("chatty_target")
-    shutil.copytree(random_target["model"], path, dirs_exist_ok=True)
+    shutil.copytree(random_target.model, path, dirs_exist_ok=True)
     model = LlamaForCausalLM.from_pretrained(path)
     with torch.no_grad():
-        row = model.lm_head.weight[random_target["eos_token_id"]]
+        row = model.lm_head.weight[random_target.eos_token_id]
         direction = torch.randn(row.shape, generator=torch.Generator().manual_seed(1))
-        model.lm_head.weight[random_target["eos_token_id"]] = direction / direction.norm() * row.norm() * 30
+        model.lm_head.weight[random_target.eos_token_id] = direction / direction.norm() * row.norm() * 30
     model.save_pretrained(path)
     return build_card(str(path), "test", None, [1, 2, 3], {})
 
@@ -234,9 +234,9 @@ def served_chatty(tmp_path_factory, chatty_target):
 
     port, log_dir = free_port(), tmp_path_factory.mktemp("served")
     url = f"http://127.0.0.1:{port}"
-    cmd = transformers_serve_command(chatty_target["model"], "127.0.0.1", port, "cpu", False, 16, [])
+    cmd = transformers_serve_command(chatty_target.model, "127.0.0.1", port, "cpu", False, 16, [])
     with ManagedServer(cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120) as base_url:
-        body = {"model": chatty_target["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        body = {"model": chatty_target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for _ in range(20):
             t = time.monotonic()
             httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
@@ -647,8 +647,8 @@ def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(tmp_
     one request at the server at any moment, zero timeouts, every conversation done, progress lines."""
     from transformers import AutoTokenizer
 
-    url, handler = slow_server(tokenizer=AutoTokenizer.from_pretrained(random_target["model"]),
-                               served=[random_target["model"]])
+    url, handler = slow_server(tokenizer=AutoTokenizer.from_pretrained(random_target.model),
+                               served=[random_target.model])
     rows = prompts(240)
     workdir = stage_dir(tmp_path, random_target, rows, backend="external", endpoints=[url], external_engine="transformers",
                         progress_every_s=0.25)
@@ -810,7 +810,7 @@ def test_another_tool_call_ends_the_conversation_at_the_call(tmp_path, stub):
 def test_max_context_cuts_max_tokens_and_ends_conversations(tmp_path, stub, random_target):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
 
     def answer(body):
         if body["messages"][-1]["role"] == "user":
