@@ -3,6 +3,7 @@ fingerprints follow the declaration: an output-shaping change redoes the work, a
 never does."""
 
 import typing
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_output_shaping_drops_operational_fields_at_every_depth():
     assert all(kept[k] == full[k] for k in kept if k not in ("short", "long"))  # plain values as model_dump gives them
 
 
-CARD = {"model": "m", "revision": None, "chat_template_sha256": "c"}
+CARD = SimpleNamespace(model="m", revision=None, chat_template_sha256="c")  # what regeneration_settings reads
 
 
 def regeneration_fingerprint(**changes) -> str:
