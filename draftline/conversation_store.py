@@ -38,7 +38,6 @@ def fingerprint(settings: dict) -> str:
     return _sha256(settings)[:16]
 
 
-
 def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
     """Everything that shapes the answers: the target, its chat template and the output-shaping
     regenerate params (draftline/config.py). Conversations made under other settings are redone."""

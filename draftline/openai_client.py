@@ -38,10 +38,9 @@ class RetryPolicy:
         return min(self.backoff_max_s, max(delay, retry_after or 0.0))
 
 
-# ---- endpoints -------------------------------------------------------------------------------
-
-
 class Endpoint:
+    """One server of a pool: its client, and the requests it has outstanding, served and failed."""
+
     def __init__(self, url: str, client):
         self.url, self.client = url, client
         self.outstanding = 0
@@ -117,6 +116,8 @@ async def close_pool(pool: EndpointPool) -> None:
 
 
 class ConversationFailed(Exception):
+    """A request failed for good (after its retries, or at once): the conversation cannot go on."""
+
     def __init__(self, reason: str, detail: str, attempts: int = 1):
         super().__init__(f"{reason}: {detail}")
         self.reason, self.detail, self.attempts = reason, detail, attempts

@@ -55,8 +55,6 @@ class Sampling:
         return temperature, (rng.randrange(2**31) if self.seed is not None else None)
 
 
-
-
 # ---- one conversation ------------------------------------------------------------------------
 
 
