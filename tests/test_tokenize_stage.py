@@ -23,7 +23,7 @@ def write_inputs(root: Path, card: dict, conversations: list[dict], max_length: 
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
         f"tokenize: {{max_length: {max_length}}}\n"
     )
-    (root / "card.json").write_text(json.dumps(card))
+    card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
     with open(root / "prompts.jsonl", "w") as p, open(root / "regenerated" / "conversations.jsonl", "w") as c:
         for row in conversations:

@@ -1,5 +1,6 @@
 """Stage `vocab`: speculators' d2t/t2d conventions, the size check, the coverage report."""
 
+from draftline.card import TargetCard
 import contextlib
 import json
 
@@ -14,7 +15,10 @@ def run(tmp_path, freq: dict, draft_vocab_size: int, target_vocab_size: int) -> 
     from stages.vocab import main
 
     (tmp_path / "params.yaml").write_text(PARAMS.format(size=draft_vocab_size))
-    (tmp_path / "card.json").write_text(json.dumps({"vocab_size": target_vocab_size}))
+    TargetCard(model="m", source="test", revision=None, trust_remote_code=False, architecture="LlamaForCausalLM",
+               model_type="llama", config_model_type="llama", num_layers=4, hidden_size=8, vocab_size=target_vocab_size,
+               norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=0, aux_layer_ids=(1, 2, 3),
+               chat_template_sha256="0" * 64, quantization=None, verifier_tensors={}).write(tmp_path / "card.json")
     torch.save(freq, tmp_path / "token_freq.pt")
     with contextlib.chdir(tmp_path):
         main("card.json", "token_freq.pt", "vocab", "vocab.json")
