@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from draftline.card import TargetCard
+from draftline.config import resolve_aux_layer_ids
 from draftline.io import text_sha256
 
 TRUST_PARAM = "target.trust_remote_code"
@@ -77,25 +78,6 @@ def load_tokenizer(model: str, revision: str | None = None, trust_remote_code: b
 def card_tokenizer(card: dict):
     """The target's tokenizer, loaded as the card says (revision, trust_remote_code)."""
     return load_tokenizer(card["model"], card.get("revision"), card.get("trust_remote_code", False))
-
-
-def eagle3_default_aux_ids(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def resolve_aux_layer_ids(explicit: list[int] | None, num_layers: int) -> list[int]:
-    """Explicit ids, or the EAGLE-3 rule; either must be 3 distinct ids in [0, num_layers]."""
-    ids = list(explicit) if explicit is not None else eagle3_default_aux_ids(num_layers)
-    origin = "target.aux_layer_ids" if explicit is not None else f"the EAGLE-3 default {ids}"
-    if len(ids) != 3:
-        raise ValueError(f"{origin}: EAGLE-3 needs exactly 3 aux layer ids, got {ids}")
-    if len(set(ids)) != 3 or min(ids) < 0 or max(ids) > num_layers:
-        hint = "" if explicit is not None else "; set target.aux_layer_ids explicitly"
-        raise ValueError(
-            f"{origin}: ids must be distinct and within [0, {num_layers}] for a target with "
-            f"{num_layers} layers, got {ids}{hint}"
-        )
-    return sorted(ids)
 
 
 def build_card(model: str, source: str, revision: str | None, aux_layer_ids: list[int] | None, extra: dict,
@@ -267,14 +249,3 @@ def load_target_model(card: dict, device: str = "cpu", dtype=None, device_map: s
 def load_target(card: dict, device: str = "cpu", dtype=None, device_map: str | None = None):
     """(model, tokenizer) for a card, the model as `load_target_model` gives it."""
     return load_target_model(card, device, dtype, device_map), card_tokenizer(card)
-
-
-def resolve_device(choice: str) -> str:
-    import torch
-
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda requested but no CUDA device is available")
-    return choice
-

@@ -95,7 +95,7 @@ def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from draftline.target import resolve_device
+    from draftline.config import resolve_device
 
     device = resolve_device(cfg.device)
 
