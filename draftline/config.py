@@ -7,12 +7,12 @@ first thing too, before importing torch, so a bad file fails in about a second. 
 plain dataset names, aux layer ids against the target's layer count when known offline, no
 credentials in any URL (params end up in dvc.lock and reports), ports (null = free at start).
 
-The rules a value is checked by live here too: the dataset presets (a preset is a named set of
+The rules values are checked by live here too: the dataset presets (a preset is a named set of
 dataset params) with the field and script names a spec may use, the EAGLE-3 aux layer id rule,
-and what a device choice resolves to. This module imports nothing from the project, so any stage
-reads params first, in about a second. It is longer than the others on purpose: every params
-section and the classification of each of its fields (output-shaping or operational) sit in one
-place.
+and what a device choice resolves to. A leaf: it imports no project module
+(tests/test_config_leaf.py), so reading params never pulls in the code of any stage. It is longer
+than the other modules on purpose: every params section, and the classification of each of its
+fields (output-shaping or operational), in one place.
 """
 
 from __future__ import annotations
