@@ -130,8 +130,8 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
 
 
 def spec_records(spec: DatasetSpec, source: str, stats: PrepareStats) -> Iterator[dict]:
-    """The records of a dataset spec (path, split, name, revision, streaming,
-    max_rows, format, fields, parse_markup, max_prompt_tokens, scripts), streamed."""
+    """The records of a dataset spec (path, split, name, revision, streaming, max_rows, format,
+    fields, parse_markup, max_prompt_tokens, scripts), streamed."""
     rows = read_rows(spec.path, spec.split, spec.name, spec.revision, spec.streaming)
     return iter_records(islice(rows, spec.max_rows), source, stats, spec.format, spec.fields,
                         spec.parse_markup, spec.max_prompt_tokens, spec.scripts)
