@@ -51,7 +51,7 @@ def hs_path(directory: Path, index: int) -> Path:
 
 def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     """Re-check the card's ids (it may have been edited) with the rule the target stage applies."""
-    from draftline.target import resolve_aux_layer_ids
+    from draftline.config import resolve_aux_layer_ids
 
     return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)
 

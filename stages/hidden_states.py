@@ -26,7 +26,8 @@ def run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from draftline import hidden
-    from draftline.target import load_target_model, resolve_device
+    from draftline.config import resolve_device
+    from draftline.target import load_target_model
 
     device = "cuda" if cfg.device_map else resolve_device(cfg.device)
     compute = cfg.compute_dtype if cfg.compute_dtype != "auto" else (cfg.dtype if device == "cuda" else "float32")

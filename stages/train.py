@@ -105,7 +105,7 @@ def online_states(card, source: dict, device: str):
 
 def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dict):
     from draftline import draft
-    from draftline.target import resolve_device
+    from draftline.config import resolve_device
 
     device = resolve_device(cfg.device)
     fingerprint = draft.run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)

@@ -472,7 +472,7 @@ def test_refusal_names_the_modes_that_would_fit(subsets, capsys):
     assert "draftline.plan" in message and not list((subsets / "hs_refused").glob("hs_*"))
 
 
-def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path):
+def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path, random_target):
     (tmp_path / "params.yaml").write_text(PARAMS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "draftline.plan", "--hidden-size", "7168", "--samples", "25000", "--tokens-per-sample", "4000",
@@ -489,7 +489,7 @@ def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path):
     table = subprocess.run(cmd[:-1], cwd=tmp_path, env=env, capture_output=True, text=True).stdout
     assert "| offline fp8 | 28,684 |" in table and "5.7 TB" in table
     # without data yet: an upper bound from samples x max_length, with the card's hidden size
-    (tmp_path / "card.json").write_text(json.dumps({"hidden_size": 64}))
+    replace(random_target, hidden_size=64).write(tmp_path / "card.json")
     bound = json.loads(subprocess.run([sys.executable, "-m", "draftline.plan", "--card", "card.json", "--json"], cwd=tmp_path,
                                       env=env, capture_output=True, text=True).stdout)
     assert bound["tokens"] == 10 * 256 and "upper bound" in bound["tokens_from"]

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from draftline import hidden
+from draftline.card import TargetCard
 from draftline.target import RemoteCodeRequired, build_card, load_target, read_verifier_tensors
 from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 from wrapped_target import build_wrapped_target
@@ -50,12 +51,12 @@ def test_tokenizer_with_custom_code_alone_is_refused_too(wrapped_dir, tmp_path):
 
 def test_card_from_text_config_and_verifier_tensors_equal_the_loaded_model(wrapped_card):
     card = wrapped_card
-    assert card["config_model_type"] == "draftline_wrapper" and card["model_type"] == "llama"
-    assert (card["num_layers"], card["hidden_size"], card["trust_remote_code"]) == (5, 64, True)
+    assert card.config_model_type == "draftline_wrapper" and card.model_type == "llama"
+    assert (card.num_layers, card.hidden_size, card.trust_remote_code) == (5, 64, True)
     # names by prefix, not suffix: the vision tower's embed_tokens / post_norm never match
-    assert card["verifier_tensors"] == {"embed_tokens": "language_model.model.embed_tokens.weight",
-                                        "lm_head": "language_model.lm_head.weight",
-                                        "norm": "language_model.model.norm.weight"}
+    assert card.verifier_tensors == {"embed_tokens": "language_model.model.embed_tokens.weight",
+                                     "lm_head": "language_model.lm_head.weight",
+                                     "norm": "language_model.model.norm.weight"}
     tensors = read_verifier_tensors(card)
     model, tokenizer = load_target(card)
     assert type(tokenizer).__name__ == "WrapperTokenizer"
@@ -70,15 +71,15 @@ def test_tied_embeddings_give_no_lm_head_name(random_target, tmp_path):
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    with safe_open(f"{random_target['model']}/model.safetensors", "pt") as f:
+    with safe_open(f"{random_target.model}/model.safetensors", "pt") as f:
         weights = {k: f.get_tensor(k) for k in f.keys() if k != "lm_head.weight"}
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads(open(f"{random_target['model']}/config.json").read())
+    cfg = json.loads(open(f"{random_target.model}/config.json").read())
     cfg["tie_word_embeddings"] = True
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    AutoTokenizer.from_pretrained(random_target["model"]).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(random_target.model).save_pretrained(tmp_path)
     card = build_card(str(tmp_path), "test", None, AUX, {})
-    assert card["verifier_tensors"]["lm_head"] is None and card["tie_word_embeddings"]
+    assert card.verifier_tensors["lm_head"] is None and card.tie_word_embeddings
     tensors = read_verifier_tensors(card)
     assert torch.equal(tensors["lm_head"], tensors["embed_tokens"])
 
@@ -104,8 +105,8 @@ def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
                  train={"epochs": 1, "pack_len": 256, "device": "cpu", "checkpoint_every_steps": 50},
                  evaluate={"k": 3, "max_new_tokens": 12, "device": "cpu", "dtype": "float32"})
     run_stage(tmp_path, "target", "models/target")
-    card = json.loads((tmp_path / "models/target/card.json").read_text())
-    assert card["trust_remote_code"] and card["verifier_tensors"]["norm"] == "language_model.model.norm.weight"
+    card = TargetCard.load(tmp_path / "models/target/card.json")
+    assert card.trust_remote_code and card.verifier_tensors["norm"] == "language_model.model.norm.weight"
 
     conversations = corpus(12, 0)
     prompts = write_prompts(tmp_path / "prompts/train.jsonl", conversations)
