@@ -121,10 +121,10 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
 
     port = free_port()
     cfg = RegenerateConfig(port=port, chat_template_kwargs=kwargs)
-    command = regenerate_command(cfg, card, card["model"])
+    command = regenerate_command(cfg, card, card.model)
     assert command[command.index("--chat-template-kwargs") + 1] == '{"thinking": false}'
     with ManagedServer(command, server_env(tmp_path / "hf"), f"http://127.0.0.1:{port}", tmp_path / "server.log", 300) as url:
-        assert preflight_regeneration(url, "transformers", card["model"], render(kwargs), kwargs)["probe_prompt_tokens"] == off
+        assert preflight_regeneration(url, "transformers", card.model, render(kwargs), kwargs)["probe_prompt_tokens"] == off
         # a client that forgets the switch still gets the server's default: counted as thinking off, not as the tokenizer's
         with pytest.raises(PreflightError, match=f"server counts {off} prompt tokens"):
-            preflight_regeneration(url, "transformers", card["model"], render({}), {})
+            preflight_regeneration(url, "transformers", card.model, render({}), {})

@@ -234,9 +234,9 @@ def served_chatty(tmp_path_factory, chatty_target):
 
     port, log_dir = free_port(), tmp_path_factory.mktemp("served")
     url = f"http://127.0.0.1:{port}"
-    cmd = transformers_serve_command(chatty_target["model"], "127.0.0.1", port, "cpu", False, 16, [])
+    cmd = transformers_serve_command(chatty_target.model, "127.0.0.1", port, "cpu", False, 16, [])
     with ManagedServer(cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120) as base_url:
-        body = {"model": chatty_target["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        body = {"model": chatty_target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for _ in range(20):
             t = time.monotonic()
             httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
@@ -893,7 +893,7 @@ def rendered(tokenizer, chat_template_kwargs=None):
 def test_preflight_accepts_the_plain_target(stub, random_target, engine):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, _ = stub(engine=engine, tokenizer=tokenizer)
     seen = preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
     assert seen["served_models"] == ["m"] and seen["probe_prompt_tokens"] > 10
@@ -913,7 +913,7 @@ def test_preflight_accepts_the_plain_target(stub, random_target, engine):
 def test_preflight_refuses(stub, random_target, engine, attrs, message):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, _ = stub(**{"engine": engine, "tokenizer": tokenizer, **attrs})
     with pytest.raises(PreflightError, match=message):
         preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
@@ -930,7 +930,7 @@ def test_preflight_probes_what_the_server_is_whatever_is_declared(stub, random_t
     really vLLM / SGLang: its own evidence decides, a draft is found and refused."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, handler = stub(engine=actual, speculative=speculative, tokenizer=tokenizer)
     with pytest.raises(PreflightError, match=message):
         preflight_regeneration(url, "transformers", "m", rendered(tokenizer), {}, attempts=1)
