@@ -141,26 +141,27 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     from torch.distributed.run import get_args_parser
     from transformers.cli.serve import Serve
 
-    from draftline import draft, engines, serving
+    from draftline import commands, draft
     from draftline.config import BenchmarkConfig, RegenerateConfig, TrainConfig
-    from stages.regenerate import launch_command
 
     card = replace(wrapped_card, architecture="LlamaForCausalLM")
     assert "trust_remote_code" in inspect.signature(Serve.__init__).parameters
     for backend in ("transformers", "vllm", "sglang"):
-        cmd = launch_command(RegenerateConfig(backend=backend), card, "m")
+        cmd = commands.regenerate_command(RegenerateConfig(backend=backend), card, "m")
         assert cmd.count("--trust-remote-code") == 1, backend
-        assert "--trust-remote-code" not in launch_command(RegenerateConfig(backend=backend), replace(card, trust_remote_code=False), "m")
-    cmd = hidden.vllm_serve_command("python", card["model"], None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [], trust_remote_code=True)
+        assert "--trust-remote-code" not in commands.regenerate_command(RegenerateConfig(backend=backend),
+                                                                        replace(card, trust_remote_code=False), "m")
+    cmd = commands.vllm_extract_command("python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [],
+                                        trust_remote_code=True)
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):
-        assert "--trust-remote-code" in engines.serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
+        assert "--trust-remote-code" in commands.benchmark_serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
     train_cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), card, vocab_dir, tmp_path / "tok",
                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
     launch = get_args_parser().parse_args(train_cmd[1:])
     assert SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"] is True
-    assert not serving.transformers_serve_loads(wrapped_card["architecture"], wrapped_card["config_model_type"])
-    assert serving.transformers_serve_loads("LlamaForCausalLM", "llama")
+    assert not commands.transformers_serve_loads(wrapped_card.architecture, wrapped_card.config_model_type)
+    assert commands.transformers_serve_loads("LlamaForCausalLM", "llama")
 
 
 def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_dir, tmp_path):
