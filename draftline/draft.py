@@ -242,7 +242,7 @@ def draft_target_ids(d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
 def check_init(config, init_d2t: torch.Tensor | None, card: dict, d2t: torch.Tensor, num_layers: int,
                remap_aux: bool, remap_vocab: bool) -> list[str]:
     """Refuse a checkpoint that cannot serve this target; return the remaps that were allowed."""
-    from draftline.target import eagle3_default_aux_ids
+    from draftline.config import eagle3_default_aux_ids
 
     tl = config.transformer_layer_config
     if tl.hidden_size != card["hidden_size"]:

@@ -2,11 +2,12 @@
 
 Checks first that the backend can answer as asked; counts the conversations already made that
 still hold (draftline/conversation_store.py); starts the server of `regenerate.backend` on the
-target (draftline/serving.py), or takes the `external` endpoints; checks each endpoint before the
-first request (the card's target, not speculative); only then drops the stale lines, and sends the
-missing prompts (draftline/regeneration.py) with a progress bar, or a plain progress line every
-tick in a log file. The report counts everything; too many failures come back as an error that says,
-per failure reason, what to change.
+target (draftline/servers.py, command lines in draftline/commands.py), or takes the `external`
+endpoints; checks each endpoint before the first request (draftline/preflight.py: the card's
+target, not speculative); only then drops the stale lines, and sends the missing prompts
+(draftline/regeneration.py) with a progress bar, or a plain progress line every tick in a log
+file. The report counts everything; too many failures come back as an error that says, per
+failure reason, what to change.
 """
 
 from __future__ import annotations
@@ -34,11 +35,9 @@ class Regenerated(NamedTuple):
     error: str | None  # more failures than regenerate.max_failure_rate: by cause, what to change
 
 
-def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path,
-               launch_command: Callable[..., list[str]]) -> Regenerated:
+def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path) -> Regenerated:
     """Regenerates the prompts of `prompts_path` not yet in out/conversations.jsonl (append-only,
-    keyed by prompt id); failures.jsonl gets one line per conversation that failed in this run.
-    launch_command(cfg, card, model_name, out, port): the command of a server the run starts."""
+    keyed by prompt id); failures.jsonl gets one line per conversation that failed in this run."""
     model_name = cfg.served_model_name or card.model
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
     check_backend(cfg, card, engine)
@@ -66,8 +65,7 @@ def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
-        tally, seen, start, slots = send(cfg, card, engine, model_name, api_key, todo, tags, out, drop_stale_lines,
-                                         launch_command)
+        tally, seen, start, slots = send(cfg, card, engine, model_name, api_key, todo, tags, out, drop_stale_lines)
     else:
         drop_stale_lines()  # nothing to send: only lines of ids no longer prompted, or a cut line
     report = run_report(cfg, len(prompts), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out)
@@ -81,7 +79,7 @@ def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path
 def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
     """Stops before any work where `transformers serve` would not answer as asked."""
     if cfg.backend == "transformers":
-        from draftline.serving import transformers_serve_loads
+        from draftline.commands import transformers_serve_loads
 
         if not transformers_serve_loads(card.architecture, card.config_model_type or card.model_type):
             raise SystemExit(f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
@@ -110,15 +108,18 @@ def endpoint_api_key(cfg: RegenerateConfig) -> str | None:
 
 
 def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, api_key: str | None,
-         todo: list[dict], tags: dict, out: Path, drop_stale_lines: Callable[[], None],
-         launch_command: Callable[..., list[str]]) -> tuple[Tally | None, list[dict], float, int | None]:
+         todo: list[dict], tags: dict, out: Path,
+         drop_stale_lines: Callable[[], None]) -> tuple[Tally | None, list[dict], float, int | None]:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
     preflights each, drops the stale lines, sends `todo`, stops the server. (tally, what each
     endpoint's preflight saw, when sending started, server slots)."""
+    from draftline import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
     from draftline.chat import chat_prompt_ids
+    from draftline.commands import regenerate_command
     from draftline.openai_client import RetryPolicy, close_pool, open_pool
+    from draftline.preflight import PreflightError, preflight_regeneration
     from draftline.regeneration import Sampling, regenerate_all
-    from draftline.serving import ManagedServer, PreflightError, preflight, server_env, server_url
+    from draftline.servers import ManagedServer, server_env, server_url
     from draftline.target import card_tokenizer
 
     conversations_path = out / "conversations.jsonl"
@@ -126,11 +127,11 @@ def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, 
     if cfg.backend == "external":
         server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
     else:
-        from draftline.serving import startup_timeout_s
+        from draftline.servers import startup_timeout_s
 
         limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
         print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
-        server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, out, port),
+        server, urls = ManagedServer(lambda port: regenerate_command(cfg, card, model_name, out, port),
                                      server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
                                      out / "server.log", limit, say=print), []
     sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
@@ -162,8 +163,9 @@ def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, 
         urls = urls or [launched]
         for url in urls:
             try:
-                seen.append(preflight(url, engine, model_name, tokenizer, dict(cfg.chat_template_kwargs), api_key,
-                                      timeout_s=cfg.first_token_timeout_s, attempts=cfg.max_retries + 1))
+                seen.append(preflight_regeneration(url, engine, model_name, count_ids, dict(cfg.chat_template_kwargs),
+                                                   api_key, timeout_s=cfg.first_token_timeout_s,
+                                                   attempts=cfg.max_retries + 1))
             except PreflightError as err:
                 raise SystemExit(f"error: preflight refused the endpoint: {err} (nothing was sent or "
                                  f"dropped: {conversations_path} is as it was)") from None

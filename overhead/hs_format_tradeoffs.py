@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 from draftline import draft, hidden, hs_format
+from draftline.card import TargetCard
 from draftline.config import TrainConfig, load_params
-from draftline.io import read_json, write_json
+from draftline.io import write_json
 
 
 def build_small(root: Path, steps: int, rows: int) -> dict:
@@ -43,7 +44,7 @@ def build_small(root: Path, steps: int, rows: int) -> dict:
     params = yaml.safe_load(Path("params.yaml").read_text())
     build_tiny_target(TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": steps}), root / "target")
     card = build_card(str(root / "target"), "tiny", None, params["target"]["aux_layer_ids"], {})
-    write_json(root / "card.json", card)
+    card.write(root / "card.json")
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     with open(root / "prompts.jsonl", "w") as p, open(root / "conversations.jsonl", "w") as c:
         for k, conv in enumerate(generate_conversations(rows, 11)):
@@ -115,7 +116,7 @@ def main() -> None:
         tmp = Path(tmp)
         paths = build_small(tmp / "small", args.small_steps, args.small_rows) if args.small else \
             {"card": Path(args.card), "tokenized": Path(args.tokenized), "vocab": Path(args.vocab)}
-        card = read_json(paths["card"])
+        card = TargetCard.load(paths["card"])
         cfg = load_params(paths["card"].parent / "params.yaml" if args.small else "params.yaml").train
         cfg = TrainConfig(**{**cfg.model_dump(), "device": "cpu", **({"epochs": args.epochs} if args.epochs else {})})
         H, aux = card["hidden_size"], card["aux_layer_ids"]

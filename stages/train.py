@@ -105,7 +105,7 @@ def online_states(card, source: dict, device: str):
 
 def run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, log, source: dict):
     from draftline import draft
-    from draftline.target import resolve_device
+    from draftline.config import resolve_device
 
     device = resolve_device(cfg.device)
     fingerprint = draft.run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
@@ -136,8 +136,8 @@ def online_vllm(card, paths, source: dict) -> tuple:
     command to launch, or None for an external endpoint; the /v1 endpoint of an external server,
     or the base URL to launch on, port 0 = a free one chosen at start; the staging directory of
     the file/fp8 transfer)."""
-    from draftline import hidden
-    from draftline.serving import server_url
+    from draftline.commands import vllm_extract_command
+    from draftline.servers import server_url
 
     online, params = source["online"], source.get("params") or {}
     transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
@@ -153,12 +153,12 @@ def online_vllm(card, paths, source: dict) -> tuple:
     host = v.get("host") or "127.0.0.1"
 
     def serve(port: int) -> list[str]:
-        return hidden.vllm_serve_command(v.get("python") or sys.executable, card["model"], card.get("revision"),
-                                         card["aux_layer_ids"], card["num_layers"], staging, host, port,
-                                         params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
-                                         v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
-                                         v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
-                                         trust_remote_code=card.get("trust_remote_code", False))
+        return vllm_extract_command(v.get("python") or sys.executable, card["model"], card.get("revision"),
+                                    card["aux_layer_ids"], card["num_layers"], staging, host, port,
+                                    params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
+                                    v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
+                                    v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
+                                    trust_remote_code=card.get("trust_remote_code", False))
     return serve, server_url(host, v.get("port")), staging
 
 
@@ -187,8 +187,7 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dic
     if serve is None and endpoint:  # a running extraction server: checked before the trainers ask it for states
         from datasets import load_from_disk
 
-        from draftline.endpoints import preflight_extraction
-        from draftline.serving import PreflightError
+        from draftline.preflight import PreflightError, preflight_extraction
 
         online = source["online"]
         probe = load_from_disk(str(paths["tokenized"])).with_format(None)[0]["input_ids"]
@@ -209,7 +208,7 @@ def run_speculators(cfg, card, paths, init_dir, log, live_dir: Path, source: dic
         if serve is not None:  # the extraction server the trainers ask for states, stopped after
             import os
 
-            from draftline.serving import ManagedServer, startup_timeout_s
+            from draftline.servers import ManagedServer, startup_timeout_s
 
             def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
                 launched.append(serve(port))

@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from draftline import draft
 from draftline.config import BenchmarkConfig
-from draftline.engines import check_draft, check_engine_settings, read_draft_facts
+from draftline.engines import read_draft_facts
 from draftline.evaluation import load_draft
+from draftline.preflight import check_draft, check_engine_settings
 from draftline.sglang_export import SglangExportError, export_sglang
 from draftline.specdec import speculative_generate
 from draftline.target import load_target
