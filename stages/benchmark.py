@@ -29,7 +29,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     params = stage_params()
     apply_thread_policy("benchmark")  # before torch loads: draftline/threads.py
     cfg = params.benchmark
-    from draftline.engines import check_draft, preflight, read_draft_facts
+    from draftline.checkpoint import read_draft_facts
+    from draftline.engines import check_draft, preflight
     from draftline.evaluation import prompt_ids
     from draftline.io import read_json, read_jsonl, write_json, write_metrics
 
@@ -68,7 +69,8 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
         import torch
 
         from draftline.benchmark_hf import benchmark_hf
-        from draftline.evaluation import eos_ids, load_draft
+        from draftline.checkpoint import load_draft
+        from draftline.evaluation import eos_ids
         from draftline.target import load_target
 
         device = cfg.resolved_device()

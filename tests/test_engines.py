@@ -191,9 +191,10 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from draftline.card import TargetCard
+from draftline.checkpoint import read_draft_facts  # noqa: E402
 from draftline.config import BenchmarkConfig  # noqa: E402
 from draftline.engines import (check_draft, check_engine_settings, parse_prometheus, preflight,  # noqa: E402
-                               read_draft_facts, serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters)
+                               serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters)
 from draftline.io import read_json, write_json, write_jsonl  # noqa: E402
 from draftline.sglang_export import export_sglang  # noqa: E402
 
@@ -211,7 +212,7 @@ def draft_dir(tmp_path_factory, random_target, vocab_dir):
     """A freshly built draft for the random target, saved in speculators format."""
     import torch
 
-    from draftline.draft import build_draft
+    from draftline.draft_model import build_draft
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("draft")

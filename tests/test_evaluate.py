@@ -12,7 +12,7 @@ import torch
 import yaml
 from transformers import DynamicCache
 
-from draftline.draft import build_draft
+from draftline.draft_model import build_draft
 from draftline.evaluation import (acceptance_summary, simulated_acceptance, teacher_forced_sample,
                                   teacher_forced_sums)
 from draftline.io import read_json, write_json, write_jsonl
@@ -66,7 +66,7 @@ def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vo
     from speculators.models.eagle3 import shift_batch
     from speculators.train.data import CollateFn
 
-    from draftline.draft import run_batch
+    from draftline.draft_metrics import run_batch
 
     model, _ = load_target(random_target)
     torch.manual_seed(3)

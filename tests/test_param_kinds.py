@@ -103,7 +103,7 @@ def test_an_output_shaping_change_of_the_backend_redoes_the_conversations():
 
 
 def test_train_resume_identity_follows_the_declaration():
-    from draftline.draft import NOT_IN_FINGERPRINT, run_fingerprint
+    from draftline.train_state import NOT_IN_FINGERPRINT, run_fingerprint
 
     assert set(NOT_IN_FINGERPRINT) == OPERATIONAL[TrainConfig]
     card = {"model": "m", "revision": None}

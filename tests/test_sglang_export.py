@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftline import draft
+from draftline import draft_model
 from draftline.config import BenchmarkConfig
-from draftline.engines import check_draft, check_engine_settings, read_draft_facts
-from draftline.evaluation import load_draft
+from draftline.checkpoint import load_draft, read_draft_facts
+from draftline.engines import check_draft, check_engine_settings
 from draftline.sglang_export import SglangExportError, export_sglang
 from draftline.specdec import speculative_generate
 from draftline.target import load_target
@@ -43,9 +43,9 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
     """speculators' Eagle-3 converter (the original EAGLE-3 layout in, speculators out) reads the
     export back: same weights, and speculative decoding accepts exactly the same drafts."""
     out = export_sglang(eagle3_draft_dir, random_target, tmp_path / "sglang")
-    back_dir = draft.prepare_init(out, random_target, {"eagle_aux_hidden_state_layer_ids": random_target["aux_layer_ids"]},
+    back_dir = draft_model.prepare_init(out, random_target, {"eagle_aux_hidden_state_layer_ids": random_target["aux_layer_ids"]},
                                   tmp_path / "work")
-    back, notes = draft.load_init_draft(back_dir, random_target, vocab_dir, 1, 3, architecture="eagle3")
+    back, notes = draft_model.load_init_draft(back_dir, random_target, vocab_dir, 1, 3, architecture="eagle3")
     original = load_draft(eagle3_draft_dir, random_target, "cpu")
     sd = original.state_dict()
     for name, value in back.state_dict().items():
@@ -62,15 +62,15 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
 
 def test_drafts_sglang_would_serve_differently_are_refused(random_target, vocab_dir, tmp_path):
     speculators_arch = tmp_path / "speculators"
-    draft.build_draft(random_target, vocab_dir, 1, 3).save_pretrained(speculators_arch)
+    draft_model.build_draft(random_target, vocab_dir, 1, 3).save_pretrained(speculators_arch)
     with pytest.raises(SglangExportError, match="train.architecture: eagle3"):
         export_sglang(speculators_arch, random_target, tmp_path / "out")
     two_layers = tmp_path / "two_layers"
-    draft.build_draft(random_target, vocab_dir, 2, 3, architecture="eagle3").save_pretrained(two_layers)
+    draft_model.build_draft(random_target, vocab_dir, 2, 3, architecture="eagle3").save_pretrained(two_layers)
     with pytest.raises(SglangExportError, match="train.num_layers: 1"):
         export_sglang(two_layers, random_target, tmp_path / "out")
     one_layer = tmp_path / "one_layer"
-    draft.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3").save_pretrained(one_layer)
+    draft_model.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3").save_pretrained(one_layer)
     with pytest.raises(SglangExportError, match="aux layer id 0"):
         export_sglang(one_layer, replace(random_target, aux_layer_ids=[0, 2, 3]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -84,6 +84,6 @@ def test_cli_exports_or_says_why_not(eagle3_draft_dir, random_target, vocab_dir,
     ok = run(eagle3_draft_dir, tmp_path / "sglang")
     assert ok.returncode == 0 and "--speculative-draft-model-path" in ok.stdout and (tmp_path / "sglang/config.json").is_file()
     speculators_arch = tmp_path / "speculators"
-    draft.build_draft(random_target, vocab_dir, 1, 3).save_pretrained(speculators_arch)
+    draft_model.build_draft(random_target, vocab_dir, 1, 3).save_pretrained(speculators_arch)
     refused = run(speculators_arch, tmp_path / "no")
     assert refused.returncode != 0 and "train.architecture: eagle3" in refused.stderr and not (tmp_path / "no").exists()

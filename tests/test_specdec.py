@@ -3,7 +3,7 @@
 import torch
 
 from draftline.config import TIE_TOLERANCE
-from draftline.draft import build_draft
+from draftline.draft_model import build_draft
 from draftline.evaluation import compare_to_greedy
 from draftline.specdec import Generation, greedy_generate, speculative_generate
 from draftline.target import load_target
