@@ -7,8 +7,8 @@ has), the facts preflight checks without loading weights, a content hash of the 
 the draft itself loaded for training, evaluation or benchmarking with the verifier tensors it
 does not store restored from the target.
 
-Light at import: torch, numpy and safetensors are imported where they are used, so preflight can
-read facts before a stage sets its thread policy.
+Light at import: torch, numpy and safetensors are imported where they are used, so the serving
+preflight (draftline/engines.py) reads a draft's facts without loading torch.
 """
 
 from __future__ import annotations

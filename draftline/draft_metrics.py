@@ -8,7 +8,6 @@ import torch
 
 from draftline.draft_data import autocast, hidden_states_dtype, make_loader
 
-
 MODEL_INPUTS = ("hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask", "position_ids", "document_ids")
 
 

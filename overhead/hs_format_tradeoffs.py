@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 from draftline import draft_data, draft_model, hidden, hs_format, train_state, training
+from draftline.card import TargetCard
 from draftline.config import TrainConfig, load_params
-from draftline.io import read_json, write_json
+from draftline.io import write_json
 
 
 def build_small(root: Path, steps: int, rows: int) -> dict:
@@ -115,7 +116,7 @@ def main() -> None:
         tmp = Path(tmp)
         paths = build_small(tmp / "small", args.small_steps, args.small_rows) if args.small else \
             {"card": Path(args.card), "tokenized": Path(args.tokenized), "vocab": Path(args.vocab)}
-        card = read_json(paths["card"])
+        card = TargetCard.load(paths["card"])
         cfg = load_params(paths["card"].parent / "params.yaml" if args.small else "params.yaml").train
         cfg = TrainConfig(**{**cfg.model_dump(), "device": "cpu", **({"epochs": args.epochs} if args.epochs else {})})
         H, aux = card["hidden_size"], card["aux_layer_ids"]

@@ -13,9 +13,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from draftline.benchmark_hf import benchmark_hf
+from draftline.card import TargetCard
 from draftline.checkpoint import load_draft
 from draftline.evaluation import eos_ids, prompt_ids
-from draftline.io import read_json, read_jsonl
+from draftline.io import read_jsonl
 from draftline.target import load_target
 
 
@@ -32,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     if not Path(args.draft, "config.json").exists():
         raise SystemExit(f"error: no trained draft at {args.draft}; run `make repro` first")
-    card = read_json(args.card)
+    card = TargetCard.load(args.card)
     target, tokenizer = load_target(card)
     draft = load_draft(args.draft, card, "cpu")
     rows = list(read_jsonl(args.prompts))[: args.n]

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
+from draftline.card import TargetCard
 from draftline.config import TrainConfig
 from draftline.draft_data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
 from draftline.draft_metrics import run_batch
 from draftline.draft_model import build_draft
 from draftline.train_state import seed_everything
 from draftline.training import train_draft
-from draftline.io import read_json
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
         raise SystemExit("error: no hidden states; run `make repro` first")
     from speculators.losses import resolve_loss_config
 
-    card = read_json(args.card)
+    card = TargetCard.load(args.card)
     cfg = TrainConfig(epochs=1, val_fraction=0.05)
     device, dtype = "cpu", hidden_states_dtype("cpu")
 

@@ -42,7 +42,7 @@ def trained_parts(model) -> dict:
 def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_dir, target):
     model = draft_model.build_draft(random_target, vocab_dir, num_layers=2, ttt_steps=3)
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
-    assert len(model.layers) == 2 and model.config.transformer_layer_config.hidden_size == random_target["hidden_size"]
+    assert len(model.layers) == 2 and model.config.transformer_layer_config.hidden_size == random_target.hidden_size
     assert torch.equal(model.embed_tokens.weight, target.model.embed_tokens.weight)
     assert torch.equal(model.lm_head.weight, target.lm_head.weight[t2d])
     assert torch.equal(model.verifier_norm.weight, target.model.norm.weight)
@@ -68,10 +68,10 @@ def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_targe
     assert fields == draft_model.vllm_speculator_fields(config)
     assert fields["method"] == "eagle3" and fields["draft_model_type"] == "llama"
     assert fields["num_speculative_tokens"] == 4
-    assert fields["verifier"] == random_target["model"]
-    assert fields["eagle_aux_hidden_state_layer_ids"] == random_target["aux_layer_ids"]
-    assert fields["draft_vocab_size"] == random_target["vocab_size"] // 2
-    assert fields["target_vocab_size"] == random_target["vocab_size"]
+    assert fields["verifier"] == random_target.model
+    assert fields["eagle_aux_hidden_state_layer_ids"] == random_target.aux_ids
+    assert fields["draft_vocab_size"] == random_target.vocab_size // 2
+    assert fields["target_vocab_size"] == random_target.vocab_size
     assert (fields["norm_before_residual"], fields["norm_before_fc"], fields["norm_output"]) == (True, True, True)
 
 
@@ -116,17 +116,17 @@ def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_
 
 def test_vocab_remap_matches_lm_head_rows_by_target_token(saved_draft, random_target, vocab_dir, tmp_path, target):
     # our new vocabulary: target tokens 100 .. 100+n (the checkpoint's was 0 .. n)
-    n = random_target["vocab_size"] // 2
+    n = random_target.vocab_size // 2
     shifted = tmp_path / "vocab"
     shifted.mkdir()
     np.save(shifted / "d2t.npy", np.full(n, 100, dtype=np.int64))
-    t2d = np.zeros(random_target["vocab_size"], dtype=bool)
+    t2d = np.zeros(random_target.vocab_size, dtype=bool)
     t2d[100:100 + n] = True
     np.save(shifted / "t2d.npy", t2d)
     with pytest.raises(checkpoint.InitMismatch, match="train.init_remap_vocab"):
         draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
     loaded, notes = draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True)
-    assert notes and loaded.lm_head.weight.shape == (n, random_target["hidden_size"])
+    assert notes and loaded.lm_head.weight.shape == (n, random_target.hidden_size)
     old_head = saved_draft[1].lm_head.weight
     assert torch.equal(loaded.lm_head.weight[0], old_head[100])  # target token 100 was in both vocabularies
     assert torch.equal(loaded.lm_head.weight[n - 1], target.lm_head.weight[100 + n - 1])  # new token: target's row
@@ -166,7 +166,7 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     with pytest.raises(checkpoint.InitMismatch, match="init_convert"):
         draft_model.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
     converted = draft_model.prepare_init(eagle, random_target, {"norm_before_residual": True, "norm_output": True,
-                                                          "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, tmp_path / "work")
+                                                                "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, tmp_path / "work")
     assert converted == tmp_path / "work" / draft_model.CONVERTED_INIT_DIR
     assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
     loaded, _ = draft_model.load_init_draft(converted, random_target, vocab_dir, 1, 3)
@@ -183,16 +183,16 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     cfg = TrainConfig(backend="speculators", epochs=3, lr=5e-4, pack_len=4096, num_layers=2, fsdp=True, seed=7,
                       ttt_steps=4, warmup_steps=20, scheduler="linear", train_embeddings=True)
     cmd = handoff.speculators_train_command(cfg, random_target, vocab_dir, tmp_path / "tok", tmp_path / "hs",
-                                          tmp_path / "ckpt", tmp_path / "logs", nproc=8)
+                                            tmp_path / "ckpt", tmp_path / "logs", nproc=8)
     assert cmd[0] == "torchrun"
     launch = get_args_parser().parse_args(cmd[1:])
     assert launch.nproc_per_node == "8" and launch.module and launch.training_script == "speculators.train"
     run = SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()
     expected = {
-        "speculator_type": "eagle3", "verifier_name_or_path": random_target["model"],
+        "speculator_type": "eagle3", "verifier_name_or_path": random_target.model,
         "data_path": str(tmp_path / "tok"), "hidden_states_path": str(tmp_path / "hs"), "on_missing": "raise",
         "d2t_path": str(vocab_dir / "d2t.npy"), "t2d_path": str(vocab_dir / "t2d.npy"),
-        "draft_vocab_size": random_target["vocab_size"] // 2, "target_layer_ids": random_target["aux_layer_ids"],
+        "draft_vocab_size": random_target.vocab_size // 2, "target_layer_ids": random_target.aux_ids,
         "num_layers": 2, "full_attention_indices": [0, 1], "draft_arch": "llama",
         "norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "embed_requires_grad": True,
         "total_seq_len": 4096, "train_data_ratio": 0.9, "epochs": 3, "lr": 5e-4, "optimizer": "adamw",
@@ -202,12 +202,12 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     assert {k: run[k] for k in expected} == expected
 
     init_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                               tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
+                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
     init_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(init_cmd[1:]).training_script_args).flatten()
     assert init_run["from_pretrained"] == str(tmp_path / "init") and init_run["fsdp_shard"] is False
 
     eagle3_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, architecture="eagle3")
+                                                   tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, architecture="eagle3")
     eagle3_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args).flatten()
     assert {k: eagle3_run[k] for k in checkpoint.ARCHITECTURES["eagle3"]} == checkpoint.ARCHITECTURES["eagle3"]
 
@@ -231,12 +231,12 @@ def tied_target(tmp_path_factory, random_target):
 
     from draftline.target import build_card
 
-    model = LlamaForCausalLM.from_pretrained(random_target["model"])
+    model = LlamaForCausalLM.from_pretrained(random_target.model)
     model.config.tie_word_embeddings = True
     model.tie_weights()
     path = tmp_path_factory.mktemp("tied_target")
     model.save_pretrained(path)
-    for item in Path(random_target["model"]).iterdir():
+    for item in Path(random_target.model).iterdir():
         if item.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(item, path)
     return build_card(str(path), "test", None, [1, 2, 3], {})
@@ -246,7 +246,7 @@ def test_a_tied_target_builds_its_draft_without_loader_warnings(tied_target, voc
     """speculators' loader printed "Tensor 'lm_head.weight' not found" (and "index.json not found")
     for every tied, single-file target in each stage that builds or loads a draft; the card's
     verifier tensors name the embeddings as the lm_head instead."""
-    assert "lm_head.weight" not in load_file(Path(tied_target["model"]) / "model.safetensors")
+    assert "lm_head.weight" not in load_file(Path(tied_target.model) / "model.safetensors")
     capfd.readouterr()
     model = draft_model.build_draft(tied_target, vocab_dir, 1, 3)
     err = capfd.readouterr().err
@@ -273,7 +273,7 @@ def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_d
     online = hs.online.model_dump()
     args = handoff.speculators_hidden_states_args(tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging")
     cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
+                                            tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
     run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
     assert run["on_missing"] == "generate" and run["vllm_endpoint"] == "http://10.0.0.9:8012/v1"
     assert run["hidden_states_backend"] == transfer and run["request_timeout"] == 90 and run["max_retries"] == 5
@@ -327,6 +327,6 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(random_targ
 
     args = handoff.speculators_hidden_states_args(tmp_path / "hs", "fp8")
     cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
+                                            tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
     run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
     assert run["hidden_states_backend"] == "fp8" and run["on_missing"] == "raise" and run["hidden_states_path"] == str(tmp_path / "hs")

@@ -27,9 +27,9 @@ def test_export_has_sglangs_names_config_and_aux_convention(eagle3_draft_dir, ra
     out = export_sglang(eagle3_draft_dir, random_target, tmp_path / "sglang")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in random_target["aux_layer_ids"]]
-    assert config["draft_vocab_size"] == random_target["vocab_size"] // 2 and config["vocab_size"] == random_target["vocab_size"]
-    assert config["target_hidden_size"] == random_target["hidden_size"] and config["rope_theta"] > 0
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in random_target.aux_ids]
+    assert config["draft_vocab_size"] == random_target.vocab_size // 2 and config["vocab_size"] == random_target.vocab_size
+    assert config["target_hidden_size"] == random_target.hidden_size and config["rope_theta"] > 0
     names = set(load_file(str(out / "model.safetensors")))
     assert {"fc.weight", "midlayer.hidden_norm.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"} <= names
     assert not any(n.startswith("layers.") or n.startswith("input_norm") for n in names)
@@ -43,8 +43,8 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
     """speculators' Eagle-3 converter (the original EAGLE-3 layout in, speculators out) reads the
     export back: same weights, and speculative decoding accepts exactly the same drafts."""
     out = export_sglang(eagle3_draft_dir, random_target, tmp_path / "sglang")
-    back_dir = draft_model.prepare_init(out, random_target, {"eagle_aux_hidden_state_layer_ids": random_target["aux_layer_ids"]},
-                                  tmp_path / "work")
+    back_dir = draft_model.prepare_init(out, random_target, {"eagle_aux_hidden_state_layer_ids": random_target.aux_ids},
+                                        tmp_path / "work")
     back, notes = draft_model.load_init_draft(back_dir, random_target, vocab_dir, 1, 3, architecture="eagle3")
     original = load_draft(eagle3_draft_dir, random_target, "cpu")
     sd = original.state_dict()
@@ -54,8 +54,8 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
     back.eval()
     target, _ = load_target(random_target)
     for prompt in ([1, 40, 41, 42, 2, 1, 50], list(range(20, 60))):
-        ours = speculative_generate(target, original, random_target["aux_layer_ids"], prompt, 30, 3, {-1})
-        theirs = speculative_generate(target, back, random_target["aux_layer_ids"], prompt, 30, 3, {-1})
+        ours = speculative_generate(target, original, random_target.aux_ids, prompt, 30, 3, {-1})
+        theirs = speculative_generate(target, back, random_target.aux_ids, prompt, 30, 3, {-1})
         assert ours.accepted_per_round == theirs.accepted_per_round and ours.tokens == theirs.tokens
     assert notes == []
 

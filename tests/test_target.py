@@ -155,7 +155,7 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     for engine in ("vllm", "sglang"):
         assert "--trust-remote-code" in engines.serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
     train_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), card, vocab_dir, tmp_path / "tok",
-                                                tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
+                                                  tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
     launch = get_args_parser().parse_args(train_cmd[1:])
     assert SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"] is True
     assert not serving.transformers_serve_loads(wrapped_card["architecture"], wrapped_card["config_model_type"])
@@ -184,7 +184,7 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     assert torch.equal(model.embed_tokens.weight, tensors["embed_tokens"])
     assert torch.equal(model.verifier_lm_head.weight, tensors["lm_head"][:size])
     cmd = handoff.speculators_train_command(draft_cfg(), wrapped_card, vocab_dir, tmp_path, tmp_path, tmp_path, tmp_path, 2,
-                                          verifier=view)
+                                            verifier=view)
     assert cmd[cmd.index("--verifier-name-or-path") + 1] == view
 
 

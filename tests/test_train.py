@@ -43,9 +43,9 @@ def data(tmp_path_factory, random_target, vocab_dir):
         model.lm_head.weight.mul_(10)
     model.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
-    card = build_card(str(root / "target"), "test", None, random_target["aux_layer_ids"], {})
+    card = build_card(str(root / "target"), "test", None, random_target.aux_ids, {})
     g = torch.Generator().manual_seed(0)
-    patterns = [torch.randint(3, card["vocab_size"], (48,), generator=g).tolist() for _ in range(4)]
+    patterns = [torch.randint(3, card.vocab_size, (48,), generator=g).tolist() for _ in range(4)]
     rows = []  # prefixes of a few recurring sequences: contexts the draft sees again and again
     for i in range(32):
         length = int(torch.randint(16, 48, (1,), generator=g))
@@ -56,9 +56,9 @@ def data(tmp_path_factory, random_target, vocab_dir):
     dataset.save_to_disk(str(root / "tokenized"))
     (root / "hs").mkdir()
     for i, ids in enumerate(rows):
-        hs = hidden.capture(model, [ids], card["aux_layer_ids"])[0]
+        hs = hidden.capture(model, [ids], card.aux_ids)[0]
         hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, hs, torch.bfloat16)
-    write_json(root / "hs" / "meta.json", {"aux_layer_ids": card["aux_layer_ids"]})
+    write_json(root / "hs" / "meta.json", {"aux_layer_ids": card.aux_ids})
     card.write(root / "card.json")
     return {"root": root, "card": card, "vocab": vocab_dir, "tokenized": root / "tokenized", "hs": root / "hs"}
 
@@ -144,8 +144,8 @@ def reference(data, tmp_path_factory):
 def test_stage_output_meta_and_curves(reference, data):
     run, report = reference
     meta = json.loads((run / "draft" / "meta.json").read_text())
-    assert meta["params"]["epochs"] == 2 and meta["data_sha256"] and meta["target"] == data["card"]["model"]
-    assert meta["vllm_speculator"]["eagle_aux_hidden_state_layer_ids"] == data["card"]["aux_layer_ids"]
+    assert meta["params"]["epochs"] == 2 and meta["data_sha256"] and meta["target"] == data["card"].model
+    assert meta["vllm_speculator"]["eagle_aux_hidden_state_layer_ids"] == data["card"].aux_ids
     assert report["resumed_at"] is None and report["best_epoch"] in (0, 1)
     tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
     assert tau[0] == "step\ttau_sim" and len(tau) == 3  # one row per epoch
@@ -194,7 +194,7 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
 
     val_set = draft_data.make_dataset(data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32)
     val = draft_metrics.validate(model, val_set, draft_data.epoch_batches(val_set, 128, 0, 0), 128, "cpu", 3, 1.0,
-                         resolve_loss_config("kl_div", "eager"))
+                                 resolve_loss_config("kl_div", "eager"))
     assert notes == [] and val["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
 
     report = run_stage_in_process(data, tmp_path / "finetune", monkeypatch, init=str(init), epochs=1, lr=1e-3)
@@ -298,7 +298,7 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
     _, ref_report = reference
     online_hs = tmp_path / "hs_online"  # what the hidden_states stage writes in online mode: meta.json only
     online_hs.mkdir()
-    write_json(online_hs / "meta.json", {"mode": "online", "format": "bf16", "aux_layer_ids": data["card"]["aux_layer_ids"],
+    write_json(online_hs / "meta.json", {"mode": "online", "format": "bf16", "aux_layer_ids": data["card"].aux_ids,
                                          "params": {"dtype": "bfloat16"}})
     run = tmp_path / "online"
     run.mkdir()
