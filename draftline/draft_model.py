@@ -207,9 +207,10 @@ def remap_lm_head(init_head: torch.Tensor, init_d2t: torch.Tensor | None, target
 FROM_TARGET = {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight", "d2t", "t2d"}
 
 
-def load_init_draft(init_dir: Path, card: TargetCard, vocab_dir: Path, num_layers: int, ttt_steps: int, attn_impl: str = "eager", *,
-                    speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
-                    remap_aux: bool = False, remap_vocab: bool = False, architecture: str | None = None):
+def load_init_draft(init_dir: Path, card: TargetCard, vocab_dir: Path, num_layers: int, ttt_steps: int,
+                    attn_impl: str = "eager", *, speculative_tokens: int | None = None, train_embeddings: bool = False,
+                    train_lm_head: bool = False, remap_aux: bool = False, remap_vocab: bool = False,
+                    architecture: str | None = None):
     """(draft, notes): the checkpoint's architecture and trained weights, re-targeted to our card:
     our verifier, aux layer ids and draft vocabulary; frozen parts taken from our target.
     architecture: the train.architecture the checkpoint must have (None: any)."""

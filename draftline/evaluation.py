@@ -246,8 +246,8 @@ def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path,
         "sim_position_accuracy": sim["position_accuracy"],
         "histogram": real["histogram"],
         "per_source": per_source_report(sorted(per_source.items()), cfg.k),
-        **({"per_source_detail": per_source_report(((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())),
-                                                   cfg.k)} if per_detail else {}),
+        **({"per_source_detail": per_source_report(
+            ((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())), cfg.k)} if per_detail else {}),
         "lossless_checked_prompts": len(rows),
         "near_tie_divergences": len(near_ties),
     }

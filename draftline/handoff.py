@@ -157,8 +157,8 @@ def epoch_checkpoints(save_path: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def best_speculators_epoch(save_path: Path, cfg: TrainConfig, card: TargetCard, tokenized_dir: Path, hs_dir: Path, device: str, log=None,
-                           online: OnlineStates | None = None):
+def best_speculators_epoch(save_path: Path, cfg: TrainConfig, card: TargetCard, tokenized_dir: Path, hs_dir: Path,
+                           device: str, log=None, online: OnlineStates | None = None):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
     tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
     from speculators.losses import resolve_loss_config
