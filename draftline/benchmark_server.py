@@ -16,12 +16,19 @@ import shlex
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from draftline.engines import serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters
+from draftline.commands import benchmark_serve_command
 from draftline.loadgen import Endpoint, run_load, summarize_load
-from draftline.serving import ManagedServer, server_url, startup_timeout_s
+from draftline.preflight import preflight_benchmark
+from draftline.servers import ManagedServer, server_url, startup_timeout_s
+from draftline.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
+
+if TYPE_CHECKING:
+    from draftline.card import TargetCard
+    from draftline.config import BenchmarkConfig
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -50,18 +57,16 @@ def first_texts(results) -> dict[int, str]:
     return texts
 
 
-def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list, log_path: Path, say) -> dict:
+def run_mode(engine: str, cfg: BenchmarkConfig, card: TargetCard, draft_path: str | None, prompts: list, log_path: Path, say) -> dict:
     """Start one server, warm it up, run every level.
 
     Returns {"command": str, "levels": {c: (load summary, acceptance or None, first text per prompt,
     (counters before, counters after))}}.
     """
-    commands = [serve_command(engine, card, cfg, draft_path)]  # as deployed (no port: the engine's default)
+    commands = [benchmark_serve_command(engine, card, cfg, draft_path)]  # as deployed (no port: the engine's default)
     levels = {}
     mode = "speculative" if draft_path else "baseline"
     if mode in cfg.endpoints:  # already running: checked, not started
-        from draftline.endpoints import preflight_benchmark
-
         base_url = cfg.endpoints[mode].rstrip("/")
         algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
         seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
@@ -69,10 +74,10 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
             f"`{shlex.join(commands[0])}` would be")
         server = contextlib.nullcontext(base_url)
     else:
-        limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
+        limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
 
         def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
-            commands.append(serve_command(engine, card, cfg, draft_path, port))
+            commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port))
             say(f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})")
             return commands[-1]
 
@@ -110,7 +115,7 @@ def run_mode(engine: str, cfg, card: dict, draft_path: str | None, prompts: list
     return {"command": shlex.join(commands[-1]), "levels": levels}
 
 
-def benchmark_server(engine: str, cfg, card: dict, draft_path: str, prompts: list, log_dir: Path, say=print) -> dict:
+def benchmark_server(engine: str, cfg: BenchmarkConfig, card: TargetCard, draft_path: str, prompts: list, log_dir: Path, say=print) -> dict:
     baseline = run_mode(engine, cfg, card, None, prompts, log_dir / f"{engine}_baseline.log", say)
     speculative = run_mode(engine, cfg, card, draft_path, prompts, log_dir / f"{engine}_speculative.log", say)
 

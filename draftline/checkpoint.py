@@ -8,7 +8,7 @@ the draft itself loaded for training, evaluation or benchmarking with the verifi
 does not store restored from the target.
 
 Light at import: torch, numpy and safetensors are imported where they are used, so the serving
-preflight (draftline/engines.py) reads a draft's facts without loading torch.
+preflight (draftline/preflight.py) reads a draft's facts without loading torch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     import torch
 
     from draftline.card import TargetCard
+
+
+SPECULATORS_EAGLE3 = "eagle3"  # speculators_model_type of an EAGLE-3 draft
 
 
 class InitMismatch(ValueError):
@@ -172,13 +175,38 @@ def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
 # ---------------------------------------------------------------- loading a saved draft
 
 
+def load_verifier_tensors(model, card: TargetCard, embed: bool = True, lm_head: bool = True) -> None:
+    """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
+    the names the card recorded (draftline.target.read_verifier_tensors). Replaces speculators'
+    load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
+    the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
+    (trained) ones; verifier_lm_head and verifier_norm always come from the target."""
+    import torch
+
+    from draftline.target import read_verifier_tensors
+
+    tensors = read_verifier_tensors(card)
+    H = model.hidden_size
+    if tensors["norm"].shape != (H,) or tensors["embed_tokens"].shape[1] != H:
+        raise ValueError(f"target {card.model!r}: verifier tensors {card.verifier_tensors} do not fit a draft of "
+                         f"hidden size {H}")
+    head = tensors["lm_head"]
+    if model.use_draft_vocab:
+        head = head[model.t2d.to(dtype=torch.bool, device=head.device)]
+    with torch.no_grad():
+        if embed:
+            model.embed_tokens.weight.copy_(tensors["embed_tokens"])
+        if lm_head:
+            model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+        model.verifier_norm.weight.copy_(tensors["norm"])
+
+
 def load_saved_draft(directory: Path, card: TargetCard, attn_impl: str = "eager"):
     """A draft saved in speculators format, with the verifier tensors it does not store restored from
     the card's target (Eagle3DraftModel.from_pretrained would read the verifier's config without
     trust_remote_code and match its tensors by suffix)."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
-    from draftline.draft_model import load_verifier_tensors
 
     config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001

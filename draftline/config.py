@@ -6,12 +6,20 @@ this first under DVC (before DVC deletes any stage's outputs); stages call ``sta
 first thing too, before importing torch, so a bad file fails in about a second. Beyond types:
 plain dataset names, aux layer ids against the target's layer count when known offline, no
 credentials in any URL (params end up in dvc.lock and reports), ports (null = free at start).
+
+The rules values are checked by live here too: the dataset presets (a preset is a named set of
+dataset params) with the field and script names a spec may use, the EAGLE-3 aux layer id rule,
+and what a device choice resolves to. A leaf: it imports no project module
+(tests/test_config_leaf.py), so reading params never pulls in the code of any stage. It is longer
+than the other modules on purpose: every params section, and the classification of each of its
+fields (output-shaping or operational), in one place.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,6 +29,86 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 # Dataset names become file names (datasets/prepared/<name>.jsonl), DVC stage names (prepare@<name>)
 # and dotted params keys (datasets.<name>): letters, digits, _ and -, nothing that walks a path.
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+# ---- dataset presets and the names a dataset spec may use ---------------------------------------
+
+# Names a `fields` mapping may target: the keys the converters read (draftline/formats.py).
+CANONICAL_FIELDS = ("id", "conversations", "messages", "instruction", "input", "output", "prompt", "system", "tools")
+# Language filter by Unicode script of the user turns (see formats.dominant_script).
+SCRIPTS = ("latin", "cyrillic", "greek", "arabic", "hebrew", "devanagari", "thai", "han", "kana", "hangul")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A usual dataset: where it lives on the hub and how its rows read (its published schema)."""
+
+    hub_id: str
+    format: str
+    split: str
+    schema: str  # the row schema, as published on the dataset card
+    name: str | None = None  # hub config
+    fields: dict[str, str] = field(default_factory=dict)  # canonical field -> source column
+    parse_markup: bool = False
+    streaming: bool = True  # large sets: stream instead of downloading every shard first
+
+
+PRESETS = {
+    "sharegpt_vicuna": Preset(
+        "Aeala/ShareGPT_Vicuna_unfiltered", "sharegpt", "train",
+        '{"id", "conversations": [{"from": human|gpt|system|bing|chatgpt, "value"}]}'),
+    "ultrachat_200k": Preset(
+        "HuggingFaceH4/ultrachat_200k", "openai", "train_sft",
+        '{"prompt", "prompt_id", "messages": [{"content", "role"}]}', fields={"id": "prompt_id"}),
+    "open_perfectblend": Preset(
+        "mlabonne/open-perfectblend", "sharegpt", "train",
+        '{"conversations": [{"from", "value"}], "source"}'),
+    "hermes_function_calling": Preset(
+        "NousResearch/hermes-function-calling-v1", "sharegpt", "train",
+        '{"id", "conversations": [{"from": system|human|gpt|tool, "value"}], "category", "subcategory", "task"}; '
+        "tools in the system turn's <tools> block, calls as <tool_call>, results as <tool_response>",
+        name="func_calling", parse_markup=True, streaming=False),
+    "mixture_of_thoughts": Preset(
+        "open-r1/Mixture-of-Thoughts", "openai", "train",
+        '{"messages": [{"content", "role"}], "num_tokens", "source"}; reasoning inline as <think>...</think>',
+        name="all", parse_markup=True),
+    "gsm8k": Preset(
+        "openai/gsm8k", "prompt", "train", '{"question", "answer"}', name="main",
+        fields={"prompt": "question"}, streaming=False),
+}
+
+
+# ---- the EAGLE-3 aux layer ids and the device a choice resolves to ------------------------------
+
+
+def eagle3_default_aux_ids(num_layers: int) -> list[int]:
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def resolve_aux_layer_ids(explicit: list[int] | None, num_layers: int) -> list[int]:
+    """Explicit ids, or the EAGLE-3 rule; either must be 3 distinct ids in [0, num_layers]."""
+    ids = list(explicit) if explicit is not None else eagle3_default_aux_ids(num_layers)
+    origin = "target.aux_layer_ids" if explicit is not None else f"the EAGLE-3 default {ids}"
+    if len(ids) != 3:
+        raise ValueError(f"{origin}: EAGLE-3 needs exactly 3 aux layer ids, got {ids}")
+    if len(set(ids)) != 3 or min(ids) < 0 or max(ids) > num_layers:
+        hint = "" if explicit is not None else "; set target.aux_layer_ids explicitly"
+        raise ValueError(
+            f"{origin}: ids must be distinct and within [0, {num_layers}] for a target with "
+            f"{num_layers} layers, got {ids}{hint}"
+        )
+    return sorted(ids)
+
+
+def resolve_device(choice: str) -> str:
+    """A device param (auto, cpu, cuda) as the device to use: auto is cuda when one is available."""
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda requested but no CUDA device is available")
+    return choice
 
 
 def _port(value: int | None) -> int | None:
@@ -83,8 +171,6 @@ class TargetConfig(Section):
         tiny target's params, a local config.json, a hub config already in the cache), instead of
         after the tiny target has trained or at the hidden_states stage. (Params runs it on a given
         section: the default one, tiny with the EAGLE-3 rule, is refused by the target stage.)"""
-        from draftline.target import resolve_aux_layer_ids  # light: json/hashlib only
-
         num_layers = self.tiny.layers if self.model == "tiny" else known_num_layers(self.model, self.revision)
         if num_layers is not None:
             resolve_aux_layer_ids(self.aux_layer_ids, num_layers)  # ValueError naming target.aux_layer_ids
@@ -124,7 +210,7 @@ def known_num_layers(model: str, revision: str | None) -> int | None:
 
 
 class DatasetSpec(Section):
-    """One source of `datasets`; a `preset` (draftline.formats.PRESETS) fills every key not given."""
+    """One source of `datasets`; a `preset` (PRESETS) fills every key not given."""
 
     preset: str | None = None  # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
     path: str  # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id
@@ -142,8 +228,6 @@ class DatasetSpec(Section):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, raw):
-        from draftline.formats import PRESETS  # a light module: json/re only
-
         if not isinstance(raw, dict) or raw.get("preset") is None:
             return raw
         preset = PRESETS.get(raw["preset"])
@@ -155,8 +239,6 @@ class DatasetSpec(Section):
 
     @model_validator(mode="after")
     def _known_names(self):
-        from draftline.formats import CANONICAL_FIELDS, SCRIPTS
-
         if bad := sorted(set(self.fields) - set(CANONICAL_FIELDS)):
             raise ValueError(f"fields: unknown target {bad}; targets: {', '.join(CANONICAL_FIELDS)}")
         if bad := sorted(set(self.scripts or ()) - set(SCRIPTS)):
@@ -476,8 +558,6 @@ class TargetPlacement(Section):
         return self
 
     def resolved_device(self) -> str:
-        from draftline.target import resolve_device
-
         return "cuda" if self.device_map is not None else resolve_device(self.device)
 
 

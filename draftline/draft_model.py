@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftline.checkpoint import ARCHITECTURES, InitMismatch, architecture_of, load_vocab, read_weights
+from draftline.checkpoint import (ARCHITECTURES, InitMismatch, architecture_of, load_verifier_tensors, load_vocab,
+                                  read_weights)
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -57,31 +58,6 @@ def speculators_config(card: TargetCard, speculative_tokens: int):
         default_proposal_method="greedy",
         verifier=VerifierConfig.from_pretrained(card.model, revision=card.revision),
     )
-
-
-def load_verifier_tensors(model, card: TargetCard, embed: bool = True, lm_head: bool = True) -> None:
-    """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
-    the names the card recorded (draftline.target.read_verifier_tensors). Replaces speculators'
-    load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
-    the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
-    (trained) ones; verifier_lm_head and verifier_norm always come from the target."""
-    from draftline.target import read_verifier_tensors
-
-    tensors = read_verifier_tensors(card)
-    H = model.hidden_size
-    if tensors["norm"].shape != (H,) or tensors["embed_tokens"].shape[1] != H:
-        raise ValueError(f"target {card.model!r}: verifier tensors {card.verifier_tensors} do not fit a draft of "
-                         f"hidden size {H}")
-    head = tensors["lm_head"]
-    if model.use_draft_vocab:
-        head = head[model.t2d.to(dtype=torch.bool, device=head.device)]
-    with torch.no_grad():
-        if embed:
-            model.embed_tokens.weight.copy_(tensors["embed_tokens"])
-        if lm_head:
-            model.lm_head.weight.copy_(head)
-        model.verifier_lm_head.weight.copy_(head)
-        model.verifier_norm.weight.copy_(tensors["norm"])
 
 
 def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
@@ -158,7 +134,7 @@ def draft_target_ids(d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
 def check_init(config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, num_layers: int,
                remap_aux: bool, remap_vocab: bool) -> list[str]:
     """Refuse a checkpoint that cannot serve this target; return the remaps that were allowed."""
-    from draftline.target import eagle3_default_aux_ids
+    from draftline.config import eagle3_default_aux_ids
 
     tl = config.transformer_layer_config
     if tl.hidden_size != card.hidden_size:

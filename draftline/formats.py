@@ -1,9 +1,7 @@
-"""Loading a dataset source and normalizing its rows into prepared records.
+"""Row conversion: every raw row of a dataset, whatever its format, normalized into one prepared record.
 
-A source is a local .jsonl/.json/.parquet file, a local dataset directory, or a hub dataset id
-(``datasets.load_dataset``, optionally streaming and pinned to a revision). ``PRESETS`` names the
-usual sets with their hub id, format, default split and field mapping. Every row, whatever its
-format (ShareGPT, OpenAI messages, Alpaca, prompt-only), becomes one record::
+Formats: ShareGPT, OpenAI messages, Alpaca, prompt-only (reading the rows is draftline/sources.py).
+Every row becomes one record::
 
     {"id": str, "source": str, "source_detail"?: str, "tools": list | None, "prompt_tokens_est": int,
      "messages": [{"role": "system|user|assistant|tool", "content": str,
@@ -13,7 +11,8 @@ format (ShareGPT, OpenAI messages, Alpaca, prompt-only), becomes one record::
 when it has one (the upstream subset of a blended set). A top-level `system` column becomes the
 first system turn in every format.
 
-or is dropped with a reason (``Dropped``) that the caller counts. Turn-order rules:
+A row that cannot become a record is dropped with a reason (``Dropped``) that the caller counts.
+Turn-order rules:
 
 - system turns only before every other turn;
 - the first other turn is a user turn (so an assistant-first conversation is invalid);
@@ -28,7 +27,8 @@ a system prompt's ``<tools>`` block) stays inline unless ``parse_markup`` turns 
 ``reasoning_content``, ``tool_calls``, plain tool results and ``tools``.
 
 Everything streams: rows are read, converted and yielded one at a time, and the duplicate filter
-keeps 64-bit digests only, so memory stays flat in the number of rows.
+keeps 64-bit digests only, so memory stays flat in the number of rows. (Over 400 lines on purpose:
+the record schema and every rule that decides what a row becomes or why it is dropped, in one place.)
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import islice
-from pathlib import Path
 
+from draftline.config import SCRIPTS
 from draftline.io import text_sha256
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt")
@@ -57,56 +56,11 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                 "tool": "tool", "function": "tool"}
 FIELDS = {fmt: tuple(key for key, f in DETECT_KEYS if f == fmt) for fmt in FORMATS}  # a row needs one
-# Names a `fields` mapping may target: the keys the converters read.
-CANONICAL_FIELDS = ("id", "conversations", "messages", "instruction", "input", "output", "prompt", "system", "tools")
 ID_KEYS = ("id", "conversation_id")  # a source's own row id, first present wins
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
-# Language filter by Unicode script of the user turns (see dominant_script).
-SCRIPTS = ("latin", "cyrillic", "greek", "arabic", "hebrew", "devanagari", "thai", "han", "kana", "hangul")
 _SCRIPT_OF_NAME = {"LATIN": "latin", "CYRILLIC": "cyrillic", "GREEK": "greek", "ARABIC": "arabic",
                    "HEBREW": "hebrew", "DEVANAGARI": "devanagari", "THAI": "thai", "CJK": "han",
                    "HIRAGANA": "kana", "KATAKANA": "kana", "HANGUL": "hangul"}
 SCRIPT_SAMPLE_LETTERS = 2000  # letters looked at per row: enough to tell, cheap on long prompts
-HUB_DEP = "stages/prepare.py"  # the DVC source dep of a hub dataset (see dvc_source_dep)
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A usual dataset: where it lives on the hub and how its rows read (its published schema)."""
-
-    hub_id: str
-    format: str
-    split: str
-    schema: str  # the row schema, as published on the dataset card
-    name: str | None = None  # hub config
-    fields: dict[str, str] = field(default_factory=dict)  # canonical field -> source column
-    parse_markup: bool = False
-    streaming: bool = True  # large sets: stream instead of downloading every shard first
-
-
-PRESETS = {
-    "sharegpt_vicuna": Preset(
-        "Aeala/ShareGPT_Vicuna_unfiltered", "sharegpt", "train",
-        '{"id", "conversations": [{"from": human|gpt|system|bing|chatgpt, "value"}]}'),
-    "ultrachat_200k": Preset(
-        "HuggingFaceH4/ultrachat_200k", "openai", "train_sft",
-        '{"prompt", "prompt_id", "messages": [{"content", "role"}]}', fields={"id": "prompt_id"}),
-    "open_perfectblend": Preset(
-        "mlabonne/open-perfectblend", "sharegpt", "train",
-        '{"conversations": [{"from", "value"}], "source"}'),
-    "hermes_function_calling": Preset(
-        "NousResearch/hermes-function-calling-v1", "sharegpt", "train",
-        '{"id", "conversations": [{"from": system|human|gpt|tool, "value"}], "category", "subcategory", "task"}; '
-        "tools in the system turn's <tools> block, calls as <tool_call>, results as <tool_response>",
-        name="func_calling", parse_markup=True, streaming=False),
-    "mixture_of_thoughts": Preset(
-        "open-r1/Mixture-of-Thoughts", "openai", "train",
-        '{"messages": [{"content", "role"}], "num_tokens", "source"}; reasoning inline as <think>...</think>',
-        name="all", parse_markup=True),
-    "gsm8k": Preset(
-        "openai/gsm8k", "prompt", "train", '{"question", "answer"}', name="main",
-        fields={"prompt": "question"}, streaming=False),
-}
 
 
 class Dropped(Exception):
@@ -115,109 +69,6 @@ class Dropped(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-# ---- reading ---------------------------------------------------------------------------------
-
-
-def is_local(path: str) -> bool:
-    """A local file (by suffix) or an existing local directory; anything else is a hub dataset id."""
-    return Path(path).suffix.lower() in LOCAL_SUFFIXES or Path(path).exists()
-
-
-def dvc_source_dep(path: str) -> str:
-    """What `prepare@<name>` depends on in DVC: the local source itself, or for a hub id (not a file)
-    the stage script, already a dep; the hub id, config, split and revision are its params instead."""
-    return path if is_local(path) else HUB_DEP
-
-
-def read_rows(path: str, split: str = "train", name: str | None = None, revision: str | None = None,
-              streaming: bool = False) -> Iterator[dict | None]:
-    """Raw rows of a local file, else of a hub dataset / local dataset directory; None stands for a
-    line or element that is not a JSON object."""
-    local = Path(path)
-    if local.suffix.lower() in LOCAL_SUFFIXES:
-        if not local.is_file():
-            raise FileNotFoundError(f"dataset file not found: {path}")
-        return _parquet_rows(local) if local.suffix.lower() == ".parquet" else _json_rows(local)
-    from datasets import load_dataset  # slow import; only hub ids and local dataset dirs need it
-
-    return iter(load_dataset(path, name, split=split, revision=revision, streaming=streaming))
-
-
-def hub_revision(path: str, name: str | None = None, revision: str | None = None) -> str | None:
-    """The commit a hub dataset id resolves to (what `revision` pins, or the branch head now), or None
-    when it cannot be told (a local directory, offline without a cached copy)."""
-    if is_local(path):
-        return None
-    try:
-        from datasets import load_dataset_builder
-
-        builder = load_dataset_builder(path, name, revision=revision)
-    except Exception:  # noqa: BLE001 - best effort: the report says "unknown", loading itself fails loudly
-        return None
-    found = re.search(r"@([0-9a-f]{40})", f"{builder.base_path} {builder.config.data_files}")
-    return found.group(1) if found else None
-
-
-def _json_rows(path: Path) -> Iterator[dict | None]:
-    # A .json file is either one JSON array or JSON lines (as the hub's json loader accepts).
-    with open(path) as f:
-        head = f.read(1 << 12).lstrip()
-        f.seek(0)
-        if head.startswith("["):
-            yield from _json_array_rows(f, path)
-            return
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            yield row if isinstance(row, dict) else None
-
-
-def _json_array_rows(f, path: Path, chunk: int = 1 << 20) -> Iterator[dict | None]:
-    """The elements of a top-level JSON array, decoded one at a time from 1 MiB reads (a 600 MB
-    ShareGPT dump never sits in memory whole). A syntax error fails the file: the array cannot be resynced."""
-    decoder, buf, pos, eof = json.JSONDecoder(), "", 0, False
-
-    def fill() -> bool:
-        nonlocal buf, pos, eof
-        more = f.read(chunk)
-        buf, pos, eof = buf[pos:] + more, 0, not more
-        return bool(more)
-
-    def skip(chars: str) -> str:  # skip whitespace and `chars`; the next significant character or ""
-        nonlocal pos
-        while True:
-            while pos < len(buf) and (buf[pos].isspace() or buf[pos] in chars):
-                pos += 1
-            if pos < len(buf) or not fill():
-                return buf[pos] if pos < len(buf) else ""
-
-    if skip("") != "[":
-        raise ValueError(f"{path}: not a JSON array")
-    pos += 1
-    while (nxt := skip(",")) != "]":
-        if not nxt:
-            raise ValueError(f"{path}: JSON array is not closed")
-        try:
-            row, end = decoder.raw_decode(buf, pos)
-        except json.JSONDecodeError as err:
-            if not eof and fill():
-                continue
-            raise ValueError(f"{path}: invalid JSON in array: {err}") from None
-        pos = end
-        yield row if isinstance(row, dict) else None
-
-
-def _parquet_rows(path: Path) -> Iterator[dict]:
-    import pyarrow.parquet as pq
-
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        yield from batch.to_pylist()
 
 
 # ---- converting one row ----------------------------------------------------------------------
@@ -598,11 +449,3 @@ def prepare_records(rows: Iterable[dict | None], source: str, fmt: str = "auto",
     stats = PrepareStats()
     records = list(iter_records(rows, source, stats, fmt, **filters))
     return records, stats.as_dict()
-
-
-def spec_records(spec, source: str, stats: PrepareStats) -> Iterator[dict]:
-    """The records of a dataset spec (config.DatasetSpec: path, split, name, revision, streaming,
-    max_rows, format, fields, parse_markup, max_prompt_tokens, scripts), streamed."""
-    rows = read_rows(spec.path, spec.split, spec.name, spec.revision, spec.streaming)
-    return iter_records(islice(rows, spec.max_rows), source, stats, spec.format, spec.fields,
-                        spec.parse_markup, spec.max_prompt_tokens, spec.scripts)

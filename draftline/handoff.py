@@ -191,8 +191,8 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     command to launch, or None for an external endpoint; the /v1 endpoint of an external server,
     or the base URL to launch on, port 0 = a free one chosen at start; the staging directory of
     the file/fp8 transfer)."""
-    from draftline import hidden
-    from draftline.serving import server_url
+    from draftline.commands import vllm_extract_command
+    from draftline.servers import server_url
 
     online, params = source["online"], source.get("params") or {}
     transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
@@ -208,12 +208,12 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     host = v.get("host") or "127.0.0.1"
 
     def serve(port: int) -> list[str]:
-        return hidden.vllm_serve_command(v.get("python") or sys.executable, card.model, card.revision,
-                                         card.aux_ids, card.num_layers, staging, host, port,
-                                         params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
-                                         v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
-                                         v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
-                                         trust_remote_code=card.trust_remote_code)
+        return vllm_extract_command(v.get("python") or sys.executable, card.model, card.revision,
+                                    card.aux_ids, card.num_layers, staging, host, port,
+                                    params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
+                                    v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
+                                    v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
+                                    trust_remote_code=card.trust_remote_code)
     return serve, server_url(host, v.get("port")), staging
 
 
@@ -243,8 +243,7 @@ def run_speculators(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_
     if serve is None and endpoint:  # a running extraction server: checked before the trainers ask it for states
         from datasets import load_from_disk
 
-        from draftline.endpoints import preflight_extraction
-        from draftline.serving import PreflightError
+        from draftline.preflight import PreflightError, preflight_extraction
 
         online = source["online"]
         probe = load_from_disk(str(paths.tokenized)).with_format(None)[0]["input_ids"]
@@ -263,7 +262,7 @@ def run_speculators(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_
     launched = []
     with contextlib.ExitStack() as stack:
         if serve is not None:  # the extraction server the trainers ask for states, stopped after
-            from draftline.serving import ManagedServer, startup_timeout_s
+            from draftline.servers import ManagedServer, startup_timeout_s
 
             def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
                 launched.append(serve(port))

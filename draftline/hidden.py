@@ -10,7 +10,8 @@ Aux id i is the residual stream entering decoder layer i (0 = embeddings, N = th
 output), which is what vLLM hands an EAGLE-3 draft: its Llama model appends `hidden_states +
 residual` for aux layer idx just before calling layer idx (vllm/model_executor/models/llama.py,
 LlamaModel.forward). Backend `hf` reads it with forward pre-hooks on those layers and on the final
-norm, so only 4 states per token are ever held; backend `vllm` asks vLLM for ids [a, b, c, N].
+norm, so only 4 states per token are ever held; backend `vllm` asks vLLM for ids [a, b, c, N]
+(draftline/commands.py).
 
 Files are written to a temp name and renamed, so a killed run never leaves a file that looks
 finished; a rerun checks each file (header, shape, dtype, token ids) and redoes only what is
@@ -26,17 +27,19 @@ the rounding of the stored bf16 values).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from draftline.card import TargetCard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3"}
@@ -51,7 +54,7 @@ def hs_path(directory: Path, index: int) -> Path:
 
 def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     """Re-check the card's ids (it may have been edited) with the rule the target stage applies."""
-    from draftline.target import resolve_aux_layer_ids
+    from draftline.config import resolve_aux_layer_ids
 
     return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)
 
@@ -212,12 +215,12 @@ def weights_digest(model: str) -> str | None:
     return h.hexdigest()
 
 
-def fingerprint(card: dict, dtype_name: str) -> str:
+def fingerprint(card: TargetCard, dtype_name: str) -> str:
     """What the stored values depend on, besides the tokens each file already records."""
     parts = {
-        "model": card["model"], "revision": card.get("revision"), "weights": weights_digest(card["model"]),
-        "num_layers": card["num_layers"], "hidden_size": card["hidden_size"],
-        "aux_layer_ids": card["aux_layer_ids"], "dtype": dtype_name,
+        "model": card.model, "revision": card.revision, "weights": weights_digest(card.model),
+        "num_layers": card.num_layers, "hidden_size": card.hidden_size,
+        "aux_layer_ids": card.aux_ids, "dtype": dtype_name,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -343,68 +346,3 @@ def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Pa
             on_batch(len(wanted), sum(todo[i] for i in wanted))
     (out / PLAN_FILE).unlink(missing_ok=True)
     return done
-
-
-# ---- backend vllm: speculators' generate-offline-data against a launched vLLM -----------------
-
-def vllm_serve_command(python: str, model: str, revision: str | None, aux_layer_ids: list[int], num_layers: int,
-                       staging_dir: Path, host: str, port: int, dtype: str, tensor_parallel_size: int,
-                       max_model_len: int, gpu_memory_utilization: float, extra_args: list[str],
-                       transfer: str = "file", mooncake: dict | None = None, trust_remote_code: bool = False) -> list[str]:
-    """`vllm serve` set up for hidden-state extraction, as speculators' scripts/launch_vllm.py does:
-    the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
-    and the kv-transfer config of hs-connectors' `transfer` backend: file (vLLM's
-    ExampleHiddenStatesConnector) or fp8 (FP8HiddenStatesConnector) writing hs files into
-    `staging_dir`, or mooncake (`mooncake`: hidden_states.online.mooncake settings)."""
-    speculative = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}},
-    }
-    kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake)
-    cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", model,
-           "--host", host, "--port", str(port), "--dtype", dtype,
-           "--tensor-parallel-size", str(tensor_parallel_size), "--max-model-len", str(max_model_len),
-           "--gpu-memory-utilization", str(gpu_memory_utilization),
-           "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(kv_transfer)]
-    if revision:
-        cmd += ["--revision", revision]
-    if trust_remote_code:
-        cmd.append("--trust-remote-code")
-    return cmd + list(extra_args)
-
-
-def mooncake_args(mooncake: dict) -> argparse.Namespace:
-    """hidden_states.online.mooncake as the argparse namespace hs-connectors' MooncakeBackend reads."""
-    return argparse.Namespace(
-        mooncake_master=mooncake["master"], mooncake_metadata_server=mooncake["metadata_server"],
-        mooncake_protocol=mooncake["protocol"], mooncake_device=mooncake["device"],
-        mooncake_global_segment_gib=mooncake["global_segment_gib"], mooncake_local_buffer_gib=mooncake["local_buffer_gib"],
-        mooncake_writer_threads=mooncake["writer_threads"])
-
-
-def kv_transfer_config(transfer: str, staging_dir: Path | None, mooncake: dict | None = None) -> dict:
-    """vLLM's --kv-transfer-config for an hs-connectors backend (file, fp8, mooncake), built by the
-    backend itself."""
-    from hs_connectors import HiddenStatesBackend
-
-    backend = HiddenStatesBackend.registry.get(transfer)
-    if backend is None:
-        raise ValueError(f"hidden-state transfer {transfer!r}: hs-connectors has {sorted(HiddenStatesBackend.registry)}")
-    if transfer == "mooncake":
-        if mooncake is None:
-            raise ValueError("transfer mooncake needs hidden_states.online.mooncake settings")
-        return backend.build_kv_transfer_config(mooncake_args(mooncake))
-    return backend.build_kv_transfer_config(argparse.Namespace(hidden_states_path=str(staging_dir)))
-
-
-def generate_offline_data_command(endpoint: str, tokenized_dir: Path, out: Path, concurrency: int,
-                                  request_timeout_s: float, max_retries: int, validate: bool = True) -> list[str]:
-    """speculators' own extraction client: sends each row's input_ids (max_tokens=1), moves the file
-    vLLM wrote to out/hs_{i}.safetensors, skips files that exist; `validate` checks tokens and
-    finiteness (its check cannot read fp8 files on CPU: torch has no aminmax for float8 there, so
-    fp8 files are checked by the stage after it, with pending_rows)."""
-    return [sys.executable, "-m", "speculators", "generate-offline-data",
-            "--endpoint", endpoint, "--preprocessed-data", str(tokenized_dir), "--output", str(out),
-            "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else []),
-            "--request-timeout", str(request_timeout_s), "--max-retries", str(max_retries)]

@@ -20,19 +20,28 @@ on it unless `mix.allow_shortfall` says to train on what there is.
 
 Rows need only "id", "source" (optionally "source_detail"), "prompt_tokens_est" and either "messages"+"tools" or their
 precomputed content "digest": the mix stage passes such light rows and reads the full records of
-the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes.
+the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes
+(``light_rows``, ``full_records``; ``mix_prepared`` runs the whole mix over the prepared files).
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import math
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftline.formats import content_hash
-from draftline.io import text_sha256
+from draftline.io import file_sha256, read_json, text_sha256
+
+if TYPE_CHECKING:
+    from draftline.config import MixConfig
 
 
 def drop_cross_duplicates(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
@@ -223,3 +232,79 @@ def shortfall_table(report: dict) -> str:
         lines.append(f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
                      f"{row['eval']:>4}  {row['train']:>5}  {row['share']:>5.0%}{cap}")
     return "\n".join(lines)
+
+
+# ---- the prepared files: light rows in, full records of the chosen rows out ----------------------
+
+
+def light_rows(path: Path) -> list[dict]:
+    """What mixing needs of each prepared record, plus the byte offset of its line (the full record
+    is read back only if it is chosen)."""
+    rows, offset = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                rows.append({"id": record["id"], "source": record.get("source"), "offset": offset,
+                             **({"source_detail": record["source_detail"]} if record.get("source_detail") else {}),
+                             "prompt_tokens_est": record["prompt_tokens_est"],
+                             "digest": content_hash(record["messages"], record["tools"])})
+            offset += len(line)
+    return rows
+
+
+def full_records(rows: list[dict], paths: dict[str, Path]) -> Iterator[dict]:
+    """The chosen light rows as full records, keeping the mixed id (it may have been renamed) and partition."""
+    with ExitStack() as stack:
+        files = {name: stack.enter_context(open(path, "rb")) for name, path in paths.items()}
+        for row in rows:
+            f = files[row["source"]]
+            f.seek(row["offset"])
+            yield {**json.loads(f.readline()), "id": row["id"], "partition": row["partition"]}
+
+
+@dataclass
+class Mixed:
+    """The mix of the prepared files: the chosen light rows, the report, and what the rows came from."""
+
+    train: list[dict]
+    eval: list[dict]
+    report: dict
+    paths: dict[str, Path]  # dataset -> its prepared file (full_records reads the chosen rows back)
+    inputs: dict[str, str]  # dataset -> sha256 of its prepared file
+    shortfall: str | None  # the accepted shortfall, worded (mix.allow_shortfall), or None
+
+
+def mix_prepared(names: list[str], prepared_dir: Path, prepare_reports: Path, cfg: MixConfig, samples: int,
+                 seed: int) -> Mixed:
+    """Mix the prepared files of the datasets `names` (<prepared_dir>/<name>.jsonl, with the prepare
+    report <prepare_reports>/<name>.json) by `cfg`. ValueError for a missing or mislabelled file, a
+    mix that cannot be drawn, or a shortfall that mix.allow_shortfall does not accept."""
+    pools, paths, inputs, prepared = {}, {}, {}, {}
+    for name in sorted(names):
+        path, report = prepared_dir / f"{name}.jsonl", prepare_reports / f"{name}.json"
+        if not path.is_file() or not report.is_file():
+            raise ValueError(f"{path} or {report} not found; run `python -m stages.prepare {name} ...` first")
+        pools[name], paths[name] = light_rows(path), path
+        # A file from another dataset (renamed, stale) would silently mislabel the mix.
+        if strays := sorted({row.get("source") for row in pools[name]} - {name}, key=str):
+            raise ValueError(f"{path} holds rows of source {strays}, expected only {name!r}")
+        inputs[name] = file_sha256(path)
+        stats = read_json(report)
+        prepared[name] = {key: stats.get(key) for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")}
+    train, eval_rows, report = mix_datasets(pools, cfg.weights, samples, cfg.eval_samples,
+                                            cfg.long_threshold_tokens, seed, cfg.caps)
+    report["allow_shortfall"] = cfg.allow_shortfall
+    shortfall = None
+    if problems := shortfall_problems(report):
+        shortfall = (f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
+                     f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them first)")
+        if not cfg.allow_shortfall:
+            raise ValueError(f"mix: {shortfall}\nLower `samples` (at most {report['max_samples_at_weights']} "
+                             "keeps the weights), add data or change mix.weights / mix.caps, or set "
+                             "mix.allow_shortfall: true to train on the rows there are at the shares above.")
+    reasons = sum((Counter(p["dropped"]) for p in prepared.values()), Counter())
+    reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
+    report["prepare"] = prepared
+    report["dropped_by_reason"] = dict(sorted((+reasons).items(), key=lambda kv: (-kv[1], kv[0])))
+    return Mixed(train, eval_rows, report, paths, inputs, shortfall)

@@ -19,8 +19,12 @@ import math
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftline.hs_format import bytes_per_token, minimum_bytes_per_token
+
+if TYPE_CHECKING:
+    from draftline.config import Params
 
 CHARS_PER_TOKEN = 4  # the prepare stage's prompt-length estimate
 
@@ -118,7 +122,7 @@ def render(plan: dict) -> str:
     return "\n".join(lines)
 
 
-def token_counts(params, tokenized: Path, prompts: Path) -> tuple[int, int, str]:
+def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, int, str]:
     """(tokens, rows, where they came from)."""
     if (tokenized / "dataset_info.json").is_file() or (tokenized / "state.json").is_file():
         from datasets import load_from_disk
@@ -148,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
 
+    from draftline.card import TargetCard
     from draftline.config import ParamsError, load_params
 
     try:
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         card = Path(args.card)
         if not card.is_file():
             raise SystemExit(f"error: no {card} yet (run the target stage) and no --hidden-size given")
-        hidden_size = json.loads(card.read_text())["hidden_size"]
+        hidden_size = TargetCard.load(card).hidden_size
     if (args.samples is None) != (args.tokens_per_sample is None):
         raise SystemExit("error: --samples and --tokens-per-sample go together")
     if args.samples is not None:

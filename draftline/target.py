@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from draftline.card import TargetCard
+from draftline.config import resolve_aux_layer_ids
 from draftline.io import text_sha256
 
 TRUST_PARAM = "target.trust_remote_code"
@@ -74,28 +75,9 @@ def load_tokenizer(model: str, revision: str | None = None, trust_remote_code: b
         model, revision=revision, trust_remote_code=trust_remote_code))
 
 
-def card_tokenizer(card: dict):
+def card_tokenizer(card: TargetCard):
     """The target's tokenizer, loaded as the card says (revision, trust_remote_code)."""
-    return load_tokenizer(card["model"], card.get("revision"), card.get("trust_remote_code", False))
-
-
-def eagle3_default_aux_ids(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def resolve_aux_layer_ids(explicit: list[int] | None, num_layers: int) -> list[int]:
-    """Explicit ids, or the EAGLE-3 rule; either must be 3 distinct ids in [0, num_layers]."""
-    ids = list(explicit) if explicit is not None else eagle3_default_aux_ids(num_layers)
-    origin = "target.aux_layer_ids" if explicit is not None else f"the EAGLE-3 default {ids}"
-    if len(ids) != 3:
-        raise ValueError(f"{origin}: EAGLE-3 needs exactly 3 aux layer ids, got {ids}")
-    if len(set(ids)) != 3 or min(ids) < 0 or max(ids) > num_layers:
-        hint = "" if explicit is not None else "; set target.aux_layer_ids explicitly"
-        raise ValueError(
-            f"{origin}: ids must be distinct and within [0, {num_layers}] for a target with "
-            f"{num_layers} layers, got {ids}{hint}"
-        )
-    return sorted(ids)
+    return load_tokenizer(card.model, card.revision, card.trust_remote_code)
 
 
 def build_card(model: str, source: str, revision: str | None, aux_layer_ids: list[int] | None, extra: dict,
@@ -230,51 +212,40 @@ def find_verifier_tensors(model: str, revision: str | None, card: dict) -> dict:
     return {"embed_tokens": embed, "lm_head": head, "norm": norm}
 
 
-def read_verifier_tensors(card: dict) -> dict:
+def read_verifier_tensors(card: TargetCard) -> dict:
     """{"embed_tokens", "lm_head", "norm"} tensors of the card's target, read by their recorded
     names (lm_head = the embeddings when tied); only these tensors are read."""
     from safetensors import safe_open
 
-    names = card["verifier_tensors"]
-    weight_map = checkpoint_weight_map(card["model"], card.get("revision"))
+    names = card.verifier_tensors
+    weight_map = checkpoint_weight_map(card.model, card.revision)
     out = {}
     for role in ("embed_tokens", "lm_head", "norm"):
         name = names[role] or names["embed_tokens"]
         if name not in weight_map:
-            raise ValueError(f"target {card['model']!r}: tensor {name!r} recorded in the card is not in its checkpoint; "
+            raise ValueError(f"target {card.model!r}: tensor {name!r} recorded in the card is not in its checkpoint; "
                              "rerun the target stage")
-        with safe_open(str(_checkpoint_file(card["model"], weight_map[name], card.get("revision"))), framework="pt") as f:
+        with safe_open(str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt") as f:
             out[role] = f.get_tensor(name)
     return out
 
 
-def load_target_model(card: dict, device: str = "cpu", dtype=None, device_map: str | None = None):
+def load_target_model(card: TargetCard, device: str = "cpu", dtype=None, device_map: str | None = None):
     """The target in eval mode: on `device`, or spread over the GPUs by `device_map` ("auto",
     "balanced", ... as accelerate takes them) when it is larger than one GPU. float32 by default."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    trust = card.get("trust_remote_code", False)
-    kwargs = {"revision": card.get("revision"), "dtype": dtype or torch.float32, "trust_remote_code": trust}
+    trust = card.trust_remote_code
+    kwargs = {"revision": card.revision, "dtype": dtype or torch.float32, "trust_remote_code": trust}
     if device_map is not None:
         kwargs["device_map"] = device_map
-    model = _remote_code_guard("model", card["model"], trust, lambda: AutoModelForCausalLM.from_pretrained(card["model"], **kwargs))
+    model = _remote_code_guard("model", card.model, trust, lambda: AutoModelForCausalLM.from_pretrained(card.model, **kwargs))
     if device_map is None:
         model.to(device)
     return model.eval()
 
 
-def load_target(card: dict, device: str = "cpu", dtype=None, device_map: str | None = None):
+def load_target(card: TargetCard, device: str = "cpu", dtype=None, device_map: str | None = None):
     """(model, tokenizer) for a card, the model as `load_target_model` gives it."""
     return load_target_model(card, device, dtype, device_map), card_tokenizer(card)
-
-
-def resolve_device(choice: str) -> str:
-    import torch
-
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda requested but no CUDA device is available")
-    return choice
-

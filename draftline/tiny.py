@@ -8,8 +8,12 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftline.corpus import generate_conversations
+
+if TYPE_CHECKING:
+    from draftline.config import TinyTargetConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added but not "special": a server decoding with skip_special_tokens keeps them in the text,
@@ -88,14 +92,14 @@ def _batches(token_stream: list[int], seq_len: int, batch_size: int, rng: random
         yield torch.stack([data[s : s + seq_len + 1] for s in starts])  # (B, T+1)
 
 
-def build_tiny_target(cfg, out_dir: Path, progress=None) -> dict:
+def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> dict:
     """Generate the corpus, train tokenizer and model (on cfg.device), save both to out_dir.
     Returns training stats."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from draftline.target import resolve_device
+    from draftline.config import resolve_device
 
     device = resolve_device(cfg.device)
 

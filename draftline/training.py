@@ -224,7 +224,7 @@ def clock_text(seconds: float) -> str:
 def run_builtin(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_dir: Path | None, data_sha: str,
                 init_sha: str | None, log, source: dict):
     """(model, result, init remap notes) of the builtin loop, resumed from paths.state when it matches."""
-    from draftline.target import resolve_device
+    from draftline.config import resolve_device
 
     device = resolve_device(cfg.device)
     fingerprint = run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)

@@ -44,7 +44,7 @@ def build_small(root: Path, steps: int, rows: int) -> dict:
     params = yaml.safe_load(Path("params.yaml").read_text())
     build_tiny_target(TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": steps}), root / "target")
     card = build_card(str(root / "target"), "tiny", None, params["target"]["aux_layer_ids"], {})
-    write_json(root / "card.json", card)
+    card.write(root / "card.json")
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     with open(root / "prompts.jsonl", "w") as p, open(root / "conversations.jsonl", "w") as c:
         for k, conv in enumerate(generate_conversations(rows, 11)):

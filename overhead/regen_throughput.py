@@ -147,7 +147,7 @@ def regenerate_stage(model_dir: Path, aux_ids, prompts: list[dict], max_tokens: 
         node[leaf] = yaml.safe_load(value)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     card = build_card(str(model_dir), "bench", None, aux_ids, {})
-    write_json(repo / "card.json", card)
+    card.write(repo / "card.json")
     # one assistant turn after the prompt: the stage replaces it with the target's answer
     write_jsonl(repo / "prompts.jsonl", [{**p, "messages": p["messages"] + [{"role": "assistant", "content": ""}]}
                                          for p in prompts])

@@ -304,10 +304,11 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     from safetensors.torch import load_file
 
     from draftline import hidden, hs_format
+    from draftline.card import TargetCard
     from draftline.config import TIE_TOLERANCE
     from draftline.target import load_target_model
 
-    card = read(sub / "models" / "target" / "card.json")
+    card = TargetCard.load(sub / "models" / "target" / "card.json")
     hs_dir = sub / "datasets" / "hidden_states"
     cfg = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"]
     fmt, stored_dtype = cfg.get("format", "bf16"), cfg["dtype"]

@@ -14,41 +14,17 @@ datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead o
 """
 
 import sys
-from pathlib import Path
 
 from draftline.config import DATASET_NAME, stage_params
 from draftline.threads import apply_thread_policy
 
-SOURCES_HEADER = """\
-# Generated from params.yaml by `python -m stages.prepare --write-sources datasets/sources.yaml`; do not edit.
-# dvc.yaml loads it as vars, which merge into `datasets`: each prepare@<name> stage depends on
-# ${item.source_dep}, the local source file or directory. A hub dataset id is no file, so its stage
-# depends on stages/prepare.py (already a dep) instead; its hub id, config, split and revision are
-# the params key datasets.<name>, and the report records the commit the id resolved to.
-"""
-
 
 def write_sources(path: str = "datasets/sources.yaml") -> None:
-    import yaml
-
-    from draftline.formats import dvc_source_dep
-    from draftline.io import atomic_path
+    from draftline.workspace import write_sources as write_sources_file
 
     params = stage_params()
     apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
-    deps = {name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(params.datasets.items())}
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
-        f.write(SOURCES_HEADER + yaml.safe_dump({"datasets": deps}, sort_keys=True))
-    print(f"{path}: source deps of {len(deps)} datasets")
-
-
-def inside_workspace(*paths: str) -> list[Path]:
-    """The paths resolved (symlinks, `..`); SystemExit naming any that lands outside the current
-    directory, the workspace DVC runs the stage in."""
-    root, resolved = Path.cwd().resolve(), [Path(p).resolve() for p in paths]
-    if outside := [str(p) for p in resolved if root != p and root not in p.parents]:
-        raise SystemExit(f"error: outputs outside the workspace {root}: {', '.join(outside)}")
-    return resolved
+    print(f"{path}: source deps of {write_sources_file(params.datasets, path)} datasets")
 
 
 def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
@@ -61,31 +37,20 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
     spec = params.datasets[name]
     if options and (len(options) != 2 or options[0] != "--source-dep"):
         raise SystemExit(f"error: unknown options {' '.join(options)}; usage: NAME OUT_JSONL REPORT_JSON [--source-dep PATH]")
-    from rich.progress import Progress
+    from draftline.io import write_json
+    from draftline.sources import prepare_dataset
+    from draftline.workspace import inside_workspace, source_dep_problem
 
-    from draftline.formats import PrepareStats, dvc_source_dep, hub_revision, is_local, spec_records
-    from draftline.io import write_json, write_jsonl
-
-    if options and options[1] != dvc_source_dep(spec.path):
-        raise SystemExit(f"error: dvc.yaml makes prepare@{name} depend on {options[1]!r}, but its source is "
-                         f"{spec.path!r}: datasets/sources.yaml is stale; run "
-                         "`python -m stages.prepare --write-sources datasets/sources.yaml`")
-    out_path, report_path = inside_workspace(out_jsonl, report_json)
-    stats = PrepareStats()
+    if options and (problem := source_dep_problem(name, spec, options[1])):
+        raise SystemExit(f"error: {problem}")
     try:
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"prepare {name}", total=spec.max_rows)
-            records = spec_records(spec, name, stats)
-            write_jsonl(out_jsonl, (progress.update(task, completed=stats.rows_read) or r for r in records))
+        out_path, report_path = inside_workspace(out_jsonl, report_json)
+        report = prepare_dataset(name, spec, out_jsonl)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    write_json(report_json, {  # what made it (the resolved spec, the hub commit), then what came of it
-        "dataset": name, **spec.model_dump(),
-        "resolved_revision": None if is_local(spec.path) else hub_revision(spec.path, spec.name, spec.revision),
-        **stats.as_dict(),
-    })
-    dropped = ", ".join(f"{reason} {n}" for reason, n in stats.as_dict()["dropped"].items()) or "none"
-    print(f"prepare {name}: kept {stats.rows_kept}/{stats.rows_read} rows -> {out_path}; dropped: {dropped}; "
+    write_json(report_json, report)
+    dropped = ", ".join(f"{reason} {n}" for reason, n in report["dropped"].items()) or "none"
+    print(f"prepare {name}: kept {report['rows_kept']}/{report['rows_read']} rows -> {out_path}; dropped: {dropped}; "
           f"report {report_path}")
 
 

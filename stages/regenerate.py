@@ -29,30 +29,6 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
-def launch_command(cfg, card: dict, model_name: str, out: Path | None = None, port: int | None = None) -> list[str]:
-    """The server command of a launched backend on `port` (else regenerate.port; with neither, no
-    --port: a command to show); `out` (the stage's output dir) takes backend hf's stats."""
-    from draftline.serving import (has_cuda, hf_batch_serve_command, sglang_serve_command, transformers_serve_command,
-                                   vllm_serve_command)
-
-    port = port if port is not None else cfg.port
-    trust = card.get("trust_remote_code", False)
-    if cfg.backend == "hf":
-        from draftline import batch_server  # the server it launches: an edit to it changes the answers
-
-        return hf_batch_serve_command(batch_server.__name__, card["model"], cfg.host, port, cfg.hf.max_batch,
-                                      cfg.hf.gather_ms, cfg.hf.tie_tolerance, cfg.hf.threads,
-                                      out / "server_stats.json" if out else None, trust) + cfg.extra_args
-    if cfg.backend == "transformers":
-        return transformers_serve_command(card["model"], cfg.host, port, "cuda" if has_cuda() else "cpu",
-                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
-                                          cfg.chat_template_kwargs)
-    build = vllm_serve_command if cfg.backend == "vllm" else sglang_serve_command
-    return build(card["model"], model_name, cfg.host, port, card.get("revision"), cfg.tensor_parallel_size,
-                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
-                 trust)
-
-
 def regeneration_settings(cfg, card: dict) -> dict:
     """Everything that shapes the answers: the target, its chat template and the output-shaping
     regenerate params (draftline/config.py). Conversations made under other settings are redone."""
@@ -184,16 +160,19 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     apply_thread_policy("regenerate")  # before torch loads: draftline/threads.py
     cfg = params.regenerate
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from draftline import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
+    from draftline.commands import regenerate_command
     from draftline.io import read_json, write_json, write_meta
+    from draftline.preflight import PreflightError, preflight_regeneration
     from draftline.regeneration import (RetryPolicy, Sampling, chat_prompt_ids, close_pool, fingerprint,
                                         load_finished, open_pool, regenerate_all)
-    from draftline.serving import ManagedServer, PreflightError, preflight, server_env, server_url
+    from draftline.servers import ManagedServer, server_env, server_url
 
     card = TargetCard.load(card_path)
     model_name = cfg.served_model_name or card["model"]
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
     if cfg.backend == "transformers":
-        from draftline.serving import transformers_serve_loads
+        from draftline.commands import transformers_serve_loads
 
         if not transformers_serve_loads(card["architecture"], card.get("config_model_type", card["model_type"])):
             raise SystemExit(f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
@@ -244,11 +223,11 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
         if cfg.backend == "external":
             server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
         else:  # a free port chosen at start unless regenerate.port is set
-            from draftline.serving import startup_timeout_s
+            from draftline.servers import startup_timeout_s
 
             limit, why = startup_timeout_s(cfg.startup_timeout_s, card["model"], card.get("revision"))
             print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
-            server, urls = ManagedServer(lambda port: launch_command(cfg, card, model_name, out, port),
+            server, urls = ManagedServer(lambda port: regenerate_command(cfg, card, model_name, out, port),
                                          server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
                                          out / "server.log", limit, say=print), []
         sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
@@ -279,8 +258,9 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
             urls = urls or [launched]
             for url in urls:
                 try:
-                    seen.append(preflight(url, engine, model_name, tokenizer, dict(cfg.chat_template_kwargs), api_key,
-                                          timeout_s=cfg.first_token_timeout_s, attempts=cfg.max_retries + 1))
+                    seen.append(preflight_regeneration(url, engine, model_name, count_ids, dict(cfg.chat_template_kwargs),
+                                                       api_key, timeout_s=cfg.first_token_timeout_s,
+                                                       attempts=cfg.max_retries + 1))
                 except PreflightError as err:
                     raise SystemExit(f"error: preflight refused the endpoint: {err} (nothing was sent or "
                                      f"dropped: {conversations_path} is as it was)") from None

@@ -3,152 +3,33 @@
     python -m stages.tokenize models/target/card.json datasets/prompts/train.jsonl \
         datasets/regenerated/conversations.jsonl datasets/tokenized reports/tokenize.json
 
-Rows are append-only: conversations come ordered by the regenerate run that wrote them, then by
-prompt order within a run (draftline.regeneration.run_of), restricted to the prompts of
-train.jsonl. A rerun that fills prompts which failed before, or that grows `samples`, appends their
-rows after every existing one, so hidden-state file hs_{i} stays row i and only the new rows are
-extracted (ordering by prompt alone would shift every row after a filled gap; by finish order, two
-runs of the same data would differ). A conversation gives one row, or several when the chat template rewrites
-earlier turns (see draftline/chat.py). Columns: `id` (prompt id), `part` (row within the
-conversation), `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable tokens only
-(speculators' save_token_frequency_distribution).
+Rows are append-only, in the order of the regenerate runs that wrote them, so hidden-state file
+hs_{i} stays row i across reruns; a conversation gives one row or several (columns `id`, `part`,
+`input_ids`, `loss_mask`, `seq_len`). token_freq.pt counts trainable tokens only. The rules:
+draftline/tokenization.py.
 """
 
-import shutil
 import sys
-from pathlib import Path
 
 from draftline.card import TargetCard
 from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
 
-def generation_eos_ids(card: dict):
-    """The eos ids generation stops on (a list for Llama 3.x), or None without a generation config."""
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(card["model"], revision=card.get("revision")).eos_token_id
-    except OSError:
-        return None
-
-
-def pin_fingerprint(dataset_dir: Path) -> None:
-    """save_to_disk records a random `_fingerprint`; replace it by a hash of the Arrow data, so
-    identical rows give a byte-identical directory and DVC keeps the stages after this one cached."""
-    import hashlib
-    import json
-
-    h = hashlib.sha256()
-    for f in sorted(dataset_dir.glob("data-*.arrow")):
-        with open(f, "rb") as fh:
-            while block := fh.read(1 << 20):
-                h.update(block)
-    state_path = dataset_dir / "state.json"
-    state = json.loads(state_path.read_text())
-    state["_fingerprint"] = h.hexdigest()[:16]
-    state_path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-
-
 def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str) -> None:
     params = stage_params()
     apply_thread_policy("tokenize")  # before torch loads: draftline/threads.py
-    cfg = params.tokenize
-    from datasets import Dataset, Features, List, Value, load_from_disk
-    from datasets.arrow_writer import ArrowWriter
-    from jinja2 import TemplateError
-    from rich.progress import track
-    from speculators.train.vocab_mapping import save_token_frequency_distribution
-    from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
-    from draftline.io import read_json, read_jsonl, read_jsonl_tolerant, write_json, write_meta
-    from draftline.regeneration import run_of
-    from draftline.target import card_tokenizer
+    from draftline.io import write_json
+    from draftline.tokenization import TokenizeError, tokenize_dataset
 
     card = TargetCard.load(card_path)
-    # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
-    regen_meta = Path(regenerated_path).parent / "meta.json"
-    regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
-    template_kwargs = regen_params.get("chat_template_kwargs") or {}
-    tokenizer = card_tokenizer(card)
-    stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
-    regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
-    regenerated = {}  # prompt id -> its first line
-    for row in regenerated_rows:
-        regenerated.setdefault(row["id"], row)
-    prompt_ids = [row["id"] for row in read_jsonl(prompts_path)]
-    position = {pid: i for i, pid in enumerate(prompt_ids)}
-    order = sorted((pid for pid in regenerated if pid in position), key=lambda pid: (run_of(regenerated[pid]), position[pid]))
-
-    out = Path(out_dir)
-    if out.exists():  # a rerun replaces the dataset whole (no stale shards, no reused token_freq.pt)
-        shutil.rmtree(out)
-    building = out.with_name(f".{out.name}.building.arrow")
-    features = Features({"id": Value("string"), "part": Value("int64"), "input_ids": List(Value("int64")),
-                         "loss_mask": List(Value("int64")), "seq_len": Value("int64")})
-    skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
-    conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
-    with ArrowWriter(features=features, path=str(building)) as writer:
-        for pid in track(order, description="tokenize"):
-            row = regenerated[pid]
-            messages = mark_length_cut(row["messages"], (row.get("regeneration") or {}).get("finish_reasons"))
-            try:
-                parts = tokenize_conversation(tokenizer, messages, row.get("tools"), cfg.max_length, stops, template_kwargs)
-            except TemplateMismatch:
-                skipped["template_mismatch"] += 1
-                continue
-            except TemplateError:  # the template refuses the conversation (e.g. two parallel tool calls)
-                skipped["template_error"] += 1
-                continue
-            kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
-            skipped["no_trainable_tokens"] += len(parts) - len(kept)
-            for k, p in enumerate(kept):
-                if max(p["input_ids"]) >= card["vocab_size"]:
-                    raise SystemExit(f"error: conversation {pid}: token id {max(p['input_ids'])} is outside the "
-                                     f"target vocabulary ({card['vocab_size']}); tokenizer and model disagree")
-                writer.write({"id": pid, "part": k, "input_ids": p["input_ids"], "loss_mask": p["loss_mask"],
-                              "seq_len": len(p["input_ids"])})
-                truncated += p["truncated"]
-                whole += p["whole"]
-                tokens += len(p["input_ids"])
-                trainable += sum(p["loss_mask"])
-                longest = max(longest, len(p["input_ids"]))
-            conversations += bool(kept)
-            split += len(kept) > 1
-            rows += len(kept)
-        writer.finalize()
-    if not rows:
-        building.unlink()
-        raise SystemExit(f"error: tokenize produced no rows from {regenerated_path} (skipped: {skipped})")
-
-    dataset = Dataset.from_file(str(building))
-    dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True)
-    dataset.save_to_disk(str(out))
-    del dataset
-    building.unlink()
-    pin_fingerprint(out)
-    save_token_frequency_distribution(load_from_disk(str(out)), out / "token_freq.pt")
-    write_meta(out, "tokenize", cfg.model_dump(), chat_template_sha256=card["chat_template_sha256"], end_of_turn_tokens=stops,
-               chat_template_kwargs=template_kwargs)
-    report = {
-        "conversations": conversations,
-        "rows": rows,
-        "split_conversations": split,  # the template rewrote earlier turns: more than one row
-        "missing_regenerations": len(prompt_ids) - len(order),
-        "unreadable_regenerated_lines": bad_lines,
-        "skipped": skipped,
-        "tokens": tokens,
-        "trainable_tokens": trainable,
-        "trainable_fraction": round(trainable / tokens, 4),
-        "truncated": truncated,
-        # rows whose segment-wise tokens differed from the row tokenized at once (see draftline/chat.py)
-        "rows_tokenized_whole": whole,
-        "max_length": cfg.max_length,
-        "longest_row": longest,
-        "end_of_turn_tokens": stops,
-    }
+    try:
+        report = tokenize_dataset(card, prompts_path, regenerated_path, out_dir, params.tokenize)
+    except TokenizeError as err:
+        raise SystemExit(f"error: {err}") from None
     write_json(report_path, report)
-    print(f"tokenize: {conversations} conversations -> {rows} rows, {tokens} tokens, "
-          f"{report['trainable_fraction']:.1%} trainable, {truncated} truncated, skipped {skipped}")
+    print(f"tokenize: {report['conversations']} conversations -> {report['rows']} rows, {report['tokens']} tokens, "
+          f"{report['trainable_fraction']:.1%} trainable, {report['truncated']} truncated, skipped {report['skipped']}")
 
 
 if __name__ == "__main__":

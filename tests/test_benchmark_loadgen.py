@@ -3,9 +3,10 @@
 import asyncio
 import socket
 
+from draftline.commands import transformers_serve_command
 from draftline.evaluation import eos_ids, first_turn_prompt
 from draftline.loadgen import Endpoint, RequestResult, run_load, summarize_load
-from draftline.serving import ManagedServer, server_env, transformers_serve_command
+from draftline.servers import ManagedServer, server_env
 from draftline.specdec import greedy_generate
 from draftline.target import load_target
 
@@ -25,10 +26,10 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
                                              tokenize=False) for r in rows]
     port, max_tokens = free_port(), 8
     url = f"http://127.0.0.1:{port}"
-    command = transformers_serve_command(model=random_target["model"], host="127.0.0.1", port=port, device="cpu",
+    command = transformers_serve_command(model=random_target.model, host="127.0.0.1", port=port, device="cpu",
                                          continuous_batching=False, cb_num_blocks=16, extra_args=[])
     with ManagedServer(command, server_env(tmp_path / "hf_cache"), url, tmp_path / "server.log", 180):
-        endpoint = Endpoint(url, "openai-completions", model=random_target["model"])  # it rejects stream_options
+        endpoint = Endpoint(url, "openai-completions", model=random_target.model)  # it rejects stream_options
         done: list[RequestResult] = []
         results, wall = asyncio.run(run_load(endpoint, prompts, 5, 2, max_tokens, 120, on_done=done.append))
 

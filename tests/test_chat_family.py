@@ -99,9 +99,10 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
 
     from draftline.config import RegenerateConfig
     from draftline.regeneration import chat_prompt_ids
-    from draftline.serving import PROBE_MESSAGES, ManagedServer, PreflightError, preflight, server_env
+    from draftline.commands import regenerate_command
+    from draftline.preflight import PROBE_MESSAGES, PreflightError, preflight_regeneration
+    from draftline.servers import ManagedServer, server_env
     from draftline.target import build_card
-    from stages.regenerate import launch_command
     from test_regenerate import free_port
 
     torch.manual_seed(0)
@@ -114,12 +115,16 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     kwargs = {"thinking": False}
     off, on = (len(chat_prompt_ids(kimi, PROBE_MESSAGES, None, k)) for k in (kwargs, {}))
     assert off == on + 2  # the pre-filled <think></think>
+
+    def render(chat_template_kwargs):
+        return lambda messages, tools: chat_prompt_ids(kimi, messages, tools, chat_template_kwargs)
+
     port = free_port()
     cfg = RegenerateConfig(port=port, chat_template_kwargs=kwargs)
-    command = launch_command(cfg, card, card["model"])
+    command = regenerate_command(cfg, card, card.model)
     assert command[command.index("--chat-template-kwargs") + 1] == '{"thinking": false}'
     with ManagedServer(command, server_env(tmp_path / "hf"), f"http://127.0.0.1:{port}", tmp_path / "server.log", 300) as url:
-        assert preflight(url, "transformers", card["model"], kimi, kwargs)["probe_prompt_tokens"] == off
+        assert preflight_regeneration(url, "transformers", card.model, render(kwargs), kwargs)["probe_prompt_tokens"] == off
         # a client that forgets the switch still gets the server's default: counted as thinking off, not as the tokenizer's
         with pytest.raises(PreflightError, match=f"server counts {off} prompt tokens"):
-            preflight(url, "transformers", card["model"], kimi, {})
+            preflight_regeneration(url, "transformers", card.model, render({}), {})

@@ -157,7 +157,7 @@ def test_params_never_reach_a_shell_and_the_trust_boundary_is_documented(tmp_pat
         assert key in section, key
 
     # shell metacharacters in extra_args are one literal argument each
-    from draftline.serving import ManagedServer, server_url
+    from draftline.servers import ManagedServer, server_url
 
     marker = tmp_path / "pwned"
     (tmp_path / "health").write_text("ok")

@@ -264,7 +264,7 @@ def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_d
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
-    from draftline import hidden
+    from draftline import commands
     from draftline.config import HiddenStatesConfig
 
     hs = HiddenStatesConfig(mode="online", format="fp8" if transfer == "fp8" else "bf16",
@@ -289,8 +289,8 @@ def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_d
         assert transfer_obj.hidden_states_path == tmp_path / "staging"
         assert type(transfer_obj).__name__ == ("FP8Transfer" if transfer == "fp8" else "FileTransfer")
 
-    serve = hidden.vllm_serve_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0", 8012,
-                                      "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=online["mooncake"])
+    serve = commands.vllm_extract_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0",
+                                          8012, "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=online["mooncake"])
     kv = json.loads(serve[serve.index("--kv-transfer-config") + 1])
     connector = {"file": "ExampleHiddenStatesConnector", "fp8": "FP8HiddenStatesConnector",
                  "mooncake": "MooncakeHiddenStatesConnector"}[transfer]
@@ -305,7 +305,7 @@ def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_d
 @pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
 def test_extraction_server_command_parses_with_vllms_own_parser(tmp_path, transfer):
     """Where vLLM is installed (GPU hosts): `vllm serve`'s real parser takes the command."""
-    from draftline import hidden
+    from draftline import commands
     from draftline.config import MooncakeConfig
 
     vllm_serve = pytest.importorskip("vllm.entrypoints.cli.serve")
@@ -313,8 +313,8 @@ def test_extraction_server_command_parses_with_vllms_own_parser(tmp_path, transf
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
         from vllm.utils import FlexibleArgumentParser
-    serve = hidden.vllm_serve_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0", 8012,
-                                      "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=MooncakeConfig().model_dump())
+    serve = commands.vllm_extract_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0",
+                                          8012, "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=MooncakeConfig().model_dump())
     parser = FlexibleArgumentParser()
     vllm_serve.ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
     parsed = parser.parse_args(serve[3:])

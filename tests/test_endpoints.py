@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from draftline.endpoints import preflight_extraction
-from draftline.serving import PreflightError
+from draftline.preflight import PreflightError, preflight_extraction
 from test_hidden import FAKE_VLLM, free_port
 
 
@@ -42,15 +41,15 @@ def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
 @pytest.mark.parametrize("case", ["ok", "three_layers", "other_model", "no_file"])
 def test_extraction_endpoint_preflight(tmp_path, random_target, case):
     card = random_target
-    aux, N, H = card["aux_layer_ids"], card["num_layers"], card["hidden_size"]
+    aux, N, H = card.aux_ids, card.num_layers, card.hidden_size
     layers = [*aux, N] if case != "three_layers" else aux
-    model = card["model"] if case != "other_model" else "org/another-model"
+    model = card.model if case != "other_model" else "org/another-model"
     proc, url, storage = start_fake(tmp_path, model, layers, H)
     try:
         probe = [5, 6, 7, 8, 9]
         if case == "ok":
             seen = preflight_extraction(url, card, aux, probe, 30, 1)
-            assert seen["probe_shape"] == [5, 4, H] and seen["model"] == card["model"]
+            assert seen["probe_shape"] == [5, 4, H] and seen["model"] == card.model
             assert not list(storage.iterdir())  # the probe's file is removed
         elif case == "no_file":  # a Mooncake transfer: the model is checked, no probe file is asked for
             assert "probe_shape" not in preflight_extraction(url, card, aux, probe, 30, 1, probe_file=False)
@@ -76,7 +75,7 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     from stages.hidden_states import main
 
     card = random_target
-    aux, N, H = card["aux_layer_ids"], card["num_layers"], card["hidden_size"]
+    aux, N, H = card.aux_ids, card.num_layers, card.hidden_size
     rows = [[(7 * i + j) % 200 + 3 for j in range(10 + i)] for i in range(6)]
     data = Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows], "seq_len": [len(r) for r in rows]})
     data.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])  # as the tokenize stage saves it
@@ -84,7 +83,7 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     card.write(tmp_path / "card.json")
     for case, layers in (("other_layers", aux), ("ok", [*aux, N])):
         (tmp_path / case).mkdir()
-        proc, url, _ = start_fake(tmp_path / case, card["model"], layers, H)
+        proc, url, _ = start_fake(tmp_path / case, card.model, layers, H)
         params = {"samples": 10, "datasets": {"d": {"path": "d.jsonl", "format": "openai"}}, "mix": {"weights": {"d": 1.0}},
                   "hidden_states": {"backend": "vllm", "dtype": "bfloat16",
                                     "vllm": {"endpoint": url, "concurrency": 2, "request_timeout_s": 30}}}

@@ -193,8 +193,9 @@ import yaml  # noqa: E402
 from draftline.card import TargetCard
 from draftline.checkpoint import read_draft_facts  # noqa: E402
 from draftline.config import BenchmarkConfig  # noqa: E402
-from draftline.engines import (check_draft, check_engine_settings, parse_prometheus, preflight,  # noqa: E402
-                               serve_command, sglang_acceptance, vllm_acceptance, vllm_spec_counters)
+from draftline.commands import benchmark_serve_command  # noqa: E402
+from draftline.preflight import check_draft, check_engine_settings, preflight_engines  # noqa: E402
+from draftline.spec_metrics import parse_prometheus, sglang_acceptance, vllm_acceptance, vllm_spec_counters  # noqa: E402
 from draftline.io import read_json, write_json, write_jsonl  # noqa: E402
 from draftline.sglang_export import export_sglang  # noqa: E402
 
@@ -248,7 +249,7 @@ def test_preflight_refuses_aux_ids_hidden_size_and_vocab_that_do_not_match(rando
     assert "aux layer ids" in aux and "[1, 2, 3]" in aux
     hidden = check_draft(replace(random_target, hidden_size=96), facts, "vllm")
     assert len(hidden) == 2 and all("hidden size" in p for p in hidden)
-    vocab = check_draft(replace(random_target, vocab_size=random_target["vocab_size"] // 4), facts, "vllm")
+    vocab = check_draft(replace(random_target, vocab_size=random_target.vocab_size // 4), facts, "vllm")
     assert any("outside the target vocabulary" in p for p in vocab)
     assert any("t2d covers" in p for p in vocab)
 
@@ -270,17 +271,17 @@ def test_preflight_knows_sglangs_aux_id_convention(tmp_path, random_target, draf
 
 def test_serve_commands_for_both_engines(random_target, draft_dir):
     cfg = bench_cfg(k=4, port=9000, vllm={"args": ["--tensor-parallel-size", "8"]}, sglang={"args": ["--tp-size", "8"]})
-    model = str(Path(random_target["model"]).resolve())
-    assert serve_command("vllm", random_target, cfg, None) == [
+    model = str(Path(random_target.model).resolve())
+    assert benchmark_serve_command("vllm", random_target, cfg, None) == [
         "vllm", "serve", model, "--host", "127.0.0.1", "--port", "9000", "--tensor-parallel-size", "8"]
-    spec = serve_command("vllm", random_target, cfg, "/d")
-    assert spec[:-2] == serve_command("vllm", random_target, cfg, None) and spec[-2] == "--speculative-config"
+    spec = benchmark_serve_command("vllm", random_target, cfg, "/d")
+    assert spec[:-2] == benchmark_serve_command("vllm", random_target, cfg, None) and spec[-2] == "--speculative-config"
     assert json.loads(spec[-1]) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 4}
-    assert serve_command("sglang", random_target, cfg, "/d") == [
+    assert benchmark_serve_command("sglang", random_target, cfg, "/d") == [
         "python3", "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1", "--port", "9000",
         "--tp-size", "8", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
         "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"]
-    deploy = preflight(random_target, cfg, str(draft_dir))
+    deploy = preflight_engines(random_target, cfg, str(draft_dir))
     assert deploy["vllm"]["problems"] == [] and "--speculative-config" in deploy["vllm"]["command"]
     assert deploy["sglang"]["problems"]  # a speculators checkpoint: SGLang needs the other layout
 
@@ -405,7 +406,7 @@ def test_benchmark_on_already_running_servers(tmp_path, random_target, draft_dir
     none), and measures them; a baseline URL that points at the speculative server is refused."""
     import httpx
 
-    from draftline.engines import draft_path_for, serve_command
+    from draftline.commands import draft_path_for
     from draftline.sglang_export import export_sglang
 
     draft = draft_dir if engine == "vllm" else eagle3_draft_dir
@@ -414,7 +415,7 @@ def test_benchmark_on_already_running_servers(tmp_path, random_target, draft_dir
     served = export_sglang(draft, random_target, tmp_path / "draft_sglang") if engine == "sglang" else draft
     ports, procs = {"baseline": free_port(), "speculative": free_port()}, []
     for mode, port in ports.items():
-        cmd = serve_command(engine, random_target, cfg, draft_path_for(engine, cfg, str(served)) if mode == "speculative" else None, port)
+        cmd = benchmark_serve_command(engine, random_target, cfg, draft_path_for(engine, cfg, str(served)) if mode == "speculative" else None, port)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         for port in ports.values():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.formats import (SCRIPT_SAMPLE_LETTERS, _json_array_rows, content_hash, detect_format, dominant_script,
-                               prepare_records, read_rows)
+from draftline.formats import SCRIPT_SAMPLE_LETTERS, content_hash, detect_format, dominant_script, prepare_records
+from draftline.sources import _json_array_rows, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "datasets/samples/sharegpt.jsonl"

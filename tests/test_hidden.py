@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline import hidden
+from draftline import commands, hidden
 from draftline.corpus import generate_conversations
 from draftline.target import load_target_model
 
@@ -35,8 +35,8 @@ def target_bf16(random_target):
 
 def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(random_target, target_f32):
     model = target_f32
-    for seq, hs in zip(SEQS, hidden.capture(model, SEQS, random_target["aux_layer_ids"])):
-        assert hs.shape == (len(seq), 4, random_target["hidden_size"])
+    for seq, hs in zip(SEQS, hidden.capture(model, SEQS, random_target.aux_ids)):
+        assert hs.shape == (len(seq), 4, random_target.hidden_size)
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
             logits = model.lm_head(model.model.norm(hs[:, 3]))
@@ -47,7 +47,7 @@ def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(ra
 
 def test_last_state_gives_the_same_argmax_in_bfloat16(random_target, target_bf16, tmp_path):
     model = target_bf16
-    for i, (seq, hs) in enumerate(zip(SEQS, hidden.capture(model, SEQS, random_target["aux_layer_ids"]))):
+    for i, (seq, hs) in enumerate(zip(SEQS, hidden.capture(model, SEQS, random_target.aux_ids))):
         path = hidden.hs_path(tmp_path, i)
         hidden.save_hidden_states(path, seq, hs, torch.bfloat16)  # as stored, read back
         from safetensors.torch import load_file
@@ -65,7 +65,7 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
     slot k holds what enters layer aux_layer_ids[k], vLLM's meaning of
     eagle_aux_hidden_state_layer_ids (its LlamaModel.forward appends hidden_states + residual for
     aux layer idx right before calling layer idx)."""
-    model, aux = target_f32, random_target["aux_layer_ids"]
+    model, aux = target_f32, random_target.aux_ids
     seq = SEQS[0]
     layer_inputs = {}
     handles = [layer.register_forward_hook(lambda m, args, kwargs, out, i=i: layer_inputs.__setitem__(i, args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
@@ -84,25 +84,25 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
         other = layer_inputs[layer_id + 1][0] if layer_id + 1 < len(layer_inputs) else layer_inputs[layer_id - 1][0]
         assert not torch.allclose(hs[:, slot], other, atol=1e-3)
     # id N (num_layers) is the final pre-norm output, the same as the last slot
-    n = random_target["num_layers"]
+    n = random_target.num_layers
     top = hidden.capture(model, [seq], [0, 1, n])[0]
     torch.testing.assert_close(top[:, 2], hs[:, 3], rtol=0, atol=0)
     torch.testing.assert_close(top[:, 0], model.model.embed_tokens(torch.tensor(seq)), rtol=0, atol=0)
 
 
 def test_padding_in_a_batch_changes_nothing(random_target, target_f32):
-    batched = hidden.capture(target_f32, SEQS, random_target["aux_layer_ids"])
+    batched = hidden.capture(target_f32, SEQS, random_target.aux_ids)
     for seq, hs in zip(SEQS, batched):
-        alone = hidden.capture(target_f32, [seq], random_target["aux_layer_ids"])[0]
+        alone = hidden.capture(target_f32, [seq], random_target.aux_ids)[0]
         torch.testing.assert_close(hs, alone, rtol=1e-4, atol=1e-5)
 
 
 def test_files_are_checked_before_reuse(tmp_path, random_target, target_f32):
     ids = [3, 4, 5, 6]
-    hs = hidden.capture(target_f32, [ids], random_target["aux_layer_ids"])[0]
+    hs = hidden.capture(target_f32, [ids], random_target.aux_ids)[0]
     path = hidden.hs_path(tmp_path, 0)
     hidden.save_hidden_states(path, ids, hs, torch.bfloat16)
-    H = random_target["hidden_size"]
+    H = random_target.hidden_size
     assert hidden.is_valid_file(path, ids, H, torch.bfloat16, full=True)
     assert not hidden.is_valid_file(path, ids + [7], H)  # other tokens: redo
     assert not hidden.is_valid_file(path, [3, 4, 5, 7], H)
@@ -241,7 +241,7 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
     from datasets import load_from_disk
 
     token_ids = load_from_disk(str(stage_dir / "tokenized")).with_format(None)["input_ids"]
-    H = random_target["hidden_size"]
+    H = random_target.hidden_size
     complete = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.glob("hs_*.safetensors")
                 if hidden.is_valid_file(f, token_ids[int(f.stem[3:])], H, torch.bfloat16)}
     assert 5 <= len(complete) < rows  # killed mid-run
@@ -334,7 +334,7 @@ def test_a_disk_refusal_after_a_dtype_change_removes_nothing(subsets, hs_read, r
     from datasets import load_from_disk
 
     rows = load_from_disk(str(subsets / "tokenized_20")).with_format(None)["input_ids"]
-    H = random_target["hidden_size"]
+    H = random_target.hidden_size
     assert all(hidden.is_valid_file(hidden.hs_path(out, i), ids, H, torch.float16) for i, ids in enumerate(rows))
 
 
@@ -346,7 +346,7 @@ def test_growing_samples_extracts_only_the_new_rows(subsets, random_target):
     second = run_stage(stage_dir, "tokenized_26", "hs_grow")
     assert second["extracted_now"] == 6 and second["reused"] == 20
     assert {f.name: f.stat().st_mtime_ns for f in (stage_dir / "hs_grow").glob("hs_*.safetensors") if f.name in stamps} == stamps
-    assert all_valid(stage_dir, "tokenized_26", "hs_grow", random_target["hidden_size"])
+    assert all_valid(stage_dir, "tokenized_26", "hs_grow", random_target.hidden_size)
 
 
 def test_speculators_dataset_and_collate_read_our_data(subsets, hs_read, random_target):
@@ -357,7 +357,7 @@ def test_speculators_dataset_and_collate_read_our_data(subsets, hs_read, random_
 
     stage_dir = subsets
     assert hs_read["extracted_now"] == 20
-    H = random_target["hidden_size"]
+    H = random_target.hidden_size
     ds = ArrowDataset(max_len=1024, datapath=str(stage_dir / "tokenized_20"), transfer=FileTransfer(stage_dir / "hs_read"), on_missing="raise")
     assert len(ds) == 20
     items = [ds[i] for i in range(3)]
@@ -396,7 +396,7 @@ def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(s
         again = run_stage(subsets, "tokenized_20", "hs_fp8")
     finally:
         (subsets / "params.yaml").write_text(PARAMS)
-    H = random_target["hidden_size"]
+    H = random_target.hidden_size
     assert report["format"] == "fp8" and report["extracted_now"] == 20 and report["dtype"] == "float8_e4m3fn"
     assert again["extracted_now"] == 0 and again["reused"] == 20  # the rerun checks fp8 files as valid
     rows = load_from_disk(str(subsets / "tokenized_20")).with_format(None)["input_ids"]
@@ -445,7 +445,7 @@ def test_online_mode_writes_only_meta_and_report_and_keeps_offline_files(subsets
     meta = json.loads((out / "meta.json").read_text())
     assert meta["mode"] == "online" and meta["format"] == "bf16" and report["mode"] == "online"
     assert report["extracted_now"] == 0 and report["files_kept_from_offline"] == 20
-    assert report["offline_bytes"]["offline_bf16"] == report["tokens"] * (4 * random_target["hidden_size"] * 2 + 8)
+    assert report["offline_bytes"]["offline_bf16"] == report["tokens"] * (4 * random_target.hidden_size * 2 + 8)
     assert {f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors")} == files
     back = run_stage(subsets, "tokenized_20", "hs_online")  # offline again, same target: every file reused
     assert back["reused"] == 20 and back["extracted_now"] == 0
@@ -472,7 +472,7 @@ def test_refusal_names_the_modes_that_would_fit(subsets, capsys):
     assert "draftline.plan" in message and not list((subsets / "hs_refused").glob("hs_*"))
 
 
-def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path):
+def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path, random_target):
     (tmp_path / "params.yaml").write_text(PARAMS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "draftline.plan", "--hidden-size", "7168", "--samples", "25000", "--tokens-per-sample", "4000",
@@ -489,7 +489,7 @@ def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path):
     table = subprocess.run(cmd[:-1], cwd=tmp_path, env=env, capture_output=True, text=True).stdout
     assert "| offline fp8 | 28,684 |" in table and "5.7 TB" in table
     # without data yet: an upper bound from samples x max_length, with the card's hidden size
-    (tmp_path / "card.json").write_text(json.dumps({"hidden_size": 64}))
+    replace(random_target, hidden_size=64).write(tmp_path / "card.json")
     bound = json.loads(subprocess.run([sys.executable, "-m", "draftline.plan", "--card", "card.json", "--json"], cwd=tmp_path,
                                       env=env, capture_output=True, text=True).stdout)
     assert bound["tokens"] == 10 * 256 and "upper bound" in bound["tokens_from"]
@@ -501,7 +501,7 @@ def test_generate_offline_data_command_parses_with_speculators_own_cli():
     import typer.main
     from speculators.cli import app
 
-    cmd = hidden.generate_offline_data_command("http://127.0.0.1:8012/v1", Path("tok"), Path("hs"), 8, 60.0, 2)
+    cmd = commands.generate_offline_data_command("http://127.0.0.1:8012/v1", Path("tok"), Path("hs"), 8, 60.0, 2)
     assert cmd[:3] == [sys.executable, "-m", "speculators"]
     group = typer.main.get_command(app)
 
@@ -519,9 +519,9 @@ def test_generate_offline_data_command_parses_with_speculators_own_cli():
         parse([*cmd[3:], "--no-such-flag"])
 
 
-def test_vllm_serve_command_asks_for_aux_layers_and_the_last_one(tmp_path):
-    cmd = hidden.vllm_serve_command("/venv/bin/python", "org/target", "abc123", [2, 16, 29], 32, tmp_path / "staging",
-                                    "127.0.0.1", 8012, "bfloat16", 4, 4097, 0.8, ["--enforce-eager"])
+def test_vllm_extract_command_asks_for_aux_layers_and_the_last_one(tmp_path):
+    cmd = commands.vllm_extract_command("/venv/bin/python", "org/target", "abc123", [2, 16, 29], 32, tmp_path / "staging",
+                                        "127.0.0.1", 8012, "bfloat16", 4, 4097, 0.8, ["--enforce-eager"])
     assert cmd[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "org/target"]
     flags = dict(zip(cmd[5:-1:2], cmd[6:-1:2]))
     spec = json.loads(flags["--speculative-config"])
@@ -617,7 +617,7 @@ def fake_vllm_python(tmp_path, random_target, monkeypatch) -> Path:
     python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'stub'}:{REPO} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     monkeypatch.setenv("FAKE_VLLM_ARGS", str(tmp_path / "args.json"))
-    monkeypatch.setenv("FAKE_VLLM_HIDDEN", str(random_target["hidden_size"]))
+    monkeypatch.setenv("FAKE_VLLM_HIDDEN", str(random_target.hidden_size))
     return python
 
 
@@ -649,15 +649,15 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(subsets, hs
         (stage_dir / "params.yaml").write_text(PARAMS)
     assert report["backend"] == "vllm" and report["extracted_now"] == 4 and report["reused"] == 16
     assert {f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors") if f.name in kept} == kept
-    assert all_valid(stage_dir, "tokenized_20", "hs_vllm", random_target["hidden_size"])
+    assert all_valid(stage_dir, "tokenized_20", "hs_vllm", random_target.hidden_size)
     assert not (out / hidden.VLLM_STAGING).exists()
     argv = json.loads((tmp_path / "args.json").read_text())
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [*random_target["aux_layer_ids"], random_target["num_layers"]]
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [*random_target.aux_ids, random_target.num_layers]
     data = load_file(str(hidden.hs_path(out, 5)))
     ids = data["token_ids"]
     expected = (ids % 64).float()[:, None, None] + torch.arange(4.0)[None, :, None]
-    assert torch.equal(data["hidden_states"].float(), expected.expand(-1, -1, random_target["hidden_size"]))
+    assert torch.equal(data["hidden_states"].float(), expected.expand(-1, -1, random_target.hidden_size))
 
 
 def test_vllm_backend_with_format_fp8_uses_the_fp8_connector(subsets, random_target, monkeypatch, tmp_path):

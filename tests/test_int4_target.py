@@ -88,15 +88,15 @@ def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
 
 def test_engine_command_lines_take_the_quantization_from_the_checkpoint(int4_card, tmp_path):
     from draftline.config import BenchmarkConfig, RegenerateConfig
-    from draftline.engines import serve_command
-    from stages.regenerate import launch_command
+    from draftline.commands import benchmark_serve_command, regenerate_command, vllm_extract_command
 
     card = int4_card
-    commands = [launch_command(RegenerateConfig(backend=b, tensor_parallel_size=8), card, "kimi") for b in ("vllm", "sglang")]
-    commands.append(hidden.vllm_serve_command("python", card["model"], None, AUX, 5, tmp_path, "h", 1, "bfloat16", 8, 4096, 0.9, []))
-    commands += [serve_command(e, card, BenchmarkConfig(engine=e, vllm={"args": ["--tensor-parallel-size", "8"]},
-                                                        sglang={"args": ["--tp-size", "8"]}), "/draft") for e in ("vllm", "sglang")]
+    commands = [regenerate_command(RegenerateConfig(backend=b, tensor_parallel_size=8), card, "kimi") for b in ("vllm", "sglang")]
+    commands.append(vllm_extract_command("python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 8, 4096, 0.9, []))
+    commands += [benchmark_serve_command(e, card, BenchmarkConfig(engine=e, vllm={"args": ["--tensor-parallel-size", "8"]},
+                                                                  sglang={"args": ["--tp-size", "8"]}), "/draft")
+                 for e in ("vllm", "sglang")]
     for cmd in commands:
-        assert card["model"] in cmd or str(card["model"]) in " ".join(cmd)
+        assert card.model in cmd or str(card.model) in " ".join(cmd)
         assert "--quantization" not in cmd and "--trust-remote-code" not in cmd
         assert "8" in cmd

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from draftline.formats import content_hash, prepare_records, read_rows
+from draftline.formats import content_hash, prepare_records
 from draftline.mixing import mix_datasets, shortfall_problems, shortfall_table
+from draftline.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = {"messages": ROOT / "datasets/samples/openai_messages.jsonl", "sharegpt": ROOT / "datasets/samples/sharegpt.jsonl"}

@@ -84,7 +84,7 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(master, r
         protocol=m["protocol"], device_name=m["device"])).setup()
     target = load_target_model(random_target, "cpu", torch.float32)
     rows = [[5, 9, 30, 41, 7, 2, 88], [12, 13, 14, 15]]
-    for k, (ids, states) in enumerate(zip(rows, hidden.capture(target, rows, random_target["aux_layer_ids"]))):
+    for k, (ids, states) in enumerate(zip(rows, hidden.capture(target, rows, random_target.aux_ids))):
         states = states.to(torch.bfloat16)
         spec = publish(producer, f"row-{k}-{os.getpid()}", ids, states)
         got = trainer.get_generated(spec)

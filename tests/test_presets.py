@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from draftline.config import DatasetSpec
-from draftline.formats import HUB_DEP, PRESETS, PrepareStats, dvc_source_dep, spec_records
+from draftline.config import PRESETS, DatasetSpec
+from draftline.formats import PrepareStats
+from draftline.sources import HUB_DEP, dvc_source_dep, spec_records
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures/datasets"

@@ -28,8 +28,9 @@ from draftline.io import read_json, write_json, write_jsonl
 from draftline.regeneration import (Endpoint, EndpointPool, RetryPolicy, Sampling, called_tools, chat_prompt_ids,
                                     close_pool, load_finished, open_pool, prompt_sha256, regenerate_all,
                                     relink_tool_results)
-from draftline.serving import (ManagedServer, PreflightError, preflight, server_env, server_url, sglang_serve_command,
-                               transformers_serve_command, vllm_serve_command)
+from draftline.commands import sglang_regenerate_command, transformers_serve_command, vllm_regenerate_command
+from draftline.preflight import PreflightError, preflight_regeneration
+from draftline.servers import ManagedServer, server_env, server_url
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_RETRY = RetryPolicy(max_retries=2, backoff_s=0.01, backoff_max_s=0.05, first_token_timeout_s=5)
@@ -233,9 +234,9 @@ def served_chatty(tmp_path_factory, chatty_target):
 
     port, log_dir = free_port(), tmp_path_factory.mktemp("served")
     url = f"http://127.0.0.1:{port}"
-    cmd = transformers_serve_command(chatty_target["model"], "127.0.0.1", port, "cpu", False, 16, [])
+    cmd = transformers_serve_command(chatty_target.model, "127.0.0.1", port, "cpu", False, 16, [])
     with ManagedServer(cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120) as base_url:
-        body = {"model": chatty_target["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        body = {"model": chatty_target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for _ in range(20):
             t = time.monotonic()
             httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
@@ -883,13 +884,18 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
 # ---- preflight against the engines' wire formats ------------------------------------------------
 
 
+def rendered(tokenizer, chat_template_kwargs=None):
+    """The prompt ids of a conversation as the stage counts them (preflight's prompt_ids)."""
+    return lambda messages, tools: chat_prompt_ids(tokenizer, messages, tools, chat_template_kwargs or {})
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_preflight_accepts_the_plain_target(stub, random_target, engine):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, _ = stub(engine=engine, tokenizer=tokenizer)
-    seen = preflight(url, engine, "m", tokenizer, {}, attempts=1)
+    seen = preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
     assert seen["served_models"] == ["m"] and seen["probe_prompt_tokens"] > 10
     assert seen.get("probe_token_ids") == ("match" if engine == "vllm" else None)
 
@@ -907,10 +913,10 @@ def test_preflight_accepts_the_plain_target(stub, random_target, engine):
 def test_preflight_refuses(stub, random_target, engine, attrs, message):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, _ = stub(**{"engine": engine, "tokenizer": tokenizer, **attrs})
     with pytest.raises(PreflightError, match=message):
-        preflight(url, engine, "m", tokenizer, {}, attempts=1)
+        preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
 
 
 @pytest.mark.parametrize("actual, speculative, message", [
@@ -924,10 +930,10 @@ def test_preflight_probes_what_the_server_is_whatever_is_declared(stub, random_t
     really vLLM / SGLang: its own evidence decides, a draft is found and refused."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, handler = stub(engine=actual, speculative=speculative, tokenizer=tokenizer)
     with pytest.raises(PreflightError, match=message):
-        preflight(url, "transformers", "m", tokenizer, {}, attempts=1)
+        preflight_regeneration(url, "transformers", "m", rendered(tokenizer), {}, attempts=1)
     assert handler.requests == []  # refused before the probe request, let alone the data
 
 
@@ -1043,8 +1049,8 @@ def sglang_launch_parser() -> argparse.ArgumentParser:
 
 
 def test_vllm_command_uses_documented_flags():
-    cmd = vllm_serve_command("Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "0.0.0.0", 8000, "abc123", 4, 2, 32768, "qwen3",
-                             "hermes", ["--gpu-memory-utilization", "0.85"])
+    cmd = vllm_regenerate_command("Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "0.0.0.0", 8000, "abc123", 4, 2, 32768, "qwen3",
+                                  "hermes", ["--gpu-memory-utilization", "0.85"])
     assert cmd[:2] == ["vllm", "serve"]
     args, unknown = vllm_serve_parser().parse_known_args(cmd[2:])
     assert not unknown
@@ -1052,13 +1058,13 @@ def test_vllm_command_uses_documented_flags():
     assert (args.tensor_parallel_size, args.data_parallel_size, args.max_model_len) == (4, 2, 32768)
     assert args.reasoning_parser == "qwen3" and args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
     assert args.gpu_memory_utilization == 0.85 and args.speculative_config is None
-    bare, unknown = vllm_serve_parser().parse_known_args(vllm_serve_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[2:])
+    bare, unknown = vllm_serve_parser().parse_known_args(vllm_regenerate_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[2:])
     assert not unknown and not bare.enable_auto_tool_choice and bare.max_model_len is None
 
 
 def test_sglang_command_uses_documented_flags():
-    cmd = sglang_serve_command("/models/glm", "glm", "0.0.0.0", 30000, None, 8, 2, 65536, "glm45", "glm45",
-                               ["--mem-fraction-static", "0.8"])
+    cmd = sglang_regenerate_command("/models/glm", "glm", "0.0.0.0", 30000, None, 8, 2, 65536, "glm45", "glm45",
+                                    ["--mem-fraction-static", "0.8"])
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     args, unknown = sglang_launch_parser().parse_known_args(cmd[3:])
     assert not unknown
@@ -1111,7 +1117,7 @@ def test_server_of_a_killed_stage_does_not_outlive_it(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     script = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from pathlib import Path\nfrom draftline.serving import ManagedServer\n"
+              "from pathlib import Path\nfrom draftline.servers import ManagedServer\n"
               f"with ManagedServer({http_server_cmd(port, tmp_path)!r}, None, {url!r}, Path({str(tmp_path / 's.log')!r}), 30):\n"
               "    print('ready', flush=True); time.sleep(60)\n")
     stage = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -1189,16 +1195,16 @@ def test_two_servers_started_at_once_get_free_ports_of_their_own(tmp_path):
 def test_a_port_taken_by_another_pipeline_is_noticed_and_another_one_used(tmp_path, monkeypatch):
     """Both pipelines are handed the same "free" port: whichever server loses the race (it cannot
     bind, or what answers its health check is the other one's) moves to another port."""
-    import draftline.serving as serving
+    import draftline.servers as servers_module
 
-    real, same, lock, calls = serving.free_port, free_port(), threading.Lock(), []
+    real, same, lock, calls = servers_module.free_port, free_port(), threading.Lock(), []
 
     def racy_free_port(host):
         with lock:
             calls.append(host)
             return same if len(calls) <= 2 else real(host)
 
-    monkeypatch.setattr(serving, "free_port", racy_free_port)
+    monkeypatch.setattr(servers_module, "free_port", racy_free_port)
     servers = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from draftline import hidden
+from draftline.card import TargetCard
 from draftline.target import RemoteCodeRequired, build_card, load_target, read_verifier_tensors
 from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 from wrapped_target import build_wrapped_target
@@ -50,12 +51,12 @@ def test_tokenizer_with_custom_code_alone_is_refused_too(wrapped_dir, tmp_path):
 
 def test_card_from_text_config_and_verifier_tensors_equal_the_loaded_model(wrapped_card):
     card = wrapped_card
-    assert card["config_model_type"] == "draftline_wrapper" and card["model_type"] == "llama"
-    assert (card["num_layers"], card["hidden_size"], card["trust_remote_code"]) == (5, 64, True)
+    assert card.config_model_type == "draftline_wrapper" and card.model_type == "llama"
+    assert (card.num_layers, card.hidden_size, card.trust_remote_code) == (5, 64, True)
     # names by prefix, not suffix: the vision tower's embed_tokens / post_norm never match
-    assert card["verifier_tensors"] == {"embed_tokens": "language_model.model.embed_tokens.weight",
-                                        "lm_head": "language_model.lm_head.weight",
-                                        "norm": "language_model.model.norm.weight"}
+    assert card.verifier_tensors == {"embed_tokens": "language_model.model.embed_tokens.weight",
+                                     "lm_head": "language_model.lm_head.weight",
+                                     "norm": "language_model.model.norm.weight"}
     tensors = read_verifier_tensors(card)
     model, tokenizer = load_target(card)
     assert type(tokenizer).__name__ == "WrapperTokenizer"
@@ -70,15 +71,15 @@ def test_tied_embeddings_give_no_lm_head_name(random_target, tmp_path):
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    with safe_open(f"{random_target['model']}/model.safetensors", "pt") as f:
+    with safe_open(f"{random_target.model}/model.safetensors", "pt") as f:
         weights = {k: f.get_tensor(k) for k in f.keys() if k != "lm_head.weight"}
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads(open(f"{random_target['model']}/config.json").read())
+    cfg = json.loads(open(f"{random_target.model}/config.json").read())
     cfg["tie_word_embeddings"] = True
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    AutoTokenizer.from_pretrained(random_target["model"]).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(random_target.model).save_pretrained(tmp_path)
     card = build_card(str(tmp_path), "test", None, AUX, {})
-    assert card["verifier_tensors"]["lm_head"] is None and card["tie_word_embeddings"]
+    assert card.verifier_tensors["lm_head"] is None and card.tie_word_embeddings
     tensors = read_verifier_tensors(card)
     assert torch.equal(tensors["lm_head"], tensors["embed_tokens"])
 
@@ -104,8 +105,8 @@ def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
                  train={"epochs": 1, "pack_len": 256, "device": "cpu", "checkpoint_every_steps": 50},
                  evaluate={"k": 3, "max_new_tokens": 12, "device": "cpu", "dtype": "float32"})
     run_stage(tmp_path, "target", "models/target")
-    card = json.loads((tmp_path / "models/target/card.json").read_text())
-    assert card["trust_remote_code"] and card["verifier_tensors"]["norm"] == "language_model.model.norm.weight"
+    card = TargetCard.load(tmp_path / "models/target/card.json")
+    assert card.trust_remote_code and card.verifier_tensors["norm"] == "language_model.model.norm.weight"
 
     conversations = corpus(12, 0)
     prompts = write_prompts(tmp_path / "prompts/train.jsonl", conversations)
@@ -140,26 +141,27 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     from torch.distributed.run import get_args_parser
     from transformers.cli.serve import Serve
 
-    from draftline import engines, handoff, serving
+    from draftline import commands, handoff
     from draftline.config import BenchmarkConfig, RegenerateConfig, TrainConfig
-    from stages.regenerate import launch_command
 
     card = replace(wrapped_card, architecture="LlamaForCausalLM")
     assert "trust_remote_code" in inspect.signature(Serve.__init__).parameters
     for backend in ("transformers", "vllm", "sglang"):
-        cmd = launch_command(RegenerateConfig(backend=backend), card, "m")
+        cmd = commands.regenerate_command(RegenerateConfig(backend=backend), card, "m")
         assert cmd.count("--trust-remote-code") == 1, backend
-        assert "--trust-remote-code" not in launch_command(RegenerateConfig(backend=backend), replace(card, trust_remote_code=False), "m")
-    cmd = hidden.vllm_serve_command("python", card["model"], None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [], trust_remote_code=True)
+        assert "--trust-remote-code" not in commands.regenerate_command(RegenerateConfig(backend=backend),
+                                                                        replace(card, trust_remote_code=False), "m")
+    cmd = commands.vllm_extract_command("python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [],
+                                        trust_remote_code=True)
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):
-        assert "--trust-remote-code" in engines.serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
+        assert "--trust-remote-code" in commands.benchmark_serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
     train_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), card, vocab_dir, tmp_path / "tok",
                                                   tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
     launch = get_args_parser().parse_args(train_cmd[1:])
     assert SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"] is True
-    assert not serving.transformers_serve_loads(wrapped_card["architecture"], wrapped_card["config_model_type"])
-    assert serving.transformers_serve_loads("LlamaForCausalLM", "llama")
+    assert not commands.transformers_serve_loads(wrapped_card.architecture, wrapped_card.config_model_type)
+    assert commands.transformers_serve_loads("LlamaForCausalLM", "llama")
 
 
 def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_dir, tmp_path):

@@ -1,29 +1,30 @@
 """Stage `tokenize` on a toy input: speculators' Arrow layout, rows by regenerate run then prompt order, frequencies of
 trainable tokens only, the report, and conversations split where the template rewrites history."""
 
-from dataclasses import replace
 import contextlib
 import copy
 import json
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from draftline.card import TargetCard
 from draftline.corpus import arithmetic, multi_turn, tool_call
 from draftline.io import text_sha256
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
 
-def write_inputs(root: Path, card: dict, conversations: list[dict], max_length: int, regen_meta: dict | None = None) -> None:
+def write_inputs(root: Path, card: TargetCard, conversations: list[dict], max_length: int, regen_meta: dict | None = None) -> None:
     (root / "params.yaml").write_text(
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
         f"tokenize: {{max_length: {max_length}}}\n"
     )
-    (root / "card.json").write_text(json.dumps(card))
+    card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
     with open(root / "prompts.jsonl", "w") as p, open(root / "regenerated" / "conversations.jsonl", "w") as c:
         for row in conversations:

@@ -1,6 +1,7 @@
 """Stage `vocab`: speculators' d2t/t2d conventions, the size check, the coverage report."""
 
 import contextlib
+import dataclasses
 import json
 
 import numpy as np
@@ -10,21 +11,31 @@ import torch
 PARAMS = "samples: 10\ndatasets:\n  d: {{path: d.jsonl, format: openai}}\nmix:\n  weights: {{d: 1.0}}\nvocab: {{draft_vocab_size: {size}}}\n"
 
 
-def run(tmp_path, freq: dict, draft_vocab_size: int, target_vocab_size: int) -> dict:
+@pytest.fixture
+def run(tmp_path, random_target):
+    """run(freq, draft_vocab_size, target_vocab_size): the stage on a card with that vocabulary; its report."""
+    def run(freq: dict, draft_vocab_size: int, target_vocab_size: int) -> dict:
+        return run_stage(tmp_path, dataclasses.replace(random_target, vocab_size=target_vocab_size), freq,
+                         draft_vocab_size)
+
+    return run
+
+
+def run_stage(tmp_path, card, freq: dict, draft_vocab_size: int) -> dict:
     from stages.vocab import main
 
     (tmp_path / "params.yaml").write_text(PARAMS.format(size=draft_vocab_size))
-    (tmp_path / "card.json").write_text(json.dumps({"vocab_size": target_vocab_size}))
+    card.write(tmp_path / "card.json")
     torch.save(freq, tmp_path / "token_freq.pt")
     with contextlib.chdir(tmp_path):
         main("card.json", "token_freq.pt", "vocab", "vocab.json")
     return json.loads((tmp_path / "vocab.json").read_text())
 
 
-def test_d2t_offsets_and_t2d_mask(tmp_path):
+def test_d2t_offsets_and_t2d_mask(tmp_path, run):
     # target vocab 50; trainable tokens with distinct counts, the most frequent ones scattered
     freq = {40: 100, 3: 90, 17: 80, 45: 70, 8: 60, 30: 5, 2: 4, 11: 1}
-    report = run(tmp_path, freq, 5, 50)
+    report = run(freq, 5, 50)
     d2t, t2d = np.load(tmp_path / "vocab" / "d2t.npy"), np.load(tmp_path / "vocab" / "t2d.npy")
     assert d2t.dtype == np.int64 and d2t.shape == (5,)
     assert t2d.dtype == np.bool_ and t2d.shape == (50,) and t2d.sum() == 5
@@ -37,19 +48,19 @@ def test_d2t_offsets_and_t2d_mask(tmp_path):
     assert report["unseen_tokens_in_draft"] == 0
 
 
-def test_draft_vocab_larger_than_the_distinct_tokens_is_filled(tmp_path):
-    report = run(tmp_path, {7: 3, 9: 1}, 4, 20)
+def test_draft_vocab_larger_than_the_distinct_tokens_is_filled(tmp_path, run):
+    report = run({7: 3, 9: 1}, 4, 20)
     t2d = np.load(tmp_path / "vocab" / "t2d.npy")
     assert t2d.sum() == 4 and t2d[7] and t2d[9]  # padded with the lowest unused ids
     assert report["coverage"] == 1.0 and report["unseen_tokens_in_draft"] == 2
 
 
-def test_draft_vocab_larger_than_the_target_is_an_error(tmp_path):
+def test_draft_vocab_larger_than_the_target_is_an_error(tmp_path, run):
     with pytest.raises(SystemExit, match=r"vocab.draft_vocab_size \(64\) is larger than the target vocabulary \(50\)"):
-        run(tmp_path, {1: 1}, 64, 50)
+        run({1: 1}, 64, 50)
     assert not (tmp_path / "vocab").exists()
 
 
-def test_frequencies_of_another_vocabulary_are_an_error(tmp_path):
+def test_frequencies_of_another_vocabulary_are_an_error(run):
     with pytest.raises(SystemExit, match="outside the target vocabulary"):
-        run(tmp_path, {1: 1, 70: 2}, 4, 50)
+        run({1: 1, 70: 2}, 4, 50)
