@@ -7,9 +7,14 @@ hits both alike; the median tokens/s of each mode and their ratio are reported.
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.config import BenchmarkConfig
 
 
-def benchmark_hf(target, draft, aux_layer_ids: list[int], prompts: list[list[int]], stop: set[int], cfg, device: str) -> dict:
+def benchmark_hf(target, draft, aux_layer_ids: list[int], prompts: list[list[int]], stop: set[int], cfg: BenchmarkConfig,
+                 device: str) -> dict:
     import torch
 
     from draftline.specdec import greedy_generate, speculative_generate

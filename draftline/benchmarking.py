@@ -25,7 +25,7 @@ def run_benchmark(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_p
     findings (plus the launched servers' commands and warnings for a server engine). deploy_path is
     named in the messages only."""
     from draftline.chat import first_turn_ids
-    from draftline.engines import read_draft_facts
+    from draftline.checkpoint import read_draft_facts
     from draftline.io import read_jsonl
     from draftline.preflight import check_draft, preflight_engines
 
@@ -63,7 +63,8 @@ def run_benchmark(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_p
         import torch
 
         from draftline.benchmark_hf import benchmark_hf
-        from draftline.evaluation import eos_ids, load_draft
+        from draftline.checkpoint import load_draft
+        from draftline.evaluation import eos_ids
         from draftline.target import load_target
 
         device = cfg.resolved_device()

@@ -1,17 +1,17 @@
-"""Loading the trained draft for inference and measuring its acceptance against the target."""
+"""Evaluating the draft: real acceptance of chain speculative decoding checked lossless against
+greedy decoding, simulated acceptance (tau_sim) from teacher-forced accuracy, per source, and the
+evaluate stage's run over the eval prompts that reports both (their token ids: draftline/chat.py)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-
-def load_draft(draft_dir: str | Path, card: dict, device: str):
-    """The saved draft with the target's verifier tensors restored, eager attention, eval mode."""
-    from draftline.draft import load_saved_draft
-
-    # Eager attention from construction on: our incremental decoder passes dense float masks, and
-    # the model's own TTT forward (tau_sim) picks its mask builder from this setting in __init__.
-    return load_saved_draft(Path(draft_dir), card, "eager").to(device).eval()
+if TYPE_CHECKING:
+    from draftline.card import TargetCard
+    from draftline.config import EvaluateConfig
 
 
 def eos_ids(tokenizer, model) -> set[int]:
@@ -96,7 +96,7 @@ def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, f
     from speculators.models.eagle3 import shift_batch
     from speculators.train.data import CollateFn
 
-    from draftline.draft import accumulate, run_batch
+    from draftline.draft_metrics import accumulate, run_batch
 
     hidden_size = sample["verifier_last_hidden_states"].shape[-1]
     batch = CollateFn(len(sample["input_ids"]) - 1, hidden_size, num_target_layers=3, dtype=torch.float32,
@@ -111,7 +111,7 @@ def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, f
 
 def simulated_acceptance(sums: dict[str, float], k: int) -> dict:
     """tau_sim = 1 + sum_i acc_i with acc_i = P(draft steps 0..i all match the target), as in train."""
-    from draftline.draft import summarize
+    from draftline.draft_metrics import summarize
 
     s = summarize(sums, k)
     return {"tau_sim": s["tau_sim"], "position_accuracy": {str(i + 1): a for i, a in enumerate(s["position_accuracy"])}}
@@ -120,3 +120,128 @@ def simulated_acceptance(sums: dict[str, float], k: int) -> dict:
 def add_sums(total: dict[str, float], part: dict[str, float]) -> None:
     for key, value in part.items():
         total[key] = total.get(key, 0.0) + value
+
+
+# ---- the evaluate stage's run ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluationRun:
+    """The metrics report, and the rows of each plot file (file name -> rows) under the plots dir."""
+
+    report: dict
+    plots: dict[str, list[dict]]
+
+
+def mixed_train_count(eval_path: str | Path, samples: int) -> int:
+    """Train prompts the mix drew, from its meta.json beside the eval prompts; prompts made by hand
+    (no mix meta there) are taken to be `samples`, and the stage says so."""
+    from draftline.io import read_json
+
+    meta_path = Path(eval_path).parent / "meta.json"
+    if not meta_path.is_file():
+        print(f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}")
+        return samples
+    try:
+        return int(read_json(meta_path)["counts"]["train"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
+                         "the scaling plot records the train prompts mix drew, so run `mix` again") from None
+
+
+def per_source_report(groups, k: int) -> dict:
+    """Acceptance length, tau_sim and prompt count of each (name, group of prompts), in that order."""
+    return {name: {"acceptance_length": mean(s["rounds"]), "tau_sim": simulated_acceptance(s["sums"], k)["tau_sim"],
+                   "prompts": s["prompts"]}
+            for name, s in groups}
+
+
+def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path, eval_path: str | Path,
+                   samples: int) -> EvaluationRun:
+    """Decode every eval prompt (up to cfg.prompts) speculatively and greedily with the target and
+    the draft in draft_dir, check them lossless, and report real and simulated acceptance;
+    `samples` (the params' training prompts requested) goes beside the scaling point."""
+    import torch
+    from rich.progress import track
+
+    from draftline.chat import first_turn_ids
+    from draftline.checkpoint import load_draft
+    from draftline.io import read_json, read_jsonl
+    from draftline.specdec import greedy_generate, speculative_generate
+    from draftline.target import load_target
+
+    device = cfg.resolved_device()
+    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
+    tie_tolerance = cfg.resolved_tie_tolerance()
+    draft = load_draft(draft_dir, card, device)
+    stop = eos_ids(tokenizer, target)
+    rows = list(read_jsonl(eval_path))[: cfg.prompts]
+    if not rows:
+        raise SystemExit(f"error: {eval_path} has no eval prompts")
+    train_prompts = mixed_train_count(eval_path, samples)
+
+    # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
+    trained_on = (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {}) if Path(draft_dir, "meta.json").exists() else {}
+    fp8 = trained_on.get("format") == "fp8"
+    sums_stored = {}
+    rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
+    per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
+    per_detail = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})  # (dataset, its row's own source)
+    generated = 0
+    for row in track(rows, description="evaluate"):
+        ids = first_turn_ids(tokenizer, row)
+        spec = speculative_generate(target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+        plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, margins=True)
+        verdict = compare_to_greedy(spec.tokens, plain, tie_tolerance)
+        if verdict != "identical":
+            (near_ties if verdict == "near_tie" else mismatches).append(row["id"])
+        sums = teacher_forced_sums(draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device)
+        if fp8:
+            add_sums(sums_stored, teacher_forced_sums(draft, teacher_forced_sample(
+                target, card.aux_ids, ids, plain.tokens, torch.float8_e4m3fn), cfg.k, device))
+        groups = [per_source[row.get("source", "?")]]
+        if row.get("source_detail"):
+            groups.append(per_detail[(row.get("source", "?"), row["source_detail"])])
+        for src in groups:
+            src["rounds"].extend(spec.accepted_per_round)
+            src["prompts"] += 1
+            add_sums(src["sums"], sums)
+        rounds_all.extend(spec.accepted_per_round)
+        add_sums(sums_all, sums)
+        generated += len(plain.tokens)
+    if mismatches:
+        raise SystemExit(f"error: speculative output differed from greedy target output on {len(mismatches)} "
+                         f"prompts (ids {mismatches[:5]}), not at a near-tie of the target's top two logits "
+                         f"(tie_tolerance {tie_tolerance}, dtype {cfg.dtype})")
+    if near_ties:
+        print(f"evaluate: {len(near_ties)} prompts diverged from greedy at a near-tie of the target's top two "
+              f"logits (<= {tie_tolerance} in {cfg.dtype}; ids {near_ties[:5]}); counted as near_tie_divergences")
+
+    real = acceptance_summary(rounds_all, cfg.k)
+    sim = simulated_acceptance(sums_all, cfg.k)
+    report = {
+        "acceptance_length": real["acceptance_length"],
+        "tau_sim": sim["tau_sim"],
+        "k": cfg.k,
+        "prompts": len(rows),
+        "generated_tokens": generated,
+        "rounds": real["rounds"],
+        "position_acceptance": real["position_acceptance"],
+        "sim_position_accuracy": sim["position_accuracy"],
+        "histogram": real["histogram"],
+        "per_source": per_source_report(sorted(per_source.items()), cfg.k),
+        **({"per_source_detail": per_source_report(
+            ((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())), cfg.k)} if per_detail else {}),
+        "lossless_checked_prompts": len(rows),
+        "near_tie_divergences": len(near_ties),
+    }
+    if fp8:
+        report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
+    print(f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
+          f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}")
+    return EvaluationRun(report, {
+        "acceptance_vs_samples.json": [{"samples": train_prompts, "samples_requested": samples,
+                                        "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}],
+        "position_acceptance.json": [{"position": int(pos), "acceptance": rate}
+                                     for pos, rate in real["position_acceptance"].items()],
+    })

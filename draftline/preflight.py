@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.commands import benchmark_serve_command, draft_path_for
-from draftline.engines import SPECULATORS_EAGLE3, DraftFacts, read_draft_facts
+from draftline.checkpoint import SPECULATORS_EAGLE3, DraftFacts, read_draft_facts
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard

@@ -24,6 +24,8 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from draftline.card import TargetCard
+from draftline.checkpoint import architecture_of, read_weights
 
 LAYER_PREFIX = "layers.0."
 SGLANG_LAYER_PREFIX = "midlayer."
@@ -37,10 +39,8 @@ class SglangExportError(ValueError):
     pass
 
 
-def check_exportable(config: dict, card: dict) -> None:
+def check_exportable(config: dict, card: TargetCard) -> None:
     """Raise SglangExportError when SGLang's LlamaForCausalLMEagle3 cannot compute this draft."""
-    from draftline.draft import architecture_of
-
     if config.get("speculators_model_type") != "eagle3":
         raise SglangExportError(f"not a speculators EAGLE-3 draft (speculators_model_type "
                                 f"{config.get('speculators_model_type')!r})")
@@ -54,12 +54,12 @@ def check_exportable(config: dict, card: dict) -> None:
     if layers != 1:
         raise SglangExportError(f"the draft has {layers} decoder layers; SGLang's LlamaForCausalLMEagle3 runs "
                                 "layers after the first differently from speculators: train.num_layers: 1")
-    if min(card["aux_layer_ids"]) < 1:
+    if min(card.aux_ids) < 1:
         raise SglangExportError(f"aux layer id 0 (the embeddings) has no SGLang id (it counts layer outputs); "
-                                f"card ids {card['aux_layer_ids']}")
+                                f"card ids {card.aux_ids}")
 
 
-def sglang_config(config: dict, card: dict, dtype: str) -> dict:
+def sglang_config(config: dict, card: TargetCard, dtype: str) -> dict:
     """config.json for LlamaForCausalLMEagle3 from a speculators EAGLE-3 config."""
     layer = config["transformer_layer_config"]
     rope = dict(layer.get("rope_parameters") or {})
@@ -74,14 +74,14 @@ def sglang_config(config: dict, card: dict, dtype: str) -> dict:
         "num_hidden_layers": 1,
         "vocab_size": layer["vocab_size"],
         "draft_vocab_size": config["draft_vocab_size"],
-        "target_hidden_size": card["hidden_size"],
+        "target_hidden_size": card.hidden_size,
         "rope_theta": rope_theta,
         "rope_scaling": rope_scaling,
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "torch_dtype": dtype,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in card["aux_layer_ids"]],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in card.aux_ids],
                          "use_aux_hidden_state": True},
     }
 
@@ -104,11 +104,9 @@ def sglang_weights(weights: dict) -> dict:
     return out
 
 
-def export_sglang(draft_dir: str | Path, card: dict, out_dir: str | Path) -> Path:
+def export_sglang(draft_dir: str | Path, card: TargetCard, out_dir: str | Path) -> Path:
     """Write the SGLang copy of the draft in draft_dir to out_dir (replaced whole); returns out_dir."""
     from safetensors.torch import save_file
-
-    from draftline.draft import read_weights
 
     draft_dir, out_dir = Path(draft_dir), Path(out_dir)
     config = json.loads((draft_dir / "config.json").read_text())
@@ -128,10 +126,8 @@ def export_sglang(draft_dir: str | Path, card: dict, out_dir: str | Path) -> Pat
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
         raise SystemExit("usage: python -m draftline.sglang_export DRAFT_DIR CARD_JSON OUT_DIR")
-    from draftline.io import read_json
-
     try:
-        out = export_sglang(argv[0], read_json(argv[1]), argv[2])
+        out = export_sglang(argv[0], TargetCard.load(argv[1]), argv[2])
     except (SglangExportError, FileNotFoundError) as err:
         raise SystemExit(f"error: {argv[0]} cannot be served by SGLang: {err}") from None
     print(f"{out}: serve with --speculative-algorithm EAGLE3 --speculative-draft-model-path {out.resolve()}")

@@ -71,7 +71,7 @@ def work(stage: str, steps: int) -> float:
         import numpy as np
         from speculators.losses import resolve_loss_config
 
-        from draftline.draft import build_draft
+        from draftline.draft_model import build_draft
         from draftline.target import build_card
 
         tmp = Path(tempfile.mkdtemp(prefix="cpu_load_"))

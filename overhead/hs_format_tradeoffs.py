@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from draftline import draft, hidden, hs_format
+from draftline import draft_data, draft_model, hidden, hs_format, train_state, training
 from draftline.card import TargetCard
 from draftline.config import TrainConfig, load_params
 from draftline.io import write_json
@@ -87,10 +87,10 @@ def argmax_agreement(model, rows, hs_dir: Path, limit: int) -> float:
 
 
 def train(card, paths, hs_dir, cfg, online=None) -> dict:
-    draft.seed_everything(cfg.seed)
-    model = draft.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, architecture=cfg.architecture or "speculators")
+    train_state.seed_everything(cfg.seed)
+    model = draft_model.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, architecture=cfg.architecture or "speculators")
     start = time.perf_counter()
-    result = draft.train_draft(model, cfg, paths["tokenized"], hs_dir, "cpu", say=lambda _m: None, online=online)
+    result = training.train_draft(model, cfg, paths["tokenized"], hs_dir, "cpu", say=lambda _m: None, online=online)
     return {"val_tau_sim": result["best"]["val"]["tau_sim"], "best_epoch": result["best"]["epoch"],
             "seconds": round(time.perf_counter() - start, 1), "target_forwards_per_epoch": result["target_forwards_per_epoch"]}
 
@@ -138,7 +138,7 @@ def main() -> None:
                 "argmax_agreement": round(argmax_agreement(model, rows, out, args.argmax_rows), 4),
                 "train": train(card, paths, out, cfg),
             }
-        online = draft.OnlineStates(model, aux, torch.bfloat16)
+        online = draft_data.OnlineStates(model, aux, torch.bfloat16)
         result["online"] = {"disk_bytes": 0, "train": train(card, paths, tmp / "hs_online_none", cfg, online)}
         bf16 = result["formats"]["bf16"]["train"]["val_tau_sim"]
         result["tau_sim_fp8_minus_bf16"] = round(result["formats"]["fp8"]["train"]["val_tau_sim"] - bf16, 4)

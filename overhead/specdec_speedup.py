@@ -15,7 +15,8 @@ from types import SimpleNamespace
 from draftline.benchmark_hf import benchmark_hf
 from draftline.card import TargetCard
 from draftline.chat import first_turn_ids
-from draftline.evaluation import eos_ids, load_draft
+from draftline.checkpoint import load_draft
+from draftline.evaluation import eos_ids
 from draftline.io import read_jsonl
 from draftline.target import load_target
 

@@ -3,7 +3,7 @@
     python overhead/train_step.py --out reports/overhead/train_step.json      # after `make repro`
 
 Uses the default pipeline's tokenized rows and hidden states. "ours" is the median step time of
-draftline.draft.train_draft (speculators' ArrowDataset + Multipack plan + CollateFn read from disk
+draftline.training.train_draft (speculators' ArrowDataset + Multipack plan + CollateFn read from disk
 each step, the TTT forward/loss, backward, clipping, AdamW, schedule, metric sums, periodic
 resume checkpoints); "bare" is forward + backward + AdamW step on the same packed batches,
 collated in memory beforehand. Both start from the same weights. Target: ratio <= 1.10.
@@ -18,10 +18,13 @@ from pathlib import Path
 
 import torch
 
+from draftline.card import TargetCard
 from draftline.config import TrainConfig
-from draftline.draft import (build_draft, epoch_batches, hidden_states_dtype, make_dataset, make_loader,
-                             run_batch, seed_everything, train_draft)
-from draftline.io import read_json
+from draftline.draft_data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
+from draftline.draft_metrics import run_batch
+from draftline.draft_model import build_draft
+from draftline.train_state import seed_everything
+from draftline.training import train_draft
 
 
 def main() -> None:
@@ -36,7 +39,7 @@ def main() -> None:
         raise SystemExit("error: no hidden states; run `make repro` first")
     from speculators.losses import resolve_loss_config
 
-    card = read_json(args.card)
+    card = TargetCard.load(args.card)
     cfg = TrainConfig(epochs=1, val_fraction=0.05)
     device, dtype = "cpu", hidden_states_dtype("cpu")
 

@@ -54,7 +54,7 @@ def eagle3_draft_dir(tmp_path_factory, random_target, vocab_dir):
     moved off their initialisation, saved in speculators format."""
     import torch
 
-    from draftline.draft import build_draft
+    from draftline.draft_model import build_draft
 
     torch.manual_seed(5)
     model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftline import draft
+from draftline import checkpoint, draft_model, handoff
 from draftline.config import TrainConfig
 from draftline.target import load_target
 
@@ -25,13 +25,13 @@ def target(random_target):
 def saved_draft(tmp_path_factory, random_target, vocab_dir):
     """A draft with non-trivial trained parts, saved in speculators format."""
     torch.manual_seed(3)
-    model = draft.build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=4)
+    model = draft_model.build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=4)
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(torch.randn_like(p) * 0.1)
     path = tmp_path_factory.mktemp("draft") / "draft"
-    fields = draft.save_draft(model, path)
+    fields = draft_model.save_draft(model, path)
     return path, model, fields
 
 
@@ -40,16 +40,16 @@ def trained_parts(model) -> dict:
 
 
 def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_dir, target):
-    model = draft.build_draft(random_target, vocab_dir, num_layers=2, ttt_steps=3)
+    model = draft_model.build_draft(random_target, vocab_dir, num_layers=2, ttt_steps=3)
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
-    assert len(model.layers) == 2 and model.config.transformer_layer_config.hidden_size == random_target["hidden_size"]
+    assert len(model.layers) == 2 and model.config.transformer_layer_config.hidden_size == random_target.hidden_size
     assert torch.equal(model.embed_tokens.weight, target.model.embed_tokens.weight)
     assert torch.equal(model.lm_head.weight, target.lm_head.weight[t2d])
     assert torch.equal(model.verifier_norm.weight, target.model.norm.weight)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight"} <= frozen
     assert "fc.weight" not in frozen
-    opened = draft.build_draft(random_target, vocab_dir, 1, 3, train_embeddings=True, train_lm_head=True)
+    opened = draft_model.build_draft(random_target, vocab_dir, 1, 3, train_embeddings=True, train_lm_head=True)
     assert opened.embed_tokens.weight.requires_grad and opened.lm_head.weight.requires_grad
     assert not opened.verifier_lm_head.weight.requires_grad and opened.config.embed_requires_grad
 
@@ -57,7 +57,7 @@ def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_d
 def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_target):
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from draftline.evaluation import load_draft
+    from draftline.checkpoint import load_draft
 
     path, model, fields = saved_draft
     loaded = Eagle3DraftModel.from_pretrained(str(path))
@@ -65,13 +65,13 @@ def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_targe
         assert torch.equal(loaded.state_dict()[name], value), name
     assert load_draft(path, random_target, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
     config = json.loads((path / "config.json").read_text())
-    assert fields == draft.vllm_speculator_fields(config)
+    assert fields == draft_model.vllm_speculator_fields(config)
     assert fields["method"] == "eagle3" and fields["draft_model_type"] == "llama"
     assert fields["num_speculative_tokens"] == 4
-    assert fields["verifier"] == random_target["model"]
-    assert fields["eagle_aux_hidden_state_layer_ids"] == random_target["aux_layer_ids"]
-    assert fields["draft_vocab_size"] == random_target["vocab_size"] // 2
-    assert fields["target_vocab_size"] == random_target["vocab_size"]
+    assert fields["verifier"] == random_target.model
+    assert fields["eagle_aux_hidden_state_layer_ids"] == random_target.aux_ids
+    assert fields["draft_vocab_size"] == random_target.vocab_size // 2
+    assert fields["target_vocab_size"] == random_target.vocab_size
     assert (fields["norm_before_residual"], fields["norm_before_fc"], fields["norm_output"]) == (True, True, True)
 
 
@@ -85,7 +85,7 @@ def copy_with_config(src, dst, edit):
 
 def test_finetune_init_takes_trained_parts_and_our_target(saved_draft, random_target, vocab_dir, target):
     path, model, _ = saved_draft
-    loaded, notes = draft.load_init_draft(path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2)
+    loaded, notes = draft_model.load_init_draft(path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2)
     assert notes == []
     for name, value in trained_parts(model).items():
         assert torch.equal(loaded.state_dict()[name], value), name
@@ -102,13 +102,13 @@ def test_finetune_init_takes_trained_parts_and_our_target(saved_draft, random_ta
 ])
 def test_init_mismatch_is_a_clear_error(saved_draft, random_target, vocab_dir, tmp_path, edit, key):
     bad = copy_with_config(saved_draft[0], tmp_path / "bad", edit)
-    with pytest.raises(draft.InitMismatch, match=key):
-        draft.load_init_draft(bad, random_target, vocab_dir, num_layers=1, ttt_steps=3)
+    with pytest.raises(checkpoint.InitMismatch, match=key):
+        draft_model.load_init_draft(bad, random_target, vocab_dir, num_layers=1, ttt_steps=3)
 
 
 def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_path):
     other = copy_with_config(saved_draft[0], tmp_path / "other", lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]))
-    loaded, notes = draft.load_init_draft(other, random_target, vocab_dir, 1, 3, remap_aux=True)
+    loaded, notes = draft_model.load_init_draft(other, random_target, vocab_dir, 1, 3, remap_aux=True)
     assert notes == ["aux layers [0, 2, 4] -> [1, 2, 3]"]
     assert loaded.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
     assert torch.equal(loaded.fc.weight, saved_draft[1].fc.weight)
@@ -116,17 +116,17 @@ def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_
 
 def test_vocab_remap_matches_lm_head_rows_by_target_token(saved_draft, random_target, vocab_dir, tmp_path, target):
     # our new vocabulary: target tokens 100 .. 100+n (the checkpoint's was 0 .. n)
-    n = random_target["vocab_size"] // 2
+    n = random_target.vocab_size // 2
     shifted = tmp_path / "vocab"
     shifted.mkdir()
     np.save(shifted / "d2t.npy", np.full(n, 100, dtype=np.int64))
-    t2d = np.zeros(random_target["vocab_size"], dtype=bool)
+    t2d = np.zeros(random_target.vocab_size, dtype=bool)
     t2d[100:100 + n] = True
     np.save(shifted / "t2d.npy", t2d)
-    with pytest.raises(draft.InitMismatch, match="train.init_remap_vocab"):
-        draft.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
-    loaded, notes = draft.load_init_draft(saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True)
-    assert notes and loaded.lm_head.weight.shape == (n, random_target["hidden_size"])
+    with pytest.raises(checkpoint.InitMismatch, match="train.init_remap_vocab"):
+        draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
+    loaded, notes = draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True)
+    assert notes and loaded.lm_head.weight.shape == (n, random_target.hidden_size)
     old_head = saved_draft[1].lm_head.weight
     assert torch.equal(loaded.lm_head.weight[0], old_head[100])  # target token 100 was in both vocabularies
     assert torch.equal(loaded.lm_head.weight[n - 1], target.lm_head.weight[100 + n - 1])  # new token: target's row
@@ -134,14 +134,14 @@ def test_vocab_remap_matches_lm_head_rows_by_target_token(saved_draft, random_ta
 
 
 def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_target, vocab_dir):
-    assert draft.architecture_of(saved_draft[1].config) == "speculators"  # the default
-    original = draft.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
-    assert draft.architecture_of(original.config) == "eagle3" and original.input_norm is None
-    assert draft.architecture_of({"norm_before_residual": True, "norm_before_fc": False, "norm_output": True}) is None
-    with pytest.raises(draft.InitMismatch, match="train.architecture"):
-        draft.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3")
-    loaded, _ = draft.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators")
-    assert draft.architecture_of(loaded.config) == "speculators"
+    assert checkpoint.architecture_of(saved_draft[1].config) == "speculators"  # the default
+    original = draft_model.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    assert checkpoint.architecture_of(original.config) == "eagle3" and original.input_norm is None
+    assert checkpoint.architecture_of({"norm_before_residual": True, "norm_before_fc": False, "norm_output": True}) is None
+    with pytest.raises(checkpoint.InitMismatch, match="train.architecture"):
+        draft_model.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3")
+    loaded, _ = draft_model.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators")
+    assert checkpoint.architecture_of(loaded.config) == "speculators"
 
 
 def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_dir, tmp_path):
@@ -163,17 +163,17 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
                if k.startswith("layers.0.") or k in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")}
     save_file({k: v.contiguous() for k, v in weights.items()}, str(eagle / "model.safetensors"))
 
-    with pytest.raises(draft.InitMismatch, match="init_convert"):
-        draft.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
-    converted = draft.prepare_init(eagle, random_target, {"norm_before_residual": True, "norm_output": True,
-                                                          "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, tmp_path / "work")
-    assert converted == tmp_path / "work" / draft.CONVERTED_INIT_DIR
+    with pytest.raises(checkpoint.InitMismatch, match="init_convert"):
+        draft_model.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
+    converted = draft_model.prepare_init(eagle, random_target, {"norm_before_residual": True, "norm_output": True,
+                                                                "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, tmp_path / "work")
+    assert converted == tmp_path / "work" / draft_model.CONVERTED_INIT_DIR
     assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
-    loaded, _ = draft.load_init_draft(converted, random_target, vocab_dir, 1, 3)
+    loaded, _ = draft_model.load_init_draft(converted, random_target, vocab_dir, 1, 3)
     assert loaded.input_norm is None  # EAGLE checkpoints have no norm before fc
     for name in ("fc.weight", "norm.weight", "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight"):
         assert torch.equal(loaded.state_dict()[name], sd[name]), name
-    assert draft.prepare_init(converted, random_target, {}, tmp_path / "again") == converted  # already speculators format
+    assert draft_model.prepare_init(converted, random_target, {}, tmp_path / "again") == converted  # already speculators format
 
 
 def test_speculators_command_parses_with_speculators_own_parser(random_target, vocab_dir, tmp_path):
@@ -182,17 +182,17 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
 
     cfg = TrainConfig(backend="speculators", epochs=3, lr=5e-4, pack_len=4096, num_layers=2, fsdp=True, seed=7,
                       ttt_steps=4, warmup_steps=20, scheduler="linear", train_embeddings=True)
-    cmd = draft.speculators_train_command(cfg, random_target, vocab_dir, tmp_path / "tok", tmp_path / "hs",
-                                          tmp_path / "ckpt", tmp_path / "logs", nproc=8)
+    cmd = handoff.speculators_train_command(cfg, random_target, vocab_dir, tmp_path / "tok", tmp_path / "hs",
+                                            tmp_path / "ckpt", tmp_path / "logs", nproc=8)
     assert cmd[0] == "torchrun"
     launch = get_args_parser().parse_args(cmd[1:])
     assert launch.nproc_per_node == "8" and launch.module and launch.training_script == "speculators.train"
     run = SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()
     expected = {
-        "speculator_type": "eagle3", "verifier_name_or_path": random_target["model"],
+        "speculator_type": "eagle3", "verifier_name_or_path": random_target.model,
         "data_path": str(tmp_path / "tok"), "hidden_states_path": str(tmp_path / "hs"), "on_missing": "raise",
         "d2t_path": str(vocab_dir / "d2t.npy"), "t2d_path": str(vocab_dir / "t2d.npy"),
-        "draft_vocab_size": random_target["vocab_size"] // 2, "target_layer_ids": random_target["aux_layer_ids"],
+        "draft_vocab_size": random_target.vocab_size // 2, "target_layer_ids": random_target.aux_ids,
         "num_layers": 2, "full_attention_indices": [0, 1], "draft_arch": "llama",
         "norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "embed_requires_grad": True,
         "total_seq_len": 4096, "train_data_ratio": 0.9, "epochs": 3, "lr": 5e-4, "optimizer": "adamw",
@@ -201,15 +201,15 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     }
     assert {k: run[k] for k in expected} == expected
 
-    init_cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                               tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
+    init_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
     init_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(init_cmd[1:]).training_script_args).flatten()
     assert init_run["from_pretrained"] == str(tmp_path / "init") and init_run["fsdp_shard"] is False
 
-    eagle3_cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, architecture="eagle3")
+    eagle3_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                                   tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, architecture="eagle3")
     eagle3_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args).flatten()
-    assert {k: eagle3_run[k] for k in draft.ARCHITECTURES["eagle3"]} == draft.ARCHITECTURES["eagle3"]
+    assert {k: eagle3_run[k] for k in checkpoint.ARCHITECTURES["eagle3"]} == checkpoint.ARCHITECTURES["eagle3"]
 
 
 @pytest.mark.parametrize("setting, key", [({"grad_accum_steps": 4}, "grad_accum_steps"), ({"train_lm_head": True}, "train_lm_head")])
@@ -231,12 +231,12 @@ def tied_target(tmp_path_factory, random_target):
 
     from draftline.target import build_card
 
-    model = LlamaForCausalLM.from_pretrained(random_target["model"])
+    model = LlamaForCausalLM.from_pretrained(random_target.model)
     model.config.tie_word_embeddings = True
     model.tie_weights()
     path = tmp_path_factory.mktemp("tied_target")
     model.save_pretrained(path)
-    for item in Path(random_target["model"]).iterdir():
+    for item in Path(random_target.model).iterdir():
         if item.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(item, path)
     return build_card(str(path), "test", None, [1, 2, 3], {})
@@ -246,9 +246,9 @@ def test_a_tied_target_builds_its_draft_without_loader_warnings(tied_target, voc
     """speculators' loader printed "Tensor 'lm_head.weight' not found" (and "index.json not found")
     for every tied, single-file target in each stage that builds or loads a draft; the card's
     verifier tensors name the embeddings as the lm_head instead."""
-    assert "lm_head.weight" not in load_file(Path(tied_target["model"]) / "model.safetensors")
+    assert "lm_head.weight" not in load_file(Path(tied_target.model) / "model.safetensors")
     capfd.readouterr()
-    model = draft.build_draft(tied_target, vocab_dir, 1, 3)
+    model = draft_model.build_draft(tied_target, vocab_dir, 1, 3)
     err = capfd.readouterr().err
     assert "not found" not in err and "WARNING" not in err, err
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
@@ -271,9 +271,9 @@ def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_d
                             online={"transfer": transfer, "request_timeout_s": 90, "max_retries": 5,
                                     "mooncake": {"master": "10.0.0.5:50051", "protocol": "rdma", "device": "mlx5_0"}})
     online = hs.online.model_dump()
-    args = draft.speculators_hidden_states_args(tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging")
-    cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
+    args = handoff.speculators_hidden_states_args(tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging")
+    cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                            tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
     run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
     assert run["on_missing"] == "generate" and run["vllm_endpoint"] == "http://10.0.0.9:8012/v1"
     assert run["hidden_states_backend"] == transfer and run["request_timeout"] == 90 and run["max_retries"] == 5
@@ -325,8 +325,8 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(random_targ
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
-    args = draft.speculators_hidden_states_args(tmp_path / "hs", "fp8")
-    cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                          tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
+    args = handoff.speculators_hidden_states_args(tmp_path / "hs", "fp8")
+    cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
+                                            tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
     run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
     assert run["hidden_states_backend"] == "fp8" and run["on_missing"] == "raise" and run["hidden_states_path"] == str(tmp_path / "hs")

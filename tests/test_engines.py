@@ -191,9 +191,9 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from draftline.card import TargetCard
+from draftline.checkpoint import read_draft_facts  # noqa: E402
 from draftline.config import BenchmarkConfig  # noqa: E402
 from draftline.commands import benchmark_serve_command  # noqa: E402
-from draftline.engines import read_draft_facts  # noqa: E402
 from draftline.preflight import check_draft, check_engine_settings, preflight_engines  # noqa: E402
 from draftline.spec_metrics import parse_prometheus, sglang_acceptance, vllm_acceptance, vllm_spec_counters  # noqa: E402
 from draftline.io import read_json, write_json, write_jsonl  # noqa: E402
@@ -213,7 +213,7 @@ def draft_dir(tmp_path_factory, random_target, vocab_dir):
     """A freshly built draft for the random target, saved in speculators format."""
     import torch
 
-    from draftline.draft import build_draft
+    from draftline.draft_model import build_draft
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("draft")

@@ -12,7 +12,7 @@ import torch
 import yaml
 from transformers import DynamicCache
 
-from draftline.draft import build_draft
+from draftline.draft_model import build_draft
 from draftline.evaluation import (acceptance_summary, simulated_acceptance, teacher_forced_sample,
                                   teacher_forced_sums)
 from draftline.io import read_json, write_json, write_jsonl
@@ -40,12 +40,12 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
     m = 24
     completion = greedy_generate(model, PROMPT, m, eos_ids={-1}).tokens
     star = Counter(completion[1:]).most_common(1)[0][0]
-    vocab = random_target["vocab_size"]
+    vocab = random_target.vocab_size
     draft = build_draft(random_target, tail_vocab_dir(tmp_path / "vocab", vocab, star), 1, 3).eval()
     with torch.no_grad():
         draft.lm_head.weight.zero_()  # all logits equal: argmax = draft id 0 = target id T*
 
-    sums = teacher_forced_sums(draft, teacher_forced_sample(model, random_target["aux_layer_ids"], PROMPT, completion), 3, "cpu")
+    sums = teacher_forced_sums(draft, teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion), 3, "cpu")
     sim = simulated_acceptance(sums, 3)
 
     with torch.no_grad():
@@ -66,13 +66,13 @@ def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vo
     from speculators.models.eagle3 import shift_batch
     from speculators.train.data import CollateFn
 
-    from draftline.draft import run_batch
+    from draftline.draft_metrics import run_batch
 
     model, _ = load_target(random_target)
     torch.manual_seed(3)
     draft = build_draft(random_target, vocab_dir, 1, 3).eval()
     completion = greedy_generate(model, PROMPT, 12, eos_ids={-1}).tokens
-    sample = teacher_forced_sample(model, random_target["aux_layer_ids"], PROMPT, completion)
+    sample = teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion)
     batch = CollateFn(len(sample["input_ids"]) - 1, sample["verifier_last_hidden_states"].shape[-1], 3, torch.float32,
                       preprocess=shift_batch)([sample])
     with torch.no_grad():

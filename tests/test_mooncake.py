@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline import draft, hidden
+from draftline import handoff, hidden
 from draftline.config import HiddenStatesConfig
 
 
@@ -72,7 +72,7 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(master, r
         "master": master, "global_segment_gib": 0.0625, "local_buffer_gib": 0.0625}})
     online = hs.online.model_dump()
     # the trainer's transfer, from the arguments speculators.train gets
-    args = draft.speculators_hidden_states_args(Path("hs"), hs.format, online, "http://127.0.0.1:1/v1")
+    args = handoff.speculators_hidden_states_args(Path("hs"), hs.format, online, "http://127.0.0.1:1/v1")
     run = SpeculatorsTrainConfig.resolve(["--data-path", "tok", "--verifier-name-or-path", "m", *args]).flatten()
     trainer = HiddenStatesBackend.registry["mooncake"].from_train_args(argparse.Namespace(**run), "tok")
     trainer.setup()

@@ -102,10 +102,12 @@ def test_an_output_shaping_change_of_the_backend_redoes_the_conversations():
 
 
 def test_train_resume_identity_follows_the_declaration():
-    from draftline.draft import NOT_IN_FINGERPRINT, run_fingerprint
+    from types import SimpleNamespace
+
+    from draftline.train_state import NOT_IN_FINGERPRINT, run_fingerprint
 
     assert set(NOT_IN_FINGERPRINT) == OPERATIONAL[TrainConfig]
-    card = {"model": "m", "revision": None}
+    card = SimpleNamespace(model="m", revision=None)  # the two TargetCard fields the fingerprint reads
 
     def identity(**changes):
         return run_fingerprint(TrainConfig(**changes).model_dump(), card, "data", None, "cpu")

@@ -3,7 +3,7 @@
 import torch
 
 from draftline.config import TIE_TOLERANCE
-from draftline.draft import build_draft
+from draftline.draft_model import build_draft
 from draftline.evaluation import compare_to_greedy
 from draftline.specdec import Generation, greedy_generate, speculative_generate
 from draftline.target import load_target
@@ -24,7 +24,7 @@ def test_speculative_equals_greedy_with_untrained_draft(random_target, vocab_dir
     for prompt in ([1, 40, 41, 42, 2, 1, 50], [7] * 30, [3, 99, 150, 12]):
         for k in (1, 3, 5):
             plain = greedy_generate(model, prompt, 40, eos_ids={-1})
-            spec = speculative_generate(model, draft, random_target["aux_layer_ids"], prompt, 40, k, eos_ids={-1})
+            spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 40, k, eos_ids={-1})
             assert spec.tokens == plain.tokens
             assert sum(spec.accepted_per_round) + 1 >= len(spec.tokens)  # prefill gives the first token
             assert all(1 <= a <= k + 1 for a in spec.accepted_per_round)
@@ -37,7 +37,7 @@ def test_eos_stops_both(random_target, vocab_dir):
     free = greedy_generate(model, prompt, 30, eos_ids={-1}).tokens
     stop = {free[5]}  # pretend the 6th generated token is end-of-turn
     plain = greedy_generate(model, prompt, 30, eos_ids=stop)
-    spec = speculative_generate(model, draft, random_target["aux_layer_ids"], prompt, 30, 4, eos_ids=stop)
+    spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 30, 4, eos_ids=stop)
     assert plain.tokens == spec.tokens and plain.tokens[-1] in stop and len(plain.tokens) <= 6
 
 
@@ -60,7 +60,7 @@ def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, v
         plain = greedy_generate(model, prompt, 40, eos_ids={-1}, margins=True)
         assert len(plain.margins) == len(plain.tokens) and min(plain.margins) >= 0
         for k in (1, 3):
-            spec = speculative_generate(model, draft, random_target["aux_layer_ids"], prompt, 40, k, eos_ids={-1})
+            spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 40, k, eos_ids={-1})
             verdicts.append(compare_to_greedy(spec.tokens, plain, TIE_TOLERANCE["bfloat16"]))
     # 16-bit rounding does reorder near-ties here (a float32 target never diverged above), and never more
     assert "near_tie" in verdicts and "mismatch" not in verdicts, verdicts
@@ -75,7 +75,7 @@ def test_a_target_placed_by_device_map_decodes_the_same(random_target, vocab_dir
     plain, _ = load_target(random_target)
     draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
     prompt = [1, 40, 41, 42, 2, 1, 50]
-    ours = speculative_generate(placed, draft, random_target["aux_layer_ids"], prompt, 20, 3, eos_ids={-1})
+    ours = speculative_generate(placed, draft, random_target.aux_ids, prompt, 20, 3, eos_ids={-1})
     assert ours.tokens == greedy_generate(plain, prompt, 20, eos_ids={-1}).tokens
-    assert ours.accepted_per_round == speculative_generate(plain, draft, random_target["aux_layer_ids"], prompt, 20, 3,
+    assert ours.accepted_per_round == speculative_generate(plain, draft, random_target.aux_ids, prompt, 20, 3,
                                                            eos_ids={-1}).accepted_per_round

@@ -97,7 +97,7 @@ def test_capture_finds_the_decoder_inside_the_wrapper(wrapped_card):
 
 
 def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
-    from draftline.draft import load_saved_draft
+    from draftline.checkpoint import load_saved_draft
 
     write_params(tmp_path, {"model": str(wrapped_dir), "aux_layer_ids": AUX, "trust_remote_code": True},
                  tokenize={"max_length": 256}, vocab={"draft_vocab_size": 128},
@@ -141,7 +141,7 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     from torch.distributed.run import get_args_parser
     from transformers.cli.serve import Serve
 
-    from draftline import commands, draft
+    from draftline import commands, handoff
     from draftline.config import BenchmarkConfig, RegenerateConfig, TrainConfig
 
     card = replace(wrapped_card, architecture="LlamaForCausalLM")
@@ -156,8 +156,8 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):
         assert "--trust-remote-code" in commands.benchmark_serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
-    train_cmd = draft.speculators_train_command(TrainConfig(backend="speculators"), card, vocab_dir, tmp_path / "tok",
-                                                tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
+    train_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), card, vocab_dir, tmp_path / "tok",
+                                                  tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
     launch = get_args_parser().parse_args(train_cmd[1:])
     assert SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"] is True
     assert not commands.transformers_serve_loads(wrapped_card.architecture, wrapped_card.config_model_type)
@@ -170,9 +170,9 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import create_transformer_layer_config
 
-    from draftline import draft
+    from draftline import handoff
 
-    view = draft.verifier_for_speculators(wrapped_card, tmp_path / "view")
+    view = handoff.verifier_for_speculators(wrapped_card, tmp_path / "view")
     assert view != wrapped_card["model"]
     size = wrapped_card["vocab_size"] // 2
     d2t, t2d = torch.zeros(size, dtype=torch.long), torch.zeros(wrapped_card["vocab_size"], dtype=torch.bool)
@@ -185,8 +185,8 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     assert torch.equal(model.verifier_norm.weight, tensors["norm"])
     assert torch.equal(model.embed_tokens.weight, tensors["embed_tokens"])
     assert torch.equal(model.verifier_lm_head.weight, tensors["lm_head"][:size])
-    cmd = draft.speculators_train_command(draft_cfg(), wrapped_card, vocab_dir, tmp_path, tmp_path, tmp_path, tmp_path, 2,
-                                          verifier=view)
+    cmd = handoff.speculators_train_command(draft_cfg(), wrapped_card, vocab_dir, tmp_path, tmp_path, tmp_path, tmp_path, 2,
+                                            verifier=view)
     assert cmd[cmd.index("--verifier-name-or-path") + 1] == view
 
 

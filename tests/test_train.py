@@ -19,7 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from draftline import draft, hidden
+from draftline import checkpoint, draft_data, draft_metrics, draft_model, handoff, hidden, train_state, training
 from draftline.config import TrainConfig
 from draftline.io import write_json
 from draftline.target import load_target
@@ -43,9 +43,9 @@ def data(tmp_path_factory, random_target, vocab_dir):
         model.lm_head.weight.mul_(10)
     model.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
-    card = build_card(str(root / "target"), "test", None, random_target["aux_layer_ids"], {})
+    card = build_card(str(root / "target"), "test", None, random_target.aux_ids, {})
     g = torch.Generator().manual_seed(0)
-    patterns = [torch.randint(3, card["vocab_size"], (48,), generator=g).tolist() for _ in range(4)]
+    patterns = [torch.randint(3, card.vocab_size, (48,), generator=g).tolist() for _ in range(4)]
     rows = []  # prefixes of a few recurring sequences: contexts the draft sees again and again
     for i in range(32):
         length = int(torch.randint(16, 48, (1,), generator=g))
@@ -56,26 +56,26 @@ def data(tmp_path_factory, random_target, vocab_dir):
     dataset.save_to_disk(str(root / "tokenized"))
     (root / "hs").mkdir()
     for i, ids in enumerate(rows):
-        hs = hidden.capture(model, [ids], card["aux_layer_ids"])[0]
+        hs = hidden.capture(model, [ids], card.aux_ids)[0]
         hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, hs, torch.bfloat16)
-    write_json(root / "hs" / "meta.json", {"aux_layer_ids": card["aux_layer_ids"]})
+    write_json(root / "hs" / "meta.json", {"aux_layer_ids": card.aux_ids})
     card.write(root / "card.json")
     return {"root": root, "card": card, "vocab": vocab_dir, "tokenized": root / "tokenized", "hs": root / "hs"}
 
 
 def train_in_process(data, **overrides):
     cfg = TrainConfig(**{**TRAIN, **overrides})
-    draft.seed_everything(cfg.seed)
-    model = draft.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
-    result = draft.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None)
+    train_state.seed_everything(cfg.seed)
+    model = draft_model.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
+    result = training.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None)
     return model, result
 
 
 def test_progress_follows_every_step_with_tokens_and_time(data):
     seen = []
     cfg = TrainConfig(**{**TRAIN, "epochs": 2})
-    model = draft.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
-    result = draft.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None, progress=seen.append)
+    model = draft_model.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
+    result = training.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None, progress=seen.append)
     assert [p["step"] for p in seen] == list(range(1, result["steps"] + 1))
     assert seen[-1]["step"] == seen[-1]["total_steps"] and seen[-1]["epoch"] == 1
     ends = [p for p in seen if p["epoch_step"] == p["epoch_steps"]]
@@ -84,7 +84,7 @@ def test_progress_follows_every_step_with_tokens_and_time(data):
 
 
 def test_step_reporter_prints_steps_tokens_per_s_and_eta():
-    from stages.train import step_reporter
+    from draftline.training import step_reporter
 
     now, lines = [0.0], []
     progress = step_reporter(every_s=10, clock=lambda: now[0], out=lambda line, flush: lines.append(line))
@@ -100,14 +100,14 @@ def test_step_reporter_prints_steps_tokens_per_s_and_eta():
 
 
 def test_same_params_and_seed_give_identical_weights(data):
-    untrained = draft.build_draft(data["card"], data["vocab"], 1, 3)
+    untrained = draft_model.build_draft(data["card"], data["vocab"], 1, 3)
     first, result = train_in_process(data, epochs=1, grad_accum_steps=2)
     second, _ = train_in_process(data, epochs=1, grad_accum_steps=2)
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(a, b), name
     assert not torch.equal(first.fc.weight, untrained.fc.weight)
-    train_set = draft.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
-    batches = len(draft.epoch_batches(train_set, 128, 0, 0))
+    train_set = draft_data.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+    batches = len(draft_data.epoch_batches(train_set, 128, 0, 0))
     assert result["steps"] == -(-batches // 2) >= 3  # one optimizer step per 2 micro-batches
 
 
@@ -144,13 +144,13 @@ def reference(data, tmp_path_factory):
 def test_stage_output_meta_and_curves(reference, data):
     run, report = reference
     meta = json.loads((run / "draft" / "meta.json").read_text())
-    assert meta["params"]["epochs"] == 2 and meta["data_sha256"] and meta["target"] == data["card"]["model"]
-    assert meta["vllm_speculator"]["eagle_aux_hidden_state_layer_ids"] == data["card"]["aux_layer_ids"]
+    assert meta["params"]["epochs"] == 2 and meta["data_sha256"] and meta["target"] == data["card"].model
+    assert meta["vllm_speculator"]["eagle_aux_hidden_state_layer_ids"] == data["card"].aux_ids
     assert report["resumed_at"] is None and report["best_epoch"] in (0, 1)
     tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
     assert tau[0] == "step\ttau_sim" and len(tau) == 3  # one row per epoch
     assert float(tau[2].split()[1]) > float(tau[1].split()[1]) > 1.0  # it learns
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [draft.LAST_RUN_FILE]  # resume state dropped
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [train_state.LAST_RUN_FILE]  # resume state dropped
 
 
 def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, tmp_path):
@@ -160,7 +160,7 @@ def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, t
     write_params(run)
     cmd = [sys.executable, "-m", "stages.train", *stage_args(data, run)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    state = run / "checkpoints" / draft.STATE_FILE
+    state = run / "checkpoints" / train_state.STATE_FILE
     with open(run / "first.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None and not state.exists():
@@ -189,17 +189,17 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
     init = tmp_path / "init"
     shutil.copytree(ref_run / "draft", init)
     # before any step, the fine-tune starts exactly where the previous run ended
-    model, notes = draft.load_init_draft(init, data["card"], data["vocab"], num_layers=1, ttt_steps=3)
+    model, notes = draft_model.load_init_draft(init, data["card"], data["vocab"], num_layers=1, ttt_steps=3)
     from speculators.losses import resolve_loss_config
 
-    val_set = draft.make_dataset(data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32)
-    val = draft.validate(model, val_set, draft.epoch_batches(val_set, 128, 0, 0), 128, "cpu", 3, 1.0,
-                         resolve_loss_config("kl_div", "eager"))
+    val_set = draft_data.make_dataset(data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32)
+    val = draft_metrics.validate(model, val_set, draft_data.epoch_batches(val_set, 128, 0, 0), 128, "cpu", 3, 1.0,
+                                 resolve_loss_config("kl_div", "eager"))
     assert notes == [] and val["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
 
     report = run_stage_in_process(data, tmp_path / "finetune", monkeypatch, init=str(init), epochs=1, lr=1e-3)
     meta = json.loads((tmp_path / "finetune" / "draft" / "meta.json").read_text())
-    assert report["init"] == str(init) and meta["init_sha256"] == draft.dir_sha256(init)
+    assert report["init"] == str(init) and meta["init_sha256"] == checkpoint.dir_sha256(init)
     scratch_one_epoch = float((ref_run / "train/plots/metrics/val/tau_sim.tsv").read_text().splitlines()[1].split()[1])
     assert report["val_tau_sim"] > scratch_one_epoch  # one epoch on top of a trained draft beats one from scratch
 
@@ -210,10 +210,10 @@ def test_stage_refuses_its_own_output_as_init(data, tmp_path, monkeypatch):
 
 
 def test_state_of_other_params_is_not_resumed(tmp_path):
-    draft.save_state(tmp_path, {"fingerprint": "a", "step": 3})
-    assert draft.load_state(tmp_path, "a", say=lambda _m: None)["step"] == 3
+    train_state.save_state(tmp_path, {"fingerprint": "a", "step": 3})
+    assert train_state.load_state(tmp_path, "a", say=lambda _m: None)["step"] == 3
     said = []
-    assert draft.load_state(tmp_path, "b", say=said.append) is None and "starting fresh" in said[0]
+    assert train_state.load_state(tmp_path, "b", say=said.append) is None and "starting fresh" in said[0]
 
 
 class RunsCodeWhenUnpickled:
@@ -230,9 +230,9 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
     """Issue #16.9: models/draft_checkpoints/state.pt comes back with `dvc pull`; loading it must not
     unpickle code (before: torch.load(weights_only=False) ran whatever the file carried)."""
     marker = tmp_path / "code-ran"
-    torch.save({"fingerprint": "a", "step": 3, "payload": RunsCodeWhenUnpickled(marker)}, tmp_path / draft.STATE_FILE)
+    torch.save({"fingerprint": "a", "step": 3, "payload": RunsCodeWhenUnpickled(marker)}, tmp_path / train_state.STATE_FILE)
     said = []
-    assert draft.load_state(tmp_path, "a", say=said.append) is None
+    assert train_state.load_state(tmp_path, "a", say=said.append) is None
     assert not marker.exists() and "starting fresh" in said[0]
 
     # the state the loop writes (optimizer, scheduler, RNG states) loads without any pickled code
@@ -240,18 +240,18 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
 
     import numpy as np
 
-    draft.seed_everything(7)
+    train_state.seed_everything(7)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = draft.make_scheduler(opt, "cosine", 2, 10)
+    sched = training.make_scheduler(opt, "cosine", 2, 10)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     sched.step()
-    draft.save_state(tmp_path, {"fingerprint": "b", "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                "rng": draft.rng_states(), "history": [{"val": {"tau_sim": 1.5}}]})
+    train_state.save_state(tmp_path, {"fingerprint": "b", "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                "rng": train_state.rng_states(), "history": [{"val": {"tau_sim": 1.5}}]})
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    state = draft.load_state(tmp_path, "b", say=said.append)
-    draft.set_rng_states(state["rng"])
+    state = train_state.load_state(tmp_path, "b", say=said.append)
+    train_state.set_rng_states(state["rng"])
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
@@ -259,18 +259,18 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
 
 def test_hidden_states_for_other_aux_layers_are_refused(data, tmp_path):
     write_json(tmp_path / "meta.json", {"aux_layer_ids": [0, 1, 2]})
-    with pytest.raises(draft.DataMismatch, match="meta.json"):
-        draft.check_hidden_states(tmp_path, data["card"])
-    draft.check_hidden_states(data["hs"], data["card"])
+    with pytest.raises(draft_data.DataMismatch, match="meta.json"):
+        draft_data.check_hidden_states(tmp_path, data["card"])
+    draft_data.check_hidden_states(data["hs"], data["card"])
 
 
 def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
     """After a speculators run, its per-epoch checkpoints are scored on our validation rows."""
     ref_run, ref_report = reference
     shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
-    draft.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(tmp_path / "0")  # untrained
+    draft_model.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(tmp_path / "0")  # untrained
     (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
-    chosen, result = draft.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu")
+    chosen, result = handoff.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu")
     assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
     assert result["best"]["val"]["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
     assert torch.equal(chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"])
@@ -298,7 +298,7 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
     _, ref_report = reference
     online_hs = tmp_path / "hs_online"  # what the hidden_states stage writes in online mode: meta.json only
     online_hs.mkdir()
-    write_json(online_hs / "meta.json", {"mode": "online", "format": "bf16", "aux_layer_ids": data["card"]["aux_layer_ids"],
+    write_json(online_hs / "meta.json", {"mode": "online", "format": "bf16", "aux_layer_ids": data["card"].aux_ids,
                                          "params": {"dtype": "bfloat16"}})
     run = tmp_path / "online"
     run.mkdir()
@@ -307,7 +307,7 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
     args[3] = str(online_hs)
     cmd = [sys.executable, "-m", "stages.train", *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    state = run / "checkpoints" / draft.STATE_FILE
+    state = run / "checkpoints" / train_state.STATE_FILE
     with open(run / "first.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None and not state.exists():
@@ -337,8 +337,8 @@ def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
     for path in data["hs"].glob("hs_*.safetensors"):
         stored = load_file(str(path))
         hidden.save_hidden_states(fp8_dir / path.name, stored["token_ids"].tolist(), stored["hidden_states"].float(), torch.float8_e4m3fn)
-    plain = draft.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
-    fp8 = draft.make_dataset(data["tokenized"], fp8_dir, "train", 0.75, 128, torch.float32)
+    plain = draft_data.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+    fp8 = draft_data.make_dataset(data["tokenized"], fp8_dir, "train", 0.75, 128, torch.float32)
     for i in range(len(plain)):
         a, b = {k: v.float() if v.is_floating_point() else v for k, v in plain[i].items()}, fp8[i]
         assert b["hidden_states"].dtype == torch.float32 and torch.equal(a["input_ids"], b["input_ids"])

@@ -1,0 +1,127 @@
+"""The draft's training data: tokenized rows and their hidden states, checked, fingerprinted,
+and read through speculators' own data path.
+
+speculators' ArrowDataset over the tokenized rows and hs_{i}.safetensors files, the Multipack
+packing plan, and CollateFn with shift_batch; with hidden_states.mode online the target computes
+each packed batch's states at fetch time instead (draftline/online.py). CPU runs float32; a GPU
+runs bf16 autocast with float32 master weights, as speculators does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from draftline.card import TargetCard
+
+
+class DataMismatch(ValueError):
+    """The training data were made for another target configuration; the message names the file."""
+
+
+def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
+    """The tokenized rows (file contents) and the hidden-state files (names and sizes: hashing
+    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream);
+    in online mode (no files are read) the mode, format and target fingerprint instead."""
+    from draftline.io import file_sha256
+
+    h = hashlib.sha256()
+    for path in sorted(Path(tokenized_dir).glob("*.arrow")):
+        h.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    source = hidden_states_source(hs_dir)
+    if source["mode"] == "online":
+        h.update(f"online:{source['format']}:{source.get('states_fingerprint')}\n".encode())
+        return h.hexdigest()
+    for path in sorted(Path(hs_dir).iterdir()):
+        if path.name.startswith("hs_") or path.name == "meta.json":
+            h.update(f"{path.name}:{path.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def hidden_states_source(hs_dir: Path) -> dict:
+    """What the hidden_states stage recorded: mode (offline files / online), format, aux ids..."""
+    meta = Path(hs_dir) / "meta.json"
+    found = json.loads(meta.read_text()) if meta.is_file() else {}
+    return {**found, "mode": found.get("mode", "offline"), "format": found.get("format", "bf16")}
+
+
+def check_hidden_states(hs_dir: Path, card: TargetCard) -> None:
+    meta = Path(hs_dir) / "meta.json"
+    if meta.is_file():
+        ids = json.loads(meta.read_text()).get("aux_layer_ids")
+        if ids is not None and list(ids) != card.aux_ids:
+            raise DataMismatch(f"{meta}: hidden states hold aux layers {ids}, the target card says "
+                             f"{card.aux_ids}; rerun the hidden_states stage")
+
+
+class OnlineStates:
+    """hidden_states.mode: online for the builtin loop: the target (eval mode, on the train device)
+    and what extraction would have captured and stored (aux ids, storage dtype of the format)."""
+
+    def __init__(self, target, aux_layer_ids: list[int], storage: torch.dtype):
+        self.target, self.aux_layer_ids, self.storage = target, list(aux_layer_ids), storage
+
+
+def online_states(card: TargetCard, source: dict, device: str) -> OnlineStates:
+    """hidden_states.mode online: the target on the train device (float32 on CPU, bf16 on a GPU, as
+    extraction computes), the aux ids and the storage dtype of the format the states would have."""
+    from draftline import hs_format
+    from draftline.target import load_target_model
+
+    target = load_target_model(card, device, torch.float32 if device == "cpu" else torch.bfloat16)
+    target.eval()
+    target.requires_grad_(False)
+    storage = hs_format.storage_dtype(source["format"], (source.get("params") or {}).get("dtype", "bfloat16"))
+    return OnlineStates(target, card.aux_ids, storage)
+
+
+def hidden_states_dtype(device: str) -> torch.dtype:
+    return torch.float32 if device == "cpu" else torch.bfloat16
+
+
+def autocast(device: str):
+    """bf16 autocast on a GPU (master weights stay float32); plain float32 on CPU."""
+    if device == "cpu":
+        return torch.autocast("cpu", enabled=False)
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: float, pack_len: int, dtype,
+                 online: OnlineStates | None = None):
+    """speculators' ArrowDataset over the rows; states from the files through hs-connectors'
+    FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, `online`, from the
+    target at fetch time (draftline/online.py)."""
+    common = dict(max_len=pack_len, datapath=str(tokenized_dir), train_ratio=train_ratio, split=split, hidden_states_dtype=dtype)
+    if online is not None:
+        from draftline.online import OnlineArrowDataset
+
+        return OnlineArrowDataset(online.target, online.aux_layer_ids, online.storage, **common)
+    from hs_connectors import FP8Transfer
+    from speculators.train.data import ArrowDataset
+
+    return ArrowDataset(transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common)
+
+
+def epoch_batches(dataset, pack_len: int, seed: int, epoch: int) -> list[list[int]]:
+    """speculators' Multipack packing plan for one epoch (depends only on lengths, seed, epoch)."""
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=pack_len, lengths=dataset.approx_lengths, num_replicas=1, rank=0, seed=seed
+    )
+    sampler.set_epoch(epoch)
+    return [[int(i) for i in batch] for batch in sampler]
+
+
+def make_loader(dataset, batches: list[list[int]], pack_len: int, hidden_size: int, dtype):
+    from speculators.models.eagle3 import shift_batch
+    from speculators.train.data import CollateFn
+    from torch.utils.data import DataLoader
+
+    collate = CollateFn(pack_len, hidden_size, num_target_layers=3, dtype=dtype, preprocess=shift_batch)
+    return DataLoader(dataset, batch_sampler=batches, num_workers=0, collate_fn=collate)
