@@ -506,6 +506,10 @@ class TrainConfig(Section):
     architecture: Literal["speculators", "eagle3"] | None = None
     train_embeddings: bool = False  # embeddings come from the target; frozen unless true
     train_lm_head: bool = False  # lm_head = target lm_head rows of the draft vocab; frozen unless true
+    # Start the draft's decoder layer from this target decoder layer (its attention on the hidden
+    # half of the draft's input, MLP, norms; the fc passes through the aux state entering that layer
+    # when it is an aux layer). null = random init. Builtin backend, a new draft only (not with `init`).
+    init_layer_from_target: int | None = Field(None, ge=0)
     epochs: int = Field(4, ge=1)
     lr: float = Field(3e-3, gt=0)
     scheduler: Literal["cosine", "linear"] = "cosine"  # after linear warmup (as speculators)
@@ -537,6 +541,8 @@ class TrainConfig(Section):
             )
         if self.backend == "speculators" and self.train_lm_head:
             raise ValueError("train_lm_head: speculators train keeps lm_head frozen; use backend builtin")
+        if self.init_layer_from_target is not None and (self.backend != "builtin" or self.init is not None):
+            raise ValueError("init_layer_from_target: builtin backend and a new draft only (no `init`)")
         return self
 
 
@@ -715,7 +721,7 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     OnlineConfig: _names(""),
     HiddenStatesConfig: _names("mode format backend device dtype compute_dtype vllm online"),
     TrainConfig: _names("backend init init_convert init_remap_aux_layers init_remap_vocab num_layers architecture "
-                        "train_embeddings train_lm_head epochs lr scheduler warmup_steps max_grad_norm weight_decay "
+                        "train_embeddings train_lm_head init_layer_from_target epochs lr scheduler warmup_steps max_grad_norm weight_decay "
                         "ttt_steps ttt_step_loss_decay speculative_tokens pack_len grad_accum_steps val_fraction "
                         "device seed"),
     EvaluateConfig: _names("device dtype k max_new_tokens prompts tie_tolerance"),

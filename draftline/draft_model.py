@@ -95,6 +95,62 @@ def build_draft(card: TargetCard, vocab_dir: Path, num_layers: int, ttt_steps: i
     return model
 
 
+LAYER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+
+
+def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
+    """Start the draft's first decoder layer from target decoder layer `layer` (train.init_layer_from_target).
+
+    The draft layer reads cat(norm(embedding), norm(hidden)): the target's q/k/v weights go to the
+    hidden half (the embedding half keeps its random init, so the next token still gets in), o_proj,
+    the MLP and both norms are copied (the target's input norm serves both halves). When `layer` is
+    an aux layer, the fc starts as the pass-through of the state entering it, so the draft begins as
+    that target layer applied to the target's own input to it (exactly so for the eagle3
+    architecture; speculators' norms also normalise the residual and the fc input, so there it is
+    that layer up to those norms). Returns a note for the report."""
+    from safetensors import safe_open
+
+    from draftline.target import _checkpoint_file, checkpoint_weight_map
+
+    if not 0 <= layer < card.num_layers:
+        raise ValueError(f"train.init_layer_from_target: {layer} is not a decoder layer of the target (0..{card.num_layers - 1})")
+    weight_map = checkpoint_weight_map(card.model, card.revision)
+    suffix = f"layers.{layer}.self_attn.q_proj.weight"
+    found = [n for n in weight_map if n.endswith(suffix) and "visual" not in n and "vision" not in n]
+    if len(found) != 1:
+        raise ValueError(f"train.init_layer_from_target: no single `{suffix}` in {card.model!r}'s checkpoint ({found})")
+    prefix = found[0][: -len("self_attn.q_proj.weight")]
+    draft = model.layers[0]
+    H = card.hidden_size
+    with torch.no_grad():
+        for part in LAYER_PARTS:
+            name = f"{prefix}{part}.weight"
+            if name not in weight_map:
+                raise ValueError(f"train.init_layer_from_target: {name!r} is not in the target checkpoint")
+            with safe_open(str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt") as f:
+                tensor = f.get_tensor(name).float()
+            module = draft.get_submodule(part)
+            if part.endswith(("q_proj", "k_proj", "v_proj")):
+                if module.weight.shape != (tensor.shape[0], 2 * H):
+                    raise ValueError(f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
+                                     f"{tuple(module.weight.shape)}")
+                module.weight[:, H:] = tensor
+            else:
+                if module.weight.shape != tensor.shape:
+                    raise ValueError(f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
+                                     f"{tuple(module.weight.shape)}")
+                module.weight.copy_(tensor)
+                if part == "input_layernorm":
+                    draft.hidden_norm.weight.copy_(tensor)
+        if layer in card.aux_layer_ids:
+            slot = card.aux_layer_ids.index(layer)
+            model.fc.weight.zero_()
+            model.fc.weight[:, slot * H:(slot + 1) * H] = torch.eye(H)
+            return f"decoder layer from target layer {layer}; fc passes aux slot {slot} through"
+    return f"decoder layer from target layer {layer}; fc random (layer {layer} is not an aux layer)"
+
+
 # ---------------------------------------------------------------- fine-tuning an existing draft
 
 

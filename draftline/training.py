@@ -26,7 +26,7 @@ from draftline.checkpoint import dir_sha256
 from draftline.draft_data import (OnlineStates, autocast, check_hidden_states, epoch_batches, hidden_states_dtype,
                                   hidden_states_source, make_dataset, make_loader, online_states, training_data_sha256)
 from draftline.draft_metrics import accumulate, run_batch, summarize, validate
-from draftline.draft_model import build_draft, load_init_draft, prepare_init, save_draft
+from draftline.draft_model import build_draft, init_layer_from_target, load_init_draft, prepare_init, save_draft
 from draftline.handoff import run_speculators
 from draftline.train_state import (load_state, rng_states, run_fingerprint, save_state, seed_everything, set_rng_states,
                                    trainable_state)
@@ -238,6 +238,9 @@ def run_builtin(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_dir:
         model = build_draft(card, paths.vocab, cfg.num_layers, cfg.ttt_steps, attn, **shape,
                             architecture=cfg.architecture or "speculators")
         notes = []
+        if cfg.init_layer_from_target is not None:
+            notes.append(init_layer_from_target(model, card, cfg.init_layer_from_target))
+            print(f"train: {notes[-1]}")
     else:
         model, notes = load_init_draft(init_dir, card, paths.vocab, cfg.num_layers, cfg.ttt_steps, attn, **shape,
                                        remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab,

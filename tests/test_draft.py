@@ -330,3 +330,46 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(random_targ
                                             tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
     run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
     assert run["hidden_states_backend"] == "fp8" and run["on_missing"] == "raise" and run["hidden_states_path"] == str(tmp_path / "hs")
+
+
+def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
+    """train.init_layer_from_target: on one token, with the embedding half of v muted, the draft's
+    decoder layer of the original EAGLE-3 architecture (no norm on the residual) computes exactly
+    the target layer on the state entering it (fc passes it through)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from draftline.draft_model import build_draft, init_layer_from_target
+
+    layer = random_target.aux_layer_ids[-1]
+    model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    note = init_layer_from_target(model, random_target, layer)
+    assert f"target layer {layer}" in note and "passes aux slot 2" in note
+    target = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32)
+    ref = target.model.layers[layer]
+    H = random_target.hidden_size
+    draft = model.layers[0]
+    assert torch.equal(draft.self_attn.q_proj.weight[:, H:], ref.self_attn.q_proj.weight)
+    assert torch.equal(draft.mlp.down_proj.weight, ref.mlp.down_proj.weight)
+    torch.manual_seed(0)
+    states = torch.randn(1, 1, 3 * H)
+    fused = model.fc(states)
+    assert torch.allclose(fused, states[..., 2 * H:])
+    with torch.no_grad():
+        draft.self_attn.v_proj.weight[:, :H] = 0
+        pos = torch.zeros(1, 1, dtype=torch.long)
+        cos_sin = target.model.rotary_emb(fused, pos)
+        want = ref(fused, position_embeddings=cos_sin, position_ids=pos)
+        want = want[0] if isinstance(want, tuple) else want
+        x = torch.cat([torch.randn(1, 1, H), fused], dim=-1)
+        got = draft(x, position_embeddings=model.rotary_emb(x, pos), position_ids=pos)
+        got = got[0] if isinstance(got, tuple) else got
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_init_layer_from_target_refuses_a_layer_the_target_lacks(random_target, vocab_dir):
+    from draftline.draft_model import build_draft, init_layer_from_target
+
+    model = build_draft(random_target, vocab_dir, 1, 3)
+    with pytest.raises(ValueError, match="not a decoder layer"):
+        init_layer_from_target(model, random_target, random_target.num_layers)
