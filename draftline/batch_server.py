@@ -179,7 +179,7 @@ class BatchServer:
     async def chat_completions(self, request):
         from aiohttp import web
 
-        from draftline.regeneration import chat_prompt_ids
+        from draftline.chat import chat_prompt_ids
 
         try:
             body = await request.json()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from draftline.commands import benchmark_serve_command
-from draftline.loadgen import Endpoint, run_load, summarize_load
+from draftline.loadgen import LoadTarget, run_load, summarize_load
 from draftline.preflight import preflight_benchmark
 from draftline.servers import ManagedServer, server_url, startup_timeout_s
 from draftline.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
@@ -36,13 +36,13 @@ def http_get(url: str, timeout: float = 10) -> str:
         return resp.read().decode()
 
 
-def engine_endpoint(engine: str, base_url: str) -> Endpoint:
+def engine_endpoint(engine: str, base_url: str) -> LoadTarget:
     if engine == "sglang":
-        return Endpoint(base_url, "sglang-generate")
+        return LoadTarget(base_url, "sglang-generate")
     import json
 
     models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
-    return Endpoint(base_url, "openai-completions", model=models[0]["id"], stream_options=True)
+    return LoadTarget(base_url, "openai-completions", model=models[0]["id"], stream_options=True)
 
 
 def metrics_snapshot(engine: str, base_url: str) -> dict | None:

@@ -24,8 +24,8 @@ def run_benchmark(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_p
     """(report, deploy): the benchmark report and, per engine, its deployment command and preflight
     findings (plus the launched servers' commands and warnings for a server engine). deploy_path is
     named in the messages only."""
+    from draftline.chat import first_turn_ids
     from draftline.checkpoint import read_draft_facts
-    from draftline.evaluation import prompt_ids
     from draftline.io import read_jsonl
     from draftline.preflight import check_draft, preflight_engines
 
@@ -70,7 +70,7 @@ def run_benchmark(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_p
         device = cfg.resolved_device()
         target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
         draft = load_draft(draft_dir, card, device)
-        prompts = [prompt_ids(tokenizer, row) for row in rows]
+        prompts = [first_turn_ids(tokenizer, row) for row in rows]
         report.update(benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, device))
         print(f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
               f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
@@ -83,7 +83,7 @@ def run_benchmark(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_p
 
         # Only the tokenizer here: the target itself may need a whole GPU host.
         tokenizer = card_tokenizer(card)
-        prompts = [prompt_ids(tokenizer, row) for row in rows]
+        prompts = [first_turn_ids(tokenizer, row) for row in rows]
         try:
             result = benchmark_server(cfg.engine, cfg, card, draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft), prompts, log_dir)
         except PreflightError as err:

@@ -1,4 +1,5 @@
 """Rendering conversations with the target's chat template and masking the assistant's tokens.
+The prompt a server builds from messages and tools becomes token ids here too (chat_prompt_ids).
 
 The loss mask marks exactly the tokens the assistant generated: its reasoning, content, tool
 calls and its end-of-turn token. Everything else (system, user, tool results, the role header
@@ -83,6 +84,29 @@ def render(tokenizer, messages: list[dict], tools, add_generation_prompt: bool =
         messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
         **(template_kwargs or {}),
     )
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], tools, chat_template_kwargs: dict) -> list[int]:
+    """Token ids of the prompt the server builds: the chat template with the generation prompt,
+    encoded without extra special tokens (as vLLM, SGLang and transformers serve do)."""
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
+                                         **chat_template_kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def first_turn_prompt(row: dict) -> list[dict]:
+    """The messages before the first assistant turn: what the model is asked to answer."""
+    prompt = []
+    for m in row["messages"]:
+        if m["role"] == "assistant":
+            break
+        prompt.append(m)
+    return prompt
+
+
+def first_turn_ids(tokenizer, row: dict) -> list[int]:
+    """Token ids of a row's first-turn prompt (its tools included), as a server builds them."""
+    return chat_prompt_ids(tokenizer, first_turn_prompt(row), row.get("tools"), {})
 
 
 def mark_length_cut(messages: list[dict], finish_reasons: list[str] | None) -> list[dict]:

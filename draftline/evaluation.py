@@ -1,7 +1,6 @@
 """Evaluating the draft: real acceptance of chain speculative decoding checked lossless against
 greedy decoding, simulated acceptance (tau_sim) from teacher-forced accuracy, per source, and the
-evaluate stage's run over the eval prompts that reports both; also turning eval prompts into
-token ids."""
+evaluate stage's run over the eval prompts that reports both (their token ids: draftline/chat.py)."""
 
 from __future__ import annotations
 
@@ -13,22 +12,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from draftline.card import TargetCard
     from draftline.config import EvaluateConfig
-
-
-def first_turn_prompt(row: dict) -> list[dict]:
-    """The messages before the first assistant turn: what the model is asked to answer."""
-    prompt = []
-    for m in row["messages"]:
-        if m["role"] == "assistant":
-            break
-        prompt.append(m)
-    return prompt
-
-
-def prompt_ids(tokenizer, row: dict) -> list[int]:
-    return tokenizer.apply_chat_template(
-        first_turn_prompt(row), tools=row.get("tools") or None, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
 
 
 def eos_ids(tokenizer, model) -> set[int]:
@@ -181,6 +164,7 @@ def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path,
     import torch
     from rich.progress import track
 
+    from draftline.chat import first_turn_ids
     from draftline.checkpoint import load_draft
     from draftline.io import read_json, read_jsonl
     from draftline.specdec import greedy_generate, speculative_generate
@@ -205,7 +189,7 @@ def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path,
     per_detail = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})  # (dataset, its row's own source)
     generated = 0
     for row in track(rows, description="evaluate"):
-        ids = prompt_ids(tokenizer, row)
+        ids = first_turn_ids(tokenizer, row)
         spec = speculative_generate(target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
         plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, margins=True)
         verdict = compare_to_greedy(spec.tokens, plain, tie_tolerance)

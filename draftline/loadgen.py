@@ -31,7 +31,9 @@ Protocol = Literal["openai-completions", "sglang-generate"]
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class LoadTarget:
+    """A server under load: where it is and the wire protocol it is spoken to in."""
+
     base_url: str
     protocol: Protocol
     model: str | None = None  # the `model` field of openai requests
@@ -58,7 +60,7 @@ class RequestResult:
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def request_body(endpoint: Endpoint, prompt: list[int] | str, max_tokens: int) -> tuple[str, dict]:
+def request_body(endpoint: LoadTarget, prompt: list[int] | str, max_tokens: int) -> tuple[str, dict]:
     """(path, JSON body) of one greedy streaming request."""
     if endpoint.protocol == "sglang-generate":
         key = "text" if isinstance(prompt, str) else "input_ids"
@@ -128,7 +130,7 @@ def parse_sglang_chunk(data: dict, result: RequestResult, timer: ChunkTimer, now
     return cumulative
 
 
-async def send_request(client, endpoint: Endpoint, prompt_index: int, prompt: list[int] | str, max_tokens: int) -> RequestResult:
+async def send_request(client, endpoint: LoadTarget, prompt_index: int, prompt: list[int] | str, max_tokens: int) -> RequestResult:
     """One streaming request; failures are returned, not raised (a load test counts them)."""
     path, body = request_body(endpoint, prompt, max_tokens)
     parse = parse_sglang_chunk if endpoint.protocol == "sglang-generate" else parse_openai_chunk
@@ -156,7 +158,7 @@ async def send_request(client, endpoint: Endpoint, prompt_index: int, prompt: li
     return result
 
 
-async def run_load(endpoint: Endpoint, prompts: list, requests: int, concurrency: int, max_tokens: int,
+async def run_load(endpoint: LoadTarget, prompts: list, requests: int, concurrency: int, max_tokens: int,
                    timeout_s: float, on_done=None) -> tuple[list[RequestResult], float]:
     """`requests` requests cycling over `prompts`, at most `concurrency` in flight; (results, wall seconds)."""
     import httpx

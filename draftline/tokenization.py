@@ -1,7 +1,7 @@
 """Tokenizing regenerated conversations into the speculators Arrow layout, with token frequencies.
 
 Rows are append-only: conversations come ordered by the regenerate run that wrote them, then by
-prompt order within a run (draftline.regeneration.run_of), restricted to the prompts of
+prompt order within a run (draftline.conversation_store.run_of), restricted to the prompts of
 train.jsonl. A rerun that fills prompts which failed before, or that grows `samples`, appends their
 rows after every existing one, so hidden-state file hs_{i} stays row i and only the new rows are
 extracted (ordering by prompt alone would shift every row after a filled gap; by finish order, two
@@ -57,7 +57,7 @@ def row_order(prompts_path: str, regenerated_path: str) -> tuple[dict[str, dict]
     """(prompt id -> its first regenerated line, the ids to tokenize in row order, prompts in
     train.jsonl, unreadable regenerated lines)."""
     from draftline.io import read_jsonl, read_jsonl_tolerant
-    from draftline.regeneration import run_of
+    from draftline.conversation_store import run_of
 
     regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
     regenerated = {}  # prompt id -> its first line

@@ -34,7 +34,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from draftline.regeneration import RetryPolicy, Sampling, close_pool, open_pool, regenerate_all
+from draftline.openai_client import RetryPolicy, close_pool, open_pool
+from draftline.regeneration import Sampling, regenerate_all
 
 
 def stub_server(port: int, latency: float) -> None:

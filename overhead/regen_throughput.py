@@ -92,7 +92,7 @@ def bare_generate(model_dir: Path, prompts: list[dict], max_tokens: int, batch: 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftline.regeneration import chat_prompt_ids
+    from draftline.chat import chat_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

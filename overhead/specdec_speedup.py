@@ -14,8 +14,9 @@ from types import SimpleNamespace
 
 from draftline.benchmark_hf import benchmark_hf
 from draftline.card import TargetCard
+from draftline.chat import first_turn_ids
 from draftline.checkpoint import load_draft
-from draftline.evaluation import eos_ids, prompt_ids
+from draftline.evaluation import eos_ids
 from draftline.io import read_jsonl
 from draftline.target import load_target
 
@@ -37,7 +38,7 @@ def main() -> None:
     target, tokenizer = load_target(card)
     draft = load_draft(args.draft, card, "cpu")
     rows = list(read_jsonl(args.prompts))[: args.n]
-    prompts = [prompt_ids(tokenizer, row) for row in rows]
+    prompts = [first_turn_ids(tokenizer, row) for row in rows]
     cfg = SimpleNamespace(max_new_tokens=args.max_new_tokens, k=args.k, warmup=1, repeats=args.repeats)
     result = benchmark_hf(target, draft, card["aux_layer_ids"], prompts, eos_ids(tokenizer, target), cfg, "cpu")
     result.update(prompts=len(prompts), k=args.k, max_new_tokens=args.max_new_tokens)

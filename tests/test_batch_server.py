@@ -15,7 +15,7 @@ import yaml
 from draftline.batch_server import decode_batch
 from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
-from draftline.regeneration import chat_prompt_ids
+from draftline.chat import chat_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,8 @@ def test_batched_greedy_equals_batch_one_except_counted_near_ties(random_target)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
-    model = AutoModelForCausalLM.from_pretrained(random_target["model"], dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
+    model = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32).eval()
     eos = {tokenizer.eos_token_id}
     prompts = []
     for conv in conversations(6):  # prompts of different lengths: left padding differs per row
@@ -54,8 +54,8 @@ def test_near_ties_are_counted(random_target):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
-    model = AutoModelForCausalLM.from_pretrained(random_target["model"], dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
+    model = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32).eval()
     prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": "hello"}], None, {})
     (_, none), = decode_batch(model, [prompt], 6, tokenizer.pad_token_id, set(), tie_tolerance=0.0)
     (tokens, every), = decode_batch(model, [prompt], 6, tokenizer.pad_token_id, set(), tie_tolerance=1e9)

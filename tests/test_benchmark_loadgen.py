@@ -4,8 +4,9 @@ import asyncio
 import socket
 
 from draftline.commands import transformers_serve_command
-from draftline.evaluation import eos_ids, first_turn_prompt
-from draftline.loadgen import Endpoint, RequestResult, run_load, summarize_load
+from draftline.chat import first_turn_prompt
+from draftline.evaluation import eos_ids
+from draftline.loadgen import LoadTarget, RequestResult, run_load, summarize_load
 from draftline.servers import ManagedServer, server_env
 from draftline.specdec import greedy_generate
 from draftline.target import load_target
@@ -29,7 +30,7 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
     command = transformers_serve_command(model=random_target.model, host="127.0.0.1", port=port, device="cpu",
                                          continuous_batching=False, cb_num_blocks=16, extra_args=[])
     with ManagedServer(command, server_env(tmp_path / "hf_cache"), url, tmp_path / "server.log", 180):
-        endpoint = Endpoint(url, "openai-completions", model=random_target.model)  # it rejects stream_options
+        endpoint = LoadTarget(url, "openai-completions", model=random_target.model)  # it rejects stream_options
         done: list[RequestResult] = []
         results, wall = asyncio.run(run_load(endpoint, prompts, 5, 2, max_tokens, 120, on_done=done.append))
 
@@ -50,7 +51,7 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
 
 def test_failed_requests_are_counted_not_raised(tmp_path):
     """A server that is not there: every request fails with its reason, the level still summarizes."""
-    endpoint = Endpoint(f"http://127.0.0.1:{free_port()}", "openai-completions", model="m")
+    endpoint = LoadTarget(f"http://127.0.0.1:{free_port()}", "openai-completions", model="m")
     results, wall = asyncio.run(run_load(endpoint, ["a"], 3, 2, 4, 5))
     assert all(not r.ok and "ConnectError" in r.error for r in results)
     summary = summarize_load(results, wall)

@@ -98,7 +98,7 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from draftline.config import RegenerateConfig
-    from draftline.regeneration import chat_prompt_ids
+    from draftline.chat import chat_prompt_ids
     from draftline.commands import regenerate_command
     from draftline.preflight import PROBE_MESSAGES, PreflightError, preflight_regeneration
     from draftline.servers import ManagedServer, server_env

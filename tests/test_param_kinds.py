@@ -3,6 +3,7 @@ fingerprints follow the declaration: an output-shaping change redoes the work, a
 never does."""
 
 import typing
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,12 +65,11 @@ def test_output_shaping_drops_operational_fields_at_every_depth():
     assert all(kept[k] == full[k] for k in kept if k not in ("short", "long"))  # plain values as model_dump gives them
 
 
-CARD = {"model": "m", "revision": None, "chat_template_sha256": "c"}
+CARD = SimpleNamespace(model="m", revision=None, chat_template_sha256="c")  # what regeneration_settings reads
 
 
 def regeneration_fingerprint(**changes) -> str:
-    from draftline.regeneration import fingerprint
-    from stages.regenerate import regeneration_settings
+    from draftline.conversation_store import fingerprint, regeneration_settings
 
     return fingerprint(regeneration_settings(RegenerateConfig(backend="vllm", **changes), CARD))
 
@@ -94,8 +94,7 @@ def test_an_output_shaping_change_redoes_the_conversations(changes):
 
 
 def test_an_output_shaping_change_of_the_backend_redoes_the_conversations():
-    from draftline.regeneration import fingerprint
-    from stages.regenerate import regeneration_settings
+    from draftline.conversation_store import fingerprint, regeneration_settings
 
     fingerprints = {fingerprint(regeneration_settings(RegenerateConfig(**cfg), CARD)) for cfg in (
         {}, {"backend": "vllm"}, {"backend": "external", "endpoints": ["http://h:1"], "external_engine": "vllm"})}

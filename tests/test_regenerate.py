@@ -25,11 +25,12 @@ from stubs import StubHandler
 from draftline.card import TargetCard
 from draftline.config import ParamsError, parse_params
 from draftline.io import read_json, write_json, write_jsonl
-from draftline.regeneration import (Endpoint, EndpointPool, RetryPolicy, Sampling, called_tools, chat_prompt_ids,
-                                    close_pool, load_finished, open_pool, prompt_sha256, regenerate_all,
-                                    relink_tool_results)
+from draftline.chat import chat_prompt_ids
 from draftline.commands import sglang_regenerate_command, transformers_serve_command, vllm_regenerate_command
+from draftline.conversation_store import load_finished, prompt_sha256
+from draftline.openai_client import Endpoint, EndpointPool, RetryPolicy, close_pool, open_pool
 from draftline.preflight import PreflightError, preflight_regeneration
+from draftline.regeneration import Sampling, called_tools, regenerate_all, relink_tool_results
 from draftline.servers import ManagedServer, server_env, server_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,12 +65,12 @@ def chatty_target(tmp_path_factory, random_target):
     from draftline.target import build_card
 
     path = tmp_path_factory.mktemp("chatty_target")
-    shutil.copytree(random_target["model"], path, dirs_exist_ok=True)
+    shutil.copytree(random_target.model, path, dirs_exist_ok=True)
     model = LlamaForCausalLM.from_pretrained(path)
     with torch.no_grad():
-        row = model.lm_head.weight[random_target["eos_token_id"]]
+        row = model.lm_head.weight[random_target.eos_token_id]
         direction = torch.randn(row.shape, generator=torch.Generator().manual_seed(1))
-        model.lm_head.weight[random_target["eos_token_id"]] = direction / direction.norm() * row.norm() * 30
+        model.lm_head.weight[random_target.eos_token_id] = direction / direction.norm() * row.norm() * 30
     model.save_pretrained(path)
     return build_card(str(path), "test", None, [1, 2, 3], {})
 
@@ -647,8 +648,8 @@ def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(tmp_
     one request at the server at any moment, zero timeouts, every conversation done, progress lines."""
     from transformers import AutoTokenizer
 
-    url, handler = slow_server(tokenizer=AutoTokenizer.from_pretrained(random_target["model"]),
-                               served=[random_target["model"]])
+    url, handler = slow_server(tokenizer=AutoTokenizer.from_pretrained(random_target.model),
+                               served=[random_target.model])
     rows = prompts(240)
     workdir = stage_dir(tmp_path, random_target, rows, backend="external", endpoints=[url], external_engine="transformers",
                         progress_every_s=0.25)
@@ -665,7 +666,7 @@ def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(tmp_
 
 
 def test_server_slots_known_for_launched_servers_or_given():
-    from stages.regenerate import server_slots
+    from draftline.regeneration_run import server_slots
 
     def cfg(**raw):
         params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -810,7 +811,7 @@ def test_another_tool_call_ends_the_conversation_at_the_call(tmp_path, stub):
 def test_max_context_cuts_max_tokens_and_ends_conversations(tmp_path, stub, random_target):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
 
     def answer(body):
         if body["messages"][-1]["role"] == "user":
@@ -940,8 +941,8 @@ def test_preflight_probes_what_the_server_is_whatever_is_declared(stub, random_t
 def test_stage_refuses_a_speculative_server_declared_as_transformers(tmp_path, stub, random_target):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
-    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target["model"]])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
+    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model])
     workdir = stage_dir(tmp_path, random_target, prompts(4), backend="external", endpoints=[url],
                         external_engine="transformers")
     proc = run_stage(workdir)
@@ -953,8 +954,8 @@ def test_stage_refuses_a_speculative_server_declared_as_transformers(tmp_path, s
 def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, random_target):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
-    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target["model"]])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
+    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model])
     workdir = stage_dir(tmp_path, random_target, prompts(4), backend="external", endpoints=[url], external_engine="vllm")
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
@@ -968,7 +969,7 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
     reverting the param sent everything again). Once a good endpoint passes, the stale lines go."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(random_target["model"])
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     rows = prompts(12)
     workdir = stage_dir(tmp_path, random_target, rows)
     out = workdir / "out/conversations.jsonl"
@@ -978,14 +979,14 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
     out.write_text("".join(json.dumps(r) + "\n" for r in made_with_other_sampling) + '{"id": "p0", "mess')  # + a cut line
     before = (out.read_bytes(), out.stat().st_mtime_ns)
 
-    bad, bad_handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target["model"]])
+    bad, bad_handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model])
     stage_dir(workdir, random_target, rows, backend="external", endpoints=[bad], external_engine="vllm")
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "preflight refused" in proc.stderr
     assert (out.read_bytes(), out.stat().st_mtime_ns) == before and bad_handler.requests == []
     assert "is as it was" in proc.stderr
 
-    good, handler = stub(engine="vllm", tokenizer=tokenizer, served=[random_target["model"]])
+    good, handler = stub(engine="vllm", tokenizer=tokenizer, served=[random_target.model])
     stage_dir(workdir, random_target, rows, backend="external", endpoints=[good], external_engine="vllm")
     proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]

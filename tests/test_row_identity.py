@@ -15,7 +15,9 @@ from pathlib import Path
 from stubs import StubHandler
 
 from draftline.corpus import generate_conversations
-from draftline.regeneration import RetryPolicy, Sampling, close_pool, load_finished, open_pool, regenerate_all
+from draftline.conversation_store import load_finished
+from draftline.openai_client import RetryPolicy, close_pool, open_pool
+from draftline.regeneration import Sampling, regenerate_all
 
 PARAMS = """\
 samples: 10
