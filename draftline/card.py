@@ -81,10 +81,3 @@ class TargetCard:
     def aux_ids(self) -> list[int]:
         """aux_layer_ids as a list (JSON, command lines, comparisons with lists)."""
         return list(self.aux_layer_ids)
-
-    # Transitional: dict-style reads while the call sites move to attributes; removed after.
-    def __getitem__(self, key: str):
-        return self.to_dict()[key]
-
-    def get(self, key: str, default=None):
-        return self.to_dict().get(key, default)

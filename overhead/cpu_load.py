@@ -88,13 +88,13 @@ def work(stage: str, steps: int) -> float:
         vocab, size = tmp / "vocab", params["vocab"]["draft_vocab_size"]
         vocab.mkdir()
         np.save(vocab / "d2t.npy", np.zeros(size, dtype=np.int64))
-        t2d = np.zeros(card["vocab_size"], dtype=bool)
+        t2d = np.zeros(card.vocab_size, dtype=bool)
         t2d[:size] = True
         np.save(vocab / "t2d.npy", t2d)
         ttt = params["train"]["ttt_steps"]
         draft = build_draft(card, vocab, params["train"]["num_layers"], ttt)
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-3)
-        n, h = params["train"]["pack_len"], card["hidden_size"]
+        n, h = params["train"]["pack_len"], card.hidden_size
         inputs = {"hidden_states": torch.randn(1, n, 3 * h), "input_ids": torch.randint(0, size, (1, n)),
                   "verifier_last_hidden_states": torch.randn(1, n, h), "loss_mask": torch.ones(1, n),
                   "position_ids": torch.arange(n).unsqueeze(0), "document_ids": torch.zeros(1, n, dtype=torch.long)}

@@ -119,7 +119,7 @@ def main() -> None:
         card = TargetCard.load(paths["card"])
         cfg = load_params(paths["card"].parent / "params.yaml" if args.small else "params.yaml").train
         cfg = TrainConfig(**{**cfg.model_dump(), "device": "cpu", **({"epochs": args.epochs} if args.epochs else {})})
-        H, aux = card["hidden_size"], card["aux_layer_ids"]
+        H, aux = card.hidden_size, card.aux_ids
         model = load_target_model(card, "cpu", torch.float32)
         rows = load_from_disk(str(paths["tokenized"]))
         tokens = sum(rows.with_format(None)["seq_len"])

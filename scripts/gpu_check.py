@@ -339,13 +339,13 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
             "near_ties": near_ties, "tie_tolerance": tolerance, "stored_dtype": hs_format.storage_name(fmt, stored_dtype)}
 
 
-def check_draft_loads(draft_dir: Path, card: dict) -> dict:
+def check_draft_loads(draft_dir: Path, card: TargetCard) -> dict:
     """Eagle3DraftModel.from_pretrained takes the saved draft as it is, for our target's aux layers."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
     model = Eagle3DraftModel.from_pretrained(str(draft_dir))
     aux = list(model.config.eagle_aux_hidden_state_layer_ids)
-    problems = [] if aux == list(card["aux_layer_ids"]) else [f"aux layer ids {aux} != card {card['aux_layer_ids']}"]
+    problems = [] if aux == card.aux_ids else [f"aux layer ids {aux} != card {card.aux_ids}"]
     return {"passed": not problems, "class": type(model).__name__, "draft_vocab_size": model.config.draft_vocab_size,
             "parameters": sum(p.numel() for p in model.parameters()), "problems": problems}
 

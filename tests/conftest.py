@@ -40,9 +40,9 @@ def vocab_dir(tmp_path_factory, random_target):
     import numpy as np
 
     path = tmp_path_factory.mktemp("vocab")
-    size = random_target["vocab_size"] // 2
+    size = random_target.vocab_size // 2
     np.save(path / "d2t.npy", np.zeros(size, dtype=np.int64))
-    t2d = np.zeros(random_target["vocab_size"], dtype=bool)
+    t2d = np.zeros(random_target.vocab_size, dtype=bool)
     t2d[:size] = True
     np.save(path / "t2d.npy", t2d)
     return path

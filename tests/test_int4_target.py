@@ -48,8 +48,8 @@ def test_checkpoint_is_packed_like_published_int4_moe(int4_dir):
 
 def test_card_and_verifier_tensors_equal_the_dequantized_model(int4_card):
     card = int4_card
-    assert card["quantization"] == {"quant_method": "compressed-tensors", "format": "pack-quantized"}
-    assert (card["model_type"], card["num_layers"], card["hidden_size"]) == ("deepseek_v3", 5, 64)
+    assert card.quantization == {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+    assert (card.model_type, card.num_layers, card.hidden_size) == ("deepseek_v3", 5, 64)
     tensors = read_verifier_tensors(card)
     model, _ = load_target(card)
     _, norm = hidden.decoder_parts(model)

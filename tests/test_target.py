@@ -173,9 +173,9 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     from draftline import handoff
 
     view = handoff.verifier_for_speculators(wrapped_card, tmp_path / "view")
-    assert view != wrapped_card["model"]
-    size = wrapped_card["vocab_size"] // 2
-    d2t, t2d = torch.zeros(size, dtype=torch.long), torch.zeros(wrapped_card["vocab_size"], dtype=torch.bool)
+    assert view != wrapped_card.model
+    size = wrapped_card.vocab_size // 2
+    d2t, t2d = torch.zeros(size, dtype=torch.long), torch.zeros(wrapped_card.vocab_size, dtype=torch.bool)
     t2d[:size] = True
     layer = create_transformer_layer_config(view, 1, "llama", "silu", 4096, [0])  # trust_remote_code=False
     model = Eagle3DraftModel.from_training_args(verifier_config=layer, t2d=t2d, d2t=d2t, draft_vocab_size=size,

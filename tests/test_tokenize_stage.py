@@ -67,8 +67,8 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     assert row["input_ids"].dtype == torch.int64 and row["loss_mask"].dtype == torch.int64
     assert row["seq_len"].item() == len(row["input_ids"]) == len(row["loss_mask"])
     cut = data[2]  # convs[3]
-    assert cut["input_ids"][cut["loss_mask"].bool()][-1].item() != random_target["eos_token_id"]
-    assert data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target["eos_token_id"]
+    assert cut["input_ids"][cut["loss_mask"].bool()][-1].item() != random_target.eos_token_id
+    assert data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target.eos_token_id
 
     freq = torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True)
     expected = Counter()
@@ -97,7 +97,7 @@ def qwen3_target(tmp_path, tiny_tokenizer, random_target):
     import shutil
 
     path = tmp_path / "qwen3_target"
-    shutil.copytree(random_target["model"], path)
+    shutil.copytree(random_target.model, path)
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = (TEMPLATES / "qwen3_thinking.jinja").read_text()
     tok.save_pretrained(path)
@@ -121,7 +121,7 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
     assert report["rows"] == 3 and report["conversations"] == 2 and report["split_conversations"] == 1
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(qwen3_target["model"])
+    tok = AutoTokenizer.from_pretrained(qwen3_target.model)
 
     def masked(k):
         return tok.decode([t for t, m in zip(data["input_ids"][k], data["loss_mask"][k]) if m])
