@@ -307,7 +307,7 @@ class RegenerateConfig(Section):
     reasoning_parser: str | None = None  # e.g. qwen3, deepseek_r1: reasoning comes back separately
     tool_call_parser: str | None = None  # e.g. hermes, qwen25: tool calls come back structured
     extra_args: list[str] = []  # appended to the launch command as given
-    # launched transformers serve (see serving.py for why continuous batching is off)
+    # launched transformers serve (see commands.py for why continuous batching is off)
     continuous_batching: bool = False
     cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
     hf: HfBatchConfig = HfBatchConfig()  # backend hf
