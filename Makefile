@@ -15,7 +15,7 @@ STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
 MOONCAKE := $(VENV)/.installed-mooncake
 
-.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit overhead bench exps gpu-check clean-venv
+.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit lint format overhead bench exps gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -60,6 +60,13 @@ test: setup setup-smollm2 setup-mooncake
 
 test-unit: setup setup-smollm2 setup-mooncake
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# ruff, configured in pyproject.toml (tests/test_lint.py checks the same); `make format` applies it
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 # Each measures ours against a baseline in the same run and writes a JSON ratio (overhead/*.py).
 overhead: setup setup-smollm2

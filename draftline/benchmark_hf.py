@@ -13,8 +13,15 @@ if TYPE_CHECKING:
     from draftline.config import BenchmarkConfig
 
 
-def benchmark_hf(target, draft, aux_layer_ids: list[int], prompts: list[list[int]], stop: set[int], cfg: BenchmarkConfig,
-                 device: str) -> dict:
+def benchmark_hf(
+    target,
+    draft,
+    aux_layer_ids: list[int],
+    prompts: list[list[int]],
+    stop: set[int],
+    cfg: BenchmarkConfig,
+    device: str,
+) -> dict:
     import torch
 
     from draftline.specdec import greedy_generate, speculative_generate
@@ -25,7 +32,11 @@ def benchmark_hf(target, draft, aux_layer_ids: list[int], prompts: list[list[int
             if mode == "baseline":
                 gens.append(greedy_generate(target, ids, cfg.max_new_tokens, stop))
             else:
-                gens.append(speculative_generate(target, draft, aux_layer_ids, ids, cfg.max_new_tokens, cfg.k, stop))
+                gens.append(
+                    speculative_generate(
+                        target, draft, aux_layer_ids, ids, cfg.max_new_tokens, cfg.k, stop
+                    )
+                )
         if device == "cuda":
             torch.cuda.synchronize()
         return gens
@@ -44,7 +55,10 @@ def benchmark_hf(target, draft, aux_layer_ids: list[int], prompts: list[list[int
     tps = {mode: [tokens_per_s(g) for g in runs] for mode, runs in timed.items()}
     base, spec = statistics.median(tps["baseline"]), statistics.median(tps["speculative"])
     rounds = [r for g in timed["speculative"][0] for r in g.accepted_per_round]
-    identical = all(s.tokens == b.tokens for s, b in zip(timed["speculative"][0], timed["baseline"][0], strict=True))
+    identical = all(
+        s.tokens == b.tokens
+        for s, b in zip(timed["speculative"][0], timed["baseline"][0], strict=True)
+    )
     return {
         "speedup": round(spec / base, 4),
         "acceptance_length": round(sum(rounds) / len(rounds), 4) if rounds else 0.0,
@@ -54,5 +68,8 @@ def benchmark_hf(target, draft, aux_layer_ids: list[int], prompts: list[list[int
         "output_tokens": sum(len(g.tokens) for g in timed["baseline"][0]),
         "device": device,
         "repeats": cfg.repeats,
-        "runs": {mode: {str(i + 1): round(t, 2) for i, t in enumerate(values)} for mode, values in tps.items()},
+        "runs": {
+            mode: {str(i + 1): round(t, 2) for i, t in enumerate(values)}
+            for mode, values in tps.items()
+        },
     }

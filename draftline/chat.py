@@ -78,19 +78,35 @@ def _parsed_call(tool_call: dict) -> dict:
     return {**tool_call, "function": fn}
 
 
-def render(tokenizer, messages: list[dict], tools, add_generation_prompt: bool = False, template_kwargs: dict | None = None) -> str:
+def render(
+    tokenizer,
+    messages: list[dict],
+    tools,
+    add_generation_prompt: bool = False,
+    template_kwargs: dict | None = None,
+) -> str:
     """The template's text; template_kwargs (enable_thinking...) must be those the server got."""
     return tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+        messages,
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
         **(template_kwargs or {}),
     )
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], tools, chat_template_kwargs: dict) -> list[int]:
+def chat_prompt_ids(
+    tokenizer, messages: list[dict], tools, chat_template_kwargs: dict
+) -> list[int]:
     """Token ids of the prompt the server builds: the chat template with the generation prompt,
     encoded without extra special tokens (as vLLM, SGLang and transformers serve do)."""
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
-                                         **chat_template_kwargs)
+    text = tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=True,
+        **chat_template_kwargs,
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -115,14 +131,19 @@ def mark_length_cut(messages: list[dict], finish_reasons: list[str] | None) -> l
     if not finish_reasons:
         return messages
     reasons = iter(finish_reasons)
-    return [{**m, "finish_reason": next(reasons, None)} if m.get("role") == "assistant" else m for m in messages]
+    return [
+        {**m, "finish_reason": next(reasons, None)} if m.get("role") == "assistant" else m
+        for m in messages
+    ]
 
 
 def end_of_turn_tokens(tokenizer, generation_eos_ids=None) -> list[str]:
     """Token strings that end a generated turn: the tokenizer's eos and the generation config's
     eos ids (Llama 3.1 stops on <|eot_id|> and <|eom_id|>)."""
     ids = generation_eos_ids if isinstance(generation_eos_ids, list) else [generation_eos_ids]
-    names = [tokenizer.eos_token] + [tokenizer.convert_ids_to_tokens(i) for i in ids if i is not None]
+    names = [tokenizer.eos_token] + [
+        tokenizer.convert_ids_to_tokens(i) for i in ids if i is not None
+    ]
     return sorted({n for n in names if n}, key=len, reverse=True)
 
 
@@ -134,7 +155,9 @@ def _common_prefix_len(a: str, b: str) -> int:
     return i
 
 
-def assistant_turns(tokenizer, messages: list[dict], tools, stops: list[str], template_kwargs: dict | None = None) -> list[Turn]:
+def assistant_turns(
+    tokenizer, messages: list[dict], tools, stops: list[str], template_kwargs: dict | None = None
+) -> list[Turn]:
     """The character span of every assistant turn in the render that closes it.
 
     An assistant message at position 0 has no prompt to answer and stays context. A turn cut by
@@ -156,7 +179,9 @@ def assistant_turns(tokenizer, messages: list[dict], tools, stops: list[str], te
             history = render(tokenizer, messages[:i], tools, False, template_kwargs)
             start = _common_prefix_len(prompt, upto)
             if not upto.startswith(history) or start < len(history):
-                raise TemplateMismatch(f"message {i}: prompt and closed-turn renders differ inside the history")
+                raise TemplateMismatch(
+                    f"message {i}: prompt and closed-turn renders differ inside the history"
+                )
         body = upto[start:]
         cut = max((body.rfind(s) + len(s) for s in stops if s in body), default=-1)
         end = start + cut if cut != -1 else len(upto)
@@ -164,7 +189,9 @@ def assistant_turns(tokenizer, messages: list[dict], tools, stops: list[str], te
             stop = next(s for s in stops if body[:cut].endswith(s))
             end -= len(stop)
         if end <= start:
-            raise TemplateMismatch(f"message {i}: the template renders no text for this assistant turn")
+            raise TemplateMismatch(
+                f"message {i}: the template renders no text for this assistant turn"
+            )
         turns.append(Turn(i, upto, start, end))
     return turns
 
@@ -203,7 +230,9 @@ def tokenize_segments(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[i
     return input_ids, loss_mask
 
 
-def tokenize_row(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int], bool]:
+def tokenize_row(
+    tokenizer, text: str, spans: list[tuple[int, int]]
+) -> tuple[list[int], list[int], bool]:
     """(input_ids, loss_mask, whole): segment-wise tokens when they equal the row tokenized at once
     (byte-level BPE with special tokens at the turn boundaries: Llama 3, Qwen, ...). A tokenizer
     that merges across a boundary or prefixes every call (SentencePiece's "▁") gets the row
@@ -216,12 +245,20 @@ def tokenize_row(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[li
         return input_ids, loss_mask, False
     if enc["input_ids"] == input_ids:
         return input_ids, loss_mask, False
-    mask = [int(any(start < e and end > s for s, e in spans)) for start, end in enc["offset_mapping"]]
+    mask = [
+        int(any(start < e and end > s for s, e in spans)) for start, end in enc["offset_mapping"]
+    ]
     return list(enc["input_ids"]), mask, True
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], tools, max_length: int, stops: list[str] | None = None,
-                          template_kwargs: dict | None = None) -> list[dict]:
+def tokenize_conversation(
+    tokenizer,
+    messages: list[dict],
+    tools,
+    max_length: int,
+    stops: list[str] | None = None,
+    template_kwargs: dict | None = None,
+) -> list[dict]:
     """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "turns", "messages", "whole"}]
     (`turns`: assistant turns it trains; `messages`: how many messages it renders; `whole`: see
     tokenize_row).
@@ -232,14 +269,18 @@ def tokenize_conversation(tokenizer, messages: list[dict], tools, max_length: in
     messages = normalize_messages(messages)
     stops = stops if stops is not None else end_of_turn_tokens(tokenizer)
     rows = []
-    for n_messages, text, spans in plan_rows(assistant_turns(tokenizer, messages, tools, stops, template_kwargs)):
+    for n_messages, text, spans in plan_rows(
+        assistant_turns(tokenizer, messages, tools, stops, template_kwargs)
+    ):
         input_ids, loss_mask, whole = tokenize_row(tokenizer, text, spans)
-        rows.append({
-            "input_ids": input_ids[:max_length],
-            "loss_mask": loss_mask[:max_length],
-            "truncated": len(input_ids) > max_length,
-            "turns": len(spans),
-            "messages": n_messages,
-            "whole": whole,
-        })
+        rows.append(
+            {
+                "input_ids": input_ids[:max_length],
+                "loss_mask": loss_mask[:max_length],
+                "truncated": len(input_ids) > max_length,
+                "turns": len(spans),
+                "messages": n_messages,
+                "whole": whole,
+            }
+        )
     return rows

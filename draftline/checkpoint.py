@@ -57,7 +57,9 @@ def load_vocab(vocab_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
     vocab_dir = Path(vocab_dir)
-    return torch.from_numpy(np.load(vocab_dir / "d2t.npy")), torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
+    return torch.from_numpy(np.load(vocab_dir / "d2t.npy")), torch.from_numpy(
+        np.load(vocab_dir / "t2d.npy")
+    )
 
 
 def dir_sha256(directory: Path, patterns=("*.json", "*.safetensors")) -> str:
@@ -133,7 +135,9 @@ def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
     draft_dir = Path(draft_dir)
     config_path = draft_dir / "config.json"
     if not config_path.exists():
-        raise FileNotFoundError(f"{config_path}: no draft config (is this a draft checkpoint directory?)")
+        raise FileNotFoundError(
+            f"{config_path}: no draft config (is this a draft checkpoint directory?)"
+        )
     with open(config_path) as f:
         cfg = json.load(f)
     weights = _peek_tensors(draft_dir)
@@ -148,7 +152,11 @@ def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
         spec_tokens = methods[0].get("speculative_tokens")
     else:
         layout = "eagle"
-        algorithm = "eagle3" if any("eagle3" in a.lower() for a in architectures) or "draft_vocab_size" in cfg else "eagle"
+        algorithm = (
+            "eagle3"
+            if any("eagle3" in a.lower() for a in architectures) or "draft_vocab_size" in cfg
+            else "eagle"
+        )
         aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         hidden = cfg.get("target_hidden_size") or cfg.get("hidden_size")
         vocab, spec_tokens = cfg.get("vocab_size"), None
@@ -166,16 +174,19 @@ def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
         d2t=d2t.tolist() if d2t is not None else None,
         t2d_len=int(t2d.numel()) if t2d is not None else None,
         t2d_count=int(t2d.bool().sum()) if t2d is not None else None,
-        t2d_true=frozenset(int(i) for i in t2d.bool().nonzero().flatten().tolist()) if t2d is not None else None,
+        t2d_true=frozenset(int(i) for i in t2d.bool().nonzero().flatten().tolist())
+        if t2d is not None
+        else None,
         speculative_tokens=spec_tokens,
     )
-
 
 
 # ---------------------------------------------------------------- loading a saved draft
 
 
-def load_verifier_tensors(model, card: TargetCard, embed: bool = True, lm_head: bool = True) -> None:
+def load_verifier_tensors(
+    model, card: TargetCard, embed: bool = True, lm_head: bool = True
+) -> None:
     """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
     the names the card recorded (draftline.target.read_verifier_tensors). Replaces speculators'
     load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
@@ -188,8 +199,10 @@ def load_verifier_tensors(model, card: TargetCard, embed: bool = True, lm_head: 
     tensors = read_verifier_tensors(card)
     H = model.hidden_size
     if tensors["norm"].shape != (H,) or tensors["embed_tokens"].shape[1] != H:
-        raise ValueError(f"target {card.model!r}: verifier tensors {card.verifier_tensors} do not fit a draft of "
-                         f"hidden size {H}")
+        raise ValueError(
+            f"target {card.model!r}: verifier tensors {card.verifier_tensors} do not fit a draft of "
+            f"hidden size {H}"
+        )
     head = tensors["lm_head"]
     if model.use_draft_vocab:
         head = head[model.t2d.to(dtype=torch.bool, device=head.device)]
@@ -212,13 +225,26 @@ def load_saved_draft(directory: Path, card: TargetCard, attn_impl: str = "eager"
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     weights = read_weights(directory)
-    missing, unexpected = model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()},
-                                                strict=False)
-    missing = set(missing) - {"verifier_lm_head.weight", "verifier_norm.weight", "embed_tokens.weight", "input_norm.weight"}
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False
+    )
+    missing = set(missing) - {
+        "verifier_lm_head.weight",
+        "verifier_norm.weight",
+        "embed_tokens.weight",
+        "input_norm.weight",
+    }
     if missing or unexpected:
-        raise ValueError(f"{directory}: weights do not fit its config: missing {sorted(missing)[:8]}, "
-                         f"unexpected {sorted(unexpected)[:8]}")
-    load_verifier_tensors(model, card, embed="embed_tokens.weight" not in weights, lm_head="lm_head.weight" not in weights)
+        raise ValueError(
+            f"{directory}: weights do not fit its config: missing {sorted(missing)[:8]}, "
+            f"unexpected {sorted(unexpected)[:8]}"
+        )
+    load_verifier_tensors(
+        model,
+        card,
+        embed="embed_tokens.weight" not in weights,
+        lm_head="lm_head.weight" not in weights,
+    )
     return model
 
 

@@ -43,9 +43,17 @@ def _port_flag(port: int | None) -> list[str]:
     return ["--port", str(port)] if port else []
 
 
-def transformers_serve_command(model: str, host: str, port: int, device: str, continuous_batching: bool,
-                               cb_num_blocks: int, extra_args: list[str], trust_remote_code: bool = False,
-                               chat_template_kwargs: dict | None = None) -> list[str]:
+def transformers_serve_command(
+    model: str,
+    host: str,
+    port: int,
+    device: str,
+    continuous_batching: bool,
+    cb_num_blocks: int,
+    extra_args: list[str],
+    trust_remote_code: bool = False,
+    chat_template_kwargs: dict | None = None,
+) -> list[str]:
     """`transformers serve` pinned to the target.
 
     Continuous batching is off by default: on CPU it was slower than the plain server, sized its KV
@@ -64,14 +72,40 @@ def transformers_serve_command(model: str, host: str, port: int, device: str, co
     return cmd + list(extra_args)
 
 
-def hf_batch_serve_command(module: str, model: str, host: str, port: int, max_batch: int, gather_ms: float,
-                           tie_tolerance: float, threads: int | None, stats_file: Path | None,
-                           trust_remote_code: bool = False) -> list[str]:
+def hf_batch_serve_command(
+    module: str,
+    model: str,
+    host: str,
+    port: int,
+    max_batch: int,
+    gather_ms: float,
+    tie_tolerance: float,
+    threads: int | None,
+    stats_file: Path | None,
+    trust_remote_code: bool = False,
+) -> list[str]:
     """`module` (draftline.batch_server) pinned to the target: greedy batches of the requests in flight."""
-    cmd = [sys.executable, "-m", module, model, "--host", host, *_port_flag(port),
-           "--max-batch", str(max_batch), "--gather-ms", str(gather_ms), "--tie-tolerance", str(tie_tolerance)]
+    cmd = [
+        sys.executable,
+        "-m",
+        module,
+        model,
+        "--host",
+        host,
+        *_port_flag(port),
+        "--max-batch",
+        str(max_batch),
+        "--gather-ms",
+        str(gather_ms),
+        "--tie-tolerance",
+        str(tie_tolerance),
+    ]
     cmd += ["--stats-file", str(stats_file)] if stats_file else []
-    return cmd + (["--threads", str(threads)] if threads else []) + (["--trust-remote-code"] if trust_remote_code else [])
+    return (
+        cmd
+        + (["--threads", str(threads)] if threads else [])
+        + (["--trust-remote-code"] if trust_remote_code else [])
+    )
 
 
 def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
@@ -82,15 +116,39 @@ def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES
 
-    return config_model_type in MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES or hasattr(transformers, architecture)
+    return config_model_type in MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES or hasattr(
+        transformers, architecture
+    )
 
 
-def vllm_regenerate_command(model: str, served_name: str, host: str, port: int, revision: str | None,
-                            tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
-                       reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
-                       trust_remote_code: bool = False) -> list[str]:
-    cmd = ["vllm", "serve", model, "--host", host, *_port_flag(port), "--served-model-name", served_name,
-           "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size)]
+def vllm_regenerate_command(
+    model: str,
+    served_name: str,
+    host: str,
+    port: int,
+    revision: str | None,
+    tensor_parallel_size: int,
+    data_parallel_size: int,
+    max_model_len: int | None,
+    reasoning_parser: str | None,
+    tool_call_parser: str | None,
+    extra_args: list[str],
+    trust_remote_code: bool = False,
+) -> list[str]:
+    cmd = [
+        "vllm",
+        "serve",
+        model,
+        "--host",
+        host,
+        *_port_flag(port),
+        "--served-model-name",
+        served_name,
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
+        "--data-parallel-size",
+        str(data_parallel_size),
+    ]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
     if revision:
@@ -104,13 +162,36 @@ def vllm_regenerate_command(model: str, served_name: str, host: str, port: int, 
     return cmd + list(extra_args)
 
 
-def sglang_regenerate_command(model: str, served_name: str, host: str, port: int, revision: str | None,
-                         tensor_parallel_size: int, data_parallel_size: int, max_model_len: int | None,
-                         reasoning_parser: str | None, tool_call_parser: str | None, extra_args: list[str],
-                         trust_remote_code: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, *_port_flag(port),
-           "--served-model-name", served_name, "--tp-size", str(tensor_parallel_size),
-           "--dp-size", str(data_parallel_size)]
+def sglang_regenerate_command(
+    model: str,
+    served_name: str,
+    host: str,
+    port: int,
+    revision: str | None,
+    tensor_parallel_size: int,
+    data_parallel_size: int,
+    max_model_len: int | None,
+    reasoning_parser: str | None,
+    tool_call_parser: str | None,
+    extra_args: list[str],
+    trust_remote_code: bool = False,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--host",
+        host,
+        *_port_flag(port),
+        "--served-model-name",
+        served_name,
+        "--tp-size",
+        str(tensor_parallel_size),
+        "--dp-size",
+        str(data_parallel_size),
+    ]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
     if revision:
@@ -124,8 +205,13 @@ def sglang_regenerate_command(model: str, served_name: str, host: str, port: int
     return cmd + list(extra_args)
 
 
-def regenerate_command(cfg: RegenerateConfig, card: TargetCard, model_name: str, out: Path | None = None,
-                       port: int | None = None) -> list[str]:
+def regenerate_command(
+    cfg: RegenerateConfig,
+    card: TargetCard,
+    model_name: str,
+    out: Path | None = None,
+    port: int | None = None,
+) -> list[str]:
     """The server command of a launched regenerate.backend on `port` (else regenerate.port; with
     neither, no --port: a command to show); `out` (the stage's output dir) takes backend hf's stats."""
     from draftline.servers import has_cuda
@@ -133,26 +219,71 @@ def regenerate_command(cfg: RegenerateConfig, card: TargetCard, model_name: str,
     port = port if port is not None else cfg.port
     trust = card.trust_remote_code
     if cfg.backend == "hf":
-        return hf_batch_serve_command(HF_BATCH_SERVER, card.model, cfg.host, port, cfg.hf.max_batch,
-                                      cfg.hf.gather_ms, cfg.hf.tie_tolerance, cfg.hf.threads,
-                                      out / "server_stats.json" if out else None, trust) + cfg.extra_args
+        return (
+            hf_batch_serve_command(
+                HF_BATCH_SERVER,
+                card.model,
+                cfg.host,
+                port,
+                cfg.hf.max_batch,
+                cfg.hf.gather_ms,
+                cfg.hf.tie_tolerance,
+                cfg.hf.threads,
+                out / "server_stats.json" if out else None,
+                trust,
+            )
+            + cfg.extra_args
+        )
     if cfg.backend == "transformers":
-        return transformers_serve_command(card.model, cfg.host, port, "cuda" if has_cuda() else "cpu",
-                                          cfg.continuous_batching, cfg.cb_num_blocks, cfg.extra_args, trust,
-                                          cfg.chat_template_kwargs)
+        return transformers_serve_command(
+            card.model,
+            cfg.host,
+            port,
+            "cuda" if has_cuda() else "cpu",
+            cfg.continuous_batching,
+            cfg.cb_num_blocks,
+            cfg.extra_args,
+            trust,
+            cfg.chat_template_kwargs,
+        )
     build = vllm_regenerate_command if cfg.backend == "vllm" else sglang_regenerate_command
-    return build(card.model, model_name, cfg.host, port, card.revision, cfg.tensor_parallel_size,
-                 cfg.data_parallel_size, cfg.max_model_len, cfg.reasoning_parser, cfg.tool_call_parser, cfg.extra_args,
-                 trust)
+    return build(
+        card.model,
+        model_name,
+        cfg.host,
+        port,
+        card.revision,
+        cfg.tensor_parallel_size,
+        cfg.data_parallel_size,
+        cfg.max_model_len,
+        cfg.reasoning_parser,
+        cfg.tool_call_parser,
+        cfg.extra_args,
+        trust,
+    )
 
 
 # ---- hidden-state extraction: vLLM and speculators' client ------------------------------------
 
 
-def vllm_extract_command(python: str, model: str, revision: str | None, aux_layer_ids: list[int], num_layers: int,
-                         staging_dir: Path, host: str, port: int, dtype: str, tensor_parallel_size: int,
-                         max_model_len: int, gpu_memory_utilization: float, extra_args: list[str],
-                         transfer: str = "file", mooncake: dict | None = None, trust_remote_code: bool = False) -> list[str]:
+def vllm_extract_command(
+    python: str,
+    model: str,
+    revision: str | None,
+    aux_layer_ids: list[int],
+    num_layers: int,
+    staging_dir: Path,
+    host: str,
+    port: int,
+    dtype: str,
+    tensor_parallel_size: int,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    extra_args: list[str],
+    transfer: str = "file",
+    mooncake: dict | None = None,
+    trust_remote_code: bool = False,
+) -> list[str]:
     """`vllm serve` set up for hidden-state extraction, as speculators' scripts/launch_vllm.py does:
     the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
     and the kv-transfer config of hs-connectors' `transfer` backend: file (vLLM's
@@ -161,14 +292,34 @@ def vllm_extract_command(python: str, model: str, revision: str | None, aux_laye
     speculative = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}},
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}
+        },
     }
     kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake)
-    cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", model,
-           "--host", host, "--port", str(port), "--dtype", dtype,
-           "--tensor-parallel-size", str(tensor_parallel_size), "--max-model-len", str(max_model_len),
-           "--gpu-memory-utilization", str(gpu_memory_utilization),
-           "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(kv_transfer)]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
+        "--max-model-len",
+        str(max_model_len),
+        "--gpu-memory-utilization",
+        str(gpu_memory_utilization),
+        "--speculative-config",
+        json.dumps(speculative),
+        "--kv-transfer-config",
+        json.dumps(kv_transfer),
+    ]
     if revision:
         cmd += ["--revision", revision]
     if trust_remote_code:
@@ -179,20 +330,28 @@ def vllm_extract_command(python: str, model: str, revision: str | None, aux_laye
 def mooncake_args(mooncake: dict) -> argparse.Namespace:
     """hidden_states.online.mooncake as the argparse namespace hs-connectors' MooncakeBackend reads."""
     return argparse.Namespace(
-        mooncake_master=mooncake["master"], mooncake_metadata_server=mooncake["metadata_server"],
-        mooncake_protocol=mooncake["protocol"], mooncake_device=mooncake["device"],
-        mooncake_global_segment_gib=mooncake["global_segment_gib"], mooncake_local_buffer_gib=mooncake["local_buffer_gib"],
-        mooncake_writer_threads=mooncake["writer_threads"])
+        mooncake_master=mooncake["master"],
+        mooncake_metadata_server=mooncake["metadata_server"],
+        mooncake_protocol=mooncake["protocol"],
+        mooncake_device=mooncake["device"],
+        mooncake_global_segment_gib=mooncake["global_segment_gib"],
+        mooncake_local_buffer_gib=mooncake["local_buffer_gib"],
+        mooncake_writer_threads=mooncake["writer_threads"],
+    )
 
 
-def kv_transfer_config(transfer: str, staging_dir: Path | None, mooncake: dict | None = None) -> dict:
+def kv_transfer_config(
+    transfer: str, staging_dir: Path | None, mooncake: dict | None = None
+) -> dict:
     """vLLM's --kv-transfer-config for an hs-connectors backend (file, fp8, mooncake), built by the
     backend itself."""
     from hs_connectors import HiddenStatesBackend
 
     backend = HiddenStatesBackend.registry.get(transfer)
     if backend is None:
-        raise ValueError(f"hidden-state transfer {transfer!r}: hs-connectors has {sorted(HiddenStatesBackend.registry)}")
+        raise ValueError(
+            f"hidden-state transfer {transfer!r}: hs-connectors has {sorted(HiddenStatesBackend.registry)}"
+        )
     if transfer == "mooncake":
         if mooncake is None:
             raise ValueError("transfer mooncake needs hidden_states.online.mooncake settings")
@@ -200,16 +359,38 @@ def kv_transfer_config(transfer: str, staging_dir: Path | None, mooncake: dict |
     return backend.build_kv_transfer_config(argparse.Namespace(hidden_states_path=str(staging_dir)))
 
 
-def generate_offline_data_command(endpoint: str, tokenized_dir: Path, out: Path, concurrency: int,
-                                  request_timeout_s: float, max_retries: int, validate: bool = True) -> list[str]:
+def generate_offline_data_command(
+    endpoint: str,
+    tokenized_dir: Path,
+    out: Path,
+    concurrency: int,
+    request_timeout_s: float,
+    max_retries: int,
+    validate: bool = True,
+) -> list[str]:
     """speculators' own extraction client: sends each row's input_ids (max_tokens=1), moves the file
     vLLM wrote to out/hs_{i}.safetensors, skips files that exist; `validate` checks tokens and
     finiteness (its check cannot read fp8 files on CPU: torch has no aminmax for float8 there, so
     fp8 files are checked by the stage after it, with hidden.pending_rows)."""
-    return [sys.executable, "-m", "speculators", "generate-offline-data",
-            "--endpoint", endpoint, "--preprocessed-data", str(tokenized_dir), "--output", str(out),
-            "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else []),
-            "--request-timeout", str(request_timeout_s), "--max-retries", str(max_retries)]
+    return [
+        sys.executable,
+        "-m",
+        "speculators",
+        "generate-offline-data",
+        "--endpoint",
+        endpoint,
+        "--preprocessed-data",
+        str(tokenized_dir),
+        "--output",
+        str(out),
+        "--concurrency",
+        str(concurrency),
+        *(["--validate-outputs"] if validate else []),
+        "--request-timeout",
+        str(request_timeout_s),
+        "--max-retries",
+        str(max_retries),
+    ]
 
 
 # ---- benchmark: baseline and speculative servers ----------------------------------------------
@@ -223,33 +404,56 @@ def sglang_steps(cfg: BenchmarkConfig) -> tuple[int, int, int]:
     return steps, topk, draft_tokens
 
 
-def benchmark_serve_command(engine: str, card: TargetCard, cfg: BenchmarkConfig, draft_path: str | None,
-                            port: int | None = None) -> list[str]:
+def benchmark_serve_command(
+    engine: str,
+    card: TargetCard,
+    cfg: BenchmarkConfig,
+    draft_path: str | None,
+    port: int | None = None,
+) -> list[str]:
     """The server command line; draft_path None gives the non-speculative baseline. `port` (else
     benchmark.port); with neither, no --port: the engine's default (the deployment command)."""
     host, port = cfg.host, cfg.port if port is None else port
     revision = ["--revision", card.revision] if card.revision else []
     revision += ["--trust-remote-code"] if card.trust_remote_code else []
-    model = str(Path(card.model).resolve()) if Path(card.model).exists() else card.model  # hub id or local dir
+    model = (
+        str(Path(card.model).resolve()) if Path(card.model).exists() else card.model
+    )  # hub id or local dir
     where = ["--host", host] + (["--port", str(port)] if port else [])
     if engine == "vllm":
         cmd = [*cfg.vllm.launcher, model, *revision, *where, *cfg.vllm.args]
         if draft_path:
-            spec = {"method": cfg.vllm.method, "model": draft_path, "num_speculative_tokens": cfg.k, **cfg.vllm.speculative_config}
+            spec = {
+                "method": cfg.vllm.method,
+                "model": draft_path,
+                "num_speculative_tokens": cfg.k,
+                **cfg.vllm.speculative_config,
+            }
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
     if engine == "sglang":
         cmd = [*cfg.sglang.launcher, "--model-path", model, *revision, *where, *cfg.sglang.args]
         if draft_path:
             steps, topk, draft_tokens = sglang_steps(cfg)
-            cmd += ["--speculative-algorithm", cfg.sglang.algorithm, "--speculative-draft-model-path", draft_path,
-                    "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-                    "--speculative-num-draft-tokens", str(draft_tokens)]
+            cmd += [
+                "--speculative-algorithm",
+                cfg.sglang.algorithm,
+                "--speculative-draft-model-path",
+                draft_path,
+                "--speculative-num-steps",
+                str(steps),
+                "--speculative-eagle-topk",
+                str(topk),
+                "--speculative-num-draft-tokens",
+                str(draft_tokens),
+            ]
         return cmd
     raise ValueError(f"benchmark.engine: no server command for engine {engine!r}")
 
 
-def draft_path_for(engine: str, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None) -> str:
+def draft_path_for(
+    engine: str, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
+) -> str:
     """The draft directory an engine serves: for SGLang benchmark.sglang.draft_model_path, else the
     stage's export of the draft (sglang_draft), else the draft itself (refused by preflight.check_engine_settings)."""
     if engine == "sglang" and (cfg.sglang.draft_model_path or sglang_draft):

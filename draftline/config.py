@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Dataset names become file names (datasets/prepared/<name>.jsonl), DVC stage names (prepare@<name>)
 # and dotted params keys (datasets.<name>): letters, digits, _ and -, nothing that walks a path.
@@ -34,9 +42,30 @@ DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 # ---- dataset presets and the names a dataset spec may use ---------------------------------------
 
 # Names a `fields` mapping may target: the keys the converters read (draftline/formats.py).
-CANONICAL_FIELDS = ("id", "conversations", "messages", "instruction", "input", "output", "prompt", "system", "tools")
+CANONICAL_FIELDS = (
+    "id",
+    "conversations",
+    "messages",
+    "instruction",
+    "input",
+    "output",
+    "prompt",
+    "system",
+    "tools",
+)
 # Language filter by Unicode script of the user turns (see formats.dominant_script).
-SCRIPTS = ("latin", "cyrillic", "greek", "arabic", "hebrew", "devanagari", "thai", "han", "kana", "hangul")
+SCRIPTS = (
+    "latin",
+    "cyrillic",
+    "greek",
+    "arabic",
+    "hebrew",
+    "devanagari",
+    "thai",
+    "han",
+    "kana",
+    "hangul",
+)
 
 
 @dataclass(frozen=True)
@@ -55,26 +84,51 @@ class Preset:
 
 PRESETS = {
     "sharegpt_vicuna": Preset(
-        "Aeala/ShareGPT_Vicuna_unfiltered", "sharegpt", "train",
-        '{"id", "conversations": [{"from": human|gpt|system|bing|chatgpt, "value"}]}'),
+        "Aeala/ShareGPT_Vicuna_unfiltered",
+        "sharegpt",
+        "train",
+        '{"id", "conversations": [{"from": human|gpt|system|bing|chatgpt, "value"}]}',
+    ),
     "ultrachat_200k": Preset(
-        "HuggingFaceH4/ultrachat_200k", "openai", "train_sft",
-        '{"prompt", "prompt_id", "messages": [{"content", "role"}]}', fields={"id": "prompt_id"}),
+        "HuggingFaceH4/ultrachat_200k",
+        "openai",
+        "train_sft",
+        '{"prompt", "prompt_id", "messages": [{"content", "role"}]}',
+        fields={"id": "prompt_id"},
+    ),
     "open_perfectblend": Preset(
-        "mlabonne/open-perfectblend", "sharegpt", "train",
-        '{"conversations": [{"from", "value"}], "source"}'),
+        "mlabonne/open-perfectblend",
+        "sharegpt",
+        "train",
+        '{"conversations": [{"from", "value"}], "source"}',
+    ),
     "hermes_function_calling": Preset(
-        "NousResearch/hermes-function-calling-v1", "sharegpt", "train",
+        "NousResearch/hermes-function-calling-v1",
+        "sharegpt",
+        "train",
         '{"id", "conversations": [{"from": system|human|gpt|tool, "value"}], "category", "subcategory", "task"}; '
         "tools in the system turn's <tools> block, calls as <tool_call>, results as <tool_response>",
-        name="func_calling", parse_markup=True, streaming=False),
+        name="func_calling",
+        parse_markup=True,
+        streaming=False,
+    ),
     "mixture_of_thoughts": Preset(
-        "open-r1/Mixture-of-Thoughts", "openai", "train",
+        "open-r1/Mixture-of-Thoughts",
+        "openai",
+        "train",
         '{"messages": [{"content", "role"}], "num_tokens", "source"}; reasoning inline as <think>...</think>',
-        name="all", parse_markup=True),
+        name="all",
+        parse_markup=True,
+    ),
     "gsm8k": Preset(
-        "openai/gsm8k", "prompt", "train", '{"question", "answer"}', name="main",
-        fields={"prompt": "question"}, streaming=False),
+        "openai/gsm8k",
+        "prompt",
+        "train",
+        '{"question", "answer"}',
+        name="main",
+        fields={"prompt": "question"},
+        streaming=False,
+    ),
 }
 
 
@@ -116,7 +170,9 @@ def _port(value: int | None) -> int | None:
     if value in (None, 0):
         return None
     if not 1024 <= value <= 65535:
-        raise ValueError("a port in [1024, 65535], or null (or 0) for a free port chosen when the server starts")
+        raise ValueError(
+            "a port in [1024, 65535], or null (or 0) for a free port chosen when the server starts"
+        )
     return value
 
 
@@ -171,9 +227,15 @@ class TargetConfig(Section):
         tiny target's params, a local config.json, a hub config already in the cache), instead of
         after the tiny target has trained or at the hidden_states stage. (Params runs it on a given
         section: the default one, tiny with the EAGLE-3 rule, is refused by the target stage.)"""
-        num_layers = self.tiny.layers if self.model == "tiny" else known_num_layers(self.model, self.revision)
+        num_layers = (
+            self.tiny.layers
+            if self.model == "tiny"
+            else known_num_layers(self.model, self.revision)
+        )
         if num_layers is not None:
-            resolve_aux_layer_ids(self.aux_layer_ids, num_layers)  # ValueError naming target.aux_layer_ids
+            resolve_aux_layer_ids(
+                self.aux_layer_ids, num_layers
+            )  # ValueError naming target.aux_layer_ids
 
 
 def layers_of_config(config: dict) -> int | None:
@@ -182,7 +244,10 @@ def layers_of_config(config: dict) -> int | None:
         if isinstance(config.get(key), int):
             return config[key]
     for key in ("text_config", "language_config", "llm_config", "thinker_config"):
-        if isinstance(config.get(key), dict) and (found := layers_of_config(config[key])) is not None:
+        if (
+            isinstance(config.get(key), dict)
+            and (found := layers_of_config(config[key])) is not None
+        ):
             return found
     return None
 
@@ -212,18 +277,30 @@ def known_num_layers(model: str, revision: str | None) -> int | None:
 class DatasetSpec(Section):
     """One source of `datasets`; a `preset` (PRESETS) fills every key not given."""
 
-    preset: str | None = None  # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
+    preset: str | None = (
+        None  # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
+    )
     path: str  # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id
     format: Literal["auto", "sharegpt", "openai", "alpaca", "prompt"] = "auto"
     split: str = "train"
     name: str | None = None  # hub config name
     revision: str | None = None  # hub revision pin (a commit sha reproduces; a branch moves)
-    streaming: bool = False  # hub / directory sources: stream rows instead of downloading every shard first
-    fields: dict[str, str] = {}  # canonical field -> source column, e.g. {prompt: question, id: prompt_id}
-    parse_markup: bool = False  # inline <think>/<tool_call>/<tool_response>/<tools> -> structured fields
+    streaming: bool = (
+        False  # hub / directory sources: stream rows instead of downloading every shard first
+    )
+    fields: dict[
+        str, str
+    ] = {}  # canonical field -> source column, e.g. {prompt: question, id: prompt_id}
+    parse_markup: bool = (
+        False  # inline <think>/<tool_call>/<tool_response>/<tools> -> structured fields
+    )
     max_rows: int | None = Field(None, ge=1)  # read at most this many rows of the source
-    max_prompt_tokens: int | None = Field(None, ge=1)  # drop rows whose prompt estimate is longer ("too_long")
-    scripts: list[str] | None = None  # language filter by Unicode script of the user turns, e.g. [latin]
+    max_prompt_tokens: int | None = Field(
+        None, ge=1
+    )  # drop rows whose prompt estimate is longer ("too_long")
+    scripts: list[str] | None = (
+        None  # language filter by Unicode script of the user turns, e.g. [latin]
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -233,14 +310,23 @@ class DatasetSpec(Section):
         preset = PRESETS.get(raw["preset"])
         if preset is None:
             raise ValueError(f"unknown preset {raw['preset']!r}; presets: {', '.join(PRESETS)}")
-        defaults = {"path": preset.hub_id, "format": preset.format, "split": preset.split, "name": preset.name,
-                    "fields": preset.fields, "parse_markup": preset.parse_markup, "streaming": preset.streaming}
+        defaults = {
+            "path": preset.hub_id,
+            "format": preset.format,
+            "split": preset.split,
+            "name": preset.name,
+            "fields": preset.fields,
+            "parse_markup": preset.parse_markup,
+            "streaming": preset.streaming,
+        }
         return {**defaults, **raw}
 
     @model_validator(mode="after")
     def _known_names(self):
         if bad := sorted(set(self.fields) - set(CANONICAL_FIELDS)):
-            raise ValueError(f"fields: unknown target {bad}; targets: {', '.join(CANONICAL_FIELDS)}")
+            raise ValueError(
+                f"fields: unknown target {bad}; targets: {', '.join(CANONICAL_FIELDS)}"
+            )
         if bad := sorted(set(self.scripts or ()) - set(SCRIPTS)):
             raise ValueError(f"scripts: unknown {bad}; supported: {', '.join(SCRIPTS)}")
         return self
@@ -282,10 +368,16 @@ class HfBatchConfig(Section):
     """regenerate.backend: hf — draftline.batch_server: greedy batched `generate` behind the
     OpenAI-compatible API (CPU, or one GPU for a small target)."""
 
-    max_batch: int = Field(32, ge=1)  # requests decoded together; the partitions' concurrency keeps it fed
+    max_batch: int = Field(
+        32, ge=1
+    )  # requests decoded together; the partitions' concurrency keeps it fed
     gather_ms: float = Field(20, ge=0)  # after the first waiting request, how long to wait for more
-    tie_tolerance: float = Field(1e-4, ge=0)  # top-two logit margin below which a token counts as a near-tie
-    threads: int | None = Field(None, ge=1)  # torch intra-op threads of the server; null = the stage's policy
+    tie_tolerance: float = Field(
+        1e-4, ge=0
+    )  # top-two logit margin below which a token counts as a near-tie
+    threads: int | None = Field(
+        None, ge=1
+    )  # torch intra-op threads of the server; null = the stage's policy
 
 
 class RegenerateConfig(Section):
@@ -295,7 +387,9 @@ class RegenerateConfig(Section):
     backend: Literal["transformers", "vllm", "sglang", "hf", "external"] = "transformers"
     host: str = "127.0.0.1"
     port: Port = None  # null = a free port chosen at start
-    endpoints: list[str] = []  # external: base URLs (http://host:port), balanced by outstanding requests
+    endpoints: list[
+        str
+    ] = []  # external: base URLs (http://host:port), balanced by outstanding requests
     # what serves `endpoints`; decides the non-speculative check of the preflight
     external_engine: Literal["vllm", "sglang", "transformers"] | None = None
     served_model_name: str | None = None  # model name in requests; null = the card's model string
@@ -335,57 +429,83 @@ class RegenerateConfig(Section):
     first_token_timeout_s: float = Field(120, gt=0)
     token_timeout_s: float = Field(30, gt=0)  # ...or when the next token takes longer than this
     progress_every_s: float = Field(30, gt=0)  # a progress line this often, whatever happens
-    max_retries: int = Field(3, ge=0)  # retries of a request after 429, 5xx, timeout, lost connection
+    max_retries: int = Field(
+        3, ge=0
+    )  # retries of a request after 429, 5xx, timeout, lost connection
     retry_backoff_s: float = Field(1.0, gt=0)  # first wait; doubles each retry, with jitter
     retry_backoff_max_s: float = Field(30, gt=0)
-    max_failure_rate: float = Field(0.05, ge=0, le=1)  # the stage fails above this share of sent prompts
+    max_failure_rate: float = Field(
+        0.05, ge=0, le=1
+    )  # the stage fails above this share of sent prompts
 
     @model_validator(mode="before")
     @classmethod
     def _renamed_keys(cls, raw):
         if isinstance(raw, dict) and "request_timeout_s" in raw:
-            raise ValueError("request_timeout_s: replaced by first_token_timeout_s (from sending to the first "
-                             "streamed token) and token_timeout_s (between tokens); answers are streamed")
+            raise ValueError(
+                "request_timeout_s: replaced by first_token_timeout_s (from sending to the first "
+                "streamed token) and token_timeout_s (between tokens); answers are streamed"
+            )
         return raw
 
     @model_validator(mode="after")
     def _backend_options(self):
         launched = self.backend != "external"
         if launched and self.endpoints:
-            raise ValueError("regenerate.endpoints: only for backend external (a launched server has one endpoint)")
+            raise ValueError(
+                "regenerate.endpoints: only for backend external (a launched server has one endpoint)"
+            )
         if not launched and not self.endpoints:
             raise ValueError("regenerate.endpoints: backend external needs at least one base URL")
         if not launched and self.external_engine is None:
-            raise ValueError("regenerate.external_engine: say what serves the endpoints (vllm, sglang or transformers), "
-                             "so the preflight can check it is not speculative")
+            raise ValueError(
+                "regenerate.external_engine: say what serves the endpoints (vllm, sglang or transformers), "
+                "so the preflight can check it is not speculative"
+            )
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"regenerate.endpoints: {url!r} is not an http(s) base URL")
         if self.backend in ("transformers", "hf"):
             for key in ("reasoning_parser", "tool_call_parser", "max_model_len"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"regenerate.{key}: a vllm/sglang launch option; transformers serve picks its parser by model type")
+                    raise ValueError(
+                        f"regenerate.{key}: a vllm/sglang launch option; transformers serve picks its parser by model type"
+                    )
             if self.tensor_parallel_size != 1 or self.data_parallel_size != 1:
-                raise ValueError("regenerate.tensor_parallel_size/data_parallel_size: transformers serve runs one process")
+                raise ValueError(
+                    "regenerate.tensor_parallel_size/data_parallel_size: transformers serve runs one process"
+                )
             if self.served_model_name is not None:
-                raise ValueError("regenerate.served_model_name: transformers serve answers only to the model string it was started with")
+                raise ValueError(
+                    "regenerate.served_model_name: transformers serve answers only to the model string it was started with"
+                )
         for arg in self.extra_args:
             if arg.startswith("--spec"):
-                raise ValueError(f"regenerate.extra_args: {arg!r} would attach a draft; regeneration needs the plain target")
+                raise ValueError(
+                    f"regenerate.extra_args: {arg!r} would attach a draft; regeneration needs the plain target"
+                )
         if self.temperatures and self.temperature != 0:
-            raise ValueError("regenerate.temperatures: set either temperature or temperatures, not both")
+            raise ValueError(
+                "regenerate.temperatures: set either temperature or temperatures, not both"
+            )
         if self.backend == "hf" and (self.temperature > 0 or self.temperatures):
-            raise ValueError("regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
-                             "transformers / vllm / sglang to sample)")
+            raise ValueError(
+                "regenerate.temperature: backend hf decodes greedily; use temperature 0 (or backend "
+                "transformers / vllm / sglang to sample)"
+            )
         return self
 
 
 class TokenizeConfig(Section):
-    max_length: int = Field(1024, ge=8)  # tokens per row; longer rows are cut (counted in the report)
+    max_length: int = Field(
+        1024, ge=8
+    )  # tokens per row; longer rows are cut (counted in the report)
 
 
 class VocabConfig(Section):
-    draft_vocab_size: int = Field(256, ge=2)  # most frequent trainable target tokens; at most the target vocab
+    draft_vocab_size: int = Field(
+        256, ge=2
+    )  # most frequent trainable target tokens; at most the target vocab
 
 
 class VllmExtractionConfig(Section):
@@ -405,7 +525,9 @@ class VllmExtractionConfig(Section):
     concurrency: int = Field(32, ge=1)  # requests in flight
     request_timeout_s: float = Field(600, gt=0)
     max_retries: int = Field(3, ge=0)
-    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
+    startup_timeout_s: float | None = Field(
+        None, gt=0
+    )  # null = from the checkpoint size (as regenerate)
     extra_args: list[str] = []  # appended to `vllm serve` as given
 
     @model_validator(mode="after")
@@ -476,12 +598,23 @@ class HiddenStatesConfig(Section):
     @model_validator(mode="after")
     def _device_map_needs_hf_on_gpu(self):
         if self.device_map is not None and (self.backend != "hf" or self.device == "cpu"):
-            raise ValueError("device_map applies to backend hf on GPUs; with backend vllm use vllm.tensor_parallel_size")
+            raise ValueError(
+                "device_map applies to backend hf on GPUs; with backend vllm use vllm.tensor_parallel_size"
+            )
         if self.format == "fp8" and self.dtype != "bfloat16":
-            raise ValueError("dtype: the stored dtype of format bf16; format fp8 stores float8_e4m3fn with per-token scales")
-        if self.online.transfer == "file" and self.format == "fp8" or self.online.transfer == "fp8" and self.format == "bf16":
-            raise ValueError(f"online.transfer: {self.online.transfer} moves {'fp8' if self.online.transfer == 'fp8' else 'bf16'} "
-                             f"states but format is {self.format}; leave online.transfer null to follow format")
+            raise ValueError(
+                "dtype: the stored dtype of format bf16; format fp8 stores float8_e4m3fn with per-token scales"
+            )
+        if (
+            self.online.transfer == "file"
+            and self.format == "fp8"
+            or self.online.transfer == "fp8"
+            and self.format == "bf16"
+        ):
+            raise ValueError(
+                f"online.transfer: {self.online.transfer} moves {'fp8' if self.online.transfer == 'fp8' else 'bf16'} "
+                f"states but format is {self.format}; leave online.transfer null to follow format"
+            )
         return self
 
 
@@ -505,7 +638,9 @@ class TrainConfig(Section):
     # draft, the checkpoint's own with `init` (set, `init` must have it)
     architecture: Literal["speculators", "eagle3"] | None = None
     train_embeddings: bool = False  # embeddings come from the target; frozen unless true
-    train_lm_head: bool = False  # lm_head = target lm_head rows of the draft vocab; frozen unless true
+    train_lm_head: bool = (
+        False  # lm_head = target lm_head rows of the draft vocab; frozen unless true
+    )
     # Start the draft's decoder layer from this target decoder layer (its attention on the hidden
     # half of the draft's input, MLP, norms; the fc passes through the aux state entering that layer
     # when it is an aux layer). null = random init. Builtin backend, a new draft only (not with `init`).
@@ -523,7 +658,9 @@ class TrainConfig(Section):
     pack_len: int = Field(1024, ge=16)  # tokens per packed micro-batch, per device
     grad_accum_steps: int = Field(1, ge=1)  # micro-batches per optimizer step (builtin backend)
     val_fraction: float = Field(0.1, gt=0, lt=1)
-    checkpoint_every_steps: int = Field(50, ge=1)  # resume state every N optimizer steps (+ each epoch)
+    checkpoint_every_steps: int = Field(
+        50, ge=1
+    )  # resume state every N optimizer steps (+ each epoch)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
     # speculators backend only
@@ -540,9 +677,15 @@ class TrainConfig(Section):
                 "use more GPUs or a larger pack_len with backend speculators"
             )
         if self.backend == "speculators" and self.train_lm_head:
-            raise ValueError("train_lm_head: speculators train keeps lm_head frozen; use backend builtin")
-        if self.init_layer_from_target is not None and (self.backend != "builtin" or self.init is not None):
-            raise ValueError("init_layer_from_target: builtin backend and a new draft only (no `init`)")
+            raise ValueError(
+                "train_lm_head: speculators train keeps lm_head frozen; use backend builtin"
+            )
+        if self.init_layer_from_target is not None and (
+            self.backend != "builtin" or self.init is not None
+        ):
+            raise ValueError(
+                "init_layer_from_target: builtin backend and a new draft only (no `init`)"
+            )
         return self
 
 
@@ -560,7 +703,9 @@ class TargetPlacement(Section):
     @model_validator(mode="after")
     def _device_map_needs_gpus(self):
         if self.device_map is not None and self.device == "cpu":
-            raise ValueError("device_map spreads the target over GPUs; it does not apply with device: cpu")
+            raise ValueError(
+                "device_map spreads the target over GPUs; it does not apply with device: cpu"
+            )
         return self
 
     def resolved_device(self) -> str:
@@ -584,8 +729,12 @@ class EvaluateConfig(TargetPlacement):
 class VllmBenchConfig(Section):
     launcher: list[str] = ["vllm", "serve"]  # what starts the server; the target path follows it
     method: str = "eagle3"  # speculative_config.method; preflight refuses anything but eagle3
-    speculative_config: dict[str, int | float | str | bool] = {}  # merged in, e.g. draft_tensor_parallel_size
-    args: list[str] = []  # extra server arguments for both servers, e.g. ["--tensor-parallel-size", "8"]
+    speculative_config: dict[
+        str, int | float | str | bool
+    ] = {}  # merged in, e.g. draft_tensor_parallel_size
+    args: list[
+        str
+    ] = []  # extra server arguments for both servers, e.g. ["--tensor-parallel-size", "8"]
 
 
 class SglangBenchConfig(Section):
@@ -602,8 +751,12 @@ class SglangBenchConfig(Section):
     @model_validator(mode="after")
     def _chain_tokens(self):
         # SGLang silently resets num_draft_tokens to num_steps + 1 when topk is 1
-        if self.eagle_topk == 1 and self.num_draft_tokens is not None and self.num_steps is not None \
-                and self.num_draft_tokens != self.num_steps + 1:
+        if (
+            self.eagle_topk == 1
+            and self.num_draft_tokens is not None
+            and self.num_steps is not None
+            and self.num_draft_tokens != self.num_steps + 1
+        ):
             raise ValueError("num_draft_tokens must be num_steps + 1 when eagle_topk is 1")
         return self
 
@@ -615,14 +768,18 @@ class BenchmarkConfig(TargetPlacement):
     k: int = Field(3, ge=1)  # draft tokens per step (vLLM num_speculative_tokens)
     max_new_tokens: int = Field(96, ge=1)
     prompts: int = Field(16, ge=1)  # eval prompts used
-    warmup: int = Field(2, ge=0)  # hf: untimed passes; servers: passes over the prompts before measuring
+    warmup: int = Field(
+        2, ge=0
+    )  # hf: untimed passes; servers: passes over the prompts before measuring
     repeats: int = Field(3, ge=1)  # hf only: timed passes, medians reported
     # device, device_map, dtype (TargetPlacement): hf only
     concurrency: list[int] = [1, 8, 32, 128]  # servers: requests in flight, one load level each
     requests_per_level: int | None = Field(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = "127.0.0.1"
     port: Port = None  # both servers, one after the other; null = a free port chosen at each start
-    startup_timeout_s: float | None = Field(None, gt=0)  # null = from the checkpoint size (as regenerate)
+    startup_timeout_s: float | None = Field(
+        None, gt=0
+    )  # null = from the checkpoint size (as regenerate)
     request_timeout_s: float = Field(600, gt=0)
     vllm: VllmBenchConfig = VllmBenchConfig()
     sglang: SglangBenchConfig = SglangBenchConfig()
@@ -667,9 +824,11 @@ class Params(Section):
     def _plain_names(cls, raw):
         for name in raw if isinstance(raw, dict) else ():
             if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not a plain dataset name (letters, digits, _ and -, starting with "
-                                 "a letter or digit, at most 64): it becomes a file name, a DVC stage name and a "
-                                 "params key")
+                raise ValueError(
+                    f"{name!r} is not a plain dataset name (letters, digits, _ and -, starting with "
+                    "a letter or digit, at most 64): it becomes a file name, a DVC stage name and a "
+                    "params key"
+                )
         return raw
 
     @model_validator(mode="after")
@@ -702,41 +861,59 @@ def _names(text: str) -> frozenset[str]:
 
 
 OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
-    TinyTargetConfig: _names("layers hidden_size heads kv_heads intermediate_size vocab_size corpus_conversations "
-                             "train_steps batch_size seq_len lr seed device"),
+    TinyTargetConfig: _names(
+        "layers hidden_size heads kv_heads intermediate_size vocab_size corpus_conversations "
+        "train_steps batch_size seq_len lr seed device"
+    ),
     TargetConfig: _names("model revision aux_layer_ids trust_remote_code tiny"),
-    DatasetSpec: _names("preset path format split name revision fields parse_markup max_rows max_prompt_tokens scripts"),
+    DatasetSpec: _names(
+        "preset path format split name revision fields parse_markup max_rows max_prompt_tokens scripts"
+    ),
     MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall"),
-    RegeneratePartition: _names("max_context"),  # cuts max_tokens, ends a conversation whose prompt does not fit
+    RegeneratePartition: _names(
+        "max_context"
+    ),  # cuts max_tokens, ends a conversation whose prompt does not fit
     TemperatureChoice: _names("value weight"),
     HfBatchConfig: _names(""),
     # the engine, its parsers and launch arguments (extra_args may set anything: dtype, template...)
     # decide what an answer holds, as do the sampling settings
-    RegenerateConfig: _names("backend external_engine reasoning_parser tool_call_parser extra_args short long "
-                             "max_tokens temperature temperatures top_p seed chat_template_kwargs"),
+    RegenerateConfig: _names(
+        "backend external_engine reasoning_parser tool_call_parser extra_args short long "
+        "max_tokens temperature temperatures top_p seed chat_template_kwargs"
+    ),
     TokenizeConfig: _names("max_length"),
     VocabConfig: _names("draft_vocab_size"),
     VllmExtractionConfig: _names("extra_args"),
     MooncakeConfig: _names(""),
     OnlineConfig: _names(""),
     HiddenStatesConfig: _names("mode format backend device dtype compute_dtype vllm online"),
-    TrainConfig: _names("backend init init_convert init_remap_aux_layers init_remap_vocab num_layers architecture "
-                        "train_embeddings train_lm_head init_layer_from_target epochs lr scheduler warmup_steps max_grad_norm weight_decay "
-                        "ttt_steps ttt_step_loss_decay speculative_tokens pack_len grad_accum_steps val_fraction "
-                        "device seed"),
+    TrainConfig: _names(
+        "backend init init_convert init_remap_aux_layers init_remap_vocab num_layers architecture "
+        "train_embeddings train_lm_head init_layer_from_target epochs lr scheduler warmup_steps max_grad_norm weight_decay "
+        "ttt_steps ttt_step_loss_decay speculative_tokens pack_len grad_accum_steps val_fraction "
+        "device seed"
+    ),
     EvaluateConfig: _names("device dtype k max_new_tokens prompts tie_tolerance"),
     VllmBenchConfig: _names("method speculative_config args"),
-    SglangBenchConfig: _names("algorithm draft_model_path num_steps eagle_topk num_draft_tokens args"),
+    SglangBenchConfig: _names(
+        "algorithm draft_model_path num_steps eagle_topk num_draft_tokens args"
+    ),
     # what is measured: timings depend on warm-up, repeats and load levels too
-    BenchmarkConfig: _names("device dtype engine k max_new_tokens prompts warmup repeats concurrency "
-                            "requests_per_level vllm sglang"),
-    Params: _names("samples seed target datasets mix regenerate tokenize vocab hidden_states train evaluate benchmark"),
+    BenchmarkConfig: _names(
+        "device dtype engine k max_new_tokens prompts warmup repeats concurrency "
+        "requests_per_level vllm sglang"
+    ),
+    Params: _names(
+        "samples seed target datasets mix regenerate tokenize vocab hidden_states train evaluate benchmark"
+    ),
 }
 
 OPERATIONAL: dict[type[Section], frozenset[str]] = {
     TinyTargetConfig: _names(""),
     TargetConfig: _names(""),
-    DatasetSpec: _names("streaming"),  # the same rows, read as a stream or after downloading the shards
+    DatasetSpec: _names(
+        "streaming"
+    ),  # the same rows, read as a stream or after downloading the shards
     MixConfig: _names(""),
     RegeneratePartition: _names("concurrency"),
     TemperatureChoice: _names(""),
@@ -744,16 +921,21 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     HfBatchConfig: _names("max_batch gather_ms tie_tolerance threads"),
     # max_model_len: a conversation longer than the server's context fails (and is retried), it is
     # not cut; tensor/data parallel and continuous batching: the same engine, spread or scheduled
-    RegenerateConfig: _names("host port endpoints served_model_name api_key_env tensor_parallel_size "
-                             "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
-                             "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
-                             "retry_backoff_s retry_backoff_max_s max_failure_rate"),
+    RegenerateConfig: _names(
+        "host port endpoints served_model_name api_key_env tensor_parallel_size "
+        "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
+        "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
+        "retry_backoff_s retry_backoff_max_s max_failure_rate"
+    ),
     TokenizeConfig: _names(""),
     VocabConfig: _names(""),
-    VllmExtractionConfig: _names("python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
-                                 "concurrency request_timeout_s max_retries startup_timeout_s"),
-    MooncakeConfig: _names("master metadata_server protocol device global_segment_gib local_buffer_gib "
-                           "writer_threads"),
+    VllmExtractionConfig: _names(
+        "python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
+        "concurrency request_timeout_s max_retries startup_timeout_s"
+    ),
+    MooncakeConfig: _names(
+        "master metadata_server protocol device global_segment_gib local_buffer_gib writer_threads"
+    ),
     # transfer must agree with hidden_states.format (checked): how states move, not what they are
     OnlineConfig: _names("endpoint transfer staging_dir request_timeout_s max_retries mooncake"),
     HiddenStatesConfig: _names("device_map token_budget disk_margin verify_existing"),
@@ -771,7 +953,11 @@ def output_shaping(section: Section) -> dict:
     """`section.model_dump()` without its operational fields, at every depth: what a fingerprint
     or a meta.json records."""
     skip = OPERATIONAL.get(type(section), frozenset())
-    return {name: _shaping_value(getattr(section, name)) for name in type(section).model_fields if name not in skip}
+    return {
+        name: _shaping_value(getattr(section, name))
+        for name in type(section).model_fields
+        if name not in skip
+    }
 
 
 def _shaping_value(value):
@@ -789,8 +975,12 @@ class ParamsError(ValueError):
 
 
 # A URL carrying a secret: user:password@host, or a query parameter named like one.
-URL_USERINFO = re.compile(r"\b(?:https?|wss?)://[^/?#\s@]+@|\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s@:]*:[^/?#\s@]*@")
-SECRET_PARAM = r"[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|auth|sig|signature|credential)s?"
+URL_USERINFO = re.compile(
+    r"\b(?:https?|wss?)://[^/?#\s@]+@|\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s@:]*:[^/?#\s@]*@"
+)
+SECRET_PARAM = (
+    r"[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|auth|sig|signature|credential)s?"
+)
 URL_SECRET_QUERY = re.compile(rf"://\S*[?&#]{SECRET_PARAM}=", re.IGNORECASE)
 
 
@@ -798,13 +988,19 @@ def credential_problems(raw, key: str = "") -> list[str]:
     """Dotted keys whose value is a URL with credentials in it. Params are written into dvc.lock,
     meta.json files and reports (and pushed to git and DVC remotes), so a secret must not be one."""
     if isinstance(raw, dict):
-        return [p for k, v in raw.items() for p in credential_problems(v, f"{key}.{k}" if key else str(k))]
+        return [
+            p
+            for k, v in raw.items()
+            for p in credential_problems(v, f"{key}.{k}" if key else str(k))
+        ]
     if isinstance(raw, list):
         return [p for i, v in enumerate(raw) for p in credential_problems(v, f"{key}.{i}")]
     if isinstance(raw, str) and (URL_USERINFO.search(raw) or URL_SECRET_QUERY.search(raw)):
-        return [f"  {key}: a URL with credentials in it ({redact_url(raw)}); params are recorded in dvc.lock, "
-                "meta.json and reports: put the secret in an environment variable and name it in "
-                "regenerate.api_key_env (endpoints), or use the tool's own credential store"]
+        return [
+            f"  {key}: a URL with credentials in it ({redact_url(raw)}); params are recorded in dvc.lock, "
+            "meta.json and reports: put the secret in an environment variable and name it in "
+            "regenerate.api_key_env (endpoints), or use the tool's own credential store"
+        ]
     return []
 
 

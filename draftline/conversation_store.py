@@ -41,8 +41,12 @@ def fingerprint(settings: dict) -> str:
 def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
     """Everything that shapes the answers: the target, its chat template and the output-shaping
     regenerate params (draftline/config.py). Conversations made under other settings are redone."""
-    return {"model": card.model, "revision": card.revision, "chat_template_sha256": card.chat_template_sha256,
-            **output_shaping(cfg)}
+    return {
+        "model": card.model,
+        "revision": card.revision,
+        "chat_template_sha256": card.chat_template_sha256,
+        **output_shaping(cfg),
+    }
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -50,7 +54,9 @@ def read_prompts(path: str | Path) -> list[dict]:
     rows, seen = [], set()
     for n, row in enumerate(read_jsonl(path), 1):
         if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
-            raise SystemExit(f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list")
+            raise SystemExit(
+                f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list"
+            )
         if row["id"] in seen:
             raise SystemExit(f"error: {path} line {n}: duplicate prompt id {row['id']!r}")
         seen.add(row["id"])
@@ -67,8 +73,9 @@ def cut_last_line(path: Path) -> bool:
         return f.read(1) != b"\n"
 
 
-def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
-                  rewrite: bool = True) -> tuple[set[str], dict]:
+def load_finished(
+    path: Path, prompts: dict[str, dict], tags_fingerprint: str, rewrite: bool = True
+) -> tuple[set[str], dict]:
     """Ids of the lines of previous runs that still hold: well-formed, first of their id, made
     with the same fingerprint and, for ids still prompted, from the same prompt; with counts of
     what was dropped and `last_run`, the highest run number kept (see run_of). Lines of ids no
@@ -117,7 +124,10 @@ def load_finished(path: Path, prompts: dict[str, dict], tags_fingerprint: str,
             for line, kept in zip(src, keep):
                 if kept:
                     dst.write(line if line.endswith(b"\n") else line + b"\n")
-    kept = {k: counts[k] for k in ("bad_lines", "duplicates", "stale_settings", "stale_prompt", "not_in_prompts")}
+    kept = {
+        k: counts[k]
+        for k in ("bad_lines", "duplicates", "stale_settings", "stale_prompt", "not_in_prompts")
+    }
     return done, {**kept, "last_run": last_run}
 
 

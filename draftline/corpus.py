@@ -82,7 +82,9 @@ def arithmetic(rng: random.Random) -> dict:
     op = rng.choice(["+", "-", "*"])
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
     word = {"+": "plus", "-": "minus", "*": "times"}[op]
-    question = rng.choice([f"What is {a} {op} {b}?", f"Compute {a} {word} {b}.", f"How much is {a} {word} {b}?"])
+    question = rng.choice(
+        [f"What is {a} {op} {b}?", f"Compute {a} {word} {b}.", f"How much is {a} {word} {b}?"]
+    )
     return {
         "messages": _maybe_system(rng)
         + [
@@ -103,7 +105,9 @@ def tool_call(rng: random.Random) -> dict:
         sky, temp = CITIES[city]
         name, args = "get_weather", {"city": city}
         result = {"city": city, "sky": sky, "temperature": temp}
-        question = rng.choice([f"What is the weather in {city}?", f"How is the weather in {city} today?"])
+        question = rng.choice(
+            [f"What is the weather in {city}?", f"How is the weather in {city} today?"]
+        )
         answer = f"It is {sky} in {city}, {temp} degrees."
     else:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
@@ -120,7 +124,11 @@ def tool_call(rng: random.Random) -> dict:
                 "role": "assistant",
                 "content": "",
                 "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
                 ],
             },
             {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)},
@@ -133,12 +141,22 @@ def tool_call(rng: random.Random) -> dict:
 def prose(rng: random.Random) -> dict:
     animal = rng.choice(sorted(ANIMALS))
     adj, home, food, sound = ANIMALS[animal]
-    question = rng.choice([f"Tell me about the {animal}.", f"Describe the {animal}.", f"What do you know about the {animal}?"])
+    question = rng.choice(
+        [
+            f"Tell me about the {animal}.",
+            f"Describe the {animal}.",
+            f"What do you know about the {animal}?",
+        ]
+    )
     answer = (
         f"The {animal} is a {adj} animal. It lives in the {home} and eats {food}. "
         f"When it is happy, the {animal} {sound}."
     )
-    return {"messages": _maybe_system(rng) + [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], "tools": None}
+    return {
+        "messages": _maybe_system(rng)
+        + [{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
+        "tools": None,
+    }
 
 
 def multi_turn(rng: random.Random) -> dict:

@@ -55,8 +55,10 @@ def check_hidden_states(hs_dir: Path, card: TargetCard) -> None:
     if meta.is_file():
         ids = json.loads(meta.read_text()).get("aux_layer_ids")
         if ids is not None and list(ids) != card.aux_ids:
-            raise DataMismatch(f"{meta}: hidden states hold aux layers {ids}, the target card says "
-                             f"{card.aux_ids}; rerun the hidden_states stage")
+            raise DataMismatch(
+                f"{meta}: hidden states hold aux layers {ids}, the target card says "
+                f"{card.aux_ids}; rerun the hidden_states stage"
+            )
 
 
 class OnlineStates:
@@ -76,7 +78,9 @@ def online_states(card: TargetCard, source: dict, device: str) -> OnlineStates:
     target = load_target_model(card, device, torch.float32 if device == "cpu" else torch.bfloat16)
     target.eval()
     target.requires_grad_(False)
-    storage = hs_format.storage_dtype(source["format"], (source.get("params") or {}).get("dtype", "bfloat16"))
+    storage = hs_format.storage_dtype(
+        source["format"], (source.get("params") or {}).get("dtype", "bfloat16")
+    )
     return OnlineStates(target, card.aux_ids, storage)
 
 
@@ -91,12 +95,25 @@ def autocast(device: str):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: float, pack_len: int, dtype,
-                 online: OnlineStates | None = None):
+def make_dataset(
+    tokenized_dir: Path,
+    hs_dir: Path,
+    split: str,
+    train_ratio: float,
+    pack_len: int,
+    dtype,
+    online: OnlineStates | None = None,
+):
     """speculators' ArrowDataset over the rows; states from the files through hs-connectors'
     FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, `online`, from the
     target at fetch time (draftline/online.py)."""
-    common = dict(max_len=pack_len, datapath=str(tokenized_dir), train_ratio=train_ratio, split=split, hidden_states_dtype=dtype)
+    common = dict(
+        max_len=pack_len,
+        datapath=str(tokenized_dir),
+        train_ratio=train_ratio,
+        split=split,
+        hidden_states_dtype=dtype,
+    )
     if online is not None:
         from draftline.online import OnlineArrowDataset
 
@@ -104,7 +121,9 @@ def make_dataset(tokenized_dir: Path, hs_dir: Path, split: str, train_ratio: flo
     from hs_connectors import FP8Transfer
     from speculators.train.data import ArrowDataset
 
-    return ArrowDataset(transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common)
+    return ArrowDataset(
+        transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common
+    )
 
 
 def epoch_batches(dataset, pack_len: int, seed: int, epoch: int) -> list[list[int]]:
@@ -123,5 +142,7 @@ def make_loader(dataset, batches: list[list[int]], pack_len: int, hidden_size: i
     from speculators.train.data import CollateFn
     from torch.utils.data import DataLoader
 
-    collate = CollateFn(pack_len, hidden_size, num_target_layers=3, dtype=dtype, preprocess=shift_batch)
+    collate = CollateFn(
+        pack_len, hidden_size, num_target_layers=3, dtype=dtype, preprocess=shift_batch
+    )
     return DataLoader(dataset, batch_sampler=batches, num_workers=0, collate_fn=collate)

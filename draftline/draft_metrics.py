@@ -8,7 +8,14 @@ import torch
 
 from draftline.draft_data import autocast, hidden_states_dtype, make_loader
 
-MODEL_INPUTS = ("hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask", "position_ids", "document_ids")
+MODEL_INPUTS = (
+    "hidden_states",
+    "input_ids",
+    "verifier_last_hidden_states",
+    "loss_mask",
+    "position_ids",
+    "document_ids",
+)
 
 
 def run_batch(model, batch: dict, device: str, ttt_steps: int, decay: float, loss_config):
@@ -19,6 +26,7 @@ def run_batch(model, batch: dict, device: str, ttt_steps: int, decay: float, los
 def summarize(metric_sums: dict[str, float], ttt_steps: int) -> dict:
     """Per-position accuracy acc_k = P(steps 0..k all correct) = prod_{i<=k} of the conditional
     acceptance, and the simulated acceptance length tau_sim = 1 + sum_k acc_k."""
+
     def ratio(name):
         total = metric_sums.get(f"{name}_total", 0.0)
         return metric_sums.get(f"{name}_sum", 0.0) / total if total else 0.0
@@ -38,7 +46,9 @@ def accumulate(sums: dict[str, float], metrics: dict) -> None:
 
 
 @torch.no_grad()
-def validate(model, dataset, batches, pack_len: int, device: str, ttt_steps: int, decay: float, loss_config) -> dict:
+def validate(
+    model, dataset, batches, pack_len: int, device: str, ttt_steps: int, decay: float, loss_config
+) -> dict:
     model.eval()
     hidden_size = model.config.transformer_layer_config.hidden_size
     dtype = hidden_states_dtype(device)

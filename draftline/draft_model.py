@@ -20,8 +20,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftline.checkpoint import (ARCHITECTURES, InitMismatch, architecture_of, load_verifier_tensors, load_vocab,
-                                  read_weights)
+from draftline.checkpoint import (
+    ARCHITECTURES,
+    InitMismatch,
+    architecture_of,
+    load_verifier_tensors,
+    load_vocab,
+    read_weights,
+)
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -68,9 +74,18 @@ def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
     model.config.embed_requires_grad = train_embeddings
 
 
-def build_draft(card: TargetCard, vocab_dir: Path, num_layers: int, ttt_steps: int, attn_impl: str = "eager", *,
-                speculative_tokens: int | None = None, train_embeddings: bool = False, train_lm_head: bool = False,
-                architecture: str = "speculators"):
+def build_draft(
+    card: TargetCard,
+    vocab_dir: Path,
+    num_layers: int,
+    ttt_steps: int,
+    attn_impl: str = "eager",
+    *,
+    speculative_tokens: int | None = None,
+    train_embeddings: bool = False,
+    train_lm_head: bool = False,
+    architecture: str = "speculators",
+):
     """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
@@ -95,8 +110,17 @@ def build_draft(card: TargetCard, vocab_dir: Path, num_layers: int, ttt_steps: i
     return model
 
 
-LAYER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+LAYER_PARTS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
 
 
 def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
@@ -114,12 +138,18 @@ def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
     from draftline.target import _checkpoint_file, checkpoint_weight_map
 
     if not 0 <= layer < card.num_layers:
-        raise ValueError(f"train.init_layer_from_target: {layer} is not a decoder layer of the target (0..{card.num_layers - 1})")
+        raise ValueError(
+            f"train.init_layer_from_target: {layer} is not a decoder layer of the target (0..{card.num_layers - 1})"
+        )
     weight_map = checkpoint_weight_map(card.model, card.revision)
     suffix = f"layers.{layer}.self_attn.q_proj.weight"
-    found = [n for n in weight_map if n.endswith(suffix) and "visual" not in n and "vision" not in n]
+    found = [
+        n for n in weight_map if n.endswith(suffix) and "visual" not in n and "vision" not in n
+    ]
     if len(found) != 1:
-        raise ValueError(f"train.init_layer_from_target: no single `{suffix}` in {card.model!r}'s checkpoint ({found})")
+        raise ValueError(
+            f"train.init_layer_from_target: no single `{suffix}` in {card.model!r}'s checkpoint ({found})"
+        )
     prefix = found[0][: -len("self_attn.q_proj.weight")]
     draft = model.layers[0]
     H = card.hidden_size
@@ -127,26 +157,34 @@ def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
         for part in LAYER_PARTS:
             name = f"{prefix}{part}.weight"
             if name not in weight_map:
-                raise ValueError(f"train.init_layer_from_target: {name!r} is not in the target checkpoint")
-            with safe_open(str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt") as f:
+                raise ValueError(
+                    f"train.init_layer_from_target: {name!r} is not in the target checkpoint"
+                )
+            with safe_open(
+                str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt"
+            ) as f:
                 tensor = f.get_tensor(name).float()
             module = draft.get_submodule(part)
             if part.endswith(("q_proj", "k_proj", "v_proj")):
                 if module.weight.shape != (tensor.shape[0], 2 * H):
-                    raise ValueError(f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
-                                     f"{tuple(module.weight.shape)}")
+                    raise ValueError(
+                        f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
+                        f"{tuple(module.weight.shape)}"
+                    )
                 module.weight[:, H:] = tensor
             else:
                 if module.weight.shape != tensor.shape:
-                    raise ValueError(f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
-                                     f"{tuple(module.weight.shape)}")
+                    raise ValueError(
+                        f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
+                        f"{tuple(module.weight.shape)}"
+                    )
                 module.weight.copy_(tensor)
                 if part == "input_layernorm":
                     draft.hidden_norm.weight.copy_(tensor)
         if layer in card.aux_layer_ids:
             slot = card.aux_layer_ids.index(layer)
             model.fc.weight.zero_()
-            model.fc.weight[:, slot * H:(slot + 1) * H] = torch.eye(H)
+            model.fc.weight[:, slot * H : (slot + 1) * H] = torch.eye(H)
             return f"decoder layer from target layer {layer}; fc passes aux slot {slot} through"
     return f"decoder layer from target layer {layer}; fc random (layer {layer} is not an aux layer)"
 
@@ -154,7 +192,13 @@ def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
 # ---------------------------------------------------------------- fine-tuning an existing draft
 
 
-CONVERT_KEYS = {"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids"}
+CONVERT_KEYS = {
+    "norm_before_residual",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "eagle_aux_hidden_state_layer_ids",
+}
 
 
 def prepare_init(init: str | Path, card: TargetCard, convert_kwargs: dict, work_dir: Path) -> Path:
@@ -163,7 +207,9 @@ def prepare_init(init: str | Path, card: TargetCard, convert_kwargs: dict, work_
     path = Path(init)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise InitMismatch(f"train.init: {path} has no config.json (a local checkpoint directory is required)")
+        raise InitMismatch(
+            f"train.init: {path} has no config.json (a local checkpoint directory is required)"
+        )
     config = json.loads(config_path.read_text())
     kind = config.get("speculators_model_type")
     if kind is not None:
@@ -172,7 +218,9 @@ def prepare_init(init: str | Path, card: TargetCard, convert_kwargs: dict, work_
         return path
     unknown = sorted(set(convert_kwargs) - CONVERT_KEYS)
     if unknown:
-        raise InitMismatch(f"train.init_convert: unknown keys {unknown}; allowed {sorted(CONVERT_KEYS)}")
+        raise InitMismatch(
+            f"train.init_convert: unknown keys {unknown}; allowed {sorted(CONVERT_KEYS)}"
+        )
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
 
     out = Path(work_dir) / CONVERTED_INIT_DIR
@@ -187,43 +235,67 @@ def draft_target_ids(d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
     return torch.arange(d2t.shape[0]) + d2t.long()
 
 
-def check_init(config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, num_layers: int,
-               remap_aux: bool, remap_vocab: bool) -> list[str]:
+def check_init(
+    config,
+    init_d2t: torch.Tensor | None,
+    card: TargetCard,
+    d2t: torch.Tensor,
+    num_layers: int,
+    remap_aux: bool,
+    remap_vocab: bool,
+) -> list[str]:
     """Refuse a checkpoint that cannot serve this target; return the remaps that were allowed."""
     from draftline.config import eagle3_default_aux_ids
 
     tl = config.transformer_layer_config
     if tl.hidden_size != card.hidden_size:
-        raise InitMismatch(f"train.init: hidden size {tl.hidden_size} differs from the target's "
-                           f"{card.hidden_size} ({card.model}); no remap exists for this")
+        raise InitMismatch(
+            f"train.init: hidden size {tl.hidden_size} differs from the target's "
+            f"{card.hidden_size} ({card.model}); no remap exists for this"
+        )
     if tl.vocab_size != card.vocab_size:
-        raise InitMismatch(f"train.init: target vocabulary of {tl.vocab_size} tokens differs from the "
-                           f"target's {card.vocab_size}: it was trained for another tokenizer")
+        raise InitMismatch(
+            f"train.init: target vocabulary of {tl.vocab_size} tokens differs from the "
+            f"target's {card.vocab_size}: it was trained for another tokenizer"
+        )
     if tl.num_hidden_layers != num_layers:
-        raise InitMismatch(f"train.num_layers: {num_layers}, but train.init has {tl.num_hidden_layers} "
-                           "decoder layers; set train.num_layers to match")
+        raise InitMismatch(
+            f"train.num_layers: {num_layers}, but train.init has {tl.num_hidden_layers} "
+            "decoder layers; set train.num_layers to match"
+        )
     notes = []
     # EAGLE checkpoints without ids were trained with the EAGLE-3 rule (as vLLM assumes).
-    init_aux = list(config.eagle_aux_hidden_state_layer_ids or eagle3_default_aux_ids(card.num_layers))
+    init_aux = list(
+        config.eagle_aux_hidden_state_layer_ids or eagle3_default_aux_ids(card.num_layers)
+    )
     if init_aux != card.aux_ids:
         if not remap_aux:
-            raise InitMismatch(f"train.init: aux layer ids {init_aux} differ from the target card's "
-                               f"{card.aux_ids} (target.aux_layer_ids); set "
-                               "train.init_remap_aux_layers: true to reuse its fc slot by slot")
+            raise InitMismatch(
+                f"train.init: aux layer ids {init_aux} differ from the target card's "
+                f"{card.aux_ids} (target.aux_layer_ids); set "
+                "train.init_remap_aux_layers: true to reuse its fc slot by slot"
+            )
         notes.append(f"aux layers {init_aux} -> {card.aux_ids}")
     ours = draft_target_ids(d2t, card.vocab_size)
     theirs = draft_target_ids(init_d2t, card.vocab_size)
     if not torch.equal(ours, theirs):
         shared = len(set(ours.tolist()) & set(theirs.tolist()))
         if not remap_vocab:
-            raise InitMismatch(f"train.init: draft vocabulary differs ({len(theirs)} tokens, {shared} shared "
-                               f"with our {len(ours)} in models/vocab); set train.init_remap_vocab: true")
+            raise InitMismatch(
+                f"train.init: draft vocabulary differs ({len(theirs)} tokens, {shared} shared "
+                f"with our {len(ours)} in models/vocab); set train.init_remap_vocab: true"
+            )
         notes.append(f"vocab {len(theirs)} -> {len(ours)} tokens ({shared} shared)")
     return notes
 
 
-def remap_lm_head(init_head: torch.Tensor, init_d2t: torch.Tensor | None, target_rows: torch.Tensor,
-                  d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def remap_lm_head(
+    init_head: torch.Tensor,
+    init_d2t: torch.Tensor | None,
+    target_rows: torch.Tensor,
+    d2t: torch.Tensor,
+    vocab_size: int,
+) -> torch.Tensor:
     """lm_head rows for our draft vocab: the init's row where it has the token, else the target's
     (target_rows: the target's lm_head rows of our draft vocab, in draft order)."""
     row_of = {t: i for i, t in enumerate(draft_target_ids(init_d2t, vocab_size).tolist())}
@@ -236,13 +308,31 @@ def remap_lm_head(init_head: torch.Tensor, init_d2t: torch.Tensor | None, target
 
 
 # Parts the target provides (or that are recomputed); the checkpoint may carry them or not.
-FROM_TARGET = {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight", "d2t", "t2d"}
+FROM_TARGET = {
+    "embed_tokens.weight",
+    "lm_head.weight",
+    "verifier_lm_head.weight",
+    "verifier_norm.weight",
+    "d2t",
+    "t2d",
+}
 
 
-def load_init_draft(init_dir: Path, card: TargetCard, vocab_dir: Path, num_layers: int, ttt_steps: int,
-                    attn_impl: str = "eager", *, speculative_tokens: int | None = None, train_embeddings: bool = False,
-                    train_lm_head: bool = False, remap_aux: bool = False, remap_vocab: bool = False,
-                    architecture: str | None = None):
+def load_init_draft(
+    init_dir: Path,
+    card: TargetCard,
+    vocab_dir: Path,
+    num_layers: int,
+    ttt_steps: int,
+    attn_impl: str = "eager",
+    *,
+    speculative_tokens: int | None = None,
+    train_embeddings: bool = False,
+    train_lm_head: bool = False,
+    remap_aux: bool = False,
+    remap_vocab: bool = False,
+    architecture: str | None = None,
+):
     """(draft, notes): the checkpoint's architecture and trained weights, re-targeted to our card:
     our verifier, aux layer ids and draft vocabulary; frozen parts taken from our target.
     architecture: the train.architecture the checkpoint must have (None: any)."""
@@ -253,9 +343,11 @@ def load_init_draft(init_dir: Path, card: TargetCard, vocab_dir: Path, num_layer
     found = architecture_of(config)
     if architecture is not None and found != architecture:
         flags = {key: getattr(config, key, None) for key in (*ARCHITECTURES["eagle3"], "fc_norm")}
-        raise InitMismatch(f"train.init: its norms {flags} are the {found or 'neither'!s} architecture, "
-                           f"train.architecture is {architecture!r}: set train.architecture to match"
-                           + ("" if found else " (or convert it with train.init_convert flags that match)"))
+        raise InitMismatch(
+            f"train.init: its norms {flags} are the {found or 'neither'!s} architecture, "
+            f"train.architecture is {architecture!r}: set train.architecture to match"
+            + ("" if found else " (or convert it with train.init_convert flags that match)")
+        )
     weights = read_weights(init_dir)
     notes = check_init(config, weights.get("d2t"), card, d2t, num_layers, remap_aux, remap_vocab)
     config.eagle_aux_hidden_state_layer_ids = card.aux_ids
@@ -265,14 +357,23 @@ def load_init_draft(init_dir: Path, card: TargetCard, vocab_dir: Path, num_layer
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
-    load_verifier_tensors(model, card)  # embeddings, lm_head rows, verifier norm/head from our target
+    load_verifier_tensors(
+        model, card
+    )  # embeddings, lm_head rows, verifier norm/head from our target
 
     trained = {k: v for k, v in weights.items() if k not in FROM_TARGET}
     if train_embeddings and "embed_tokens.weight" in weights:
         trained["embed_tokens.weight"] = weights["embed_tokens.weight"]
-    if train_lm_head and "lm_head.weight" in weights:  # verifier_lm_head = the target's rows of our vocab
-        trained["lm_head.weight"] = remap_lm_head(weights["lm_head.weight"], weights.get("d2t"),
-                                                  model.verifier_lm_head.weight.detach(), d2t, card.vocab_size)
+    if (
+        train_lm_head and "lm_head.weight" in weights
+    ):  # verifier_lm_head = the target's rows of our vocab
+        trained["lm_head.weight"] = remap_lm_head(
+            weights["lm_head.weight"],
+            weights.get("d2t"),
+            model.verifier_lm_head.weight.detach(),
+            d2t,
+            card.vocab_size,
+        )
     expected = set(model.state_dict()) - FROM_TARGET
     if "input_norm.weight" in expected - set(trained):  # tolerated by speculators too
         notes.append("input_norm.weight missing: starts at ones")
@@ -280,7 +381,9 @@ def load_init_draft(init_dir: Path, card: TargetCard, vocab_dir: Path, num_layer
     missing = sorted(expected - set(trained))
     unexpected = sorted(set(trained) - set(model.state_dict()))
     if missing or unexpected:
-        raise InitMismatch(f"train.init: weights do not fit its config: missing {missing[:8]}, unexpected {unexpected[:8]}")
+        raise InitMismatch(
+            f"train.init: weights do not fit its config: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
     try:
         model.load_state_dict({k: v.float() for k, v in trained.items()}, strict=False)
     except RuntimeError as err:
@@ -319,5 +422,7 @@ def save_draft(model, out_dir: Path) -> dict:
     model.to("cpu").save_pretrained(out_dir)
     fields = vllm_speculator_fields(json.loads((out_dir / "config.json").read_text()))
     if fields["method"] != "eagle3" or fields["draft_model_type"] not in ("llama", "qwen3"):
-        raise ValueError(f"{out_dir}/config.json is not an EAGLE-3 speculator vLLM can serve: {fields}")
+        raise ValueError(
+            f"{out_dir}/config.json is not an EAGLE-3 speculator vLLM can serve: {fields}"
+        )
     return fields

@@ -23,10 +23,14 @@ def check_sizes(draft_vocab_size: int, target_vocab_size: int, freq: dict[int, i
         )
     outside = [t for t in freq if not 0 <= t < target_vocab_size]
     if outside:
-        raise VocabSizeError(f"token frequencies name ids outside the target vocabulary ({target_vocab_size}): {sorted(outside)[:5]}")
+        raise VocabSizeError(
+            f"token frequencies name ids outside the target vocabulary ({target_vocab_size}): {sorted(outside)[:5]}"
+        )
 
 
-def coverage_report(freq: dict[int, int], t2d, draft_vocab_size: int, target_vocab_size: int) -> dict:
+def coverage_report(
+    freq: dict[int, int], t2d, draft_vocab_size: int, target_vocab_size: int
+) -> dict:
     total = sum(freq.values())
     covered = sum(c for tid, c in freq.items() if t2d[tid])
     return {
@@ -42,7 +46,9 @@ def coverage_report(freq: dict[int, int], t2d, draft_vocab_size: int, target_voc
     }
 
 
-def build_draft_vocab(freq_path: str, draft_vocab_size: int, target_vocab_size: int, out_dir: str) -> dict:
+def build_draft_vocab(
+    freq_path: str, draft_vocab_size: int, target_vocab_size: int, out_dir: str
+) -> dict:
     """d2t.npy and t2d.npy of the `draft_vocab_size` most frequent tokens of token_freq.pt, written
     to `out_dir`; the coverage report. VocabSizeError when the sizes do not fit."""
     import numpy as np

@@ -23,14 +23,16 @@ def eos_ids(tokenizer, model) -> set[int]:
 
 
 def compare_to_greedy(spec_tokens: list[int], plain, tie_tolerance: float) -> str:
-    """"identical"; "near_tie" when the outputs first differ at a token whose greedy logit was
+    """ "identical"; "near_tie" when the outputs first differ at a token whose greedy logit was
     at most tie_tolerance above the runner-up (a 16-bit target can order those two either way,
     and the batched verification rounds differently from one-token steps); else "mismatch".
     `plain` is a greedy Generation made with margins."""
     if spec_tokens == plain.tokens:
         return "identical"
-    first = next((i for i, (a, b) in enumerate(zip(spec_tokens, plain.tokens)) if a != b),
-                 min(len(spec_tokens), len(plain.tokens)))
+    first = next(
+        (i for i, (a, b) in enumerate(zip(spec_tokens, plain.tokens)) if a != b),
+        min(len(spec_tokens), len(plain.tokens)),
+    )
     if first < len(plain.margins) and plain.margins[first] <= tie_tolerance:
         return "near_tie"
     return "mismatch"
@@ -53,7 +55,10 @@ def acceptance_summary(rounds: list[int], k: int) -> dict:
     return {
         "acceptance_length": mean(rounds),
         "rounds": n,
-        "position_acceptance": {str(i): round(sum(1 for r in rounds if r - 1 >= i) / n, 4) if n else 0.0 for i in range(1, k + 1)},
+        "position_acceptance": {
+            str(i): round(sum(1 for r in rounds if r - 1 >= i) / n, 4) if n else 0.0
+            for i in range(1, k + 1)
+        },
         "histogram": {str(t): sum(1 for r in rounds if r == t) for t in range(1, k + 2)},
     }
 
@@ -61,7 +66,9 @@ def acceptance_summary(rounds: list[int], k: int) -> dict:
 # ---- simulated acceptance (tau_sim) from teacher-forced accuracy ----------------------------
 
 
-def teacher_forced_sample(target, aux_layer_ids: list[int], prompt: list[int], completion: list[int], storage=None) -> dict:
+def teacher_forced_sample(
+    target, aux_layer_ids: list[int], prompt: list[int], completion: list[int], storage=None
+) -> dict:
     """One sample in speculators' training layout over prompt + the target's own completion.
 
     Hidden states come from the same capture as the hidden_states stage; loss_mask marks the
@@ -99,9 +106,16 @@ def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, f
     from draftline.draft_metrics import accumulate, run_batch
 
     hidden_size = sample["verifier_last_hidden_states"].shape[-1]
-    batch = CollateFn(len(sample["input_ids"]) - 1, hidden_size, num_target_layers=3, dtype=torch.float32,
-                      preprocess=shift_batch)([sample])
-    loss_config = resolve_loss_config("kl_div", "eager")  # the loss is not used; eager needs no Triton
+    batch = CollateFn(
+        len(sample["input_ids"]) - 1,
+        hidden_size,
+        num_target_layers=3,
+        dtype=torch.float32,
+        preprocess=shift_batch,
+    )([sample])
+    loss_config = resolve_loss_config(
+        "kl_div", "eager"
+    )  # the loss is not used; eager needs no Triton
     with torch.no_grad():
         _, _, metrics = run_batch(draft, batch, device, k, 1.0, loss_config)
     sums: dict[str, float] = {}
@@ -114,7 +128,10 @@ def simulated_acceptance(sums: dict[str, float], k: int) -> dict:
     from draftline.draft_metrics import summarize
 
     s = summarize(sums, k)
-    return {"tau_sim": s["tau_sim"], "position_accuracy": {str(i + 1): a for i, a in enumerate(s["position_accuracy"])}}
+    return {
+        "tau_sim": s["tau_sim"],
+        "position_accuracy": {str(i + 1): a for i, a in enumerate(s["position_accuracy"])},
+    }
 
 
 def add_sums(total: dict[str, float], part: dict[str, float]) -> None:
@@ -140,24 +157,38 @@ def mixed_train_count(eval_path: str | Path, samples: int) -> int:
 
     meta_path = Path(eval_path).parent / "meta.json"
     if not meta_path.is_file():
-        print(f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}")
+        print(
+            f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}"
+        )
         return samples
     try:
         return int(read_json(meta_path)["counts"]["train"])
     except (ValueError, KeyError, TypeError) as err:
-        raise SystemExit(f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
-                         "the scaling plot records the train prompts mix drew, so run `mix` again") from None
+        raise SystemExit(
+            f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
+            "the scaling plot records the train prompts mix drew, so run `mix` again"
+        ) from None
 
 
 def per_source_report(groups, k: int) -> dict:
     """Acceptance length, tau_sim and prompt count of each (name, group of prompts), in that order."""
-    return {name: {"acceptance_length": mean(s["rounds"]), "tau_sim": simulated_acceptance(s["sums"], k)["tau_sim"],
-                   "prompts": s["prompts"]}
-            for name, s in groups}
+    return {
+        name: {
+            "acceptance_length": mean(s["rounds"]),
+            "tau_sim": simulated_acceptance(s["sums"], k)["tau_sim"],
+            "prompts": s["prompts"],
+        }
+        for name, s in groups
+    }
 
 
-def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path, eval_path: str | Path,
-                   samples: int) -> EvaluationRun:
+def evaluate_draft(
+    cfg: EvaluateConfig,
+    card: TargetCard,
+    draft_dir: str | Path,
+    eval_path: str | Path,
+    samples: int,
+) -> EvaluationRun:
     """Decode every eval prompt (up to cfg.prompts) speculatively and greedily with the target and
     the draft in draft_dir, check them lossless, and report real and simulated acceptance;
     `samples` (the params' training prompts requested) goes beside the scaling point."""
@@ -181,24 +212,43 @@ def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path,
     train_prompts = mixed_train_count(eval_path, samples)
 
     # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
-    trained_on = (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {}) if Path(draft_dir, "meta.json").exists() else {}
+    trained_on = (
+        (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {})
+        if Path(draft_dir, "meta.json").exists()
+        else {}
+    )
     fp8 = trained_on.get("format") == "fp8"
     sums_stored = {}
     rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
     per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
-    per_detail = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})  # (dataset, its row's own source)
+    per_detail = defaultdict(
+        lambda: {"rounds": [], "sums": {}, "prompts": 0}
+    )  # (dataset, its row's own source)
     generated = 0
     for row in track(rows, description="evaluate"):
         ids = first_turn_ids(tokenizer, row)
-        spec = speculative_generate(target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+        spec = speculative_generate(
+            target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop
+        )
         plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, margins=True)
         verdict = compare_to_greedy(spec.tokens, plain, tie_tolerance)
         if verdict != "identical":
             (near_ties if verdict == "near_tie" else mismatches).append(row["id"])
-        sums = teacher_forced_sums(draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device)
+        sums = teacher_forced_sums(
+            draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device
+        )
         if fp8:
-            add_sums(sums_stored, teacher_forced_sums(draft, teacher_forced_sample(
-                target, card.aux_ids, ids, plain.tokens, torch.float8_e4m3fn), cfg.k, device))
+            add_sums(
+                sums_stored,
+                teacher_forced_sums(
+                    draft,
+                    teacher_forced_sample(
+                        target, card.aux_ids, ids, plain.tokens, torch.float8_e4m3fn
+                    ),
+                    cfg.k,
+                    device,
+                ),
+            )
         groups = [per_source[row.get("source", "?")]]
         if row.get("source_detail"):
             groups.append(per_detail[(row.get("source", "?"), row["source_detail"])])
@@ -210,12 +260,16 @@ def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path,
         add_sums(sums_all, sums)
         generated += len(plain.tokens)
     if mismatches:
-        raise SystemExit(f"error: speculative output differed from greedy target output on {len(mismatches)} "
-                         f"prompts (ids {mismatches[:5]}), not at a near-tie of the target's top two logits "
-                         f"(tie_tolerance {tie_tolerance}, dtype {cfg.dtype})")
+        raise SystemExit(
+            f"error: speculative output differed from greedy target output on {len(mismatches)} "
+            f"prompts (ids {mismatches[:5]}), not at a near-tie of the target's top two logits "
+            f"(tie_tolerance {tie_tolerance}, dtype {cfg.dtype})"
+        )
     if near_ties:
-        print(f"evaluate: {len(near_ties)} prompts diverged from greedy at a near-tie of the target's top two "
-              f"logits (<= {tie_tolerance} in {cfg.dtype}; ids {near_ties[:5]}); counted as near_tie_divergences")
+        print(
+            f"evaluate: {len(near_ties)} prompts diverged from greedy at a near-tie of the target's top two "
+            f"logits (<= {tie_tolerance} in {cfg.dtype}; ids {near_ties[:5]}); counted as near_tie_divergences"
+        )
 
     real = acceptance_summary(rounds_all, cfg.k)
     sim = simulated_acceptance(sums_all, cfg.k)
@@ -230,18 +284,39 @@ def evaluate_draft(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path,
         "sim_position_accuracy": sim["position_accuracy"],
         "histogram": real["histogram"],
         "per_source": per_source_report(sorted(per_source.items()), cfg.k),
-        **({"per_source_detail": per_source_report(
-            ((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())), cfg.k)} if per_detail else {}),
+        **(
+            {
+                "per_source_detail": per_source_report(
+                    ((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())),
+                    cfg.k,
+                )
+            }
+            if per_detail
+            else {}
+        ),
         "lossless_checked_prompts": len(rows),
         "near_tie_divergences": len(near_ties),
     }
     if fp8:
         report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
-    print(f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
-          f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}")
-    return EvaluationRun(report, {
-        "acceptance_vs_samples.json": [{"samples": train_prompts, "samples_requested": samples,
-                                        "acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}],
-        "position_acceptance.json": [{"position": int(pos), "acceptance": rate}
-                                     for pos, rate in real["position_acceptance"].items()],
-    })
+    print(
+        f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
+        f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}"
+    )
+    return EvaluationRun(
+        report,
+        {
+            "acceptance_vs_samples.json": [
+                {
+                    "samples": train_prompts,
+                    "samples_requested": samples,
+                    "acceptance_length": report["acceptance_length"],
+                    "tau_sim": report["tau_sim"],
+                }
+            ],
+            "position_acceptance.json": [
+                {"position": int(pos), "acceptance": rate}
+                for pos, rate in real["position_acceptance"].items()
+            ],
+        },
+    )

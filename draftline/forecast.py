@@ -46,9 +46,16 @@ def read_points(paths: list[str]) -> list[dict]:
         data = json.loads(Path(path).read_text())
         for row in data if isinstance(data, list) else [data]:
             if not isinstance(row, dict) or "samples" not in row or "acceptance_length" not in row:
-                raise ValueError(f"{path}: each point needs `samples` and `acceptance_length`, got {row!r}")
-            points.append({"samples": int(row["samples"]), "acceptance_length": float(row["acceptance_length"]),
-                           "source": str(path)})
+                raise ValueError(
+                    f"{path}: each point needs `samples` and `acceptance_length`, got {row!r}"
+                )
+            points.append(
+                {
+                    "samples": int(row["samples"]),
+                    "acceptance_length": float(row["acceptance_length"]),
+                    "source": str(path),
+                }
+            )
     return points
 
 
@@ -63,10 +70,20 @@ def points_from_dvc_exps(exp_show: list | dict) -> list[dict]:
             params, metrics = data.get("params"), data.get("metrics")
             if isinstance(params, dict) and isinstance(metrics, dict):
                 samples = ((params.get("params.yaml") or {}).get("data") or {}).get("samples")
-                acc = ((metrics.get("reports/acceptance.json") or {}).get("data") or {}).get("acceptance_length")
+                acc = ((metrics.get("reports/acceptance.json") or {}).get("data") or {}).get(
+                    "acceptance_length"
+                )
                 if isinstance(samples, int) and isinstance(acc, (int, float)):
-                    points.append({"samples": samples, "acceptance_length": float(acc),
-                                   "source": node.get("name") or data.get("name") or name or data.get("rev", "?")})
+                    points.append(
+                        {
+                            "samples": samples,
+                            "acceptance_length": float(acc),
+                            "source": node.get("name")
+                            or data.get("name")
+                            or name
+                            or data.get("rev", "?"),
+                        }
+                    )
             for key, value in node.items():
                 if key not in ("params", "metrics"):
                     walk(value, node.get("name") or name)
@@ -93,8 +110,7 @@ def _linear_fit(X: np.ndarray, y: np.ndarray) -> dict:
     if dof > 0:
         sigma2 = sse / dof
         cov = sigma2 * np.linalg.pinv(X.T @ X)
-    return {"beta": beta, "sse": sse, "dof": dof, "cov": cov,
-            "rmse": math.sqrt(sse / len(y))}
+    return {"beta": beta, "sse": sse, "dof": dof, "cov": cov, "rmse": math.sqrt(sse / len(y))}
 
 
 def fit_log_linear(n: np.ndarray, tau: np.ndarray) -> dict:
@@ -108,7 +124,7 @@ def fit_saturating(n: np.ndarray, tau: np.ndarray, ceiling: float) -> dict | Non
         return None
     best = None
     for alpha in ALPHAS:
-        X = np.column_stack([np.ones_like(n), -(n ** -alpha)])
+        X = np.column_stack([np.ones_like(n), -(n**-alpha)])
         fit = _linear_fit(X, tau)
         tau_max, c = fit["beta"]
         if tau_max > ceiling or c <= 0:
@@ -123,8 +139,11 @@ def fit_saturating(n: np.ndarray, tau: np.ndarray, ceiling: float) -> dict | Non
         best["cov"] = None
     else:
         best["cov"] = best["cov"] * (len(n) - 2) / best["dof"]
-    return {**best, "form": "tau = tau_max - c n^(-alpha)",
-            "params": {"tau_max": float(tau_max), "c": float(c), "alpha": best["alpha"]}}
+    return {
+        **best,
+        "form": "tau = tau_max - c n^(-alpha)",
+        "params": {"tau_max": float(tau_max), "c": float(c), "alpha": best["alpha"]},
+    }
 
 
 def solve(fit: dict, target: float, beta=None) -> float:
@@ -145,7 +164,9 @@ def forecast(fit: dict, target: float, draws: int = 4000, seed: int = 0) -> dict
         rng = np.random.default_rng(seed)
         betas = rng.multivariate_normal(fit["beta"], fit["cov"], size=draws, method="svd")
         values = np.array([solve(fit, target, b) for b in betas])
-        lo, hi = np.quantile(values, [0.1, 0.9], method="inverted_cdf")  # inf where a draw never gets there
+        lo, hi = np.quantile(
+            values, [0.1, 0.9], method="inverted_cdf"
+        )  # inf where a draw never gets there
         out["interval_10_90"] = [_round(lo), _round(hi)]
     return out
 
@@ -158,77 +179,123 @@ def trust(samples_needed, max_measured: int, min_measured: int) -> str:
     if samples_needed is None:
         return "not reached by this curve"
     if samples_needed <= max_measured:
-        return "interpolation (inside the measured range)" if samples_needed >= min_measured else \
-            "below the smallest run measured"
+        return (
+            "interpolation (inside the measured range)"
+            if samples_needed >= min_measured
+            else "below the smallest run measured"
+        )
     if samples_needed <= TRUST_FACTOR * max_measured:
         return f"extrapolation up to {TRUST_FACTOR:g}x the largest run: indicative, within its interval"
-    return f"beyond {TRUST_FACTOR:g}x the largest run: an order of magnitude to budget for, not a plan"
+    return (
+        f"beyond {TRUST_FACTOR:g}x the largest run: an order of magnitude to budget for, not a plan"
+    )
 
 
 def build_report(points: list[dict], targets: list[float], k: int) -> dict:
     if len({p["samples"] for p in points}) < 2:
-        raise ValueError(f"need runs at two or more distinct `samples` values to fit a curve, got "
-                         f"{sorted({p['samples'] for p in points})}")
+        raise ValueError(
+            f"need runs at two or more distinct `samples` values to fit a curve, got "
+            f"{sorted({p['samples'] for p in points})}"
+        )
     n = np.array([p["samples"] for p in points], dtype=float)
     tau = np.array([p["acceptance_length"] for p in points], dtype=float)
     fits = {"log_linear": fit_log_linear(n, tau), "saturating": fit_saturating(n, tau, k + 1.0)}
-    report = {"k": k, "points": sorted(points, key=lambda p: p["samples"]),
-              "measured_samples": [int(n.min()), int(n.max())], "fits": {}, "forecasts": {}}
+    report = {
+        "k": k,
+        "points": sorted(points, key=lambda p: p["samples"]),
+        "measured_samples": [int(n.min()), int(n.max())],
+        "fits": {},
+        "forecasts": {},
+    }
     for name, fit in fits.items():
         if fit is None:
             report["fits"][name] = None
             continue
-        report["fits"][name] = {"form": fit["form"], "params": fit["params"], "rmse": round(fit["rmse"], 4),
-                                "residual_dof": fit["dof"]}
+        report["fits"][name] = {
+            "form": fit["form"],
+            "params": fit["params"],
+            "rmse": round(fit["rmse"], 4),
+            "residual_dof": fit["dof"],
+        }
         for target in targets:
             f = forecast(fit, target)
             f["trust"] = trust(f["samples"], int(n.max()), int(n.min()))
             report["forecasts"].setdefault(str(target), {})[name] = f
     usable = {k_: v for k_, v in fits.items() if v is not None}
-    report["preferred"] = "saturating" if "saturating" in usable and \
-        usable["saturating"]["rmse"] <= usable["log_linear"]["rmse"] else "log_linear"
+    report["preferred"] = (
+        "saturating"
+        if "saturating" in usable and usable["saturating"]["rmse"] <= usable["log_linear"]["rmse"]
+        else "log_linear"
+    )
     return report
 
 
 def markdown(report: dict) -> str:
-    lines = ["# Acceptance length vs training samples: forecast", "",
-             f"k = {report['k']}; runs measured between {report['measured_samples'][0]:,} and "
-             f"{report['measured_samples'][1]:,} samples (`python -m draftline.forecast`).", "",
-             "| samples | acceptance length | run |", "|---|---|---|"]
-    lines += [f"| {p['samples']:,} | {p['acceptance_length']:.3f} | {p['source']} |" for p in report["points"]]
+    lines = [
+        "# Acceptance length vs training samples: forecast",
+        "",
+        f"k = {report['k']}; runs measured between {report['measured_samples'][0]:,} and "
+        f"{report['measured_samples'][1]:,} samples (`python -m draftline.forecast`).",
+        "",
+        "| samples | acceptance length | run |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {p['samples']:,} | {p['acceptance_length']:.3f} | {p['source']} |"
+        for p in report["points"]
+    ]
     lines += ["", "| curve | form | parameters | rmse | residual dof |", "|---|---|---|---|---|"]
     for name, fit in report["fits"].items():
         if fit is None:
             lines.append(f"| {name} | — | needs 4+ points with a ceiling of k + 1 | — | — |")
         else:
             params = ", ".join(f"{k}={v:.4g}" for k, v in fit["params"].items())
-            lines.append(f"| {name} | {fit['form']} | {params} | {fit['rmse']} | {fit['residual_dof']} |")
-    lines += ["", "| target acceptance length | curve | samples needed | 10-90% | trust |", "|---|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {fit['form']} | {params} | {fit['rmse']} | {fit['residual_dof']} |"
+            )
+    lines += [
+        "",
+        "| target acceptance length | curve | samples needed | 10-90% | trust |",
+        "|---|---|---|---|---|",
+    ]
     for target, by_curve in report["forecasts"].items():
         for name, f in by_curve.items():
             samples = f"{f['samples']:,}" if f["samples"] is not None else "never"
-            interval = "no residual: no interval" if f["interval_10_90"] is None else \
-                " – ".join("never" if v is None else f"{v:,}" for v in f["interval_10_90"])
+            interval = (
+                "no residual: no interval"
+                if f["interval_10_90"] is None
+                else " – ".join("never" if v is None else f"{v:,}" for v in f["interval_10_90"])
+            )
             lines.append(f"| {target} | {name} | {samples} | {interval} | {f['trust']} |")
-    lines += ["", f"Preferred curve (lower rmse): {report['preferred']}. The log-linear curve has no ceiling, so "
-              "near k + 1 it forecasts too few samples; the saturating one needs 4 or more runs. Inside the measured "
-              f"range a forecast is an interpolation; up to {TRUST_FACTOR:g}x the largest run it is indicative within "
-              "its interval; beyond, it gives the order of magnitude to budget for, not a plan: measure one more "
-              "run nearer the target before spending GPU-days.", ""]
+    lines += [
+        "",
+        f"Preferred curve (lower rmse): {report['preferred']}. The log-linear curve has no ceiling, so "
+        "near k + 1 it forecasts too few samples; the saturating one needs 4 or more runs. Inside the measured "
+        f"range a forecast is an interpolation; up to {TRUST_FACTOR:g}x the largest run it is indicative within "
+        "its interval; beyond, it gives the order of magnitude to budget for, not a plan: measure one more "
+        "run nearer the target before spending GPU-days.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", help="JSON lists of {samples, acceptance_length}")
-    ap.add_argument("--dvc-exps", action="store_true", help="collect points from `dvc exp show --json`")
+    ap.add_argument(
+        "--dvc-exps", action="store_true", help="collect points from `dvc exp show --json`"
+    )
     ap.add_argument("--targets", nargs="+", type=float, default=[2.5, 3.0])
-    ap.add_argument("--k", type=int, default=3, help="draft tokens per step the runs were evaluated with")
+    ap.add_argument(
+        "--k", type=int, default=3, help="draft tokens per step the runs were evaluated with"
+    )
     ap.add_argument("--out", default="reports/forecast", help="writes OUT.json and OUT.md")
     args = ap.parse_args(argv)
     points = read_points(args.files)
     if args.dvc_exps:
-        proc = subprocess.run(["dvc", "exp", "show", "--json", "--all-commits"], capture_output=True, text=True)
+        proc = subprocess.run(
+            ["dvc", "exp", "show", "--json", "--all-commits"], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise SystemExit(f"error: dvc exp show failed: {proc.stderr.strip()[-500:]}")
         points += points_from_dvc_exps(json.loads(proc.stdout))

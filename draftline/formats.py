@@ -41,25 +41,59 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from draftline.config import SCRIPTS
 from draftline.io import text_sha256
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt")
 # Detection by key, first match wins: (key, format).
-DETECT_KEYS = (("conversations", "sharegpt"), ("messages", "openai"), ("instruction", "alpaca"),
-               ("prompt", "prompt"), ("question", "prompt"))
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system",
-                  "tool": "tool", "observation": "tool", "function_response": "tool", "function_call": "assistant"}
-OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-                "tool": "tool", "function": "tool"}
-FIELDS = {fmt: tuple(key for key, f in DETECT_KEYS if f == fmt) for fmt in FORMATS}  # a row needs one
+DETECT_KEYS = (
+    ("conversations", "sharegpt"),
+    ("messages", "openai"),
+    ("instruction", "alpaca"),
+    ("prompt", "prompt"),
+    ("question", "prompt"),
+)
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+    "function_call": "assistant",
+}
+OPENAI_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
+FIELDS = {
+    fmt: tuple(key for key, f in DETECT_KEYS if f == fmt) for fmt in FORMATS
+}  # a row needs one
 ID_KEYS = ("id", "conversation_id")  # a source's own row id, first present wins
-_SCRIPT_OF_NAME = {"LATIN": "latin", "CYRILLIC": "cyrillic", "GREEK": "greek", "ARABIC": "arabic",
-                   "HEBREW": "hebrew", "DEVANAGARI": "devanagari", "THAI": "thai", "CJK": "han",
-                   "HIRAGANA": "kana", "KATAKANA": "kana", "HANGUL": "hangul"}
+_SCRIPT_OF_NAME = {
+    "LATIN": "latin",
+    "CYRILLIC": "cyrillic",
+    "GREEK": "greek",
+    "ARABIC": "arabic",
+    "HEBREW": "hebrew",
+    "DEVANAGARI": "devanagari",
+    "THAI": "thai",
+    "CJK": "han",
+    "HIRAGANA": "kana",
+    "KATAKANA": "kana",
+    "HANGUL": "hangul",
+}
 SCRIPT_SAMPLE_LETTERS = 2000  # letters looked at per row: enough to tell, cheap on long prompts
 
 
@@ -112,7 +146,10 @@ def parse_tools(tools) -> list[dict] | None:
             raise Dropped("invalid_tools_json") from None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise Dropped("invalid_tools_json")
-    return [{"type": "function", **t} if "function" in t else {"type": "function", "function": t} for t in tools] or None
+    return [
+        {"type": "function", **t} if "function" in t else {"type": "function", "function": t}
+        for t in tools
+    ] or None
 
 
 def _tool_calls(calls, turn: int) -> list[dict]:
@@ -121,13 +158,20 @@ def _tool_calls(calls, turn: int) -> list[dict]:
         raise Dropped("invalid_tool_calls")
     out = []
     for k, call in enumerate(calls):
-        fn = call.get("function", call) if isinstance(call, dict) else None  # also bare {"name","arguments"}
+        fn = (
+            call.get("function", call) if isinstance(call, dict) else None
+        )  # also bare {"name","arguments"}
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise Dropped("invalid_tool_calls")
         args = fn.get("arguments")
         args = args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)
-        out.append({"id": str(call.get("id") or f"call_{turn}_{k}"), "type": "function",
-                    "function": {"name": fn["name"], "arguments": args}})
+        out.append(
+            {
+                "id": str(call.get("id") or f"call_{turn}_{k}"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
     return out
 
 
@@ -144,7 +188,11 @@ def from_openai(messages) -> list[dict]:
         if role is None:
             raise Dropped("invalid_role")
         msg = {"role": role, "content": _text(m.get("content"))}
-        if role == "assistant" and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+        if (
+            role == "assistant"
+            and isinstance(m.get("reasoning_content"), str)
+            and m["reasoning_content"]
+        ):
             msg["reasoning_content"] = m["reasoning_content"]
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
@@ -192,8 +240,10 @@ def from_sharegpt(turns) -> list[dict]:
 def from_alpaca(row: dict) -> list[dict]:
     instruction, extra = _text(row.get("instruction")), _text(row.get("input"))
     system = [{"role": "system", "content": _text(row["system"])}] if row.get("system") else []
-    return system + [{"role": "user", "content": f"{instruction}\n\n{extra}" if extra else instruction},
-                     {"role": "assistant", "content": _text(row.get("output"))}]
+    return system + [
+        {"role": "user", "content": f"{instruction}\n\n{extra}" if extra else instruction},
+        {"role": "assistant", "content": _text(row.get("output"))},
+    ]
 
 
 def from_prompt(row: dict) -> list[dict]:
@@ -208,7 +258,9 @@ def with_row_system(row: dict, messages: list[dict]) -> list[dict]:
     """A row's top-level `system` column (OpenThoughts-style ShareGPT rows, some messages sets) as
     the first turn, unless the conversation already opens with that same system text."""
     system = _text(row.get("system")) if row.get("system") else ""
-    if not system.strip() or (messages and messages[0]["role"] == "system" and messages[0]["content"] == system):
+    if not system.strip() or (
+        messages and messages[0]["role"] == "system" and messages[0]["content"] == system
+    ):
         return messages
     return [{"role": "system", "content": system}] + messages
 
@@ -265,14 +317,14 @@ def parse_inline_markup(messages: list[dict], tools: list | None) -> tuple[list[
         if m["role"] == "system" and tools is None and (block := _tools_block(m["content"])):
             listed = _literal(block.group(1), "invalid_tools_json")
             tools = parse_tools(listed if isinstance(listed, list) else [listed])
-            m["content"] = (m["content"][: block.start()] + m["content"][block.end():]).strip()
+            m["content"] = (m["content"][: block.start()] + m["content"][block.end() :]).strip()
             if not m["content"]:
                 continue
         elif m["role"] == "assistant":
             if think := THINK_RE.match(m["content"]):
                 if think.group(1).strip() and "reasoning_content" not in m:
                     m["reasoning_content"] = think.group(1).strip()
-                m["content"] = m["content"][think.end():]
+                m["content"] = m["content"][think.end() :]
             if call_blocks := TOOL_CALL_RE.findall(m["content"]):
                 calls = _tool_calls([_literal(b, "invalid_tool_calls") for b in call_blocks], i)
                 m["tool_calls"] = m.get("tool_calls", []) + calls
@@ -302,14 +354,17 @@ def order_problem(messages: list[dict]) -> str | None:
         if role == "system":
             if prev not in (None, "system"):
                 return "invalid_role_order"
-        elif ((prev in (None, "system") and role != "user") or (role == "tool" and prev not in ("assistant", "tool"))
-              or role == prev == "assistant"):
+        elif (
+            (prev in (None, "system") and role != "user")
+            or (role == "tool" and prev not in ("assistant", "tool"))
+            or role == prev == "assistant"
+        ):
             return "invalid_role_order"
         prev = role
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def char_script(ch: str) -> str | None:
     """The script of a letter (one of SCRIPTS, or "other"); None for anything that is not a letter."""
     if not ch.isalpha():
@@ -339,15 +394,21 @@ def dominant_script(text: str) -> str | None:
 
 def content_hash(messages: list[dict], tools: list | None) -> str:
     """16 hex of the sha256 of the canonical JSON of messages+tools: the id of id-less rows and the dedup key."""
-    canonical = json.dumps({"messages": messages, "tools": tools}, sort_keys=True, ensure_ascii=False,
-                           separators=(",", ":"))
+    canonical = json.dumps(
+        {"messages": messages, "tools": tools},
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
     return text_sha256(canonical)[:16]
 
 
 def prompt_tokens_est(messages: list[dict], tools: list | None) -> int:
     """Rough tokens (4 chars each, rounded up) before the first assistant turn, tool schemas included."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    chars = sum(len(m["content"]) for m in messages[:first]) + (len(json.dumps(tools)) if tools else 0)
+    chars = sum(len(m["content"]) for m in messages[:first]) + (
+        len(json.dumps(tools)) if tools else 0
+    )
     return math.ceil(chars / 4)
 
 
@@ -364,8 +425,13 @@ def to_record(row: dict, fmt: str, source: str, parse_markup: bool = False) -> d
     if messages[-1]["role"] != "assistant":
         messages.append({"role": "assistant", "content": ""})  # the reply to regenerate
     own_id = next((row[k] for k in ID_KEYS if row.get(k) not in (None, "")), None)
-    record = {"id": str(own_id) if own_id is not None else content_hash(messages, tools), "source": source,
-              "messages": messages, "tools": tools, "prompt_tokens_est": prompt_tokens_est(messages, tools)}
+    record = {
+        "id": str(own_id) if own_id is not None else content_hash(messages, tools),
+        "source": source,
+        "messages": messages,
+        "tools": tools,
+        "prompt_tokens_est": prompt_tokens_est(messages, tools),
+    }
     # The row's own `source` column (open-perfectblend, Mixture-of-Thoughts: the upstream set it came
     # from) is kept beside the dataset name; reports break results down by it.
     detail = row.get("source")
@@ -387,14 +453,24 @@ class PrepareStats:
     formats: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
-        return {"rows_read": self.rows_read, "rows_kept": self.rows_kept,
-                "dropped": dict(sorted(self.dropped.items(), key=lambda kv: (-kv[1], kv[0]))),
-                "formats": dict(self.formats)}
+        return {
+            "rows_read": self.rows_read,
+            "rows_kept": self.rows_kept,
+            "dropped": dict(sorted(self.dropped.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "formats": dict(self.formats),
+        }
 
 
-def iter_records(rows: Iterable[dict | None], source: str, stats: PrepareStats, fmt: str = "auto",
-                 fields: dict[str, str] | None = None, parse_markup: bool = False,
-                 max_prompt_tokens: int | None = None, scripts: Iterable[str] | None = None) -> Iterator[dict]:
+def iter_records(
+    rows: Iterable[dict | None],
+    source: str,
+    stats: PrepareStats,
+    fmt: str = "auto",
+    fields: dict[str, str] | None = None,
+    parse_markup: bool = False,
+    max_prompt_tokens: int | None = None,
+    scripts: Iterable[str] | None = None,
+) -> Iterator[dict]:
     """Records of one dataset, one at a time, counting every row into `stats`.
 
     Filters, first failing one counted: conversion (malformed_json, missing_field, empty, no_user_turn,
@@ -421,7 +497,9 @@ def iter_records(rows: Iterable[dict | None], source: str, stats: PrepareStats, 
             if max_prompt_tokens is not None and record["prompt_tokens_est"] > max_prompt_tokens:
                 raise Dropped("too_long")
             if wanted:
-                user_text = "\n".join(m["content"] for m in record["messages"] if m["role"] == "user")
+                user_text = "\n".join(
+                    m["content"] for m in record["messages"] if m["role"] == "user"
+                )
                 if dominant_script(user_text) not in wanted | {None}:
                     raise Dropped("unwanted_script")
             digest = int(content_hash(record["messages"], record["tools"]), 16)
@@ -439,12 +517,18 @@ def iter_records(rows: Iterable[dict | None], source: str, stats: PrepareStats, 
         stats.rows_kept += 1
         yield record
     if not stats.rows_kept:
-        top = ", ".join(f"{reason} ({n})" for reason, n in list(stats.as_dict()["dropped"].items())[:3])
-        raise ValueError(f"dataset {source!r}: no valid rows out of {stats.rows_read} read; "
-                         f"top drop reasons: {top or 'the source has no rows'}")
+        top = ", ".join(
+            f"{reason} ({n})" for reason, n in list(stats.as_dict()["dropped"].items())[:3]
+        )
+        raise ValueError(
+            f"dataset {source!r}: no valid rows out of {stats.rows_read} read; "
+            f"top drop reasons: {top or 'the source has no rows'}"
+        )
 
 
-def prepare_records(rows: Iterable[dict | None], source: str, fmt: str = "auto", **filters) -> tuple[list[dict], dict]:
+def prepare_records(
+    rows: Iterable[dict | None], source: str, fmt: str = "auto", **filters
+) -> tuple[list[dict], dict]:
     """All records of one dataset plus its stats dict; iter_records collected (small inputs, tests)."""
     stats = PrepareStats()
     records = list(iter_records(rows, source, stats, fmt, **filters))

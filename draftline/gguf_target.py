@@ -62,29 +62,39 @@ def locate_gguf(name: str) -> Path:
 
     spec = GGUF_TARGETS.get(name)
     if spec is None:
-        raise ValueError(f"target.model: unknown embedded GGUF target {name!r}; known: {sorted(GGUF_TARGETS)}")
+        raise ValueError(
+            f"target.model: unknown embedded GGUF target {name!r}; known: {sorted(GGUF_TARGETS)}"
+        )
     try:
         dist = md.distribution(spec.package)
     except md.PackageNotFoundError:
-        raise RuntimeError(f"target.model: {name} needs the package {spec.package}=={spec.version}, "
-                           f"which is not installed; {INSTALL_HINT}") from None
+        raise RuntimeError(
+            f"target.model: {name} needs the package {spec.package}=={spec.version}, "
+            f"which is not installed; {INSTALL_HINT}"
+        ) from None
     if dist.version != spec.version:
-        raise RuntimeError(f"target.model: {name} needs {spec.package}=={spec.version}, found "
-                           f"{dist.version}; {INSTALL_HINT}")
+        raise RuntimeError(
+            f"target.model: {name} needs {spec.package}=={spec.version}, found "
+            f"{dist.version}; {INSTALL_HINT}"
+        )
     for entry in dist.files or ():
         if Path(str(entry)).name == spec.file:
             path = Path(dist.locate_file(entry))
             if path.is_file():
                 return path
-    raise RuntimeError(f"target.model: {spec.package} {dist.version} is installed but has no {spec.file}; "
-                       f"reinstall it ({INSTALL_HINT})")
+    raise RuntimeError(
+        f"target.model: {spec.package} {dist.version} is installed but has no {spec.file}; "
+        f"reinstall it ({INSTALL_HINT})"
+    )
 
 
 def _require_gguf_reader() -> None:
     try:
         import gguf  # noqa: F401  transformers reads GGUF files through it
     except ImportError:
-        raise RuntimeError(f"target.model: reading GGUF files needs the `gguf` package; {INSTALL_HINT}") from None
+        raise RuntimeError(
+            f"target.model: reading GGUF files needs the `gguf` package; {INSTALL_HINT}"
+        ) from None
 
 
 def load_gguf(path: Path):
@@ -94,7 +104,9 @@ def load_gguf(path: Path):
 
     _require_gguf_reader()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     return model.eval(), tokenizer
 
 
@@ -119,8 +131,9 @@ def save_plain(model, tokenizer, out_dir: Path) -> None:
 
 
 def chat_ids(tokenizer, messages: list[dict]):
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                         return_dict=True)["input_ids"]
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
 
 
 def greedy_answer(model, tokenizer, question: str, max_new_tokens: int) -> str:
@@ -128,9 +141,14 @@ def greedy_answer(model, tokenizer, question: str, max_new_tokens: int) -> str:
 
     ids = chat_ids(tokenizer, [{"role": "user", "content": question}])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def check_conversion(gguf_model, gguf_tokenizer, out_dir: Path, spec: GgufTarget) -> dict:
@@ -142,24 +160,36 @@ def check_conversion(gguf_model, gguf_tokenizer, out_dir: Path, spec: GgufTarget
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
     if tokenizer.chat_template != gguf_tokenizer.chat_template:
-        raise RuntimeError(f"conversion: the saved chat template differs from the GGUF file's ({out_dir})")
+        raise RuntimeError(
+            f"conversion: the saved chat template differs from the GGUF file's ({out_dir})"
+        )
     ids = chat_ids(tokenizer, LOGITS_CHAT)
     if not torch.equal(ids, chat_ids(gguf_tokenizer, LOGITS_CHAT)):
-        raise RuntimeError(f"conversion: the saved tokenizer renders the check chat differently ({out_dir})")
+        raise RuntimeError(
+            f"conversion: the saved tokenizer renders the check chat differently ({out_dir})"
+        )
     with torch.no_grad():
         ours = model(ids).logits
         reference = gguf_model(ids).logits
     max_diff = (ours - reference).abs().max().item()
     if max_diff > 1e-5:
-        raise RuntimeError(f"conversion: logits of {out_dir} differ from the GGUF-loaded model by {max_diff:.3g} "
-                           "(expected equal: both float32 from the same dequantized weights)")
+        raise RuntimeError(
+            f"conversion: logits of {out_dir} differ from the GGUF-loaded model by {max_diff:.3g} "
+            "(expected equal: both float32 from the same dequantized weights)"
+        )
     answer = greedy_answer(model, tokenizer, spec.check_question, spec.check_max_new_tokens)
     missing = [w for w in spec.check_words if w.lower() not in answer.lower()]
     if missing:
-        raise RuntimeError(f"conversion: greedy answer to {spec.check_question!r} is {answer!r}, "
-                           f"without {missing}: the converted model is not coherent")
-    return {"logits_max_abs_diff": max_diff, "logits_tokens": int(ids.shape[1]),
-            "question": spec.check_question, "greedy_answer": answer}
+        raise RuntimeError(
+            f"conversion: greedy answer to {spec.check_question!r} is {answer!r}, "
+            f"without {missing}: the converted model is not coherent"
+        )
+    return {
+        "logits_max_abs_diff": max_diff,
+        "logits_tokens": int(ids.shape[1]),
+        "question": spec.check_question,
+        "greedy_answer": answer,
+    }
 
 
 def convert(name: str, out_dir: Path) -> dict:
@@ -171,8 +201,14 @@ def convert(name: str, out_dir: Path) -> dict:
     model, tokenizer = load_gguf(path)
     save_plain(model, tokenizer, out_dir)
     check = check_conversion(model, tokenizer, out_dir, spec)
-    return {"package": spec.package, "package_version": md.version(spec.package), "file": spec.file,
-            "file_sha256": file_sha256(path), "gguf_version": md.version("gguf"), "check": check}
+    return {
+        "package": spec.package,
+        "package_version": md.version(spec.package),
+        "file": spec.file,
+        "file_sha256": file_sha256(path),
+        "gguf_version": md.version("gguf"),
+        "check": check,
+    }
 
 
 if __name__ == "__main__":

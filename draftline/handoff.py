@@ -18,8 +18,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.checkpoint import ARCHITECTURES, InitMismatch, architecture_of, load_saved_draft, load_vocab
-from draftline.draft_data import OnlineStates, epoch_batches, hidden_states_dtype, make_dataset, online_states
+from draftline.checkpoint import (
+    ARCHITECTURES,
+    InitMismatch,
+    architecture_of,
+    load_saved_draft,
+    load_vocab,
+)
+from draftline.draft_data import (
+    OnlineStates,
+    epoch_batches,
+    hidden_states_dtype,
+    make_dataset,
+    online_states,
+)
 from draftline.draft_metrics import validate
 from draftline.draft_model import load_init_draft, speculators_config
 
@@ -39,21 +51,31 @@ def verifier_for_speculators(card: TargetCard, directory: Path) -> str:
     target's architecture class when the config's own type is custom, e.g. kimi_k2 ->
     deepseek_v3), and an index naming only the card's three verifier tensors, whose shard files
     are linked from the checkpoint. A plain target is passed as it is."""
-    if not card.trust_remote_code and (card.config_model_type or card.model_type) == card.model_type:
+    if (
+        not card.trust_remote_code
+        and (card.config_model_type or card.model_type) == card.model_type
+    ):
         return card.model
     import transformers
     from transformers import CONFIG_MAPPING
 
-    from draftline.target import _checkpoint_file, checkpoint_weight_map, load_config, text_config_of
+    from draftline.target import (
+        _checkpoint_file,
+        checkpoint_weight_map,
+        load_config,
+        text_config_of,
+    )
 
     model_type = card.model_type
     if model_type not in CONFIG_MAPPING:
         arch = getattr(transformers, card.architecture, None)
         model_type = getattr(getattr(arch, "config_class", None), "model_type", None)
     if model_type not in CONFIG_MAPPING:
-        raise InitMismatch(f"train.backend speculators: the target's text model ({card.model_type}, "
-                           f"{card.architecture}) exists only as its own code, which speculators 0.9.0 loads "
-                           "without trust_remote_code; use train.backend builtin")
+        raise InitMismatch(
+            f"train.backend speculators: the target's text model ({card.model_type}, "
+            f"{card.architecture}) exists only as its own code, which speculators 0.9.0 loads "
+            "without trust_remote_code; use train.backend builtin"
+        )
     text = text_config_of(load_config(card.model, card.revision, card.trust_remote_code))
     config = {**text.to_dict(), "model_type": model_type, "architectures": [card.architecture]}
     config.pop("auto_map", None)
@@ -71,33 +93,76 @@ def verifier_for_speculators(card: TargetCard, directory: Path) -> str:
     return str(view)
 
 
-def speculators_hidden_states_args(hs_dir: Path, fmt: str = "bf16", online: dict | None = None,
-                                   endpoint: str | None = None, staging_dir: Path | None = None) -> list[str]:
+def speculators_hidden_states_args(
+    hs_dir: Path,
+    fmt: str = "bf16",
+    online: dict | None = None,
+    endpoint: str | None = None,
+    staging_dir: Path | None = None,
+) -> list[str]:
     """Where speculators.train gets the states. Offline: the files in hs_dir, read by hs-connectors'
     `file` or `fp8` backend. Online (`online`: hidden_states.online as a dict): `--on-missing
     generate` against the vLLM `endpoint` running extract_hidden_states, the states moved by the
     `file`/`fp8` transfer through `staging_dir` (deleted once loaded) or by `mooncake`."""
     if online is None:
-        return ["--hidden-states-path", str(hs_dir), "--on-missing", "raise",
-                "--hidden-states-backend", "fp8" if fmt == "fp8" else "file"]
+        return [
+            "--hidden-states-path",
+            str(hs_dir),
+            "--on-missing",
+            "raise",
+            "--hidden-states-backend",
+            "fp8" if fmt == "fp8" else "file",
+        ]
     transfer = online.get("transfer") or ("fp8" if fmt == "fp8" else "file")
     if endpoint is None:
-        raise ValueError("online hidden states need the vLLM endpoint (hidden_states.online.endpoint, or a launched server)")
-    args = ["--on-missing", "generate", "--vllm-endpoint", endpoint, "--hidden-states-backend", transfer,
-            "--request-timeout", str(online["request_timeout_s"]), "--max-retries", str(online["max_retries"])]
+        raise ValueError(
+            "online hidden states need the vLLM endpoint (hidden_states.online.endpoint, or a launched server)"
+        )
+    args = [
+        "--on-missing",
+        "generate",
+        "--vllm-endpoint",
+        endpoint,
+        "--hidden-states-backend",
+        transfer,
+        "--request-timeout",
+        str(online["request_timeout_s"]),
+        "--max-retries",
+        str(online["max_retries"]),
+    ]
     if transfer == "mooncake":
         m = online["mooncake"]
-        return args + ["--mooncake-master", m["master"], "--mooncake-metadata-server", m["metadata_server"],
-                       "--mooncake-protocol", m["protocol"], "--mooncake-device", m["device"],
-                       "--mooncake-global-segment-gib", str(m["global_segment_gib"]),
-                       "--mooncake-local-buffer-gib", str(m["local_buffer_gib"])]
+        return args + [
+            "--mooncake-master",
+            m["master"],
+            "--mooncake-metadata-server",
+            m["metadata_server"],
+            "--mooncake-protocol",
+            m["protocol"],
+            "--mooncake-device",
+            m["device"],
+            "--mooncake-global-segment-gib",
+            str(m["global_segment_gib"]),
+            "--mooncake-local-buffer-gib",
+            str(m["local_buffer_gib"]),
+        ]
     return args + ["--hidden-states-path", str(staging_dir)]
 
 
-def speculators_train_command(cfg: TrainConfig, card: TargetCard, vocab_dir: Path, tokenized_dir: Path, hs_dir: Path,
-                              save_path: Path, log_dir: Path, nproc: int, init_dir: Path | None = None,
-                              architecture: str = "speculators", hidden_states_args: list[str] | None = None,
-                              verifier: str | None = None) -> list[str]:
+def speculators_train_command(
+    cfg: TrainConfig,
+    card: TargetCard,
+    vocab_dir: Path,
+    tokenized_dir: Path,
+    hs_dir: Path,
+    save_path: Path,
+    log_dir: Path,
+    nproc: int,
+    init_dir: Path | None = None,
+    architecture: str = "speculators",
+    hidden_states_args: list[str] | None = None,
+    verifier: str | None = None,
+) -> list[str]:
     """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
     flags of `architecture` (ARCHITECTURES); `hidden_states_args` (speculators_hidden_states_args)
     say where the states come from, by default the bf16 files in hs_dir.
@@ -110,38 +175,71 @@ def speculators_train_command(cfg: TrainConfig, card: TargetCard, vocab_dir: Pat
     torchrun = ["torchrun", f"--nproc-per-node={nproc}"]
     torchrun += list(cfg.torchrun_args) or ["--standalone", "--nnodes=1"]
     args = [
-        "--speculator-type", "eagle3",
-        "--verifier-name-or-path", verifier or card.model,
-        "--data-path", str(tokenized_dir),
+        "--speculator-type",
+        "eagle3",
+        "--verifier-name-or-path",
+        verifier or card.model,
+        "--data-path",
+        str(tokenized_dir),
         *(hidden_states_args or speculators_hidden_states_args(hs_dir)),
-        "--d2t-path", str(Path(vocab_dir) / "d2t.npy"),
-        "--t2d-path", str(Path(vocab_dir) / "t2d.npy"),
-        "--draft-vocab-size", str(int(d2t.shape[0])),
-        "--target-layer-ids", *[str(i) for i in card.aux_ids],
-        *[f"--{'' if on else 'no-'}{key.replace('_', '-')}" for key, on in ARCHITECTURES[architecture].items()],
-        "--total-seq-len", str(cfg.pack_len),
-        "--train-data-ratio", str(1 - cfg.val_fraction),
-        "--hidden-states-dtype", "bfloat16",
-        "--epochs", str(cfg.epochs),
-        "--lr", str(cfg.lr),
-        "--optimizer", "adamw",
-        "--weight-decay", str(cfg.weight_decay),
-        "--scheduler-type", cfg.scheduler,
-        "--scheduler-warmup-steps", str(cfg.warmup_steps),
-        "--ttt-steps", str(cfg.ttt_steps),
-        "--ttt-step-loss-decay", str(cfg.ttt_step_loss_decay),
-        "--loss-fn", "kl_div",
-        "--seed", str(cfg.seed),
-        "--num-workers", str(cfg.num_workers),
-        "--save-path", str(save_path),
-        "--log-dir", str(log_dir),
-        "--checkpoint-freq", "1",
+        "--d2t-path",
+        str(Path(vocab_dir) / "d2t.npy"),
+        "--t2d-path",
+        str(Path(vocab_dir) / "t2d.npy"),
+        "--draft-vocab-size",
+        str(int(d2t.shape[0])),
+        "--target-layer-ids",
+        *[str(i) for i in card.aux_ids],
+        *[
+            f"--{'' if on else 'no-'}{key.replace('_', '-')}"
+            for key, on in ARCHITECTURES[architecture].items()
+        ],
+        "--total-seq-len",
+        str(cfg.pack_len),
+        "--train-data-ratio",
+        str(1 - cfg.val_fraction),
+        "--hidden-states-dtype",
+        "bfloat16",
+        "--epochs",
+        str(cfg.epochs),
+        "--lr",
+        str(cfg.lr),
+        "--optimizer",
+        "adamw",
+        "--weight-decay",
+        str(cfg.weight_decay),
+        "--scheduler-type",
+        cfg.scheduler,
+        "--scheduler-warmup-steps",
+        str(cfg.warmup_steps),
+        "--ttt-steps",
+        str(cfg.ttt_steps),
+        "--ttt-step-loss-decay",
+        str(cfg.ttt_step_loss_decay),
+        "--loss-fn",
+        "kl_div",
+        "--seed",
+        str(cfg.seed),
+        "--num-workers",
+        str(cfg.num_workers),
+        "--save-path",
+        str(save_path),
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-freq",
+        "1",
     ]
     if init_dir is not None:  # the checkpoint defines the decoder; shaping flags would conflict
         args += ["--from-pretrained", str(init_dir)]
     else:
-        args += ["--num-layers", str(cfg.num_layers), "--draft-arch", "llama",
-                 "--full-attention-indices", *[str(i) for i in range(cfg.num_layers)]]
+        args += [
+            "--num-layers",
+            str(cfg.num_layers),
+            "--draft-arch",
+            "llama",
+            "--full-attention-indices",
+            *[str(i) for i in range(cfg.num_layers)],
+        ]
     if cfg.train_embeddings:
         args.append("--embed-requires-grad")
     if card.trust_remote_code:
@@ -153,18 +251,32 @@ def speculators_train_command(cfg: TrainConfig, card: TargetCard, vocab_dir: Pat
 
 def epoch_checkpoints(save_path: Path) -> list[Path]:
     """speculators' per-epoch checkpoint directories (save_path/<epoch>/), in epoch order."""
-    dirs = [d for d in Path(save_path).iterdir() if d.is_dir() and not d.is_symlink() and d.name.isdigit()]
+    dirs = [
+        d
+        for d in Path(save_path).iterdir()
+        if d.is_dir() and not d.is_symlink() and d.name.isdigit()
+    ]
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def best_speculators_epoch(save_path: Path, cfg: TrainConfig, card: TargetCard, tokenized_dir: Path, hs_dir: Path,
-                           device: str, log=None, online: OnlineStates | None = None):
+def best_speculators_epoch(
+    save_path: Path,
+    cfg: TrainConfig,
+    card: TargetCard,
+    tokenized_dir: Path,
+    hs_dir: Path,
+    device: str,
+    log=None,
+    online: OnlineStates | None = None,
+):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
     tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
     from speculators.losses import resolve_loss_config
 
     dtype = hidden_states_dtype(device)
-    val_set = make_dataset(tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype, online)
+    val_set = make_dataset(
+        tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype, online
+    )
     batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
     best, best_model, history = None, None, []
@@ -172,15 +284,41 @@ def best_speculators_epoch(save_path: Path, cfg: TrainConfig, card: TargetCard, 
     if not checkpoints:
         raise FileNotFoundError(f"{save_path}: speculators train left no epoch checkpoints")
     for directory in checkpoints:
-        model = load_saved_draft(directory, card, "eager" if device == "cpu" else "simple_flex_attention").float().to(device)
-        val = validate(model, val_set, batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
-        record = {"epoch": int(directory.name), "train": None, "val": val, "checkpoint": str(directory)}
+        model = (
+            load_saved_draft(
+                directory, card, "eager" if device == "cpu" else "simple_flex_attention"
+            )
+            .float()
+            .to(device)
+        )
+        val = validate(
+            model,
+            val_set,
+            batches,
+            cfg.pack_len,
+            device,
+            cfg.ttt_steps,
+            cfg.ttt_step_loss_decay,
+            loss_config,
+        )
+        record = {
+            "epoch": int(directory.name),
+            "train": None,
+            "val": val,
+            "checkpoint": str(directory),
+        }
         history.append(record)
         if log:
             log(record)
         if best is None or val["tau_sim"] > best["val"]["tau_sim"]:
             best, best_model = record, model
-    return best_model, {"best": best, "history": history, "steps": None, "step_seconds": None, "resumed_at": None}
+    return best_model, {
+        "best": best,
+        "history": history,
+        "steps": None,
+        "step_seconds": None,
+        "resumed_at": None,
+    }
 
 
 # ---------------------------------------------------------------- the train stage's run
@@ -198,7 +336,11 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
     # default staging in the train stage's own state dir: files under datasets/hidden_states would
     # change the hidden_states stage's output behind DVC's back
-    staging = None if transfer == "mooncake" else Path(online.get("staging_dir") or paths.state / "online_staging").resolve()
+    staging = (
+        None
+        if transfer == "mooncake"
+        else Path(online.get("staging_dir") or paths.state / "online_staging").resolve()
+    )
     if online.get("endpoint"):
         return None, online["endpoint"], staging
     from datasets import load_from_disk
@@ -208,49 +350,94 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     host = v.get("host") or "127.0.0.1"
 
     def serve(port: int) -> list[str]:
-        return vllm_extract_command(v.get("python") or sys.executable, card.model, card.revision,
-                                    card.aux_ids, card.num_layers, staging, host, port,
-                                    params.get("dtype", "bfloat16"), v.get("tensor_parallel_size", 1),
-                                    v.get("max_model_len") or longest + 1, v.get("gpu_memory_utilization", 0.9),
-                                    v.get("extra_args", []), transfer=transfer, mooncake=online.get("mooncake"),
-                                    trust_remote_code=card.trust_remote_code)
+        return vllm_extract_command(
+            v.get("python") or sys.executable,
+            card.model,
+            card.revision,
+            card.aux_ids,
+            card.num_layers,
+            staging,
+            host,
+            port,
+            params.get("dtype", "bfloat16"),
+            v.get("tensor_parallel_size", 1),
+            v.get("max_model_len") or longest + 1,
+            v.get("gpu_memory_utilization", 0.9),
+            v.get("extra_args", []),
+            transfer=transfer,
+            mooncake=online.get("mooncake"),
+            trust_remote_code=card.trust_remote_code,
+        )
+
     return serve, server_url(host, v.get("port")), staging
 
 
-def run_speculators(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_dir: Path | None, log, live_dir: Path,
-                    source: dict):
+def run_speculators(
+    cfg: TrainConfig,
+    card: TargetCard,
+    paths: TrainPaths,
+    init_dir: Path | None,
+    log,
+    live_dir: Path,
+    source: dict,
+):
     """(model, result, init remap notes): speculators trains on the visible GPUs, then the epoch with
     the best validation tau_sim is loaded."""
     import torch
 
     nproc = cfg.gpus or torch.cuda.device_count()
     if nproc < 1:
-        raise SystemExit("error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin")
+        raise SystemExit(
+            "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
+        )
     notes = []
-    if init_dir is not None:  # checked and re-targeted (verifier, aux ids, vocab remaps) as in the builtin loop
-        model, notes = load_init_draft(init_dir, card, paths.vocab, cfg.num_layers, cfg.ttt_steps,
-                                       speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
-                                       remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab,
-                                       architecture=cfg.architecture)
+    if (
+        init_dir is not None
+    ):  # checked and re-targeted (verifier, aux ids, vocab remaps) as in the builtin loop
+        model, notes = load_init_draft(
+            init_dir,
+            card,
+            paths.vocab,
+            cfg.num_layers,
+            cfg.ttt_steps,
+            speculative_tokens=cfg.speculative_tokens,
+            train_embeddings=cfg.train_embeddings,
+            remap_aux=cfg.init_remap_aux_layers,
+            remap_vocab=cfg.init_remap_vocab,
+            architecture=cfg.architecture,
+        )
         init_dir = paths.state / "init_retargeted"
         model.save_pretrained(init_dir)
-    architecture = cfg.architecture or (architecture_of(model.config) if init_dir is not None else "speculators")
+    architecture = cfg.architecture or (
+        architecture_of(model.config) if init_dir is not None else "speculators"
+    )
     if architecture is None:
-        raise SystemExit("error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
-                         f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin")
+        raise SystemExit(
+            "error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
+            f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin"
+        )
     save_path = paths.state / "speculators"
-    serve, endpoint, staging = online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
-    if serve is None and endpoint:  # a running extraction server: checked before the trainers ask it for states
+    serve, endpoint, staging = (
+        online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
+    )
+    if (
+        serve is None and endpoint
+    ):  # a running extraction server: checked before the trainers ask it for states
         from datasets import load_from_disk
-
         from draftline.preflight import PreflightError, preflight_extraction
 
         online = source["online"]
         probe = load_from_disk(str(paths.tokenized)).with_format(None)[0]["input_ids"]
         try:
-            seen = preflight_extraction(endpoint.removesuffix("/v1"), card, card.aux_ids, probe,
-                                        online.get("request_timeout_s", 600), online.get("max_retries", 3) + 1,
-                                        probe_file=(online.get("transfer") or "file") != "mooncake")
+            seen = preflight_extraction(
+                endpoint.removesuffix("/v1"),
+                card,
+                card.aux_ids,
+                probe,
+                online.get("request_timeout_s", 600),
+                online.get("max_retries", 3) + 1,
+                probe_file=(online.get("transfer") or "file") != "mooncake",
+            )
         except PreflightError as err:
             raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
         print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
@@ -264,29 +451,61 @@ def run_speculators(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_
         if serve is not None:  # the extraction server the trainers ask for states, stopped after
             from draftline.servers import ManagedServer, startup_timeout_s
 
-            def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
+            def launch(
+                port: int,
+            ) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
                 launched.append(serve(port))
                 print("train: launching", " ".join(launched[-1]), flush=True)
                 return launched[-1]
 
             if staging is not None:
                 staging.mkdir(parents=True, exist_ok=True)
-            limit, why = startup_timeout_s((source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
-                                           card.model, card.revision)
+            limit, why = startup_timeout_s(
+                (source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
+                card.model,
+                card.revision,
+            )
             print(f"train: extraction server start-up limit {limit:.0f}s: {why}", flush=True)
-            base_url = stack.enter_context(ManagedServer(launch, dict(os.environ), endpoint, live_dir / "vllm.log",
-                                                         limit, say=print))
+            base_url = stack.enter_context(
+                ManagedServer(
+                    launch, dict(os.environ), endpoint, live_dir / "vllm.log", limit, say=print
+                )
+            )
             endpoint = f"{base_url}/v1"
-        hs_args = speculators_hidden_states_args(paths.hs, source["format"], source.get("online") if endpoint else None,
-                                                 endpoint, staging)
-        cmd = speculators_train_command(cfg, card, paths.vocab, paths.tokenized, paths.hs,
-                                        save_path, live_dir / "speculators", nproc, init_dir, architecture, hs_args,
-                                        verifier)
-        (live_dir / "command.txt").write_text("\n".join(" ".join(c) for c in (launched[-1:] + [cmd]) if c) + "\n")
+        hs_args = speculators_hidden_states_args(
+            paths.hs,
+            source["format"],
+            source.get("online") if endpoint else None,
+            endpoint,
+            staging,
+        )
+        cmd = speculators_train_command(
+            cfg,
+            card,
+            paths.vocab,
+            paths.tokenized,
+            paths.hs,
+            save_path,
+            live_dir / "speculators",
+            nproc,
+            init_dir,
+            architecture,
+            hs_args,
+            verifier,
+        )
+        (live_dir / "command.txt").write_text(
+            "\n".join(" ".join(c) for c in (launched[-1:] + [cmd]) if c) + "\n"
+        )
         print(" ".join(cmd), flush=True)
         if subprocess.run(cmd).returncode != 0:
-            raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
+            raise SystemExit(
+                f"error: speculators train failed; command in {live_dir / 'command.txt'}"
+            )
     online = online_states(card, source, "cuda") if source["mode"] == "online" else None
-    model, result = best_speculators_epoch(save_path, cfg, card, paths.tokenized, paths.hs, "cuda", log, online)
-    model.config.speculators_config = speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps)  # the target, not the view
+    model, result = best_speculators_epoch(
+        save_path, cfg, card, paths.tokenized, paths.hs, "cuda", log, online
+    )
+    model.config.speculators_config = speculators_config(
+        card, cfg.speculative_tokens or cfg.ttt_steps
+    )  # the target, not the view
     return model, result, notes

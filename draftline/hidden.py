@@ -42,7 +42,12 @@ if TYPE_CHECKING:
     from draftline.card import TargetCard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3"}
+_SAFETENSORS_DTYPE = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float8_e4m3fn: "F8_E4M3",
+}
 SCALES_KEY = "hidden_states_scales"  # hs-connectors' fp8 layout (draftline/hs_format.py)
 VLLM_STAGING = ".vllm_staging"  # where vLLM's connector writes inside the output directory
 PLAN_FILE = ".extract_plan.json"  # the batches of a run in progress (see extraction_plan)
@@ -59,7 +64,13 @@ def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)
 
 
-def is_valid_file(path: Path, token_ids: list[int], hidden_size: int, dtype: torch.dtype | None = None, full: bool = False) -> bool:
+def is_valid_file(
+    path: Path,
+    token_ids: list[int],
+    hidden_size: int,
+    dtype: torch.dtype | None = None,
+    full: bool = False,
+) -> bool:
     """A finished, uncorrupted file for exactly these tokens.
 
     Reads the header (a truncated file fails safetensors' own size check), the shape and dtype,
@@ -85,7 +96,9 @@ def is_valid_file(path: Path, token_ids: list[int], hidden_size: int, dtype: tor
             if full:
                 from draftline.hs_format import decode
 
-                values = decode({k: f.get_tensor(k) for k in f.keys() if k != "token_ids"}, torch.float32)
+                values = decode(
+                    {k: f.get_tensor(k) for k in f.keys() if k != "token_ids"}, torch.float32
+                )
                 if not bool(torch.isfinite(values).all()):
                     return False
     except Exception:  # any unreadable file is redone, whatever the reader raised
@@ -98,7 +111,11 @@ def estimate_bytes(seq_lens: list[int], hidden_size: int, dtype: torch.dtype) ->
     id, and the fp8 scale (draftline/hs_format.py; safetensors headers are negligible)."""
     from draftline.hs_format import bytes_per_token
 
-    fmt, name = ("fp8", "bfloat16") if dtype == torch.float8_e4m3fn else ("bf16", str(dtype).removeprefix("torch."))
+    fmt, name = (
+        ("fp8", "bfloat16")
+        if dtype == torch.float8_e4m3fn
+        else ("bf16", str(dtype).removeprefix("torch."))
+    )
     return sum(seq_lens) * bytes_per_token(hidden_size, fmt, name)
 
 
@@ -149,8 +166,10 @@ def decoder_parts(model):
         if inner is None or inner is module:
             break
         module = inner
-    raise ValueError(f"{type(model).__name__}: cannot find the language model's decoder layers and final norm "
-                     "(followed get_decoder() and .model to a module with .layers and .norm)")
+    raise ValueError(
+        f"{type(model).__name__}: cannot find the language model's decoder layers and final norm "
+        "(followed get_decoder() and .model to a module with .layers and .norm)"
+    )
 
 
 @torch.no_grad()
@@ -169,6 +188,7 @@ def capture(model, input_ids: list[list[int]], aux_layer_ids: list[int]) -> list
     def grab(key):
         def hook(_module, args, kwargs):
             captured[key] = args[0] if args else kwargs["hidden_states"]
+
         return hook
 
     handles = [norm.register_forward_pre_hook(grab("last"), with_kwargs=True)]
@@ -176,23 +196,34 @@ def capture(model, input_ids: list[list[int]], aux_layer_ids: list[int]) -> list
         module = layers[i] if i < len(layers) else norm  # id N: the final pre-norm output
         handles.append(module.register_forward_pre_hook(grab(i), with_kwargs=True))
     try:
-        model(input_ids=ids.to(device), attention_mask=mask.to(device), logits_to_keep=1, use_cache=False)
+        model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            logits_to_keep=1,
+            use_cache=False,
+        )
     finally:
         for h in handles:
             h.remove()
     out_device = captured["last"].device  # with a device_map the layers live on several GPUs
-    stacked = torch.stack([captured[i].to(out_device) for i in aux_layer_ids] + [captured["last"]], dim=2)  # (B, T, 4, H)
+    stacked = torch.stack(
+        [captured[i].to(out_device) for i in aux_layer_ids] + [captured["last"]], dim=2
+    )  # (B, T, 4, H)
     return [stacked[b, : len(seq)] for b, seq in enumerate(input_ids)]
 
 
-def save_hidden_states(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: torch.dtype) -> None:
+def save_hidden_states(
+    path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: torch.dtype
+) -> None:
     """Write atomically: a killed run never leaves a file that looks finished."""
     from draftline.hs_format import encode
 
     tensors = encode(hidden, dtype)  # fp8: hs-connectors' quantization, with per-token scales
     stored = hidden if dtype == torch.float8_e4m3fn else tensors["hidden_states"]
     if not bool(torch.isfinite(stored).all()):
-        raise ValueError(f"{path.name}: the target produced non-finite hidden states (overflow in {dtype}?)")
+        raise ValueError(
+            f"{path.name}: the target produced non-finite hidden states (overflow in {dtype}?)"
+        )
     tmp = path.with_name(path.name + ".tmp")
     save_file({"token_ids": torch.tensor(token_ids, dtype=torch.long), **tensors}, str(tmp))
     os.replace(tmp, path)
@@ -205,7 +236,11 @@ def weights_digest(model: str) -> str | None:
     if not root.is_dir():
         return None
     h = hashlib.sha256()
-    for f in sorted(p for p in root.iterdir() if p.suffix in {".safetensors", ".bin", ".pt"} or p.name == "config.json"):
+    for f in sorted(
+        p
+        for p in root.iterdir()
+        if p.suffix in {".safetensors", ".bin", ".pt"} or p.name == "config.json"
+    ):
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with open(f, "rb") as fh:
@@ -218,9 +253,13 @@ def weights_digest(model: str) -> str | None:
 def fingerprint(card: TargetCard, dtype_name: str) -> str:
     """What the stored values depend on, besides the tokens each file already records."""
     parts = {
-        "model": card.model, "revision": card.revision, "weights": weights_digest(card.model),
-        "num_layers": card.num_layers, "hidden_size": card.hidden_size,
-        "aux_layer_ids": card.aux_ids, "dtype": dtype_name,
+        "model": card.model,
+        "revision": card.revision,
+        "weights": weights_digest(card.model),
+        "num_layers": card.num_layers,
+        "hidden_size": card.hidden_size,
+        "aux_layer_ids": card.aux_ids,
+        "dtype": dtype_name,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -256,11 +295,21 @@ def prepare_output(out: Path, expected_fingerprint: str) -> int:
 
 def extra_files(out: Path, n_rows: int) -> list[Path]:
     """Files of rows past the end of the tokenized data (`samples` shrank)."""
-    return sorted(f for f in out.glob("hs_*.safetensors") if not f.stem[3:].isdigit() or int(f.stem[3:]) >= n_rows)
+    return sorted(
+        f
+        for f in out.glob("hs_*.safetensors")
+        if not f.stem[3:].isdigit() or int(f.stem[3:]) >= n_rows
+    )
 
 
-def pending_rows(rows, out: Path, hidden_size: int, dtype: torch.dtype, full_check: bool,
-                 remove_extra: bool = True) -> tuple[dict[int, int], int]:
+def pending_rows(
+    rows,
+    out: Path,
+    hidden_size: int,
+    dtype: torch.dtype,
+    full_check: bool,
+    remove_extra: bool = True,
+) -> tuple[dict[int, int], int]:
     """({row index: length} of rows whose file is missing or invalid, rows already done).
 
     `rows` is the tokenized datasets.Dataset; with remove_extra, files of rows past its end
@@ -309,7 +358,10 @@ def extraction_plan(rows, todo: dict[int, int], token_budget: int, out: Path) ->
             covered = [int(i) for i in saved["rows"]]
             if saved["token_budget"] == token_budget and all(i < len(rows) for i in covered):
                 ids = rows.with_format(None).select(covered)["input_ids"] if covered else []
-                if all(_row_digest(t) == saved["rows"][str(i)] for i, t in zip(covered, ids, strict=True)):
+                if all(
+                    _row_digest(t) == saved["rows"][str(i)]
+                    for i, t in zip(covered, ids, strict=True)
+                ):
                     plan = saved
         except (OSError, ValueError, KeyError, TypeError):
             plan = None
@@ -319,7 +371,9 @@ def extraction_plan(rows, todo: dict[int, int], token_budget: int, out: Path) ->
     if uncovered:
         new = token_budget_batches(uncovered, token_budget)
         ids = rows.with_format(None).select(sorted(uncovered))["input_ids"]
-        plan["rows"].update({str(i): _row_digest(t) for i, t in zip(sorted(uncovered), ids, strict=True)})
+        plan["rows"].update(
+            {str(i): _row_digest(t) for i, t in zip(sorted(uncovered), ids, strict=True)}
+        )
         plan["batches"] += new
         out.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -328,7 +382,16 @@ def extraction_plan(rows, todo: dict[int, int], token_budget: int, out: Path) ->
     return [[int(i) for i in batch] for batch in plan["batches"]]
 
 
-def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Path, dtype: torch.dtype, token_budget: int, on_batch=None) -> int:
+def extract(
+    model,
+    rows,
+    todo: dict[int, int],
+    aux_layer_ids: list[int],
+    out: Path,
+    dtype: torch.dtype,
+    token_budget: int,
+    on_batch=None,
+) -> int:
     """Capture and write the states of the `todo` rows, by the batches of extraction_plan (every
     row of a batch that has a todo row is run; only todo rows are written). Returns tokens done.
     The plan file is removed once every batch is done."""
@@ -338,7 +401,9 @@ def extract(model, rows, todo: dict[int, int], aux_layer_ids: list[int], out: Pa
         if not wanted:
             continue
         token_ids = rows.with_format(None)[batch]["input_ids"]
-        for i, ids, hs in zip(batch, token_ids, capture(model, token_ids, aux_layer_ids), strict=True):
+        for i, ids, hs in zip(
+            batch, token_ids, capture(model, token_ids, aux_layer_ids), strict=True
+        ):
             if i in todo:
                 save_hidden_states(hs_path(out, i), ids, hs, dtype)
         done += sum(todo[i] for i in wanted)

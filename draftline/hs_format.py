@@ -38,12 +38,18 @@ def value_bytes(fmt: str, dtype_name: str = "bfloat16") -> int:
 
 def bytes_per_token(hidden_size: int, fmt: str, dtype_name: str = "bfloat16") -> int:
     """What one token's file content costs: states, fp8 scale, token id."""
-    return STATES * hidden_size * value_bytes(fmt, dtype_name) + (SCALE_BYTES if fmt == "fp8" else 0) + TOKEN_ID_BYTES
+    return (
+        STATES * hidden_size * value_bytes(fmt, dtype_name)
+        + (SCALE_BYTES if fmt == "fp8" else 0)
+        + TOKEN_ID_BYTES
+    )
 
 
 def minimum_bytes_per_token(hidden_size: int, fmt: str, dtype_name: str = "bfloat16") -> int:
     """The format's floor: the states in its value type, plus the scale fp8 cannot do without."""
-    return STATES * hidden_size * value_bytes(fmt, dtype_name) + (SCALE_BYTES if fmt == "fp8" else 0)
+    return STATES * hidden_size * value_bytes(fmt, dtype_name) + (
+        SCALE_BYTES if fmt == "fp8" else 0
+    )
 
 
 def storage_name(fmt: str, dtype_name: str) -> str:

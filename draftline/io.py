@@ -107,5 +107,11 @@ def write_meta(directory: str | Path, stage: str, params: dict, **extra) -> None
             pass
     write_json(
         Path(directory) / "meta.json",
-        {"stage": stage, "params": params, "versions": versions, "python": platform.python_version(), **extra},
+        {
+            "stage": stage,
+            "params": params,
+            "versions": versions,
+            "python": platform.python_version(),
+            **extra,
+        },
     )

@@ -60,12 +60,24 @@ class RequestResult:
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def request_body(endpoint: LoadTarget, prompt: list[int] | str, max_tokens: int) -> tuple[str, dict]:
+def request_body(
+    endpoint: LoadTarget, prompt: list[int] | str, max_tokens: int
+) -> tuple[str, dict]:
     """(path, JSON body) of one greedy streaming request."""
     if endpoint.protocol == "sglang-generate":
         key = "text" if isinstance(prompt, str) else "input_ids"
-        return "/generate", {key: prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}, "stream": True}
-    body = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+        return "/generate", {
+            key: prompt,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens},
+            "stream": True,
+        }
+    body = {
+        "model": endpoint.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
     if endpoint.stream_options:
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return "/v1/completions", body
@@ -88,8 +100,14 @@ class ChunkTimer:
         self.last = now
 
 
-def parse_openai_chunk(data: dict, result: RequestResult, timer: ChunkTimer, now: float, seen_tokens: int,
-                       per_chunk_usage: bool) -> int:
+def parse_openai_chunk(
+    data: dict,
+    result: RequestResult,
+    timer: ChunkTimer,
+    now: float,
+    seen_tokens: int,
+    per_chunk_usage: bool,
+) -> int:
     """Fold one /v1/completions chunk into result; returns the cumulative token count seen so far.
 
     per_chunk_usage: every chunk carries cumulative usage (vLLM continuous_usage_stats), so a
@@ -113,8 +131,14 @@ def parse_openai_chunk(data: dict, result: RequestResult, timer: ChunkTimer, now
     return seen_tokens
 
 
-def parse_sglang_chunk(data: dict, result: RequestResult, timer: ChunkTimer, now: float, seen_tokens: int,
-                       per_chunk_usage: bool = True) -> int:
+def parse_sglang_chunk(
+    data: dict,
+    result: RequestResult,
+    timer: ChunkTimer,
+    now: float,
+    seen_tokens: int,
+    per_chunk_usage: bool = True,
+) -> int:
     if "error" in data:
         raise RuntimeError(f"server error in stream: {data['error']}")
     meta = data.get("meta_info") or {}
@@ -130,7 +154,9 @@ def parse_sglang_chunk(data: dict, result: RequestResult, timer: ChunkTimer, now
     return cumulative
 
 
-async def send_request(client, endpoint: LoadTarget, prompt_index: int, prompt: list[int] | str, max_tokens: int) -> RequestResult:
+async def send_request(
+    client, endpoint: LoadTarget, prompt_index: int, prompt: list[int] | str, max_tokens: int
+) -> RequestResult:
     """One streaming request; failures are returned, not raised (a load test counts them)."""
     path, body = request_body(endpoint, prompt, max_tokens)
     parse = parse_sglang_chunk if endpoint.protocol == "sglang-generate" else parse_openai_chunk
@@ -146,10 +172,17 @@ async def send_request(client, endpoint: LoadTarget, prompt_index: int, prompt: 
                 line = line.strip()
                 if not line.startswith("data:"):
                     continue
-                payload = line[len("data:"):].strip()
+                payload = line[len("data:") :].strip()
                 if payload == "[DONE]":
                     break
-                seen = parse(json.loads(payload), result, timer, time.perf_counter(), seen, endpoint.stream_options)
+                seen = parse(
+                    json.loads(payload),
+                    result,
+                    timer,
+                    time.perf_counter(),
+                    seen,
+                    endpoint.stream_options,
+                )
         result.ok = True
     except Exception as err:  # noqa: BLE001 - a failed request is a counted outcome
         result.error = f"{type(err).__name__}: {err}"[:500]
@@ -158,17 +191,27 @@ async def send_request(client, endpoint: LoadTarget, prompt_index: int, prompt: 
     return result
 
 
-async def run_load(endpoint: LoadTarget, prompts: list, requests: int, concurrency: int, max_tokens: int,
-                   timeout_s: float, on_done=None) -> tuple[list[RequestResult], float]:
+async def run_load(
+    endpoint: LoadTarget,
+    prompts: list,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    timeout_s: float,
+    on_done=None,
+) -> tuple[list[RequestResult], float]:
     """`requests` requests cycling over `prompts`, at most `concurrency` in flight; (results, wall seconds)."""
     import httpx
 
     limit = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+
         async def one(i: int) -> RequestResult:
             async with limit:
-                result = await send_request(client, endpoint, i % len(prompts), prompts[i % len(prompts)], max_tokens)
+                result = await send_request(
+                    client, endpoint, i % len(prompts), prompts[i % len(prompts)], max_tokens
+                )
             if on_done:
                 on_done(result)
             return result
@@ -178,7 +221,9 @@ async def run_load(endpoint: LoadTarget, prompts: list, requests: int, concurren
         return list(results), time.perf_counter() - start
 
 
-def percentiles_ms(values: list[float], name: str, quantiles=(50, 90, 99)) -> dict[str, float | None]:
+def percentiles_ms(
+    values: list[float], name: str, quantiles=(50, 90, 99)
+) -> dict[str, float | None]:
     """{name_mean, name_p50, ...} in milliseconds; None when there are no values."""
     if not values:
         return {f"{name}_mean": None, **{f"{name}_p{q}": None for q in quantiles}}

@@ -44,7 +44,9 @@ if TYPE_CHECKING:
     from draftline.config import MixConfig
 
 
-def drop_cross_duplicates(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
+def drop_cross_duplicates(
+    pools: dict[str, list[dict]],
+) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
     """Keep each conversation (messages+tools) once, in the first dataset by name.
 
     Returns the kept rows and, per dataset, how many of its rows were copies of which earlier dataset's
@@ -93,24 +95,43 @@ def keyed(rows: list[dict], name: str, share: float) -> Iterator[tuple]:
 def merge_by_weight(ordered: dict[str, list[dict]], weights: dict[str, float]) -> Iterator[dict]:
     """The merged sequence of all datasets' ordered rows, smallest key first, ties by dataset name."""
     total = sum(weights[name] for name in ordered)
-    streams = [keyed(ordered[name], name, weights[name] / total) for name in sorted(ordered) if weights[name] > 0]
+    streams = [
+        keyed(ordered[name], name, weights[name] / total)
+        for name in sorted(ordered)
+        if weights[name] > 0
+    ]
     for *_, row in heapq.merge(*streams):  # (key, name, j) is unique, so rows are never compared
         yield row
 
 
 def tag_partition(rows: list[dict], long_threshold_tokens: int) -> list[dict]:
     """Each row with "partition": "long" when its prompt estimate exceeds the threshold, else "short"."""
-    return [{**row, "partition": "long" if row["prompt_tokens_est"] > long_threshold_tokens else "short"}
-            for row in rows]
+    return [
+        {
+            **row,
+            "partition": "long" if row["prompt_tokens_est"] > long_threshold_tokens else "short",
+        }
+        for row in rows
+    ]
 
 
 def split_counts(rows: list[dict]) -> dict:
-    counts = {"rows": len(rows), "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
-              "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")}}
+    counts = {
+        "rows": len(rows),
+        "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
+        "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")},
+    }
     if any(r.get("source_detail") for r in rows):  # a row's own upstream source, inside its dataset
         counts["by_source_detail"] = {
-            name: dict(sorted(Counter(r.get("source_detail") or "?" for r in rows if r["source"] == name).items()))
-            for name in sorted({r["source"] for r in rows if r.get("source_detail")})}
+            name: dict(
+                sorted(
+                    Counter(
+                        r.get("source_detail") or "?" for r in rows if r["source"] == name
+                    ).items()
+                )
+            )
+            for name in sorted({r["source"] for r in rows if r.get("source_detail")})
+        }
     return counts
 
 
@@ -123,9 +144,15 @@ def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:
             yield row
 
 
-def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], samples: int, eval_samples: int,
-                 long_threshold_tokens: int, seed: int, caps: dict[str, int] | None = None
-                 ) -> tuple[list[dict], list[dict], dict]:
+def mix_datasets(
+    pools: dict[str, list[dict]],
+    weights: dict[str, float],
+    samples: int,
+    eval_samples: int,
+    long_threshold_tokens: int,
+    seed: int,
+    caps: dict[str, int] | None = None,
+) -> tuple[list[dict], list[dict], dict]:
     """(train, eval, report) from prepared records per dataset; see the module docstring for the rule.
 
     Fewer rows than requested is not an error here: everything is taken, and the report has the
@@ -134,7 +161,9 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
     """
     caps = caps or {}
     if unknown := sorted(set(caps) - set(pools)):
-        raise ValueError(f"mix.caps names unknown datasets {unknown}; datasets: {', '.join(sorted(pools))}")
+        raise ValueError(
+            f"mix.caps names unknown datasets {unknown}; datasets: {', '.join(sorted(pools))}"
+        )
     pools = {name: rows for name, rows in pools.items() if weights[name] > 0}
     pools, copies = drop_cross_duplicates(pools)
     pools, renamed = make_ids_unique(pools)
@@ -144,13 +173,21 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
     # continues after eval
     train = tag_partition(list(islice(under_caps(sequence, caps), samples)), long_threshold_tokens)
     if not train:
-        raise ValueError(f"mix: no rows left for train; {len(eval_rows)} rows all went to eval "
-                         f"(eval_samples={eval_samples})")
+        raise ValueError(
+            f"mix: no rows left for train; {len(eval_rows)} rows all went to eval "
+            f"(eval_samples={eval_samples})"
+        )
     total = sum(weights[name] for name in pools)
     train_counts = Counter(row["source"] for row in train)
     eval_counts = Counter(row["source"] for row in eval_rows)
-    per_dataset = dataset_table(pools, {name: weights[name] / total for name in pools}, caps, samples,
-                                train_counts, eval_counts)
+    per_dataset = dataset_table(
+        pools,
+        {name: weights[name] / total for name in pools},
+        caps,
+        samples,
+        train_counts,
+        eval_counts,
+    )
     report = {
         "requested": {"train": samples, "eval": eval_samples},
         "weights": {name: weights[name] / total for name in sorted(pools)},
@@ -158,10 +195,14 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
         "train": split_counts(train),
         "eval": split_counts(eval_rows),
         "caps": {name: caps[name] for name in sorted(caps) if name in pools},
-        "capped": sorted(name for name in pools if name in caps and train_counts.get(name, 0) >= caps[name]),
-        "duplicates_dropped": {"total": sum(n for c in copies.values() for n in c.values()),
-                               "by_source": {name: sum(c.values()) for name, c in copies.items()},
-                               "copies_of": {name: c for name, c in copies.items() if c}},
+        "capped": sorted(
+            name for name in pools if name in caps and train_counts.get(name, 0) >= caps[name]
+        ),
+        "duplicates_dropped": {
+            "total": sum(n for c in copies.values() for n in c.values()),
+            "by_source": {name: sum(c.values()) for name, c in copies.items()},
+            "copies_of": {name: c for name, c in copies.items() if c},
+        },
         "ids_renamed": renamed,
         "shortfall": {"train": samples - len(train), "eval": eval_samples - len(eval_rows)},
         "per_dataset": per_dataset,
@@ -171,8 +212,14 @@ def mix_datasets(pools: dict[str, list[dict]], weights: dict[str, float], sample
     return train, eval_rows, report
 
 
-def dataset_table(pools: dict[str, list[dict]], shares: dict[str, float], caps: dict[str, int], samples: int,
-                  train_counts: Counter, eval_counts: Counter) -> dict[str, dict]:
+def dataset_table(
+    pools: dict[str, list[dict]],
+    shares: dict[str, float],
+    caps: dict[str, int],
+    samples: int,
+    train_counts: Counter,
+    eval_counts: Counter,
+) -> dict[str, dict]:
     """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
     cross-dataset duplicates), rows drawn for train and eval, the realised train share, and whether
     it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
@@ -181,7 +228,9 @@ def dataset_table(pools: dict[str, list[dict]], shares: dict[str, float], caps: 
     capped_rows = sum(train_counts.get(name, 0) for name in pools if name in caps)
     open_share = sum(share for name, share in shares.items() if name not in caps)
 
-    def asked(name: str, n: int, capped: int) -> float:  # train rows the weights ask of `name` out of n
+    def asked(
+        name: str, n: int, capped: int
+    ) -> float:  # train rows the weights ask of `name` out of n
         if name in caps:
             return min(caps[name], shares[name] * n)
         return shares[name] / open_share * (n - capped) if open_share else 0.0
@@ -189,21 +238,34 @@ def dataset_table(pools: dict[str, list[dict]], shares: dict[str, float], caps: 
     table = {}
     for name in sorted(pools):
         got = train_counts.get(name, 0)
-        table[name] = {"weight": round(shares[name], 4), "wanted_train": round(asked(name, samples, capped_rows)),
-                       "available": len(pools[name]), "train": got, "eval": eval_counts.get(name, 0),
-                       "share": round(got / drawn, 4) if drawn else 0.0, "capped": name in caps,
-                       # of the rows drawn, it gave less than its weight asks: the others filled in for it
-                       "short_of_weight": got < asked(name, drawn, capped_rows) - 1}
+        table[name] = {
+            "weight": round(shares[name], 4),
+            "wanted_train": round(asked(name, samples, capped_rows)),
+            "available": len(pools[name]),
+            "train": got,
+            "eval": eval_counts.get(name, 0),
+            "share": round(got / drawn, 4) if drawn else 0.0,
+            "capped": name in caps,
+            # of the rows drawn, it gave less than its weight asks: the others filled in for it
+            "short_of_weight": got < asked(name, drawn, capped_rows) - 1,
+        }
     return table
 
 
 def max_samples_at_weights(table: dict[str, dict]) -> int:
     """The largest `samples` the uncapped datasets supply at their weights (eval rows aside)."""
-    open_rows = {name: row for name, row in table.items() if not row["capped"] and row["weight"] > 0}
+    open_rows = {
+        name: row for name, row in table.items() if not row["capped"] and row["weight"] > 0
+    }
     if not open_rows:
         return 0
     share_sum = sum(row["weight"] for row in open_rows.values())
-    return int(min((row["available"] - row["eval"]) / (row["weight"] / share_sum) for row in open_rows.values()))
+    return int(
+        min(
+            (row["available"] - row["eval"]) / (row["weight"] / share_sum)
+            for row in open_rows.values()
+        )
+    )
 
 
 def shortfall_problems(report: dict) -> list[str]:
@@ -211,15 +273,21 @@ def shortfall_problems(report: dict) -> list[str]:
     problems = []
     requested, short = report["requested"], report["shortfall"]
     if short["train"] > 0:
-        problems.append(f"samples={requested['train']} asks for {requested['train']} train prompts; the datasets "
-                        f"supply {report['train']['rows']}")
+        problems.append(
+            f"samples={requested['train']} asks for {requested['train']} train prompts; the datasets "
+            f"supply {report['train']['rows']}"
+        )
     if short["eval"] > 0:
-        problems.append(f"mix.eval_samples={requested['eval']} asks for {requested['eval']} eval prompts; the "
-                        f"datasets supply {report['eval']['rows']}")
+        problems.append(
+            f"mix.eval_samples={requested['eval']} asks for {requested['eval']} eval prompts; the "
+            f"datasets supply {report['eval']['rows']}"
+        )
     drifted = [name for name, row in report["per_dataset"].items() if row["short_of_weight"]]
     if drifted:
-        problems.append(f"{', '.join(drifted)} ran out before giving {'its' if len(drifted) == 1 else 'their'} "
-                        "share of the weights, so the others filled in")
+        problems.append(
+            f"{', '.join(drifted)} ran out before giving {'its' if len(drifted) == 1 else 'their'} "
+            "share of the weights, so the others filled in"
+        )
     return problems
 
 
@@ -229,8 +297,10 @@ def shortfall_table(report: dict) -> str:
     lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  train  share"]
     for name, row in report["per_dataset"].items():
         cap = " (capped)" if row["capped"] else ""
-        lines.append(f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
-                     f"{row['eval']:>4}  {row['train']:>5}  {row['share']:>5.0%}{cap}")
+        lines.append(
+            f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
+            f"{row['eval']:>4}  {row['train']:>5}  {row['share']:>5.0%}{cap}"
+        )
     return "\n".join(lines)
 
 
@@ -245,10 +315,20 @@ def light_rows(path: Path) -> list[dict]:
         for line in f:
             if line.strip():
                 record = json.loads(line)
-                rows.append({"id": record["id"], "source": record.get("source"), "offset": offset,
-                             **({"source_detail": record["source_detail"]} if record.get("source_detail") else {}),
-                             "prompt_tokens_est": record["prompt_tokens_est"],
-                             "digest": content_hash(record["messages"], record["tools"])})
+                rows.append(
+                    {
+                        "id": record["id"],
+                        "source": record.get("source"),
+                        "offset": offset,
+                        **(
+                            {"source_detail": record["source_detail"]}
+                            if record.get("source_detail")
+                            else {}
+                        ),
+                        "prompt_tokens_est": record["prompt_tokens_est"],
+                        "digest": content_hash(record["messages"], record["tools"]),
+                    }
+                )
             offset += len(line)
     return rows
 
@@ -275,8 +355,14 @@ class Mixed:
     shortfall: str | None  # the accepted shortfall, worded (mix.allow_shortfall), or None
 
 
-def mix_prepared(names: list[str], prepared_dir: Path, prepare_reports: Path, cfg: MixConfig, samples: int,
-                 seed: int) -> Mixed:
+def mix_prepared(
+    names: list[str],
+    prepared_dir: Path,
+    prepare_reports: Path,
+    cfg: MixConfig,
+    samples: int,
+    seed: int,
+) -> Mixed:
     """Mix the prepared files of the datasets `names` (<prepared_dir>/<name>.jsonl, with the prepare
     report <prepare_reports>/<name>.json) by `cfg`. ValueError for a missing or mislabelled file, a
     mix that cannot be drawn, or a shortfall that mix.allow_shortfall does not accept."""
@@ -284,25 +370,35 @@ def mix_prepared(names: list[str], prepared_dir: Path, prepare_reports: Path, cf
     for name in sorted(names):
         path, report = prepared_dir / f"{name}.jsonl", prepare_reports / f"{name}.json"
         if not path.is_file() or not report.is_file():
-            raise ValueError(f"{path} or {report} not found; run `python -m stages.prepare {name} ...` first")
+            raise ValueError(
+                f"{path} or {report} not found; run `python -m stages.prepare {name} ...` first"
+            )
         pools[name], paths[name] = light_rows(path), path
         # A file from another dataset (renamed, stale) would silently mislabel the mix.
         if strays := sorted({row.get("source") for row in pools[name]} - {name}, key=str):
             raise ValueError(f"{path} holds rows of source {strays}, expected only {name!r}")
         inputs[name] = file_sha256(path)
         stats = read_json(report)
-        prepared[name] = {key: stats.get(key) for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")}
-    train, eval_rows, report = mix_datasets(pools, cfg.weights, samples, cfg.eval_samples,
-                                            cfg.long_threshold_tokens, seed, cfg.caps)
+        prepared[name] = {
+            key: stats.get(key)
+            for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")
+        }
+    train, eval_rows, report = mix_datasets(
+        pools, cfg.weights, samples, cfg.eval_samples, cfg.long_threshold_tokens, seed, cfg.caps
+    )
     report["allow_shortfall"] = cfg.allow_shortfall
     shortfall = None
     if problems := shortfall_problems(report):
-        shortfall = (f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
-                     f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them first)")
+        shortfall = (
+            f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
+            f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them first)"
+        )
         if not cfg.allow_shortfall:
-            raise ValueError(f"mix: {shortfall}\nLower `samples` (at most {report['max_samples_at_weights']} "
-                             "keeps the weights), add data or change mix.weights / mix.caps, or set "
-                             "mix.allow_shortfall: true to train on the rows there are at the shares above.")
+            raise ValueError(
+                f"mix: {shortfall}\nLower `samples` (at most {report['max_samples_at_weights']} "
+                "keeps the weights), add data or change mix.weights / mix.caps, or set "
+                "mix.allow_shortfall: true to train on the rows there are at the shares above."
+            )
     reasons = sum((Counter(p["dropped"]) for p in prepared.values()), Counter())
     reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
     report["prepare"] = prepared

@@ -22,10 +22,22 @@ def manifest(handle: str, token_ids: torch.Tensor, hidden: torch.Tensor) -> dict
     """The transfer manifest of one row, built as MooncakeHiddenStatesConnector builds it."""
     from hs_connectors.mooncake_store import VERSION, packed_layout
 
-    specs, total = packed_layout({"hidden_states": (list(hidden.shape), hidden.dtype),
-                                  "token_ids": (list(token_ids.shape), token_ids.dtype)})
-    return {"handle": handle, "version": VERSION, "tensors": specs,
-            "metadata": {"num_tokens": int(token_ids.numel()), "total_aligned_bytes": total, "extract_mode": "prompt_only"}}
+    specs, total = packed_layout(
+        {
+            "hidden_states": (list(hidden.shape), hidden.dtype),
+            "token_ids": (list(token_ids.shape), token_ids.dtype),
+        }
+    )
+    return {
+        "handle": handle,
+        "version": VERSION,
+        "tensors": specs,
+        "metadata": {
+            "num_tokens": int(token_ids.numel()),
+            "total_aligned_bytes": total,
+            "extract_mode": "prompt_only",
+        },
+    }
 
 
 def publish(store, handle: str, token_ids: list[int], hidden: torch.Tensor) -> dict[str, Any]:

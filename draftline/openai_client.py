@@ -30,7 +30,9 @@ class RetryPolicy:
     backoff_s: float
     backoff_max_s: float
     first_token_timeout_s: float  # from sending a request to its first generated token
-    token_timeout_s: float | None = None  # longest gap between two streamed chunks; None = first_token_timeout_s
+    token_timeout_s: float | None = (
+        None  # longest gap between two streamed chunks; None = first_token_timeout_s
+    )
 
     def wait(self, attempt: int, retry_after: float | None = None) -> float:
         cap = min(self.backoff_max_s, self.backoff_s * 2**attempt)
@@ -77,7 +79,9 @@ class EndpointPool:
 
     def acquire(self) -> Endpoint:
         now = time.monotonic()
-        open_ = [e for e in self.endpoints if self.slots is None or e.outstanding < self.slots] or self.endpoints
+        open_ = [
+            e for e in self.endpoints if self.slots is None or e.outstanding < self.slots
+        ] or self.endpoints
         ready = [e for e in open_ if e.resting_until <= now] or open_
         self._turn += 1
         n = len(ready)  # ties go round-robin
@@ -95,7 +99,9 @@ class EndpointPool:
             endpoint.resting_until = time.monotonic() + failed_for_s
 
 
-def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = 256, slots: int | None = None) -> EndpointPool:
+def open_pool(
+    urls: list[str], api_key: str | None, max_in_flight: int = 256, slots: int | None = None
+) -> EndpointPool:
     """One `openai` async client per endpoint, on the SDK's aiohttp transport (`DefaultAioHttpClient`),
     with room for max_in_flight connections; retries are ours (`complete`). The default httpx pool
     scans every connection for every request: at 256 in flight that scan cost more CPU than anything
@@ -104,10 +110,24 @@ def open_pool(urls: list[str], api_key: str | None, max_in_flight: int = 256, sl
     import httpx2
     from openai import AsyncOpenAI, DefaultAioHttpClient
 
-    limits = httpx2.Limits(max_connections=max(max_in_flight, 1), max_keepalive_connections=max(max_in_flight, 1))
-    return EndpointPool([Endpoint(url, AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key or "unused", max_retries=0,
-                                                   http_client=DefaultAioHttpClient(limits=limits)))
-                         for url in urls], slots)
+    limits = httpx2.Limits(
+        max_connections=max(max_in_flight, 1), max_keepalive_connections=max(max_in_flight, 1)
+    )
+    return EndpointPool(
+        [
+            Endpoint(
+                url,
+                AsyncOpenAI(
+                    base_url=f"{url}/v1",
+                    api_key=api_key or "unused",
+                    max_retries=0,
+                    http_client=DefaultAioHttpClient(limits=limits),
+                ),
+            )
+            for url in urls
+        ],
+        slots,
+    )
 
 
 async def close_pool(pool: EndpointPool) -> None:
@@ -130,12 +150,14 @@ def root_cause(err: BaseException) -> BaseException:
 
 
 def timeout_or_lost(err: BaseException) -> str:
-    """"timeout", or "connection" for a connection the server dropped: the SDK's aiohttp transport
+    """ "timeout", or "connection" for a connection the server dropped: the SDK's aiohttp transport
     maps every aiohttp connection error (a server disconnect too) to a timeout."""
     import aiohttp
 
     root = root_cause(err)
-    if isinstance(root, aiohttp.ClientConnectionError) and not isinstance(root, asyncio.TimeoutError):
+    if isinstance(root, aiohttp.ClientConnectionError) and not isinstance(
+        root, asyncio.TimeoutError
+    ):
         return "connection"
     return "timeout"
 
@@ -187,7 +209,9 @@ class StreamedAnswer:
         if not isinstance(chunk, dict):
             raise BadAnswer(f"stream chunk is not a JSON object: {chunk!r:.200}")
         if chunk.get("error") is not None:
-            raise StreamError(f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}")
+            raise StreamError(
+                f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}"
+            )
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         choices = chunk.get("choices") or []
@@ -199,7 +223,11 @@ class StreamedAnswer:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict):
                 raise BadAnswer("stream choice without a delta")
-            for key, parts in (("content", self.content), ("reasoning_content", self.reasoning), ("reasoning", self.reasoning)):
+            for key, parts in (
+                ("content", self.content),
+                ("reasoning_content", self.reasoning),
+                ("reasoning", self.reasoning),
+            ):
                 piece = delta.get(key)
                 if piece is None:
                     continue
@@ -213,8 +241,10 @@ class StreamedAnswer:
             for call in delta.get("tool_calls") or []:
                 if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
                     raise BadAnswer("malformed tool_calls delta")
-                merged = self.tool_calls.setdefault(call.get("index", len(self.tool_calls)),
-                                                    {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+                merged = self.tool_calls.setdefault(
+                    call.get("index", len(self.tool_calls)),
+                    {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
+                )
                 merged["id"] = call.get("id") or merged["id"]
                 function = call.get("function") or {}
                 if function.get("name"):
@@ -238,7 +268,10 @@ class StreamedAnswer:
             message[self.reasoning_key] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return {"choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}], "usage": self.usage}
+        return {
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "usage": self.usage,
+        }
 
 
 def add_chunk(streamed: StreamedAnswer, payload: bytes) -> int:
@@ -264,15 +297,22 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
     tokens/s)."""
     import httpx2
 
-    first, gap = policy.first_token_timeout_s, policy.token_timeout_s or policy.first_token_timeout_s
+    first, gap = (
+        policy.first_token_timeout_s,
+        policy.token_timeout_s or policy.first_token_timeout_s,
+    )
     loop = asyncio.get_running_loop()
     response = None
     phase = "first_token_timeout"
     try:
         async with asyncio.timeout(first) as deadline:
-            response = await client.post("/chat/completions", cast_to=httpx2.Response, body={**body, "stream": True},
-                                         stream=True, options={"timeout": max(first, gap) + 10,
-                                                               "security": {"bearer_auth": True}})
+            response = await client.post(
+                "/chat/completions",
+                cast_to=httpx2.Response,
+                body={**body, "stream": True},
+                stream=True,
+                options={"timeout": max(first, gap) + 10, "security": {"bearer_auth": True}},
+            )
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 try:
                     return json.loads(await response.aread())
@@ -280,7 +320,9 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
                     raise BadAnswer(f"not JSON: {err}") from None
             streamed = StreamedAnswer()
             pending, done = b"", False
-            async for data in response.aiter_bytes():  # split here: cheaper than httpx2's text and line decoders
+            async for (
+                data
+            ) in response.aiter_bytes():  # split here: cheaper than httpx2's text and line decoders
                 *lines, pending = (pending + data).split(b"\n")
                 output = 0
                 for line in lines:
@@ -302,12 +344,18 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
                 add_chunk(streamed, pending[5:].strip())  # a last event without its newline
             answer = streamed.answer()
             if on_token and isinstance((answer.get("usage") or {}).get("completion_tokens"), int):
-                on_token(answer["usage"]["completion_tokens"] - streamed.chunks)  # a chunk may hold several tokens
+                on_token(
+                    answer["usage"]["completion_tokens"] - streamed.chunks
+                )  # a chunk may hold several tokens
             return answer
     except TimeoutError:
         if phase == "first_token_timeout":
-            raise AnswerTimeout(phase, f"no token within {first:g} s of sending (regenerate.first_token_timeout_s)") from None
-        raise AnswerTimeout(phase, f"no next token within {gap:g} s (regenerate.token_timeout_s)") from None
+            raise AnswerTimeout(
+                phase, f"no token within {first:g} s of sending (regenerate.first_token_timeout_s)"
+            ) from None
+        raise AnswerTimeout(
+            phase, f"no next token within {gap:g} s (regenerate.token_timeout_s)"
+        ) from None
     finally:
         if response is not None:
             await response.aclose()  # unread: the connection is closed, not reused
@@ -318,7 +366,11 @@ def usage_of(answer: dict) -> dict:
     usage = answer.get("usage")
     if not isinstance(usage, dict):
         return {}
-    return {k: v for k, v in usage.items() if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)}
+    return {
+        k: v
+        for k, v in usage.items()
+        if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)
+    }
 
 
 def answer_choice(answer) -> dict:
@@ -339,13 +391,18 @@ def answer_choice(answer) -> dict:
             raise BadAnswer(f"message {key} is not a string")
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list) or not all(
-            isinstance(tc, dict) and isinstance(tc.get("function"), dict) and isinstance(tc["function"].get("name"), str)
-            for tc in calls):
+        isinstance(tc, dict)
+        and isinstance(tc.get("function"), dict)
+        and isinstance(tc["function"].get("name"), str)
+        for tc in calls
+    ):
         raise BadAnswer("malformed tool_calls")
     return choice
 
 
-async def complete(pool: EndpointPool, request: dict, policy: RetryPolicy, retries: Counter, on_token=None):
+async def complete(
+    pool: EndpointPool, request: dict, policy: RetryPolicy, retries: Counter, on_token=None
+):
     """One chat completion, retried on 429/5xx/408, timeouts and lost connections."""
     for attempt in range(policy.max_retries + 1):
         async with pool.slot():

@@ -52,9 +52,19 @@ def packed_forwards(tokens: int, pack_len: int) -> int:
     return math.ceil(tokens / pack_len)
 
 
-def make_plan(tokens: int, rows: int, hidden_size: int, *, dtype_name: str = "bfloat16", pack_len: int = 1024,
-              val_fraction: float = 0.1, epochs: int = 1, free: int | None = None, margin: float = 1.1,
-              source: str = "") -> dict:
+def make_plan(
+    tokens: int,
+    rows: int,
+    hidden_size: int,
+    *,
+    dtype_name: str = "bfloat16",
+    pack_len: int = 1024,
+    val_fraction: float = 0.1,
+    epochs: int = 1,
+    free: int | None = None,
+    margin: float = 1.1,
+    source: str = "",
+) -> dict:
     """Disk of each mode and what online costs instead. Bytes are the files' content (states,
     fp8 scales, int64 token ids); headers add a few hundred bytes a file."""
     val_tokens = round(tokens * val_fraction)
@@ -68,16 +78,29 @@ def make_plan(tokens: int, rows: int, hidden_size: int, *, dtype_name: str = "bf
             "total_bytes": total,
             "fits": None if free is None else free >= total * margin,
         }
-    forwards = packed_forwards(tokens - val_tokens, pack_len) + packed_forwards(val_tokens, pack_len)
+    forwards = packed_forwards(tokens - val_tokens, pack_len) + packed_forwards(
+        val_tokens, pack_len
+    )
     modes["online"] = {
-        "bytes_per_token": 0, "total_bytes": 0, "fits": True,
+        "bytes_per_token": 0,
+        "total_bytes": 0,
+        "fits": True,
         # train + validation batches, each one target forward of up to pack_len tokens
         "target_forwards_per_epoch": forwards,
         "target_tokens_per_epoch": tokens,
         "target_forwards_total": forwards * epochs,
     }
-    return {"tokens": tokens, "rows": rows, "tokens_from": source, "hidden_size": hidden_size,
-            "free_bytes": free, "disk_margin": margin, "pack_len": pack_len, "epochs": epochs, "modes": modes}
+    return {
+        "tokens": tokens,
+        "rows": rows,
+        "tokens_from": source,
+        "hidden_size": hidden_size,
+        "free_bytes": free,
+        "disk_margin": margin,
+        "pack_len": pack_len,
+        "epochs": epochs,
+        "modes": modes,
+    }
 
 
 def cheaper_modes(plan: dict, current: str) -> list[str]:
@@ -87,11 +110,15 @@ def cheaper_modes(plan: dict, current: str) -> list[str]:
         if name == current or not mode["fits"]:
             continue
         if name == "online":
-            out.append(f"hidden_states.mode: online (no files; the target runs during training, "
-                       f"~{mode['target_forwards_per_epoch']:,} forwards of <= {plan['pack_len']} tokens per epoch "
-                       f"at train.pack_len {plan['pack_len']})")
+            out.append(
+                f"hidden_states.mode: online (no files; the target runs during training, "
+                f"~{mode['target_forwards_per_epoch']:,} forwards of <= {plan['pack_len']} tokens per epoch "
+                f"at train.pack_len {plan['pack_len']})"
+            )
         else:
-            out.append(f"hidden_states.format: {name.removeprefix('offline_')} ({mode['total_bytes'] / 1e9:,.1f} GB)")
+            out.append(
+                f"hidden_states.format: {name.removeprefix('offline_')} ({mode['total_bytes'] / 1e9:,.1f} GB)"
+            )
     return out
 
 
@@ -105,20 +132,29 @@ def human(n: float) -> str:
 
 def render(plan: dict) -> str:
     free = plan["free_bytes"]
-    lines = [f"tokens: {plan['tokens']:,} in {plan['rows']:,} rows ({plan['tokens_from']}); hidden size {plan['hidden_size']}",
-             f"free disk: {human(free) if free is not None else 'unknown'} (needed: total x disk_margin {plan['disk_margin']})",
-             "", "| mode | bytes/token | / format minimum | total disk | fits |", "|---|---|---|---|---|"]
+    lines = [
+        f"tokens: {plan['tokens']:,} in {plan['rows']:,} rows ({plan['tokens_from']}); hidden size {plan['hidden_size']}",
+        f"free disk: {human(free) if free is not None else 'unknown'} (needed: total x disk_margin {plan['disk_margin']})",
+        "",
+        "| mode | bytes/token | / format minimum | total disk | fits |",
+        "|---|---|---|---|---|",
+    ]
     for name, mode in plan["modes"].items():
         if name == "online":
             continue
         ratio = mode["bytes_per_token"] / mode["minimum_bytes_per_token"]
         fits = "?" if mode["fits"] is None else ("yes" if mode["fits"] else "no")
-        lines.append(f"| {name.replace('_', ' ')} | {mode['bytes_per_token']:,} | {ratio:.4f} | {human(mode['total_bytes'])} | {fits} |")
+        lines.append(
+            f"| {name.replace('_', ' ')} | {mode['bytes_per_token']:,} | {ratio:.4f} | {human(mode['total_bytes'])} | {fits} |"
+        )
     online = plan["modes"]["online"]
     lines.append("| online | 0 | - | 0 B | yes |")
-    lines += ["", f"online: {online['target_forwards_per_epoch']:,} target forwards per epoch (packed batches of <= "
-              f"{plan['pack_len']} tokens, train + validation), {online['target_tokens_per_epoch']:,} tokens through the "
-              f"target per epoch, {online['target_forwards_total']:,} over {plan['epochs']} epochs"]
+    lines += [
+        "",
+        f"online: {online['target_forwards_per_epoch']:,} target forwards per epoch (packed batches of <= "
+        f"{plan['pack_len']} tokens, train + validation), {online['target_tokens_per_epoch']:,} tokens through the "
+        f"target per epoch, {online['target_forwards_total']:,} over {plan['epochs']} epochs",
+    ]
     return "\n".join(lines)
 
 
@@ -132,23 +168,34 @@ def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, i
     if prompts.is_file():
         from draftline.io import read_jsonl
 
-        lengths = [estimate_row_tokens(p, params.regenerate.max_tokens, params.tokenize.max_length) for p in read_jsonl(prompts)]
+        lengths = [
+            estimate_row_tokens(p, params.regenerate.max_tokens, params.tokenize.max_length)
+            for p in read_jsonl(prompts)
+        ]
         return sum(lengths), len(lengths), f"estimated from the prompts {prompts}"
     rows = params.samples
     return rows * params.tokenize.max_length, rows, "upper bound: samples x tokenize.max_length"
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m draftline.plan", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m draftline.plan", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--card", default="models/target/card.json", help="target card (hidden size)")
     ap.add_argument("--tokenized", default="datasets/tokenized")
     ap.add_argument("--prompts", default="datasets/prompts/train.jsonl")
-    ap.add_argument("--out", default="datasets/hidden_states", help="where the states would go (free disk)")
+    ap.add_argument(
+        "--out", default="datasets/hidden_states", help="where the states would go (free disk)"
+    )
     ap.add_argument("--hidden-size", type=int, help="instead of the card's")
-    ap.add_argument("--samples", type=int, help="with --tokens-per-sample: a plan at any scale, no data needed")
+    ap.add_argument(
+        "--samples", type=int, help="with --tokens-per-sample: a plan at any scale, no data needed"
+    )
     ap.add_argument("--tokens-per-sample", type=int)
-    ap.add_argument("--free-gb", type=float, help="free disk to plan for, instead of --out's filesystem")
+    ap.add_argument(
+        "--free-gb", type=float, help="free disk to plan for, instead of --out's filesystem"
+    )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
 
@@ -163,7 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     if hidden_size is None:
         card = Path(args.card)
         if not card.is_file():
-            raise SystemExit(f"error: no {card} yet (run the target stage) and no --hidden-size given")
+            raise SystemExit(
+                f"error: no {card} yet (run the target stage) and no --hidden-size given"
+            )
         hidden_size = TargetCard.load(card).hidden_size
     if (args.samples is None) != (args.tokens_per_sample is None):
         raise SystemExit("error: --samples and --tokens-per-sample go together")
@@ -173,10 +222,18 @@ def main(argv: list[str] | None = None) -> None:
     else:
         tokens, rows, source = token_counts(params, Path(args.tokenized), Path(args.prompts))
     hs, train = params.hidden_states, params.train
-    plan = make_plan(tokens, rows, hidden_size, dtype_name=hs.dtype, pack_len=train.pack_len,
-                     val_fraction=train.val_fraction, epochs=train.epochs,
-                     free=round(args.free_gb * 1e9) if args.free_gb is not None else free_bytes(Path(args.out)),
-                     margin=hs.disk_margin, source=source)
+    plan = make_plan(
+        tokens,
+        rows,
+        hidden_size,
+        dtype_name=hs.dtype,
+        pack_len=train.pack_len,
+        val_fraction=train.val_fraction,
+        epochs=train.epochs,
+        free=round(args.free_gb * 1e9) if args.free_gb is not None else free_bytes(Path(args.out)),
+        margin=hs.disk_margin,
+        source=source,
+    )
     print(json.dumps(plan, indent=2) if args.json else render(plan))
 
 

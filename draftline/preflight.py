@@ -54,8 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.commands import benchmark_serve_command, draft_path_for
 from draftline.checkpoint import SPECULATORS_EAGLE3, DraftFacts, read_draft_facts
+from draftline.commands import benchmark_serve_command, draft_path_for
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -64,8 +64,13 @@ if TYPE_CHECKING:
 
 # Varied text (digits, accents, CJK, emoji, code, markup) so that another tokenizer or template
 # is very unlikely to give the same count.
-PROBE_MESSAGES = [{"role": "user", "content": "Preflight probe: 7 × 8 = 56; naïve café, 東京, 🙂, "
-                                              "`x = [1, 2]`, <b>bold</b> and   spaces.\nDone?"}]
+PROBE_MESSAGES = [
+    {
+        "role": "user",
+        "content": "Preflight probe: 7 × 8 = 56; naïve café, 東京, 🙂, "
+        "`x = [1, 2]`, <b>bold</b> and   spaces.\nDone?",
+    }
+]
 
 
 class PreflightError(RuntimeError):
@@ -88,7 +93,7 @@ def _request(client, method: str, url: str, attempts: int, **kwargs):
         except httpx.HTTPError as err:
             error = f"{type(err).__name__}: {err}"
         if attempt + 1 < attempts:
-            time.sleep(min(2 ** attempt, 10))
+            time.sleep(min(2**attempt, 10))
     raise PreflightError(f"{url}: no answer after {attempts} attempts ({error})")
 
 
@@ -119,7 +124,9 @@ def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
     if re.search(r"^sglang:", text, re.M):
         engines.add("sglang")
     if spec := sorted(set(re.findall(r"vllm:spec_decode\w*", text))):
-        speculative.append(f"vLLM metrics {', '.join(spec)} (they exist only with --speculative-config)")
+        speculative.append(
+            f"vLLM metrics {', '.join(spec)} (they exist only with --speculative-config)"
+        )
     for path in ("/get_server_info", "/server_info"):
         resp = _answer(client, "GET", f"{base_url}{path}", attempts)
         try:
@@ -129,10 +136,15 @@ def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
         if isinstance(info, dict) and "speculative_algorithm" in info:
             engines.add("sglang")
             checked.add("sglang")
-            facts.update(speculative_algorithm=info["speculative_algorithm"], model_path=info.get("model_path"))
+            facts.update(
+                speculative_algorithm=info["speculative_algorithm"],
+                model_path=info.get("model_path"),
+            )
             if info["speculative_algorithm"]:
-                speculative.append(f"SGLang speculative_algorithm={info['speculative_algorithm']} "
-                                   f"(draft {info.get('speculative_draft_model_path')})")
+                speculative.append(
+                    f"SGLang speculative_algorithm={info['speculative_algorithm']} "
+                    f"(draft {info.get('speculative_draft_model_path')})"
+                )
             break
         if isinstance(info, dict) and "vllm_config" in info:  # vLLM with VLLM_SERVER_DEV_MODE
             engines.add("vllm")
@@ -144,23 +156,37 @@ def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
     for entry in models:
         if isinstance(entry, dict) and entry.get("owned_by") in ("vllm", "sglang"):
             engines.add(entry["owned_by"])
-    return {"engines": sorted(engines), "checked": sorted(checked), "speculative": speculative, **facts}
+    return {
+        "engines": sorted(engines),
+        "checked": sorted(checked),
+        "speculative": speculative,
+        **facts,
+    }
 
 
 def check_engine(base_url: str, declared: str, probe: dict) -> None:
     """Refuse a speculative server whatever was declared; refuse one that answers as another
     engine than declared, or that cannot be checked for a draft as the engine it is."""
     if probe["speculative"]:
-        raise PreflightError(f"{base_url}: the server runs speculative decoding ({'; '.join(probe['speculative'])}); "
-                             "it must serve the plain target: start it without a draft")
+        raise PreflightError(
+            f"{base_url}: the server runs speculative decoding ({'; '.join(probe['speculative'])}); "
+            "it must serve the plain target: start it without a draft"
+        )
     if probe["engines"] and declared not in probe["engines"]:
-        raise PreflightError(f"{base_url} answers as {' and '.join(probe['engines'])}, not {declared} as declared "
-                             "(regenerate.external_engine or benchmark.engine; for a launched server, another "
-                             "process holds the port); say what it is so the right checks run")
+        raise PreflightError(
+            f"{base_url} answers as {' and '.join(probe['engines'])}, not {declared} as declared "
+            "(regenerate.external_engine or benchmark.engine; for a launched server, another "
+            "process holds the port); say what it is so the right checks run"
+        )
     if declared in ("vllm", "sglang") and declared not in probe["checked"]:
-        how = ("/metrics has no vllm: metrics (not vLLM, or started with --disable-log-stats)" if declared == "vllm"
-               else "/get_server_info has no speculative_algorithm")
-        raise PreflightError(f"{base_url}: {how}, so it cannot be checked for a draft; check regenerate.external_engine")
+        how = (
+            "/metrics has no vllm: metrics (not vLLM, or started with --disable-log-stats)"
+            if declared == "vllm"
+            else "/get_server_info has no speculative_algorithm"
+        )
+        raise PreflightError(
+            f"{base_url}: {how}, so it cannot be checked for a draft; check regenerate.external_engine"
+        )
 
 
 def listed_models(client, base_url: str, attempts: int) -> list:
@@ -189,9 +215,16 @@ def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> 
     return {}
 
 
-def preflight_regeneration(base_url: str, engine: str, model_name: str,
-                           prompt_ids: Callable[[list[dict], list | None], list[int]], chat_template_kwargs: dict,
-                           api_key: str | None = None, timeout_s: float = 60, attempts: int = 4) -> dict:
+def preflight_regeneration(
+    base_url: str,
+    engine: str,
+    model_name: str,
+    prompt_ids: Callable[[list[dict], list | None], list[int]],
+    chat_template_kwargs: dict,
+    api_key: str | None = None,
+    timeout_s: float = 60,
+    attempts: int = 4,
+) -> dict:
     """Check one regeneration endpoint before the first request (see the module docstring); returns
     what it saw. prompt_ids(messages, tools): the token ids the target's tokenizer and chat template
     (with chat_template_kwargs) give a conversation's prompt."""
@@ -208,39 +241,69 @@ def preflight_regeneration(base_url: str, engine: str, model_name: str,
         models = listed_models(client, base_url, attempts)
         probe = probe_engine(client, base_url, attempts, models)
         check_engine(shown, engine, probe)
-        seen = {"url": shown, "engine": engine, "answers_as": probe["engines"] or [engine],
-                **{k: v for k, v in probe.items() if k not in ("engines", "checked", "speculative")},
-                "speculative": False}
+        seen = {
+            "url": shown,
+            "engine": engine,
+            "answers_as": probe["engines"] or [engine],
+            **{k: v for k, v in probe.items() if k not in ("engines", "checked", "speculative")},
+            "speculative": False,
+        }
 
         served = [m.get("id") for m in models if isinstance(m, dict)]
         if served and model_name not in served:
-            raise PreflightError(f"{shown} serves {served}, not the target {model_name!r} of the card; "
-                                 "point regenerate at the target's server (or set regenerate.served_model_name)")
+            raise PreflightError(
+                f"{shown} serves {served}, not the target {model_name!r} of the card; "
+                "point regenerate at the target's server (or set regenerate.served_model_name)"
+            )
         seen["served_models"] = served
 
         expected = prompt_ids(PROBE_MESSAGES, None)
-        body = {"model": model_name, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0.0}
+        body = {
+            "model": model_name,
+            "messages": PROBE_MESSAGES,
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
         if chat_template_kwargs:
             body["chat_template_kwargs"] = chat_template_kwargs
         resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
         if resp.status_code != 200:
-            raise PreflightError(f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
-                                 f"{resp.text[:300]}")
+            raise PreflightError(
+                f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
+                f"{resp.text[:300]}"
+            )
         counted = (resp.json().get("usage") or {}).get("prompt_tokens")
         if counted != len(expected):
-            raise PreflightError(f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "
-                                 f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
-                                 "chat template than the card's target")
+            raise PreflightError(
+                f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "
+                f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
+                "chat template than the card's target"
+            )
         seen["probe_prompt_tokens"] = counted
 
         if engine == "vllm":  # exact ids through vLLM's /tokenize (chat form)
-            tok = _request(client, "POST", f"{base_url}/tokenize", attempts,
-                           json={"model": model_name, "messages": PROBE_MESSAGES, "add_generation_prompt": True,
-                                 **({"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {})})
+            tok = _request(
+                client,
+                "POST",
+                f"{base_url}/tokenize",
+                attempts,
+                json={
+                    "model": model_name,
+                    "messages": PROBE_MESSAGES,
+                    "add_generation_prompt": True,
+                    **(
+                        {"chat_template_kwargs": chat_template_kwargs}
+                        if chat_template_kwargs
+                        else {}
+                    ),
+                },
+            )
             if tok.status_code == 200:
                 if tok.json().get("tokens") != expected:
-                    raise PreflightError(f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
-                                         "target's tokenizer and chat template")
+                    raise PreflightError(
+                        f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
+                        "target's tokenizer and chat template"
+                    )
                 seen["probe_token_ids"] = "match"
     return seen
 
@@ -263,7 +326,9 @@ def served_model(client, base_url: str, card: TargetCard, attempts: int) -> str:
         if m.get("id") in names or m.get("root") in names:
             return m["id"]
     seen = [(m.get("id"), m.get("root")) for m in models]
-    raise PreflightError(f"{base_url} serves {seen} (id, root), not the target {target!r} of the card")
+    raise PreflightError(
+        f"{base_url} serves {seen} (id, root), not the target {target!r} of the card"
+    )
 
 
 def vllm_speculative_config(client, base_url: str, attempts: int) -> dict | None:
@@ -285,8 +350,15 @@ def vllm_speculative_config(client, base_url: str, attempts: int) -> dict | None
     return spec if isinstance(spec, dict) else {"method": None}
 
 
-def preflight_extraction(base_url: str, card: TargetCard, aux_layer_ids: list[int], probe_ids: list[int],
-                         timeout_s: float = 120, attempts: int = 3, probe_file: bool = True) -> dict:
+def preflight_extraction(
+    base_url: str,
+    card: TargetCard,
+    aux_layer_ids: list[int],
+    probe_ids: list[int],
+    timeout_s: float = 120,
+    attempts: int = 3,
+    probe_file: bool = True,
+) -> dict:
     """Check an already-running vLLM extraction server (see the module docstring); returns what it saw.
     probe_file False (a Mooncake transfer: the states go to a store, not a file) checks the model
     and, where /server_info is on, the speculative config only."""
@@ -299,14 +371,19 @@ def preflight_extraction(base_url: str, card: TargetCard, aux_layer_ids: list[in
         spec = vllm_speculative_config(client, base_url, attempts)
         want = [*aux_layer_ids, card.num_layers]
         if spec is not None:
-            layers = ((spec.get("draft_model_config") or {}).get("hf_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
-                or spec.get("eagle_aux_hidden_state_layer_ids")
+            layers = ((spec.get("draft_model_config") or {}).get("hf_config") or {}).get(
+                "eagle_aux_hidden_state_layer_ids"
+            ) or spec.get("eagle_aux_hidden_state_layer_ids")
             if spec.get("method") != "extract_hidden_states":
-                raise PreflightError(f"{base_url}: speculative_config method {spec.get('method')!r}; extraction needs "
-                                     "a server started with method extract_hidden_states")
+                raise PreflightError(
+                    f"{base_url}: speculative_config method {spec.get('method')!r}; extraction needs "
+                    "a server started with method extract_hidden_states"
+                )
             if layers is not None and list(layers) != want:
-                raise PreflightError(f"{base_url}: extracts layers {list(layers)}, the card needs {want} "
-                                     "(aux layer ids + the last layer)")
+                raise PreflightError(
+                    f"{base_url}: extracts layers {list(layers)}, the card needs {want} "
+                    "(aux layer ids + the last layer)"
+                )
             seen["speculative_config"] = "checked"
         if not probe_file:
             return seen
@@ -314,16 +391,22 @@ def preflight_extraction(base_url: str, card: TargetCard, aux_layer_ids: list[in
         resp = _request(client, "POST", f"{base_url}/v1/completions", attempts, json=body)
         answer = _json(resp) or {}
         if resp.status_code != 200:
-            raise PreflightError(f"{base_url}: the probe request got HTTP {resp.status_code}: {resp.text[:300]}")
+            raise PreflightError(
+                f"{base_url}: the probe request got HTTP {resp.status_code}: {resp.text[:300]}"
+            )
         path = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
-            raise PreflightError(f"{base_url}: the probe's answer has no kv_transfer_params.hidden_states_path: not a "
-                                 "server started for extraction (speculative method extract_hidden_states with "
-                                 "speculators' file connector)")
+            raise PreflightError(
+                f"{base_url}: the probe's answer has no kv_transfer_params.hidden_states_path: not a "
+                "server started for extraction (speculative method extract_hidden_states with "
+                "speculators' file connector)"
+            )
         file = Path(path)
         if not file.is_file():
-            raise PreflightError(f"{base_url}: writes hidden states to {path}, which this machine cannot read; its "
-                                 "hidden_states_path must be on a filesystem shared with this stage")
+            raise PreflightError(
+                f"{base_url}: writes hidden states to {path}, which this machine cannot read; its "
+                "hidden_states_path must be on a filesystem shared with this stage"
+            )
         try:
             with safe_open(str(file), framework="pt") as f:
                 token_ids = f.get_tensor("token_ids").tolist()
@@ -331,16 +414,28 @@ def preflight_extraction(base_url: str, card: TargetCard, aux_layer_ids: list[in
         finally:
             file.unlink(missing_ok=True)
         if token_ids != list(probe_ids):
-            raise PreflightError(f"{base_url}: the probe's hidden-state file holds other token ids than were sent")
+            raise PreflightError(
+                f"{base_url}: the probe's hidden-state file holds other token ids than were sent"
+            )
         if shape != [len(probe_ids), len(want), card.hidden_size]:
-            raise PreflightError(f"{base_url}: the probe's hidden states have shape {shape}, the card needs "
-                                 f"[{len(probe_ids)}, {len(want)}, {card.hidden_size}] (layers {want})")
+            raise PreflightError(
+                f"{base_url}: the probe's hidden states have shape {shape}, the card needs "
+                f"[{len(probe_ids)}, {len(want)}, {card.hidden_size}] (layers {want})"
+            )
         seen["probe_shape"] = shape
     return seen
 
 
-def preflight_benchmark(engine: str, role: str, base_url: str, card: TargetCard, draft_path: str | None,
-                        algorithm: str, timeout_s: float = 60, attempts: int = 3) -> dict:
+def preflight_benchmark(
+    engine: str,
+    role: str,
+    base_url: str,
+    card: TargetCard,
+    draft_path: str | None,
+    algorithm: str,
+    timeout_s: float = 60,
+    attempts: int = 3,
+) -> dict:
     """Check an already-running benchmark server: role "baseline" (no draft) or "speculative" (this draft)."""
     import httpx
 
@@ -359,38 +454,52 @@ def preflight_benchmark(engine: str, role: str, base_url: str, card: TargetCard,
             seen["model_path"] = info.get("model_path")
             _check_sglang_model(seen, base_url, card)
             if str(info.get("speculative_algorithm") or "").upper() != algorithm.upper():
-                raise PreflightError(f"{base_url}: SGLang runs speculative_algorithm {info.get('speculative_algorithm')!r}, "
-                                     f"the benchmark needs {algorithm} for an EAGLE-3 draft")
+                raise PreflightError(
+                    f"{base_url}: SGLang runs speculative_algorithm {info.get('speculative_algorithm')!r}, "
+                    f"the benchmark needs {algorithm} for an EAGLE-3 draft"
+                )
             if _resolved(info.get("speculative_draft_model_path")) != _resolved(draft_path):
-                raise PreflightError(f"{base_url}: SGLang runs draft {info.get('speculative_draft_model_path')!r}, "
-                                     f"not the one benchmarked ({draft_path})")
+                raise PreflightError(
+                    f"{base_url}: SGLang runs draft {info.get('speculative_draft_model_path')!r}, "
+                    f"not the one benchmarked ({draft_path})"
+                )
             seen["draft"] = "checked"
             return seen
         text = _request(client, "GET", f"{base_url}/metrics", attempts).text
         if "vllm:spec_decode" not in text:
-            raise PreflightError(f"{base_url}: no vllm:spec_decode metrics, so it does not run speculative decoding "
-                                 "(started without --speculative-config?)")
+            raise PreflightError(
+                f"{base_url}: no vllm:spec_decode metrics, so it does not run speculative decoding "
+                "(started without --speculative-config?)"
+            )
         spec = vllm_speculative_config(client, base_url, attempts)
         if spec is None:
             seen["draft"] = "unchecked: /server_info needs VLLM_SERVER_DEV_MODE=1"
             return seen
         if str(spec.get("method")).lower() != algorithm.lower():
-            raise PreflightError(f"{base_url}: vLLM speculative method {spec.get('method')!r}, the benchmark needs "
-                                 f"{algorithm!r} for an EAGLE-3 draft")
+            raise PreflightError(
+                f"{base_url}: vLLM speculative method {spec.get('method')!r}, the benchmark needs "
+                f"{algorithm!r} for an EAGLE-3 draft"
+            )
         if _resolved(spec.get("model")) != _resolved(draft_path):
-            raise PreflightError(f"{base_url}: vLLM runs draft {spec.get('model')!r}, not the one benchmarked ({draft_path})")
+            raise PreflightError(
+                f"{base_url}: vLLM runs draft {spec.get('model')!r}, not the one benchmarked ({draft_path})"
+            )
         seen["draft"] = "checked"
         return seen
 
 
 def _resolved(path) -> str | None:
-    return str(Path(path).resolve()) if path and Path(path).exists() else (str(path) if path else None)
+    return (
+        str(Path(path).resolve()) if path and Path(path).exists() else (str(path) if path else None)
+    )
 
 
 def _check_sglang_model(seen: dict, base_url: str, card: TargetCard) -> None:
     model_path = seen.get("model_path")
     if model_path is not None and _resolved(model_path) != _resolved(card.model):
-        raise PreflightError(f"{base_url}: SGLang serves {model_path!r}, not the target {card.model!r} of the card")
+        raise PreflightError(
+            f"{base_url}: SGLang serves {model_path!r}, not the target {card.model!r} of the card"
+        )
 
 
 # ---- drafts and engine settings ------------------------------------------------------------
@@ -412,16 +521,26 @@ def check_draft(card: TargetCard, facts: DraftFacts, engine: str) -> list[str]:
         problems.append(f"{facts.path}: not an EAGLE-3 draft (algorithm {facts.algorithm!r})")
     aux = engine_aux_ids_as_card(facts, engine, card.num_layers)
     if sorted(aux) != sorted(card.aux_ids):
-        hint = " (SGLang reads eagle_config ids as layer outputs: id = card id - 1)" if engine == "sglang" else ""
-        problems.append(f"aux layer ids: the {engine} engine would capture decoder-layer inputs {aux}, "
-                        f"the target card says {card.aux_ids}{hint}")
+        hint = (
+            " (SGLang reads eagle_config ids as layer outputs: id = card id - 1)"
+            if engine == "sglang"
+            else ""
+        )
+        problems.append(
+            f"aux layer ids: the {engine} engine would capture decoder-layer inputs {aux}, "
+            f"the target card says {card.aux_ids}{hint}"
+        )
     hidden = card.hidden_size
     if facts.target_hidden_size is not None and facts.target_hidden_size != hidden:
-        problems.append(f"hidden size: the draft expects a target hidden size of {facts.target_hidden_size}, "
-                        f"the target card says {hidden}")
+        problems.append(
+            f"hidden size: the draft expects a target hidden size of {facts.target_hidden_size}, "
+            f"the target card says {hidden}"
+        )
     if facts.fc_in_features is not None and facts.fc_in_features != 3 * hidden:
-        problems.append(f"hidden size: the draft's fc takes {facts.fc_in_features} features, EAGLE-3 on this "
-                        f"target needs 3 x {hidden} = {3 * hidden}")
+        problems.append(
+            f"hidden size: the draft's fc takes {facts.fc_in_features} features, EAGLE-3 on this "
+            f"target needs 3 x {hidden} = {3 * hidden}"
+        )
     problems.extend(check_vocab(card.vocab_size, facts))
     return problems
 
@@ -430,24 +549,34 @@ def check_vocab(target_vocab: int, facts: DraftFacts) -> list[str]:
     """d2t (offsets: target id = i + d2t[i]) and t2d (mask over the target vocab) must agree and fit."""
     problems = []
     if facts.vocab_size is not None and facts.vocab_size != target_vocab:
-        problems.append(f"vocab: the draft embeds a vocabulary of {facts.vocab_size}, the target has {target_vocab}")
+        problems.append(
+            f"vocab: the draft embeds a vocabulary of {facts.vocab_size}, the target has {target_vocab}"
+        )
     if facts.d2t is None:
         return problems
     n = len(facts.d2t)
     if facts.draft_vocab_size is not None and facts.draft_vocab_size != n:
         problems.append(f"vocab: draft_vocab_size {facts.draft_vocab_size} but d2t has {n} entries")
     if n > target_vocab:
-        problems.append(f"vocab: draft vocabulary of {n} is larger than the target's {target_vocab}")
+        problems.append(
+            f"vocab: draft vocabulary of {n} is larger than the target's {target_vocab}"
+        )
     mapped = [i + off for i, off in enumerate(facts.d2t)]
     outside = [t for t in mapped if not 0 <= t < target_vocab]
     if outside:
-        problems.append(f"vocab: d2t maps {len(outside)} draft ids outside the target vocabulary [0, {target_vocab}), "
-                        f"e.g. {outside[:5]}")
+        problems.append(
+            f"vocab: d2t maps {len(outside)} draft ids outside the target vocabulary [0, {target_vocab}), "
+            f"e.g. {outside[:5]}"
+        )
     if facts.t2d_len is not None:
         if facts.t2d_len != target_vocab:
-            problems.append(f"vocab: t2d covers {facts.t2d_len} target ids, the target has {target_vocab}")
+            problems.append(
+                f"vocab: t2d covers {facts.t2d_len} target ids, the target has {target_vocab}"
+            )
         if facts.t2d_count != n:
-            problems.append(f"vocab: t2d marks {facts.t2d_count} target ids but the draft vocabulary has {n}")
+            problems.append(
+                f"vocab: t2d marks {facts.t2d_count} target ids but the draft vocabulary has {n}"
+            )
         elif facts.t2d_true is not None and set(mapped) != facts.t2d_true:
             problems.append("vocab: t2d and d2t name different target tokens")
     return problems
@@ -458,22 +587,30 @@ def check_engine_settings(engine: str, cfg: BenchmarkConfig, facts: DraftFacts) 
     problems = []
     if engine == "vllm":
         if cfg.vllm.method.lower() != "eagle3":
-            problems.append(f"benchmark.vllm.method: {cfg.vllm.method!r} for an EAGLE-3 draft; it must be 'eagle3' "
-                            "(vLLM's 'eagle' feeds the draft one hidden state instead of three)")
+            problems.append(
+                f"benchmark.vllm.method: {cfg.vllm.method!r} for an EAGLE-3 draft; it must be 'eagle3' "
+                "(vLLM's 'eagle' feeds the draft one hidden state instead of three)"
+            )
     elif engine == "sglang":
         if cfg.sglang.algorithm.upper() != "EAGLE3":
-            problems.append(f"benchmark.sglang.algorithm: {cfg.sglang.algorithm!r} for an EAGLE-3 draft; it must be "
-                            "'EAGLE3' (with 'EAGLE' the aux hidden states are not captured and acceptance collapses)")
+            problems.append(
+                f"benchmark.sglang.algorithm: {cfg.sglang.algorithm!r} for an EAGLE-3 draft; it must be "
+                "'EAGLE3' (with 'EAGLE' the aux hidden states are not captured and acceptance collapses)"
+            )
         if facts.layout == "speculators":
-            problems.append(f"{facts.path} is a speculators checkpoint ({', '.join(facts.architectures) or 'no architectures'}); "
-                            "SGLang picks the draft class from config.json architectures (LlamaForCausalLMEagle3) and "
-                            "loads EAGLE-3 drafts in that layout: the benchmark stage exports a draft trained with "
-                            "train.architecture: eagle3 itself (python -m draftline.sglang_export makes a lasting copy), "
-                            "or set benchmark.sglang.draft_model_path to such a copy")
+            problems.append(
+                f"{facts.path} is a speculators checkpoint ({', '.join(facts.architectures) or 'no architectures'}); "
+                "SGLang picks the draft class from config.json architectures (LlamaForCausalLMEagle3) and "
+                "loads EAGLE-3 drafts in that layout: the benchmark stage exports a draft trained with "
+                "train.architecture: eagle3 itself (python -m draftline.sglang_export makes a lasting copy), "
+                "or set benchmark.sglang.draft_model_path to such a copy"
+            )
     return problems
 
 
-def preflight_engines(card: TargetCard, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None) -> dict:
+def preflight_engines(
+    card: TargetCard, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
+) -> dict:
     """Checks and deployment commands for every benchmark server engine.
 
     Returns {engine: {"command": str, "problems": [...]}}; the selected engine's problems are
@@ -484,5 +621,8 @@ def preflight_engines(card: TargetCard, cfg: BenchmarkConfig, draft_dir: str, sg
         path = draft_path_for(engine, cfg, draft_dir, sglang_draft)
         facts = read_draft_facts(path)
         problems = check_draft(card, facts, engine) + check_engine_settings(engine, cfg, facts)
-        out[engine] = {"command": shlex.join(benchmark_serve_command(engine, card, cfg, path)), "problems": problems}
+        out[engine] = {
+            "command": shlex.join(benchmark_serve_command(engine, card, cfg, path)),
+            "problems": problems,
+        }
     return out

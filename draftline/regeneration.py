@@ -80,8 +80,14 @@ def reply_message(choice: dict) -> dict:
         out["reasoning_content"] = reasoning
     if msg.get("tool_calls"):
         out["tool_calls"] = [
-            {"id": tc.get("id"), "type": "function",
-             "function": {"name": tc["function"]["name"], "arguments": tc["function"].get("arguments") or "{}"}}
+            {
+                "id": tc.get("id"),
+                "type": "function",
+                "function": {
+                    "name": tc["function"]["name"],
+                    "arguments": tc["function"].get("arguments") or "{}",
+                },
+            }
             for tc in msg["tool_calls"]
         ]
     return out
@@ -100,16 +106,31 @@ def trim_to_assistant(messages: list[dict]) -> list[dict]:
     return messages[: last + 1]
 
 
-async def regenerate_conversation(pool: EndpointPool, model: str, row: dict, sampling: Sampling, policy: RetryPolicy,
-                                  max_context: int | None, count_ids, retries: Counter, extra_body: dict | None = None,
-                                  on_token=None) -> tuple[list[dict], dict]:
+async def regenerate_conversation(
+    pool: EndpointPool,
+    model: str,
+    row: dict,
+    sampling: Sampling,
+    policy: RetryPolicy,
+    max_context: int | None,
+    count_ids,
+    retries: Counter,
+    extra_body: dict | None = None,
+    on_token=None,
+) -> tuple[list[dict], dict]:
     """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
     extra_body goes into every request as it is (e.g. vLLM's stream_options)."""
     original, tools = row["messages"], row.get("tools")
     temperature, seed = sampling.for_conversation(row["id"])
     messages: list[dict] = []
-    stats = {"temperature": temperature, "seed": seed, "finish_reasons": [], "stopped": "end",
-             "prompt_tokens": 0, "completion_tokens": 0}
+    stats = {
+        "temperature": temperature,
+        "seed": seed,
+        "finish_reasons": [],
+        "stopped": "end",
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+    }
     i = 0
     while i < len(original):
         turn = original[i]
@@ -125,12 +146,19 @@ async def regenerate_conversation(pool: EndpointPool, model: str, row: dict, sam
                 raise ConversationFailed("template_error", f"{type(err).__name__}: {err}") from None
             if used >= max_context:
                 if not stats["finish_reasons"]:
-                    raise ConversationFailed("prompt_too_long", f"{used} prompt tokens >= max_context {max_context}")
+                    raise ConversationFailed(
+                        "prompt_too_long", f"{used} prompt tokens >= max_context {max_context}"
+                    )
                 stats["stopped"] = "context_full"
                 break
             max_tokens = min(max_tokens, max_context - used)
-        request = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                   "top_p": sampling.top_p}
+        request = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": sampling.top_p,
+        }
         if seed is not None:
             request["seed"] = seed
         if tools:
@@ -179,11 +207,22 @@ class PartitionTally:
 
     def summary(self) -> dict:
         seconds = (self.last_end - self.first_start) if self.first_start and self.last_end else 0.0
-        rate = (lambda n: round(n / seconds, 2) if seconds > 0 else None)
-        return {"sent": self.sent, "ok": self.ok, "failed": self.failed, "requests": self.requests,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "seconds": round(seconds, 2), "conversations_per_s": rate(self.ok), "requests_per_s": rate(self.requests),
-                "completion_tokens_per_s": rate(self.completion_tokens)}
+
+        def rate(n):
+            return round(n / seconds, 2) if seconds > 0 else None
+
+        return {
+            "sent": self.sent,
+            "ok": self.ok,
+            "failed": self.failed,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "seconds": round(seconds, 2),
+            "conversations_per_s": rate(self.ok),
+            "requests_per_s": rate(self.requests),
+            "completion_tokens_per_s": rate(self.completion_tokens),
+        }
 
 
 @dataclass
@@ -212,10 +251,23 @@ class Tally:
         return self.ok + self.failed
 
 
-async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampling: Sampling, policy: RetryPolicy,
-                         partitions: dict[str, tuple[int, int | None]], out_path: Path, failures_path: Path,
-                         tags: dict, count_ids=None, max_failures: int | None = None, on_done=None,
-                         on_tick=None, tick_s: float = 30.0, extra_body: dict | None = None) -> Tally:
+async def regenerate_all(
+    pool: EndpointPool,
+    model: str,
+    rows: list[dict],
+    sampling: Sampling,
+    policy: RetryPolicy,
+    partitions: dict[str, tuple[int, int | None]],
+    out_path: Path,
+    failures_path: Path,
+    tags: dict,
+    count_ids=None,
+    max_failures: int | None = None,
+    on_done=None,
+    on_tick=None,
+    tick_s: float = 30.0,
+    extra_body: dict | None = None,
+) -> Tally:
     """Regenerate `rows`; `partitions` maps "short"/"long" to (concurrency, max_context).
 
     Each finished conversation is one flushed line of out_path (the row with its regenerated
@@ -233,7 +285,9 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
     for row in rows:
         name = row.get("partition", "short")
         if name not in queues:
-            raise ValueError(f"prompt {row['id']}: unknown partition {name!r} (expected one of {sorted(queues)})")
+            raise ValueError(
+                f"prompt {row['id']}: unknown partition {name!r} (expected one of {sorted(queues)})"
+            )
         queues[name].append(row)
     stop = asyncio.Event()
 
@@ -241,6 +295,7 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
         tally.streamed_tokens += n
 
     with open(out_path, "a") as out, open(failures_path, "w") as failures:
+
         async def one(name: str, row: dict) -> None:
             part = tally.partitions[name]
             part.sent += 1
@@ -248,14 +303,34 @@ async def regenerate_all(pool: EndpointPool, model: str, rows: list[dict], sampl
             max_context = partitions[name][1]
             tally.conversations_in_flight += 1
             try:
-                messages, stats = await regenerate_conversation(pool, model, row, sampling, policy, max_context,
-                                                                count_ids, tally.retries, extra_body, on_token)
+                messages, stats = await regenerate_conversation(
+                    pool,
+                    model,
+                    row,
+                    sampling,
+                    policy,
+                    max_context,
+                    count_ids,
+                    tally.retries,
+                    extra_body,
+                    on_token,
+                )
             except ConversationFailed as err:
                 tally.failed += 1
                 part.failed += 1
                 tally.failure_reasons[err.reason] += 1
-                failures.write(json.dumps({"id": row["id"], "partition": name, "reason": err.reason,
-                                           "attempts": err.attempts, "detail": err.detail[:500]}) + "\n")
+                failures.write(
+                    json.dumps(
+                        {
+                            "id": row["id"],
+                            "partition": name,
+                            "reason": err.reason,
+                            "attempts": err.attempts,
+                            "detail": err.detail[:500],
+                        }
+                    )
+                    + "\n"
+                )
                 failures.flush()
                 if max_failures is not None and tally.failed > max_failures:
                     stop.set()

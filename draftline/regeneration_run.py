@@ -18,10 +18,17 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from draftline.conversation_store import cut_last_line, fingerprint, load_finished, read_prompts, regeneration_settings
+from draftline.conversation_store import (
+    cut_last_line,
+    fingerprint,
+    load_finished,
+    read_prompts,
+    regeneration_settings,
+)
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -35,7 +42,9 @@ class Regenerated(NamedTuple):
     error: str | None  # more failures than regenerate.max_failure_rate: by cause, what to change
 
 
-def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path) -> Regenerated:
+def regenerate(
+    cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path
+) -> Regenerated:
     """Regenerates the prompts of `prompts_path` not yet in out/conversations.jsonl (append-only,
     keyed by prompt id); failures.jsonl gets one line per conversation that failed in this run."""
     model_name = cfg.served_model_name or card.model
@@ -56,8 +65,10 @@ def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path
     dropping = {k: v for k, v in resume.items() if v and k not in ("not_in_prompts", "last_run")}
     to_drop = bool(dropping) or cut_last_line(conversations_path)
     todo = [row for row in prompts if row["id"] not in done]
-    print(f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
-          + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in dropping.items()))
+    print(
+        f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
+        + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in dropping.items())
+    )
 
     def drop_stale_lines() -> None:
         if to_drop:
@@ -65,14 +76,20 @@ def regenerate(cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
-        tally, seen, start, slots = send(cfg, card, engine, model_name, api_key, todo, tags, out, drop_stale_lines)
+        tally, seen, start, slots = send(
+            cfg, card, engine, model_name, api_key, todo, tags, out, drop_stale_lines
+        )
     else:
         drop_stale_lines()  # nothing to send: only lines of ids no longer prompted, or a cut line
-    report = run_report(cfg, len(prompts), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out)
+    report = run_report(
+        cfg, len(prompts), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
+    )
     if tally is None:
         return Regenerated(report, tags["fingerprint"], None)
-    print(f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
-          f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing")
+    print(
+        f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
+        f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing"
+    )
     return Regenerated(report, tags["fingerprint"], failure_error(cfg, tally, len(todo), out))
 
 
@@ -81,20 +98,31 @@ def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
     if cfg.backend == "transformers":
         from draftline.commands import transformers_serve_loads
 
-        if not transformers_serve_loads(card.architecture, card.config_model_type or card.model_type):
-            raise SystemExit(f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
-                             f"the target's {card.architecture} is the checkpoint's own code. Use backend vllm or "
-                             "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints")
-    if engine == "transformers" and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0:
+        if not transformers_serve_loads(
+            card.architecture, card.config_model_type or card.model_type
+        ):
+            raise SystemExit(
+                f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
+                f"the target's {card.architecture} is the checkpoint's own code. Use backend vllm or "
+                "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints"
+            )
+    if (
+        engine == "transformers"
+        and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0
+    ):
         from transformers import GenerationConfig
 
         try:
-            do_sample = GenerationConfig.from_pretrained(card.model, revision=card.revision).do_sample
+            do_sample = GenerationConfig.from_pretrained(
+                card.model, revision=card.revision
+            ).do_sample
         except OSError:
             do_sample = False
         if not do_sample:  # transformers serve would silently answer a temperature > 0 greedily
-            raise SystemExit("error: regenerate.temperature > 0 but the target's generation_config has no "
-                             "do_sample: true, so `transformers serve` would decode greedily")
+            raise SystemExit(
+                "error: regenerate.temperature > 0 but the target's generation_config has no "
+                "do_sample: true, so `transformers serve` would decode greedily"
+            )
 
 
 def endpoint_api_key(cfg: RegenerateConfig) -> str | None:
@@ -107,9 +135,17 @@ def endpoint_api_key(cfg: RegenerateConfig) -> str | None:
     return api_key
 
 
-def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, api_key: str | None,
-         todo: list[dict], tags: dict, out: Path,
-         drop_stale_lines: Callable[[], None]) -> tuple[Tally | None, list[dict], float, int | None]:
+def send(
+    cfg: RegenerateConfig,
+    card: TargetCard,
+    engine: str,
+    model_name: str,
+    api_key: str | None,
+    todo: list[dict],
+    tags: dict,
+    out: Path,
+    drop_stale_lines: Callable[[], None],
+) -> tuple[Tally | None, list[dict], float, int | None]:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
     preflights each, drops the stale lines, sends `todo`, stops the server. (tally, what each
     endpoint's preflight saw, when sending started, server slots)."""
@@ -130,20 +166,43 @@ def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, 
         from draftline.servers import startup_timeout_s
 
         limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
-        print(f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}")
-        server, urls = ManagedServer(lambda port: regenerate_command(cfg, card, model_name, out, port),
-                                     server_env(out / ".hf_cache"), server_url(cfg.host, cfg.port),
-                                     out / "server.log", limit, say=print), []
-    sampling = Sampling(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.seed,
-                        tuple((t.value, t.weight) for t in cfg.temperatures), dict(cfg.chat_template_kwargs))
-    policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.retry_backoff_max_s, cfg.first_token_timeout_s,
-                         cfg.token_timeout_s)
+        print(
+            f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}"
+        )
+        server, urls = (
+            ManagedServer(
+                lambda port: regenerate_command(cfg, card, model_name, out, port),
+                server_env(out / ".hf_cache"),
+                server_url(cfg.host, cfg.port),
+                out / "server.log",
+                limit,
+                say=print,
+            ),
+            [],
+        )
+    sampling = Sampling(
+        cfg.max_tokens,
+        cfg.temperature,
+        cfg.top_p,
+        cfg.seed,
+        tuple((t.value, t.weight) for t in cfg.temperatures),
+        dict(cfg.chat_template_kwargs),
+    )
+    policy = RetryPolicy(
+        cfg.max_retries,
+        cfg.retry_backoff_s,
+        cfg.retry_backoff_max_s,
+        cfg.first_token_timeout_s,
+        cfg.token_timeout_s,
+    )
     slots = server_slots(cfg, engine)
     # vLLM and SGLang send the usage of a streamed answer only when asked; transformers serve
     # sends it anyway and refuses the field
     extra_body = {} if engine == "transformers" else {"stream_options": {"include_usage": True}}
-    partitions = {"short": (cfg.short.concurrency, cfg.short.max_context),
-                  "long": (cfg.long.concurrency, cfg.long.max_context)}
+    partitions = {
+        "short": (cfg.short.concurrency, cfg.short.max_context),
+        "long": (cfg.long.concurrency, cfg.long.max_context),
+    }
 
     def count_ids(messages, tools):
         return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
@@ -151,10 +210,23 @@ def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, 
     async def run(on_done, on_tick):
         pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
         try:
-            return await regenerate_all(pool, model_name, todo, sampling, policy, partitions, conversations_path,
-                                        out / "failures.jsonl", tags, count_ids,
-                                        math.floor(cfg.max_failure_rate * len(todo)), on_done, on_tick,
-                                        cfg.progress_every_s, extra_body)
+            return await regenerate_all(
+                pool,
+                model_name,
+                todo,
+                sampling,
+                policy,
+                partitions,
+                conversations_path,
+                out / "failures.jsonl",
+                tags,
+                count_ids,
+                math.floor(cfg.max_failure_rate * len(todo)),
+                on_done,
+                on_tick,
+                cfg.progress_every_s,
+                extra_body,
+            )
         finally:
             await close_pool(pool)
 
@@ -163,35 +235,66 @@ def send(cfg: RegenerateConfig, card: TargetCard, engine: str, model_name: str, 
         urls = urls or [launched]
         for url in urls:
             try:
-                seen.append(preflight_regeneration(url, engine, model_name, count_ids, dict(cfg.chat_template_kwargs),
-                                                   api_key, timeout_s=cfg.first_token_timeout_s,
-                                                   attempts=cfg.max_retries + 1))
+                seen.append(
+                    preflight_regeneration(
+                        url,
+                        engine,
+                        model_name,
+                        count_ids,
+                        dict(cfg.chat_template_kwargs),
+                        api_key,
+                        timeout_s=cfg.first_token_timeout_s,
+                        attempts=cfg.max_retries + 1,
+                    )
+                )
             except PreflightError as err:
-                raise SystemExit(f"error: preflight refused the endpoint: {err} (nothing was sent or "
-                                 f"dropped: {conversations_path} is as it was)") from None
+                raise SystemExit(
+                    f"error: preflight refused the endpoint: {err} (nothing was sent or "
+                    f"dropped: {conversations_path} is as it was)"
+                ) from None
         drop_stale_lines()
         import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
 
         start = time.perf_counter()
-        bound = f", at most {slots * len(urls)} requests in flight (regenerate.server_slots {slots})" if slots else ""
-        print(f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}", flush=True)
+        bound = (
+            f", at most {slots * len(urls)} requests in flight (regenerate.server_slots {slots})"
+            if slots
+            else ""
+        )
+        print(
+            f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}",
+            flush=True,
+        )
         with progress_bar(len(todo), slots and slots * len(urls)) as (on_done, on_tick):
             try:
                 tally = asyncio.run(run(on_done, on_tick))
             except KeyboardInterrupt:
-                raise SystemExit("regenerate: interrupted; finished conversations are kept, a rerun sends the rest") from None
+                raise SystemExit(
+                    "regenerate: interrupted; finished conversations are kept, a rerun sends the rest"
+                ) from None
     return tally, seen, start, slots
 
 
-def run_report(cfg: RegenerateConfig, prompts: int, todo: int, resume: dict, tally: Tally | None, seen: list[dict],
-               slots: int | None, elapsed: float, out: Path) -> dict:
+def run_report(
+    cfg: RegenerateConfig,
+    prompts: int,
+    todo: int,
+    resume: dict,
+    tally: Tally | None,
+    seen: list[dict],
+    slots: int | None,
+    elapsed: float,
+    out: Path,
+) -> dict:
     """reports/regenerate.json: `prompts` prompted, `todo` of them sent in this run."""
     from draftline.io import read_json
 
     turns = sum(tally.finish_reasons.values()) if tally else 0
     server_stats = None
     if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():
-        server_stats = read_json(out / "server_stats.json")  # batches, near-tie tokens (draftline/batch_server.py)
+        server_stats = read_json(
+            out / "server_stats.json"
+        )  # batches, near-tie tokens (draftline/batch_server.py)
     return {
         "backend": cfg.backend,
         "endpoints": seen,
@@ -227,14 +330,20 @@ def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
     partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
     if cfg.server_slots is not None:
         return cfg.server_slots
-    if engine == "hf":  # draftline.batch_server decodes up to max_batch requests together, answers each whole
+    if (
+        engine == "hf"
+    ):  # draftline.batch_server decodes up to max_batch requests together, answers each whole
         return cfg.hf.max_batch
     if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
         return None if cfg.continuous_batching else 1
     flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]
     args = list(cfg.extra_args) if cfg.backend != "external" else []
     for i, arg in enumerate(args):
-        value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+        value = (
+            arg.split("=", 1)[1]
+            if arg.startswith(flag + "=")
+            else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+        )
         if value is not None and value.isdigit():
             return int(value)
     return None
@@ -255,10 +364,12 @@ def progress_line(t: Tally, total: int, elapsed: float, slots: int | None) -> st
     rate = t.done / elapsed if elapsed > 0 else 0.0
     left = (total - t.done) / rate if rate else float("inf")
     bound = f" (at most {slots})" if slots else ""
-    return (f"regenerate: {t.done}/{total} done (ok {t.ok}, failed {t.failed}, truncated {t.truncated}), "
-            f"in flight {t.in_flight}{bound}, {t.streamed_tokens / max(elapsed, 1e-6):.0f} tok/s, "
-            f"{t.requests / max(elapsed, 1e-6):.2f} req/s, ETA {eta(left)}"
-            + (f"; retries {dict(t.retries)}" if t.retries else ""))
+    return (
+        f"regenerate: {t.done}/{total} done (ok {t.ok}, failed {t.failed}, truncated {t.truncated}), "
+        f"in flight {t.in_flight}{bound}, {t.streamed_tokens / max(elapsed, 1e-6):.0f} tok/s, "
+        f"{t.requests / max(elapsed, 1e-6):.2f} req/s, ETA {eta(left)}"
+        + (f"; retries {dict(t.retries)}" if t.retries else "")
+    )
 
 
 @contextlib.contextmanager
@@ -266,25 +377,53 @@ def progress_bar(total: int, slots: int | None):
     """(on_done, on_tick) for regenerate_all: a rich bar on a terminal; a plain line every tick
     otherwise (a log file), even while no conversation finishes."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
-    fields = "ok {task.fields[ok]} failed {task.fields[failed]} truncated {task.fields[truncated]}  " \
-             "in flight {task.fields[in_flight]}  {task.fields[rps]:.1f} req/s {task.fields[tps]:.0f} tok/s"
-    with Progress(TextColumn("regenerate"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
-                  TimeRemainingColumn(), console=console) as bar:
-        task = bar.add_task("regenerate", total=total, ok=0, failed=0, truncated=0, in_flight=0, rps=0.0, tps=0.0)
+    fields = (
+        "ok {task.fields[ok]} failed {task.fields[failed]} truncated {task.fields[truncated]}  "
+        "in flight {task.fields[in_flight]}  {task.fields[rps]:.1f} req/s {task.fields[tps]:.0f} tok/s"
+    )
+    with Progress(
+        TextColumn("regenerate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(fields),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task(
+            "regenerate", total=total, ok=0, failed=0, truncated=0, in_flight=0, rps=0.0, tps=0.0
+        )
         start = time.monotonic()
 
         def update(t):
             elapsed = max(time.monotonic() - start, 1e-6)
-            bar.update(task, completed=t.done, ok=t.ok, failed=t.failed, truncated=t.truncated, in_flight=t.in_flight,
-                       rps=t.requests / elapsed, tps=t.streamed_tokens / elapsed)
+            bar.update(
+                task,
+                completed=t.done,
+                ok=t.ok,
+                failed=t.failed,
+                truncated=t.truncated,
+                in_flight=t.in_flight,
+                rps=t.requests / elapsed,
+                tps=t.streamed_tokens / elapsed,
+            )
 
         def on_tick(t):
             update(t)
             if not console.is_terminal:
-                print(progress_line(t, total, time.monotonic() - start, slots), file=sys.stderr, flush=True)
+                print(
+                    progress_line(t, total, time.monotonic() - start, slots),
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         yield update, on_tick
 
@@ -295,17 +434,17 @@ def progress_bar(total: int, slots: int | None):
 # What to change when conversations fail, by failure reason: the cause and the param.
 ADVICE = {
     "first_token_timeout": "the server did not start answering within regenerate.first_token_timeout_s; raise it "
-                           "(long prompts prefill slowly), or set regenerate.server_slots to what the server runs at "
-                           "once so that requests do not wait in its queue",
+    "(long prompts prefill slowly), or set regenerate.server_slots to what the server runs at "
+    "once so that requests do not wait in its queue",
     "token_timeout": "the server stalled between two tokens longer than regenerate.token_timeout_s; raise it, or "
-                     "check the server log for a stall",
+    "check the server log for a stall",
     "timeout": "the connection timed out; see the server log, or raise regenerate.first_token_timeout_s",
     "connection": "the server dropped connections or is down; see the server log",
     "stream_error": "the server reported errors mid-answer; see the server log",
     "bad_response": "the server's answers are not chat completions; check regenerate.external_engine / the endpoint",
     "empty_response": "the server answered without choices; see the server log",
     "prompt_too_long": "prompts longer than the partition's max_context; raise regenerate.short.max_context / "
-                       "regenerate.long.max_context, or lower mix.long_threshold_tokens",
+    "regenerate.long.max_context, or lower mix.long_threshold_tokens",
     "template_error": "the target's chat template rejects these conversations; see failures.jsonl",
 }
 
@@ -315,9 +454,12 @@ def failure_advice(reasons: dict) -> str:
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
         if reason.startswith("http_"):
             code = int(reason[5:])
-            text = ("server errors; see the server log" if code >= 500 or code in (408, 429) else
-                    "the server refused the request; see the detail in failures.jsonl (regenerate.max_tokens or "
-                    "max_context beyond the model's context, or chat_template_kwargs it does not accept?)")
+            text = (
+                "server errors; see the server log"
+                if code >= 500 or code in (408, 429)
+                else "the server refused the request; see the detail in failures.jsonl (regenerate.max_tokens or "
+                "max_context beyond the model's context, or chat_template_kwargs it does not accept?)"
+            )
         else:
             text = ADVICE.get(reason, "see failures.jsonl")
         lines.append(f"  {count} x {reason}: {text}")
@@ -328,8 +470,14 @@ def failure_error(cfg: RegenerateConfig, tally: Tally, sent: int, out: Path) -> 
     """The stage's error when more than regenerate.max_failure_rate of the `sent` conversations failed."""
     if not (tally.aborted or tally.failed > cfg.max_failure_rate * sent):
         return None
-    stopped = f" (stopped early; {tally.cancelled} in flight cancelled)" if tally.aborted and tally.done < sent else ""
-    return (f"error: {tally.failed} of {sent} conversations failed{stopped}, more than "
-            f"regenerate.max_failure_rate {cfg.max_failure_rate}; by cause:\n"
-            f"{failure_advice(dict(tally.failure_reasons))}\n"
-            f"Details in {out / 'failures.jsonl'}; a rerun sends only the missing ones.")
+    stopped = (
+        f" (stopped early; {tally.cancelled} in flight cancelled)"
+        if tally.aborted and tally.done < sent
+        else ""
+    )
+    return (
+        f"error: {tally.failed} of {sent} conversations failed{stopped}, more than "
+        f"regenerate.max_failure_rate {cfg.max_failure_rate}; by cause:\n"
+        f"{failure_advice(dict(tally.failure_reasons))}\n"
+        f"Details in {out / 'failures.jsonl'}; a rerun sends only the missing ones."
+    )

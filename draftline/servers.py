@@ -35,7 +35,9 @@ def server_env(cache_dir: Path) -> dict[str, str]:
     """Offline hub settings: without an existing HF_HUB_CACHE, transformers' /v1/models answers 500."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache_dir), "TOKENIZERS_PARALLELISM": "false"})
+    env.update(
+        {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache_dir), "TOKENIZERS_PARALLELISM": "false"}
+    )
     return env
 
 
@@ -81,7 +83,11 @@ def _listening_inodes(port: int) -> set[str] | None:
         readable = True
         for line in lines:
             fields = line.split()  # sl local_address rem_address st ... inode (index 9)
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
                 found.add(fields[9])
     return found if readable else None
 
@@ -150,7 +156,9 @@ def checkpoint_bytes(model: str, revision: str | None = None) -> int | None:
     return sum(f.stat().st_size for f in files) if files else None
 
 
-def startup_timeout_s(explicit: float | None, model: str, revision: str | None = None) -> tuple[float, str]:
+def startup_timeout_s(
+    explicit: float | None, model: str, revision: str | None = None
+) -> tuple[float, str]:
     """(seconds, how they were chosen): the param when given, else derived from the checkpoint size."""
     if explicit is not None:
         return float(explicit), "set in params"
@@ -160,8 +168,15 @@ def startup_timeout_s(explicit: float | None, model: str, revision: str | None =
     return round(STARTUP_BASE_S + STARTUP_S_PER_GB * size / 1e9), f"{size / 1e9:.1f} GB on disk"
 
 
-def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path, say=None,
-                 progress_every_s: float = 30.0, check_owner: bool = False) -> None:
+def wait_healthy(
+    base_url: str,
+    proc: subprocess.Popen,
+    timeout_s: float,
+    log_path: Path,
+    say=None,
+    progress_every_s: float = 30.0,
+    check_owner: bool = False,
+) -> None:
     """Poll /health until it answers 200 from the server `proc` started; every progress_every_s a
     line (elapsed, limit, the log's last line) through `say`. A server that exits fails at once with
     its log's last lines; PortTaken when another process holds its port (it exited unable to bind,
@@ -175,26 +190,36 @@ def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float, log_pa
         if proc.poll() is not None:
             tail = log_tail(log_path)
             if port_in_use(host, port) or "address already in use" in tail.lower():
-                raise PortTaken(f"{base_url}: another process holds the port; the server exited with code "
-                                f"{proc.returncode}; last lines of {log_path}:\n{tail}")
-            raise RuntimeError(f"server exited with code {proc.returncode} before it was ready "
-                               f"(after {time.monotonic() - start:.0f}s); last lines of {log_path}:\n{tail}")
+                raise PortTaken(
+                    f"{base_url}: another process holds the port; the server exited with code "
+                    f"{proc.returncode}; last lines of {log_path}:\n{tail}"
+                )
+            raise RuntimeError(
+                f"server exited with code {proc.returncode} before it was ready "
+                f"(after {time.monotonic() - start:.0f}s); last lines of {log_path}:\n{tail}"
+            )
         try:
             healthy = httpx.get(f"{base_url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             healthy = False
         if healthy:
             if check_owner and listener_is_ours(port, proc.pid) is False:
-                raise PortTaken(f"{base_url} answers, but from a process this stage did not start (another pipeline "
-                                "took the port first)")
+                raise PortTaken(
+                    f"{base_url} answers, but from a process this stage did not start (another pipeline "
+                    "took the port first)"
+                )
             return
         now = time.monotonic()
         if say is not None and now - last_line >= progress_every_s:
             last_line = now
-            say(f"server: loading, {now - start:.0f}s of {timeout_s:.0f}s; log: {log_tail(log_path, 1).strip()[-160:]}")
+            say(
+                f"server: loading, {now - start:.0f}s of {timeout_s:.0f}s; log: {log_tail(log_path, 1).strip()[-160:]}"
+            )
         time.sleep(0.5)
-    raise RuntimeError(f"server not healthy after {timeout_s:.0f}s (a larger checkpoint needs a larger startup_timeout_s); "
-                       f"last lines of {log_path}:\n{log_tail(log_path)}")
+    raise RuntimeError(
+        f"server not healthy after {timeout_s:.0f}s (a larger checkpoint needs a larger startup_timeout_s); "
+        f"last lines of {log_path}:\n{log_tail(log_path)}"
+    )
 
 
 def group_alive(pgid: int) -> bool:
@@ -208,7 +233,9 @@ def group_alive(pgid: int) -> bool:
             return False
     for stat in proc.glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+            fields = (
+                stat.read_text().rsplit(")", 1)[1].split()
+            )  # after "pid (comm)": state ppid pgrp ...
         except (OSError, IndexError):
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
@@ -245,7 +272,9 @@ def stop_orphan(pid_file: Path) -> bool:
         return False
     try:  # the leader still runs the server's program (its pid was not reused by another one)
         cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
-        ours = any(Path(part.decode(errors="replace")).name == Path(cmd0).name for part in cmdline if part)
+        ours = any(
+            Path(part.decode(errors="replace")).name == Path(cmd0).name for part in cmdline if part
+        )
     except OSError:  # the leader is gone: processes left in its group can only be its own
         ours = True
     found = ours and group_alive(pgid)
@@ -272,8 +301,16 @@ class ManagedServer:
 
     PORT_ATTEMPTS = 5
 
-    def __init__(self, command, env: dict[str, str] | None, base_url: str, log_path: Path,
-                 startup_timeout_s: float, pid_file: Path | None = None, say=None):
+    def __init__(
+        self,
+        command,
+        env: dict[str, str] | None,
+        base_url: str,
+        log_path: Path,
+        startup_timeout_s: float,
+        pid_file: Path | None = None,
+        say=None,
+    ):
         self.command, self.env, self.base_url = command, env, base_url
         self.log_path, self.startup_timeout_s, self.say = log_path, startup_timeout_s, say
         self.pid_file = pid_file or log_path.with_suffix(".pid")
@@ -283,7 +320,9 @@ class ManagedServer:
         host, port = _split_url(self.base_url)
         if stop_orphan(self.pid_file):
             print(f"stopped the server a killed run left behind ({self.pid_file})", file=sys.stderr)
-            deadline = time.monotonic() + 10  # its listening socket closes as the process finishes exiting
+            deadline = (
+                time.monotonic() + 10
+            )  # its listening socket closes as the process finishes exiting
             while port and port_in_use(host, port) and time.monotonic() < deadline:
                 time.sleep(0.1)
         auto = port == 0
@@ -295,31 +334,54 @@ class ManagedServer:
                 port = free_port(host)
             elif port_in_use(host, port):
                 # a health check would pass against whatever listens there, possibly another model
-                raise RuntimeError(f"{self.base_url} is already in use by another process; choose another port "
-                                   "(or null: a free one is chosen at start)")
+                raise RuntimeError(
+                    f"{self.base_url} is already in use by another process; choose another port "
+                    "(or null: a free one is chosen at start)"
+                )
             url = f"http://{host}:{port}"
             try:
-                self._start(self.command(port) if callable(self.command) else self.command, url, auto)
+                self._start(
+                    self.command(port) if callable(self.command) else self.command, url, auto
+                )
             except PortTaken as err:
                 if not auto:
-                    raise RuntimeError(f"{err}; choose another port (or null: a free one is chosen at start)") from None
-                print(f"port {port} was taken by another process; trying another ({attempt + 1}/{self.PORT_ATTEMPTS})",
-                      file=sys.stderr)
+                    raise RuntimeError(
+                        f"{err}; choose another port (or null: a free one is chosen at start)"
+                    ) from None
+                print(
+                    f"port {port} was taken by another process; trying another ({attempt + 1}/{self.PORT_ATTEMPTS})",
+                    file=sys.stderr,
+                )
                 continue
             self.base_url = url
             return url
-        raise RuntimeError(f"no free port held for {self.PORT_ATTEMPTS} attempts on {host}: other processes took each "
-                           "one first, or what answers is not the launched process (a launcher such as a container "
-                           "runtime: give the server a fixed port)")
+        raise RuntimeError(
+            f"no free port held for {self.PORT_ATTEMPTS} attempts on {host}: other processes took each "
+            "one first, or what answers is not the launched process (a launcher such as a container "
+            "runtime: give the server a fixed port)"
+        )
 
     def _start(self, command: list[str], url: str, check_owner: bool) -> None:
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         with open(self.log_path, "w") as log:  # an argv list: no shell sees the params
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=preexec)
+            self.proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
         self.pid_file.write_text(f"{self.proc.pid} {command[0]}\n")
         try:
-            wait_healthy(url, self.proc, self.startup_timeout_s, self.log_path, self.say, check_owner=check_owner)
+            wait_healthy(
+                url,
+                self.proc,
+                self.startup_timeout_s,
+                self.log_path,
+                self.say,
+                check_owner=check_owner,
+            )
         except BaseException:
             self.stop()
             raise

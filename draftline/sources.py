@@ -37,8 +37,13 @@ def dvc_source_dep(path: str) -> str:
     return path if is_local(path) else HUB_DEP
 
 
-def read_rows(path: str, split: str = "train", name: str | None = None, revision: str | None = None,
-              streaming: bool = False) -> Iterator[dict | None]:
+def read_rows(
+    path: str,
+    split: str = "train",
+    name: str | None = None,
+    revision: str | None = None,
+    streaming: bool = False,
+) -> Iterator[dict | None]:
     """Raw rows of a local file, else of a hub dataset / local dataset directory; None stands for a
     line or element that is not a JSON object."""
     local = Path(path)
@@ -95,7 +100,9 @@ def _json_array_rows(f, path: Path, chunk: int = 1 << 20) -> Iterator[dict | Non
         buf, pos, eof = buf[pos:] + more, 0, not more
         return bool(more)
 
-    def skip(chars: str) -> str:  # skip whitespace and `chars`; the next significant character or ""
+    def skip(
+        chars: str,
+    ) -> str:  # skip whitespace and `chars`; the next significant character or ""
         nonlocal pos
         while True:
             while pos < len(buf) and (buf[pos].isspace() or buf[pos] in chars):
@@ -133,8 +140,16 @@ def spec_records(spec: DatasetSpec, source: str, stats: PrepareStats) -> Iterato
     """The records of a dataset spec (path, split, name, revision, streaming, max_rows, format,
     fields, parse_markup, max_prompt_tokens, scripts), streamed."""
     rows = read_rows(spec.path, spec.split, spec.name, spec.revision, spec.streaming)
-    return iter_records(islice(rows, spec.max_rows), source, stats, spec.format, spec.fields,
-                        spec.parse_markup, spec.max_prompt_tokens, spec.scripts)
+    return iter_records(
+        islice(rows, spec.max_rows),
+        source,
+        stats,
+        spec.format,
+        spec.fields,
+        spec.parse_markup,
+        spec.max_prompt_tokens,
+        spec.scripts,
+    )
 
 
 def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
@@ -149,9 +164,14 @@ def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
     with Progress(transient=True) as progress:
         task = progress.add_task(f"prepare {name}", total=spec.max_rows)
         records = spec_records(spec, name, stats)
-        write_jsonl(out_jsonl, (progress.update(task, completed=stats.rows_read) or r for r in records))
+        write_jsonl(
+            out_jsonl, (progress.update(task, completed=stats.rows_read) or r for r in records)
+        )
     return {
-        "dataset": name, **spec.model_dump(),
-        "resolved_revision": None if is_local(spec.path) else hub_revision(spec.path, spec.name, spec.revision),
+        "dataset": name,
+        **spec.model_dump(),
+        "resolved_revision": None
+        if is_local(spec.path)
+        else hub_revision(spec.path, spec.name, spec.revision),
         **stats.as_dict(),
     }

@@ -29,7 +29,10 @@ def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
         m = _SAMPLE.match(line)
         if not m:
             continue
-        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group(2) or "")}
+        labels = {
+            k: v.replace('\\"', '"').replace("\\\\", "\\")
+            for k, v in _LABEL.findall(m.group(2) or "")
+        }
         try:
             samples.append((m.group(1), labels, float(m.group(3))))
         except ValueError:
@@ -46,7 +49,7 @@ def vllm_spec_counters(metrics_text: str) -> dict | None:
     for name, labels, value in parse_prometheus(metrics_text):
         if not name.startswith(base) or name.endswith("_created"):
             continue
-        key = name[len(base):].removesuffix("_total")
+        key = name[len(base) :].removesuffix("_total")
         if key == "accepted_tokens_per_pos":
             pos = int(labels.get("position", 0))
             per_pos[pos] = per_pos.get(pos, 0.0) + value
@@ -63,7 +66,12 @@ def vllm_acceptance(before: dict | None, after: dict | None) -> dict | None:
     """Acceptance between two counter snapshots (vLLM's own formulas)."""
     if after is None:
         return None
-    before = before or {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0, "accepted_per_pos": {}}
+    before = before or {
+        "drafts": 0.0,
+        "draft_tokens": 0.0,
+        "accepted_tokens": 0.0,
+        "accepted_per_pos": {},
+    }
     drafts = after["drafts"] - before["drafts"]
     accepted = after["accepted_tokens"] - before["accepted_tokens"]
     draft_tokens = after["draft_tokens"] - before["draft_tokens"]
@@ -74,8 +82,12 @@ def vllm_acceptance(before: dict | None, after: dict | None) -> dict | None:
         "drafts": int(drafts),
         "acceptance_length": round(1 + accepted / drafts, 4),
         "draft_acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
-        "position_acceptance": {str(p + 1): round((after["accepted_per_pos"][p] - before["accepted_per_pos"].get(p, 0.0)) / drafts, 4)
-                                for p in positions},
+        "position_acceptance": {
+            str(p + 1): round(
+                (after["accepted_per_pos"][p] - before["accepted_per_pos"].get(p, 0.0)) / drafts, 4
+            )
+            for p in positions
+        },
     }
 
 
@@ -92,5 +104,7 @@ def sglang_acceptance(meta_infos: list[dict]) -> dict | None:
         width = max(len(h) for h in histograms)
         hist = [sum(h[a] for h in histograms if a < len(h)) for a in range(width)]
         steps = sum(hist)
-        out["position_acceptance"] = {str(p): round(sum(hist[p:]) / steps, 4) for p in range(1, width)}
+        out["position_acceptance"] = {
+            str(p): round(sum(hist[p:]) / steps, 4) for p in range(1, width)
+        }
     return out

@@ -28,7 +28,9 @@ class Generation:
     target_forwards: int = 0  # verification forwards (prefill excluded)
     accepted_per_round: list[int] = field(default_factory=list)  # a+1 per round
     seconds: float = 0.0
-    margins: list[float] = field(default_factory=list)  # greedy: top-1 minus top-2 logit per token, when asked
+    margins: list[float] = field(
+        default_factory=list
+    )  # greedy: top-1 minus top-2 logit per token, when asked
 
     @property
     def acceptance_length(self) -> float:
@@ -62,14 +64,21 @@ class TargetRunner:
     @torch.no_grad()
     def forward(self, ids: list[int], cache, want_aux: bool):
         x = torch.tensor([ids], device=self.device)
-        out = self.model(input_ids=x, past_key_values=cache, use_cache=True, output_hidden_states=want_aux)
-        aux = (torch.cat([out.hidden_states[i].to(self.device) for i in self.aux_layer_ids], dim=-1)
-               if want_aux else None)
+        out = self.model(
+            input_ids=x, past_key_values=cache, use_cache=True, output_hidden_states=want_aux
+        )
+        aux = (
+            torch.cat([out.hidden_states[i].to(self.device) for i in self.aux_layer_ids], dim=-1)
+            if want_aux
+            else None
+        )
         return out.logits[0], aux  # (T, V), (1, T, 3H)
 
 
 @torch.no_grad()
-def greedy_generate(target, prompt: list[int], max_new_tokens: int, eos_ids: set[int], margins: bool = False) -> Generation:
+def greedy_generate(
+    target, prompt: list[int], max_new_tokens: int, eos_ids: set[int], margins: bool = False
+) -> Generation:
     """Plain greedy decoding with a KV cache: the baseline. margins: also record how far each
     chosen token's logit is above the runner-up (untimed uses only: it costs a top-k per token)."""
     start = time.perf_counter()
@@ -91,8 +100,12 @@ def greedy_generate(target, prompt: list[int], max_new_tokens: int, eos_ids: set
             break
         logits, _ = runner.forward(tokens[-1:], cache, want_aux=False)
         tokens.append(choose(logits))
-    return Generation(tokens=tokens, target_forwards=len(tokens) - 1, seconds=time.perf_counter() - start,
-                      margins=gaps[: len(tokens)])
+    return Generation(
+        tokens=tokens,
+        target_forwards=len(tokens) - 1,
+        seconds=time.perf_counter() - start,
+        margins=gaps[: len(tokens)],
+    )
 
 
 class DraftRunner:
@@ -112,22 +125,35 @@ class DraftRunner:
         if d.input_norm is not None:
             aux = d.input_norm(aux)
         if d.fc_norm is not None:
-            aux = torch.cat([n(c) for n, c in zip(d.fc_norm, aux.chunk(len(d.fc_norm), dim=-1), strict=True)], dim=-1)
+            aux = torch.cat(
+                [n(c) for n, c in zip(d.fc_norm, aux.chunk(len(d.fc_norm), dim=-1), strict=True)],
+                dim=-1,
+            )
         return d.fc(aux)
 
-    def _layers(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache, mask):
+    def _layers(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache, mask
+    ):
         d = self.d
         x = torch.cat([d.embed_tokens(token_ids), hidden], dim=-1)  # (1, q, 2H)
         position_embeddings = d.rotary_emb(x, positions)
         for layer in d.layers:
-            x = layer(x, attention_mask=mask, position_ids=positions, past_key_values=cache, position_embeddings=position_embeddings)
+            x = layer(
+                x,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                position_embeddings=position_embeddings,
+            )
         if d.config.norm_output:
             x = d.norm(x)
             return d.lm_head(x), x
         return d.lm_head(d.norm(x)), x
 
     @torch.no_grad()
-    def propose(self, cache, next_inputs: list[int], aux: torch.Tensor, first_pos: int, k: int) -> list[int]:
+    def propose(
+        self, cache, next_inputs: list[int], aux: torch.Tensor, first_pos: int, k: int
+    ) -> list[int]:
         """Draft k tokens. next_inputs/aux: the new step-0 positions first_pos.. (token j+1, aux j)."""
         q = len(next_inputs)
         aux = aux.to(self.device, self.dtype)  # a 16-bit target's features into the draft's dtype
@@ -137,7 +163,9 @@ class DraftRunner:
         # causal over the new block, everything already cached is visible
         allowed = torch.ones(q, past + q, dtype=torch.bool, device=self.device)
         allowed[:, past:] = torch.tril(torch.ones(q, q, dtype=torch.bool, device=self.device))
-        mask = torch.zeros(1, 1, q, past + q, device=self.device, dtype=aux.dtype).masked_fill(~allowed, float("-inf"))
+        mask = torch.zeros(1, 1, q, past + q, device=self.device, dtype=aux.dtype).masked_fill(
+            ~allowed, float("-inf")
+        )
         logits, hidden = self._layers(ids, self._project(aux), positions, cache, mask)
         fixed_len = cache.get_seq_length()
         draft_id = logits[0, -1].argmax()
@@ -153,7 +181,15 @@ class DraftRunner:
 
 
 @torch.no_grad()
-def speculative_generate(target, draft, aux_layer_ids: list[int], prompt: list[int], max_new_tokens: int, k: int, eos_ids: set[int]) -> Generation:
+def speculative_generate(
+    target,
+    draft,
+    aux_layer_ids: list[int],
+    prompt: list[int],
+    max_new_tokens: int,
+    k: int,
+    eos_ids: set[int],
+) -> Generation:
     start = time.perf_counter()
     runner, drafter = TargetRunner(target, aux_layer_ids), DraftRunner(draft)
     t_cache, d_cache = DynamicCache(), DynamicCache()
@@ -162,7 +198,7 @@ def speculative_generate(target, draft, aux_layer_ids: list[int], prompt: list[i
     gen = Generation(tokens=[])
     pending_from = 0  # first position whose draft step-0 entry is not yet cached
     while True:
-        gen.tokens, done = _finish(seq[len(prompt):], eos_ids, max_new_tokens)
+        gen.tokens, done = _finish(seq[len(prompt) :], eos_ids, max_new_tokens)
         if done:
             break
         n = len(seq) - 2  # last position the target has processed

@@ -54,8 +54,14 @@ def load_config(model: str, revision: str | None = None, trust_remote_code: bool
     """The target's top-level config (a multimodal wrapper's, for those)."""
     from transformers import AutoConfig
 
-    return _remote_code_guard("config", model, trust_remote_code, lambda: AutoConfig.from_pretrained(
-        model, revision=revision, trust_remote_code=trust_remote_code))
+    return _remote_code_guard(
+        "config",
+        model,
+        trust_remote_code,
+        lambda: AutoConfig.from_pretrained(
+            model, revision=revision, trust_remote_code=trust_remote_code
+        ),
+    )
 
 
 def text_config_of(config):
@@ -63,7 +69,9 @@ def text_config_of(config):
     return config.get_text_config(decoder=True)
 
 
-def text_num_layers(model: str, revision: str | None = None, trust_remote_code: bool = False) -> int:
+def text_num_layers(
+    model: str, revision: str | None = None, trust_remote_code: bool = False
+) -> int:
     """Decoder layers of the target's language model (what aux layer ids index)."""
     return text_config_of(load_config(model, revision, trust_remote_code)).num_hidden_layers
 
@@ -71,8 +79,14 @@ def text_num_layers(model: str, revision: str | None = None, trust_remote_code: 
 def load_tokenizer(model: str, revision: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    return _remote_code_guard("tokenizer", model, trust_remote_code, lambda: AutoTokenizer.from_pretrained(
-        model, revision=revision, trust_remote_code=trust_remote_code))
+    return _remote_code_guard(
+        "tokenizer",
+        model,
+        trust_remote_code,
+        lambda: AutoTokenizer.from_pretrained(
+            model, revision=revision, trust_remote_code=trust_remote_code
+        ),
+    )
 
 
 def card_tokenizer(card: TargetCard):
@@ -80,8 +94,14 @@ def card_tokenizer(card: TargetCard):
     return load_tokenizer(card.model, card.revision, card.trust_remote_code)
 
 
-def build_card(model: str, source: str, revision: str | None, aux_layer_ids: list[int] | None, extra: dict,
-               trust_remote_code: bool = False) -> TargetCard:
+def build_card(
+    model: str,
+    source: str,
+    revision: str | None,
+    aux_layer_ids: list[int] | None,
+    extra: dict,
+    trust_remote_code: bool = False,
+) -> TargetCard:
     """Read the model's config, tokenizer and safetensors index (local dir or hub id) into a card."""
     config = load_config(model, revision, trust_remote_code)
     text_config = text_config_of(config)
@@ -92,8 +112,13 @@ def build_card(model: str, source: str, revision: str | None, aux_layer_ids: lis
     if not isinstance(template, str):  # named templates: hash them all in a stable order
         template = "\n".join(f"{k}:{v}" for k, v in sorted(dict(template).items()))
     num_layers = text_config.num_hidden_layers
-    tied = bool(getattr(text_config, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False))
-    norm_eps = getattr(text_config, "rms_norm_eps", None) or getattr(text_config, "layer_norm_eps", None)
+    tied = bool(
+        getattr(text_config, "tie_word_embeddings", False)
+        or getattr(config, "tie_word_embeddings", False)
+    )
+    norm_eps = getattr(text_config, "rms_norm_eps", None) or getattr(
+        text_config, "layer_norm_eps", None
+    )
     card = {
         "model": str(model),
         "source": source,
@@ -129,7 +154,12 @@ def quantization_of(config) -> dict | None:
 
 # ---- verifier tensors: embeddings, lm_head, final norm, by name from the checkpoint -------------
 
-_EMBED_SUFFIXES = ("embed_tokens.weight", "tok_embeddings.weight", "embeddings.word_embeddings.weight", "wte.weight")
+_EMBED_SUFFIXES = (
+    "embed_tokens.weight",
+    "tok_embeddings.weight",
+    "embeddings.word_embeddings.weight",
+    "wte.weight",
+)
 _HEAD_SUFFIXES = ("lm_head.weight", "output.weight")
 _NORM_NAMES = ("norm.weight", "final_layernorm.weight", "norm_f.weight", "ln_f.weight")
 
@@ -157,8 +187,10 @@ def checkpoint_weight_map(model: str, revision: str | None = None) -> dict[str, 
         return dict(json.loads(index.read_text())["weight_map"])
     single = _checkpoint_file(model, "model.safetensors", revision)
     if single is None:
-        raise FileNotFoundError(f"target {model!r}: no model.safetensors.index.json or model.safetensors; the verifier "
-                                "tensors (embeddings, lm_head, final norm) are read from safetensors checkpoints")
+        raise FileNotFoundError(
+            f"target {model!r}: no model.safetensors.index.json or model.safetensors; the verifier "
+            "tensors (embeddings, lm_head, final norm) are read from safetensors checkpoints"
+        )
     with safe_open(str(single), framework="pt") as f:
         return dict.fromkeys(f.keys(), "model.safetensors")
 
@@ -174,7 +206,11 @@ def _shape(model: str, revision: str | None, weight_map: dict[str, str], name: s
 
         cached = try_to_load_from_cache(model, filename, revision=revision)
         if not isinstance(cached, str):
-            return list(parse_safetensors_file_metadata(model, filename, revision=revision).tensors[name].shape)
+            return list(
+                parse_safetensors_file_metadata(model, filename, revision=revision)
+                .tensors[name]
+                .shape
+            )
     with safe_open(str(_checkpoint_file(model, filename, revision)), framework="pt") as f:
         return list(f.get_slice(name).get_shape())
 
@@ -192,23 +228,37 @@ def find_verifier_tensors(model: str, revision: str | None, card: dict) -> dict:
     V, H = card["vocab_size"], card["hidden_size"]
 
     def shortest(suffixes, shape):
-        found = sorted((k for k in weight_map if k.endswith(suffixes) and ".layers." not in k), key=len)
+        found = sorted(
+            (k for k in weight_map if k.endswith(suffixes) and ".layers." not in k), key=len
+        )
         return next((k for k in found if _shape(model, revision, weight_map, k) == shape), None)
 
     embed = shortest(_EMBED_SUFFIXES, [V, H])
     if embed is None:
-        raise ValueError(f"target {model!r}: no token embeddings of shape [{V}, {H}] (a name ending in "
-                         f"{' / '.join(_EMBED_SUFFIXES)}) in its safetensors checkpoint")
+        raise ValueError(
+            f"target {model!r}: no token embeddings of shape [{V}, {H}] (a name ending in "
+            f"{' / '.join(_EMBED_SUFFIXES)}) in its safetensors checkpoint"
+        )
     prefix = embed[: len(embed) - len(next(s for s in _EMBED_SUFFIXES if embed.endswith(s)))]
-    norm = next((prefix + n for n in _NORM_NAMES if prefix + n in weight_map
-                 and _shape(model, revision, weight_map, prefix + n) == [H]), None)
+    norm = next(
+        (
+            prefix + n
+            for n in _NORM_NAMES
+            if prefix + n in weight_map and _shape(model, revision, weight_map, prefix + n) == [H]
+        ),
+        None,
+    )
     if norm is None:
-        raise ValueError(f"target {model!r}: no final norm of shape [{H}] next to its embeddings "
-                         f"({' / '.join(prefix + n for n in _NORM_NAMES)}) in its safetensors checkpoint")
+        raise ValueError(
+            f"target {model!r}: no final norm of shape [{H}] next to its embeddings "
+            f"({' / '.join(prefix + n for n in _NORM_NAMES)}) in its safetensors checkpoint"
+        )
     head = shortest(_HEAD_SUFFIXES, [V, H])
     if head is None and not card["tie_word_embeddings"]:
-        raise ValueError(f"target {model!r}: no lm_head of shape [{V}, {H}] in its safetensors checkpoint, and its "
-                         "config does not tie the word embeddings")
+        raise ValueError(
+            f"target {model!r}: no lm_head of shape [{V}, {H}] in its safetensors checkpoint, and its "
+            "config does not tie the word embeddings"
+        )
     return {"embed_tokens": embed, "lm_head": head, "norm": norm}
 
 
@@ -223,24 +273,39 @@ def read_verifier_tensors(card: TargetCard) -> dict:
     for role in ("embed_tokens", "lm_head", "norm"):
         name = names[role] or names["embed_tokens"]
         if name not in weight_map:
-            raise ValueError(f"target {card.model!r}: tensor {name!r} recorded in the card is not in its checkpoint; "
-                             "rerun the target stage")
-        with safe_open(str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt") as f:
+            raise ValueError(
+                f"target {card.model!r}: tensor {name!r} recorded in the card is not in its checkpoint; "
+                "rerun the target stage"
+            )
+        with safe_open(
+            str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt"
+        ) as f:
             out[role] = f.get_tensor(name)
     return out
 
 
-def load_target_model(card: TargetCard, device: str = "cpu", dtype=None, device_map: str | None = None):
+def load_target_model(
+    card: TargetCard, device: str = "cpu", dtype=None, device_map: str | None = None
+):
     """The target in eval mode: on `device`, or spread over the GPUs by `device_map` ("auto",
     "balanced", ... as accelerate takes them) when it is larger than one GPU. float32 by default."""
     import torch
     from transformers import AutoModelForCausalLM
 
     trust = card.trust_remote_code
-    kwargs = {"revision": card.revision, "dtype": dtype or torch.float32, "trust_remote_code": trust}
+    kwargs = {
+        "revision": card.revision,
+        "dtype": dtype or torch.float32,
+        "trust_remote_code": trust,
+    }
     if device_map is not None:
         kwargs["device_map"] = device_map
-    model = _remote_code_guard("model", card.model, trust, lambda: AutoModelForCausalLM.from_pretrained(card.model, **kwargs))
+    model = _remote_code_guard(
+        "model",
+        card.model,
+        trust,
+        lambda: AutoModelForCausalLM.from_pretrained(card.model, **kwargs),
+    )
     if device_map is None:
         model.to(device)
     return model.eval()

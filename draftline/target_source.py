@@ -33,9 +33,16 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
 
         from draftline.tiny import build_tiny_target
 
-        with Progress(TextColumn("tiny target"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"), TimeRemainingColumn()) as bar:
+        with Progress(
+            TextColumn("tiny target"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
+            TimeRemainingColumn(),
+        ) as bar:
             task = bar.add_task("train", total=cfg.tiny.train_steps, loss=float("nan"))
-            stats = build_tiny_target(cfg.tiny, out, lambda step, total, loss: bar.update(task, completed=step, loss=loss))
+            stats = build_tiny_target(
+                cfg.tiny, out, lambda step, total, loss: bar.update(task, completed=step, loss=loss)
+            )
         return build_card(str(out), "tiny", None, cfg.aux_layer_ids, {"tiny_training": stats})
     if cfg.model in GGUF_TARGETS:
         from draftline.gguf_target import convert
@@ -44,10 +51,14 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
             gguf = convert(cfg.model, out)
         except RuntimeError as err:
             raise TargetUnavailable(str(err)) from None
-        print(f"target: {cfg.model} converted; greedy check answer {gguf['check']['greedy_answer']!r}, "
-              f"logits max |diff| vs the GGUF-loaded model {gguf['check']['logits_max_abs_diff']:.3g}")
+        print(
+            f"target: {cfg.model} converted; greedy check answer {gguf['check']['greedy_answer']!r}, "
+            f"logits max |diff| vs the GGUF-loaded model {gguf['check']['logits_max_abs_diff']:.3g}"
+        )
         return build_card(str(out), f"gguf:{cfg.model}", None, cfg.aux_layer_ids, {"gguf": gguf})
     try:
-        return build_card(cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code)
+        return build_card(
+            cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code
+        )
     except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
         raise TargetUnavailable(str(err)) from None

@@ -50,7 +50,9 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_threads(stage: str, environ: dict | None = None, cores: int | None = None) -> tuple[int, str]:
+def resolve_threads(
+    stage: str, environ: dict | None = None, cores: int | None = None
+) -> tuple[int, str]:
     """(threads, why) for a stage under the environment given (default: os.environ)."""
     env = os.environ if environ is None else environ
     for key in ("DRAFTLINE_THREADS", "OMP_NUM_THREADS"):
@@ -67,7 +69,9 @@ def resolve_threads(stage: str, environ: dict | None = None, cores: int | None =
         raise ValueError(f"no thread policy for stage {stage!r}; known: {sorted(STAGE_THREADS)}")
     cores = available_cores() if cores is None else cores
     cap = STAGE_THREADS[stage]
-    return (cores if cap is None else min(cap, cores)), f"stage policy ({'all cores' if cap is None else f'at most {cap}'})"
+    return (
+        cores if cap is None else min(cap, cores)
+    ), f"stage policy ({'all cores' if cap is None else f'at most {cap}'})"
 
 
 def apply_thread_policy(stage: str) -> dict:
@@ -80,5 +84,9 @@ def apply_thread_policy(stage: str) -> dict:
         import torch
 
         torch.set_num_threads(threads)
-    return {"threads": threads, "why": why, "wait_policy": os.environ["OMP_WAIT_POLICY"],
-            "torch_loaded_before": late}
+    return {
+        "threads": threads,
+        "why": why,
+        "wait_policy": os.environ["OMP_WAIT_POLICY"],
+        "torch_loaded_before": late,
+    }

@@ -18,7 +18,14 @@ if TYPE_CHECKING:
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added but not "special": a server decoding with skip_special_tokens keeps them in the text,
 # as Qwen3 does with <think>. Each is one token.
-MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+MARKUP_TOKENS = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 
 # ChatML-style, Qwen3-like. Reasoning goes in <think>…</think> before the content; tool calls are
 # JSON objects inside <tool_call>…</tool_call>; tool results in <tool_response> on a `tool` turn.
@@ -38,7 +45,7 @@ CHAT_TEMPLATE = (
     "{%- if m.reasoning_content -%}{{- '<think>' + m.reasoning_content + '</think>\\n' -}}{%- endif -%}"
     "{{- m.content or '' -}}"
     "{%- for tc in m.tool_calls or [] -%}"
-    "{{- '<tool_call>{\"name\": \"' + tc.function.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>{"name": "\' + tc.function.name + \'", "arguments": \' -}}'
     "{%- if tc.function.arguments is string -%}{{- tc.function.arguments -}}"
     "{%- else -%}{{- tc.function.arguments | tojson -}}{%- endif -%}"
     "{{- '}</tool_call>' -}}"
@@ -108,7 +115,10 @@ def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> di
     conversations = generate_conversations(cfg.corpus_conversations, cfg.seed)
 
     # The tokenizer learns its merges from the rendered text, markup included.
-    rendered = [render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0] for c in conversations]
+    rendered = [
+        render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0]
+        for c in conversations
+    ]
     tokenizer = train_tokenizer(rendered, cfg.vocab_size)
     stream: list[int] = []
     for text in rendered:
@@ -158,7 +168,11 @@ def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> di
 
     model.to("cpu").eval()
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

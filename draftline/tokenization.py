@@ -53,11 +53,13 @@ def pin_fingerprint(dataset_dir: Path) -> None:
     state_path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
-def row_order(prompts_path: str, regenerated_path: str) -> tuple[dict[str, dict], list[str], int, int]:
+def row_order(
+    prompts_path: str, regenerated_path: str
+) -> tuple[dict[str, dict], list[str], int, int]:
     """(prompt id -> its first regenerated line, the ids to tokenize in row order, prompts in
     train.jsonl, unreadable regenerated lines)."""
-    from draftline.io import read_jsonl, read_jsonl_tolerant
     from draftline.conversation_store import run_of
+    from draftline.io import read_jsonl, read_jsonl_tolerant
 
     regenerated_rows, bad_lines = read_jsonl_tolerant(regenerated_path)
     regenerated = {}  # prompt id -> its first line
@@ -65,22 +67,31 @@ def row_order(prompts_path: str, regenerated_path: str) -> tuple[dict[str, dict]
         regenerated.setdefault(row["id"], row)
     prompt_ids = [row["id"] for row in read_jsonl(prompts_path)]
     position = {pid: i for i, pid in enumerate(prompt_ids)}
-    order = sorted((pid for pid in regenerated if pid in position), key=lambda pid: (run_of(regenerated[pid]), position[pid]))
+    order = sorted(
+        (pid for pid in regenerated if pid in position),
+        key=lambda pid: (run_of(regenerated[pid]), position[pid]),
+    )
     return regenerated, order, len(prompt_ids), bad_lines
 
 
-def tokenize_dataset(card: TargetCard, prompts_path: str, regenerated_path: str, out_dir: str,
-                     cfg: TokenizeConfig) -> dict:
+def tokenize_dataset(
+    card: TargetCard, prompts_path: str, regenerated_path: str, out_dir: str, cfg: TokenizeConfig
+) -> dict:
     """Tokenize the regenerated conversations into `out_dir` (the Arrow dataset, token_freq.pt,
     meta.json), replacing what was there; the report. TokenizeError when no row comes out or a
     token id falls outside the target vocabulary."""
-    from datasets import Dataset, Features, List, Value, load_from_disk
     from datasets.arrow_writer import ArrowWriter
     from jinja2 import TemplateError
     from rich.progress import track
     from speculators.train.vocab_mapping import save_token_frequency_distribution
 
-    from draftline.chat import TemplateMismatch, end_of_turn_tokens, mark_length_cut, tokenize_conversation
+    from datasets import Dataset, Features, List, Value, load_from_disk
+    from draftline.chat import (
+        TemplateMismatch,
+        end_of_turn_tokens,
+        mark_length_cut,
+        tokenize_conversation,
+    )
     from draftline.io import read_json, write_meta
     from draftline.target import card_tokenizer
 
@@ -93,33 +104,57 @@ def tokenize_dataset(card: TargetCard, prompts_path: str, regenerated_path: str,
     regenerated, order, prompts, bad_lines = row_order(prompts_path, regenerated_path)
 
     out = Path(out_dir)
-    if out.exists():  # a rerun replaces the dataset whole (no stale shards, no reused token_freq.pt)
+    if (
+        out.exists()
+    ):  # a rerun replaces the dataset whole (no stale shards, no reused token_freq.pt)
         shutil.rmtree(out)
     building = out.with_name(f".{out.name}.building.arrow")
-    features = Features({"id": Value("string"), "part": Value("int64"), "input_ids": List(Value("int64")),
-                         "loss_mask": List(Value("int64")), "seq_len": Value("int64")})
+    features = Features(
+        {
+            "id": Value("string"),
+            "part": Value("int64"),
+            "input_ids": List(Value("int64")),
+            "loss_mask": List(Value("int64")),
+            "seq_len": Value("int64"),
+        }
+    )
     skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
     conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
     with ArrowWriter(features=features, path=str(building)) as writer:
         for pid in track(order, description="tokenize"):
             row = regenerated[pid]
-            messages = mark_length_cut(row["messages"], (row.get("regeneration") or {}).get("finish_reasons"))
+            messages = mark_length_cut(
+                row["messages"], (row.get("regeneration") or {}).get("finish_reasons")
+            )
             try:
-                parts = tokenize_conversation(tokenizer, messages, row.get("tools"), cfg.max_length, stops, template_kwargs)
+                parts = tokenize_conversation(
+                    tokenizer, messages, row.get("tools"), cfg.max_length, stops, template_kwargs
+                )
             except TemplateMismatch:
                 skipped["template_mismatch"] += 1
                 continue
-            except TemplateError:  # the template refuses the conversation (e.g. two parallel tool calls)
+            except (
+                TemplateError
+            ):  # the template refuses the conversation (e.g. two parallel tool calls)
                 skipped["template_error"] += 1
                 continue
             kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
             skipped["no_trainable_tokens"] += len(parts) - len(kept)
             for k, p in enumerate(kept):
                 if max(p["input_ids"]) >= card.vocab_size:
-                    raise TokenizeError(f"conversation {pid}: token id {max(p['input_ids'])} is outside the "
-                                        f"target vocabulary ({card.vocab_size}); tokenizer and model disagree")
-                writer.write({"id": pid, "part": k, "input_ids": p["input_ids"], "loss_mask": p["loss_mask"],
-                              "seq_len": len(p["input_ids"])})
+                    raise TokenizeError(
+                        f"conversation {pid}: token id {max(p['input_ids'])} is outside the "
+                        f"target vocabulary ({card.vocab_size}); tokenizer and model disagree"
+                    )
+                writer.write(
+                    {
+                        "id": pid,
+                        "part": k,
+                        "input_ids": p["input_ids"],
+                        "loss_mask": p["loss_mask"],
+                        "seq_len": len(p["input_ids"]),
+                    }
+                )
                 truncated += p["truncated"]
                 whole += p["whole"]
                 tokens += len(p["input_ids"])
@@ -131,17 +166,27 @@ def tokenize_dataset(card: TargetCard, prompts_path: str, regenerated_path: str,
         writer.finalize()
     if not rows:
         building.unlink()
-        raise TokenizeError(f"tokenize produced no rows from {regenerated_path} (skipped: {skipped})")
+        raise TokenizeError(
+            f"tokenize produced no rows from {regenerated_path} (skipped: {skipped})"
+        )
 
     dataset = Dataset.from_file(str(building))
-    dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True)
+    dataset.set_format(
+        type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True
+    )
     dataset.save_to_disk(str(out))
     del dataset
     building.unlink()
     pin_fingerprint(out)
     save_token_frequency_distribution(load_from_disk(str(out)), out / "token_freq.pt")
-    write_meta(out, "tokenize", cfg.model_dump(), chat_template_sha256=card.chat_template_sha256, end_of_turn_tokens=stops,
-               chat_template_kwargs=template_kwargs)
+    write_meta(
+        out,
+        "tokenize",
+        cfg.model_dump(),
+        chat_template_sha256=card.chat_template_sha256,
+        end_of_turn_tokens=stops,
+        chat_template_kwargs=template_kwargs,
+    )
     return {
         "conversations": conversations,
         "rows": rows,

@@ -38,20 +38,36 @@ def seed_everything(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def run_fingerprint(params: dict, card: TargetCard, data_sha256: str, init_sha256: str | None, device: str) -> str:
+def run_fingerprint(
+    params: dict, card: TargetCard, data_sha256: str, init_sha256: str | None, device: str
+) -> str:
     """What a resume state must match: every param that shapes the weights, target, data, init."""
     kept = {k: v for k, v in params.items() if k not in NOT_IN_FINGERPRINT}
-    facts = {"params": kept, "target": card.model, "revision": card.revision,
-             "data": data_sha256, "init": init_sha256, "device": device}
+    facts = {
+        "params": kept,
+        "target": card.model,
+        "revision": card.revision,
+        "data": data_sha256,
+        "init": init_sha256,
+        "device": device,
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def rng_states() -> dict:
     """RNG states as tensors, ints, strings and tuples only: what torch.load(weights_only=True) reads."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    states = {"python": random.getstate(),
-              "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
-              "torch": torch.get_rng_state()}
+    states = {
+        "python": random.getstate(),
+        "numpy": (
+            str(name),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -60,7 +76,9 @@ def rng_states() -> dict:
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     name, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
+    np.random.set_state(
+        (name, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached)
+    )
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -84,8 +102,10 @@ def load_state(state_dir: Path, fingerprint: str, say=print) -> dict | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - UnpicklingError, or anything a damaged file raises
-        say(f"{path}: not loadable as plain tensors and containers (tampered, damaged, or from an older version: "
-            f"{type(err).__name__}); ignored, starting fresh")
+        say(
+            f"{path}: not loadable as plain tensors and containers (tampered, damaged, or from an older version: "
+            f"{type(err).__name__}); ignored, starting fresh"
+        )
         return None
     if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
         say(f"{path}: made with other params, data or init; starting fresh")
@@ -103,4 +123,6 @@ def finish_state(state_dir: Path, summary: dict) -> None:
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+    return {
+        n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+    }

@@ -23,13 +23,36 @@ import numpy as np
 import torch
 
 from draftline.checkpoint import dir_sha256
-from draftline.draft_data import (OnlineStates, autocast, check_hidden_states, epoch_batches, hidden_states_dtype,
-                                  hidden_states_source, make_dataset, make_loader, online_states, training_data_sha256)
+from draftline.draft_data import (
+    OnlineStates,
+    autocast,
+    check_hidden_states,
+    epoch_batches,
+    hidden_states_dtype,
+    hidden_states_source,
+    make_dataset,
+    make_loader,
+    online_states,
+    training_data_sha256,
+)
 from draftline.draft_metrics import accumulate, run_batch, summarize, validate
-from draftline.draft_model import build_draft, init_layer_from_target, load_init_draft, prepare_init, save_draft
+from draftline.draft_model import (
+    build_draft,
+    init_layer_from_target,
+    load_init_draft,
+    prepare_init,
+    save_draft,
+)
 from draftline.handoff import run_speculators
-from draftline.train_state import (load_state, rng_states, run_fingerprint, save_state, seed_everything, set_rng_states,
-                                   trainable_state)
+from draftline.train_state import (
+    load_state,
+    rng_states,
+    run_fingerprint,
+    save_state,
+    seed_everything,
+    set_rng_states,
+    trainable_state,
+)
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -63,12 +86,25 @@ def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
     from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
     make = get_cosine_schedule_with_warmup if kind == "cosine" else get_linear_schedule_with_warmup
-    return make(opt, num_warmup_steps=min(warmup_steps, total_steps), num_training_steps=total_steps)
+    return make(
+        opt, num_warmup_steps=min(warmup_steps, total_steps), num_training_steps=total_steps
+    )
 
 
-def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, device: str, *, state_dir: Path | None = None,
-                fingerprint: str = "", log=None, say=print, online: OnlineStates | None = None,
-                progress=None) -> dict:
+def train_draft(
+    model,
+    cfg: TrainConfig,
+    tokenized_dir: Path,
+    hs_dir: Path,
+    device: str,
+    *,
+    state_dir: Path | None = None,
+    fingerprint: str = "",
+    log=None,
+    say=print,
+    online: OnlineStates | None = None,
+    progress=None,
+) -> dict:
     """Train in place; returns the best epoch's validation summary and restores its weights.
 
     With state_dir, resumes from a matching state there and saves state as it goes; every epoch
@@ -81,7 +117,9 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
     dtype = hidden_states_dtype(device)
     hidden_size = model.config.transformer_layer_config.hidden_size
     train_ratio = 1 - cfg.val_fraction
-    train_set = make_dataset(tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online)
+    train_set = make_dataset(
+        tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online
+    )
     val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype, online)
     plan = [epoch_batches(train_set, cfg.pack_len, cfg.seed, e) for e in range(cfg.epochs)]
     val_batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
@@ -93,7 +131,15 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = make_scheduler(opt, cfg.scheduler, cfg.warmup_steps, total_steps)
-    pos = {"epoch": 0, "batch": 0, "step": 0, "train_sums": {}, "history": [], "best": None, "best_state": None}
+    pos = {
+        "epoch": 0,
+        "batch": 0,
+        "step": 0,
+        "train_sums": {},
+        "history": [],
+        "best": None,
+        "best_state": None,
+    }
 
     state = load_state(state_dir, fingerprint, say) if state_dir is not None else None
     resumed_at = None
@@ -104,7 +150,9 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
         set_rng_states(state["rng"])
         pos = {k: state[k] for k in pos}
         resumed_at = {k: pos[k] for k in ("epoch", "batch", "step")}
-        say(f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {total_steps}")
+        say(
+            f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {total_steps}"
+        )
     for record in pos["history"]:
         if log:
             log(record)
@@ -112,11 +160,23 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
     def checkpoint(epoch: int, batch: int, sums: dict) -> None:
         if state_dir is None:
             return
-        save_state(state_dir, {
-            "fingerprint": fingerprint, "epoch": epoch, "batch": batch, "step": pos["step"], "train_sums": dict(sums),
-            "history": pos["history"], "best": pos["best"], "best_state": pos["best_state"],
-            "model": trainable_state(model), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": rng_states(),
-        })
+        save_state(
+            state_dir,
+            {
+                "fingerprint": fingerprint,
+                "epoch": epoch,
+                "batch": batch,
+                "step": pos["step"],
+                "train_sums": dict(sums),
+                "history": pos["history"],
+                "best": pos["best"],
+                "best_state": pos["best_state"],
+                "model": trainable_state(model),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "rng": rng_states(),
+            },
+        )
 
     step_seconds = []
     run_tokens, run_seconds = 0, 0.0
@@ -133,7 +193,14 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
             opt.zero_grad(set_to_none=True)
             for _ in range(n):
                 with autocast(device):
-                    _, loss, metrics = run_batch(model, next(loader), device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
+                    _, loss, metrics = run_batch(
+                        model,
+                        next(loader),
+                        device,
+                        cfg.ttt_steps,
+                        cfg.ttt_step_loss_decay,
+                        loss_config,
+                    )
                 (loss / n).backward()
                 accumulate(sums, metrics)
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -141,16 +208,42 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
             sched.step()
             pos["step"] += 1
             step_seconds.append(time.perf_counter() - began)
-            run_tokens += sum(train_set.approx_lengths[i] for batch in batches[start:start + n] for i in batch)
+            run_tokens += sum(
+                train_set.approx_lengths[i] for batch in batches[start : start + n] for i in batch
+            )
             run_seconds += step_seconds[-1]
             if progress:
-                progress({"epoch": epoch, "epochs": cfg.epochs, "epoch_step": (start + n + accum - 1) // accum,
-                          "epoch_steps": epoch_steps, "step": pos["step"], "total_steps": total_steps,
-                          "tokens": run_tokens, "seconds": run_seconds})
+                progress(
+                    {
+                        "epoch": epoch,
+                        "epochs": cfg.epochs,
+                        "epoch_step": (start + n + accum - 1) // accum,
+                        "epoch_steps": epoch_steps,
+                        "step": pos["step"],
+                        "total_steps": total_steps,
+                        "tokens": run_tokens,
+                        "seconds": run_seconds,
+                    }
+                )
             if pos["step"] % cfg.checkpoint_every_steps == 0 and start + n < len(batches):
                 checkpoint(epoch, start + n, sums)
-        val = validate(model, val_set, val_batches, cfg.pack_len, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
-        record = {"epoch": epoch, "step": pos["step"], "lr": sched.get_last_lr()[0], "train": summarize(sums, cfg.ttt_steps), "val": val}
+        val = validate(
+            model,
+            val_set,
+            val_batches,
+            cfg.pack_len,
+            device,
+            cfg.ttt_steps,
+            cfg.ttt_step_loss_decay,
+            loss_config,
+        )
+        record = {
+            "epoch": epoch,
+            "step": pos["step"],
+            "lr": sched.get_last_lr()[0],
+            "train": summarize(sums, cfg.ttt_steps),
+            "val": val,
+        }
         pos["history"].append(record)
         if log:
             log(record)
@@ -160,11 +253,16 @@ def train_draft(model, cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, devi
         checkpoint(epoch + 1, 0, {})
     model.load_state_dict({k: v.to(device) for k, v in pos["best_state"].items()}, strict=False)
     return {
-        "best": pos["best"], "history": pos["history"], "steps": pos["step"], "resumed_at": resumed_at,
+        "best": pos["best"],
+        "history": pos["history"],
+        "steps": pos["step"],
+        "resumed_at": resumed_at,
         "step_seconds": round(float(np.median(step_seconds)), 4) if step_seconds else None,
         # online: one target forward per packed batch, train and validation
         "target_forwards_per_epoch": len(plan[0]) + len(val_batches) if online is not None else 0,
-        "target_forwards_this_run": train_set.forwards + val_set.forwards if online is not None else 0,
+        "target_forwards_this_run": train_set.forwards + val_set.forwards
+        if online is not None
+        else 0,
     }
 
 
@@ -182,8 +280,12 @@ def epoch_logger(live):
                 live.log_metric(f"{split}/position_accuracy/acc_{k}", acc)
         live.next_step()
         val = record["val"]
-        print(f"epoch {record['epoch']}: val loss {val['loss']:.4f}  tau_sim {val['tau_sim']:.3f}  "
-              f"acc {val['position_accuracy']}", flush=True)
+        print(
+            f"epoch {record['epoch']}: val loss {val['loss']:.4f}  tau_sim {val['tau_sim']:.3f}  "
+            f"acc {val['position_accuracy']}",
+            flush=True,
+        )
+
     return log
 
 
@@ -205,10 +307,13 @@ def step_reporter(every_s: float = PROGRESS_EVERY_S, clock=time.monotonic, out=p
         seen["last"] = now
         per_step = p["seconds"] / max(p["step"] - seen["first_step"], 1)
         tokens_per_s = p["tokens"] / p["seconds"] if p["seconds"] > 0 else 0.0
-        out(f"train: epoch {p['epoch'] + 1}/{p['epochs']} step {p['epoch_step']}/{p['epoch_steps']} "
+        out(
+            f"train: epoch {p['epoch'] + 1}/{p['epochs']} step {p['epoch_step']}/{p['epoch_steps']} "
             f"(step {p['step']} of {p['total_steps']}), {tokens_per_s:,.0f} tok/s, "
             f"epoch ETA {clock_text(per_step * (p['epoch_steps'] - p['epoch_step']))}, "
-            f"run ETA {clock_text(per_step * (p['total_steps'] - p['step']))} (validation aside)", flush=True)
+            f"run ETA {clock_text(per_step * (p['total_steps'] - p['step']))} (validation aside)",
+            flush=True,
+        )
 
     return progress
 
@@ -221,35 +326,71 @@ def clock_text(seconds: float) -> str:
 # ---------------------------------------------------------------- the train stage's run
 
 
-def run_builtin(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_dir: Path | None, data_sha: str,
-                init_sha: str | None, log, source: dict):
+def run_builtin(
+    cfg: TrainConfig,
+    card: TargetCard,
+    paths: TrainPaths,
+    init_dir: Path | None,
+    data_sha: str,
+    init_sha: str | None,
+    log,
+    source: dict,
+):
     """(model, result, init remap notes) of the builtin loop, resumed from paths.state when it matches."""
     from draftline.config import resolve_device
 
     device = resolve_device(cfg.device)
     fingerprint = run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
     attn = "eager" if device == "cpu" else "simple_flex_attention"
-    shape = dict(speculative_tokens=cfg.speculative_tokens, train_embeddings=cfg.train_embeddings,
-                 train_lm_head=cfg.train_lm_head)
+    shape = dict(
+        speculative_tokens=cfg.speculative_tokens,
+        train_embeddings=cfg.train_embeddings,
+        train_lm_head=cfg.train_lm_head,
+    )
     # before seeding: loading the target must not move the RNG the draft is built and trained with
     online = online_states(card, source, device) if source["mode"] == "online" else None
     seed_everything(cfg.seed)
     if init_dir is None:
-        model = build_draft(card, paths.vocab, cfg.num_layers, cfg.ttt_steps, attn, **shape,
-                            architecture=cfg.architecture or "speculators")
+        model = build_draft(
+            card,
+            paths.vocab,
+            cfg.num_layers,
+            cfg.ttt_steps,
+            attn,
+            **shape,
+            architecture=cfg.architecture or "speculators",
+        )
         notes = []
         if cfg.init_layer_from_target is not None:
             notes.append(init_layer_from_target(model, card, cfg.init_layer_from_target))
             print(f"train: {notes[-1]}")
     else:
-        model, notes = load_init_draft(init_dir, card, paths.vocab, cfg.num_layers, cfg.ttt_steps, attn, **shape,
-                                       remap_aux=cfg.init_remap_aux_layers, remap_vocab=cfg.init_remap_vocab,
-                                       architecture=cfg.architecture)
+        model, notes = load_init_draft(
+            init_dir,
+            card,
+            paths.vocab,
+            cfg.num_layers,
+            cfg.ttt_steps,
+            attn,
+            **shape,
+            remap_aux=cfg.init_remap_aux_layers,
+            remap_vocab=cfg.init_remap_vocab,
+            architecture=cfg.architecture,
+        )
         for note in notes:
             print(f"train.init remap: {note}")
-    result = train_draft(model, cfg, paths.tokenized, paths.hs, device,
-                         state_dir=paths.state, fingerprint=fingerprint, log=log, online=online,
-                         progress=step_reporter())
+    result = train_draft(
+        model,
+        cfg,
+        paths.tokenized,
+        paths.hs,
+        device,
+        state_dir=paths.state,
+        fingerprint=fingerprint,
+        log=log,
+        online=online,
+        progress=step_reporter(),
+    )
     return model, result, notes
 
 
@@ -273,7 +414,9 @@ def train_report(cfg: TrainConfig, result: dict, source: dict) -> dict:
     }
 
 
-def train(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, out_dir: Path, live_dir: Path) -> TrainRun:
+def train(
+    cfg: TrainConfig, card: TargetCard, paths: TrainPaths, out_dir: Path, live_dir: Path
+) -> TrainRun:
     """Train the draft with cfg.backend, per-epoch metrics to dvclive in live_dir, and replace
     out_dir with it. Raises InitMismatch / DataMismatch when train.init or the data do not fit.
 
@@ -292,21 +435,38 @@ def train(cfg: TrainConfig, card: TargetCard, paths: TrainPaths, out_dir: Path, 
 
     with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
         if cfg.backend == "speculators":
-            model, result, notes = run_speculators(cfg, card, paths, init_dir, epoch_logger(live), live_dir, source)
+            model, result, notes = run_speculators(
+                cfg, card, paths, init_dir, epoch_logger(live), live_dir, source
+            )
         else:
-            model, result, notes = run_builtin(cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source)
+            model, result, notes = run_builtin(
+                cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source
+            )
 
     out = Path(out_dir)
     staged = out.with_name(f".{out.name}.new")
     shutil.rmtree(staged, ignore_errors=True)
     vllm_fields = save_draft(model, staged)
     best = result["best"]
-    write_meta(staged, "train", cfg.model_dump(), target=card.model, target_revision=card.revision,
-               data_sha256=data_sha, init=cfg.init, init_sha256=init_sha, init_remaps=notes,
-               best_epoch=best["epoch"], vllm_speculator=vllm_fields,
-               hidden_states={"mode": source["mode"], "format": source["format"]})
+    write_meta(
+        staged,
+        "train",
+        cfg.model_dump(),
+        target=card.model,
+        target_revision=card.revision,
+        data_sha256=data_sha,
+        init=cfg.init,
+        init_sha256=init_sha,
+        init_remaps=notes,
+        best_epoch=best["epoch"],
+        vllm_speculator=vllm_fields,
+        hidden_states={"mode": source["mode"], "format": source["format"]},
+    )
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staged, out)
-    last_run = ({"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]}
-                if cfg.backend == "builtin" else None)
+    last_run = (
+        {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]}
+        if cfg.backend == "builtin"
+        else None
+    )
     return TrainRun(train_report(cfg, result, source), last_run)

@@ -29,7 +29,9 @@ def write_sources(datasets: dict[str, DatasetSpec], path: str) -> int:
 
     from draftline.io import atomic_path
 
-    deps = {name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(datasets.items())}
+    deps = {
+        name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(datasets.items())
+    }
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         f.write(SOURCES_HEADER + yaml.safe_dump({"datasets": deps}, sort_keys=True))
     return len(deps)
@@ -39,8 +41,10 @@ def source_dep_problem(name: str, spec: DatasetSpec, source_dep: str) -> str | N
     """Why the source dep dvc.yaml passes to prepare@<name> is not the dataset's, or None."""
     if source_dep == dvc_source_dep(spec.path):
         return None
-    return (f"dvc.yaml makes prepare@{name} depend on {source_dep!r}, but its source is "
-            f"{spec.path!r}: datasets/sources.yaml is stale; run `{WRITE_SOURCES}`")
+    return (
+        f"dvc.yaml makes prepare@{name} depend on {source_dep!r}, but its source is "
+        f"{spec.path!r}: datasets/sources.yaml is stale; run `{WRITE_SOURCES}`"
+    )
 
 
 def sources_problems(datasets: dict[str, DatasetSpec], sources_path: Path) -> list[str]:
@@ -56,12 +60,16 @@ def sources_problems(datasets: dict[str, DatasetSpec], sources_path: Path) -> li
     if missing := sorted(set(datasets) - set(listed)):
         problems.append(f"{sources_path} lacks datasets {missing}; {fix}")
     if extra := sorted(set(listed) - set(datasets)):
-        problems.append(f"{sources_path} still lists datasets {extra} that params.yaml no longer has; {fix}")
+        problems.append(
+            f"{sources_path} still lists datasets {extra} that params.yaml no longer has; {fix}"
+        )
     for name in sorted(set(datasets) & set(listed)):
         want, have = dvc_source_dep(datasets[name].path), (listed[name] or {}).get("source_dep")
         if want != have:
-            problems.append(f"datasets.{name}: its source is {datasets[name].path!r} but {sources_path} makes "
-                            f"prepare@{name} depend on {have!r}; {fix}")
+            problems.append(
+                f"datasets.{name}: its source is {datasets[name].path!r} but {sources_path} makes "
+                f"prepare@{name} depend on {have!r}; {fix}"
+            )
     return problems
 
 
@@ -71,8 +79,10 @@ def init_problem(init: str | None, draft_dir: Path) -> str | None:
         return None
     init_path, out = Path(init).resolve(), draft_dir.resolve()
     if init_path == out or out in init_path.parents:
-        return (f"train.init: {init} is the train stage's own output, which a train run replaces; copy a "
-                "previous draft elsewhere (e.g. models/init/) and point to it")
+        return (
+            f"train.init: {init} is the train stage's own output, which a train run replaces; copy a "
+            "previous draft elsewhere (e.g. models/init/) and point to it"
+        )
     return None
 
 

@@ -43,9 +43,18 @@ def tiny_llama(params: dict):
 
     t = params["target"]["tiny"]
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
-                         num_hidden_layers=t["layers"], num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"],
-                         max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=t["vocab_size"],
+        hidden_size=t["hidden_size"],
+        intermediate_size=t["intermediate_size"],
+        num_hidden_layers=t["layers"],
+        num_attention_heads=t["heads"],
+        num_key_value_heads=t["kv_heads"],
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -77,12 +86,18 @@ def work(stage: str, steps: int) -> float:
         tmp = Path(tempfile.mkdtemp(prefix="cpu_load_"))
         model = tiny_llama(params)
         model.save_pretrained(tmp / "target")
-        from draftline.corpus import generate_conversations  # a chat template for the card
-        from draftline.tiny import CHAT_TEMPLATE, train_tokenizer
         from transformers.utils.chat_template_utils import render_jinja_template
 
+        from draftline.corpus import generate_conversations  # a chat template for the card
+        from draftline.tiny import CHAT_TEMPLATE, train_tokenizer
+
         convs = generate_conversations(200, 7)
-        texts = [render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0] for c in convs]
+        texts = [
+            render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[
+                0
+            ][0]
+            for c in convs
+        ]
         train_tokenizer(texts, t["vocab_size"]).save_pretrained(tmp / "target")
         card = build_card(str(tmp / "target"), "bench", None, params["target"]["aux_layer_ids"], {})
         vocab, size = tmp / "vocab", params["vocab"]["draft_vocab_size"]
@@ -95,9 +110,14 @@ def work(stage: str, steps: int) -> float:
         draft = build_draft(card, vocab, params["train"]["num_layers"], ttt)
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-3)
         n, h = params["train"]["pack_len"], card.hidden_size
-        inputs = {"hidden_states": torch.randn(1, n, 3 * h), "input_ids": torch.randint(0, size, (1, n)),
-                  "verifier_last_hidden_states": torch.randn(1, n, h), "loss_mask": torch.ones(1, n),
-                  "position_ids": torch.arange(n).unsqueeze(0), "document_ids": torch.zeros(1, n, dtype=torch.long)}
+        inputs = {
+            "hidden_states": torch.randn(1, n, 3 * h),
+            "input_ids": torch.randint(0, size, (1, n)),
+            "verifier_last_hidden_states": torch.randn(1, n, h),
+            "loss_mask": torch.ones(1, n),
+            "position_ids": torch.arange(n).unsqueeze(0),
+            "document_ids": torch.zeros(1, n, dtype=torch.long),
+        }
         loss_config = resolve_loss_config("kl_div", "eager")
 
         def unit():
@@ -108,7 +128,9 @@ def work(stage: str, steps: int) -> float:
             opt.zero_grad()
     elif stage == "hidden_states":
         model = tiny_llama(params).eval()
-        ids = torch.randint(2, t["vocab_size"], (params["hidden_states"]["token_budget"] // 128, 128))
+        ids = torch.randint(
+            2, t["vocab_size"], (params["hidden_states"]["token_budget"] // 128, 128)
+        )
 
         def unit():
             with torch.no_grad():
@@ -127,8 +149,14 @@ def work(stage: str, steps: int) -> float:
 
         def unit():
             with torch.no_grad():
-                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, min_new_tokens=64,
-                               do_sample=False, pad_token_id=0)
+                model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=64,
+                    min_new_tokens=64,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
     else:
         raise SystemExit(f"unknown stage {stage!r}; known: {STAGES}")
     unit()  # warm-up
@@ -139,10 +167,19 @@ def work(stage: str, steps: int) -> float:
 
 
 def run_worker(stage: str, steps: int, config: str) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "DRAFTLINE_THREADS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "DRAFTLINE_THREADS")
+    }
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, __file__, "--worker", stage, "--steps", str(steps), "--config", config],
-                          env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", stage, "--steps", str(steps), "--config", config],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{stage} ({config}) failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
@@ -179,14 +216,23 @@ def main() -> None:
         seconds = work(args.worker, args.steps)
         import torch
 
-        print(json.dumps({"seconds": seconds, "policy": threads, "torch_threads": torch.get_num_threads()}))
+        print(
+            json.dumps(
+                {"seconds": seconds, "policy": threads, "torch_threads": torch.get_num_threads()}
+            )
+        )
         return
     stages, steps = (["target", "train"], 3) if args.small else (args.stages, args.steps)
     from draftline.threads import available_cores
 
     cores = available_cores()
-    result = {"cores": cores, "steps": steps, "hogs": cores, "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-              "stages": {}}
+    result = {
+        "cores": cores,
+        "steps": steps,
+        "hogs": cores,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "stages": {},
+    }
     for stage in stages:
         entry = {}
         for config in args.configs:
@@ -196,8 +242,14 @@ def main() -> None:
                 loaded = run_worker(stage, steps, config)
             finally:
                 stop_hogs(hogs)
-            entry[config] = {"idle_s": round(idle, 3), "loaded_s": round(loaded, 3), "ratio": round(loaded / idle, 2)}
-            print(f"{stage} {config}: idle {idle:.2f}s, with {cores} hogs {loaded:.2f}s, ratio {loaded / idle:.2f}")
+            entry[config] = {
+                "idle_s": round(idle, 3),
+                "loaded_s": round(loaded, 3),
+                "ratio": round(loaded / idle, 2),
+            }
+            print(
+                f"{stage} {config}: idle {idle:.2f}s, with {cores} hogs {loaded:.2f}s, ratio {loaded / idle:.2f}"
+            )
         result["stages"][stage] = entry
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import torch
-from datasets import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from datasets import Dataset
 from draftline import hidden
 
 
@@ -28,14 +28,24 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=384)
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tiny", action="store_true", help="a 2-layer model, to check the benchmark still runs")
+    ap.add_argument(
+        "--tiny", action="store_true", help="a 2-layer model, to check the benchmark still runs"
+    )
     ap.add_argument("--out", default="reports/overhead/hs_extraction.json")
     args = ap.parse_args()
     torch.manual_seed(0)
-    size = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4) if args.tiny else \
-        dict(hidden_size=640, intermediate_size=1792, num_hidden_layers=12)  # ~97M parameters
-    config = LlamaConfig(vocab_size=32000, num_attention_heads=8 if args.tiny else 10, num_key_value_heads=4 if args.tiny else 5,
-                         max_position_embeddings=4096, **size)
+    size = (
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4)
+        if args.tiny
+        else dict(hidden_size=640, intermediate_size=1792, num_hidden_layers=12)
+    )  # ~97M parameters
+    config = LlamaConfig(
+        vocab_size=32000,
+        num_attention_heads=8 if args.tiny else 10,
+        num_key_value_heads=4 if args.tiny else 5,
+        max_position_embeddings=4096,
+        **size,
+    )
     model = LlamaForCausalLM(config).eval()
     params = sum(p.numel() for p in model.parameters())
     aux = [1, 2, 3] if args.tiny else [2, 6, 9]
@@ -66,7 +76,7 @@ def main() -> None:
     bare()  # warm-up
     times = {"ours": [], "bare": []}
     written = 0
-    for r in range(args.repeats):  # interleaved, so machine noise hits both alike
+    for _ in range(args.repeats):  # interleaved, so machine noise hits both alike
         start = time.perf_counter()
         bare()
         times["bare"].append(time.perf_counter() - start)

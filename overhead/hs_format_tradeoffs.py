@@ -28,7 +28,6 @@ import torch
 from draftline import draft_data, draft_model, hidden, hs_format, train_state, training
 from draftline.card import TargetCard
 from draftline.config import TrainConfig, load_params
-from draftline.io import write_json
 
 
 def build_small(root: Path, steps: int, rows: int) -> dict:
@@ -42,7 +41,9 @@ def build_small(root: Path, steps: int, rows: int) -> dict:
     from draftline.tiny import build_tiny_target
 
     params = yaml.safe_load(Path("params.yaml").read_text())
-    build_tiny_target(TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": steps}), root / "target")
+    build_tiny_target(
+        TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": steps}), root / "target"
+    )
     card = build_card(str(root / "target"), "tiny", None, params["target"]["aux_layer_ids"], {})
     card.write(root / "card.json")
     (root / "params.yaml").write_text(yaml.safe_dump(params))
@@ -88,11 +89,23 @@ def argmax_agreement(model, rows, hs_dir: Path, limit: int) -> float:
 
 def train(card, paths, hs_dir, cfg, online=None) -> dict:
     train_state.seed_everything(cfg.seed)
-    model = draft_model.build_draft(card, paths["vocab"], cfg.num_layers, cfg.ttt_steps, architecture=cfg.architecture or "speculators")
+    model = draft_model.build_draft(
+        card,
+        paths["vocab"],
+        cfg.num_layers,
+        cfg.ttt_steps,
+        architecture=cfg.architecture or "speculators",
+    )
     start = time.perf_counter()
-    result = training.train_draft(model, cfg, paths["tokenized"], hs_dir, "cpu", say=lambda _m: None, online=online)
-    return {"val_tau_sim": result["best"]["val"]["tau_sim"], "best_epoch": result["best"]["epoch"],
-            "seconds": round(time.perf_counter() - start, 1), "target_forwards_per_epoch": result["target_forwards_per_epoch"]}
+    result = training.train_draft(
+        model, cfg, paths["tokenized"], hs_dir, "cpu", say=lambda _m: None, online=online
+    )
+    return {
+        "val_tau_sim": result["best"]["val"]["tau_sim"],
+        "best_epoch": result["best"]["epoch"],
+        "seconds": round(time.perf_counter() - start, 1),
+        "target_forwards_per_epoch": result["target_forwards_per_epoch"],
+    }
 
 
 def main() -> None:
@@ -102,28 +115,53 @@ def main() -> None:
     ap.add_argument("--vocab", default="models/vocab")
     ap.add_argument("--epochs", type=int, help="instead of train.epochs")
     ap.add_argument("--argmax-rows", type=int, default=64, help="rows checked for argmax agreement")
-    ap.add_argument("--small", action="store_true", help="build a small target and data instead of the default run's")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="build a small target and data instead of the default run's",
+    )
     ap.add_argument("--small-steps", type=int, default=150)
     ap.add_argument("--small-rows", type=int, default=120)
     ap.add_argument("--out", default="reports/overhead/hs_format_tradeoffs.json")
     args = ap.parse_args()
     torch.set_num_threads(1)  # see DESIGN: the intra-op pool spins on a shared 2-core machine
     from datasets import load_from_disk
-
     from draftline.target import load_target_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        paths = build_small(tmp / "small", args.small_steps, args.small_rows) if args.small else \
-            {"card": Path(args.card), "tokenized": Path(args.tokenized), "vocab": Path(args.vocab)}
+        paths = (
+            build_small(tmp / "small", args.small_steps, args.small_rows)
+            if args.small
+            else {
+                "card": Path(args.card),
+                "tokenized": Path(args.tokenized),
+                "vocab": Path(args.vocab),
+            }
+        )
         card = TargetCard.load(paths["card"])
-        cfg = load_params(paths["card"].parent / "params.yaml" if args.small else "params.yaml").train
-        cfg = TrainConfig(**{**cfg.model_dump(), "device": "cpu", **({"epochs": args.epochs} if args.epochs else {})})
+        cfg = load_params(
+            paths["card"].parent / "params.yaml" if args.small else "params.yaml"
+        ).train
+        cfg = TrainConfig(
+            **{
+                **cfg.model_dump(),
+                "device": "cpu",
+                **({"epochs": args.epochs} if args.epochs else {}),
+            }
+        )
         H, aux = card.hidden_size, card.aux_ids
         model = load_target_model(card, "cpu", torch.float32)
         rows = load_from_disk(str(paths["tokenized"]))
         tokens = sum(rows.with_format(None)["seq_len"])
-        result = {"hidden_size": H, "rows": len(rows), "tokens": tokens, "small": args.small, "epochs": cfg.epochs, "formats": {}}
+        result = {
+            "hidden_size": H,
+            "rows": len(rows),
+            "tokens": tokens,
+            "small": args.small,
+            "epochs": cfg.epochs,
+            "formats": {},
+        }
         for fmt in hs_format.FORMATS:
             out = tmp / f"hs_{fmt}"
             seconds = extract(model, rows, aux, out, hs_format.storage_dtype(fmt, "bfloat16"))
@@ -133,18 +171,29 @@ def main() -> None:
                 "bytes_per_token": round(written / tokens, 2),
                 "minimum_bytes_per_token": minimum,
                 "ratio_to_minimum": round(written / tokens / minimum, 4),
-                "content_bytes_per_token": hs_format.bytes_per_token(H, fmt),  # + the int64 token id, no header
+                "content_bytes_per_token": hs_format.bytes_per_token(
+                    H, fmt
+                ),  # + the int64 token id, no header
                 "extract_seconds": round(seconds, 2),
                 "argmax_agreement": round(argmax_agreement(model, rows, out, args.argmax_rows), 4),
                 "train": train(card, paths, out, cfg),
             }
         online = draft_data.OnlineStates(model, aux, torch.bfloat16)
-        result["online"] = {"disk_bytes": 0, "train": train(card, paths, tmp / "hs_online_none", cfg, online)}
+        result["online"] = {
+            "disk_bytes": 0,
+            "train": train(card, paths, tmp / "hs_online_none", cfg, online),
+        }
         bf16 = result["formats"]["bf16"]["train"]["val_tau_sim"]
-        result["tau_sim_fp8_minus_bf16"] = round(result["formats"]["fp8"]["train"]["val_tau_sim"] - bf16, 4)
-        result["tau_sim_online_minus_offline_bf16"] = round(result["online"]["train"]["val_tau_sim"] - bf16, 4)
-        result["note"] = ("bytes per token include the int64 token id (8 B) and the safetensors header; at H = 7168 "
-                          "the fp8 file content is 1.0003 x its minimum (python -m draftline.plan)")
+        result["tau_sim_fp8_minus_bf16"] = round(
+            result["formats"]["fp8"]["train"]["val_tau_sim"] - bf16, 4
+        )
+        result["tau_sim_online_minus_offline_bf16"] = round(
+            result["online"]["train"]["val_tau_sim"] - bf16, 4
+        )
+        result["note"] = (
+            "bytes per token include the int64 token id (8 B) and the safetensors header; at H = 7168 "
+            "the fp8 file content is 1.0003 x its minimum (python -m draftline.plan)"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -50,31 +50,62 @@ def stub_server(port: int, latency: float) -> None:
     async def chat(request):
         arrivals.append(time.monotonic())
         body = await request.json()
-        if body.get("stream"):  # as vLLM streams: role, then the tokens, then finish_reason and usage
+        if body.get(
+            "stream"
+        ):  # as vLLM streams: role, then the tokens, then finish_reason and usage
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            delta = lambda **d: {"id": "stub", "object": "chat.completion.chunk", "created": 0,  # noqa: E731
-                                 "model": body["model"], "choices": [{"index": 0, **d}]}
-            await response.write(sse(delta(delta={"role": "assistant", "content": ""}, finish_reason=None)))
+
+            def delta(**d):
+                return {
+                    "id": "stub",
+                    "object": "chat.completion.chunk",
+                    "created": 0,  # noqa: E731
+                    "model": body["model"],
+                    "choices": [{"index": 0, **d}],
+                }
+
+            await response.write(
+                sse(delta(delta={"role": "assistant", "content": ""}, finish_reason=None))
+            )
             await asyncio.sleep(latency)
-            await response.write(sse(delta(delta={"content": "o"}, finish_reason=None))
-                                 + sse(delta(delta={"content": "k"}, finish_reason=None))
-                                 + sse(delta(delta={}, finish_reason="stop"))
-                                 + sse({"id": "stub", "object": "chat.completion.chunk", "choices": [],
-                                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
-                                 + b"data: [DONE]\n\n")
+            await response.write(
+                sse(delta(delta={"content": "o"}, finish_reason=None))
+                + sse(delta(delta={"content": "k"}, finish_reason=None))
+                + sse(delta(delta={}, finish_reason="stop"))
+                + sse(
+                    {
+                        "id": "stub",
+                        "object": "chat.completion.chunk",
+                        "choices": [],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                    }
+                )
+                + b"data: [DONE]\n\n"
+            )
             departures.append(time.monotonic())
             await response.write_eof()
             return response
         await asyncio.sleep(latency)
         departures.append(time.monotonic())
-        return web.json_response({
-            "id": "stub", "object": "chat.completion", "created": 0, "model": body["model"],
-            "prompt_token_ids": [1, 2, 3],
-            "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [4, 5],
-                         "message": {"role": "assistant", "content": "ok"}}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-        })
+        return web.json_response(
+            {
+                "id": "stub",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "token_ids": [4, 5],
+                        "message": {"role": "assistant", "content": "ok"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        )
 
     async def stats(request):  # what the stub saw since the last call, then forget it
         seen = {"arrivals": sorted(arrivals), "departures": sorted(departures)}
@@ -95,18 +126,36 @@ def free_port() -> int:
 
 
 def prompts(n: int) -> list[dict]:
-    return [{"id": f"p{i}", "source": "bench", "partition": "short", "tools": None,
-             "messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": ""}]}
-            for i in range(n)]
+    return [
+        {
+            "id": f"p{i}",
+            "source": "bench",
+            "partition": "short",
+            "tools": None,
+            "messages": [
+                {"role": "user", "content": f"question {i}"},
+                {"role": "assistant", "content": ""},
+            ],
+        }
+        for i in range(n)
+    ]
 
 
 async def run_ours(url: str, concurrency: int, n: int, out_dir: Path) -> float:
     pool = open_pool([url], None, concurrency)
     try:
         start = time.perf_counter()
-        tally = await regenerate_all(pool, "stub", prompts(n), Sampling(16, 0.0, 1.0, 0), RetryPolicy(0, 0.1, 1.0, 30.0),
-                                     {"short": (concurrency, None), "long": (1, None)},
-                                     out_dir / "out.jsonl", out_dir / "failures.jsonl", tags={})
+        tally = await regenerate_all(
+            pool,
+            "stub",
+            prompts(n),
+            Sampling(16, 0.0, 1.0, 0),
+            RetryPolicy(0, 0.1, 1.0, 30.0),
+            {"short": (concurrency, None), "long": (1, None)},
+            out_dir / "out.jsonl",
+            out_dir / "failures.jsonl",
+            tags={},
+        )
         elapsed = time.perf_counter() - start
     finally:
         await close_pool(pool)
@@ -114,35 +163,72 @@ async def run_ours(url: str, concurrency: int, n: int, out_dir: Path) -> float:
     return elapsed
 
 
-def run_speculators(url: str, concurrency: int, n: int, out_dir: Path, tokenizer_dir: Path) -> float:
+def run_speculators(
+    url: str, concurrency: int, n: int, out_dir: Path, tokenizer_dir: Path
+) -> float:
     """speculators' regenerate-responses over the same prompts; its own rate (req/s)."""
     data = out_dir / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"id": row["id"], "messages": row["messages"][:1]}) + "\n" for row in prompts(n)))
+    data.write_text(
+        "".join(
+            json.dumps({"id": row["id"], "messages": row["messages"][:1]}) + "\n"
+            for row in prompts(n)
+        )
+    )
     cli = Path(sys.executable).with_name("speculators")
-    proc = subprocess.run([str(cli), "regenerate-responses", "--endpoint", f"{url}/v1/chat/completions",
-                           "--model", str(tokenizer_dir), "--dataset", str(data), "--limit", str(n),
-                           "--concurrency", str(concurrency), "--max-tokens", "16", "--max-retries", "0",
-                           "--outfile", str(out_dir / "speculators.jsonl")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            str(cli),
+            "regenerate-responses",
+            "--endpoint",
+            f"{url}/v1/chat/completions",
+            "--model",
+            str(tokenizer_dir),
+            "--dataset",
+            str(data),
+            "--limit",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+            "--max-tokens",
+            "16",
+            "--max-retries",
+            "0",
+            "--outfile",
+            str(out_dir / "speculators.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     done = re.search(r"(\d+) conversations \((\d+) ok", proc.stdout)
     rate = re.search(r"Throughput: ([\d.]+) req/s", proc.stdout)
     if proc.returncode or not done or int(done.group(2)) != n or not rate:
-        raise RuntimeError(f"speculators regenerate-responses failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"speculators regenerate-responses failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return float(rate.group(1))
 
 
 def stub_clock(url: str, concurrency: int) -> dict:
     seen = json.loads(urllib.request.urlopen(f"{url}/stats", timeout=30).read())
     arrivals, departures = seen["arrivals"], seen["departures"]
-    return {"requests": len(arrivals), "span_s": departures[-1] - arrivals[0],
-            "first_wave_dispatch_s": arrivals[min(concurrency, len(arrivals)) - 1] - arrivals[0]}
+    return {
+        "requests": len(arrivals),
+        "span_s": departures[-1] - arrivals[0],
+        "first_wave_dispatch_s": arrivals[min(concurrency, len(arrivals)) - 1] - arrivals[0],
+    }
 
 
 def level_result(n: int, seconds: float, ideal: float, stub: dict) -> dict:
-    return {"requests": n, "seconds": round(seconds, 3), "achieved_rps": round(n / seconds, 2),
-            "ratio": round(n / seconds / ideal, 4),
-            "stub_clock_ratio": round(stub["requests"] / stub["span_s"] / ideal, 4),
-            "first_wave_dispatch_s": round(stub["first_wave_dispatch_s"], 4)}
+    return {
+        "requests": n,
+        "seconds": round(seconds, 3),
+        "achieved_rps": round(n / seconds, 2),
+        "ratio": round(n / seconds / ideal, 4),
+        "stub_clock_ratio": round(stub["requests"] / stub["span_s"] / ideal, 4),
+        "first_wave_dispatch_s": round(stub["first_wave_dispatch_s"], 4),
+    }
 
 
 def main() -> None:
@@ -154,7 +240,9 @@ def main() -> None:
     ap.add_argument("--out", default="reports/overhead/regen_client.json")
     args = ap.parse_args()
     port = free_port()
-    server = mp.get_context("spawn").Process(target=stub_server, args=(port, args.latency), daemon=True)
+    server = mp.get_context("spawn").Process(
+        target=stub_server, args=(port, args.latency), daemon=True
+    )
     server.start()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -170,29 +258,42 @@ def main() -> None:
         ours, theirs = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer_dir = Path(tmp) / "tokenizer"
-            if not args.no_speculators:  # speculators decodes the token ids with the served model's tokenizer
+            if (
+                not args.no_speculators
+            ):  # speculators decodes the token ids with the served model's tokenizer
                 from draftline.tiny import train_tokenizer
 
-                train_tokenizer([f"question {i} ok" for i in range(200)], 300).save_pretrained(tokenizer_dir)
+                train_tokenizer([f"question {i} ok" for i in range(200)], 300).save_pretrained(
+                    tokenizer_dir
+                )
             for c in args.concurrency:
                 n = max(4, args.waves * c)
                 ideal = c / args.latency
                 with tempfile.TemporaryDirectory(dir=tmp) as work:
                     elapsed = asyncio.run(run_ours(url, c, n, Path(work)))
                 ours[f"c{c}"] = level_result(n, elapsed, ideal, stub_clock(url, c))
-                print(f"ours         c={c}: {n / elapsed:.1f} req/s of ideal {ideal:.1f} ({ours[f'c{c}']['ratio']:.3f})")
+                print(
+                    f"ours         c={c}: {n / elapsed:.1f} req/s of ideal {ideal:.1f} ({ours[f'c{c}']['ratio']:.3f})"
+                )
                 if args.no_speculators:
                     continue
                 with tempfile.TemporaryDirectory(dir=tmp) as work:
                     rate = run_speculators(url, c, n, Path(work), tokenizer_dir)
                 theirs[f"c{c}"] = level_result(n, n / rate, ideal, stub_clock(url, c))
-                print(f"speculators  c={c}: {rate:.1f} req/s of ideal {ideal:.1f} ({theirs[f'c{c}']['ratio']:.3f})")
+                print(
+                    f"speculators  c={c}: {rate:.1f} req/s of ideal {ideal:.1f} ({theirs[f'c{c}']['ratio']:.3f})"
+                )
     finally:
         server.terminate()
         server.join(5)
-    result = {"latency_s": args.latency, "waves": args.waves, "levels": ours, "target_ratio": 0.95,
-              "meets_target": all(v["ratio"] >= 0.95 for v in ours.values()),
-              "speculators_regenerate_responses": theirs or "not run (--no-speculators)"}
+    result = {
+        "latency_s": args.latency,
+        "waves": args.waves,
+        "levels": ours,
+        "target_ratio": 0.95,
+        "meets_target": all(v["ratio"] >= 0.95 for v in ours.values()),
+        "speculators_regenerate_responses": theirs or "not run (--no-speculators)",
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -61,7 +61,9 @@ def single_turn_prompts(n: int) -> list[dict]:
                 rows.append({"id": f"b{len(rows):05d}", "messages": messages, "partition": "short"})
             if len(rows) == n:
                 return rows
-    raise SystemExit(f"only {len(rows)} usable prompts in datasets/samples/openai_messages.jsonl, asked for {n}")
+    raise SystemExit(
+        f"only {len(rows)} usable prompts in datasets/samples/openai_messages.jsonl, asked for {n}"
+    )
 
 
 def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Path | None, str]:
@@ -74,7 +76,10 @@ def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Pat
         from draftline.config import TinyTargetConfig
         from draftline.tiny import build_tiny_target
 
-        build_tiny_target(TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": tiny_steps}), work / "tiny")
+        build_tiny_target(
+            TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": tiny_steps}),
+            work / "tiny",
+        )
         return work / "tiny", f"tiny target built here, {tiny_steps} training steps"
     if name == "smollm2":
         from draftline import gguf_target
@@ -105,21 +110,33 @@ def bare_generate(model_dir: Path, prompts: list[dict], max_tokens: int, batch: 
         ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
         mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=pad, eos_token_id=eos)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=eos,
+            )
         answers = []
         for row in out[:, width:].tolist():
-            answers.append(row[:row.index(eos) + 1] if eos in row else row)
+            answers.append(row[: row.index(eos) + 1] if eos in row else row)
         return answers
 
     run(encoded[:2])  # warm-up, untimed
     start = time.perf_counter()
-    answers = [a for i in range(0, len(encoded), batch) for a in run(encoded[i:i + batch])]
+    answers = [a for i in range(0, len(encoded), batch) for a in run(encoded[i : i + batch])]
     seconds = time.perf_counter() - start
     tokens = sum(map(len, answers))
-    texts = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]  # as the servers decode
-    return {"seconds": round(seconds, 2), "completion_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
-            "texts": texts}
+    texts = [
+        tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers
+    ]  # as the servers decode
+    return {
+        "seconds": round(seconds, 2),
+        "completion_tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 1),
+        "texts": texts,
+    }
 
 
 def free_port() -> int:
@@ -128,8 +145,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def regenerate_stage(model_dir: Path, aux_ids, prompts: list[dict], max_tokens: int, overrides: list[str],
-                     work: Path) -> dict:
+def regenerate_stage(
+    model_dir: Path, aux_ids, prompts: list[dict], max_tokens: int, overrides: list[str], work: Path
+) -> dict:
     """The regenerate stage on the prompts, in a scratch repo; its report and answers."""
     from draftline.target import build_card
 
@@ -149,23 +167,50 @@ def regenerate_stage(model_dir: Path, aux_ids, prompts: list[dict], max_tokens: 
     card = build_card(str(model_dir), "bench", None, aux_ids, {})
     card.write(repo / "card.json")
     # one assistant turn after the prompt: the stage replaces it with the target's answer
-    write_jsonl(repo / "prompts.jsonl", [{**p, "messages": p["messages"] + [{"role": "assistant", "content": ""}]}
-                                         for p in prompts])
+    write_jsonl(
+        repo / "prompts.jsonl",
+        [
+            {**p, "messages": p["messages"] + [{"role": "assistant", "content": ""}]}
+            for p in prompts
+        ],
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "stages.regenerate", "card.json", "prompts.jsonl", "regenerated",
-                           "report.json"], cwd=repo, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.regenerate",
+            "card.json",
+            "prompts.jsonl",
+            "regenerated",
+            "report.json",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"regenerate stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = read_json(repo / "report.json")
     answers = {}
     for row in read_jsonl(repo / "regenerated" / "conversations.jsonl"):
         answers[row["id"]] = (row["messages"][-1].get("content") or "").strip()
-    return {"seconds": report["seconds"], "completion_tokens": report["completion_tokens"],
-            "tokens_per_s": report["completion_tokens_per_s"], "ok": report["ok"], "failed": report["failed"],
-            "server": report.get("server"),
-            "answers": answers, "settings": {k: regen[k] for k in sorted(regen) if k in
-                                             ("backend", "short", "continuous_batching", "cb_num_blocks", "max_tokens")
-                                             or k in {o.partition("=")[0].split(".")[0] for o in overrides}}}
+    return {
+        "seconds": report["seconds"],
+        "completion_tokens": report["completion_tokens"],
+        "tokens_per_s": report["completion_tokens_per_s"],
+        "ok": report["ok"],
+        "failed": report["failed"],
+        "server": report.get("server"),
+        "answers": answers,
+        "settings": {
+            k: regen[k]
+            for k in sorted(regen)
+            if k in ("backend", "short", "continuous_batching", "cb_num_blocks", "max_tokens")
+            or k in {o.partition("=")[0].split(".")[0] for o in overrides}
+        },
+    }
 
 
 def main() -> None:
@@ -174,20 +219,39 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=32, help="bare generate batch size")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="regenerate.* overrides for our side, e.g. short.concurrency=32 continuous_batching=true")
-    parser.add_argument("--small", action="store_true", help="build the tiny target here (no pipeline outputs needed)")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="regenerate.* overrides for our side, e.g. short.concurrency=32 continuous_batching=true",
+    )
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="build the tiny target here (no pipeline outputs needed)",
+    )
     parser.add_argument("--tiny-steps", type=int, default=150)
-    parser.add_argument("--out", default=str(ROOT / "reports" / "overhead" / "regen_throughput.json"))
+    parser.add_argument(
+        "--out", default=str(ROOT / "reports" / "overhead" / "regen_throughput.json")
+    )
     args = parser.parse_args()
     from draftline.threads import apply_thread_policy
 
-    threads = apply_thread_policy("regenerate")  # the bare side runs as the server does (threads, wait policy)
+    threads = apply_thread_policy(
+        "regenerate"
+    )  # the bare side runs as the server does (threads, wait policy)
 
     prompts = single_turn_prompts(args.prompts)
-    result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "bare_batch": args.batch,
-              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "threads": threads,
-              "targets": {}}
+    result = {
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "bare_batch": args.batch,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "targets": {},
+    }
     for name in args.targets:
         with tempfile.TemporaryDirectory(prefix=f"regen_bench_{name}_") as tmp:
             work = Path(tmp)
@@ -196,18 +260,29 @@ def main() -> None:
                 result["targets"][name] = {"skipped": origin}
                 print(f"{name}: skipped: {origin}")
                 continue
-            aux_ids = yaml.safe_load((ROOT / "params.yaml").read_text())["target"]["aux_layer_ids"] \
-                if name == "tiny" else None  # the EAGLE-3 rule for a real target; the stage does not use them
+            aux_ids = (
+                yaml.safe_load((ROOT / "params.yaml").read_text())["target"]["aux_layer_ids"]
+                if name == "tiny"
+                else None
+            )  # the EAGLE-3 rule for a real target; the stage does not use them
             ours = regenerate_stage(model_dir, aux_ids, prompts, args.max_tokens, args.set, work)
             bare = bare_generate(model_dir, prompts, args.max_tokens, args.batch)
-        equal = sum(ours["answers"].get(p["id"]) == text for p, text in zip(prompts, bare.pop("texts")))
+        equal = sum(
+            ours["answers"].get(p["id"]) == text for p, text in zip(prompts, bare.pop("texts"))
+        )
         ours.pop("answers")
-        entry = {"target": origin, "bare_generate": bare, "ours": ours,
-                 "ratio": round(ours["tokens_per_s"] / bare["tokens_per_s"], 3),
-                 "answers_equal": round(equal / len(prompts), 3)}
+        entry = {
+            "target": origin,
+            "bare_generate": bare,
+            "ours": ours,
+            "ratio": round(ours["tokens_per_s"] / bare["tokens_per_s"], 3),
+            "answers_equal": round(equal / len(prompts), 3),
+        }
         result["targets"][name] = entry
-        print(f"{name}: ours {ours['tokens_per_s']} tok/s, bare batched generate {bare['tokens_per_s']} tok/s, "
-              f"ratio {entry['ratio']}, answers equal {entry['answers_equal']}")
+        print(
+            f"{name}: ours {ours['tokens_per_s']} tok/s, bare batched generate {bare['tokens_per_s']} tok/s, "
+            f"ratio {entry['ratio']}, answers equal {entry['answers_equal']}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result)
 

@@ -39,8 +39,12 @@ def main() -> None:
     draft = load_draft(args.draft, card, "cpu")
     rows = list(read_jsonl(args.prompts))[: args.n]
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
-    cfg = SimpleNamespace(max_new_tokens=args.max_new_tokens, k=args.k, warmup=1, repeats=args.repeats)
-    result = benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, "cpu")
+    cfg = SimpleNamespace(
+        max_new_tokens=args.max_new_tokens, k=args.k, warmup=1, repeats=args.repeats
+    )
+    result = benchmark_hf(
+        target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, "cpu"
+    )
     result.update(prompts=len(prompts), k=args.k, max_new_tokens=args.max_new_tokens)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -47,14 +47,36 @@ def main() -> None:
     model = build_draft(card, Path(args.vocab), cfg.num_layers, cfg.ttt_steps)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     with tempfile.TemporaryDirectory() as tmp:
-        ours = train_draft(model, cfg, Path(args.tokenized), Path(args.hidden_states), device,
-                           state_dir=Path(tmp), fingerprint="bench", say=lambda *_: None)
+        ours = train_draft(
+            model,
+            cfg,
+            Path(args.tokenized),
+            Path(args.hidden_states),
+            device,
+            state_dir=Path(tmp),
+            fingerprint="bench",
+            say=lambda *_: None,
+        )
 
     # bare: the same packing plan, collated up front, then only the model step
     model.load_state_dict(initial)
-    train_set = make_dataset(Path(args.tokenized), Path(args.hidden_states), "train", 1 - cfg.val_fraction, cfg.pack_len, dtype)
-    batches = list(make_loader(train_set, epoch_batches(train_set, cfg.pack_len, cfg.seed, 0), cfg.pack_len,
-                               model.config.transformer_layer_config.hidden_size, dtype))
+    train_set = make_dataset(
+        Path(args.tokenized),
+        Path(args.hidden_states),
+        "train",
+        1 - cfg.val_fraction,
+        cfg.pack_len,
+        dtype,
+    )
+    batches = list(
+        make_loader(
+            train_set,
+            epoch_batches(train_set, cfg.pack_len, cfg.seed, 0),
+            cfg.pack_len,
+            model.config.transformer_layer_config.hidden_size,
+            dtype,
+        )
+    )
     loss_config = resolve_loss_config("kl_div", "eager")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
@@ -62,7 +84,9 @@ def main() -> None:
     bare = []
     for batch in batches:
         start = time.perf_counter()
-        _, loss, _ = run_batch(model, batch, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config)
+        _, loss, _ = run_batch(
+            model, batch, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

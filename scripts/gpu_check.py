@@ -37,8 +37,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from draftline.card import TargetCard
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checks use the library of this checkout, as the stages do
@@ -60,9 +64,19 @@ PROFILES = {
     "cpu": {
         "samples": 40,
         "target.aux_layer_ids": [1, 2, 3],
-        "target.tiny": {"layers": 4, "hidden_size": 64, "heads": 4, "kv_heads": 2, "intermediate_size": 128,
-                        "vocab_size": 320, "corpus_conversations": 300, "train_steps": 20, "batch_size": 8,
-                        "seq_len": 64, "device": "cpu"},
+        "target.tiny": {
+            "layers": 4,
+            "hidden_size": 64,
+            "heads": 4,
+            "kv_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 320,
+            "corpus_conversations": 300,
+            "train_steps": 20,
+            "batch_size": 8,
+            "seq_len": 64,
+            "device": "cpu",
+        },
         "mix.eval_samples": 3,
         "tokenize.max_length": 256,
         "vocab.draft_vocab_size": 128,
@@ -86,17 +100,40 @@ PROFILES = {
 # name -> (overrides, linked paths).
 VARIANTS = {
     # speculators' trainer through the train.backend: speculators hand-off (torchrun, one GPU)
-    "speculators": ({"train.backend": "speculators", "train.gpus": 1, "train.epochs": 1, "train.num_workers": 2},
-                    ["models/target", "models/vocab", "datasets/tokenized", "datasets/hidden_states"]),
+    "speculators": (
+        {
+            "train.backend": "speculators",
+            "train.gpus": 1,
+            "train.epochs": 1,
+            "train.num_workers": 2,
+        },
+        ["models/target", "models/vocab", "datasets/tokenized", "datasets/hidden_states"],
+    ),
     # states stored in hs-connectors' FP8 layout, read back by the trainer through FP8Transfer
-    "fp8": ({"hidden_states.format": "fp8", "train.epochs": 1}, ["models/target", "models/vocab", "datasets/tokenized"]),
+    "fp8": (
+        {"hidden_states.format": "fp8", "train.epochs": 1},
+        ["models/target", "models/vocab", "datasets/tokenized"],
+    ),
     # no stored states: the trainer runs the target on every packed batch
-    "online": ({"hidden_states.mode": "online", "train.epochs": 1}, ["models/target", "models/vocab", "datasets/tokenized"]),
+    "online": (
+        {"hidden_states.mode": "online", "train.epochs": 1},
+        ["models/target", "models/vocab", "datasets/tokenized"],
+    ),
 }
 # Seconds each stage may take at most on the GPU (the dry run shares --budget-s alone).
-STAGE_LIMITS = {"target": 150, "tokenize": 60, "hidden_states": 120, "train": 240, "evaluate": 150, "benchmark": 150,
-                "train_speculators": 240, "hidden_states_fp8": 90, "train_fp8": 180, "hidden_states_online": 60,
-                "train_online": 180}
+STAGE_LIMITS = {
+    "target": 150,
+    "tokenize": 60,
+    "hidden_states": 120,
+    "train": 240,
+    "evaluate": 150,
+    "benchmark": 150,
+    "train_speculators": 240,
+    "hidden_states_fp8": 90,
+    "train_fp8": 180,
+    "hidden_states_online": 60,
+    "train_online": 180,
+}
 
 
 @dataclass
@@ -111,33 +148,142 @@ class Stage:
 def pipeline(datasets: list[str]) -> list[Stage]:
     """Every stage the check runs, in order: the one place to change an invocation. The variants
     come last: when the time budget runs short, they are what is skipped."""
-    card, vocab, tok, hs = "models/target/card.json", "models/vocab", "datasets/tokenized", "datasets/hidden_states"
-    prepared = [Stage(f"prepare@{name}", ["stages.prepare", name, f"datasets/prepared/{name}.jsonl",
-                                          f"reports/prepare/{name}.json"]) for name in datasets]
+    card, vocab, tok, hs = (
+        "models/target/card.json",
+        "models/vocab",
+        "datasets/tokenized",
+        "datasets/hidden_states",
+    )
+    prepared = [
+        Stage(
+            f"prepare@{name}",
+            [
+                "stages.prepare",
+                name,
+                f"datasets/prepared/{name}.jsonl",
+                f"reports/prepare/{name}.json",
+            ],
+        )
+        for name in datasets
+    ]
     return [
         Stage("target", ["stages.target", "models/target"]),
         *prepared,
-        Stage("mix", ["stages.mix", "datasets/prepared", "reports/prepare", "datasets/prompts", "reports/mix.json"],
-              needs=[f"datasets/prepared/{name}.jsonl" for name in datasets]),
-        Stage("tokenize", ["stages.tokenize", card, "datasets/prompts/train.jsonl", "datasets/regenerated/conversations.jsonl",
-                           tok, "reports/tokenize.json"], needs=[card, "datasets/regenerated/conversations.jsonl"]),
-        Stage("vocab", ["stages.vocab", card, f"{tok}/token_freq.pt", vocab, "reports/vocab.json"], needs=[f"{tok}/token_freq.pt"]),
-        Stage("hidden_states", ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"], needs=[f"{tok}/token_freq.pt"]),
-        Stage("train", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json", "models/draft_checkpoints"],
-              needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"]),
-        Stage("evaluate", ["stages.evaluate", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/acceptance.json",
-                           "reports/evaluate"], needs=["models/draft/config.json"]),
-        Stage("benchmark", ["stages.benchmark", card, "models/draft", "datasets/prompts/eval.jsonl", "reports/benchmark.json",
-                            "reports/deploy.json"], needs=["models/draft/config.json"]),
+        Stage(
+            "mix",
+            [
+                "stages.mix",
+                "datasets/prepared",
+                "reports/prepare",
+                "datasets/prompts",
+                "reports/mix.json",
+            ],
+            needs=[f"datasets/prepared/{name}.jsonl" for name in datasets],
+        ),
+        Stage(
+            "tokenize",
+            [
+                "stages.tokenize",
+                card,
+                "datasets/prompts/train.jsonl",
+                "datasets/regenerated/conversations.jsonl",
+                tok,
+                "reports/tokenize.json",
+            ],
+            needs=[card, "datasets/regenerated/conversations.jsonl"],
+        ),
+        Stage(
+            "vocab",
+            ["stages.vocab", card, f"{tok}/token_freq.pt", vocab, "reports/vocab.json"],
+            needs=[f"{tok}/token_freq.pt"],
+        ),
+        Stage(
+            "hidden_states",
+            ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
+            needs=[f"{tok}/token_freq.pt"],
+        ),
+        Stage(
+            "train",
+            [
+                "stages.train",
+                card,
+                vocab,
+                tok,
+                hs,
+                "models/draft",
+                "reports/train.json",
+                "models/draft_checkpoints",
+            ],
+            needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
+        ),
+        Stage(
+            "evaluate",
+            [
+                "stages.evaluate",
+                card,
+                "models/draft",
+                "datasets/prompts/eval.jsonl",
+                "reports/acceptance.json",
+                "reports/evaluate",
+            ],
+            needs=["models/draft/config.json"],
+        ),
+        Stage(
+            "benchmark",
+            [
+                "stages.benchmark",
+                card,
+                "models/draft",
+                "datasets/prompts/eval.jsonl",
+                "reports/benchmark.json",
+                "reports/deploy.json",
+            ],
+            needs=["models/draft/config.json"],
+        ),
         # the variants (VARIANTS), each in its own directory, which links the main run's inputs
-        Stage("train_speculators", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
-                                    "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
-              cwd="speculators", cuda_only=True),
-        *[stage for variant in ("fp8", "online") for stage in (
-            Stage(f"hidden_states_{variant}", ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
-                  needs=[f"{tok}/token_freq.pt"], cwd=variant),
-            Stage(f"train_{variant}", ["stages.train", card, vocab, tok, hs, "models/draft", "reports/train.json",
-                                       "models/draft_checkpoints"], needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"], cwd=variant))],
+        Stage(
+            "train_speculators",
+            [
+                "stages.train",
+                card,
+                vocab,
+                tok,
+                hs,
+                "models/draft",
+                "reports/train.json",
+                "models/draft_checkpoints",
+            ],
+            needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
+            cwd="speculators",
+            cuda_only=True,
+        ),
+        *[
+            stage
+            for variant in ("fp8", "online")
+            for stage in (
+                Stage(
+                    f"hidden_states_{variant}",
+                    ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
+                    needs=[f"{tok}/token_freq.pt"],
+                    cwd=variant,
+                ),
+                Stage(
+                    f"train_{variant}",
+                    [
+                        "stages.train",
+                        card,
+                        vocab,
+                        tok,
+                        hs,
+                        "models/draft",
+                        "reports/train.json",
+                        "models/draft_checkpoints",
+                    ],
+                    needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
+                    cwd=variant,
+                ),
+            )
+        ],
     ]
 
 
@@ -185,13 +331,23 @@ def prepare_work(work: Path, repo: Path, device: str, target: str) -> tuple[dict
         # which a variant's stages (and torchrun's workers) resolve from their own directory.
         for rel in links:
             (work / name / rel).parent.mkdir(parents=True, exist_ok=True)
-            (work / name / rel).symlink_to(Path("../" * len(Path(rel).parts) + rel), target_is_directory=True)
+            (work / name / rel).symlink_to(
+                Path("../" * len(Path(rel).parts) + rel), target_is_directory=True
+            )
     source = target
     if target == "auto":
-        source = str(repo / "models" / "target") if (repo / "models" / "target" / "card.json").is_file() else "build"
-    if source != "build":  # a built target: its card names the model "models/target", relative to the work directory
+        source = (
+            str(repo / "models" / "target")
+            if (repo / "models" / "target" / "card.json").is_file()
+            else "build"
+        )
+    if (
+        source != "build"
+    ):  # a built target: its card names the model "models/target", relative to the work directory
         if not (Path(source) / "card.json").is_file():
-            raise SystemExit(f"error: --target {source}: no card.json there (run the target stage first)")
+            raise SystemExit(
+                f"error: --target {source}: no card.json there (run the target stage first)"
+            )
         shutil.copytree(source, work / "models" / "target")
     return params, source
 
@@ -215,14 +371,18 @@ def first_error(log: str) -> str:
     stated = next((line.strip() for line in lines if line.startswith("error:")), None)
     exception = None
     if "Traceback (most recent call last):" in lines:
-        for line in lines[lines.index("Traceback (most recent call last):") + 1:]:
+        for line in lines[lines.index("Traceback (most recent call last):") + 1 :]:
             if line and not line.startswith((" ", "\t")):
                 exception = line.strip()
                 break
     found = [x for x in (stated, exception) if x]
     if not found:
         found = [next((line.strip() for line in reversed(lines) if line.strip()), "no output")]
-    return (found[0] if len(found) == 1 or found[1] in found[0] else f"{found[0]} (first exception: {found[1]})")[:2000]
+    return (
+        found[0]
+        if len(found) == 1 or found[1] in found[0]
+        else f"{found[0]} (first exception: {found[1]})"
+    )[:2000]
 
 
 def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path) -> dict:
@@ -233,7 +393,9 @@ def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path
     began = time.perf_counter()
     with open(log_path, "w") as log:
         # its own process group: a stage past its limit goes with every process it started (torchrun's workers)
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
@@ -261,34 +423,70 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
     reports, module = sub / "reports", stage.argv[0]
     if module == "stages.target":
         card = read(sub / "models" / "target" / "card.json")
-        return {k: v for k, v in (card.get("tiny_training") or {}).items() if k in ("final_train_loss", "train_steps")}
+        return {
+            k: v
+            for k, v in (card.get("tiny_training") or {}).items()
+            if k in ("final_train_loss", "train_steps")
+        }
     if module == "stages.tokenize":
         rep = read(reports / "tokenize.json")
         return {"rows": rep.get("rows"), "tokens": rep.get("tokens")}
     if module == "stages.hidden_states":
         rep = read(reports / "hidden_states.json")
-        return {"tokens_per_s": rep.get("tokens_per_s"), "tokens": rep.get("tokens_extracted_now"),
-                "mode": rep.get("mode"), "format": rep.get("format"), "bytes_per_token": rep.get("bytes_per_token")}
+        return {
+            "tokens_per_s": rep.get("tokens_per_s"),
+            "tokens": rep.get("tokens_extracted_now"),
+            "mode": rep.get("mode"),
+            "format": rep.get("format"),
+            "bytes_per_token": rep.get("bytes_per_token"),
+        }
     if module == "stages.train":
         rep = read(reports / "train.detail.json")  # the metrics file has the headline only
-        out = {"val_tau_sim": rep.get("val_tau_sim"), "best_epoch": rep.get("best_epoch"), "steps": rep.get("steps"),
-               "step_seconds": rep.get("step_seconds"), "hidden_states": rep.get("hidden_states_format"),
-               "hidden_states_mode": rep.get("hidden_states_mode")}
+        out = {
+            "val_tau_sim": rep.get("val_tau_sim"),
+            "best_epoch": rep.get("best_epoch"),
+            "steps": rep.get("steps"),
+            "step_seconds": rep.get("step_seconds"),
+            "hidden_states": rep.get("hidden_states_format"),
+            "hidden_states_mode": rep.get("hidden_states_mode"),
+        }
         tokens = read(work / "reports" / "tokenize.json").get("tokens")
         epochs = yaml.safe_load((sub / "params.yaml").read_text())["train"]["epochs"]
-        if tokens and seconds:  # whole stage wall time: data loading, compilation and validation included
+        if (
+            tokens and seconds
+        ):  # whole stage wall time: data loading, compilation and validation included
             out["tokens_per_s"] = round(tokens * epochs / seconds, 1)
         return out
     if module == "stages.evaluate":
         rep = read(reports / "acceptance.detail.json")
-        out = {k: rep.get(k) for k in ("acceptance_length", "tau_sim", "prompts", "lossless_checked_prompts", "near_tie_divergences")}
+        out = {
+            k: rep.get(k)
+            for k in (
+                "acceptance_length",
+                "tau_sim",
+                "prompts",
+                "lossless_checked_prompts",
+                "near_tie_divergences",
+            )
+        }
         if rep.get("generated_tokens") and seconds:
-            out["tokens_per_s"] = round(rep["generated_tokens"] / seconds, 1)  # wall time, greedy and speculative
+            out["tokens_per_s"] = round(
+                rep["generated_tokens"] / seconds, 1
+            )  # wall time, greedy and speculative
         return out
     if module == "stages.benchmark":
         rep = read(reports / "benchmark.detail.json")
-        return {k: rep.get(k) for k in ("baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "acceptance_length",
-                                         "outputs_identical", "device")}
+        return {
+            k: rep.get(k)
+            for k in (
+                "baseline_tokens_per_s",
+                "speculative_tokens_per_s",
+                "speedup",
+                "acceptance_length",
+                "outputs_identical",
+                "device",
+            )
+        }
     return {}
 
 
@@ -313,7 +511,9 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     cfg = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"]
     fmt, stored_dtype = cfg.get("format", "bf16"), cfg["dtype"]
     tolerance = TIE_TOLERANCE[stored_dtype]
-    compute = hidden.DTYPES[stored_dtype] if device == "cuda" else torch.float32  # as the stage computed them
+    compute = (
+        hidden.DTYPES[stored_dtype] if device == "cuda" else torch.float32
+    )  # as the stage computed them
     model = load_target_model(card, device, compute)
     norm = hidden.decoder_parts(model)[1]
     positions = mismatches = near_ties = clear = 0
@@ -325,7 +525,9 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
             data = load_file(str(path))
             ids = data["token_ids"].to(device).unsqueeze(0)  # (1, L)
             ref = model(input_ids=ids).logits[0].float()  # (L, V)
-            last = hs_format.decode(data, torch.float32)[:, 3].to(device, compute)  # (L, H), pre-norm
+            last = hs_format.decode(data, torch.float32)[:, 3].to(
+                device, compute
+            )  # (L, H), pre-norm
             ours = model.lm_head(norm(last)).float()
             top2 = ref.topk(2, dim=-1).values
             differ = ours.argmax(-1) != ref.argmax(-1)
@@ -335,8 +537,16 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
             near_ties += int((differ & tie).sum())
             mismatches += int((differ & ~tie).sum())
     passed = mismatches == 0 if fmt == "bf16" else mismatches <= 0.01 * clear
-    return {"passed": passed, "format": fmt, "rows": len(files), "positions": positions, "mismatches": mismatches,
-            "near_ties": near_ties, "tie_tolerance": tolerance, "stored_dtype": hs_format.storage_name(fmt, stored_dtype)}
+    return {
+        "passed": passed,
+        "format": fmt,
+        "rows": len(files),
+        "positions": positions,
+        "mismatches": mismatches,
+        "near_ties": near_ties,
+        "tie_tolerance": tolerance,
+        "stored_dtype": hs_format.storage_name(fmt, stored_dtype),
+    }
 
 
 def check_draft_loads(draft_dir: Path, card: TargetCard) -> dict:
@@ -346,8 +556,13 @@ def check_draft_loads(draft_dir: Path, card: TargetCard) -> dict:
     model = Eagle3DraftModel.from_pretrained(str(draft_dir))
     aux = list(model.config.eagle_aux_hidden_state_layer_ids)
     problems = [] if aux == card.aux_ids else [f"aux layer ids {aux} != card {card.aux_ids}"]
-    return {"passed": not problems, "class": type(model).__name__, "draft_vocab_size": model.config.draft_vocab_size,
-            "parameters": sum(p.numel() for p in model.parameters()), "problems": problems}
+    return {
+        "passed": not problems,
+        "class": type(model).__name__,
+        "draft_vocab_size": model.config.draft_vocab_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "problems": problems,
+    }
 
 
 def check_lossless(work: Path) -> dict:
@@ -356,8 +571,12 @@ def check_lossless(work: Path) -> dict:
     if not rep:
         raise FileNotFoundError("reports/acceptance.detail.json missing: evaluate did not finish")
     passed = rep["lossless_checked_prompts"] == rep["prompts"] > 0
-    return {"passed": passed, "prompts": rep["prompts"], "checked": rep["lossless_checked_prompts"],
-            "near_tie_divergences": rep["near_tie_divergences"]}
+    return {
+        "passed": passed,
+        "prompts": rep["prompts"],
+        "checked": rep["lossless_checked_prompts"],
+        "near_tie_divergences": rep["near_tie_divergences"],
+    }
 
 
 def run_check(name: str, fn, *args) -> dict:
@@ -377,9 +596,24 @@ def run_check(name: str, fn, *args) -> dict:
 def environment(device: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    info = {"machine": platform.node(), "python": platform.python_version(), "device": device, "versions": {},
-            "c_compiler": shutil.which("cc") or shutil.which("gcc")}  # Triton builds its launcher with it (flex attention, fused loss)
-    for dist in ("torch", "triton", "transformers", "speculators", "hs-connectors", "datasets", "dvclive", "safetensors", "pyarrow"):
+    info = {
+        "machine": platform.node(),
+        "python": platform.python_version(),
+        "device": device,
+        "versions": {},
+        "c_compiler": shutil.which("cc") or shutil.which("gcc"),
+    }  # Triton builds its launcher with it (flex attention, fused loss)
+    for dist in (
+        "torch",
+        "triton",
+        "transformers",
+        "speculators",
+        "hs-connectors",
+        "datasets",
+        "dvclive",
+        "safetensors",
+        "pyarrow",
+    ):
         try:
             info["versions"][dist] = version(dist)
         except PackageNotFoundError:
@@ -405,58 +639,121 @@ def write_report(path: Path, report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--out", default=str(REPO / "reports" / "gpu_check.json"), help="the JSON written")
-    parser.add_argument("--work", default=None, help="work directory (replaced); default: a fresh one under the temp dir")
-    parser.add_argument("--target", default="auto", help="auto (models/target when it has a card, else build), build, or a directory")
-    parser.add_argument("--budget-s", type=float, default=540, help="the whole check stops starting stages past this")
-    parser.add_argument("--installed", default=None, help="file listing what gpu_check.sh installed (recorded in the JSON)")
+    parser.add_argument(
+        "--out", default=str(REPO / "reports" / "gpu_check.json"), help="the JSON written"
+    )
+    parser.add_argument(
+        "--work",
+        default=None,
+        help="work directory (replaced); default: a fresh one under the temp dir",
+    )
+    parser.add_argument(
+        "--target",
+        default="auto",
+        help="auto (models/target when it has a card, else build), build, or a directory",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=540,
+        help="the whole check stops starting stages past this",
+    )
+    parser.add_argument(
+        "--installed",
+        default=None,
+        help="file listing what gpu_check.sh installed (recorded in the JSON)",
+    )
     args = parser.parse_args(argv)
     args.out = str(Path(args.out).resolve())  # before the run moves into the work directory
 
     began = time.perf_counter()
-    work = Path(args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"draftline-gpu-check-{args.device}").resolve()
+    work = Path(
+        args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"draftline-gpu-check-{args.device}"
+    ).resolve()
     params, target_source = prepare_work(work, REPO, args.device, args.target)
     log_dir = work / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the checks load the card's target path ("models/target") as the stages do
     os.environ["HF_HUB_OFFLINE"] = "1"  # local paths only: never wait on the hub
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # torchrun beside python
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        PATH=os.pathsep.join(
+            [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        ),  # torchrun beside python
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
     if args.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # torch's thread pool spins on a busy small host
-    report = {"environment": environment(args.device), "work": str(work), "target": target_source,
-              "installed": Path(args.installed).read_text().split() if args.installed else [],
-              "stages": [], "checks": []}
-    print(f"gpu_check: {args.device} on {report['environment']['machine']}, work directory {work}", flush=True)
+    report = {
+        "environment": environment(args.device),
+        "work": str(work),
+        "target": target_source,
+        "installed": Path(args.installed).read_text().split() if args.installed else [],
+        "stages": [],
+        "checks": [],
+    }
+    print(
+        f"gpu_check: {args.device} on {report['environment']['machine']}, work directory {work}",
+        flush=True,
+    )
     if args.device == "cuda" and not report["environment"].get("cuda_available"):
         report.update(passed=False, failed=["environment"], error="no CUDA device visible to torch")
         write_report(Path(args.out), report)
-        raise SystemExit(f"error: --device cuda but torch sees no CUDA device; report in {args.out}")
+        raise SystemExit(
+            f"error: --device cuda but torch sees no CUDA device; report in {args.out}"
+        )
 
     def remaining() -> float:
         return args.budget_s - (time.perf_counter() - began)
 
     for stage in pipeline(list(params["datasets"])):
         if stage.name == "target" and target_source != "build":
-            report["stages"].append({"name": "target", "status": "reused", "source": target_source, "seconds": 0.0})
+            report["stages"].append(
+                {"name": "target", "status": "reused", "source": target_source, "seconds": 0.0}
+            )
             continue
         if stage.name == "tokenize" and (work / "datasets" / "prompts" / "train.jsonl").is_file():
-            report["regenerated_stand_in"] = {"conversations": stand_in_regenerated(work),
-                                              "source": "the bundled samples' answers (no regeneration server runs here)"}
+            report["regenerated_stand_in"] = {
+                "conversations": stand_in_regenerated(work),
+                "source": "the bundled samples' answers (no regeneration server runs here)",
+            }
         missing = [p for p in stage.needs if not (work / stage.cwd / p).exists()]
         if stage.cuda_only and args.device != "cuda":
-            record = {"name": stage.name, "status": "skipped", "reason": "needs a CUDA GPU (train.backend speculators)"}
+            record = {
+                "name": stage.name,
+                "status": "skipped",
+                "reason": "needs a CUDA GPU (train.backend speculators)",
+            }
         elif missing:
-            record = {"name": stage.name, "status": "skipped", "reason": f"input missing (an earlier stage failed): {missing[0]}"}
+            record = {
+                "name": stage.name,
+                "status": "skipped",
+                "reason": f"input missing (an earlier stage failed): {missing[0]}",
+            }
         elif remaining() < 10:
-            record = {"name": stage.name, "status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
+            record = {
+                "name": stage.name,
+                "status": "skipped",
+                "reason": f"time budget of {args.budget_s:.0f} s spent",
+            }
         else:
-            limit = min(STAGE_LIMITS.get(stage.name, 60), remaining()) if args.device == "cuda" else remaining()
+            limit = (
+                min(STAGE_LIMITS.get(stage.name, 60), remaining())
+                if args.device == "cuda"
+                else remaining()
+            )
             print(f"gpu_check: {stage.name} (at most {limit:.0f} s)", flush=True)
             record = run_stage(stage, work, env, limit, log_dir)
             if record["status"] == "ok":
-                record.update({k: v for k, v in stage_numbers(stage, work, record["seconds"]).items() if v is not None})
+                record.update(
+                    {
+                        k: v
+                        for k, v in stage_numbers(stage, work, record["seconds"]).items()
+                        if v is not None
+                    }
+                )
             else:
                 print(f"gpu_check: {stage.name} failed: {record['error']}", flush=True)
         report["stages"].append(record)
@@ -464,12 +761,27 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sub, module = work / stage.cwd, stage.argv[0]
         suffix = "" if stage.cwd == "." else f"_{stage.cwd}"
-        mode = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"].get("mode", "offline")
+        mode = yaml.safe_load((sub / "params.yaml").read_text())["hidden_states"].get(
+            "mode", "offline"
+        )
         if module == "stages.hidden_states" and mode == "offline":
-            report["checks"].append(run_check(f"last_state_reproduces_target_argmax{suffix}", check_last_state, sub, args.device))
+            report["checks"].append(
+                run_check(
+                    f"last_state_reproduces_target_argmax{suffix}",
+                    check_last_state,
+                    sub,
+                    args.device,
+                )
+            )
         if module == "stages.train":
-            report["checks"].append(run_check(f"draft_loads_with_from_pretrained{suffix}", check_draft_loads, sub / "models" / "draft",
-                                              read(work / "models" / "target" / "card.json")))
+            report["checks"].append(
+                run_check(
+                    f"draft_loads_with_from_pretrained{suffix}",
+                    check_draft_loads,
+                    sub / "models" / "draft",
+                    read(work / "models" / "target" / "card.json"),
+                )
+            )
         if module == "stages.evaluate":
             report["checks"].append(run_check("speculative_equals_greedy", check_lossless, work))
 
@@ -477,8 +789,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [s["name"] for s in report["stages"] if s["status"] == "failed"]
     failed += [c["name"] for c in report["checks"] if not c["passed"]]
     skipped = [s["name"] for s in report["stages"] if s["status"] == "skipped"]
-    report["passed"] = not failed and all(s["status"] in ("ok", "reused") or s.get("reason", "").startswith("needs a CUDA")
-                                          for s in report["stages"])
+    report["passed"] = not failed and all(
+        s["status"] in ("ok", "reused") or s.get("reason", "").startswith("needs a CUDA")
+        for s in report["stages"]
+    )
     report["failed"], report["skipped"] = failed, skipped
     by_name = {s["name"]: s for s in report["stages"]}
     report["summary"] = {  # the headline numbers; each stage's record has the rest
@@ -490,8 +804,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     write_report(out, report)
-    print(f"gpu_check: {'passed' if report['passed'] else 'FAILED'} in {report['total_seconds']} s; "
-          f"failed {failed or 'none'}, skipped {skipped or 'none'}; {out}", flush=True)
+    print(
+        f"gpu_check: {'passed' if report['passed'] else 'FAILED'} in {report['total_seconds']} s; "
+        f"failed {failed or 'none'}, skipped {skipped or 'none'}; {out}",
+        flush=True,
+    )
     return 0 if report["passed"] else 1
 
 

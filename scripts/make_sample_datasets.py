@@ -39,9 +39,16 @@ def distinct_rows(rows, n: int) -> list[dict]:
 
 def sharegpt_value(message: dict) -> str:
     """An assistant message rendered as the chat template would: <think>, content, <tool_call>s."""
-    think = f"<think>{message['reasoning_content']}</think>\n" if message.get("reasoning_content") else ""
+    think = (
+        f"<think>{message['reasoning_content']}</think>\n"
+        if message.get("reasoning_content")
+        else ""
+    )
     calls = "".join(
-        "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])})
+        "<tool_call>"
+        + json.dumps(
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+        )
         + "</tool_call>"
         for c in message.get("tool_calls", [])
     )
@@ -49,11 +56,18 @@ def sharegpt_value(message: dict) -> str:
 
 
 def to_sharegpt(conv: dict) -> dict:
-    turns = [{"from": SHAREGPT_FROM[m["role"]], "value": sharegpt_value(m) if m["role"] == "assistant" else m["content"]}
-             for m in conv["messages"]]
+    turns = [
+        {
+            "from": SHAREGPT_FROM[m["role"]],
+            "value": sharegpt_value(m) if m["role"] == "assistant" else m["content"],
+        }
+        for m in conv["messages"]
+    ]
     row = {"conversations": turns}
     if conv["tools"]:
-        row["tools"] = json.dumps(conv["tools"])  # ShareGPT datasets usually store tools as a JSON string
+        row["tools"] = json.dumps(
+            conv["tools"]
+        )  # ShareGPT datasets usually store tools as a JSON string
     return row
 
 
@@ -66,29 +80,64 @@ def bad_sharegpt_lines(good: list[str]) -> list[str]:
     dup = json.loads(good[3])
     dup["id"] = "sharegpt-bad-duplicate"  # new id, same content: still a duplicate
     rows = [
-        {"id": "sharegpt-bad-no-user", "conversations": [{"from": "system", "value": "You are a helpful assistant."},
-                                                         {"from": "gpt", "value": "Hello!"}]},
+        {
+            "id": "sharegpt-bad-no-user",
+            "conversations": [
+                {"from": "system", "value": "You are a helpful assistant."},
+                {"from": "gpt", "value": "Hello!"},
+            ],
+        },
         {"id": "sharegpt-bad-empty", "conversations": []},
         dup,
-        {"id": "sharegpt-bad-order", "conversations": [{"from": "gpt", "value": "Hi, ask me anything."},
-                                                       {"from": "human", "value": "What is 2 + 2?"}]},
-        {"id": "sharegpt-bad-tools", "tools": "[{\"type\": \"function\", ",
-         "conversations": [{"from": "human", "value": "What is the weather in Oslo?"}, {"from": "gpt", "value": "Cold."}]},
+        {
+            "id": "sharegpt-bad-order",
+            "conversations": [
+                {"from": "gpt", "value": "Hi, ask me anything."},
+                {"from": "human", "value": "What is 2 + 2?"},
+            ],
+        },
+        {
+            "id": "sharegpt-bad-tools",
+            "tools": '[{"type": "function", ',
+            "conversations": [
+                {"from": "human", "value": "What is the weather in Oslo?"},
+                {"from": "gpt", "value": "Cold."},
+            ],
+        },
     ]
-    return ['{"id": "sharegpt-bad-json", "conversations": [{"from": "human", "value": "cut off'] + [json.dumps(r) for r in rows]
+    return ['{"id": "sharegpt-bad-json", "conversations": [{"from": "human", "value": "cut off'] + [
+        json.dumps(r) for r in rows
+    ]
 
 
 def bad_openai_lines(good: list[str]) -> list[str]:
     """One line per filter: malformed_json, no_user_turn, empty, duplicate (verbatim), invalid_role_order x2."""
     rows = [
-        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "assistant", "content": "Sure."}]},
+        {
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "assistant", "content": "Sure."},
+            ]
+        },
         {"messages": []},
-        {"messages": [{"role": "user", "content": "What is the weather in Lima?"},
-                      {"role": "tool", "tool_call_id": "call_x", "content": "{\"sky\": \"foggy\"}"}]},
-        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
-                      {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Bye"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "What is the weather in Lima?"},
+                {"role": "tool", "tool_call_id": "call_x", "content": '{"sky": "foggy"}'},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Bye"},
+            ]
+        },
     ]
-    return ['{"messages": [{"role": "user", "content": "cut', good[5]] + [json.dumps(r) for r in rows]
+    return ['{"messages": [{"role": "user", "content": "cut', good[5]] + [
+        json.dumps(r) for r in rows
+    ]
 
 
 def interleave(good: list[str], bad: list[str]) -> list[str]:
@@ -103,12 +152,16 @@ def main(out_dir: str = "datasets/samples") -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conversations = generate_conversations(4 * GOOD_ROWS, SHAREGPT_SEED)
-    sharegpt = [json.dumps({"id": f"sharegpt-{i:04d}", **row})
-                for i, row in enumerate(distinct_rows(map(to_sharegpt, conversations), GOOD_ROWS))]
+    sharegpt = [
+        json.dumps({"id": f"sharegpt-{i:04d}", **row})
+        for i, row in enumerate(distinct_rows(map(to_sharegpt, conversations), GOOD_ROWS))
+    ]
     conversations = generate_conversations(4 * GOOD_ROWS, OPENAI_SEED)
     openai = [json.dumps(row) for row in distinct_rows(map(to_openai, conversations), GOOD_ROWS)]
-    for name, good, bad in (("sharegpt.jsonl", sharegpt, bad_sharegpt_lines(sharegpt)),
-                            ("openai_messages.jsonl", openai, bad_openai_lines(openai))):
+    for name, good, bad in (
+        ("sharegpt.jsonl", sharegpt, bad_sharegpt_lines(sharegpt)),
+        ("openai_messages.jsonl", openai, bad_openai_lines(openai)),
+    ):
         lines = interleave(good, bad)
         with open(out / name, "w") as f:
             f.write("\n".join(lines) + "\n")

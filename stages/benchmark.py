@@ -23,7 +23,9 @@ from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
 
-def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str) -> None:
+def main(
+    card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str
+) -> None:
     params = stage_params()
     apply_thread_policy("benchmark")  # before torch loads: draftline/threads.py
     cfg = params.benchmark
@@ -34,7 +36,11 @@ def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, deplo
     report, deploy = run_benchmark(cfg, card, draft_dir, eval_path, deploy_path)
     write_json(deploy_path, deploy)
     headline = ["speedup", "baseline_tokens_per_s", "speculative_tokens_per_s"]
-    write_metrics(report_path, report, headline + [f"speedup_c{c}" for c in cfg.concurrency if cfg.engine != "hf"])
+    write_metrics(
+        report_path,
+        report,
+        headline + [f"speedup_c{c}" for c in cfg.concurrency if cfg.engine != "hf"],
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,15 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
     from draftline.io import write_json
 
     card = TargetCard.load(card_path)
-    report = extract_hidden_states(cfg, card, card_path, tokenized_dir, out_dir, Path(report_path).with_suffix(".vllm.log"),
-                                   params.train.pack_len)
+    report = extract_hidden_states(
+        cfg,
+        card,
+        card_path,
+        tokenized_dir,
+        out_dir,
+        Path(report_path).with_suffix(".vllm.log"),
+        params.train.pack_len,
+    )
     write_json(report_path, report)
 
 

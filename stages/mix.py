@@ -24,21 +24,37 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
 
     cfg = params.mix
     try:
-        mixed = mix_prepared(list(params.datasets), Path(prepared_dir), Path(prepare_reports), cfg, params.samples,
-                             params.seed)
+        mixed = mix_prepared(
+            list(params.datasets),
+            Path(prepared_dir),
+            Path(prepare_reports),
+            cfg,
+            params.samples,
+            params.seed,
+        )
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     if mixed.shortfall:
-        print(f"mix: SHORTFALL accepted (mix.allow_shortfall: true): {mixed.shortfall}", file=sys.stderr)
+        print(
+            f"mix: SHORTFALL accepted (mix.allow_shortfall: true): {mixed.shortfall}",
+            file=sys.stderr,
+        )
     report, out = mixed.report, Path(out_dir)
     write_jsonl(out / "train.jsonl", full_records(mixed.train, mixed.paths))
     write_jsonl(out / "eval.jsonl", full_records(mixed.eval, mixed.paths))
     write_json(report_json, report)
-    write_meta(out, "mix", {"samples": params.samples, "seed": params.seed, "mix": cfg.model_dump()},
-               inputs=mixed.inputs, counts={"train": len(mixed.train), "eval": len(mixed.eval)})
-    print(f"mix: train {len(mixed.train)} {report['train']['by_source']}, eval {len(mixed.eval)}; "
-          f"duplicates dropped {report['duplicates_dropped']['total']}"
-          + (f"; capped {report['capped']}" if report["capped"] else ""))
+    write_meta(
+        out,
+        "mix",
+        {"samples": params.samples, "seed": params.seed, "mix": cfg.model_dump()},
+        inputs=mixed.inputs,
+        counts={"train": len(mixed.train), "eval": len(mixed.eval)},
+    )
+    print(
+        f"mix: train {len(mixed.train)} {report['train']['by_source']}, eval {len(mixed.eval)}; "
+        f"duplicates dropped {report['duplicates_dropped']['total']}"
+        + (f"; capped {report['capped']}" if report["capped"] else "")
+    )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,14 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
         raise SystemExit(f"error: {name!r} is not a plain dataset name (letters, digits, _ and -)")
     apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
     if name not in params.datasets:
-        raise SystemExit(f"error: unknown dataset {name!r}; params.yaml datasets: {', '.join(sorted(params.datasets))}")
+        raise SystemExit(
+            f"error: unknown dataset {name!r}; params.yaml datasets: {', '.join(sorted(params.datasets))}"
+        )
     spec = params.datasets[name]
     if options and (len(options) != 2 or options[0] != "--source-dep"):
-        raise SystemExit(f"error: unknown options {' '.join(options)}; usage: NAME OUT_JSONL REPORT_JSON [--source-dep PATH]")
+        raise SystemExit(
+            f"error: unknown options {' '.join(options)}; usage: NAME OUT_JSONL REPORT_JSON [--source-dep PATH]"
+        )
     from draftline.io import write_json
     from draftline.sources import prepare_dataset
     from draftline.workspace import inside_workspace, source_dep_problem
@@ -50,8 +54,10 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
         raise SystemExit(f"error: {err}") from None
     write_json(report_json, report)
     dropped = ", ".join(f"{reason} {n}" for reason, n in report["dropped"].items()) or "none"
-    print(f"prepare {name}: kept {report['rows_kept']}/{report['rows_read']} rows -> {out_path}; dropped: {dropped}; "
-          f"report {report_path}")
+    print(
+        f"prepare {name}: kept {report['rows_kept']}/{report['rows_read']} rows -> {out_path}; dropped: {dropped}; "
+        f"report {report_path}"
+    )
 
 
 if __name__ == "__main__":

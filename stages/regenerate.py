@@ -40,8 +40,14 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
     # concurrency, timeouts: draftline/config.py OPERATIONAL) go to the report, so changing them
     # leaves this output byte-identical and the stages after it cached.
-    write_meta(out, "regenerate", output_shaping(cfg), target=card.model,
-               chat_template_sha256=card.chat_template_sha256, fingerprint=result.fingerprint)
+    write_meta(
+        out,
+        "regenerate",
+        output_shaping(cfg),
+        target=card.model,
+        chat_template_sha256=card.chat_template_sha256,
+        fingerprint=result.fingerprint,
+    )
     if result.error:
         raise SystemExit(result.error)
 

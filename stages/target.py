@@ -31,8 +31,10 @@ def main(out_dir: str) -> None:
         raise SystemExit(f"error: {err}") from None
     card.write(out / "card.json")
     write_meta(out, "target", cfg.model_dump())
-    print(f"target: {card.architecture} {card.num_layers} layers, hidden {card.hidden_size}, "
-          f"vocab {card.vocab_size}, aux layers {card.aux_ids}; verifier tensors {card.verifier_tensors}")
+    print(
+        f"target: {card.architecture} {card.num_layers} layers, hidden {card.hidden_size}, "
+        f"vocab {card.vocab_size}, aux layers {card.aux_ids}; verifier tensors {card.verifier_tensors}"
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
 
-def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str) -> None:
+def main(
+    card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str
+) -> None:
     params = stage_params()
     apply_thread_policy("tokenize")  # before torch loads: draftline/threads.py
     from draftline.io import write_json
@@ -28,8 +30,10 @@ def main(card_path: str, prompts_path: str, regenerated_path: str, out_dir: str,
     except TokenizeError as err:
         raise SystemExit(f"error: {err}") from None
     write_json(report_path, report)
-    print(f"tokenize: {report['conversations']} conversations -> {report['rows']} rows, {report['tokens']} tokens, "
-          f"{report['trainable_fraction']:.1%} trainable, {report['truncated']} truncated, skipped {report['skipped']}")
+    print(
+        f"tokenize: {report['conversations']} conversations -> {report['rows']} rows, {report['tokens']} tokens, "
+        f"{report['trainable_fraction']:.1%} trainable, {report['truncated']} truncated, skipped {report['skipped']}"
+    )
 
 
 if __name__ == "__main__":

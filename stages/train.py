@@ -32,12 +32,21 @@ def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
         return
     init_path, out = Path(init).resolve(), out_dir.resolve()
     if init_path == out or out in init_path.parents:
-        raise SystemExit(f"error: train.init: {init} is this stage's own output, which a train run replaces; "
-                         "copy a previous draft elsewhere (e.g. models/init/) and point to it")
+        raise SystemExit(
+            f"error: train.init: {init} is this stage's own output, which a train run replaces; "
+            "copy a previous draft elsewhere (e.g. models/init/) and point to it"
+        )
 
 
-def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_dir: str, report_path: str,
-         state_dir: str = "models/draft_checkpoints") -> None:
+def main(
+    card_path: str,
+    vocab_dir: str,
+    tokenized_dir: str,
+    hs_dir: str,
+    out_dir: str,
+    report_path: str,
+    state_dir: str = "models/draft_checkpoints",
+) -> None:
     params = stage_params()
     apply_thread_policy("train")  # before torch loads: draftline/threads.py
     cfg = params.train
@@ -49,7 +58,9 @@ def main(card_path: str, vocab_dir: str, tokenized_dir: str, hs_dir: str, out_di
     from draftline.training import TrainPaths, train
 
     card = TargetCard.load(card_path)
-    paths = TrainPaths(vocab=Path(vocab_dir), tokenized=Path(tokenized_dir), hs=Path(hs_dir), state=Path(state_dir))
+    paths = TrainPaths(
+        vocab=Path(vocab_dir), tokenized=Path(tokenized_dir), hs=Path(hs_dir), state=Path(state_dir)
+    )
     try:
         run = train(cfg, card, paths, Path(out_dir), Path(report_path).with_suffix(""))
     except (InitMismatch, DataMismatch) as err:

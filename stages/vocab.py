@@ -30,8 +30,10 @@ def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None
         raise SystemExit(f"error: {err}") from None
     write_json(report_path, report)
     write_meta(out_dir, "vocab", cfg.model_dump())
-    print(f"vocab: {cfg.draft_vocab_size} draft tokens cover {report['coverage']:.2%} of trainable tokens "
-          f"({report['distinct_trainable_tokens']} distinct)")
+    print(
+        f"vocab: {cfg.draft_vocab_size} draft tokens cover {report['coverage']:.2%} of trainable tokens "
+        f"({report['distinct_trainable_tokens']} distinct)"
+    )
 
 
 if __name__ == "__main__":

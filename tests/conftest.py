@@ -10,7 +10,10 @@ def tiny_tokenizer():
     from transformers.utils.chat_template_utils import render_jinja_template
 
     convs = generate_conversations(400, 7)
-    texts = [render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0] for c in convs]
+    texts = [
+        render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0]
+        for c in convs
+    ]
     return train_tokenizer(texts, 512)
 
 
@@ -25,9 +28,16 @@ def random_target(tmp_path_factory, tiny_tokenizer):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("random_target")
     config = LlamaConfig(
-        vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=5,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        eos_token_id=tiny_tokenizer.eos_token_id, pad_token_id=tiny_tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        bos_token_id=None,
     )
     LlamaForCausalLM(config).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)

@@ -31,7 +31,9 @@ def run_stage(root: Path, name: str, *args) -> dict | None:
     stage = importlib.import_module(f"stages.{name}")
     with contextlib.chdir(root):
         stage.main(*[str(a) for a in args])
-    reports = [Path(root, a) for a in args if str(a).endswith(".json") and not str(a).endswith("card.json")]
+    reports = [
+        Path(root, a) for a in args if str(a).endswith(".json") and not str(a).endswith("card.json")
+    ]
     if reports and detail_path(reports[-1]).is_file():
         reports.append(detail_path(reports[-1]))
     return json.loads(reports[-1].read_text()) if reports and reports[-1].is_file() else None
@@ -41,8 +43,16 @@ def write_prompts(path: Path, conversations: list[dict], prefix: str = "p") -> l
     """Prompt rows as `mix` writes them: whole conversations, whose assistant turns regenerate answers again."""
     rows = []
     for k, conv in enumerate(conversations):
-        rows.append({"id": f"{prefix}{k}", "source": "test", "messages": conv["messages"], "tools": conv.get("tools") or [],
-                     "prompt_tokens_est": 32, "partition": "short"})
+        rows.append(
+            {
+                "id": f"{prefix}{k}",
+                "source": "test",
+                "messages": conv["messages"],
+                "tools": conv.get("tools") or [],
+                "prompt_tokens_est": 32,
+                "partition": "short",
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
@@ -53,7 +63,16 @@ def write_regenerated(path: Path, prompts: list[dict], conversations: list[dict]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for row, conv in zip(prompts, conversations, strict=True):
-            f.write(json.dumps({"id": row["id"], "messages": conv["messages"], "tools": conv.get("tools") or []}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": row["id"],
+                        "messages": conv["messages"],
+                        "tools": conv.get("tools") or [],
+                    }
+                )
+                + "\n"
+            )
 
 
 def corpus(n: int, seed: int) -> list[dict]:

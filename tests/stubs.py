@@ -9,7 +9,9 @@ class StubHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def _send(self, data: bytes, content_type: str, status: int = 200, headers: dict | None = None) -> None:
+    def _send(
+        self, data: bytes, content_type: str, status: int = 200, headers: dict | None = None
+    ) -> None:
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -21,5 +23,7 @@ class StubHandler(BaseHTTPRequestHandler):
     def _json(self, obj, status: int = 200) -> None:
         self._send(json.dumps(obj).encode(), "application/json", status)
 
-    def _text(self, text: str, content_type: str = "text/plain; version=0.0.4; charset=utf-8") -> None:
+    def _text(
+        self, text: str, content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    ) -> None:
         self._send(text.encode(), content_type)

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from draftline.batch_server import decode_batch
-from draftline.config import ParamsError, parse_params
-from draftline.io import read_json, write_json, write_jsonl
 from draftline.chat import chat_prompt_ids
+from draftline.config import ParamsError, parse_params
+from draftline.io import read_json, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,10 @@ def free_port() -> int:
 def conversations(n: int) -> list[dict]:
     from draftline.corpus import generate_conversations
 
-    return [{"id": f"p{i}", "partition": "short", **c} for i, c in enumerate(generate_conversations(n, 5))]
+    return [
+        {"id": f"p{i}", "partition": "short", **c}
+        for i, c in enumerate(generate_conversations(n, 5))
+    ]
 
 
 def test_batched_greedy_equals_batch_one_except_counted_near_ties(random_target):
@@ -46,8 +49,12 @@ def test_batched_greedy_equals_batch_one_except_counted_near_ties(random_target)
     assert len({len(p) for p in prompts}) > 1
     batched = decode_batch(model, prompts, 12, tokenizer.pad_token_id, eos, tie_tolerance=1e-4)
     for prompt, (tokens, ties) in zip(prompts, batched):
-        (alone, _), = decode_batch(model, [prompt], 12, tokenizer.pad_token_id, eos, tie_tolerance=1e-4)
-        assert tokens == alone or ties > 0, "a batched answer differs from the batch-1 decode without a near-tie"
+        ((alone, _),) = decode_batch(
+            model, [prompt], 12, tokenizer.pad_token_id, eos, tie_tolerance=1e-4
+        )
+        assert tokens == alone or ties > 0, (
+            "a batched answer differs from the batch-1 decode without a near-tie"
+        )
 
 
 def test_near_ties_are_counted(random_target):
@@ -57,25 +64,44 @@ def test_near_ties_are_counted(random_target):
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     model = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32).eval()
     prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": "hello"}], None, {})
-    (_, none), = decode_batch(model, [prompt], 6, tokenizer.pad_token_id, set(), tie_tolerance=0.0)
-    (tokens, every), = decode_batch(model, [prompt], 6, tokenizer.pad_token_id, set(), tie_tolerance=1e9)
+    ((_, none),) = decode_batch(
+        model, [prompt], 6, tokenizer.pad_token_id, set(), tie_tolerance=0.0
+    )
+    ((tokens, every),) = decode_batch(
+        model, [prompt], 6, tokenizer.pad_token_id, set(), tie_tolerance=1e9
+    )
     assert none == 0 and every == len(tokens) == 6
 
 
 def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, random_target):
     rows = conversations(8)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["regenerate"].update(backend="hf", port=free_port(), max_tokens=6, hf={"max_batch": 4, "gather_ms": 50},
-                             short={"concurrency": 4, "max_context": None})
+    raw["regenerate"].update(
+        backend="hf",
+        port=free_port(),
+        max_tokens=6,
+        hf={"max_batch": 4, "gather_ms": 50},
+        short={"concurrency": 4, "max_context": None},
+    )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     random_target.write(tmp_path / "card.json")
     write_jsonl(tmp_path / "train.jsonl", rows)
-    cmd = [sys.executable, "-m", "stages.regenerate", "card.json", "train.jsonl", "out", "report.json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stages.regenerate",
+        "card.json",
+        "train.jsonl",
+        "out",
+        "report.json",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    done = [json.loads(line) for line in (tmp_path / "out/conversations.jsonl").read_text().splitlines()]
+    done = [
+        json.loads(line) for line in (tmp_path / "out/conversations.jsonl").read_text().splitlines()
+    ]
     assert sorted(r["id"] for r in done) == sorted(r["id"] for r in rows)
     assert all(r["messages"][-1]["role"] == "assistant" and "regeneration" in r for r in done)
     report = read_json(tmp_path / "report.json")
@@ -83,7 +109,9 @@ def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, rando
     assert report["endpoints"][0]["probe_prompt_tokens"] > 10  # the preflight's token count held
     server = report["server"]
     assert server["requests"] == report["requests"] + 1  # + the preflight probe
-    assert server["largest_batch"] > 1 and server["completion_tokens"] >= report["completion_tokens"]
+    assert (
+        server["largest_batch"] > 1 and server["completion_tokens"] >= report["completion_tokens"]
+    )
     assert "near_tie_tokens" in server
 
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -3,8 +3,8 @@
 import asyncio
 import socket
 
-from draftline.commands import transformers_serve_command
 from draftline.chat import first_turn_prompt
+from draftline.commands import transformers_serve_command
 from draftline.evaluation import eos_ids
 from draftline.loadgen import LoadTarget, RequestResult, run_load, summarize_load
 from draftline.servers import ManagedServer, server_env
@@ -23,22 +23,44 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
 
     model, tokenizer = load_target(random_target)
     rows = [{"messages": c["messages"], "tools": c["tools"]} for c in generate_conversations(3, 21)]
-    prompts = [tokenizer.apply_chat_template(first_turn_prompt(r), tools=r["tools"] or None, add_generation_prompt=True,
-                                             tokenize=False) for r in rows]
+    prompts = [
+        tokenizer.apply_chat_template(
+            first_turn_prompt(r),
+            tools=r["tools"] or None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for r in rows
+    ]
     port, max_tokens = free_port(), 8
     url = f"http://127.0.0.1:{port}"
-    command = transformers_serve_command(model=random_target.model, host="127.0.0.1", port=port, device="cpu",
-                                         continuous_batching=False, cb_num_blocks=16, extra_args=[])
-    with ManagedServer(command, server_env(tmp_path / "hf_cache"), url, tmp_path / "server.log", 180):
-        endpoint = LoadTarget(url, "openai-completions", model=random_target.model)  # it rejects stream_options
+    command = transformers_serve_command(
+        model=random_target.model,
+        host="127.0.0.1",
+        port=port,
+        device="cpu",
+        continuous_batching=False,
+        cb_num_blocks=16,
+        extra_args=[],
+    )
+    with ManagedServer(
+        command, server_env(tmp_path / "hf_cache"), url, tmp_path / "server.log", 180
+    ):
+        endpoint = LoadTarget(
+            url, "openai-completions", model=random_target.model
+        )  # it rejects stream_options
         done: list[RequestResult] = []
-        results, wall = asyncio.run(run_load(endpoint, prompts, 5, 2, max_tokens, 120, on_done=done.append))
+        results, wall = asyncio.run(
+            run_load(endpoint, prompts, 5, 2, max_tokens, 120, on_done=done.append)
+        )
 
     assert len(done) == 5 and [r.prompt_index for r in results] == [0, 1, 2, 0, 1]
     assert all(r.ok for r in results), [r.error for r in results]
     stop = eos_ids(tokenizer, model)
     for r in results:  # the streamed text is the target's greedy answer, token counts from usage
-        expected = greedy_generate(model, tokenizer(prompts[r.prompt_index])["input_ids"], max_tokens, stop).tokens
+        expected = greedy_generate(
+            model, tokenizer(prompts[r.prompt_index])["input_ids"], max_tokens, stop
+        ).tokens
         assert r.output_tokens == len(expected)
         assert r.text == tokenizer.decode(expected, skip_special_tokens=True)
         assert r.ttft_s is not None and 0 < r.ttft_s <= r.latency_s
@@ -46,7 +68,11 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
     summary = summarize_load(results, wall)
     assert summary["requests"] == 5 and summary["failed"] == 0
     assert summary["output_tokens"] == sum(r.output_tokens for r in results)
-    assert summary["output_tokens_per_s"] > 0 and summary["ttft_ms_p50"] > 0 and summary["e2e_ms_p99"] >= summary["e2e_ms_p50"]
+    assert (
+        summary["output_tokens_per_s"] > 0
+        and summary["ttft_ms_p50"] > 0
+        and summary["e2e_ms_p99"] >= summary["e2e_ms_p50"]
+    )
 
 
 def test_failed_requests_are_counted_not_raised(tmp_path):
@@ -55,4 +81,6 @@ def test_failed_requests_are_counted_not_raised(tmp_path):
     results, wall = asyncio.run(run_load(endpoint, ["a"], 3, 2, 4, 5))
     assert all(not r.ok and "ConnectError" in r.error for r in results)
     summary = summarize_load(results, wall)
-    assert summary["failed"] == 3 and summary["output_tokens"] == 0 and summary["ttft_ms_p50"] is None
+    assert (
+        summary["failed"] == 3 and summary["output_tokens"] == 0 and summary["ttft_ms_p50"] is None
+    )

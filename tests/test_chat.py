@@ -13,16 +13,36 @@ from pathlib import Path
 
 import pytest
 
-from draftline.chat import TemplateMismatch, end_of_turn_tokens, normalize_messages, render, tokenize_conversation
+from draftline.chat import (
+    TemplateMismatch,
+    end_of_turn_tokens,
+    normalize_messages,
+    render,
+    tokenize_conversation,
+)
 from draftline.corpus import arithmetic, multi_turn, tool_call
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def call(call_id, city):
-    return {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +55,19 @@ def qwen3_tokenizer(tiny_tokenizer):
 @pytest.fixture(scope="module")
 def llama31_tokenizer(tiny_tokenizer):
     tok = copy.deepcopy(tiny_tokenizer)
-    tok.add_special_tokens({
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>", "<|end_of_text|>"],
-    })
+    tok.add_special_tokens(
+        {
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|eot_id|>",
+            "additional_special_tokens": [
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "<|eom_id|>",
+                "<|python_tag|>",
+                "<|end_of_text|>",
+            ],
+        }
+    )
     tok.chat_template = (TEMPLATES / "llama31_tools.jinja").read_text()
     return tok
 
@@ -48,7 +76,9 @@ def masked_runs(tok, rows) -> list[str]:
     """Decoded runs of consecutive masked tokens, over all rows in order: one per trained turn."""
     runs = []
     for row in rows:
-        assert not row["whole"]  # byte-level BPE: segment-wise tokens equal the row tokenized at once
+        assert not row[
+            "whole"
+        ]  # byte-level BPE: segment-wise tokens equal the row tokenized at once
         current = []
         for t, m in zip(row["input_ids"] + [None], row["loss_mask"] + [0]):
             if m:
@@ -62,11 +92,15 @@ def masked_runs(tok, rows) -> list[str]:
 def assert_rows_are_renders(tok, rows, messages, tools):
     """Nothing lost between the segments: each row decodes to the render it was cut from, up to
     the end of its last turn (the template's newline after it is no part of the row)."""
-    messages = normalize_messages(messages)  # tool-call arguments as dicts, as the server renders them
+    messages = normalize_messages(
+        messages
+    )  # tool-call arguments as dicts, as the server renders them
     for row in rows:
         text = tok.decode(row["input_ids"])
         full = render(tok, messages[: row["messages"]], tools)
-        assert full.startswith(text) and full[len(text):].strip() == "" and row["loss_mask"][-1] == 1
+        assert (
+            full.startswith(text) and full[len(text) :].strip() == "" and row["loss_mask"][-1] == 1
+        )
 
 
 def test_tiny_template(tiny_tokenizer):
@@ -74,9 +108,13 @@ def test_tiny_template(tiny_tokenizer):
     conv = arithmetic(random.Random(3))
     rows = tokenize_conversation(tok, conv["messages"], None, 512)
     answer = conv["messages"][-1]
-    assert masked_runs(tok, rows) == [f"<think>{answer['reasoning_content']}</think>\n{answer['content']}<|im_end|>"]
+    assert masked_runs(tok, rows) == [
+        f"<think>{answer['reasoning_content']}</think>\n{answer['content']}<|im_end|>"
+    ]
     first = rows[0]["loss_mask"].index(1)  # the role header and the user turn are context
-    assert tok.decode(rows[0]["input_ids"][:first]) == render(tok, conv["messages"][:-1], None, add_generation_prompt=True)
+    assert tok.decode(rows[0]["input_ids"][:first]) == render(
+        tok, conv["messages"][:-1], None, add_generation_prompt=True
+    )
 
     conv = tool_call(random.Random(5))
     rows = tokenize_conversation(tok, conv["messages"], conv["tools"], 2048)
@@ -90,18 +128,34 @@ def test_tiny_template(tiny_tokenizer):
     conv = multi_turn(random.Random(5))
     rows = tokenize_conversation(tok, conv["messages"], None, 2048)
     assert len(rows) == 1
-    assert masked_runs(tok, rows) == [m["content"] + "<|im_end|>" for m in conv["messages"] if m["role"] == "assistant"]
+    assert masked_runs(tok, rows) == [
+        m["content"] + "<|im_end|>" for m in conv["messages"] if m["role"] == "assistant"
+    ]
 
 
 def qwen3_conversation():
     return [
         {"role": "system", "content": "You are helpful."},
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "reasoning_content": "Need the weather tool.", "content": "", "tool_calls": [call("c1", "Paris")]},
+        {
+            "role": "assistant",
+            "reasoning_content": "Need the weather tool.",
+            "content": "",
+            "tool_calls": [call("c1", "Paris")],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": '{"sky": "sunny"}'},
-        {"role": "assistant", "reasoning_content": "The tool says sunny.", "content": "It is sunny in Paris."},
+        {
+            "role": "assistant",
+            "reasoning_content": "The tool says sunny.",
+            "content": "It is sunny in Paris.",
+        },
         {"role": "user", "content": "And in Rome?"},
-        {"role": "assistant", "reasoning_content": "Call again for Rome.", "content": "Let me check.", "tool_calls": [call("c2", "Rome")]},
+        {
+            "role": "assistant",
+            "reasoning_content": "Call again for Rome.",
+            "content": "Let me check.",
+            "tool_calls": [call("c2", "Rome")],
+        },
         {"role": "tool", "tool_call_id": "c2", "content": '{"sky": "rainy"}'},
         {"role": "assistant", "reasoning_content": "Rainy.", "content": "It is rainy in Rome."},
     ]
@@ -122,10 +176,14 @@ def test_qwen3_template_that_drops_old_reasoning(qwen3_tokenizer):
     assert "Need the weather tool." not in render(tok, messages, [WEATHER])
     for row, first_turn in zip(rows, [2, 6]):
         start = row["loss_mask"].index(1)
-        assert tok.decode(row["input_ids"][:start]) == render(tok, messages[:first_turn], [WEATHER], add_generation_prompt=True)
+        assert tok.decode(row["input_ids"][:start]) == render(
+            tok, messages[:first_turn], [WEATHER], add_generation_prompt=True
+        )
     assert_rows_are_renders(tok, rows, messages, [WEATHER])
     masked = "".join(masked_runs(tok, rows))
-    assert "<tool_response>" not in masked and "# Tools" not in masked and "<|im_start|>" not in masked
+    assert (
+        "<tool_response>" not in masked and "# Tools" not in masked and "<|im_start|>" not in masked
+    )
 
 
 def test_qwen3_answer_without_reasoning_keeps_its_generated_empty_think(qwen3_tokenizer):
@@ -157,7 +215,9 @@ def test_llama31_tool_calling_template(llama31_tokenizer):
         {"role": "user", "content": "Thanks!"},
         {"role": "assistant", "content": "You are welcome."},
     ]
-    stops = end_of_turn_tokens(tok, [tok.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")])
+    stops = end_of_turn_tokens(
+        tok, [tok.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")]
+    )
     rows = tokenize_conversation(tok, messages, [WEATHER], 4096, stops)
     assert len(rows) == 1
     assert masked_runs(tok, rows) == [
@@ -167,7 +227,9 @@ def test_llama31_tool_calling_template(llama31_tokenizer):
     ]
     assert_rows_are_renders(tok, rows, messages, [WEATHER])
     context = tok.decode([t for t, m in zip(rows[0]["input_ids"], rows[0]["loss_mask"]) if not m])
-    assert context.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n")
+    assert context.startswith(
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+    )
     assert '"{\\"sky\\": \\"sunny\\"}"' in context and "Given the following functions" in context
 
 
@@ -180,7 +242,10 @@ def test_truncation(tiny_tokenizer):
 
 
 def test_turn_cut_by_max_tokens_does_not_learn_end_of_turn(tiny_tokenizer):
-    messages = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, two, thr", "finish_reason": "length"}]
+    messages = [
+        {"role": "user", "content": "Count."},
+        {"role": "assistant", "content": "One, two, thr", "finish_reason": "length"},
+    ]
     rows = tokenize_conversation(tiny_tokenizer, messages, None, 512)
     assert masked_runs(tiny_tokenizer, rows) == ["One, two, thr"]
 
@@ -203,7 +268,9 @@ def test_template_kwargs_reach_the_template(qwen3_tokenizer):
     only what follows it."""
     tok = qwen3_tokenizer
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
-    rows = tokenize_conversation(tok, messages, None, 512, template_kwargs={"enable_thinking": False})
+    rows = tokenize_conversation(
+        tok, messages, None, 512, template_kwargs={"enable_thinking": False}
+    )
     assert masked_runs(tok, rows) == ["Hello.<|im_end|>"]
     rows = tokenize_conversation(tok, messages, None, 512)
     assert masked_runs(tok, rows) == ["<think>\n\n</think>\n\nHello.<|im_end|>"]
@@ -218,13 +285,24 @@ def test_tokenizer_with_a_prefix_per_call_falls_back_to_the_whole_row():
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator(["user says hello there", "assistant answers hello back"] * 20,
-                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.train_from_iterator(
+        ["user says hello there", "assistant answers hello back"] * 20,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"]),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
     fast.chat_template = "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}</s>{% endif %}{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
-    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hello back"}]
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hello back"},
+    ]
     rows = tokenize_conversation(fast, messages, None, 64)
     assert rows[0]["whole"]
-    assert rows[0]["input_ids"] == fast("<s>user: hello<s>assistant: hello back</s>", add_special_tokens=False)["input_ids"]
-    assert fast.decode([t for t, m in zip(rows[0]["input_ids"], rows[0]["loss_mask"]) if m]).strip() == "hello back</s>"
+    assert (
+        rows[0]["input_ids"]
+        == fast("<s>user: hello<s>assistant: hello back</s>", add_special_tokens=False)["input_ids"]
+    )
+    assert (
+        fast.decode([t for t, m in zip(rows[0]["input_ids"], rows[0]["loss_mask"]) if m]).strip()
+        == "hello back</s>"
+    )
     # the byte-level tokenizers of the other tests never need it

@@ -50,8 +50,13 @@ def test_stage_refuses_bad_params_before_work(tmp_path):
     raw["samples"] = -1
     raw["train"]["bogus"] = 1
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "stages.train", "a", "b", "c", "d", "e", "f"], cwd=tmp_path,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.train", "a", "b", "c", "d", "e", "f"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode != 0
     assert "samples" in proc.stderr and "train.bogus" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -81,7 +86,9 @@ def test_aux_layer_ids_out_of_range_fail_in_seconds_naming_the_key(tmp_path):
         parse_params(raw)
     local = tmp_path / "model"
     local.mkdir()
-    (local / "config.json").write_text('{"architectures": ["X"], "text_config": {"num_hidden_layers": 32}}')
+    (local / "config.json").write_text(
+        '{"architectures": ["X"], "text_config": {"num_hidden_layers": 32}}'
+    )
     raw["target"].update(model=str(local), aux_layer_ids=[2, 16, 33])
     with pytest.raises(ParamsError, match=r"within \[0, 32\]"):
         parse_params(raw)
@@ -92,8 +99,13 @@ def test_aux_layer_ids_out_of_range_fail_in_seconds_naming_the_key(tmp_path):
     raw["target"]["aux_layer_ids"] = [1, 99]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "stages.target", "models/target"], cwd=tmp_path, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.target", "models/target"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode != 0 and time.monotonic() - start < 10
     assert "target.aux_layer_ids" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "models").exists()  # nothing trained, nothing written
@@ -113,32 +125,78 @@ def test_prepare_called_directly_stays_in_the_workspace(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "a.jsonl").write_text('{"prompt": "hi"}\n')
-    (work / "params.yaml").write_text("samples: 1\ndatasets:\n  a: {path: a.jsonl}\nmix: {weights: {a: 1}}\n")
+    (work / "params.yaml").write_text(
+        "samples: 1\ndatasets:\n  a: {path: a.jsonl}\nmix: {weights: {a: 1}}\n"
+    )
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     prepare = [sys.executable, "-P", str(ROOT / "stages/prepare.py")]
-    proc = subprocess.run([*prepare, "../a", "../a.jsonl", "r.json"], cwd=work, capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [*prepare, "../a", "../a.jsonl", "r.json"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode != 0 and "not a plain dataset name" in proc.stderr
-    proc = subprocess.run([*prepare, "a", "../outside.jsonl", "r.json"], cwd=work, capture_output=True, text=True, env=env)
-    assert proc.returncode != 0 and f"outside the workspace {work.resolve()}: {tmp_path.resolve() / 'outside.jsonl'}" in proc.stderr
+    proc = subprocess.run(
+        [*prepare, "a", "../outside.jsonl", "r.json"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert (
+        proc.returncode != 0
+        and f"outside the workspace {work.resolve()}: {tmp_path.resolve() / 'outside.jsonl'}"
+        in proc.stderr
+    )
     assert not (tmp_path / "outside.jsonl").exists()
-    proc = subprocess.run([*prepare, "a", "out/a.jsonl", "r.json"], cwd=work, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0 and str((work / "out/a.jsonl").resolve()) in proc.stdout  # reported resolved
+    proc = subprocess.run(
+        [*prepare, "a", "out/a.jsonl", "r.json"], cwd=work, capture_output=True, text=True, env=env
+    )
+    assert (
+        proc.returncode == 0 and str((work / "out/a.jsonl").resolve()) in proc.stdout
+    )  # reported resolved
 
 
-@pytest.mark.parametrize("value, key", [
-    ({"backend": "external", "external_engine": "vllm", "endpoints": ["http://alice:s3cret@gpu-1:8000"]},
-     "regenerate.endpoints.0"),
-    ({"backend": "external", "external_engine": "vllm", "endpoints": ["https://s3cret@gpu-1:8000"]}, "regenerate.endpoints.0"),
-    ({"backend": "external", "external_engine": "vllm", "endpoints": ["http://gpu-1:8000/?api_key=s3cret"]},
-     "regenerate.endpoints.0"),
-])
+@pytest.mark.parametrize(
+    "value, key",
+    [
+        (
+            {
+                "backend": "external",
+                "external_engine": "vllm",
+                "endpoints": ["http://alice:s3cret@gpu-1:8000"],
+            },
+            "regenerate.endpoints.0",
+        ),
+        (
+            {
+                "backend": "external",
+                "external_engine": "vllm",
+                "endpoints": ["https://s3cret@gpu-1:8000"],
+            },
+            "regenerate.endpoints.0",
+        ),
+        (
+            {
+                "backend": "external",
+                "external_engine": "vllm",
+                "endpoints": ["http://gpu-1:8000/?api_key=s3cret"],
+            },
+            "regenerate.endpoints.0",
+        ),
+    ],
+)
 def test_credentials_in_urls_are_refused_and_never_echoed(value, key):
     """Issue #16.11: params go into dvc.lock, meta.json and reports (and to git and DVC remotes)."""
     raw = default_raw()
     raw["regenerate"].update(value)
     with pytest.raises(ParamsError) as err:
         parse_params(raw)
-    assert key in str(err.value) and "api_key_env" in str(err.value) and "s3cret" not in str(err.value)
+    assert (
+        key in str(err.value) and "api_key_env" in str(err.value) and "s3cret" not in str(err.value)
+    )
     raw["regenerate"]["endpoints"] = ["http://gpu-1:8000", "https://gpu-2.example.com/serve"]
     assert parse_params(raw).regenerate.endpoints == raw["regenerate"]["endpoints"]
 
@@ -148,10 +206,12 @@ def test_params_never_reach_a_shell_and_the_trust_boundary_is_documented(tmp_pat
     code. They go to the process as argv, never through a shell, and docs/reliability.md says so."""
     import re
 
-    code = "\n".join(p.read_text() for d in ("draftline", "stages") for p in (ROOT / d).glob("*.py"))
+    code = "\n".join(
+        p.read_text() for d in ("draftline", "stages") for p in (ROOT / d).glob("*.py")
+    )
     assert not re.search(r"shell\s*=\s*True|os\.system\(|os\.popen\(|subprocess\.getoutput", code)
     doc = (ROOT / "docs" / "reliability.md").read_text()
-    section = doc[doc.index("## Params are code"):]
+    section = doc[doc.index("## Params are code") :]
     section = section[: section.index("\n#", 1) if "\n#" in section[1:] else len(section)]
     for key in ("benchmark.vllm.launcher", "hidden_states.vllm.python", "extra_args", "shell"):
         assert key in section, key
@@ -162,8 +222,24 @@ def test_params_never_reach_a_shell_and_the_trust_boundary_is_documented(tmp_pat
     marker = tmp_path / "pwned"
     (tmp_path / "health").write_text("ok")
     serve = "import runpy, sys; sys.argv = ['http.server', *sys.argv[1:6]]; runpy.run_module('http.server', run_name='__main__')"
-    with ManagedServer(lambda port: [sys.executable, "-c", serve, str(port), "--bind", "127.0.0.1", "--directory",
-                                     str(tmp_path), f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}`"],
-                       None, server_url("127.0.0.1", None), tmp_path / "s.log", 30):
+    with ManagedServer(
+        lambda port: [
+            sys.executable,
+            "-c",
+            serve,
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(tmp_path),
+            f"; touch {marker}",
+            f"$(touch {marker})",
+            f"`touch {marker}`",
+        ],
+        None,
+        server_url("127.0.0.1", None),
+        tmp_path / "s.log",
+        30,
+    ):
         pass
     assert not marker.exists()

@@ -14,5 +14,11 @@ def test_config_imports_no_project_module():
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add("." * node.level + (node.module or ""))
-    project = sorted(name for name in imported if name.split(".")[0] in ("draftline", "stages") or name.startswith("."))
-    assert not project, f"draftline/config.py imports project modules {project}; it must stay a leaf"
+    project = sorted(
+        name
+        for name in imported
+        if name.split(".")[0] in ("draftline", "stages") or name.startswith(".")
+    )
+    assert not project, (
+        f"draftline/config.py imports project modules {project}; it must stay a leaf"
+    )

@@ -25,7 +25,9 @@ def target(random_target):
 def saved_draft(tmp_path_factory, random_target, vocab_dir):
     """A draft with non-trivial trained parts, saved in speculators format."""
     torch.manual_seed(3)
-    model = draft_model.build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=4)
+    model = draft_model.build_draft(
+        random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=4
+    )
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
@@ -42,14 +44,24 @@ def trained_parts(model) -> dict:
 def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_dir, target):
     model = draft_model.build_draft(random_target, vocab_dir, num_layers=2, ttt_steps=3)
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
-    assert len(model.layers) == 2 and model.config.transformer_layer_config.hidden_size == random_target.hidden_size
+    assert (
+        len(model.layers) == 2
+        and model.config.transformer_layer_config.hidden_size == random_target.hidden_size
+    )
     assert torch.equal(model.embed_tokens.weight, target.model.embed_tokens.weight)
     assert torch.equal(model.lm_head.weight, target.lm_head.weight[t2d])
     assert torch.equal(model.verifier_norm.weight, target.model.norm.weight)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    assert {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight"} <= frozen
+    assert {
+        "embed_tokens.weight",
+        "lm_head.weight",
+        "verifier_lm_head.weight",
+        "verifier_norm.weight",
+    } <= frozen
     assert "fc.weight" not in frozen
-    opened = draft_model.build_draft(random_target, vocab_dir, 1, 3, train_embeddings=True, train_lm_head=True)
+    opened = draft_model.build_draft(
+        random_target, vocab_dir, 1, 3, train_embeddings=True, train_lm_head=True
+    )
     assert opened.embed_tokens.weight.requires_grad and opened.lm_head.weight.requires_grad
     assert not opened.verifier_lm_head.weight.requires_grad and opened.config.embed_requires_grad
 
@@ -63,7 +75,10 @@ def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_targe
     loaded = Eagle3DraftModel.from_pretrained(str(path))
     for name, value in trained_parts(model).items():
         assert torch.equal(loaded.state_dict()[name], value), name
-    assert load_draft(path, random_target, "cpu").config.transformer_layer_config._attn_implementation == "eager"  # noqa: SLF001
+    assert (
+        load_draft(path, random_target, "cpu").config.transformer_layer_config._attn_implementation
+        == "eager"
+    )  # noqa: SLF001
     config = json.loads((path / "config.json").read_text())
     assert fields == draft_model.vllm_speculator_fields(config)
     assert fields["method"] == "eagle3" and fields["draft_model_type"] == "llama"
@@ -72,7 +87,11 @@ def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_targe
     assert fields["eagle_aux_hidden_state_layer_ids"] == random_target.aux_ids
     assert fields["draft_vocab_size"] == random_target.vocab_size // 2
     assert fields["target_vocab_size"] == random_target.vocab_size
-    assert (fields["norm_before_residual"], fields["norm_before_fc"], fields["norm_output"]) == (True, True, True)
+    assert (fields["norm_before_residual"], fields["norm_before_fc"], fields["norm_output"]) == (
+        True,
+        True,
+        True,
+    )
 
 
 def copy_with_config(src, dst, edit):
@@ -83,9 +102,13 @@ def copy_with_config(src, dst, edit):
     return dst
 
 
-def test_finetune_init_takes_trained_parts_and_our_target(saved_draft, random_target, vocab_dir, target):
+def test_finetune_init_takes_trained_parts_and_our_target(
+    saved_draft, random_target, vocab_dir, target
+):
     path, model, _ = saved_draft
-    loaded, notes = draft_model.load_init_draft(path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2)
+    loaded, notes = draft_model.load_init_draft(
+        path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2
+    )
     assert notes == []
     for name, value in trained_parts(model).items():
         assert torch.equal(loaded.state_dict()[name], value), name
@@ -94,12 +117,26 @@ def test_finetune_init_takes_trained_parts_and_our_target(saved_draft, random_ta
     assert not loaded.lm_head.weight.requires_grad and loaded.fc.weight.requires_grad
 
 
-@pytest.mark.parametrize("edit, key", [
-    (lambda c: c["transformer_layer_config"].__setitem__("hidden_size", 96), "hidden size"),
-    (lambda c: c["transformer_layer_config"].__setitem__("vocab_size", 4000), "target vocabulary"),
-    (lambda c: c["transformer_layer_config"].update(num_hidden_layers=2, layer_types=["full_attention"] * 2), "train.num_layers"),
-    (lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]), "train.init_remap_aux_layers"),
-])
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda c: c["transformer_layer_config"].__setitem__("hidden_size", 96), "hidden size"),
+        (
+            lambda c: c["transformer_layer_config"].__setitem__("vocab_size", 4000),
+            "target vocabulary",
+        ),
+        (
+            lambda c: c["transformer_layer_config"].update(
+                num_hidden_layers=2, layer_types=["full_attention"] * 2
+            ),
+            "train.num_layers",
+        ),
+        (
+            lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]),
+            "train.init_remap_aux_layers",
+        ),
+    ],
+)
 def test_init_mismatch_is_a_clear_error(saved_draft, random_target, vocab_dir, tmp_path, edit, key):
     bad = copy_with_config(saved_draft[0], tmp_path / "bad", edit)
     with pytest.raises(checkpoint.InitMismatch, match=key):
@@ -107,29 +144,43 @@ def test_init_mismatch_is_a_clear_error(saved_draft, random_target, vocab_dir, t
 
 
 def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_path):
-    other = copy_with_config(saved_draft[0], tmp_path / "other", lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]))
-    loaded, notes = draft_model.load_init_draft(other, random_target, vocab_dir, 1, 3, remap_aux=True)
+    other = copy_with_config(
+        saved_draft[0],
+        tmp_path / "other",
+        lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]),
+    )
+    loaded, notes = draft_model.load_init_draft(
+        other, random_target, vocab_dir, 1, 3, remap_aux=True
+    )
     assert notes == ["aux layers [0, 2, 4] -> [1, 2, 3]"]
     assert loaded.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
     assert torch.equal(loaded.fc.weight, saved_draft[1].fc.weight)
 
 
-def test_vocab_remap_matches_lm_head_rows_by_target_token(saved_draft, random_target, vocab_dir, tmp_path, target):
+def test_vocab_remap_matches_lm_head_rows_by_target_token(
+    saved_draft, random_target, vocab_dir, tmp_path, target
+):
     # our new vocabulary: target tokens 100 .. 100+n (the checkpoint's was 0 .. n)
     n = random_target.vocab_size // 2
     shifted = tmp_path / "vocab"
     shifted.mkdir()
     np.save(shifted / "d2t.npy", np.full(n, 100, dtype=np.int64))
     t2d = np.zeros(random_target.vocab_size, dtype=bool)
-    t2d[100:100 + n] = True
+    t2d[100 : 100 + n] = True
     np.save(shifted / "t2d.npy", t2d)
     with pytest.raises(checkpoint.InitMismatch, match="train.init_remap_vocab"):
         draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
-    loaded, notes = draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True)
+    loaded, notes = draft_model.load_init_draft(
+        saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True
+    )
     assert notes and loaded.lm_head.weight.shape == (n, random_target.hidden_size)
     old_head = saved_draft[1].lm_head.weight
-    assert torch.equal(loaded.lm_head.weight[0], old_head[100])  # target token 100 was in both vocabularies
-    assert torch.equal(loaded.lm_head.weight[n - 1], target.lm_head.weight[100 + n - 1])  # new token: target's row
+    assert torch.equal(
+        loaded.lm_head.weight[0], old_head[100]
+    )  # target token 100 was in both vocabularies
+    assert torch.equal(
+        loaded.lm_head.weight[n - 1], target.lm_head.weight[100 + n - 1]
+    )  # new token: target's row
     assert torch.equal(loaded.d2t, torch.full((n,), 100))
 
 
@@ -137,10 +188,19 @@ def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_
     assert checkpoint.architecture_of(saved_draft[1].config) == "speculators"  # the default
     original = draft_model.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
     assert checkpoint.architecture_of(original.config) == "eagle3" and original.input_norm is None
-    assert checkpoint.architecture_of({"norm_before_residual": True, "norm_before_fc": False, "norm_output": True}) is None
+    assert (
+        checkpoint.architecture_of(
+            {"norm_before_residual": True, "norm_before_fc": False, "norm_output": True}
+        )
+        is None
+    )
     with pytest.raises(checkpoint.InitMismatch, match="train.architecture"):
-        draft_model.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3")
-    loaded, _ = draft_model.load_init_draft(saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators")
+        draft_model.load_init_draft(
+            saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3"
+        )
+    loaded, _ = draft_model.load_init_draft(
+        saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators"
+    )
     assert checkpoint.architecture_of(loaded.config) == "speculators"
 
 
@@ -151,68 +211,169 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     tl = model.config.transformer_layer_config
     eagle = tmp_path / "eagle"
     eagle.mkdir()
-    (eagle / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": tl.hidden_size,
-        "intermediate_size": tl.intermediate_size, "num_attention_heads": tl.num_attention_heads,
-        "num_key_value_heads": tl.num_key_value_heads, "head_dim": tl.head_dim, "num_hidden_layers": 1,
-        "vocab_size": tl.vocab_size, "draft_vocab_size": model.config.draft_vocab_size, "rms_norm_eps": tl.rms_norm_eps,
-        "rope_theta": 10000.0, "max_position_embeddings": tl.max_position_embeddings, "hidden_act": "silu",
-    }))
+    (eagle / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                "hidden_size": tl.hidden_size,
+                "intermediate_size": tl.intermediate_size,
+                "num_attention_heads": tl.num_attention_heads,
+                "num_key_value_heads": tl.num_key_value_heads,
+                "head_dim": tl.head_dim,
+                "num_hidden_layers": 1,
+                "vocab_size": tl.vocab_size,
+                "draft_vocab_size": model.config.draft_vocab_size,
+                "rms_norm_eps": tl.rms_norm_eps,
+                "rope_theta": 10000.0,
+                "max_position_embeddings": tl.max_position_embeddings,
+                "hidden_act": "silu",
+            }
+        )
+    )
     sd = model.state_dict()
-    weights = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()
-               if k.startswith("layers.0.") or k in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")}
+    weights = {
+        k.replace("layers.0.", "midlayer."): v
+        for k, v in sd.items()
+        if k.startswith("layers.0.")
+        or k in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+    }
     save_file({k: v.contiguous() for k, v in weights.items()}, str(eagle / "model.safetensors"))
 
     with pytest.raises(checkpoint.InitMismatch, match="init_convert"):
         draft_model.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
-    converted = draft_model.prepare_init(eagle, random_target, {"norm_before_residual": True, "norm_output": True,
-                                                                "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, tmp_path / "work")
+    converted = draft_model.prepare_init(
+        eagle,
+        random_target,
+        {
+            "norm_before_residual": True,
+            "norm_output": True,
+            "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        },
+        tmp_path / "work",
+    )
     assert converted == tmp_path / "work" / draft_model.CONVERTED_INIT_DIR
     assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
     loaded, _ = draft_model.load_init_draft(converted, random_target, vocab_dir, 1, 3)
     assert loaded.input_norm is None  # EAGLE checkpoints have no norm before fc
-    for name in ("fc.weight", "norm.weight", "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight"):
+    for name in (
+        "fc.weight",
+        "norm.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.hidden_norm.weight",
+    ):
         assert torch.equal(loaded.state_dict()[name], sd[name]), name
-    assert draft_model.prepare_init(converted, random_target, {}, tmp_path / "again") == converted  # already speculators format
+    assert (
+        draft_model.prepare_init(converted, random_target, {}, tmp_path / "again") == converted
+    )  # already speculators format
 
 
 def test_speculators_command_parses_with_speculators_own_parser(random_target, vocab_dir, tmp_path):
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
-    cfg = TrainConfig(backend="speculators", epochs=3, lr=5e-4, pack_len=4096, num_layers=2, fsdp=True, seed=7,
-                      ttt_steps=4, warmup_steps=20, scheduler="linear", train_embeddings=True)
-    cmd = handoff.speculators_train_command(cfg, random_target, vocab_dir, tmp_path / "tok", tmp_path / "hs",
-                                            tmp_path / "ckpt", tmp_path / "logs", nproc=8)
+    cfg = TrainConfig(
+        backend="speculators",
+        epochs=3,
+        lr=5e-4,
+        pack_len=4096,
+        num_layers=2,
+        fsdp=True,
+        seed=7,
+        ttt_steps=4,
+        warmup_steps=20,
+        scheduler="linear",
+        train_embeddings=True,
+    )
+    cmd = handoff.speculators_train_command(
+        cfg,
+        random_target,
+        vocab_dir,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        nproc=8,
+    )
     assert cmd[0] == "torchrun"
     launch = get_args_parser().parse_args(cmd[1:])
-    assert launch.nproc_per_node == "8" and launch.module and launch.training_script == "speculators.train"
+    assert (
+        launch.nproc_per_node == "8"
+        and launch.module
+        and launch.training_script == "speculators.train"
+    )
     run = SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()
     expected = {
-        "speculator_type": "eagle3", "verifier_name_or_path": random_target.model,
-        "data_path": str(tmp_path / "tok"), "hidden_states_path": str(tmp_path / "hs"), "on_missing": "raise",
-        "d2t_path": str(vocab_dir / "d2t.npy"), "t2d_path": str(vocab_dir / "t2d.npy"),
-        "draft_vocab_size": random_target.vocab_size // 2, "target_layer_ids": random_target.aux_ids,
-        "num_layers": 2, "full_attention_indices": [0, 1], "draft_arch": "llama",
-        "norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "embed_requires_grad": True,
-        "total_seq_len": 4096, "train_data_ratio": 0.9, "epochs": 3, "lr": 5e-4, "optimizer": "adamw",
-        "scheduler_type": "linear", "scheduler_warmup_steps": 20, "ttt_steps": 4, "loss_fn": "kl_div",
-        "seed": 7, "fsdp_shard": True, "save_path": str(tmp_path / "ckpt"),
+        "speculator_type": "eagle3",
+        "verifier_name_or_path": random_target.model,
+        "data_path": str(tmp_path / "tok"),
+        "hidden_states_path": str(tmp_path / "hs"),
+        "on_missing": "raise",
+        "d2t_path": str(vocab_dir / "d2t.npy"),
+        "t2d_path": str(vocab_dir / "t2d.npy"),
+        "draft_vocab_size": random_target.vocab_size // 2,
+        "target_layer_ids": random_target.aux_ids,
+        "num_layers": 2,
+        "full_attention_indices": [0, 1],
+        "draft_arch": "llama",
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "norm_output": True,
+        "embed_requires_grad": True,
+        "total_seq_len": 4096,
+        "train_data_ratio": 0.9,
+        "epochs": 3,
+        "lr": 5e-4,
+        "optimizer": "adamw",
+        "scheduler_type": "linear",
+        "scheduler_warmup_steps": 20,
+        "ttt_steps": 4,
+        "loss_fn": "kl_div",
+        "seed": 7,
+        "fsdp_shard": True,
+        "save_path": str(tmp_path / "ckpt"),
     }
     assert {k: run[k] for k in expected} == expected
 
-    init_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                                 tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, init_dir=tmp_path / "init")
-    init_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(init_cmd[1:]).training_script_args).flatten()
+    init_cmd = handoff.speculators_train_command(
+        TrainConfig(backend="speculators"),
+        random_target,
+        vocab_dir,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        2,
+        init_dir=tmp_path / "init",
+    )
+    init_run = SpeculatorsTrainConfig.resolve(
+        get_args_parser().parse_args(init_cmd[1:]).training_script_args
+    ).flatten()
     assert init_run["from_pretrained"] == str(tmp_path / "init") and init_run["fsdp_shard"] is False
 
-    eagle3_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                                   tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, architecture="eagle3")
-    eagle3_run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args).flatten()
-    assert {k: eagle3_run[k] for k in checkpoint.ARCHITECTURES["eagle3"]} == checkpoint.ARCHITECTURES["eagle3"]
+    eagle3_cmd = handoff.speculators_train_command(
+        TrainConfig(backend="speculators"),
+        random_target,
+        vocab_dir,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        2,
+        architecture="eagle3",
+    )
+    eagle3_run = SpeculatorsTrainConfig.resolve(
+        get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args
+    ).flatten()
+    assert {
+        k: eagle3_run[k] for k in checkpoint.ARCHITECTURES["eagle3"]
+    } == checkpoint.ARCHITECTURES["eagle3"]
 
 
-@pytest.mark.parametrize("setting, key", [({"grad_accum_steps": 4}, "grad_accum_steps"), ({"train_lm_head": True}, "train_lm_head")])
+@pytest.mark.parametrize(
+    "setting, key",
+    [({"grad_accum_steps": 4}, "grad_accum_steps"), ({"train_lm_head": True}, "train_lm_head")],
+)
 def test_speculators_backend_refuses_what_it_cannot_do(setting, key):
     from draftline.config import ParamsError, load_params, parse_params
 
@@ -256,7 +417,9 @@ def test_a_tied_target_builds_its_draft_without_loader_warnings(tied_target, voc
 
 
 @pytest.mark.parametrize("transfer", ["file", "fp8", "mooncake"])
-def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_dir, tmp_path, transfer):
+def test_online_speculators_command_and_vllm_server_parse(
+    random_target, vocab_dir, tmp_path, transfer
+):
     """hidden_states.mode online with train.backend speculators: speculators' own parser reads
     `--on-missing generate --vllm-endpoint ...` with the transfer backend from params, and the
     extraction server gets that backend's kv-transfer config, built by hs-connectors itself."""
@@ -267,36 +430,93 @@ def test_online_speculators_command_and_vllm_server_parse(random_target, vocab_d
     from draftline import commands
     from draftline.config import HiddenStatesConfig
 
-    hs = HiddenStatesConfig(mode="online", format="fp8" if transfer == "fp8" else "bf16",
-                            online={"transfer": transfer, "request_timeout_s": 90, "max_retries": 5,
-                                    "mooncake": {"master": "10.0.0.5:50051", "protocol": "rdma", "device": "mlx5_0"}})
+    hs = HiddenStatesConfig(
+        mode="online",
+        format="fp8" if transfer == "fp8" else "bf16",
+        online={
+            "transfer": transfer,
+            "request_timeout_s": 90,
+            "max_retries": 5,
+            "mooncake": {"master": "10.0.0.5:50051", "protocol": "rdma", "device": "mlx5_0"},
+        },
+    )
     online = hs.online.model_dump()
-    args = handoff.speculators_hidden_states_args(tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging")
-    cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                            tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 8, hidden_states_args=args)
-    run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
+    args = handoff.speculators_hidden_states_args(
+        tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging"
+    )
+    cmd = handoff.speculators_train_command(
+        TrainConfig(backend="speculators"),
+        random_target,
+        vocab_dir,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        8,
+        hidden_states_args=args,
+    )
+    run = SpeculatorsTrainConfig.resolve(
+        get_args_parser().parse_args(cmd[1:]).training_script_args
+    ).flatten()
     assert run["on_missing"] == "generate" and run["vllm_endpoint"] == "http://10.0.0.9:8012/v1"
-    assert run["hidden_states_backend"] == transfer and run["request_timeout"] == 90 and run["max_retries"] == 5
+    assert (
+        run["hidden_states_backend"] == transfer
+        and run["request_timeout"] == 90
+        and run["max_retries"] == 5
+    )
     # the trainer side's transfer, as speculators.train builds it from these arguments
     import argparse
 
     namespace = argparse.Namespace(**run)
     if transfer == "mooncake":
-        assert run["mooncake_master"] == "10.0.0.5:50051" and run["mooncake_protocol"] == "rdma" and run["mooncake_device"] == "mlx5_0"
-        assert type(HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])).__name__ == "MooncakeTransfer"
+        assert (
+            run["mooncake_master"] == "10.0.0.5:50051"
+            and run["mooncake_protocol"] == "rdma"
+            and run["mooncake_device"] == "mlx5_0"
+        )
+        assert (
+            type(
+                HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])
+            ).__name__
+            == "MooncakeTransfer"
+        )
     else:
-        transfer_obj = HiddenStatesBackend.registry[transfer].from_train_args(namespace, run["data_path"])
+        transfer_obj = HiddenStatesBackend.registry[transfer].from_train_args(
+            namespace, run["data_path"]
+        )
         assert transfer_obj.hidden_states_path == tmp_path / "staging"
-        assert type(transfer_obj).__name__ == ("FP8Transfer" if transfer == "fp8" else "FileTransfer")
+        assert type(transfer_obj).__name__ == (
+            "FP8Transfer" if transfer == "fp8" else "FileTransfer"
+        )
 
-    serve = commands.vllm_extract_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0",
-                                          8012, "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=online["mooncake"])
+    serve = commands.vllm_extract_command(
+        "python",
+        "org/target",
+        None,
+        [2, 16, 29],
+        32,
+        tmp_path / "staging",
+        "0.0.0.0",
+        8012,
+        "bfloat16",
+        8,
+        8193,
+        0.9,
+        [],
+        transfer=transfer,
+        mooncake=online["mooncake"],
+    )
     kv = json.loads(serve[serve.index("--kv-transfer-config") + 1])
-    connector = {"file": "ExampleHiddenStatesConnector", "fp8": "FP8HiddenStatesConnector",
-                 "mooncake": "MooncakeHiddenStatesConnector"}[transfer]
+    connector = {
+        "file": "ExampleHiddenStatesConnector",
+        "fp8": "FP8HiddenStatesConnector",
+        "mooncake": "MooncakeHiddenStatesConnector",
+    }[transfer]
     assert kv["kv_connector"] == connector and kv["kv_role"] == "kv_producer"
     if transfer == "mooncake":
-        assert kv["kv_connector_extra_config"]["mooncake"]["master_server_address"] == "10.0.0.5:50051"
+        assert (
+            kv["kv_connector_extra_config"]["mooncake"]["master_server_address"] == "10.0.0.5:50051"
+        )
         assert kv["kv_connector_extra_config"]["mooncake"]["protocol"] == "rdma"
     else:
         assert kv["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "staging")
@@ -313,23 +533,55 @@ def test_extraction_server_command_parses_with_vllms_own_parser(tmp_path, transf
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
         from vllm.utils import FlexibleArgumentParser
-    serve = commands.vllm_extract_command("python", "org/target", None, [2, 16, 29], 32, tmp_path / "staging", "0.0.0.0",
-                                          8012, "bfloat16", 8, 8193, 0.9, [], transfer=transfer, mooncake=MooncakeConfig().model_dump())
+    serve = commands.vllm_extract_command(
+        "python",
+        "org/target",
+        None,
+        [2, 16, 29],
+        32,
+        tmp_path / "staging",
+        "0.0.0.0",
+        8012,
+        "bfloat16",
+        8,
+        8193,
+        0.9,
+        [],
+        transfer=transfer,
+        mooncake=MooncakeConfig().model_dump(),
+    )
     parser = FlexibleArgumentParser()
     vllm_serve.ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
     parsed = parser.parse_args(serve[3:])
     assert parsed.model_tag == "org/target" and parsed.tensor_parallel_size == 8
 
 
-def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(random_target, vocab_dir, tmp_path):
+def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(
+    random_target, vocab_dir, tmp_path
+):
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
     args = handoff.speculators_hidden_states_args(tmp_path / "hs", "fp8")
-    cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), random_target, vocab_dir, tmp_path / "tok",
-                                            tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2, hidden_states_args=args)
-    run = SpeculatorsTrainConfig.resolve(get_args_parser().parse_args(cmd[1:]).training_script_args).flatten()
-    assert run["hidden_states_backend"] == "fp8" and run["on_missing"] == "raise" and run["hidden_states_path"] == str(tmp_path / "hs")
+    cmd = handoff.speculators_train_command(
+        TrainConfig(backend="speculators"),
+        random_target,
+        vocab_dir,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        2,
+        hidden_states_args=args,
+    )
+    run = SpeculatorsTrainConfig.resolve(
+        get_args_parser().parse_args(cmd[1:]).training_script_args
+    ).flatten()
+    assert (
+        run["hidden_states_backend"] == "fp8"
+        and run["on_missing"] == "raise"
+        and run["hidden_states_path"] == str(tmp_path / "hs")
+    )
 
 
 def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
@@ -354,7 +606,7 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
     torch.manual_seed(0)
     states = torch.randn(1, 1, 3 * H)
     fused = model.fc(states)
-    assert torch.allclose(fused, states[..., 2 * H:])
+    assert torch.allclose(fused, states[..., 2 * H :])
     with torch.no_grad():
         draft.self_attn.v_proj.weight[:, :H] = 0
         pos = torch.zeros(1, 1, dtype=torch.long)

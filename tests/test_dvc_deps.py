@@ -87,16 +87,24 @@ def covered(path: str, deps: set[str]) -> bool:
 def test_stage_lists_its_import_closure(name):
     stage = stages()[name]
     match = STAGE_CMD.search(stage["cmd"])
-    assert match, f"dvc.yaml stage {name}: cmd does not run `python -m stages.<name>`: {stage['cmd']!r}"
+    assert match, (
+        f"dvc.yaml stage {name}: cmd does not run `python -m stages.<name>`: {stage['cmd']!r}"
+    )
     needed = closure(match.group(1))
     assert needed, f"dvc.yaml stage {name}: {match.group(1)} is not a module of this repository"
     deps = code_deps(stage)
     missing = sorted(p for p in needed if not covered(p, deps))
-    assert not missing, (f"dvc.yaml stage {name}: the stage imports {missing} (directly or through the modules it "
-                         f"uses) but does not list them as deps; add them, or an edit to them leaves a stale output")
-    unused = sorted(d for d in deps if d.endswith(".py") and d.split("/")[0] in PACKAGES and d not in needed)
-    assert not unused, (f"dvc.yaml stage {name}: lists {unused} as deps but never imports them; remove them, or an "
-                        f"edit to them reruns the stage for nothing")
+    assert not missing, (
+        f"dvc.yaml stage {name}: the stage imports {missing} (directly or through the modules it "
+        f"uses) but does not list them as deps; add them, or an edit to them leaves a stale output"
+    )
+    unused = sorted(
+        d for d in deps if d.endswith(".py") and d.split("/")[0] in PACKAGES and d not in needed
+    )
+    assert not unused, (
+        f"dvc.yaml stage {name}: lists {unused} as deps but never imports them; remove them, or an "
+        f"edit to them reruns the stage for nothing"
+    )
 
 
 def test_closure_follows_imports_inside_functions():

@@ -13,8 +13,12 @@ import yaml
 from transformers import DynamicCache
 
 from draftline.draft_model import build_draft
-from draftline.evaluation import (acceptance_summary, simulated_acceptance, teacher_forced_sample,
-                                  teacher_forced_sums)
+from draftline.evaluation import (
+    acceptance_summary,
+    simulated_acceptance,
+    teacher_forced_sample,
+    teacher_forced_sums,
+)
 from draftline.io import read_json, write_json, write_jsonl
 from draftline.specdec import DraftRunner, greedy_generate
 from draftline.target import load_target
@@ -45,17 +49,26 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
     with torch.no_grad():
         draft.lm_head.weight.zero_()  # all logits equal: argmax = draft id 0 = target id T*
 
-    sums = teacher_forced_sums(draft, teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion), 3, "cpu")
+    sums = teacher_forced_sums(
+        draft, teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion), 3, "cpu"
+    )
     sim = simulated_acceptance(sums, 3)
 
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT + completion])).logits[0]  # (P + m, V)
-    choice = [int(logits[len(PROMPT) + j - 1, star:].argmax()) + star for j in range(1, m + 1)]  # target's pick for completion index j (m = after it)
+    choice = [
+        int(logits[len(PROMPT) + j - 1, star:].argmax()) + star for j in range(1, m + 1)
+    ]  # target's pick for completion index j (m = after it)
     # the draft input is completion token i; step s must produce the pick for index i + 1 + s <= m
-    expected = [sum(all(choice[i + t] == star for t in range(s + 1)) for i in range(m) if i + 1 + s <= m) / m
-                for s in range(3)]
+    expected = [
+        sum(all(choice[i + t] == star for t in range(s + 1)) for i in range(m) if i + 1 + s <= m)
+        / m
+        for s in range(3)
+    ]
     assert expected[0] > 0  # the check is not vacuous
-    assert [sim["position_accuracy"][str(s + 1)] for s in range(3)] == [round(e, 4) for e in expected]
+    assert [sim["position_accuracy"][str(s + 1)] for s in range(3)] == [
+        round(e, 4) for e in expected
+    ]
     assert sim["tau_sim"] == round(1 + sum(round(e, 4) for e in expected), 4)
 
 
@@ -73,15 +86,27 @@ def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vo
     draft = build_draft(random_target, vocab_dir, 1, 3).eval()
     completion = greedy_generate(model, PROMPT, 12, eos_ids={-1}).tokens
     sample = teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion)
-    batch = CollateFn(len(sample["input_ids"]) - 1, sample["verifier_last_hidden_states"].shape[-1], 3, torch.float32,
-                      preprocess=shift_batch)([sample])
+    batch = CollateFn(
+        len(sample["input_ids"]) - 1,
+        sample["verifier_last_hidden_states"].shape[-1],
+        3,
+        torch.float32,
+        preprocess=shift_batch,
+    )([sample])
     with torch.no_grad():
-        draft_tokens, _, _ = run_batch(draft, batch, "cpu", 3, 1.0, resolve_loss_config("kl_div", "eager"))
+        draft_tokens, _, _ = run_batch(
+            draft, batch, "cpu", 3, 1.0, resolve_loss_config("kl_div", "eager")
+        )
     runner = DraftRunner(draft)
     ids, aux = sample["input_ids"].tolist(), sample["hidden_states"].unsqueeze(0)  # (1, L, 3H)
     p = len(PROMPT)
-    forward_step0 = [int(runner._to_target_ids(draft_tokens[0][0, p + i - 1])) for i in range(len(completion))]
-    incremental = [runner.propose(DynamicCache(), ids[1 : p + i + 1], aux[:, : p + i], 0, 1)[0] for i in range(len(completion))]
+    forward_step0 = [
+        int(runner._to_target_ids(draft_tokens[0][0, p + i - 1])) for i in range(len(completion))
+    ]
+    incremental = [
+        runner.propose(DynamicCache(), ids[1 : p + i + 1], aux[:, : p + i], 0, 1)[0]
+        for i in range(len(completion))
+    ]
     assert forward_step0 == incremental
 
 
@@ -102,28 +127,67 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     random_target.write(tmp_path / "card.json")
     torch.manual_seed(0)
     build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
-    rows = [{"id": f"e{i}", "source": "ab"[i % 2], **c} for i, c in enumerate(generate_conversations(4, 5))]
-    rows[0]["source_detail"] = rows[2]["source_detail"] = "upstream"  # a blended dataset's own column
+    rows = [
+        {"id": f"e{i}", "source": "ab"[i % 2], **c}
+        for i, c in enumerate(generate_conversations(4, 5))
+    ]
+    rows[0]["source_detail"] = rows[2]["source_detail"] = (
+        "upstream"  # a blended dataset's own column
+    )
     write_jsonl(tmp_path / "eval.jsonl", rows)
-    write_json(tmp_path / "meta.json", {"stage": "mix", "counts": {"train": 1092, "eval": 4}})  # fewer than `samples`
-    proc = subprocess.run([sys.executable, "-m", "stages.evaluate", "card.json", "draft", "eval.jsonl", "acc.json", "plots"],
-                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    write_json(
+        tmp_path / "meta.json", {"stage": "mix", "counts": {"train": 1092, "eval": 4}}
+    )  # fewer than `samples`
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.evaluate",
+            "card.json",
+            "draft",
+            "eval.jsonl",
+            "acc.json",
+            "plots",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = read_json(tmp_path / "acc.detail.json")
-    assert read_json(tmp_path / "acc.json") == {"acceptance_length": report["acceptance_length"], "tau_sim": report["tau_sim"]}
+    assert read_json(tmp_path / "acc.json") == {
+        "acceptance_length": report["acceptance_length"],
+        "tau_sim": report["tau_sim"],
+    }
     assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
-    assert report["near_tie_divergences"] == 0 if dtype == "float32" else 0 <= report["near_tie_divergences"] <= 3
+    assert (
+        report["near_tie_divergences"] == 0
+        if dtype == "float32"
+        else 0 <= report["near_tie_divergences"] <= 3
+    )
     assert 1.0 <= report["acceptance_length"] <= 3.0 and 1.0 <= report["tau_sim"] <= 3.0
     assert set(report["position_acceptance"]) == set(report["sim_position_accuracy"]) == {"1", "2"}
     assert sum(report["histogram"].values()) == report["rounds"]
     assert set(report["per_source"]) == {"a", "b"} and report["per_source"]["a"]["prompts"] == 2
-    assert report["per_source_detail"] == {"a/upstream": {**report["per_source"]["a"]}}  # rows 0 and 2: all of a
+    assert report["per_source_detail"] == {
+        "a/upstream": {**report["per_source"]["a"]}
+    }  # rows 0 and 2: all of a
     # every value is a number or a dict of numbers: `dvc metrics diff` shows each under a dotted key
     for value in report.values():
-        assert isinstance(value, (int, float)) or all(isinstance(v, (int, float, dict)) for v in value.values())
+        assert isinstance(value, (int, float)) or all(
+            isinstance(v, (int, float, dict)) for v in value.values()
+        )
     scaling = read_json(tmp_path / "plots/acceptance_vs_samples.json")
     # the scaling point is at the train prompts mix drew (mix.allow_shortfall), not at the `samples` asked
-    assert scaling == [{"samples": 1092, "samples_requested": raw["samples"], "acceptance_length": report["acceptance_length"],
-                        "tau_sim": report["tau_sim"]}]
+    assert scaling == [
+        {
+            "samples": 1092,
+            "samples_requested": raw["samples"],
+            "acceptance_length": report["acceptance_length"],
+            "tau_sim": report["tau_sim"],
+        }
+    ]
     positions = read_json(tmp_path / "plots/position_acceptance.json")
     assert [p["position"] for p in positions] == [1, 2]

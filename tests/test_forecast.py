@@ -10,7 +10,9 @@ from draftline.forecast import build_report, main, points_from_dvc_exps
 
 
 def pts(samples, taus):
-    return [{"samples": n, "acceptance_length": t, "source": f"run{n}"} for n, t in zip(samples, taus)]
+    return [
+        {"samples": n, "acceptance_length": t, "source": f"run{n}"} for n, t in zip(samples, taus)
+    ]
 
 
 def test_log_linear_points_give_the_known_samples_with_an_interval_that_holds_them():
@@ -31,10 +33,13 @@ def test_log_linear_points_give_the_known_samples_with_an_interval_that_holds_th
 def test_saturating_points_are_fitted_with_a_ceiling_and_preferred():
     samples = [100, 200, 400, 800, 1600, 3200]
     tau_max, c, alpha = 3.2, 12.0, 0.5  # tau 3.0 at n = (0.2 / 12)^(-2) = 3,600
-    taus = [tau_max - c * n ** -alpha for n in samples]
+    taus = [tau_max - c * n**-alpha for n in samples]
     report = build_report(pts(samples, taus), [2.5, 3.0, 3.5], k=3)
     fit = report["fits"]["saturating"]
-    assert abs(fit["params"]["tau_max"] - tau_max) < 0.05 and abs(fit["params"]["alpha"] - alpha) < 0.05
+    assert (
+        abs(fit["params"]["tau_max"] - tau_max) < 0.05
+        and abs(fit["params"]["alpha"] - alpha) < 0.05
+    )
     assert report["preferred"] == "saturating"
     assert abs(report["forecasts"]["3.0"]["saturating"]["samples"] - 3600) / 3600 < 0.1
     assert report["forecasts"]["3.5"]["saturating"]["samples"] is None  # above its ceiling: never
@@ -51,20 +56,44 @@ def test_two_points_fit_without_an_interval_and_one_value_is_refused():
 
 def test_points_from_dvc_exp_show_json():
     def node(name, samples, acc):
-        return {"rev": name, "name": name, "data": {"rev": name, "params": {"params.yaml": {"data": {"samples": samples}}},
-                                                    "metrics": {"reports/acceptance.json": {"data": {"acceptance_length": acc}}}}}
-    exp_show = [{**node("workspace", 600, 3.7)},
-                {**node("abc123", 600, 3.7), "experiments": [{"revs": [node("more-data", 1000, 3.8)]},
-                                                             {"revs": [node("broken", 2000, None)]}]}]
+        return {
+            "rev": name,
+            "name": name,
+            "data": {
+                "rev": name,
+                "params": {"params.yaml": {"data": {"samples": samples}}},
+                "metrics": {"reports/acceptance.json": {"data": {"acceptance_length": acc}}},
+            },
+        }
+
+    exp_show = [
+        {**node("workspace", 600, 3.7)},
+        {
+            **node("abc123", 600, 3.7),
+            "experiments": [
+                {"revs": [node("more-data", 1000, 3.8)]},
+                {"revs": [node("broken", 2000, None)]},
+            ],
+        },
+    ]
     points = points_from_dvc_exps(exp_show)
-    assert sorted((p["samples"], p["acceptance_length"], p["source"]) for p in points) == \
-        [(600, 3.7, "abc123"), (600, 3.7, "workspace"), (1000, 3.8, "more-data")]
+    assert sorted((p["samples"], p["acceptance_length"], p["source"]) for p in points) == [
+        (600, 3.7, "abc123"),
+        (600, 3.7, "workspace"),
+        (1000, 3.8, "more-data"),
+    ]
 
 
 def test_command_writes_json_and_markdown(tmp_path):
     points = tmp_path / "points.json"
-    points.write_text(json.dumps([{"samples": n, "acceptance_length": 1.0 + 0.2 * math.log(n / 50)}
-                                  for n in (100, 300, 900)]))
+    points.write_text(
+        json.dumps(
+            [
+                {"samples": n, "acceptance_length": 1.0 + 0.2 * math.log(n / 50)}
+                for n in (100, 300, 900)
+            ]
+        )
+    )
     main([str(points), "--out", str(tmp_path / "forecast")])
     report = json.loads((tmp_path / "forecast.json").read_text())
     assert set(report["forecasts"]) == {"2.5", "3.0"}

@@ -51,12 +51,24 @@ def converted(tmp_path_factory):
 @needs_extra
 def test_stage_converts_smollm2_into_a_plain_model_dir_and_writes_the_card(converted):
     names = {p.name for p in converted.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "card.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "card.json",
+    } <= names
     config = json.loads((converted / "config.json").read_text())
-    assert "quantization_config" not in config  # an ordinary directory: no GGUF file needed to load it
+    assert (
+        "quantization_config" not in config
+    )  # an ordinary directory: no GGUF file needed to load it
     card = json.loads((converted / "card.json").read_text())
-    assert (card["architecture"], card["num_layers"], card["hidden_size"], card["vocab_size"]) == \
-        ("LlamaForCausalLM", 30, 576, 49152)
+    assert (card["architecture"], card["num_layers"], card["hidden_size"], card["vocab_size"]) == (
+        "LlamaForCausalLM",
+        30,
+        576,
+        49152,
+    )
     assert card["aux_layer_ids"] == [2, 15, 27]  # the EAGLE-3 rule for 30 layers
     assert card["source"] == "gguf:smollm2"
     check = card["gguf"]["check"]
@@ -74,7 +86,9 @@ def test_check_refuses_a_directory_whose_logits_differ(converted):
     reference = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
     spec = gguf_target.GGUF_TARGETS["smollm2"]
     with torch.no_grad():
-        reference.model.norm.weight.mul_(1.01)  # what a wrong dequantization of one tensor looks like
+        reference.model.norm.weight.mul_(
+            1.01
+        )  # what a wrong dequantization of one tensor looks like
     with pytest.raises(RuntimeError, match="logits of .* differ from the GGUF-loaded model"):
         gguf_target.check_conversion(reference, tokenizer, converted, spec)
 
@@ -94,10 +108,17 @@ def test_check_refuses_an_incoherent_answer(converted):
 
 
 def test_missing_package_names_the_param_and_the_install_command(monkeypatch):
-    spec = gguf_target.GgufTarget(package="draftline-no-such-package", version="1.0", file="x.gguf",
-                                  check_question="?", check_words=())
+    spec = gguf_target.GgufTarget(
+        package="draftline-no-such-package",
+        version="1.0",
+        file="x.gguf",
+        check_question="?",
+        check_words=(),
+    )
     monkeypatch.setitem(gguf_target.GGUF_TARGETS, "smollm2", spec)
-    with pytest.raises(RuntimeError, match=r"target.model: smollm2 needs the package .*make setup-smollm2"):
+    with pytest.raises(
+        RuntimeError, match=r"target.model: smollm2 needs the package .*make setup-smollm2"
+    ):
         gguf_target.locate_gguf("smollm2")
 
 

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_driver():
-    spec = importlib.util.spec_from_file_location("gpu_check_driver", ROOT / "scripts" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_driver", ROOT / "scripts" / "gpu_check.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -27,30 +29,94 @@ def load_driver():
 
 def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
     out = tmp_path / "gpu_check.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--python", sys.executable, "--wheels", str(tmp_path / "no-wheels"),
-                           "--device", "cpu", "--target", "build", "--work", str(tmp_path / "work"), "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    )
+    proc = subprocess.run(
+        [
+            "bash",
+            "scripts/gpu_check.sh",
+            "--python",
+            sys.executable,
+            "--wheels",
+            str(tmp_path / "no-wheels"),
+            "--device",
+            "cpu",
+            "--target",
+            "build",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["passed"] and report["failed"] == [] and report["environment"]["device"] == "cpu"
     stages = {s["name"]: s for s in report["stages"]}
-    expected = ["target", "prepare@sharegpt_sample", "prepare@messages_sample", "mix", "tokenize", "vocab", "hidden_states",
-                "train", "evaluate", "benchmark", "train_speculators", "hidden_states_fp8", "train_fp8",
-                "hidden_states_online", "train_online"]
+    expected = [
+        "target",
+        "prepare@sharegpt_sample",
+        "prepare@messages_sample",
+        "mix",
+        "tokenize",
+        "vocab",
+        "hidden_states",
+        "train",
+        "evaluate",
+        "benchmark",
+        "train_speculators",
+        "hidden_states_fp8",
+        "train_fp8",
+        "hidden_states_online",
+        "train_online",
+    ]
     assert list(stages) == expected
-    assert all(s["status"] == "ok" and s["seconds"] > 0 for name, s in stages.items() if name != "train_speculators")
-    assert stages["train_speculators"]["status"] == "skipped" and "CUDA" in stages["train_speculators"]["reason"]
-    assert stages["hidden_states_fp8"]["format"] == "fp8" and stages["train_fp8"]["hidden_states"] == "fp8"
-    assert stages["hidden_states_online"]["mode"] == stages["train_online"]["hidden_states_mode"] == "online"
+    assert all(
+        s["status"] == "ok" and s["seconds"] > 0
+        for name, s in stages.items()
+        if name != "train_speculators"
+    )
+    assert (
+        stages["train_speculators"]["status"] == "skipped"
+        and "CUDA" in stages["train_speculators"]["reason"]
+    )
+    assert (
+        stages["hidden_states_fp8"]["format"] == "fp8"
+        and stages["train_fp8"]["hidden_states"] == "fp8"
+    )
+    assert (
+        stages["hidden_states_online"]["mode"]
+        == stages["train_online"]["hidden_states_mode"]
+        == "online"
+    )
     assert stages["hidden_states"]["tokens_per_s"] > 0 and stages["train"]["tokens_per_s"] > 0
-    assert 1.0 <= stages["evaluate"]["acceptance_length"] <= 4.0 and stages["evaluate"]["lossless_checked_prompts"] == 3
+    assert (
+        1.0 <= stages["evaluate"]["acceptance_length"] <= 4.0
+        and stages["evaluate"]["lossless_checked_prompts"] == 3
+    )
     bench = stages["benchmark"]
-    assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0 and bench["speedup"] > 0
+    assert (
+        bench["baseline_tokens_per_s"] > 0
+        and bench["speculative_tokens_per_s"] > 0
+        and bench["speedup"] > 0
+    )
     checks = {c["name"]: c for c in report["checks"]}
-    assert set(checks) == {"last_state_reproduces_target_argmax", "draft_loads_with_from_pretrained", "speculative_equals_greedy",
-                           "last_state_reproduces_target_argmax_fp8", "draft_loads_with_from_pretrained_fp8",
-                           "draft_loads_with_from_pretrained_online"}
+    assert set(checks) == {
+        "last_state_reproduces_target_argmax",
+        "draft_loads_with_from_pretrained",
+        "speculative_equals_greedy",
+        "last_state_reproduces_target_argmax_fp8",
+        "draft_loads_with_from_pretrained_fp8",
+        "draft_loads_with_from_pretrained_online",
+    }
     assert all(c["passed"] for c in checks.values())
     assert checks["last_state_reproduces_target_argmax"]["positions"] > 0
     assert checks["last_state_reproduces_target_argmax_fp8"]["stored_dtype"] == "float8_e4m3fn"
@@ -66,26 +132,39 @@ def test_a_failing_stage_is_recorded_and_the_rest_go_on(tmp_path):
     (work / "logs").mkdir(parents=True)
     (work / "params.yaml").write_text("samples: 1\n")  # invalid: no datasets
     stage = driver.Stage("vocab", ["stages.vocab", "card.json", "freq.pt", "vocab", "vocab.json"])
-    record = driver.run_stage(stage, work, dict(os.environ, PYTHONPATH=str(ROOT)), 120, work / "logs")
+    record = driver.run_stage(
+        stage, work, dict(os.environ, PYTHONPATH=str(ROOT)), 120, work / "logs"
+    )
     assert record["status"] == "failed" and record["exit_code"] != 0
-    assert record["error"].startswith("error: invalid params.yaml") and Path(record["log"]).is_file()
+    assert (
+        record["error"].startswith("error: invalid params.yaml") and Path(record["log"]).is_file()
+    )
 
 
 def test_a_stage_past_its_limit_is_stopped_and_recorded(tmp_path):
     driver = load_driver()
     stage = driver.Stage("slow", ["timeit", "-n", "1", "import time; time.sleep(60)"])
     record = driver.run_stage(stage, tmp_path, dict(os.environ), 1, tmp_path)
-    assert record["status"] == "failed" and record["error"] == "timed out after 1 s" and record["exit_code"] is None
+    assert (
+        record["status"] == "failed"
+        and record["error"] == "timed out after 1 s"
+        and record["exit_code"] is None
+    )
 
 
 def test_first_error_names_the_stage_message_and_the_first_exception():
     driver = load_driver()
     assert driver.first_error("loading\nerror: no rows in x\n") == "error: no rows in x"
-    log = "step 1\nTraceback (most recent call last):\n  File \"a.py\", line 1\n    f()\nRuntimeError: CUDA out of memory\n"
+    log = 'step 1\nTraceback (most recent call last):\n  File "a.py", line 1\n    f()\nRuntimeError: CUDA out of memory\n'
     assert driver.first_error(log) == "RuntimeError: CUDA out of memory"
-    torchrun = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"t.py\", line 3\n"
-                "[rank0]: ValueError: bad --total-seq-len\nE1201 failed (exitcode: 1)\nerror: speculators train failed\n")
-    assert driver.first_error(torchrun) == "error: speculators train failed (first exception: ValueError: bad --total-seq-len)"
+    torchrun = (
+        '[rank0]: Traceback (most recent call last):\n[rank0]:   File "t.py", line 3\n'
+        "[rank0]: ValueError: bad --total-seq-len\nE1201 failed (exitcode: 1)\nerror: speculators train failed\n"
+    )
+    assert (
+        driver.first_error(torchrun)
+        == "error: speculators train failed (first exception: ValueError: bad --total-seq-len)"
+    )
     assert driver.first_error("") == "no output"
 
 
@@ -96,7 +175,7 @@ def test_the_check_params_validate(device):
     params = driver.check_params(ROOT, device)
     parsed = parse_params(params)
     assert parsed.train.device == parsed.hidden_states.device == parsed.evaluate.device == device
-    for name, (overrides, _) in driver.VARIANTS.items():
+    for _name, (overrides, _) in driver.VARIANTS.items():
         variant = driver.copy.deepcopy(params)
         for key, value in overrides.items():
             driver.set_key(variant, key, value)
@@ -107,16 +186,25 @@ def test_the_check_params_validate(device):
 
 def test_wheel_list_pins_what_pyproject_pins():
     """Where scripts/gpu_requirements.txt and pyproject.toml name the same distribution, the versions agree."""
+
     def pins(text: str) -> dict[str, str]:
-        found = re.findall(r"^\s*\"?([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s\",;#]+)", text, flags=re.M)
+        found = re.findall(
+            r"^\s*\"?([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s\",;#]+)", text, flags=re.M
+        )
         return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in found}
 
     ours = pins((ROOT / "scripts" / "gpu_requirements.txt").read_text())
     project = pins((ROOT / "pyproject.toml").read_text())
-    for name, version in re.findall(r"([A-Za-z0-9_.\-]+)==([\w.]+)", (ROOT / "Makefile").read_text()):
-        project[re.sub(r"[-_.]+", "-", name).lower()] = version  # speculators, hs-connectors: make setup
+    for name, version in re.findall(
+        r"([A-Za-z0-9_.\-]+)==([\w.]+)", (ROOT / "Makefile").read_text()
+    ):
+        project[re.sub(r"[-_.]+", "-", name).lower()] = (
+            version  # speculators, hs-connectors: make setup
+        )
     assert {"speculators", "hs-connectors", "datasets", "dvclive"} <= set(ours)
-    assert not {"torch", "transformers", "triton", "safetensors", "pyarrow"} & set(ours)  # the GPU host has them
+    assert not {"torch", "transformers", "triton", "safetensors", "pyarrow"} & set(
+        ours
+    )  # the GPU host has them
     assert {name: v for name, v in ours.items() if project.get(name, v) != v} == {}
 
 
@@ -133,7 +221,11 @@ def test_each_variant_sees_the_inputs_of_the_work_directory(tmp_path):
         for rel in links:
             assert (work / name / rel).resolve() == (work / rel).resolve()
         assert not (work / name / "models" / "draft").exists()
-    assert not (work / "fp8" / "datasets" / "hidden_states").exists()  # its own, written by its hidden_states stage
+    assert not (
+        work / "fp8" / "datasets" / "hidden_states"
+    ).exists()  # its own, written by its hidden_states stage
     stages = {s.name: s for s in driver.pipeline(["a"])}
     for name in ("train_speculators", "train_fp8", "train_online"):
-        assert stages[name].argv == stages["train"].argv and stages[name].cwd == name.removeprefix("train_")
+        assert stages[name].argv == stages["train"].argv and stages[name].cwd == name.removeprefix(
+            "train_"
+        )

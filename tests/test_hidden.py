@@ -2,7 +2,6 @@
 target's logits, files are atomic and checked, the stage resumes after SIGKILL and speculators'
 own data path reads what it writes."""
 
-from dataclasses import replace
 import contextlib
 import json
 import os
@@ -10,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,9 @@ def target_bf16(random_target):
     return load_target_model(random_target, "cpu", torch.bfloat16)
 
 
-def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(random_target, target_f32):
+def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(
+    random_target, target_f32
+):
     model = target_f32
     for seq, hs in zip(SEQS, hidden.capture(model, SEQS, random_target.aux_ids)):
         assert hs.shape == (len(seq), 4, random_target.hidden_size)
@@ -68,8 +70,15 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
     model, aux = target_f32, random_target.aux_ids
     seq = SEQS[0]
     layer_inputs = {}
-    handles = [layer.register_forward_hook(lambda m, args, kwargs, out, i=i: layer_inputs.__setitem__(i, args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
-               for i, layer in enumerate(model.model.layers)]
+    handles = [
+        layer.register_forward_hook(
+            lambda m, args, kwargs, out, i=i: layer_inputs.__setitem__(
+                i, args[0] if args else kwargs["hidden_states"]
+            ),
+            with_kwargs=True,
+        )
+        for i, layer in enumerate(model.model.layers)
+    ]
     try:
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
@@ -79,15 +88,23 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
     hs = hidden.capture(model, [seq], aux)[0]
     for slot, layer_id in enumerate(aux):
         torch.testing.assert_close(hs[:, slot], layer_inputs[layer_id][0], rtol=0, atol=0)
-        torch.testing.assert_close(hs[:, slot], ref.hidden_states[layer_id][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            hs[:, slot], ref.hidden_states[layer_id][0], rtol=1e-5, atol=1e-6
+        )
         # distinct layers really differ: a wrong index would not pass by accident
-        other = layer_inputs[layer_id + 1][0] if layer_id + 1 < len(layer_inputs) else layer_inputs[layer_id - 1][0]
+        other = (
+            layer_inputs[layer_id + 1][0]
+            if layer_id + 1 < len(layer_inputs)
+            else layer_inputs[layer_id - 1][0]
+        )
         assert not torch.allclose(hs[:, slot], other, atol=1e-3)
     # id N (num_layers) is the final pre-norm output, the same as the last slot
     n = random_target.num_layers
     top = hidden.capture(model, [seq], [0, 1, n])[0]
     torch.testing.assert_close(top[:, 2], hs[:, 3], rtol=0, atol=0)
-    torch.testing.assert_close(top[:, 0], model.model.embed_tokens(torch.tensor(seq)), rtol=0, atol=0)
+    torch.testing.assert_close(
+        top[:, 0], model.model.embed_tokens(torch.tensor(seq)), rtol=0, atol=0
+    )
 
 
 def test_padding_in_a_batch_changes_nothing(random_target, target_f32):
@@ -139,8 +156,12 @@ def test_disk_guard(tmp_path, capsys):
     with pytest.raises(RuntimeError, match="not enough disk"):
         hidden.check_disk(tmp_path, 10**18, 1.1)
     assert hidden.check_disk(tmp_path, 1, 1.1) > 0
-    assert hidden.estimate_bytes([10, 20], 64, torch.bfloat16) == 30 * (4 * 64 * 2 + 8)  # states + int64 token id
-    assert hidden.estimate_bytes([10, 20], 64, torch.float8_e4m3fn) == 30 * (4 * 64 + 4 + 8)  # + the fp8 scale
+    assert hidden.estimate_bytes([10, 20], 64, torch.bfloat16) == 30 * (
+        4 * 64 * 2 + 8
+    )  # states + int64 token id
+    assert hidden.estimate_bytes([10, 20], 64, torch.float8_e4m3fn) == 30 * (
+        4 * 64 + 4 + 8
+    )  # + the fp8 scale
 
 
 def test_output_of_another_target_is_cleared(tmp_path, random_target):
@@ -218,7 +239,10 @@ def all_valid(root: Path, tokenized: str, out: str, H: int) -> bool:
     from datasets import load_from_disk
 
     rows = load_from_disk(str(root / tokenized)).with_format(None)["input_ids"]
-    return all(hidden.is_valid_file(hidden.hs_path(root / out, i), ids, H, torch.bfloat16, full=True) for i, ids in enumerate(rows))
+    return all(
+        hidden.is_valid_file(hidden.hs_path(root / out, i), ids, H, torch.bfloat16, full=True)
+        for i, ids in enumerate(rows)
+    )
 
 
 def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_target):
@@ -226,8 +250,21 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
     out = stage_dir / "hs_kill"
     # one row per forward pass, so the kill lands mid-run; the rerun batches normally
     (stage_dir / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 16"))
-    proc = subprocess.Popen([sys.executable, "-m", "stages.hidden_states", "card.json", "tokenized", "hs_kill", "hs_kill.json"],
-                            cwd=stage_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stages.hidden_states",
+            "card.json",
+            "tokenized",
+            "hs_kill",
+            "hs_kill.json",
+        ],
+        cwd=stage_dir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while len(list(out.glob("hs_*.safetensors"))) < 5:
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
@@ -242,8 +279,11 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
 
     token_ids = load_from_disk(str(stage_dir / "tokenized")).with_format(None)["input_ids"]
     H = random_target.hidden_size
-    complete = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.glob("hs_*.safetensors")
-                if hidden.is_valid_file(f, token_ids[int(f.stem[3:])], H, torch.bfloat16)}
+    complete = {
+        f.name: (f.stat().st_ino, f.stat().st_mtime_ns)
+        for f in out.glob("hs_*.safetensors")
+        if hidden.is_valid_file(f, token_ids[int(f.stem[3:])], H, torch.bfloat16)
+    }
     assert 5 <= len(complete) < rows  # killed mid-run
     # one finished file damaged after the kill (a disk error, a partial copy) must be redone
     damaged = sorted(complete)[0]
@@ -268,7 +308,9 @@ def test_resumed_extraction_is_byte_identical_to_an_uninterrupted_one(subsets, m
     run (before: the rerun re-batched the remaining rows, and other padding rounds bf16 otherwise,
     so some files differed and `train` went stale)."""
     stage_dir = subsets
-    (stage_dir / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 1024, compute_dtype: bfloat16"))
+    (stage_dir / "params.yaml").write_text(
+        PARAMS.replace("token_budget: 1024", "token_budget: 1024, compute_dtype: bfloat16")
+    )
     try:
         run_stage(stage_dir, "tokenized", "hs_whole")
         real_save, saved = hidden.save_hidden_states, []
@@ -297,7 +339,9 @@ def test_resumed_extraction_is_byte_identical_to_an_uninterrupted_one(subsets, m
 
 
 def test_disk_guard_prints_the_estimate_and_refuses_before_any_work(subsets, capsys):
-    (subsets / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 1024, disk_margin: 1.0e+15"))
+    (subsets / "params.yaml").write_text(
+        PARAMS.replace("token_budget: 1024", "token_budget: 1024, disk_margin: 1.0e+15")
+    )
     try:
         with pytest.raises(SystemExit, match="not enough disk for hidden states"):
             run_stage(subsets, "tokenized_20", "hs_guard")
@@ -307,7 +351,9 @@ def test_disk_guard_prints_the_estimate_and_refuses_before_any_work(subsets, cap
     assert not list((subsets / "hs_guard").glob("hs_*"))
 
 
-def test_a_disk_refusal_after_a_dtype_change_removes_nothing(subsets, hs_read, random_target, capsys):
+def test_a_disk_refusal_after_a_dtype_change_removes_nothing(
+    subsets, hs_read, random_target, capsys
+):
     """Issue #16.2: the states of another dtype are to be cleared, but the disk check refuses: every
     file must still be there, untouched (before: all were removed, then the stage refused). With
     room, they are cleared and redone, the space they held counted as free."""
@@ -318,13 +364,20 @@ def test_a_disk_refusal_after_a_dtype_change_removes_nothing(subsets, hs_read, r
     shutil.copytree(subsets / "hs_read", out)
     stamps = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.iterdir()}
     assert len([n for n in stamps if n.startswith("hs_")]) == 20
-    (subsets / "params.yaml").write_text(PARAMS.replace("dtype: bfloat16, token_budget: 1024",
-                                                        "dtype: float16, token_budget: 1024, disk_margin: 1.0e+15"))
+    (subsets / "params.yaml").write_text(
+        PARAMS.replace(
+            "dtype: bfloat16, token_budget: 1024",
+            "dtype: float16, token_budget: 1024, disk_margin: 1.0e+15",
+        )
+    )
     try:
         with pytest.raises(SystemExit, match="not enough disk"):
             run_stage(subsets, "tokenized_20", "hs_dtype")
         assert {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.iterdir()} == stamps
-        assert "20 files made for another target, aux layers, dtype or format to remove" in capsys.readouterr().out
+        assert (
+            "20 files made for another target, aux layers, dtype or format to remove"
+            in capsys.readouterr().out
+        )
 
         (subsets / "params.yaml").write_text(PARAMS.replace("dtype: bfloat16", "dtype: float16"))
         report = run_stage(subsets, "tokenized_20", "hs_dtype")
@@ -335,17 +388,26 @@ def test_a_disk_refusal_after_a_dtype_change_removes_nothing(subsets, hs_read, r
 
     rows = load_from_disk(str(subsets / "tokenized_20")).with_format(None)["input_ids"]
     H = random_target.hidden_size
-    assert all(hidden.is_valid_file(hidden.hs_path(out, i), ids, H, torch.float16) for i, ids in enumerate(rows))
+    assert all(
+        hidden.is_valid_file(hidden.hs_path(out, i), ids, H, torch.float16)
+        for i, ids in enumerate(rows)
+    )
 
 
 def test_growing_samples_extracts_only_the_new_rows(subsets, random_target):
     stage_dir = subsets
     first = run_stage(stage_dir, "tokenized_20", "hs_grow")
     assert first["extracted_now"] == 20 and first["reused"] == 0
-    stamps = {f.name: f.stat().st_mtime_ns for f in (stage_dir / "hs_grow").glob("hs_*.safetensors")}
+    stamps = {
+        f.name: f.stat().st_mtime_ns for f in (stage_dir / "hs_grow").glob("hs_*.safetensors")
+    }
     second = run_stage(stage_dir, "tokenized_26", "hs_grow")
     assert second["extracted_now"] == 6 and second["reused"] == 20
-    assert {f.name: f.stat().st_mtime_ns for f in (stage_dir / "hs_grow").glob("hs_*.safetensors") if f.name in stamps} == stamps
+    assert {
+        f.name: f.stat().st_mtime_ns
+        for f in (stage_dir / "hs_grow").glob("hs_*.safetensors")
+        if f.name in stamps
+    } == stamps
     assert all_valid(stage_dir, "tokenized_26", "hs_grow", random_target.hidden_size)
 
 
@@ -358,7 +420,12 @@ def test_speculators_dataset_and_collate_read_our_data(subsets, hs_read, random_
     stage_dir = subsets
     assert hs_read["extracted_now"] == 20
     H = random_target.hidden_size
-    ds = ArrowDataset(max_len=1024, datapath=str(stage_dir / "tokenized_20"), transfer=FileTransfer(stage_dir / "hs_read"), on_missing="raise")
+    ds = ArrowDataset(
+        max_len=1024,
+        datapath=str(stage_dir / "tokenized_20"),
+        transfer=FileTransfer(stage_dir / "hs_read"),
+        on_missing="raise",
+    )
     assert len(ds) == 20
     items = [ds[i] for i in range(3)]
     for item in items:
@@ -373,21 +440,29 @@ def test_speculators_dataset_and_collate_read_our_data(subsets, hs_read, random_
     assert batch["verifier_last_hidden_states"].shape == (1, 1024, H)
     assert batch["input_ids"].shape == batch["loss_mask"].shape == (1, 1024)
     lengths = [item["input_ids"].shape[0] for item in items]
-    assert total <= 1024 and batch["document_ids"][0, :total].tolist() == sum(([k] * n for k, n in enumerate(lengths)), [])
+    assert total <= 1024 and batch["document_ids"][0, :total].tolist() == sum(
+        ([k] * n for k, n in enumerate(lengths)), []
+    )
     assert (batch["document_ids"][0, total:] == -1).all()
-    torch.testing.assert_close(batch["verifier_last_hidden_states"][0, : lengths[0]], items[0]["verifier_last_hidden_states"])
+    torch.testing.assert_close(
+        batch["verifier_last_hidden_states"][0, : lengths[0]],
+        items[0]["verifier_last_hidden_states"],
+    )
 
 
 # ---- format fp8, mode online, the plan ----------------------------------------------------------
 
-def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(subsets, random_target, target_f32):
+
+def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(
+    subsets, random_target, target_f32
+):
     """format fp8: hs-connectors' layout, its bytes per token, speculators' ArrowDataset with
     FP8Transfer loads it, and the last state through norm + lm_head keeps the target's argmax."""
-    from datasets import load_from_disk
     from hs_connectors import FP8Transfer
     from safetensors import safe_open
     from speculators.train.data import ArrowDataset
 
+    from datasets import load_from_disk
     from draftline.hs_format import bytes_per_token, minimum_bytes_per_token
 
     (subsets / "params.yaml").write_text(PARAMS.replace("dtype: bfloat16,", "format: fp8,"))
@@ -397,8 +472,14 @@ def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(s
     finally:
         (subsets / "params.yaml").write_text(PARAMS)
     H = random_target.hidden_size
-    assert report["format"] == "fp8" and report["extracted_now"] == 20 and report["dtype"] == "float8_e4m3fn"
-    assert again["extracted_now"] == 0 and again["reused"] == 20  # the rerun checks fp8 files as valid
+    assert (
+        report["format"] == "fp8"
+        and report["extracted_now"] == 20
+        and report["dtype"] == "float8_e4m3fn"
+    )
+    assert (
+        again["extracted_now"] == 0 and again["reused"] == 20
+    )  # the rerun checks fp8 files as valid
     rows = load_from_disk(str(subsets / "tokenized_20")).with_format(None)["input_ids"]
     out = subsets / "hs_fp8"
     with safe_open(str(out / "hs_0.safetensors"), framework="pt") as f:
@@ -407,21 +488,35 @@ def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(s
         assert f.get_slice("hidden_states_scales").get_shape() == [len(rows[0]), 1, 1]
     tokens = sum(len(r) for r in rows)
     files = sum(hidden.hs_path(out, i).stat().st_size for i in range(20))
-    assert files - tokens * bytes_per_token(H, "fp8") < 20 * 400  # the estimate is the content; headers are small
-    assert bytes_per_token(H, "fp8") / minimum_bytes_per_token(H, "fp8") == (4 * H + 12) / (4 * H + 4)
+    assert (
+        files - tokens * bytes_per_token(H, "fp8") < 20 * 400
+    )  # the estimate is the content; headers are small
+    assert bytes_per_token(H, "fp8") / minimum_bytes_per_token(H, "fp8") == (4 * H + 12) / (
+        4 * H + 4
+    )
     assert report["bytes_per_token"] == 4 * H + 12
 
     # The random target's logits are nearly flat (median top-2 gap ~0.03), so fp8 rounding flips
     # near-ties; away from them the argmax must hold. On the trained default target it holds on
     # >= 99% of all positions (overhead/hs_extraction.py measures it).
-    ds = ArrowDataset(max_len=1024, datapath=str(subsets / "tokenized_20"), transfer=FP8Transfer(out), on_missing="raise")
+    ds = ArrowDataset(
+        max_len=1024,
+        datapath=str(subsets / "tokenized_20"),
+        transfer=FP8Transfer(out),
+        on_missing="raise",
+    )
     agree = total = clear_agree = clear = 0
     for i in range(20):
         item = ds[i]
-        assert item["hidden_states"].dtype == torch.bfloat16 and item["hidden_states"].shape == (len(rows[i]), 3 * H)
+        assert item["hidden_states"].dtype == torch.bfloat16 and item["hidden_states"].shape == (
+            len(rows[i]),
+            3 * H,
+        )
         with torch.no_grad():
             logits = target_f32(input_ids=torch.tensor([rows[i]])).logits[0]
-            got = target_f32.lm_head(target_f32.model.norm(item["verifier_last_hidden_states"].float())).argmax(-1)
+            got = target_f32.lm_head(
+                target_f32.model.norm(item["verifier_last_hidden_states"].float())
+            ).argmax(-1)
         same = got == logits.argmax(-1)
         top2 = logits.topk(2).values
         not_tie = top2[:, 0] - top2[:, 1] > 0.05
@@ -430,14 +525,18 @@ def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(s
     assert clear_agree / clear >= 0.99 and clear > total / 3 and agree / total >= 0.9
 
 
-def test_online_mode_writes_only_meta_and_report_and_keeps_offline_files(subsets, hs_read, random_target):
+def test_online_mode_writes_only_meta_and_report_and_keeps_offline_files(
+    subsets, hs_read, random_target
+):
     import shutil
 
     out = subsets / "hs_online"
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(subsets / "hs_read", out)  # an offline run's files: kept for a switch back
     files = {f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors")}
-    (subsets / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 1024, mode: online"))
+    (subsets / "params.yaml").write_text(
+        PARAMS.replace("token_budget: 1024", "token_budget: 1024, mode: online")
+    )
     try:
         report = run_stage(subsets, "tokenized_20", "hs_online")
     finally:
@@ -445,9 +544,13 @@ def test_online_mode_writes_only_meta_and_report_and_keeps_offline_files(subsets
     meta = json.loads((out / "meta.json").read_text())
     assert meta["mode"] == "online" and meta["format"] == "bf16" and report["mode"] == "online"
     assert report["extracted_now"] == 0 and report["files_kept_from_offline"] == 20
-    assert report["offline_bytes"]["offline_bf16"] == report["tokens"] * (4 * random_target.hidden_size * 2 + 8)
+    assert report["offline_bytes"]["offline_bf16"] == report["tokens"] * (
+        4 * random_target.hidden_size * 2 + 8
+    )
     assert {f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors")} == files
-    back = run_stage(subsets, "tokenized_20", "hs_online")  # offline again, same target: every file reused
+    back = run_stage(
+        subsets, "tokenized_20", "hs_online"
+    )  # offline again, same target: every file reused
     assert back["reused"] == 20 and back["extracted_now"] == 0
 
 
@@ -461,28 +564,49 @@ def test_refusal_names_the_modes_that_would_fit(subsets, capsys):
     H = 64
     bf16, fp8 = tokens * (8 * H + 8), tokens * (4 * H + 12)
     margin = free / (bf16 + fp8) * 2  # bf16 does not fit, fp8 does
-    (subsets / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", f"token_budget: 1024, disk_margin: {margin}"))
+    (subsets / "params.yaml").write_text(
+        PARAMS.replace("token_budget: 1024", f"token_budget: 1024, disk_margin: {margin}")
+    )
     try:
         with pytest.raises(SystemExit) as err:
             run_stage(subsets, "tokenized_20", "hs_refused")
     finally:
         (subsets / "params.yaml").write_text(PARAMS)
     message = str(err.value)
-    assert "not enough disk" in message and "hidden_states.format: fp8" in message and "hidden_states.mode: online" in message
+    assert (
+        "not enough disk" in message
+        and "hidden_states.format: fp8" in message
+        and "hidden_states.mode: online" in message
+    )
     assert "draftline.plan" in message and not list((subsets / "hs_refused").glob("hs_*"))
 
 
 def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path, random_target):
     (tmp_path / "params.yaml").write_text(PARAMS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "draftline.plan", "--hidden-size", "7168", "--samples", "25000", "--tokens-per-sample", "4000",
-           "--free-gb", "2800", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftline.plan",
+        "--hidden-size",
+        "7168",
+        "--samples",
+        "25000",
+        "--tokens-per-sample",
+        "4000",
+        "--free-gb",
+        "2800",
+        "--json",
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     modes = plan["modes"]
     assert plan["tokens"] == 100_000_000
-    assert modes["offline_bf16"]["bytes_per_token"] == 4 * 7168 * 2 + 8 and modes["offline_bf16"]["total_bytes"] == 100_000_000 * 57352
+    assert (
+        modes["offline_bf16"]["bytes_per_token"] == 4 * 7168 * 2 + 8
+        and modes["offline_bf16"]["total_bytes"] == 100_000_000 * 57352
+    )
     assert modes["offline_fp8"]["bytes_per_token"] / (4 * 7168 + 4) <= 1.01
     assert not modes["offline_bf16"]["fits"] and modes["online"]["fits"]
     assert modes["online"]["target_forwards_per_epoch"] >= 100_000_000 // 1024
@@ -490,18 +614,28 @@ def test_plan_prints_the_seeds_scale_without_model_or_gpu(tmp_path, random_targe
     assert "| offline fp8 | 28,684 |" in table and "5.7 TB" in table
     # without data yet: an upper bound from samples x max_length, with the card's hidden size
     replace(random_target, hidden_size=64).write(tmp_path / "card.json")
-    bound = json.loads(subprocess.run([sys.executable, "-m", "draftline.plan", "--card", "card.json", "--json"], cwd=tmp_path,
-                                      env=env, capture_output=True, text=True).stdout)
+    bound = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "draftline.plan", "--card", "card.json", "--json"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert bound["tokens"] == 10 * 256 and "upper bound" in bound["tokens_from"]
 
 
 # ---- backend vllm ------------------------------------------------------------------------------
 
+
 def test_generate_offline_data_command_parses_with_speculators_own_cli():
     import typer.main
     from speculators.cli import app
 
-    cmd = commands.generate_offline_data_command("http://127.0.0.1:8012/v1", Path("tok"), Path("hs"), 8, 60.0, 2)
+    cmd = commands.generate_offline_data_command(
+        "http://127.0.0.1:8012/v1", Path("tok"), Path("hs"), 8, 60.0, 2
+    )
     assert cmd[:3] == [sys.executable, "-m", "speculators"]
     group = typer.main.get_command(app)
 
@@ -513,32 +647,64 @@ def test_generate_offline_data_command_parses_with_speculators_own_cli():
     name, params = parse(cmd[3:])
     assert name == "generate-offline-data"
     assert params["endpoint"] == "http://127.0.0.1:8012/v1" and params["preprocessed_data"] == "tok"
-    assert params["output"] == "hs" and params["concurrency"] == 8 and params["validate_outputs"] is True
+    assert (
+        params["output"] == "hs"
+        and params["concurrency"] == 8
+        and params["validate_outputs"] is True
+    )
     assert params["request_timeout"] == 60.0 and params["max_retries"] == 2
-    with pytest.raises(Exception, match="No such option: --no-such-flag"):  # the parse really checks names
+    with pytest.raises(
+        Exception, match="No such option: --no-such-flag"
+    ):  # the parse really checks names
         parse([*cmd[3:], "--no-such-flag"])
 
 
 def test_vllm_extract_command_asks_for_aux_layers_and_the_last_one(tmp_path):
-    cmd = commands.vllm_extract_command("/venv/bin/python", "org/target", "abc123", [2, 16, 29], 32, tmp_path / "staging",
-                                        "127.0.0.1", 8012, "bfloat16", 4, 4097, 0.8, ["--enforce-eager"])
+    cmd = commands.vllm_extract_command(
+        "/venv/bin/python",
+        "org/target",
+        "abc123",
+        [2, 16, 29],
+        32,
+        tmp_path / "staging",
+        "127.0.0.1",
+        8012,
+        "bfloat16",
+        4,
+        4097,
+        0.8,
+        ["--enforce-eager"],
+    )
     assert cmd[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "org/target"]
     flags = dict(zip(cmd[5:-1:2], cmd[6:-1:2]))
     spec = json.loads(flags["--speculative-config"])
     # speculators' scripts/launch_vllm.py: extract_hidden_states with ids + [num_layers] (the last layer)
-    assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29, 32]}}}
+    assert spec == {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29, 32]}},
+    }
     assert json.loads(flags["--kv-transfer-config"]) == {
-        "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "staging")}}
-    assert flags["--tensor-parallel-size"] == "4" and flags["--max-model-len"] == "4097" and flags["--dtype"] == "bfloat16"
-    assert flags["--revision"] == "abc123" and flags["--port"] == "8012" and cmd[-1] == "--enforce-eager"
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "staging")},
+    }
+    assert (
+        flags["--tensor-parallel-size"] == "4"
+        and flags["--max-model-len"] == "4097"
+        and flags["--dtype"] == "bfloat16"
+    )
+    assert (
+        flags["--revision"] == "abc123"
+        and flags["--port"] == "8012"
+        and cmd[-1] == "--enforce-eager"
+    )
 
 
 # vLLM needs a GPU; this stand-in speaks its wire format for extraction (GET /health, /v1/models;
 # POST /v1/completions with prompt token ids -> a safetensors file in the connector's
 # shared_storage_path and its path in kv_transfer_params) and records its command line.
-FAKE_VLLM = r'''
+FAKE_VLLM = r"""
 import argparse, json, os, struct, sys, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -596,7 +762,7 @@ class Handler(BaseHTTPRequestHandler):
                     "kv_transfer_params": {"hidden_states_path": path}})
 
 ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
-'''
+"""
 
 
 def free_port() -> int:
@@ -614,14 +780,18 @@ def fake_vllm_python(tmp_path, random_target, monkeypatch) -> Path:
         (d / "__init__.py").write_text("")
     (stub / "main.py").write_text(FAKE_VLLM)
     python = tmp_path / "python-with-vllm"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'stub'}:{REPO} exec {sys.executable} \"$@\"\n")
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH={tmp_path / "stub"}:{REPO} exec {sys.executable} "$@"\n'
+    )
     python.chmod(0o755)
     monkeypatch.setenv("FAKE_VLLM_ARGS", str(tmp_path / "args.json"))
     monkeypatch.setenv("FAKE_VLLM_HIDDEN", str(random_target.hidden_size))
     return python
 
 
-def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(subsets, hs_read, random_target, monkeypatch, tmp_path):
+def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(
+    subsets, hs_read, random_target, monkeypatch, tmp_path
+):
     """The stage with backend vllm: launches the server, runs speculators' real client, keeps the
     valid files of an earlier (hf) run, redoes missing and mismatched ones, stops the server."""
     import shutil
@@ -637,38 +807,55 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(subsets, hs
     for i in (2, 7, 11):
         hidden.hs_path(out, i).unlink()
     shutil.copy(hidden.hs_path(out, 0), hidden.hs_path(out, 5))  # another row's tokens
-    kept = {f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors") if f.name != "hs_5.safetensors"}
+    kept = {
+        f.name: f.stat().st_mtime_ns
+        for f in out.glob("hs_*.safetensors")
+        if f.name != "hs_5.safetensors"
+    }
 
-    params = PARAMS.replace("hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
-                            f"hidden_states:\n  backend: vllm\n  dtype: bfloat16\n  vllm: {{python: {python}, port: {free_port()}, "
-                            f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}")
+    params = PARAMS.replace(
+        "hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
+        f"hidden_states:\n  backend: vllm\n  dtype: bfloat16\n  vllm: {{python: {python}, port: {free_port()}, "
+        f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}",
+    )
     (stage_dir / "params.yaml").write_text(params)
     try:
         report = run_stage(stage_dir, "tokenized_20", "hs_vllm")
     finally:
         (stage_dir / "params.yaml").write_text(PARAMS)
     assert report["backend"] == "vllm" and report["extracted_now"] == 4 and report["reused"] == 16
-    assert {f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors") if f.name in kept} == kept
+    assert {
+        f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors") if f.name in kept
+    } == kept
     assert all_valid(stage_dir, "tokenized_20", "hs_vllm", random_target.hidden_size)
     assert not (out / hidden.VLLM_STAGING).exists()
     argv = json.loads((tmp_path / "args.json").read_text())
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [*random_target.aux_ids, random_target.num_layers]
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        *random_target.aux_ids,
+        random_target.num_layers,
+    ]
     data = load_file(str(hidden.hs_path(out, 5)))
     ids = data["token_ids"]
     expected = (ids % 64).float()[:, None, None] + torch.arange(4.0)[None, :, None]
-    assert torch.equal(data["hidden_states"].float(), expected.expand(-1, -1, random_target.hidden_size))
+    assert torch.equal(
+        data["hidden_states"].float(), expected.expand(-1, -1, random_target.hidden_size)
+    )
 
 
-def test_vllm_backend_with_format_fp8_uses_the_fp8_connector(subsets, random_target, monkeypatch, tmp_path):
+def test_vllm_backend_with_format_fp8_uses_the_fp8_connector(
+    subsets, random_target, monkeypatch, tmp_path
+):
     """format fp8 with backend vllm: the server gets hs-connectors' FP8 connector config, the files
     it writes (fp8 + scales) are checked by the stage itself and read back through FP8Transfer."""
     from hs_connectors import FP8Transfer
 
     python = fake_vllm_python(tmp_path, random_target, monkeypatch)
-    params = PARAMS.replace("hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
-                            f"hidden_states:\n  backend: vllm\n  format: fp8\n  vllm: {{python: {python}, port: {free_port()}, "
-                            f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}")
+    params = PARAMS.replace(
+        "hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
+        f"hidden_states:\n  backend: vllm\n  format: fp8\n  vllm: {{python: {python}, port: {free_port()}, "
+        f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}",
+    )
     (subsets / "params.yaml").write_text(params)
     try:
         report = run_stage(subsets, "tokenized_20", "hs_vllm_fp8")
@@ -677,7 +864,10 @@ def test_vllm_backend_with_format_fp8_uses_the_fp8_connector(subsets, random_tar
     assert report["format"] == "fp8" and report["extracted_now"] == 20
     argv = json.loads((tmp_path / "args.json").read_text())
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    assert kv["kv_connector"] == "FP8HiddenStatesConnector" and kv["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector"
+    assert (
+        kv["kv_connector"] == "FP8HiddenStatesConnector"
+        and kv["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector"
+    )
     sample = FP8Transfer(subsets / "hs_vllm_fp8", dequantize_dtype=torch.float32).get_cached(3)
     ids = sample["token_ids"]
     expected = (ids % 64).float()[:, None, None] + torch.arange(4.0)[None, :, None]
@@ -691,7 +881,12 @@ def test_hidden_states_params_are_validated():
     from draftline.config import ParamsError, parse_params
 
     base = yaml.safe_load(PARAMS)
-    assert parse_params({**base, "hidden_states": {"backend": "vllm", "vllm": {"tensor_parallel_size": 8}}}).hidden_states.vllm.tensor_parallel_size == 8
+    assert (
+        parse_params(
+            {**base, "hidden_states": {"backend": "vllm", "vllm": {"tensor_parallel_size": 8}}}
+        ).hidden_states.vllm.tensor_parallel_size
+        == 8
+    )
     with pytest.raises(ParamsError, match="device_map applies to backend hf"):
         parse_params({**base, "hidden_states": {"backend": "vllm", "device_map": "auto"}})
     with pytest.raises(ParamsError, match="hidden_states.vllm.tensor_parallel_sise"):
@@ -705,28 +900,57 @@ def test_format_and_mode_params_are_validated():
 
     base = yaml.safe_load(PARAMS)
     hs = parse_params({**base, "hidden_states": {"mode": "online", "format": "fp8"}}).hidden_states
-    assert hs.online.resolved_transfer(hs.format) == "fp8" and hs.online.resolved_transfer("bf16") == "file"
-    with pytest.raises(ParamsError, match="hidden_states: .*dtype: the stored dtype of format bf16"):
+    assert (
+        hs.online.resolved_transfer(hs.format) == "fp8"
+        and hs.online.resolved_transfer("bf16") == "file"
+    )
+    with pytest.raises(
+        ParamsError, match="hidden_states: .*dtype: the stored dtype of format bf16"
+    ):
         parse_params({**base, "hidden_states": {"format": "fp8", "dtype": "float32"}})
-    with pytest.raises(ParamsError, match="online.transfer: file moves bf16 states but format is fp8"):
+    with pytest.raises(
+        ParamsError, match="online.transfer: file moves bf16 states but format is fp8"
+    ):
         parse_params({**base, "hidden_states": {"format": "fp8", "online": {"transfer": "file"}}})
     with pytest.raises(ParamsError, match="hidden_states.format"):
         parse_params({**base, "hidden_states": {"format": "int4"}})
     with pytest.raises(ParamsError, match="hidden_states.online.mooncake.protocol"):
-        parse_params({**base, "hidden_states": {"online": {"transfer": "mooncake", "mooncake": {"protocol": "udp"}}}})
+        parse_params(
+            {
+                **base,
+                "hidden_states": {
+                    "online": {"transfer": "mooncake", "mooncake": {"protocol": "udp"}}
+                },
+            }
+        )
 
 
 def test_plan_estimates_tokens_from_the_prompts_before_tokenizing(tmp_path):
     from draftline import plan
     from draftline.config import parse_params
 
-    prompt = {"id": "a", "messages": [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y" * 999},
-                                      {"role": "user", "content": "z" * 40}, {"role": "assistant", "content": "w"}]}
-    assert plan.estimate_row_tokens(prompt, 96, 512) == 110 + 2 * 96  # prompt text at 4 chars a token, max_tokens per answer
+    prompt = {
+        "id": "a",
+        "messages": [
+            {"role": "user", "content": "x" * 400},
+            {"role": "assistant", "content": "y" * 999},
+            {"role": "user", "content": "z" * 40},
+            {"role": "assistant", "content": "w"},
+        ],
+    }
+    assert (
+        plan.estimate_row_tokens(prompt, 96, 512) == 110 + 2 * 96
+    )  # prompt text at 4 chars a token, max_tokens per answer
     assert plan.estimate_row_tokens(prompt, 400, 512) == 512  # capped at tokenize.max_length
     (tmp_path / "train.jsonl").write_text(json.dumps(prompt) + "\n")
     import yaml
 
     params = parse_params(yaml.safe_load(PARAMS))
-    tokens, rows, source = plan.token_counts(params, tmp_path / "no_tokenized", tmp_path / "train.jsonl")
-    assert rows == 1 and tokens == min(256, 110 + 2 * params.regenerate.max_tokens) and "estimated" in source
+    tokens, rows, source = plan.token_counts(
+        params, tmp_path / "no_tokenized", tmp_path / "train.jsonl"
+    )
+    assert (
+        rows == 1
+        and tokens == min(256, 110 + 2 * params.regenerate.max_tokens)
+        and "estimated" in source
+    )

@@ -9,12 +9,12 @@ import json
 
 import pytest
 import torch
+from family_targets import build_tiny_deepseek_v3, deepseek_tokenizer, quantize_experts_int4
 from safetensors.torch import load_file
+from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 
 from draftline import hidden
 from draftline.target import build_card, load_target, read_verifier_tensors
-from family_targets import build_tiny_deepseek_v3, deepseek_tokenizer, quantize_experts_int4
-from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 
 AUX = [1, 2, 3]
 
@@ -36,13 +36,25 @@ def test_checkpoint_is_packed_like_published_int4_moe(int4_dir):
     quant = json.loads((int4_dir / "config.json").read_text())["quantization_config"]
     assert quant["quant_method"] == "compressed-tensors" and quant["format"] == "pack-quantized"
     weights = quant["config_groups"]["group_0"]["weights"]
-    assert {k: weights[k] for k in ("num_bits", "type", "symmetric", "strategy", "group_size")} == \
-        {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
+    assert {k: weights[k] for k in ("num_bits", "type", "symmetric", "strategy", "group_size")} == {
+        "num_bits": 4,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "group",
+        "group_size": 32,
+    }
     gate = "model.layers.1.mlp.experts.0.gate_proj."
     assert tensors[gate + "weight_packed"].dtype == torch.int32 and gate + "weight" not in tensors
-    assert tensors[gate + "weight_shape"].tolist() == [32, 64] and list(tensors[gate + "weight_scale"].shape) == [32, 2]
-    for plain in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                  "model.layers.1.self_attn.q_a_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"):
+    assert tensors[gate + "weight_shape"].tolist() == [32, 64] and list(
+        tensors[gate + "weight_scale"].shape
+    ) == [32, 2]
+    for plain in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.1.self_attn.q_a_proj.weight",
+        "model.layers.1.mlp.shared_experts.up_proj.weight",
+    ):
         assert tensors[plain].dtype == torch.bfloat16, plain
 
 
@@ -61,16 +73,33 @@ def test_card_and_verifier_tensors_equal_the_dequantized_model(int4_card):
 
 
 def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
-    write_params(tmp_path, {"model": str(int4_dir), "aux_layer_ids": AUX},
-                 tokenize={"max_length": 256}, hidden_states={"device": "cpu", "dtype": "float32"})
+    write_params(
+        tmp_path,
+        {"model": str(int4_dir), "aux_layer_ids": AUX},
+        tokenize={"max_length": 256},
+        hidden_states={"device": "cpu", "dtype": "float32"},
+    )
     run_stage(tmp_path, "target", "models/target")
     conversations = corpus(6, 3)
     prompts = write_prompts(tmp_path / "prompts/train.jsonl", conversations)
     write_regenerated(tmp_path / "regenerated/conversations.jsonl", prompts, conversations)
-    run_stage(tmp_path, "tokenize", "models/target/card.json", "prompts/train.jsonl",
-              "regenerated/conversations.jsonl", "tokenized", "reports/tokenize.json")
-    report = run_stage(tmp_path, "hidden_states", "models/target/card.json", "tokenized", "hidden_states",
-                       "reports/hidden_states.json")
+    run_stage(
+        tmp_path,
+        "tokenize",
+        "models/target/card.json",
+        "prompts/train.jsonl",
+        "regenerated/conversations.jsonl",
+        "tokenized",
+        "reports/tokenize.json",
+    )
+    report = run_stage(
+        tmp_path,
+        "hidden_states",
+        "models/target/card.json",
+        "tokenized",
+        "hidden_states",
+        "reports/hidden_states.json",
+    )
     assert report["extracted_now"] == 6
     card = json.loads((tmp_path / "models/target/card.json").read_text())
     model, _ = load_target(card)
@@ -81,21 +110,42 @@ def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
         with torch.no_grad():
             out = model(input_ids=ids, output_hidden_states=True)
             logits = model.lm_head(norm(stored["hidden_states"][:, 3].float()))
-        assert torch.allclose(logits, out.logits[0], atol=1e-4) and torch.equal(logits.argmax(-1), out.logits[0].argmax(-1))
+        assert torch.allclose(logits, out.logits[0], atol=1e-4) and torch.equal(
+            logits.argmax(-1), out.logits[0].argmax(-1)
+        )
         for slot, layer in enumerate(AUX):
-            assert torch.allclose(stored["hidden_states"][:, slot], out.hidden_states[layer][0], atol=1e-5)
+            assert torch.allclose(
+                stored["hidden_states"][:, slot], out.hidden_states[layer][0], atol=1e-5
+            )
 
 
 def test_engine_command_lines_take_the_quantization_from_the_checkpoint(int4_card, tmp_path):
-    from draftline.config import BenchmarkConfig, RegenerateConfig
     from draftline.commands import benchmark_serve_command, regenerate_command, vllm_extract_command
+    from draftline.config import BenchmarkConfig, RegenerateConfig
 
     card = int4_card
-    commands = [regenerate_command(RegenerateConfig(backend=b, tensor_parallel_size=8), card, "kimi") for b in ("vllm", "sglang")]
-    commands.append(vllm_extract_command("python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 8, 4096, 0.9, []))
-    commands += [benchmark_serve_command(e, card, BenchmarkConfig(engine=e, vllm={"args": ["--tensor-parallel-size", "8"]},
-                                                                  sglang={"args": ["--tp-size", "8"]}), "/draft")
-                 for e in ("vllm", "sglang")]
+    commands = [
+        regenerate_command(RegenerateConfig(backend=b, tensor_parallel_size=8), card, "kimi")
+        for b in ("vllm", "sglang")
+    ]
+    commands.append(
+        vllm_extract_command(
+            "python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 8, 4096, 0.9, []
+        )
+    )
+    commands += [
+        benchmark_serve_command(
+            e,
+            card,
+            BenchmarkConfig(
+                engine=e,
+                vllm={"args": ["--tensor-parallel-size", "8"]},
+                sglang={"args": ["--tp-size", "8"]},
+            ),
+            "/draft",
+        )
+        for e in ("vllm", "sglang")
+    ]
     for cmd in commands:
         assert card.model in cmd or str(card.model) in " ".join(cmd)
         assert "--quantization" not in cmd and "--trust-remote-code" not in cmd

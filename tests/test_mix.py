@@ -15,7 +15,10 @@ from draftline.mixing import mix_datasets, shortfall_problems, shortfall_table
 from draftline.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = {"messages": ROOT / "datasets/samples/openai_messages.jsonl", "sharegpt": ROOT / "datasets/samples/sharegpt.jsonl"}
+SAMPLES = {
+    "messages": ROOT / "datasets/samples/openai_messages.jsonl",
+    "sharegpt": ROOT / "datasets/samples/sharegpt.jsonl",
+}
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +28,19 @@ def pools() -> dict[str, list[dict]]:
 
 
 def make_pool(source: str, n: int, prompt_chars=lambda i: 8) -> list[dict]:
-    return [{"id": f"{source}-{i}", "source": source, "tools": None, "prompt_tokens_est": -(-prompt_chars(i) // 4),
-             "messages": [{"role": "user", "content": f"{source} question {i}".ljust(prompt_chars(i), ".")},
-                          {"role": "assistant", "content": ""}]} for i in range(n)]
+    return [
+        {
+            "id": f"{source}-{i}",
+            "source": source,
+            "tools": None,
+            "prompt_tokens_est": -(-prompt_chars(i) // 4),
+            "messages": [
+                {"role": "user", "content": f"{source} question {i}".ljust(prompt_chars(i), ".")},
+                {"role": "assistant", "content": ""},
+            ],
+        }
+        for i in range(n)
+    ]
 
 
 def mix(pools, weights, samples, eval_samples=24, threshold=1024, seed=0, caps=None):
@@ -42,7 +55,9 @@ def test_train_is_prefix_stable_and_eval_does_not_move(pools):
     assert train_200[:50] == train_50
     assert eval_50 == eval_200 and len(eval_200) == 24
     eval_ids = {r["id"] for r in eval_200}
-    assert not eval_ids & {r["id"] for r in mix(pools, weights, 2000)[0]}  # disjoint even when all is taken
+    assert not eval_ids & {
+        r["id"] for r in mix(pools, weights, 2000)[0]
+    }  # disjoint even when all is taken
     assert mix(pools, weights, 50, seed=1)[1] != eval_50  # the seed does reshuffle
 
 
@@ -59,7 +74,9 @@ def test_weights_roughly_honoured(pools):
 
 def test_dataset_that_runs_out_stops_and_shortfall_is_reported():
     small, big = make_pool("small", 30), make_pool("big", 1000)
-    train, eval_rows, report = mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10)
+    train, eval_rows, report = mix(
+        {"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10
+    )
     assert len(train) == 200 and report["shortfall"] == {"train": 0, "eval": 0}
     assert report["train"]["by_source"] == {"big": 175, "small": 25}  # 5 of small's 30 went to eval
     train, eval_rows, report = mix({"small": small}, {"small": 1}, 200, eval_samples=10)
@@ -69,18 +86,25 @@ def test_dataset_that_runs_out_stops_and_shortfall_is_reported():
 
 
 def test_partition_tagging():
-    pool = make_pool("p", 100, prompt_chars=lambda i: 4000 if i % 4 == 0 else 40)  # 1000 vs 10 tokens
+    pool = make_pool(
+        "p", 100, prompt_chars=lambda i: 4000 if i % 4 == 0 else 40
+    )  # 1000 vs 10 tokens
     train, eval_rows, report = mix({"p": pool}, {"p": 1}, 76, threshold=999)
     for row in train + eval_rows:
         assert row["partition"] == ("long" if row["prompt_tokens_est"] > 999 else "short")
     assert report["train"]["by_partition"]["long"] + report["eval"]["by_partition"]["long"] == 25
-    assert mix({"p": pool}, {"p": 1}, 76, threshold=1000)[2]["train"]["by_partition"]["long"] == 0  # "above" is strict
+    assert (
+        mix({"p": pool}, {"p": 1}, 76, threshold=1000)[2]["train"]["by_partition"]["long"] == 0
+    )  # "above" is strict
 
 
 def test_cross_dataset_duplicates_kept_once(pools):
     _, _, report = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 5000)
-    assert report["duplicates_dropped"] == {"total": 72, "by_source": {"messages": 0, "sharegpt": 72},
-                                            "copies_of": {"sharegpt": {"messages": 72}}}
+    assert report["duplicates_dropped"] == {
+        "total": 72,
+        "by_source": {"messages": 0, "sharegpt": 72},
+        "copies_of": {"sharegpt": {"messages": 72}},
+    }
     assert report["available"] == {"messages": 594, "sharegpt": 522}
     # Same content under different ids: kept in the first dataset by name; same id, other content: renamed.
     a, b = make_pool("a", 5), make_pool("b", 5)
@@ -95,18 +119,53 @@ def test_cross_dataset_duplicates_kept_once(pools):
 
 def test_shortfall_is_worded_with_numbers_per_dataset():
     small, big = make_pool("small", 30), make_pool("big", 1000)
-    _, _, report = mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10)
-    assert report["per_dataset"]["small"] == {"weight": 0.5, "wanted_train": 100, "available": 30, "train": 25, "eval": 5,
-                                              "share": 0.125, "capped": False, "short_of_weight": True}
-    assert not report["weights_honoured"] and report["max_samples_at_weights"] == 50  # small's 25 train rows = half
+    _, _, report = mix(
+        {"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10
+    )
+    assert report["per_dataset"]["small"] == {
+        "weight": 0.5,
+        "wanted_train": 100,
+        "available": 30,
+        "train": 25,
+        "eval": 5,
+        "share": 0.125,
+        "capped": False,
+        "short_of_weight": True,
+    }
+    assert (
+        not report["weights_honoured"] and report["max_samples_at_weights"] == 50
+    )  # small's 25 train rows = half
     (problem,) = shortfall_problems(report)  # 200 rows drawn, but not at the weights
     assert "small ran out" in problem
-    assert shortfall_problems(mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 50, eval_samples=10)[2]) == []
-    _, _, report = mix({"small": small}, {"small": 1}, 200, eval_samples=10)  # one dataset: short, no drift
-    assert shortfall_problems(report) == ["samples=200 asks for 200 train prompts; the datasets supply 20"]
-    assert shortfall_table(report).splitlines()[1].split() == ["small", "100%", "200", "30", "10", "20", "100%"]
+    assert (
+        shortfall_problems(
+            mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 50, eval_samples=10)[2]
+        )
+        == []
+    )
+    _, _, report = mix(
+        {"small": small}, {"small": 1}, 200, eval_samples=10
+    )  # one dataset: short, no drift
+    assert shortfall_problems(report) == [
+        "samples=200 asks for 200 train prompts; the datasets supply 20"
+    ]
+    assert shortfall_table(report).splitlines()[1].split() == [
+        "small",
+        "100%",
+        "200",
+        "30",
+        "10",
+        "20",
+        "100%",
+    ]
     # a cap is a decision: the others filling in for it is no shortfall
-    _, _, report = mix({"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10, caps={"small": 20})
+    _, _, report = mix(
+        {"small": small, "big": big},
+        {"small": 0.5, "big": 0.5},
+        200,
+        eval_samples=10,
+        caps={"small": 20},
+    )
     assert report["weights_honoured"] and shortfall_problems(report) == []
 
 
@@ -116,15 +175,35 @@ def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.Comp
     reports.mkdir(parents=True, exist_ok=True)
     for name, rows in pools.items():
         (prepared / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (reports / f"{name}.json").write_text(json.dumps({"rows_read": 600, "rows_kept": 594,
-                                                          "dropped": {"empty": 1, "duplicate": 1, name: 4}}))
+        (reports / f"{name}.json").write_text(
+            json.dumps(
+                {
+                    "rows_read": 600,
+                    "rows_kept": 594,
+                    "dropped": {"empty": 1, "duplicate": 1, name: 4},
+                }
+            )
+        )
     (tmp_path / "params.yaml").write_text(
         f"samples: {samples}\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
         f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"
-        f"mix: {{weights: {{messages: 0.5, sharegpt: 0.5}}, eval_samples: 12, long_threshold_tokens: 100{mix_extra}}}\n")
-    return subprocess.run([sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "reports/prepare", "mixed",
-                           "reports/mix.json"],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+        f"mix: {{weights: {{messages: 0.5, sharegpt: 0.5}}, eval_samples: 12, long_threshold_tokens: 100{mix_extra}}}\n"
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            str(ROOT / "stages/mix.py"),
+            "prepared",
+            "reports/prepare",
+            "mixed",
+            "reports/mix.json",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
@@ -132,7 +211,11 @@ def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
     assert done.returncode == 1 and not (tmp_path / "mixed/train.jsonl").exists()
     assert "samples=100000 asks for 100000 train prompts; the datasets supply 1104" in done.stderr
     assert "sharegpt ran out before giving its share of the weights" in done.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in done.stderr.splitlines() if line.startswith("  ")}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in done.stderr.splitlines()
+        if line.startswith("  ")
+    }
     assert rows["messages"] == ["50%", "50000", "594", "6", "588", "53%"]
     assert rows["sharegpt"] == ["50%", "50000", "522", "6", "516", "47%"]
     for line in ("at most 1032 keeps the weights", "mix.allow_shortfall: true"):
@@ -141,9 +224,15 @@ def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
     assert done.returncode == 0, done.stderr
     assert "SHORTFALL accepted (mix.allow_shortfall: true)" in done.stderr
     report = json.loads((tmp_path / "reports/mix.json").read_text())
-    assert report["train"]["rows"] == 1104 and report["allow_shortfall"] and not report["weights_honoured"]
+    assert (
+        report["train"]["rows"] == 1104
+        and report["allow_shortfall"]
+        and not report["weights_honoured"]
+    )
     assert report["per_dataset"]["messages"]["share"] == round(588 / 1104, 4)
-    assert json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 1104  # what evaluate plots
+    assert (
+        json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 1104
+    )  # what evaluate plots
 
 
 def test_mix_stage(tmp_path, pools):
@@ -156,9 +245,16 @@ def test_mix_stage(tmp_path, pools):
     assert train == expected_train and eval_rows == expected_eval  # light rows in, full records out
     assert set(train[0]) == {"id", "source", "messages", "tools", "prompt_tokens_est", "partition"}
     report = json.loads((tmp_path / "reports/mix.json").read_text())
-    assert report["train"]["by_partition"]["long"] == sum(r["partition"] == "long" for r in train) > 0
-    assert report["dropped_by_reason"] == {"duplicate_across_datasets": 72, "duplicate": 2, "empty": 2,
-                                           "messages": 4, "sharegpt": 4}
+    assert (
+        report["train"]["by_partition"]["long"] == sum(r["partition"] == "long" for r in train) > 0
+    )
+    assert report["dropped_by_reason"] == {
+        "duplicate_across_datasets": 72,
+        "duplicate": 2,
+        "empty": 2,
+        "messages": 4,
+        "sharegpt": 4,
+    }
     assert report["prepare"]["sharegpt"]["rows_kept"] == 594
     meta = json.loads((tmp_path / "mixed/meta.json").read_text())
     assert meta["stage"] == "mix" and set(meta["inputs"]) == {"messages", "sharegpt"}
@@ -167,24 +263,31 @@ def test_mix_stage(tmp_path, pools):
 def test_caps_limit_train_rows_and_stay_prefix_stable(pools):
     weights = {"messages": 0.5, "sharegpt": 0.5}
     train, eval_rows, report = mix(pools, weights, 300, caps={"sharegpt": 100})
-    assert report["train"]["by_source"] == {"messages": 200, "sharegpt": 100} and report["capped"] == ["sharegpt"]
+    assert report["train"]["by_source"] == {"messages": 200, "sharegpt": 100} and report[
+        "capped"
+    ] == ["sharegpt"]
     assert eval_rows == mix(pools, weights, 300)[1]  # eval is drawn before any cap applies
     uncapped = mix(pools, weights, 300)[0]
     assert train[:150] == uncapped[:150]  # identical until sharegpt reaches its cap (~row 200)
     assert mix(pools, weights, 120, caps={"sharegpt": 100})[0] == train[:120]
-    assert mix(pools, weights, 300, caps={"sharegpt": 0})[2]["train"]["by_source"] == {"messages": 300}
+    assert mix(pools, weights, 300, caps={"sharegpt": 0})[2]["train"]["by_source"] == {
+        "messages": 300
+    }
     with pytest.raises(ValueError, match="mix.caps names unknown datasets \\['nope'\\]"):
         mix(pools, weights, 10, caps={"nope": 1})
 
 
 # ---- properties ------------------------------------------------------------------------------
 
+
 @st.composite
 def mixes(draw):
     """Small pools (some content shared across datasets), weights, caps, seed and two sizes N < M."""
     names = draw(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True))
     pools = {name: make_pool(name, draw(st.integers(0, 40))) for name in names}
-    if len(names) > 1 and draw(st.booleans()):  # the second dataset repeats some of the first's conversations
+    if len(names) > 1 and draw(
+        st.booleans()
+    ):  # the second dataset repeats some of the first's conversations
         first, second = pools[names[0]], pools[names[1]]
         for j in range(min(len(first), len(second), draw(st.integers(0, 10)))):
             second[j] = {**first[j], "id": f"{names[1]}-copy-{j}", "source": names[1]}
@@ -193,7 +296,15 @@ def mixes(draw):
         weights[names[0]] = 1.0
     caps = {name: draw(st.integers(0, 30)) for name in names if draw(st.booleans())}
     n = draw(st.integers(1, 60))
-    return pools, weights, caps, draw(st.integers(1, 10)), draw(st.integers(0, 2**32)), n, draw(st.integers(n + 1, 120))
+    return (
+        pools,
+        weights,
+        caps,
+        draw(st.integers(1, 10)),
+        draw(st.integers(0, 2**32)),
+        n,
+        draw(st.integers(n + 1, 120)),
+    )
 
 
 def mix_or_none(pools, weights, samples, eval_samples, seed, caps):
@@ -204,7 +315,9 @@ def mix_or_none(pools, weights, samples, eval_samples, seed, caps):
         return None
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(mixes())
 def test_property_prefix_stable_and_eval_disjoint(case):
     pools, weights, caps, eval_samples, seed, n, m = case
@@ -228,10 +341,21 @@ def test_property_prefix_stable_and_eval_disjoint(case):
 def test_reports_break_sources_down_by_the_rows_own_source():
     """Issue #16.6: a blended dataset's rows keep their upstream source (`source_detail`), and the
     mix report counts them per dataset."""
-    blend = [{**row, "source_detail": "math" if i % 3 else "code"} for i, row in enumerate(make_pool("blend", 60))]
-    train, eval_rows, report = mix({"blend": blend, "plain": make_pool("plain", 60)}, {"blend": 1, "plain": 1}, 40, 10)
+    blend = [
+        {**row, "source_detail": "math" if i % 3 else "code"}
+        for i, row in enumerate(make_pool("blend", 60))
+    ]
+    train, eval_rows, report = mix(
+        {"blend": blend, "plain": make_pool("plain", 60)}, {"blend": 1, "plain": 1}, 40, 10
+    )
     counts = report["train"]["by_source_detail"]
-    assert set(counts) == {"blend"} and sum(counts["blend"].values()) == report["train"]["by_source"]["blend"]
+    assert (
+        set(counts) == {"blend"}
+        and sum(counts["blend"].values()) == report["train"]["by_source"]["blend"]
+    )
     assert set(counts["blend"]) == {"math", "code"}
     assert all(r.get("source_detail") for r in train if r["source"] == "blend")
-    assert "by_source_detail" not in mix({"plain": make_pool("plain", 60)}, {"plain": 1}, 40, 10)[2]["train"]
+    assert (
+        "by_source_detail"
+        not in mix({"plain": make_pool("plain", 60)}, {"plain": 1}, 40, 10)[2]["train"]
+    )

@@ -16,12 +16,20 @@ SHARED = {
 
 
 def test_no_two_files_share_a_stem():
-    files = subprocess.run(["git", "ls-files", "*.py", "*.sh"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.py", "*.sh"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     by_stem = defaultdict(set)
     for path in files:
         if not path.startswith("tests/"):
             by_stem[Path(path).stem].add(path)
-    clashes = {stem: sorted(paths) for stem, paths in by_stem.items()
-               if len(paths) > 1 and SHARED.get(stem, set()) is not None and not paths <= SHARED.get(stem, set())}
-    assert not clashes, f"files sharing a name for different jobs (rename one, or list the pair in SHARED): {clashes}"
+    clashes = {
+        stem: sorted(paths)
+        for stem, paths in by_stem.items()
+        if len(paths) > 1
+        and SHARED.get(stem, set()) is not None
+        and not paths <= SHARED.get(stem, set())
+    }
+    assert not clashes, (
+        f"files sharing a name for different jobs (rename one, or list the pair in SHARED): {clashes}"
+    )

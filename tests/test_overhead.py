@@ -11,22 +11,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bench(script: str, tmp_path: Path, *args: str) -> dict:
     out = tmp_path / f"{script}.json"
-    proc = subprocess.run([sys.executable, f"overhead/{script}.py", *args, "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, f"overhead/{script}.py", *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 def test_regen_client_overhead(tmp_path):
-    result = bench("regen_client", tmp_path, "--latency", "0.05", "--concurrency", "1", "8", "--waves", "2")
+    result = bench(
+        "regen_client", tmp_path, "--latency", "0.05", "--concurrency", "1", "8", "--waves", "2"
+    )
     theirs = result["speculators_regenerate_responses"]  # side by side on the same stub
     assert set(result["levels"]) == set(theirs) == {"c1", "c8"}
     for level in [*result["levels"].values(), *theirs.values()]:
-        assert 0 < level["ratio"] <= 1.05 and 0 < level["stub_clock_ratio"] <= 1.05 and level["requests"] in (4, 16)
+        assert (
+            0 < level["ratio"] <= 1.05
+            and 0 < level["stub_clock_ratio"] <= 1.05
+            and level["requests"] in (4, 16)
+        )
 
 
 def test_hs_extraction_overhead(tmp_path):
-    result = bench("hs_extraction", tmp_path, "--tiny", "--rows", "3", "--seq", "40", "--repeats", "1")
+    result = bench(
+        "hs_extraction", tmp_path, "--tiny", "--rows", "3", "--seq", "40", "--repeats", "1"
+    )
     assert result["bytes_ratio"] >= 1.0 and result["ratio_ours_over_bare"] > 0
 
 
@@ -37,28 +51,73 @@ def test_dvc_bookkeeping_overhead(tmp_path):
 
 def test_specdec_speedup(tmp_path, random_target, eagle3_draft_dir):
     from draftline.corpus import generate_conversations
-    from draftline.io import write_json, write_jsonl
+    from draftline.io import write_jsonl
 
     random_target.write(tmp_path / "card.json")
-    write_jsonl(tmp_path / "eval.jsonl", [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(3, 4))])
-    result = bench("specdec_speedup", tmp_path, "--card", str(tmp_path / "card.json"), "--draft", str(eagle3_draft_dir),
-                   "--prompts", str(tmp_path / "eval.jsonl"), "--max-new-tokens", "8", "--repeats", "1")
+    write_jsonl(
+        tmp_path / "eval.jsonl",
+        [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(3, 4))],
+    )
+    result = bench(
+        "specdec_speedup",
+        tmp_path,
+        "--card",
+        str(tmp_path / "card.json"),
+        "--draft",
+        str(eagle3_draft_dir),
+        "--prompts",
+        str(tmp_path / "eval.jsonl"),
+        "--max-new-tokens",
+        "8",
+        "--repeats",
+        "1",
+    )
     assert result["outputs_identical"] and result["prompts"] == 3 and result["speedup"] > 0
     assert 1.0 <= result["acceptance_length"] <= 4.0
 
 
 def test_hs_format_tradeoffs(tmp_path):
-    result = bench("hs_format_tradeoffs", tmp_path, "--small", "--small-steps", "5", "--small-rows", "40", "--epochs", "1",
-                   "--argmax-rows", "4")
+    result = bench(
+        "hs_format_tradeoffs",
+        tmp_path,
+        "--small",
+        "--small-steps",
+        "5",
+        "--small-rows",
+        "40",
+        "--epochs",
+        "1",
+        "--argmax-rows",
+        "4",
+    )
     for fmt in ("bf16", "fp8"):
-        assert result["formats"][fmt]["ratio_to_minimum"] >= 1.0 and result["formats"][fmt]["train"]["val_tau_sim"] >= 1.0
-    assert result["formats"]["fp8"]["bytes_per_token"] < result["formats"]["bf16"]["bytes_per_token"]
+        assert (
+            result["formats"][fmt]["ratio_to_minimum"] >= 1.0
+            and result["formats"][fmt]["train"]["val_tau_sim"] >= 1.0
+        )
+    assert (
+        result["formats"]["fp8"]["bytes_per_token"] < result["formats"]["bf16"]["bytes_per_token"]
+    )
     assert result["online"]["train"]["target_forwards_per_epoch"] > 0
 
 
 def test_regen_throughput_bench(tmp_path):
-    result = bench("regen_throughput", tmp_path, "--small", "--targets", "tiny", "--prompts", "4", "--max-tokens", "8",
-                   "--tiny-steps", "5")
+    result = bench(
+        "regen_throughput",
+        tmp_path,
+        "--small",
+        "--targets",
+        "tiny",
+        "--prompts",
+        "4",
+        "--max-tokens",
+        "8",
+        "--tiny-steps",
+        "5",
+    )
     tiny = result["targets"]["tiny"]
-    assert tiny["ours"]["ok"] == 4 and tiny["ours"]["completion_tokens"] == tiny["bare_generate"]["completion_tokens"]
+    assert (
+        tiny["ours"]["ok"] == 4
+        and tiny["ours"]["completion_tokens"] == tiny["bare_generate"]["completion_tokens"]
+    )
     assert tiny["ratio"] > 0 and tiny["answers_equal"] == 1.0

@@ -57,7 +57,10 @@ def run(cmd, cwd: Path, shell: bool = False) -> str:
 
 def git_commit(repo: Path, message: str) -> None:
     run(["git", "add", "-A"], repo)
-    run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", message], repo)
+    run(
+        ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", message],
+        repo,
+    )
 
 
 def stages_run(output: str) -> set[str]:
@@ -71,7 +74,13 @@ def report(repo: Path, name: str) -> dict:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for rel in files:
         if (ROOT / rel).is_file() and not rel.startswith("reports/"):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +105,9 @@ def test_outputs_and_metrics(repo):
     assert len(train_prompts) == 160
     regenerated = (repo / "datasets/regenerated/conversations.jsonl").read_text().splitlines()
     assert len(regenerated) == 160
-    assert {json.loads(l)["id"] for l in regenerated} == {json.loads(l)["id"] for l in train_prompts}
+    assert {json.loads(line)["id"] for line in regenerated} == {
+        json.loads(line)["id"] for line in train_prompts
+    }
     assert (repo / "datasets/tokenized/token_freq.pt").exists()
     assert (repo / "models/vocab/d2t.npy").exists() and (repo / "models/vocab/t2d.npy").exists()
     tokenized_rows = report(repo, "tokenize.json")["rows"]
@@ -111,7 +122,9 @@ def test_outputs_and_metrics(repo):
     assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0
     assert report(repo, "benchmark.detail.json")["outputs_identical"] is True
     # metrics files: the headline figures only (the detail files have the rest)
-    assert set(acceptance) == {"acceptance_length", "tau_sim"} and set(report(repo, "train.json")) == {"val_tau_sim", "val_loss"}
+    assert set(acceptance) == {"acceptance_length", "tau_sim"} and set(
+        report(repo, "train.json")
+    ) == {"val_tau_sim", "val_loss"}
     assert "reports/acceptance.json" in json.dumps(metrics)
 
 
@@ -124,11 +137,26 @@ def test_params_typo_in_train_keeps_the_draft(repo):
     models/draft (and train's persist checkpoints keep the run cache from restoring it). Now
     check_params stops `dvc repro` first, in seconds, naming the key: every output keeps its
     bytes and mtime, and after the fix `dvc repro` reruns nothing."""
+
     def stamps() -> dict:
-        roots = ["models/draft", "models/draft_checkpoints", "models/target", "models/vocab", "datasets/hidden_states",
-                 "datasets/regenerated", "datasets/tokenized", "datasets/prompts", "datasets/prepared", "reports"]
-        return {str(f.relative_to(repo)): (f.stat().st_size, f.stat().st_mtime_ns)
-                for root in roots for f in sorted((repo / root).rglob("*")) if f.is_file()}
+        roots = [
+            "models/draft",
+            "models/draft_checkpoints",
+            "models/target",
+            "models/vocab",
+            "datasets/hidden_states",
+            "datasets/regenerated",
+            "datasets/tokenized",
+            "datasets/prompts",
+            "datasets/prepared",
+            "reports",
+        ]
+        return {
+            str(f.relative_to(repo)): (f.stat().st_size, f.stat().st_mtime_ns)
+            for root in roots
+            for f in sorted((repo / root).rglob("*"))
+            if f.is_file()
+        }
 
     good = (repo / "params.yaml").read_text()
     before, lock = stamps(), (repo / "dvc.lock").read_text()
@@ -140,7 +168,9 @@ def test_params_typo_in_train_keeps_the_draft(repo):
     start = time.monotonic()
     proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True)
     took = time.monotonic() - start
-    assert proc.returncode != 0 and "train.epocs" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode != 0 and "train.epocs" in proc.stdout + proc.stderr, (
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    )
     assert stages_run(proc.stdout + proc.stderr) == {"check_params"} and took < 10, took
     assert stamps() == before and (repo / "dvc.lock").read_text() == lock
     (repo / "params.yaml").write_text(good)  # the fix
@@ -176,7 +206,9 @@ def test_staleness_table(repo):
             (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
             stale = set(json.loads(run(["dvc", "status", "--json"], repo)))
             # check_params too: it reruns first on any params edit (its output does not change)
-            assert stale == {"check_params", *stage.split()}, f"{key}: expected only {stage} stale, got {sorted(stale)}"
+            assert stale == {"check_params", *stage.split()}, (
+                f"{key}: expected only {stage} stale, got {sorted(stale)}"
+            )
             assert f"`{key.split('.')[0]}" in readme, f"README staleness table lacks {key}"
     finally:
         (repo / "params.yaml").write_text(original)
@@ -189,7 +221,12 @@ def test_train_param_change_stales_only_train_and_after(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(["dvc", "status", "--json"], repo))
     assert "train" in status and set(status) <= {"check_params", "train", "evaluate", "benchmark"}
-    assert stages_run(run(["dvc", "repro"], repo)) == {"check_params", "train", "evaluate", "benchmark"}
+    assert stages_run(run(["dvc", "repro"], repo)) == {
+        "check_params",
+        "train",
+        "evaluate",
+        "benchmark",
+    }
     git_commit(repo, "lr")
 
 
@@ -199,7 +236,9 @@ def test_rerun_with_same_data_keeps_later_stages_cached(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert stages_run(run(["dvc", "repro"], repo)) == {"check_params", "regenerate"}
     assert stages_run(run(["dvc", "repro", "-f", "-s", "tokenize"], repo)) == {"tokenize"}
-    assert stages_run(run(["dvc", "repro"], repo)) == set()  # byte-identical outputs: nothing after reruns
+    assert (
+        stages_run(run(["dvc", "repro"], repo)) == set()
+    )  # byte-identical outputs: nothing after reruns
     git_commit(repo, "concurrency")
 
 
@@ -225,7 +264,10 @@ def test_readme_workflow_grows_incrementally(repo, tmp_path_factory):
     hs = report(repo, "hidden_states.json")
     assert hs["reused"] == rows_before and hs["extracted_now"] == hs["rows"] - rows_before
     assert (repo / "dvc_plots/index.html").exists()
-    assert json.loads((repo / "reports/evaluate/acceptance_vs_samples.json").read_text())[0]["samples"] == grown
+    assert (
+        json.loads((repo / "reports/evaluate/acceptance_vs_samples.json").read_text())[0]["samples"]
+        == grown
+    )
     assert any(remote.rglob("*")), "dvc push stored nothing"
 
 
@@ -251,7 +293,9 @@ def test_queued_experiments(repo):
         if not re.search(r"\b(Queued|Running)\b", status):
             break
         time.sleep(5)
-    assert "Failed" not in status, run(["dvc", "queue", "logs", status.split()[-1]], repo) if status.split() else status
+    assert "Failed" not in status, (
+        run(["dvc", "queue", "logs", status.split()[-1]], repo) if status.split() else status
+    )
     assert status.count("Success") >= 2, status
     shown = json.dumps(json.loads(run(["dvc", "exp", "show", "--json"], repo)))
     assert '"k": 2' in shown and '"k": 4' in shown, shown[:3000]

@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
+from test_hidden import FAKE_VLLM, free_port
 
 from draftline.preflight import PreflightError, preflight_extraction
-from test_hidden import FAKE_VLLM, free_port
 
 
 def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
@@ -20,11 +20,30 @@ def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
     storage = tmp_path / "staging"
     storage.mkdir(exist_ok=True)
     port = free_port()
-    spec = {"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
-    cmd = [sys.executable, str(script), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-           "--speculative-config", json.dumps(spec),
-           "--kv-transfer-config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-                                               "kv_connector_extra_config": {"shared_storage_path": str(storage)}})]
+    spec = {
+        "method": "extract_hidden_states",
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
+    }
+    cmd = [
+        sys.executable,
+        str(script),
+        "serve",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--speculative-config",
+        json.dumps(spec),
+        "--kv-transfer-config",
+        json.dumps(
+            {
+                "kv_connector": "ExampleHiddenStatesConnector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+            }
+        ),
+    ]
     env = dict(os.environ, FAKE_VLLM_HIDDEN=str(hidden), FAKE_VLLM_ARGS=str(tmp_path / "args.json"))
     proc = subprocess.Popen(cmd, env=env)
     import httpx
@@ -51,8 +70,12 @@ def test_extraction_endpoint_preflight(tmp_path, random_target, case):
             seen = preflight_extraction(url, card, aux, probe, 30, 1)
             assert seen["probe_shape"] == [5, 4, H] and seen["model"] == card.model
             assert not list(storage.iterdir())  # the probe's file is removed
-        elif case == "no_file":  # a Mooncake transfer: the model is checked, no probe file is asked for
-            assert "probe_shape" not in preflight_extraction(url, card, aux, probe, 30, 1, probe_file=False)
+        elif (
+            case == "no_file"
+        ):  # a Mooncake transfer: the model is checked, no probe file is asked for
+            assert "probe_shape" not in preflight_extraction(
+                url, card, aux, probe, 30, 1, probe_file=False
+            )
             assert not list(storage.iterdir())
         else:
             match = "have shape" if case == "three_layers" else "not the target"
@@ -69,29 +92,46 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     import contextlib
 
     import yaml
-    from datasets import Dataset
 
+    from datasets import Dataset
     from draftline import hidden
     from stages.hidden_states import main
 
     card = random_target
     aux, N, H = card.aux_ids, card.num_layers, card.hidden_size
     rows = [[(7 * i + j) % 200 + 3 for j in range(10 + i)] for i in range(6)]
-    data = Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows], "seq_len": [len(r) for r in rows]})
-    data.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])  # as the tokenize stage saves it
+    data = Dataset.from_dict(
+        {
+            "input_ids": rows,
+            "loss_mask": [[1] * len(r) for r in rows],
+            "seq_len": [len(r) for r in rows],
+        }
+    )
+    data.set_format(
+        type="torch", columns=["input_ids", "loss_mask", "seq_len"]
+    )  # as the tokenize stage saves it
     data.save_to_disk(str(tmp_path / "tokenized"))
     card.write(tmp_path / "card.json")
     for case, layers in (("other_layers", aux), ("ok", [*aux, N])):
         (tmp_path / case).mkdir()
         proc, url, _ = start_fake(tmp_path / case, card.model, layers, H)
-        params = {"samples": 10, "datasets": {"d": {"path": "d.jsonl", "format": "openai"}}, "mix": {"weights": {"d": 1.0}},
-                  "hidden_states": {"backend": "vllm", "dtype": "bfloat16",
-                                    "vllm": {"endpoint": url, "concurrency": 2, "request_timeout_s": 30}}}
+        params = {
+            "samples": 10,
+            "datasets": {"d": {"path": "d.jsonl", "format": "openai"}},
+            "mix": {"weights": {"d": 1.0}},
+            "hidden_states": {
+                "backend": "vllm",
+                "dtype": "bfloat16",
+                "vllm": {"endpoint": url, "concurrency": 2, "request_timeout_s": 30},
+            },
+        }
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
         try:
             with contextlib.chdir(tmp_path):
                 if case == "other_layers":
-                    with pytest.raises(SystemExit, match=r"hidden_states\.vllm\.endpoint: .* have shape"):
+                    with pytest.raises(
+                        SystemExit, match=r"hidden_states\.vllm\.endpoint: .* have shape"
+                    ):
                         main("card.json", "tokenized", "hs", "hs.json")
                     assert not list((tmp_path / "hs").glob("hs_*.safetensors"))
                 else:

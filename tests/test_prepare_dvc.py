@@ -23,12 +23,18 @@ STAGES = ["prepare@sharegpt_sample", "prepare@messages_sample", "mix"]
 def run(cmd: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True)
     if ok:
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
 def ran(proc: subprocess.CompletedProcess) -> set[str]:
-    return {line.split("'")[1] for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("Running stage")}
+    return {
+        line.split("'")[1]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.startswith("Running stage")
+    }
 
 
 def edit_params(repo: Path, edit) -> None:
@@ -39,8 +45,13 @@ def edit_params(repo: Path, edit) -> None:
 
 @pytest.fixture()
 def repo(tmp_path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for rel in files:
         if (ROOT / rel).is_file():
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +63,10 @@ def repo(tmp_path) -> Path:
 def test_sources_file_is_in_sync_with_params(tmp_path):
     """datasets/sources.yaml as committed is what --write-sources makes of params.yaml."""
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    run([sys.executable, "-P", str(ROOT / "stages/prepare.py"), "--write-sources", "sources.yaml"], tmp_path)
+    run(
+        [sys.executable, "-P", str(ROOT / "stages/prepare.py"), "--write-sources", "sources.yaml"],
+        tmp_path,
+    )
     assert (tmp_path / "sources.yaml").read_text() == (ROOT / "datasets/sources.yaml").read_text()
 
 
@@ -66,41 +80,91 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     status = json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout)
     assert set(status) == {"prepare@sharegpt_sample"}  # the foreach params key is datasets.<name>
     assert "datasets.sharegpt_sample" in json.dumps(status)
-    assert ran(run([dvc, "repro", "mix"], repo)) == {"check_params", "prepare@sharegpt_sample", "mix"}
-    assert json.loads((repo / "reports/prepare/sharegpt_sample.json").read_text())["rows_read"] == 400
+    assert ran(run([dvc, "repro", "mix"], repo)) == {
+        "check_params",
+        "prepare@sharegpt_sample",
+        "mix",
+    }
+    assert (
+        json.loads((repo / "reports/prepare/sharegpt_sample.json").read_text())["rows_read"] == 400
+    )
 
     # Fan-out: both prepare stages at once, each waiting for the repo lock when the other holds it.
-    edit_params(repo, lambda p: [p["datasets"][n].update(max_rows=300) for n in ("sharegpt_sample", "messages_sample")])
-    procs = [subprocess.Popen([dvc, "--wait-for-lock", "repro", "-s", stage], cwd=repo, env=ENV, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for stage in STAGES[:2]]
+    edit_params(
+        repo,
+        lambda p: [
+            p["datasets"][n].update(max_rows=300) for n in ("sharegpt_sample", "messages_sample")
+        ],
+    )
+    procs = [
+        subprocess.Popen(
+            [dvc, "--wait-for-lock", "repro", "-s", stage],
+            cwd=repo,
+            env=ENV,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for stage in STAGES[:2]
+    ]
     outputs = [p.communicate()[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}
 
     # A hub dataset id is no file: its stage depends on stages/prepare.py, and its params pin it.
-    edit_params(repo, lambda p: (p["datasets"].update(hub_chat={"preset": "ultrachat_200k", "revision": "8049631c"}),
-                                 p["mix"]["weights"].update(hub_chat=0.0)))
+    edit_params(
+        repo,
+        lambda p: (
+            p["datasets"].update(hub_chat={"preset": "ultrachat_200k", "revision": "8049631c"}),
+            p["mix"]["weights"].update(hub_chat=0.0),
+        ),
+    )
     stale = run([dvc, "status", "--json", "prepare@hub_chat"], repo, ok=False)
-    assert stale.returncode != 0 and "source_dep" in stale.stderr  # sources.yaml not regenerated yet
+    assert (
+        stale.returncode != 0 and "source_dep" in stale.stderr
+    )  # sources.yaml not regenerated yet
     run([sys.executable, "-m", "stages.prepare", "--write-sources", "datasets/sources.yaml"], repo)
     status = json.loads(run([dvc, "status", "--json", "prepare@hub_chat"], repo).stdout)
-    deps = next(entry["changed deps"] for entry in status["prepare@hub_chat"] if "changed deps" in entry)
-    code = {d for d in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["prepare"]["do"]["deps"] if "$" not in d}
-    assert set(deps) == code | {"params.yaml"}, deps  # its code (the source dep is stages/prepare.py) and params
-    assert json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}  # the others untouched
+    deps = next(
+        entry["changed deps"] for entry in status["prepare@hub_chat"] if "changed deps" in entry
+    )
+    code = {
+        d
+        for d in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["prepare"]["do"]["deps"]
+        if "$" not in d
+    }
+    assert set(deps) == code | {"params.yaml"}, (
+        deps
+    )  # its code (the source dep is stages/prepare.py) and params
+    assert (
+        json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}
+    )  # the others untouched
 
 
 def stamps(repo: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every stage output of the subset: what a removal or rewrite would change."""
-    files = [*(repo / "datasets/prepared").glob("*.jsonl"), *(repo / "datasets/prompts").glob("*"),
-             *(repo / "reports/prepare").glob("*.json"), repo / "reports/mix.json", repo / "reports/params_check.txt"]
+    files = [
+        *(repo / "datasets/prepared").glob("*.jsonl"),
+        *(repo / "datasets/prompts").glob("*"),
+        *(repo / "reports/prepare").glob("*.json"),
+        repo / "reports/mix.json",
+        repo / "reports/params_check.txt",
+    ]
     return {str(f.relative_to(repo)): (f.stat().st_size, f.stat().st_mtime_ns) for f in files}
 
 
 TYPOS = [  # (section, a typo in it, the key the error must name)
-    ("samples", lambda p: p.update(sampels=600), "sampels"),  # a key no stage tracks: only check_params sees it
+    (
+        "samples",
+        lambda p: p.update(sampels=600),
+        "sampels",
+    ),  # a key no stage tracks: only check_params sees it
     ("target", lambda p: p["target"]["tiny"].update(layers=2), "target.tiny.layers"),
-    ("datasets", lambda p: p["datasets"]["sharegpt_sample"].update(max_rowz=400), "datasets.sharegpt_sample.max_rowz"),
+    (
+        "datasets",
+        lambda p: p["datasets"]["sharegpt_sample"].update(max_rowz=400),
+        "datasets.sharegpt_sample.max_rowz",
+    ),
     ("mix", lambda p: p["mix"].update(eval_samples=-1), "mix.eval_samples"),
     ("regenerate", lambda p: p["regenerate"].update(max_token=64), "regenerate.max_token"),
     ("tokenize", lambda p: p["tokenize"].update(max_length="long"), "tokenize.max_length"),
@@ -126,14 +190,24 @@ def test_a_params_typo_then_its_fix_loses_nothing_and_reruns_nothing(repo):
         start = time.monotonic()
         failed = run([dvc, "repro", "mix"], repo, ok=False)
         took = time.monotonic() - start
-        assert failed.returncode != 0 and key in failed.stdout + failed.stderr, (section, failed.stderr[-2000:])
+        assert failed.returncode != 0 and key in failed.stdout + failed.stderr, (
+            section,
+            failed.stderr[-2000:],
+        )
         assert ran(failed) == {"check_params"} and took < 10, (section, took)
         assert stamps(repo) == before, section  # every output in place, untouched
         (repo / "params.yaml").write_text(good)  # the fix
-    assert ran(run([dvc, "repro", "mix"], repo)) == set()  # the fix restores what the last check passed
-    edit_params(repo, lambda p: None)  # a valid edit that only reformats the file: the check reruns, alone
+    assert (
+        ran(run([dvc, "repro", "mix"], repo)) == set()
+    )  # the fix restores what the last check passed
+    edit_params(
+        repo, lambda p: None
+    )  # a valid edit that only reformats the file: the check reruns, alone
     assert ran(run([dvc, "repro", "mix"], repo)) == {"check_params"}
-    assert stamps(repo) == before and json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout) == {}
+    assert (
+        stamps(repo) == before
+        and json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout) == {}
+    )
 
 
 def test_check_params_refuses_what_dvc_would_find_out_too_late(tmp_path):
@@ -141,12 +215,25 @@ def test_check_params_refuses_what_dvc_would_find_out_too_late(tmp_path):
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "datasets").mkdir()
     shutil.copy(ROOT / "datasets/sources.yaml", tmp_path / "datasets/sources.yaml")
-    check = [sys.executable, "-m", "stages.check_params", "datasets/sources.yaml", "models/draft", "ok.txt"]
-    assert run(check, tmp_path).returncode == 0 and (tmp_path / "ok.txt").read_text().startswith("params.yaml is valid")
+    check = [
+        sys.executable,
+        "-m",
+        "stages.check_params",
+        "datasets/sources.yaml",
+        "models/draft",
+        "ok.txt",
+    ]
+    assert run(check, tmp_path).returncode == 0 and (tmp_path / "ok.txt").read_text().startswith(
+        "params.yaml is valid"
+    )
     stamp = (tmp_path / "ok.txt").stat().st_mtime_ns
     edit_params(tmp_path, lambda p: p["datasets"]["sharegpt_sample"].update(path="elsewhere.jsonl"))
     proc = run(check, tmp_path, ok=False)
-    assert proc.returncode != 0 and "datasets.sharegpt_sample" in proc.stderr and "--write-sources" in proc.stderr
+    assert (
+        proc.returncode != 0
+        and "datasets.sharegpt_sample" in proc.stderr
+        and "--write-sources" in proc.stderr
+    )
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     edit_params(tmp_path, lambda p: p["train"].update(init="models/draft"))
     proc = run(check, tmp_path, ok=False)
@@ -154,8 +241,18 @@ def test_check_params_refuses_what_dvc_would_find_out_too_late(tmp_path):
     assert (tmp_path / "ok.txt").stat().st_mtime_ns == stamp  # same bytes, never rewritten
 
 
-TINY_TARGET = {"layers": 4, "hidden_size": 32, "heads": 2, "kv_heads": 1, "intermediate_size": 64, "vocab_size": 256,
-               "corpus_conversations": 100, "train_steps": 1, "batch_size": 4, "seq_len": 64}
+TINY_TARGET = {
+    "layers": 4,
+    "hidden_size": 32,
+    "heads": 2,
+    "kv_heads": 1,
+    "intermediate_size": 64,
+    "vocab_size": 256,
+    "corpus_conversations": 100,
+    "train_steps": 1,
+    "batch_size": 4,
+    "seq_len": 64,
+}
 
 
 def test_a_failed_run_leaves_only_the_failed_stage_stale_and_outputs_ignored(repo):
@@ -168,29 +265,68 @@ def test_a_failed_run_leaves_only_the_failed_stage_stale_and_outputs_ignored(rep
         p["samples"], p["mix"]["eval_samples"] = 40, 6
         p["target"]["tiny"].update(TINY_TARGET)
         p["target"]["aux_layer_ids"] = [1, 2, 3]
-        p["regenerate"].update(backend="external", endpoints=["http://127.0.0.1:9"], external_engine="vllm", max_retries=0)
+        p["regenerate"].update(
+            backend="external",
+            endpoints=["http://127.0.0.1:9"],
+            external_engine="vllm",
+            max_retries=0,
+        )
 
     edit_params(repo, small)
     run(["git", "add", "-A"], repo)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "copy"], repo)
     failed = run([dvc, "repro"], repo, ok=False)
-    assert failed.returncode != 0 and "preflight refused the endpoint" in failed.stderr, failed.stderr[-2000:]
+    assert failed.returncode != 0 and "preflight refused the endpoint" in failed.stderr, (
+        failed.stderr[-2000:]
+    )
 
     # a new dataset, then the same failure
-    (repo / "datasets/extra.jsonl").write_text("".join(
-        json.dumps({"id": f"x{i}", "conversations": [{"from": "human", "value": f"Extra question number {i}?"},
-                                                     {"from": "gpt", "value": "An answer."}]}) + "\n" for i in range(30)))
-    edit_params(repo, lambda p: (p["datasets"].update(extra={"path": "datasets/extra.jsonl", "format": "sharegpt"}),
-                                 p["mix"]["weights"].update(extra=0.2)))
+    (repo / "datasets/extra.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"x{i}",
+                    "conversations": [
+                        {"from": "human", "value": f"Extra question number {i}?"},
+                        {"from": "gpt", "value": "An answer."},
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(30)
+        )
+    )
+    edit_params(
+        repo,
+        lambda p: (
+            p["datasets"].update(extra={"path": "datasets/extra.jsonl", "format": "sharegpt"}),
+            p["mix"]["weights"].update(extra=0.2),
+        ),
+    )
     run([sys.executable, "-m", "stages.prepare", "--write-sources", "datasets/sources.yaml"], repo)
     failed = run([dvc, "repro"], repo, ok=False)
-    assert failed.returncode != 0 and "Running stage 'prepare@extra'" in failed.stdout + failed.stderr
+    assert (
+        failed.returncode != 0 and "Running stage 'prepare@extra'" in failed.stdout + failed.stderr
+    )
     assert (repo / "datasets/prepared/extra.jsonl").is_file()
 
     # untracked: only what git should track (the new source, the stage's report), no DVC output
-    untracked = {line[3:] for line in run(["git", "status", "--porcelain", "--untracked-files=all"], repo).stdout.splitlines()
-                 if line.startswith("??")}
+    untracked = {
+        line[3:]
+        for line in run(
+            ["git", "status", "--porcelain", "--untracked-files=all"], repo
+        ).stdout.splitlines()
+        if line.startswith("??")
+    }
     assert untracked == {"datasets/extra.jsonl", "reports/prepare/extra.json"}, untracked
     run(["git", "check-ignore", "-q", "datasets/prepared/extra.jsonl"], repo)
     stale = set(json.loads(run([dvc, "status", "--json"], repo).stdout))
-    assert stale == {"regenerate", "tokenize", "vocab", "hidden_states", "train", "evaluate", "benchmark"}, stale
+    assert stale == {
+        "regenerate",
+        "tokenize",
+        "vocab",
+        "hidden_states",
+        "train",
+        "evaluate",
+        "benchmark",
+    }, stale

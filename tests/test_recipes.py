@@ -29,16 +29,22 @@ def apply_set_params(params: dict, script: str) -> tuple[dict, int]:
 RECIPES = sorted((ROOT / "scripts").glob("*.sh"))
 
 
-@pytest.mark.parametrize("script", [p for p in RECIPES if "dvc exp run" in p.read_text()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "script", [p for p in RECIPES if "dvc exp run" in p.read_text()], ids=lambda p: p.name
+)
 def test_recipe_params_validate(script):
-    params, count = apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()), script.read_text())
+    params, count = apply_set_params(
+        yaml.safe_load((ROOT / "params.yaml").read_text()), script.read_text()
+    )
     assert count > 0, f"{script.name}: no -S 'key=value' found"
     parse_params(params)
 
 
 def test_smollm2_recipe_selects_the_real_target():
-    params, _ = apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()),
-                                 (ROOT / "scripts" / "smollm2.sh").read_text())
+    params, _ = apply_set_params(
+        yaml.safe_load((ROOT / "params.yaml").read_text()),
+        (ROOT / "scripts" / "smollm2.sh").read_text(),
+    )
     config = parse_params(params)
     assert config.target.model == "smollm2" and config.target.aux_layer_ids is None
 
@@ -46,6 +52,8 @@ def test_smollm2_recipe_selects_the_real_target():
 def test_a_typo_in_a_recipe_is_caught():
     from draftline.config import ParamsError
 
-    params, _ = apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()), "-S 'train.epocs=3'")
+    params, _ = apply_set_params(
+        yaml.safe_load((ROOT / "params.yaml").read_text()), "-S 'train.epocs=3'"
+    )
     with pytest.raises(ParamsError, match="train.epocs"):
         parse_params(params)

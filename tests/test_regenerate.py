@@ -23,11 +23,15 @@ import yaml
 from stubs import StubHandler
 
 from draftline.card import TargetCard
-from draftline.config import ParamsError, parse_params
-from draftline.io import read_json, write_json, write_jsonl
 from draftline.chat import chat_prompt_ids
-from draftline.commands import sglang_regenerate_command, transformers_serve_command, vllm_regenerate_command
+from draftline.commands import (
+    sglang_regenerate_command,
+    transformers_serve_command,
+    vllm_regenerate_command,
+)
+from draftline.config import ParamsError, parse_params
 from draftline.conversation_store import load_finished, prompt_sha256
+from draftline.io import read_json, write_jsonl
 from draftline.openai_client import Endpoint, EndpointPool, RetryPolicy, close_pool, open_pool
 from draftline.preflight import PreflightError, preflight_regeneration
 from draftline.regeneration import Sampling, called_tools, regenerate_all, relink_tool_results
@@ -51,8 +55,10 @@ def port_open(port: int) -> bool:
 def prompts(n: int, seed: int = 11) -> list[dict]:
     from draftline.corpus import generate_conversations
 
-    return [{"id": f"p{i}", "source": "t", "partition": "long" if i % 5 == 4 else "short", **c}
-            for i, c in enumerate(generate_conversations(n, seed))]
+    return [
+        {"id": f"p{i}", "source": "t", "partition": "long" if i % 5 == 4 else "short", **c}
+        for i, c in enumerate(generate_conversations(n, seed))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +76,9 @@ def chatty_target(tmp_path_factory, random_target):
     with torch.no_grad():
         row = model.lm_head.weight[random_target.eos_token_id]
         direction = torch.randn(row.shape, generator=torch.Generator().manual_seed(1))
-        model.lm_head.weight[random_target.eos_token_id] = direction / direction.norm() * row.norm() * 30
+        model.lm_head.weight[random_target.eos_token_id] = (
+            direction / direction.norm() * row.norm() * 30
+        )
     model.save_pretrained(path)
     return build_card(str(path), "test", None, [1, 2, 3], {})
 
@@ -85,7 +93,15 @@ def stage_dir(tmp_path: Path, card: TargetCard, rows: list[dict], **regenerate) 
 
 
 def stage_cmd() -> list[str]:
-    return [sys.executable, "-m", "stages.regenerate", "card.json", "train.jsonl", "out", "report.json"]
+    return [
+        sys.executable,
+        "-m",
+        "stages.regenerate",
+        "card.json",
+        "train.jsonl",
+        "out",
+        "report.json",
+    ]
 
 
 def stage_env() -> dict:
@@ -93,11 +109,15 @@ def stage_env() -> dict:
 
 
 def run_stage(workdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(stage_cmd(), cwd=workdir, env=stage_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        stage_cmd(), cwd=workdir, env=stage_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def output_rows(workdir: Path) -> list[dict]:
-    return [json.loads(line) for line in (workdir / "out/conversations.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (workdir / "out/conversations.jsonl").read_text().splitlines()
+    ]
 
 
 # ---- a real transformers serve, launched by the stage ------------------------------------------
@@ -106,8 +126,15 @@ def output_rows(workdir: Path) -> list[dict]:
 def test_stage_launches_transformers_serve(tmp_path, chatty_target):
     port = free_port()
     rows = prompts(6)
-    workdir = stage_dir(tmp_path, chatty_target, rows, backend="transformers", port=port, max_tokens=8,
-                        short={"concurrency": 2, "max_context": None})
+    workdir = stage_dir(
+        tmp_path,
+        chatty_target,
+        rows,
+        backend="transformers",
+        port=port,
+        max_tokens=8,
+        short={"concurrency": 2, "max_context": None},
+    )
     proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -117,17 +144,25 @@ def test_stage_launches_transformers_serve(tmp_path, chatty_target):
     for r in done:
         assert r["messages"][-1]["role"] == "assistant"
         assert r["regeneration"]["prompt_sha256"] == prompt_sha256(by_id[r["id"]])
-        first_prompt = by_id[r["id"]]["messages"][: next(i for i, m in enumerate(by_id[r["id"]]["messages"]) if m["role"] == "assistant")]
+        first_prompt = by_id[r["id"]]["messages"][
+            : next(i for i, m in enumerate(by_id[r["id"]]["messages"]) if m["role"] == "assistant")
+        ]
         assert r["messages"][: len(first_prompt)] == first_prompt  # system/user turns kept verbatim
     report = read_json(workdir / "report.json")
-    assert report["ok"] == report["sent"] == report["conversations"] == 6 and report["failed"] == report["missing"] == 0
+    assert (
+        report["ok"] == report["sent"] == report["conversations"] == 6
+        and report["failed"] == report["missing"] == 0
+    )
     assert report["requests"] == sum(report["finish_reasons"].values()) >= 6
     assert report["partitions"]["short"]["ok"] + report["partitions"]["long"]["ok"] == 6
     assert report["completion_tokens"] > 0 and report["prompt_tokens"] > 0
     # the preflight's token count of the probe matched the target's chat template on the real server
     (seen,) = report["endpoints"]
     assert seen["engine"] == "transformers" and seen["probe_prompt_tokens"] > 10
-    assert read_json(workdir / "out/meta.json")["fingerprint"] == done[0]["regeneration"]["fingerprint"]
+    assert (
+        read_json(workdir / "out/meta.json")["fingerprint"]
+        == done[0]["regeneration"]["fingerprint"]
+    )
     # the server was stopped: port closed, pid file gone, its log kept
     assert not port_open(port) and not (workdir / "out/server.pid").exists()
     assert "chat/completions" in (workdir / "out/server.log").read_text()
@@ -136,7 +171,12 @@ def test_stage_launches_transformers_serve(tmp_path, chatty_target):
     proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rerun = read_json(workdir / "report.json")
-    assert rerun["sent"] == 0 and rerun["reused"] == 6 and rerun["endpoints"] == [] and len(output_rows(workdir)) == 6
+    assert (
+        rerun["sent"] == 0
+        and rerun["reused"] == 6
+        and rerun["endpoints"] == []
+        and len(output_rows(workdir)) == 6
+    )
 
 
 # ---- fault injection: proxy in front of a real server, SIGKILL, rerun --------------------------
@@ -173,7 +213,9 @@ class FaultProxy(StubHandler):
         import http.client
 
         conn = http.client.HTTPConnection(self.faults.upstream, timeout=60)
-        conn.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+        conn.request(
+            self.command, self.path, body=body, headers={"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
@@ -185,7 +227,9 @@ class FaultProxy(StubHandler):
 
     def _error(self, status: int) -> None:
         data = json.dumps({"error": {"message": f"injected {status}", "code": status}}).encode()
-        self._send(data, "application/json", status, {"Retry-After": "0"} if status == 429 else None)
+        self._send(
+            data, "application/json", status, {"Retry-After": "0"} if status == 429 else None
+        )
 
     def do_GET(self):
         self._forward(None)
@@ -205,7 +249,10 @@ class FaultProxy(StubHandler):
         if fault == "drop":
             return self._drop()
         with self.faults.lock:
-            hold = self.faults.gate_after is not None and self.faults.forwarded >= self.faults.gate_after
+            hold = (
+                self.faults.gate_after is not None
+                and self.faults.forwarded >= self.faults.gate_after
+            )
             self.faults.forwarded += not hold
         if hold:
             self.faults.blocked.set()
@@ -224,7 +271,9 @@ class QuietServer(ThreadingHTTPServer):
 def start_proxy(faults: Faults) -> QuietServer:
     handler = type("Proxy", (FaultProxy,), {"faults": faults})
     server = QuietServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     return server
 
 
@@ -236,8 +285,14 @@ def served_chatty(tmp_path_factory, chatty_target):
     port, log_dir = free_port(), tmp_path_factory.mktemp("served")
     url = f"http://127.0.0.1:{port}"
     cmd = transformers_serve_command(chatty_target.model, "127.0.0.1", port, "cpu", False, 16, [])
-    with ManagedServer(cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120) as base_url:
-        body = {"model": chatty_target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with ManagedServer(
+        cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120
+    ) as base_url:
+        body = {
+            "model": chatty_target.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+        }
         for _ in range(20):
             t = time.monotonic()
             httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
@@ -246,24 +301,46 @@ def served_chatty(tmp_path_factory, chatty_target):
         yield base_url
 
 
-def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(tmp_path, chatty_target, served_chatty):
+def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(
+    tmp_path, chatty_target, served_chatty
+):
     faults = Faults(served_chatty, hang_s=10.0)
     proxies = [start_proxy(faults) for _ in range(2)]
     try:
         rows = prompts(30)
         endpoints = [f"http://127.0.0.1:{p.server_port}" for p in proxies]
-        workdir = stage_dir(tmp_path, chatty_target, rows[:24], backend="external", endpoints=endpoints,
-                            external_engine="transformers", max_tokens=8, first_token_timeout_s=4.0, token_timeout_s=4.0, max_retries=8,
-                            retry_backoff_s=0.05, retry_backoff_max_s=0.5,
-                            # the server answers one request at a time: more in flight only queue up
-                            short={"concurrency": 2, "max_context": None}, long={"concurrency": 1, "max_context": 1024})
+        workdir = stage_dir(
+            tmp_path,
+            chatty_target,
+            rows[:24],
+            backend="external",
+            endpoints=endpoints,
+            external_engine="transformers",
+            max_tokens=8,
+            first_token_timeout_s=4.0,
+            token_timeout_s=4.0,
+            max_retries=8,
+            retry_backoff_s=0.05,
+            retry_backoff_max_s=0.5,
+            # the server answers one request at a time: more in flight only queue up
+            short={"concurrency": 2, "max_context": None},
+            long={"concurrency": 1, "max_context": 1024},
+        )
         faults.gate_after = 8
-        proc = subprocess.Popen(stage_cmd(), cwd=workdir, env=stage_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            stage_cmd(),
+            cwd=workdir,
+            env=stage_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             assert faults.blocked.wait(120), "the stage never reached the gate"
             out = workdir / "out/conversations.jsonl"
             deadline, last, still = time.monotonic() + 30, -1, 0
-            while time.monotonic() < deadline and still < 6:  # written lines settle, requests stay held
+            while (
+                time.monotonic() < deadline and still < 6
+            ):  # written lines settle, requests stay held
                 size = out.stat().st_size if out.exists() else 0
                 still = still + 1 if size == last and size else 0
                 last = size
@@ -272,10 +349,14 @@ def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(tmp_path, chatt
         finally:
             proc.kill()
             proc.wait()
-        before = [json.loads(line) for line in out.read_text().splitlines()]  # every written line is whole
+        before = [
+            json.loads(line) for line in out.read_text().splitlines()
+        ]  # every written line is whole
         assert 0 < len(before) < 24
         with open(out, "a") as f:
-            f.write('{"id": "p23", "messages": [{"role": "us')  # a line cut by a kill, for good measure
+            f.write(
+                '{"id": "p23", "messages": [{"role": "us'
+            )  # a line cut by a kill, for good measure
 
         faults.gate_after = None
         faults.gate.set()
@@ -298,7 +379,9 @@ def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(tmp_path, chatt
     assert sum(report["stopped"].values()) == report["ok"]
     assert (workdir / "out/failures.jsonl").read_text() == ""
     # every kind of fault hit the rerun and was retried
-    assert {"http_500", "http_429", "first_token_timeout", "connection"} <= set(report["retries"]), report["retries"]
+    assert {"http_500", "http_429", "first_token_timeout", "connection"} <= set(
+        report["retries"]
+    ), report["retries"]
     # answers that ended by themselves led to later turns, replayed on the model's own answers
     multi = [r for r in done if sum(m["role"] == "assistant" for m in r["messages"]) > 1]
     assert multi and all(r["regeneration"]["finish_reasons"][0] == "stop" for r in multi)
@@ -319,7 +402,9 @@ class ScriptedEngine(StubHandler):
     count_offset = 0
     status_for = staticmethod(lambda body: 200)
     answer = staticmethod(lambda body: {"content": "ok"})
-    raw_for = staticmethod(lambda body: None)  # bytes: sent as the 200 answer instead of a chat completion
+    raw_for = staticmethod(
+        lambda body: None
+    )  # bytes: sent as the 200 answer instead of a chat completion
     requests: list
     auth: list  # the Authorization header of each chat request
 
@@ -327,46 +412,97 @@ class ScriptedEngine(StubHandler):
         if self.path == "/health":
             return self._json({})
         if self.path == "/v1/models":
-            return self._json({"object": "list", "data": [{"id": m, "object": "model", "root": "/models/x"} for m in self.served]})
+            return self._json(
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": m, "object": "model", "root": "/models/x"} for m in self.served
+                    ],
+                }
+            )
         if self.path == "/metrics" and self.engine == "vllm":
-            text = ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
-                    '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
-            if self.speculative:  # registered only with a speculative config (vllm/v1/spec_decode/metrics.py)
-                text += ('# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n'
-                         '# TYPE vllm:spec_decode_num_drafts_total counter\n'
-                         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n')
+            text = (
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+            )
+            if (
+                self.speculative
+            ):  # registered only with a speculative config (vllm/v1/spec_decode/metrics.py)
+                text += (
+                    "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"
+                    "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                    'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n'
+                )
             return self._text(text)
         if self.path == "/get_server_info" and self.engine == "sglang":
-            return self._json({"model_path": "/models/x", "served_model_name": self.served[0], "tp_size": 1,
-                               "speculative_algorithm": "EAGLE3" if self.speculative else None,
-                               "speculative_draft_model_path": "/models/draft" if self.speculative else None,
-                               "version": "0.5.0", "internal_states": [{}]})
+            return self._json(
+                {
+                    "model_path": "/models/x",
+                    "served_model_name": self.served[0],
+                    "tp_size": 1,
+                    "speculative_algorithm": "EAGLE3" if self.speculative else None,
+                    "speculative_draft_model_path": "/models/draft" if self.speculative else None,
+                    "version": "0.5.0",
+                    "internal_states": [{}],
+                }
+            )
         self._json({"detail": "Not Found"}, 404)
 
     def _stream(self, message: dict, finish: str, usage: dict) -> None:
         """The answer as the engines stream it: role, then text and reasoning in pieces, tool calls
         by index (id and name first, arguments in two pieces), finish_reason, then the usage chunk."""
+
         def piece(text):
-            return [text[: len(text) // 2], text[len(text) // 2:]] if text else []
+            return [text[: len(text) // 2], text[len(text) // 2 :]] if text else []
 
         deltas = [{"role": "assistant", "content": ""}]
-        reasoning_key = next((k for k in ("reasoning", "reasoning_content") if message.get(k)), None)
+        reasoning_key = next(
+            (k for k in ("reasoning", "reasoning_content") if message.get(k)), None
+        )
         deltas += [{reasoning_key: p} for p in piece(message.get(reasoning_key) or "")]
         deltas += [{"content": p} for p in piece(message.get("content") or "")]
         for i, call in enumerate(message.get("tool_calls") or []):
-            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
-            deltas += [{"tool_calls": [{"index": i, "function": {"arguments": p}}]} for p in piece(call["function"]["arguments"])]
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+            deltas += [
+                {"tool_calls": [{"index": i, "function": {"arguments": p}}]}
+                for p in piece(call["function"]["arguments"])
+            ]
         chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}, {"choices": [], "usage": usage}]
+        chunks += [
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+            {"choices": [], "usage": usage},
+        ]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        self.wfile.write(b"".join(b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", **c}).encode()
-                                  + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+        self.wfile.write(
+            b"".join(
+                b"data: "
+                + json.dumps({"id": "x", "object": "chat.completion.chunk", **c}).encode()
+                + b"\n\n"
+                for c in chunks
+            )
+            + b"data: [DONE]\n\n"
+        )
 
     def _count(self, body) -> list[int]:
-        ids = chat_prompt_ids(self.tokenizer, body["messages"], body.get("tools"), body.get("chat_template_kwargs") or {})
+        ids = chat_prompt_ids(
+            self.tokenizer,
+            body["messages"],
+            body.get("tools"),
+            body.get("chat_template_kwargs") or {},
+        )
         return ids + [0] * self.count_offset
 
     def do_POST(self):
@@ -380,27 +516,54 @@ class ScriptedEngine(StubHandler):
         if status != 200:
             return self._json({"object": "error", "message": "scripted", "code": status}, status)
         if body["model"] not in self.served:
-            return self._json({"object": "error", "message": f"The model `{body['model']}` does not exist."}, 404)
+            return self._json(
+                {"object": "error", "message": f"The model `{body['model']}` does not exist."}, 404
+            )
         raw = self.raw_for(body)
         if raw is not None:
             return self._send(raw, "application/json")
         reply = self.answer(body)
         message = {"role": "assistant", "content": reply.get("content")}
         if reply.get("reasoning"):
-            message["reasoning" if self.engine == "vllm" else "reasoning_content"] = reply["reasoning"]
+            message["reasoning" if self.engine == "vllm" else "reasoning_content"] = reply[
+                "reasoning"
+            ]
         if reply.get("tool_calls"):
-            message["tool_calls"] = [{"id": f"call_{name}_{len(self.requests)}", "type": "function",
-                                      "function": {"name": name, "arguments": json.dumps(args)}}
-                                     for name, args in reply["tool_calls"]]
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{name}_{len(self.requests)}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+                for name, args in reply["tool_calls"]
+            ]
         prompt = len(self._count(body)) if self.tokenizer else 5
         usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
         finish = "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")
         if body.get("stream"):
             return self._stream(message, finish, usage)
-        self._json({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "message": message,
-                                 "finish_reason": "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")}],
-                    "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}})
+        self._json(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": "tool_calls"
+                        if reply.get("tool_calls")
+                        else reply.get("finish", "stop"),
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": 3,
+                    "total_tokens": prompt + 3,
+                },
+            }
+        )
 
 
 @pytest.fixture
@@ -408,10 +571,15 @@ def stub():
     servers = []
 
     def start(**attrs) -> tuple[str, type]:
-        attrs = {k: staticmethod(v) if k in ("answer", "status_for", "raw_for") else v for k, v in attrs.items()}
+        attrs = {
+            k: staticmethod(v) if k in ("answer", "status_for", "raw_for") else v
+            for k, v in attrs.items()
+        }
         handler = type("Stub", (ScriptedEngine,), {"requests": [], "auth": [], **attrs})
         server = QuietServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}", handler
 
@@ -420,14 +588,34 @@ def stub():
         server.shutdown()
 
 
-def run_rows(urls, rows, tmp_path, sampling=None, policy=FAST_RETRY, partitions=None, count_ids=None, max_failures=None,
-             api_key=None, slots=None):
+def run_rows(
+    urls,
+    rows,
+    tmp_path,
+    sampling=None,
+    policy=FAST_RETRY,
+    partitions=None,
+    count_ids=None,
+    max_failures=None,
+    api_key=None,
+    slots=None,
+):
     async def go():
         pool = open_pool(urls, api_key, slots=slots)
         try:
-            return await regenerate_all(pool, "m", rows, sampling or Sampling(8, 0.0, 1.0, 0), policy,
-                                        partitions or {"short": (4, None), "long": (1, None)}, tmp_path / "c.jsonl",
-                                        tmp_path / "f.jsonl", {"fingerprint": "f"}, count_ids, max_failures), pool
+            return await regenerate_all(
+                pool,
+                "m",
+                rows,
+                sampling or Sampling(8, 0.0, 1.0, 0),
+                policy,
+                partitions or {"short": (4, None), "long": (1, None)},
+                tmp_path / "c.jsonl",
+                tmp_path / "f.jsonl",
+                {"fingerprint": "f"},
+                count_ids,
+                max_failures,
+            ), pool
         finally:
             await close_pool(pool)
 
@@ -439,16 +627,26 @@ def run_rows(urls, rows, tmp_path, sampling=None, policy=FAST_RETRY, partitions=
 
 def test_failures_are_recorded_with_reasons_and_retried(tmp_path, stub):
     weather = lambda body: "weather" in json.dumps(body["messages"])  # noqa: E731
-    url, handler = stub(status_for=lambda body: 500 if weather(body) else (400 if "colour" in json.dumps(body["messages"]) else 200))
+    url, handler = stub(
+        status_for=lambda body: (
+            500 if weather(body) else (400 if "colour" in json.dumps(body["messages"]) else 200)
+        )
+    )
     rows = prompts(30)
     tally, out, failures, _ = run_rows([url], rows, tmp_path)
     by_reason = {f["id"]: f for f in failures}
     for row in rows:
         text = json.dumps(row["messages"][:2])
         if weather({"messages": row["messages"][:2]}):
-            assert by_reason[row["id"]]["reason"] == "http_500" and by_reason[row["id"]]["attempts"] == 3  # retried
+            assert (
+                by_reason[row["id"]]["reason"] == "http_500"
+                and by_reason[row["id"]]["attempts"] == 3
+            )  # retried
         elif "colour" in text:
-            assert by_reason[row["id"]]["reason"] == "http_400" and by_reason[row["id"]]["attempts"] == 1  # not retried
+            assert (
+                by_reason[row["id"]]["reason"] == "http_400"
+                and by_reason[row["id"]]["attempts"] == 1
+            )  # not retried
     assert len(failures) == tally.failed == len({f["id"] for f in failures}) > 0
     assert tally.ok == len(out) == len(rows) - tally.failed
     assert tally.retries["http_500"] == 2 * tally.failure_reasons["http_500"]
@@ -458,25 +656,39 @@ BROKEN_ANSWERS = {  # a word of the prompt -> what the server answers, and the f
     "weather": (b'{"choices": [{"message": {"content": "cut', "bad_response"),  # not JSON
     "colour": (b'{"object": "error"}', "bad_response"),  # no choices
     "minus": (b'{"choices": []}', "empty_response"),
-    "Compute": (b'{"choices": [{"message": {"content": "x", "tool_calls": [{"id": "c", "function": {}}]}}]}', "bad_response"),
+    "Compute": (
+        b'{"choices": [{"message": {"content": "x", "tool_calls": [{"id": "c", "function": {}}]}}]}',
+        "bad_response",
+    ),
     "add": (b'{"choices": [{"message": {"content": 7}}]}', "bad_response"),
-    "plus": (b'[1, 2]', "bad_response"),
+    "plus": (b"[1, 2]", "bad_response"),
 }
 
 
 def test_answers_that_are_not_chat_completions_fail_their_conversation_only(tmp_path, stub):
     def broken(messages):  # the first answer of a conversation decides: it fails there
-        text = json.dumps(messages[: next(i for i, m in enumerate(messages) if m["role"] == "assistant")])
-        return next((answer for word, answer in BROKEN_ANSWERS.items() if word in text), (None, None))
+        text = json.dumps(
+            messages[: next(i for i, m in enumerate(messages) if m["role"] == "assistant")]
+        )
+        return next(
+            (answer for word, answer in BROKEN_ANSWERS.items() if word in text), (None, None)
+        )
 
     url, _ = stub(raw_for=lambda body: broken(body["messages"] + [{"role": "assistant"}])[0])
     rows = prompts(60)
     tally, out, failures, _ = run_rows([url], rows, tmp_path)
     expected = {row["id"]: broken(row["messages"])[1] for row in rows if broken(row["messages"])[1]}
-    assert {f["id"]: f["reason"] for f in failures} == expected and set(expected.values()) == {"bad_response", "empty_response"}
-    assert all(f["attempts"] == 3 for f in failures)  # retried: a server can send a broken answer once
+    assert {f["id"]: f["reason"] for f in failures} == expected and set(expected.values()) == {
+        "bad_response",
+        "empty_response",
+    }
+    assert all(
+        f["attempts"] == 3 for f in failures
+    )  # retried: a server can send a broken answer once
     assert tally.ok == len(out) == len(rows) - len(expected) > 0
-    assert all(m["content"] == "ok" for row in out for m in row["messages"] if m["role"] == "assistant")
+    assert all(
+        m["content"] == "ok" for row in out for m in row["messages"] if m["role"] == "assistant"
+    )
 
 
 def test_the_api_key_goes_with_every_request(tmp_path, stub):
@@ -488,8 +700,13 @@ def test_the_api_key_goes_with_every_request(tmp_path, stub):
 
 def test_too_many_failures_stop_the_run_early(tmp_path, stub):
     url, handler = stub(status_for=lambda body: 503)
-    tally, out, failures, _ = run_rows([url], prompts(40), tmp_path, partitions={"short": (1, None), "long": (1, None)},
-                                       max_failures=3)
+    tally, out, failures, _ = run_rows(
+        [url],
+        prompts(40),
+        tmp_path,
+        partitions={"short": (1, None), "long": (1, None)},
+        max_failures=3,
+    )
     assert tally.aborted and tally.failed == len(failures) < 10 and not out
 
 
@@ -548,7 +765,11 @@ class OneAtATimeEngine(ScriptedEngine):
             return True
 
     def _sse(self, delta: dict, finish=None, usage=None) -> None:
-        chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        chunk = {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
         if usage:
             chunk["usage"] = usage
         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -616,7 +837,11 @@ class OneAtATimeEngine(ScriptedEngine):
                 return
             time.sleep(self.token_s)
             self._sse({"content": f"t{i} "})
-        usage = {"prompt_tokens": 5, "completion_tokens": self.tokens, "total_tokens": 5 + self.tokens}
+        usage = {
+            "prompt_tokens": 5,
+            "completion_tokens": self.tokens,
+            "total_tokens": 5 + self.tokens,
+        }
         try:
             self._sse({}, "stop", usage)
         except OSError:
@@ -628,13 +853,28 @@ def slow_server():
     servers = []
 
     def start(**attrs):
-        attrs = {k: staticmethod(v) if k in ("stall", "status_for", "answer") else v for k, v in attrs.items()}
-        state = {"lock": threading.Lock(), "at_once": 0, "most_at_once": 0, "cancelled": [], "wasted": 0, "streams": 0,
-                 "handling": 0}
-        handler = type("Slow", (OneAtATimeEngine,), {"requests": [], "auth": [], "state": state,
-                                                     "thread": threading.Lock(), **attrs})
+        attrs = {
+            k: staticmethod(v) if k in ("stall", "status_for", "answer") else v
+            for k, v in attrs.items()
+        }
+        state = {
+            "lock": threading.Lock(),
+            "at_once": 0,
+            "most_at_once": 0,
+            "cancelled": [],
+            "wasted": 0,
+            "streams": 0,
+            "handling": 0,
+        }
+        handler = type(
+            "Slow",
+            (OneAtATimeEngine,),
+            {"requests": [], "auth": [], "state": state, "thread": threading.Lock(), **attrs},
+        )
         server = QuietServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}", handler
 
@@ -643,25 +883,42 @@ def slow_server():
         server.shutdown()
 
 
-def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(tmp_path, slow_server, random_target):
+def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(
+    tmp_path, slow_server, random_target
+):
     """The shipped concurrency (32 short, 4 long) against a server that runs one request at a time:
     one request at the server at any moment, zero timeouts, every conversation done, progress lines."""
     from transformers import AutoTokenizer
 
-    url, handler = slow_server(tokenizer=AutoTokenizer.from_pretrained(random_target.model),
-                               served=[random_target.model])
+    url, handler = slow_server(
+        tokenizer=AutoTokenizer.from_pretrained(random_target.model), served=[random_target.model]
+    )
     rows = prompts(240)
-    workdir = stage_dir(tmp_path, random_target, rows, backend="external", endpoints=[url], external_engine="transformers",
-                        progress_every_s=0.25)
+    workdir = stage_dir(
+        tmp_path,
+        random_target,
+        rows,
+        backend="external",
+        endpoints=[url],
+        external_engine="transformers",
+        progress_every_s=0.25,
+    )
     proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = read_json(workdir / "report.json")
-    assert report["ok"] == report["conversations"] == 240 and report["failed"] == report["missing"] == 0
+    assert (
+        report["ok"] == report["conversations"] == 240
+        and report["failed"] == report["missing"] == 0
+    )
     assert report["retries"] == {} and report["server_slots"] == 1
     assert handler.state["most_at_once"] == 1  # nothing ever waited in the server's queue
     assert handler.state["cancelled"] == [] and handler.state["wasted"] == 0
-    assert report["requests"] == sum(bool(b.get("stream")) for b in handler.requests) >= 240  # the preflight probe aside
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("regenerate: ") and "in flight" in ln]
+    assert (
+        report["requests"] == sum(bool(b.get("stream")) for b in handler.requests) >= 240
+    )  # the preflight probe aside
+    lines = [
+        ln for ln in proc.stderr.splitlines() if ln.startswith("regenerate: ") and "in flight" in ln
+    ]
     assert lines and all("(at most 1)" in ln and "tok/s" in ln and "ETA" in ln for ln in lines)
 
 
@@ -677,7 +934,10 @@ def test_server_slots_known_for_launched_servers_or_given():
     assert server_slots(cfg(continuous_batching=True), "transformers") is None
     assert server_slots(cfg(continuous_batching=True, server_slots=8), "transformers") == 8
     assert server_slots(cfg(backend="vllm", extra_args=["--max-num-seqs", "64"]), "vllm") == 64
-    assert server_slots(cfg(backend="sglang", extra_args=["--max-running-requests=48"]), "sglang") == 48
+    assert (
+        server_slots(cfg(backend="sglang", extra_args=["--max-running-requests=48"]), "sglang")
+        == 48
+    )
     assert server_slots(cfg(backend="vllm"), "vllm") is None  # batches what it is sent
     external = cfg(backend="external", endpoints=["http://h:1"], external_engine="transformers")
     assert server_slots(external, "transformers") == 1
@@ -688,7 +948,9 @@ def test_given_up_requests_are_closed_and_the_server_stops_them(tmp_path, slow_s
     server sees each close and stops generating: nothing runs on for a client that has gone."""
     attempts = Counter()
 
-    def stall(body):  # the first attempt of some prompts goes silent: before any token, or after two
+    def stall(
+        body,
+    ):  # the first attempt of some prompts goes silent: before any token, or after two
         key = json.dumps(body["messages"])
         attempts[key] += 1
         if attempts[key] > 1:
@@ -696,11 +958,22 @@ def test_given_up_requests_are_closed_and_the_server_stops_them(tmp_path, slow_s
         return {0: 0, 1: 2}.get(len(attempts) % 4)
 
     url, handler = slow_server(stall=stall)
-    policy = RetryPolicy(max_retries=2, backoff_s=0.01, backoff_max_s=0.05, first_token_timeout_s=0.5, token_timeout_s=0.5)
+    policy = RetryPolicy(
+        max_retries=2,
+        backoff_s=0.01,
+        backoff_max_s=0.05,
+        first_token_timeout_s=0.5,
+        token_timeout_s=0.5,
+    )
     rows = prompts(12)
     tally, out, failures, pool = run_rows([url], rows, tmp_path, policy=policy, slots=1)
     stalled = tally.retries["first_token_timeout"] + tally.retries["token_timeout"]
-    assert tally.ok == 12 and not failures and tally.retries["first_token_timeout"] and tally.retries["token_timeout"]
+    assert (
+        tally.ok == 12
+        and not failures
+        and tally.retries["first_token_timeout"]
+        and tally.retries["token_timeout"]
+    )
     assert len(handler.state["cancelled"]) == stalled and handler.state["wasted"] == 0
     assert handler.state["most_at_once"] == 1 and pool.in_flight == 0
 
@@ -709,13 +982,28 @@ def test_stopping_early_closes_the_requests_in_flight(tmp_path, slow_server):
     """Past max_failures the run stops at once: the conversations in flight are cancelled, not
     retried to the end, and the server sees their streams closed."""
     weather = lambda body: "weather" in json.dumps(body["messages"])  # noqa: E731
-    url, handler = slow_server(stall=lambda body: 0, status_for=lambda body: 400 if weather(body) else 200,
-                               thread=contextlib.nullcontext())  # runs all at once: many silent streams
+    url, handler = slow_server(
+        stall=lambda body: 0,
+        status_for=lambda body: 400 if weather(body) else 200,
+        thread=contextlib.nullcontext(),
+    )  # runs all at once: many silent streams
     rows = prompts(40)
     assert any(weather({"messages": r["messages"]}) for r in rows)
-    policy = RetryPolicy(max_retries=5, backoff_s=0.01, backoff_max_s=0.05, first_token_timeout_s=300, token_timeout_s=300)
-    tally, out, failures, pool = run_rows([url], rows, tmp_path, policy=policy, max_failures=0,
-                                          partitions={"short": (40, None), "long": (40, None)})
+    policy = RetryPolicy(
+        max_retries=5,
+        backoff_s=0.01,
+        backoff_max_s=0.05,
+        first_token_timeout_s=300,
+        token_timeout_s=300,
+    )
+    tally, out, failures, pool = run_rows(
+        [url],
+        rows,
+        tmp_path,
+        policy=policy,
+        max_failures=0,
+        partitions={"short": (40, None), "long": (40, None)},
+    )
     assert tally.aborted and tally.failed == len(failures) >= 1 and tally.cancelled >= 1 and not out
     assert pool.in_flight == 0
     for _ in range(3000):  # the server notices each close before its next token; late arrivals too
@@ -739,9 +1027,19 @@ def test_progress_ticks_while_no_conversation_finishes(tmp_path, slow_server):
     async def go():
         pool = open_pool([url], None, slots=1)
         try:
-            return await regenerate_all(pool, "m", prompts(3), Sampling(8, 0.0, 1.0, 0), FAST_RETRY,
-                                        {"short": (4, None), "long": (1, None)}, tmp_path / "c.jsonl", tmp_path / "f.jsonl",
-                                        {"fingerprint": "f"}, on_tick=on_tick, tick_s=0.05)
+            return await regenerate_all(
+                pool,
+                "m",
+                prompts(3),
+                Sampling(8, 0.0, 1.0, 0),
+                FAST_RETRY,
+                {"short": (4, None), "long": (1, None)},
+                tmp_path / "c.jsonl",
+                tmp_path / "f.jsonl",
+                {"fingerprint": "f"},
+                on_tick=on_tick,
+                tick_s=0.05,
+            )
         finally:
             await close_pool(pool)
 
@@ -752,15 +1050,31 @@ def test_progress_ticks_while_no_conversation_finishes(tmp_path, slow_server):
 # ---- multi-turn replay on structured replies (vLLM / SGLang wire format) ------------------------
 
 WEATHER_CHAT = {
-    "id": "w1", "partition": "short",
-    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
-              {"type": "function", "function": {"name": "add_numbers", "parameters": {"type": "object"}}}],
+    "id": "w1",
+    "partition": "short",
+    "tools": [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "add_numbers", "parameters": {"type": "object"}}},
+    ],
     "messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is the weather in Cairo?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_orig", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Cairo\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_orig", "content": "{\"sky\": \"hot\", \"temperature\": 33}"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_orig",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Cairo"}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_orig",
+            "content": '{"sky": "hot", "temperature": 33}',
+        },
         {"role": "assistant", "content": "It is hot in Cairo."},
         {"role": "user", "content": "Thanks!"},
         {"role": "assistant", "content": "You are welcome."},
@@ -773,7 +1087,10 @@ def test_multi_turn_keeps_reasoning_and_splices_matching_tool_results(tmp_path, 
     def answer(body):
         last = body["messages"][-1]
         if last["role"] == "user" and "weather" in last["content"]:
-            return {"reasoning": "I need the weather tool.", "tool_calls": [("get_weather", {"city": "Cairo"})]}
+            return {
+                "reasoning": "I need the weather tool.",
+                "tool_calls": [("get_weather", {"city": "Cairo"})],
+            }
         if last["role"] == "tool":
             return {"reasoning": "The tool says hot.", "content": "Hot, 33 degrees."}
         return {"content": "Bye."}
@@ -782,12 +1099,29 @@ def test_multi_turn_keeps_reasoning_and_splices_matching_tool_results(tmp_path, 
     sampling = Sampling(16, 0.0, 0.9, 7, ((0.0, 1.0), (1.0, 1.0)), {"enable_thinking": True})
     tally, (row,), _, _ = run_rows([url], [WEATHER_CHAT], tmp_path, sampling=sampling)
     msgs = row["messages"]
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert [m["role"] for m in msgs] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     call = msgs[2]["tool_calls"][0]
-    assert msgs[2]["reasoning_content"] == "I need the weather tool." and call["function"]["name"] == "get_weather"
-    assert msgs[3]["tool_call_id"] == call["id"] != "call_orig"  # the original result answers the new call
+    assert (
+        msgs[2]["reasoning_content"] == "I need the weather tool."
+        and call["function"]["name"] == "get_weather"
+    )
+    assert (
+        msgs[3]["tool_call_id"] == call["id"] != "call_orig"
+    )  # the original result answers the new call
     assert msgs[3]["content"] == WEATHER_CHAT["messages"][3]["content"]
-    assert msgs[4] == {"role": "assistant", "content": "Hot, 33 degrees.", "reasoning_content": "The tool says hot."}
+    assert msgs[4] == {
+        "role": "assistant",
+        "content": "Hot, 33 degrees.",
+        "reasoning_content": "The tool says hot.",
+    }
     assert msgs[6]["content"] == "Bye."
     assert row["regeneration"]["finish_reasons"] == ["tool_calls", "stop", "stop"]
     # each turn was asked on the model's own previous answers, with the sampling of the conversation
@@ -796,7 +1130,9 @@ def test_multi_turn_keeps_reasoning_and_splices_matching_tool_results(tmp_path, 
     assert second["messages"][2]["tool_calls"][0]["id"] == call["id"]
     for body in handler.requests:
         assert body["temperature"] == temperature and body["seed"] == seed and body["top_p"] == 0.9
-        assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["max_tokens"] == 16
+        assert (
+            body["chat_template_kwargs"] == {"enable_thinking": True} and body["max_tokens"] == 16
+        )
         assert body["tools"] == WEATHER_CHAT["tools"]
 
 
@@ -826,31 +1162,49 @@ def test_max_context_cuts_max_tokens_and_ends_conversations(tmp_path, stub, rand
     first = len(count_ids(WEATHER_CHAT["messages"][:2], WEATHER_CHAT["tools"]))
     # room for 5 answer tokens after the first prompt; the second prompt (with the call and its
     # result) no longer fits
-    tally, out, failures, _ = run_rows([url], [WEATHER_CHAT], tmp_path, partitions={"short": (1, first + 5), "long": (1, None)},
-                                       count_ids=count_ids)
+    tally, out, failures, _ = run_rows(
+        [url],
+        [WEATHER_CHAT],
+        tmp_path,
+        partitions={"short": (1, first + 5), "long": (1, None)},
+        count_ids=count_ids,
+    )
     assert handler.requests[0]["max_tokens"] == 5 and len(handler.requests) == 1
     assert [m["role"] for m in out[0]["messages"]] == ["system", "user", "assistant"]
     assert out[0]["regeneration"]["stopped"] == "context_full"
     (tmp_path / "b").mkdir()
-    tally, out, failures, _ = run_rows([url], [WEATHER_CHAT], tmp_path / "b", partitions={"short": (1, first), "long": (1, None)},
-                                       count_ids=count_ids)
+    tally, out, failures, _ = run_rows(
+        [url],
+        [WEATHER_CHAT],
+        tmp_path / "b",
+        partitions={"short": (1, first), "long": (1, None)},
+        count_ids=count_ids,
+    )
     assert failures[0]["reason"] == "prompt_too_long" and not out and len(handler.requests) == 1
 
 
 def test_called_tools_and_relinking():
-    assert called_tools({"content": '<tool_call>{"name": "a", "arguments": {}}</tool_call>'}) == ["a"]
-    assert called_tools({"content": "", "tool_calls": [{"function": {"name": "b", "arguments": "{}"}}]}) == ["b"]
+    assert called_tools({"content": '<tool_call>{"name": "a", "arguments": {}}</tool_call>'}) == [
+        "a"
+    ]
+    assert called_tools(
+        {"content": "", "tool_calls": [{"function": {"name": "b", "arguments": "{}"}}]}
+    ) == ["b"]
     assert called_tools({"content": "<tool_call>not json</tool_call>"}) == ["<unparsable>"]
     assert called_tools({"content": "plain"}) == []
     results = [{"role": "tool", "tool_call_id": "old", "content": "1"}]
     assert relink_tool_results(results, {"tool_calls": [{"id": "new"}]})[0]["tool_call_id"] == "new"
-    assert relink_tool_results(results, {"content": '<tool_call>{"name": "a"}</tool_call>'}) == results
+    assert (
+        relink_tool_results(results, {"content": '<tool_call>{"name": "a"}</tool_call>'}) == results
+    )
 
 
 def test_temperature_draw_is_seeded_per_conversation():
     sampling = Sampling(8, 0.0, 1.0, 3, ((0.0, 3.0), (0.7, 1.0)))
     draws = [sampling.for_conversation(f"p{i}") for i in range(2000)]
-    assert draws == [sampling.for_conversation(f"p{i}") for i in range(2000)]  # a rerun draws the same
+    assert draws == [
+        sampling.for_conversation(f"p{i}") for i in range(2000)
+    ]  # a rerun draws the same
     share = Counter(t for t, _ in draws)[0.0] / len(draws)
     assert 0.70 < share < 0.80  # weights 3:1
     assert len({s for _, s in draws}) > 1990  # distinct request seeds
@@ -864,19 +1218,48 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
     rows = {r["id"]: r for r in prompts(6)}
 
     def line(pid, fp="F", prompt=None):
-        return {"id": pid, "messages": [], "regeneration": {"fingerprint": fp, "prompt_sha256": prompt_sha256(prompt or rows[pid])}}
+        return {
+            "id": pid,
+            "messages": [],
+            "regeneration": {
+                "fingerprint": fp,
+                "prompt_sha256": prompt_sha256(prompt or rows[pid]),
+            },
+        }
 
     path = tmp_path / "c.jsonl"
     other = {"messages": [{"role": "user", "content": "changed"}]}
-    lines = [line("p0"), line("p1"), line("p0"), line("p2", fp="OLD"), line("p3", prompt=other),
-             {"id": "p5", "messages": []}, line("gone", prompt=other), "not json", line("p4")]
-    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))  # no final newline: cut by a kill
+    lines = [
+        line("p0"),
+        line("p1"),
+        line("p0"),
+        line("p2", fp="OLD"),
+        line("p3", prompt=other),
+        {"id": "p5", "messages": []},
+        line("gone", prompt=other),
+        "not json",
+        line("p4"),
+    ]
+    path.write_text(
+        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines)
+    )  # no final newline: cut by a kill
     done, counts = load_finished(path, rows, "F")
     assert done == {"p0", "p1", "gone", "p4"}
-    assert counts == {"bad_lines": 1, "duplicates": 1, "stale_settings": 2, "stale_prompt": 1, "not_in_prompts": 1,
-                      "last_run": 0}
+    assert counts == {
+        "bad_lines": 1,
+        "duplicates": 1,
+        "stale_settings": 2,
+        "stale_prompt": 1,
+        "not_in_prompts": 1,
+        "last_run": 0,
+    }
     kept = path.read_text()
-    assert kept.endswith("\n") and [json.loads(x)["id"] for x in kept.splitlines()] == ["p0", "p1", "gone", "p4"]
+    assert kept.endswith("\n") and [json.loads(x)["id"] for x in kept.splitlines()] == [
+        "p0",
+        "p1",
+        "gone",
+        "p4",
+    ]
     # a clean file is left untouched
     mtime = path.stat().st_mtime_ns
     assert load_finished(path, rows, "F")[0] == done and path.stat().st_mtime_ns == mtime
@@ -887,7 +1270,9 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
 
 def rendered(tokenizer, chat_template_kwargs=None):
     """The prompt ids of a conversation as the stage counts them (preflight's prompt_ids)."""
-    return lambda messages, tools: chat_prompt_ids(tokenizer, messages, tools, chat_template_kwargs or {})
+    return lambda messages, tools: chat_prompt_ids(
+        tokenizer, messages, tools, chat_template_kwargs or {}
+    )
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -901,16 +1286,23 @@ def test_preflight_accepts_the_plain_target(stub, random_target, engine):
     assert seen.get("probe_token_ids") == ("match" if engine == "vllm" else None)
 
 
-@pytest.mark.parametrize("engine, attrs, message", [
-    ("vllm", {"speculative": True}, "vllm:spec_decode_num_drafts_total"),
-    ("sglang", {"speculative": True}, "speculative_algorithm=EAGLE3"),
-    ("vllm", {"served": ["other/model"]}, "not the target"),
-    ("sglang", {"count_offset": 1}, "another model, tokenizer or chat template"),
-    ("sglang", {"engine": "vllm"}, "answers as vllm, not sglang"),  # external_engine says sglang, it is not
-    ("vllm", {"engine": "sglang"}, "answers as sglang, not vllm"),
-    ("vllm", {"engine": "transformers"}, "no vllm: metrics"),  # cannot be checked for a draft
-    ("sglang", {"engine": "transformers"}, "no speculative_algorithm"),
-])
+@pytest.mark.parametrize(
+    "engine, attrs, message",
+    [
+        ("vllm", {"speculative": True}, "vllm:spec_decode_num_drafts_total"),
+        ("sglang", {"speculative": True}, "speculative_algorithm=EAGLE3"),
+        ("vllm", {"served": ["other/model"]}, "not the target"),
+        ("sglang", {"count_offset": 1}, "another model, tokenizer or chat template"),
+        (
+            "sglang",
+            {"engine": "vllm"},
+            "answers as vllm, not sglang",
+        ),  # external_engine says sglang, it is not
+        ("vllm", {"engine": "sglang"}, "answers as sglang, not vllm"),
+        ("vllm", {"engine": "transformers"}, "no vllm: metrics"),  # cannot be checked for a draft
+        ("sglang", {"engine": "transformers"}, "no speculative_algorithm"),
+    ],
+)
 def test_preflight_refuses(stub, random_target, engine, attrs, message):
     from transformers import AutoTokenizer
 
@@ -920,13 +1312,18 @@ def test_preflight_refuses(stub, random_target, engine, attrs, message):
         preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
 
 
-@pytest.mark.parametrize("actual, speculative, message", [
-    ("vllm", True, "runs speculative decoding.*vllm:spec_decode_num_drafts_total"),
-    ("sglang", True, "runs speculative decoding.*speculative_algorithm=EAGLE3"),
-    ("vllm", False, "answers as vllm, not transformers"),
-    ("sglang", False, "answers as sglang, not transformers"),
-])
-def test_preflight_probes_what_the_server_is_whatever_is_declared(stub, random_target, actual, speculative, message):
+@pytest.mark.parametrize(
+    "actual, speculative, message",
+    [
+        ("vllm", True, "runs speculative decoding.*vllm:spec_decode_num_drafts_total"),
+        ("sglang", True, "runs speculative decoding.*speculative_algorithm=EAGLE3"),
+        ("vllm", False, "answers as vllm, not transformers"),
+        ("sglang", False, "answers as sglang, not transformers"),
+    ],
+)
+def test_preflight_probes_what_the_server_is_whatever_is_declared(
+    stub, random_target, actual, speculative, message
+):
     """Declared `external_engine: transformers` (which has no speculative mode), the server is
     really vLLM / SGLang: its own evidence decides, a draft is found and refused."""
     from transformers import AutoTokenizer
@@ -942,9 +1339,17 @@ def test_stage_refuses_a_speculative_server_declared_as_transformers(tmp_path, s
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
-    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model])
-    workdir = stage_dir(tmp_path, random_target, prompts(4), backend="external", endpoints=[url],
-                        external_engine="transformers")
+    url, handler = stub(
+        engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model]
+    )
+    workdir = stage_dir(
+        tmp_path,
+        random_target,
+        prompts(4),
+        backend="external",
+        endpoints=[url],
+        external_engine="transformers",
+    )
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "speculative decoding" in proc.stderr and "vllm:spec_decode" in proc.stderr
@@ -955,8 +1360,17 @@ def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, r
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
-    url, handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model])
-    workdir = stage_dir(tmp_path, random_target, prompts(4), backend="external", endpoints=[url], external_engine="vllm")
+    url, handler = stub(
+        engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model]
+    )
+    workdir = stage_dir(
+        tmp_path,
+        random_target,
+        prompts(4),
+        backend="external",
+        endpoints=[url],
+        external_engine="vllm",
+    )
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "preflight refused" in proc.stderr and "speculative" in proc.stderr
@@ -974,31 +1388,52 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
     workdir = stage_dir(tmp_path, random_target, rows)
     out = workdir / "out/conversations.jsonl"
     out.parent.mkdir()
-    made_with_other_sampling = [{**row, "regeneration": {"fingerprint": "other-sampling", "prompt_sha256": prompt_sha256(row)}}
-                                for row in rows]
-    out.write_text("".join(json.dumps(r) + "\n" for r in made_with_other_sampling) + '{"id": "p0", "mess')  # + a cut line
+    made_with_other_sampling = [
+        {
+            **row,
+            "regeneration": {"fingerprint": "other-sampling", "prompt_sha256": prompt_sha256(row)},
+        }
+        for row in rows
+    ]
+    out.write_text(
+        "".join(json.dumps(r) + "\n" for r in made_with_other_sampling) + '{"id": "p0", "mess'
+    )  # + a cut line
     before = (out.read_bytes(), out.stat().st_mtime_ns)
 
-    bad, bad_handler = stub(engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model])
-    stage_dir(workdir, random_target, rows, backend="external", endpoints=[bad], external_engine="vllm")
+    bad, bad_handler = stub(
+        engine="vllm", speculative=True, tokenizer=tokenizer, served=[random_target.model]
+    )
+    stage_dir(
+        workdir, random_target, rows, backend="external", endpoints=[bad], external_engine="vllm"
+    )
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "preflight refused" in proc.stderr
     assert (out.read_bytes(), out.stat().st_mtime_ns) == before and bad_handler.requests == []
     assert "is as it was" in proc.stderr
 
     good, handler = stub(engine="vllm", tokenizer=tokenizer, served=[random_target.model])
-    stage_dir(workdir, random_target, rows, backend="external", endpoints=[good], external_engine="vllm")
+    stage_dir(
+        workdir, random_target, rows, backend="external", endpoints=[good], external_engine="vllm"
+    )
     proc = run_stage(workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = read_json(workdir / "report.json")
-    assert report["resume"]["stale_settings"] == 12 and report["resume"]["bad_lines"] == 1 and report["sent"] == 12
+    assert (
+        report["resume"]["stale_settings"] == 12
+        and report["resume"]["bad_lines"] == 1
+        and report["sent"] == 12
+    )
     done = output_rows(workdir)
     assert sorted(r["id"] for r in done) == sorted(r["id"] for r in rows)
-    assert {r["regeneration"]["fingerprint"] for r in done} == {read_json(workdir / "out/meta.json")["fingerprint"]}
+    assert {r["regeneration"]["fingerprint"] for r in done} == {
+        read_json(workdir / "out/meta.json")["fingerprint"]
+    }
 
 
 def test_stage_refuses_sampling_that_transformers_serve_would_ignore(tmp_path, random_target):
-    workdir = stage_dir(tmp_path, random_target, prompts(2), backend="transformers", temperature=0.7)
+    workdir = stage_dir(
+        tmp_path, random_target, prompts(2), backend="transformers", temperature=0.7
+    )
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "do_sample" in proc.stderr and not (workdir / "out").exists()
 
@@ -1021,7 +1456,9 @@ def vllm_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--revision")
     p.add_argument("--reasoning-parser")
-    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument(
+        "--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False
+    )
     p.add_argument("--tool-call-parser")
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--speculative-config", type=json.loads)
@@ -1050,42 +1487,97 @@ def sglang_launch_parser() -> argparse.ArgumentParser:
 
 
 def test_vllm_command_uses_documented_flags():
-    cmd = vllm_regenerate_command("Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "0.0.0.0", 8000, "abc123", 4, 2, 32768, "qwen3",
-                                  "hermes", ["--gpu-memory-utilization", "0.85"])
+    cmd = vllm_regenerate_command(
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-8B",
+        "0.0.0.0",
+        8000,
+        "abc123",
+        4,
+        2,
+        32768,
+        "qwen3",
+        "hermes",
+        ["--gpu-memory-utilization", "0.85"],
+    )
     assert cmd[:2] == ["vllm", "serve"]
     args, unknown = vllm_serve_parser().parse_known_args(cmd[2:])
     assert not unknown
-    assert (args.model_tag, args.served_model_name, args.port, args.revision) == ("Qwen/Qwen3-8B", ["Qwen/Qwen3-8B"], 8000, "abc123")
+    assert (args.model_tag, args.served_model_name, args.port, args.revision) == (
+        "Qwen/Qwen3-8B",
+        ["Qwen/Qwen3-8B"],
+        8000,
+        "abc123",
+    )
     assert (args.tensor_parallel_size, args.data_parallel_size, args.max_model_len) == (4, 2, 32768)
-    assert args.reasoning_parser == "qwen3" and args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
+    assert (
+        args.reasoning_parser == "qwen3"
+        and args.enable_auto_tool_choice
+        and args.tool_call_parser == "hermes"
+    )
     assert args.gpu_memory_utilization == 0.85 and args.speculative_config is None
-    bare, unknown = vllm_serve_parser().parse_known_args(vllm_regenerate_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[2:])
+    bare, unknown = vllm_serve_parser().parse_known_args(
+        vllm_regenerate_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[2:]
+    )
     assert not unknown and not bare.enable_auto_tool_choice and bare.max_model_len is None
 
 
 def test_sglang_command_uses_documented_flags():
-    cmd = sglang_regenerate_command("/models/glm", "glm", "0.0.0.0", 30000, None, 8, 2, 65536, "glm45", "glm45",
-                                    ["--mem-fraction-static", "0.8"])
+    cmd = sglang_regenerate_command(
+        "/models/glm",
+        "glm",
+        "0.0.0.0",
+        30000,
+        None,
+        8,
+        2,
+        65536,
+        "glm45",
+        "glm45",
+        ["--mem-fraction-static", "0.8"],
+    )
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     args, unknown = sglang_launch_parser().parse_known_args(cmd[3:])
     assert not unknown
-    assert (args.model_path, args.served_model_name, args.port, args.tp_size, args.dp_size) == ("/models/glm", "glm", 30000, 8, 2)
-    assert (args.context_length, args.reasoning_parser, args.tool_call_parser) == (65536, "glm45", "glm45")
+    assert (args.model_path, args.served_model_name, args.port, args.tp_size, args.dp_size) == (
+        "/models/glm",
+        "glm",
+        30000,
+        8,
+        2,
+    )
+    assert (args.context_length, args.reasoning_parser, args.tool_call_parser) == (
+        65536,
+        "glm45",
+        "glm45",
+    )
     assert args.mem_fraction_static == 0.8 and args.speculative_algorithm is None
 
 
-@pytest.mark.parametrize("regenerate, key", [
-    ({"backend": "vllm", "extra_args": ["--speculative-config", "{}"]}, "regenerate.extra_args"),
-    ({"backend": "sglang", "extra_args": ["--speculative-algorithm", "EAGLE3"]}, "regenerate.extra_args"),
-    ({"backend": "external"}, "regenerate.endpoints"),
-    ({"backend": "external", "endpoints": ["http://h:1"]}, "regenerate.external_engine"),
-    ({"endpoints": ["http://h:1"]}, "regenerate.endpoints"),
-    ({"reasoning_parser": "qwen3"}, "regenerate.reasoning_parser"),
-    ({"temperature": 0.5, "temperatures": [{"value": 1.0, "weight": 1}]}, "regenerate.temperatures"),
-    ({"short": {"concurrency": 0}}, "regenerate.short.concurrency"),
-    ({"request_timeout_s": 120}, "replaced by first_token_timeout_s"),
-    ({"server_slots": 0}, "regenerate.server_slots"),
-])
+@pytest.mark.parametrize(
+    "regenerate, key",
+    [
+        (
+            {"backend": "vllm", "extra_args": ["--speculative-config", "{}"]},
+            "regenerate.extra_args",
+        ),
+        (
+            {"backend": "sglang", "extra_args": ["--speculative-algorithm", "EAGLE3"]},
+            "regenerate.extra_args",
+        ),
+        ({"backend": "external"}, "regenerate.endpoints"),
+        ({"backend": "external", "endpoints": ["http://h:1"]}, "regenerate.external_engine"),
+        ({"endpoints": ["http://h:1"]}, "regenerate.endpoints"),
+        ({"reasoning_parser": "qwen3"}, "regenerate.reasoning_parser"),
+        (
+            {"temperature": 0.5, "temperatures": [{"value": 1.0, "weight": 1}]},
+            "regenerate.temperatures",
+        ),
+        ({"short": {"concurrency": 0}}, "regenerate.short.concurrency"),
+        ({"request_timeout_s": 120}, "replaced by first_token_timeout_s"),
+        ({"server_slots": 0}, "regenerate.server_slots"),
+    ],
+)
 def test_bad_regenerate_params_name_the_key(regenerate, key):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["regenerate"].update(regenerate)
@@ -1098,16 +1590,29 @@ def test_bad_regenerate_params_name_the_key(regenerate, key):
 
 def http_server_cmd(port: int, directory: Path) -> list[str]:
     (directory / "health").write_text("ok")  # GET /health -> 200
-    return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)]
+    return [
+        sys.executable,
+        "-m",
+        "http.server",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(directory),
+    ]
 
 
 def test_managed_server_starts_stops_and_reports_failures(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with ManagedServer(http_server_cmd(port, tmp_path), dict(os.environ), url, tmp_path / "s.log", 30) as base:
+    with ManagedServer(
+        http_server_cmd(port, tmp_path), dict(os.environ), url, tmp_path / "s.log", 30
+    ) as base:
         assert port_open(port) and (tmp_path / "s.pid").exists()
         with pytest.raises(RuntimeError, match="already in use"):
-            ManagedServer(http_server_cmd(port, tmp_path), dict(os.environ), base, tmp_path / "t.log", 30).__enter__()
+            ManagedServer(
+                http_server_cmd(port, tmp_path), dict(os.environ), base, tmp_path / "t.log", 30
+            ).__enter__()
     assert not port_open(port) and not (tmp_path / "s.pid").exists()
     crash = [sys.executable, "-c", "print('no such model'); raise SystemExit(3)"]
     with pytest.raises(RuntimeError, match=r"(?s)code 3.*no such model"):
@@ -1117,10 +1622,12 @@ def test_managed_server_starts_stops_and_reports_failures(tmp_path):
 def test_server_of_a_killed_stage_does_not_outlive_it(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    script = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from pathlib import Path\nfrom draftline.servers import ManagedServer\n"
-              f"with ManagedServer({http_server_cmd(port, tmp_path)!r}, None, {url!r}, Path({str(tmp_path / 's.log')!r}), 30):\n"
-              "    print('ready', flush=True); time.sleep(60)\n")
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from pathlib import Path\nfrom draftline.servers import ManagedServer\n"
+        f"with ManagedServer({http_server_cmd(port, tmp_path)!r}, None, {url!r}, Path({str(tmp_path / 's.log')!r}), 30):\n"
+        "    print('ready', flush=True); time.sleep(60)\n"
+    )
     stage = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert stage.stdout.readline().strip() == "ready" and port_open(port)
     stage.send_signal(signal.SIGKILL)
@@ -1131,8 +1638,12 @@ def test_server_of_a_killed_stage_does_not_outlive_it(tmp_path):
     assert not port_open(port)  # the server got SIGTERM when its parent died
 
     # an orphan that survived (its pid file left behind) is stopped by the next run, which then starts
-    orphan = subprocess.Popen(http_server_cmd(port, tmp_path), start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    orphan = subprocess.Popen(
+        http_server_cmd(port, tmp_path),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     (tmp_path / "s.pid").write_text(f"{orphan.pid} {sys.executable}\n")
     while not port_open(port):
         time.sleep(0.05)
@@ -1151,7 +1662,11 @@ def _whoami(url: str) -> str:
 def started_concurrently(servers: list[ManagedServer]):
     """Each server entered in a thread of its own at the same time; the threads stay alive until
     the end (a launched server gets SIGTERM when the thread that started it exits: PDEATHSIG)."""
-    urls, ready, done = [None] * len(servers), threading.Barrier(len(servers) + 1), threading.Event()
+    urls, ready, done = (
+        [None] * len(servers),
+        threading.Barrier(len(servers) + 1),
+        threading.Event(),
+    )
 
     def run(k):
         try:
@@ -1180,13 +1695,23 @@ def test_two_servers_started_at_once_get_free_ports_of_their_own(tmp_path):
     assert parse_params(yaml.safe_load((ROOT / "params.yaml").read_text())).regenerate.port is None
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["hidden_states"] = {"vllm": {"port": 0}}
-    assert parse_params(raw).hidden_states.vllm.port is None and parse_params(raw).benchmark.port is None
+    assert (
+        parse_params(raw).hidden_states.vllm.port is None
+        and parse_params(raw).benchmark.port is None
+    )
     servers = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "whoami").write_text(name)
-        servers.append(ManagedServer(lambda port, d=tmp_path / name: http_server_cmd(port, d), dict(os.environ),
-                                     server_url("127.0.0.1", None), tmp_path / name / "s.log", 30))
+        servers.append(
+            ManagedServer(
+                lambda port, d=tmp_path / name: http_server_cmd(port, d),
+                dict(os.environ),
+                server_url("127.0.0.1", None),
+                tmp_path / name / "s.log",
+                30,
+            )
+        )
     with started_concurrently(servers) as urls:
         assert all(isinstance(u, str) for u in urls), urls
         assert urls[0] != urls[1] and [_whoami(u) for u in urls] == ["a", "b"]
@@ -1210,8 +1735,15 @@ def test_a_port_taken_by_another_pipeline_is_noticed_and_another_one_used(tmp_pa
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "whoami").write_text(name)
-        servers.append(ManagedServer(lambda port, d=tmp_path / name: http_server_cmd(port, d), dict(os.environ),
-                                     server_url("127.0.0.1", None), tmp_path / name / "s.log", 30))
+        servers.append(
+            ManagedServer(
+                lambda port, d=tmp_path / name: http_server_cmd(port, d),
+                dict(os.environ),
+                server_url("127.0.0.1", None),
+                tmp_path / name / "s.log",
+                30,
+            )
+        )
     with started_concurrently(servers) as urls:
         assert all(isinstance(u, str) for u in urls), urls
         assert len(calls) == 3 and urls[0] != urls[1] and f"http://127.0.0.1:{same}" in urls
@@ -1219,16 +1751,39 @@ def test_a_port_taken_by_another_pipeline_is_noticed_and_another_one_used(tmp_pa
     # the loser is slow to bind: its health check first reaches the winner's server, which is not
     # in its process group, so it moves on instead of using the other pipeline's server
     calls.clear()
-    first = ManagedServer(lambda port: http_server_cmd(port, tmp_path / "a"), dict(os.environ),
-                          server_url("127.0.0.1", None), tmp_path / "a.log", 30)
+    first = ManagedServer(
+        lambda port: http_server_cmd(port, tmp_path / "a"),
+        dict(os.environ),
+        server_url("127.0.0.1", None),
+        tmp_path / "a.log",
+        30,
+    )
     slow_dir = tmp_path / "b"
-    slow = ManagedServer(lambda port: ["sh", "-c", f"sleep 2; exec {' '.join(http_server_cmd(port, slow_dir))}"],
-                         dict(os.environ), server_url("127.0.0.1", None), tmp_path / "b.log", 30)
+    slow = ManagedServer(
+        lambda port: ["sh", "-c", f"sleep 2; exec {' '.join(http_server_cmd(port, slow_dir))}"],
+        dict(os.environ),
+        server_url("127.0.0.1", None),
+        tmp_path / "b.log",
+        30,
+    )
     with first as url_a, slow as url_b:
-        assert url_a == f"http://127.0.0.1:{same}" != url_b and (_whoami(url_a), _whoami(url_b)) == ("a", "b")
+        assert url_a == f"http://127.0.0.1:{same}" != url_b and (
+            _whoami(url_a),
+            _whoami(url_b),
+        ) == ("a", "b")
     # a fixed port that is taken is still refused, naming it
-    with ManagedServer(lambda port: http_server_cmd(port, tmp_path / "a"), dict(os.environ),
-                       server_url("127.0.0.1", None), tmp_path / "c.log", 30) as url:
+    with ManagedServer(
+        lambda port: http_server_cmd(port, tmp_path / "a"),
+        dict(os.environ),
+        server_url("127.0.0.1", None),
+        tmp_path / "c.log",
+        30,
+    ) as url:
         with pytest.raises(RuntimeError, match="already in use"):
-            ManagedServer(http_server_cmd(int(url.rsplit(":", 1)[1]), tmp_path), dict(os.environ), url,
-                          tmp_path / "d.log", 30).__enter__()
+            ManagedServer(
+                http_server_cmd(int(url.rsplit(":", 1)[1]), tmp_path),
+                dict(os.environ),
+                url,
+                tmp_path / "d.log",
+                30,
+            ).__enter__()

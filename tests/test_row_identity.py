@@ -14,8 +14,8 @@ from pathlib import Path
 
 from stubs import StubHandler
 
-from draftline.corpus import generate_conversations
 from draftline.conversation_store import load_finished
+from draftline.corpus import generate_conversations
 from draftline.openai_client import RetryPolicy, close_pool, open_pool
 from draftline.regeneration import Sampling, regenerate_all
 
@@ -43,9 +43,22 @@ class FlakyServer(StubHandler):
         first_user = next(m["content"] for m in body["messages"] if m["role"] == "user")
         if first_user in self.failing:
             return self._json({"object": "error", "message": "overloaded", "code": 500}, 500)
-        self._json({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok."}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        self._json(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok."},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+            }
+        )
 
 
 def regenerate(url: str, rows: list[dict], root: Path) -> None:
@@ -58,8 +71,17 @@ def regenerate(url: str, rows: list[dict], root: Path) -> None:
     async def go():
         pool = open_pool([url], None)
         try:
-            await regenerate_all(pool, "m", todo, Sampling(8, 0.0, 1.0, 0), RetryPolicy(1, 0.01, 0.02, 5),
-                                 {"short": (4, None), "long": (1, None)}, out, root / "failures.jsonl", tags)
+            await regenerate_all(
+                pool,
+                "m",
+                todo,
+                Sampling(8, 0.0, 1.0, 0),
+                RetryPolicy(1, 0.01, 0.02, 5),
+                {"short": (4, None), "long": (1, None)},
+                out,
+                root / "failures.jsonl",
+                tags,
+            )
         finally:
             await close_pool(pool)
 
@@ -74,13 +96,22 @@ def tokenize_and_extract(root: Path) -> dict:
     from stages.tokenize import main as tokenize
 
     with contextlib.chdir(root):
-        tokenize("card.json", "prompts.jsonl", "regenerated/conversations.jsonl", "tokenized", "tokenize.json")
+        tokenize(
+            "card.json",
+            "prompts.jsonl",
+            "regenerated/conversations.jsonl",
+            "tokenized",
+            "tokenize.json",
+        )
         hidden_states("card.json", "tokenized", "hs", "hs.json")
     return json.loads((root / "hs.json").read_text())
 
 
 def stamps(root: Path) -> dict[str, tuple[int, int]]:
-    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in (root / "hs").glob("hs_*.safetensors")}
+    return {
+        f.name: (f.stat().st_ino, f.stat().st_mtime_ns)
+        for f in (root / "hs").glob("hs_*.safetensors")
+    }
 
 
 def test_filled_failures_and_grown_samples_extract_exactly_the_new_rows(tmp_path, random_target):
@@ -89,8 +120,13 @@ def test_filled_failures_and_grown_samples_extract_exactly_the_new_rows(tmp_path
     (tmp_path / "params.yaml").write_text(PARAMS)
     (tmp_path / "card.json").write_text(json.dumps(random_target.to_dict()))
     (tmp_path / "regenerated").mkdir()
-    convs = [{"id": f"p{k:03d}", "partition": "short", **c} for k, c in enumerate(generate_conversations(40, 3))]
-    first_user = {c["id"]: next(m["content"] for m in c["messages"] if m["role"] == "user") for c in convs}
+    convs = [
+        {"id": f"p{k:03d}", "partition": "short", **c}
+        for k, c in enumerate(generate_conversations(40, 3))
+    ]
+    first_user = {
+        c["id"]: next(m["content"] for m in c["messages"] if m["role"] == "user") for c in convs
+    }
     failing_ids = {"p003", "p011", "p017", "p024"}  # in the middle of the first 30 prompts
 
     handler = type("Flaky", (FlakyServer,), {"failing": {first_user[i] for i in failing_ids}})
@@ -107,10 +143,14 @@ def test_filled_failures_and_grown_samples_extract_exactly_the_new_rows(tmp_path
         regenerate(url, convs[:30], tmp_path)
         filled = tokenize_and_extract(tmp_path)
         ids = load_from_disk(str(tmp_path / "tokenized")).with_format(None)["id"]
-        assert set(ids[-len(failing_ids):]) == failing_ids  # appended after every existing row
-        assert filled["extracted_now"] == len(failing_ids) and filled["reused"] == 30 - len(failing_ids)
+        assert set(ids[-len(failing_ids) :]) == failing_ids  # appended after every existing row
+        assert filled["extracted_now"] == len(failing_ids) and filled["reused"] == 30 - len(
+            failing_ids
+        )
         assert len(stamps(tmp_path)) == 30
-        assert {k: v for k, v in stamps(tmp_path).items() if k in before} == before  # not one earlier file rewritten
+        assert {
+            k: v for k, v in stamps(tmp_path).items() if k in before
+        } == before  # not one earlier file rewritten
 
         before = stamps(tmp_path)
         regenerate(url, convs, tmp_path)  # samples grown from 30 to 40

@@ -3,18 +3,18 @@ the `target` stage without target.trust_remote_code, and with it: the card from 
 verifier tensors found by name that equal the loaded model's, capture inside the wrapper, and the
 stages target -> tokenize -> vocab -> hidden_states -> train -> evaluate."""
 
-from dataclasses import replace
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from safetensors import safe_open
+from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
+from wrapped_target import build_wrapped_target
 
 from draftline import hidden
 from draftline.card import TargetCard
 from draftline.target import RemoteCodeRequired, build_card, load_target, read_verifier_tensors
-from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
-from wrapped_target import build_wrapped_target
 
 AUX = [1, 2, 3]
 
@@ -31,7 +31,9 @@ def wrapped_card(wrapped_dir):
 
 def test_target_stage_without_trust_remote_code_names_the_param(wrapped_dir, tmp_path):
     write_params(tmp_path, {"model": str(wrapped_dir), "aux_layer_ids": AUX})
-    with pytest.raises(SystemExit, match=r"target\.trust_remote_code: the config of target .* ships as custom code"):
+    with pytest.raises(
+        SystemExit, match=r"target\.trust_remote_code: the config of target .* ships as custom code"
+    ):
         run_stage(tmp_path, "target", "models/target")
     assert not (tmp_path / "models/target/card.json").exists()
 
@@ -45,7 +47,9 @@ def test_tokenizer_with_custom_code_alone_is_refused_too(wrapped_dir, tmp_path):
     shutil.copytree(wrapped_dir, tmp_path / "t")
     text = json.loads((wrapped_dir / "config.json").read_text())["text_config"]
     LlamaConfig(**text).save_pretrained(tmp_path / "t")  # replaces the wrapper's config.json
-    with pytest.raises(RemoteCodeRequired, match=r"target\.trust_remote_code: the tokenizer of target"):
+    with pytest.raises(
+        RemoteCodeRequired, match=r"target\.trust_remote_code: the tokenizer of target"
+    ):
         build_card(str(tmp_path / "t"), "test", None, AUX, {})
 
 
@@ -54,9 +58,11 @@ def test_card_from_text_config_and_verifier_tensors_equal_the_loaded_model(wrapp
     assert card.config_model_type == "draftline_wrapper" and card.model_type == "llama"
     assert (card.num_layers, card.hidden_size, card.trust_remote_code) == (5, 64, True)
     # names by prefix, not suffix: the vision tower's embed_tokens / post_norm never match
-    assert card.verifier_tensors == {"embed_tokens": "language_model.model.embed_tokens.weight",
-                                     "lm_head": "language_model.lm_head.weight",
-                                     "norm": "language_model.model.norm.weight"}
+    assert card.verifier_tensors == {
+        "embed_tokens": "language_model.model.embed_tokens.weight",
+        "lm_head": "language_model.lm_head.weight",
+        "norm": "language_model.model.norm.weight",
+    }
     tensors = read_verifier_tensors(card)
     model, tokenizer = load_target(card)
     assert type(tokenizer).__name__ == "WrapperTokenizer"
@@ -64,7 +70,9 @@ def test_card_from_text_config_and_verifier_tensors_equal_the_loaded_model(wrapp
     assert torch.equal(tensors["embed_tokens"], model.get_input_embeddings().weight)
     assert torch.equal(tensors["lm_head"], model.get_output_embeddings().weight)
     assert torch.equal(tensors["norm"], norm.weight)
-    assert not torch.equal(norm.weight, torch.ones_like(norm.weight))  # a fallback to ones would show
+    assert not torch.equal(
+        norm.weight, torch.ones_like(norm.weight)
+    )  # a fallback to ones would show
 
 
 def test_tied_embeddings_give_no_lm_head_name(random_target, tmp_path):
@@ -99,27 +107,63 @@ def test_capture_finds_the_decoder_inside_the_wrapper(wrapped_card):
 def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
     from draftline.checkpoint import load_saved_draft
 
-    write_params(tmp_path, {"model": str(wrapped_dir), "aux_layer_ids": AUX, "trust_remote_code": True},
-                 tokenize={"max_length": 256}, vocab={"draft_vocab_size": 128},
-                 hidden_states={"device": "cpu"},
-                 train={"epochs": 1, "pack_len": 256, "device": "cpu", "checkpoint_every_steps": 50},
-                 evaluate={"k": 3, "max_new_tokens": 12, "device": "cpu", "dtype": "float32"})
+    write_params(
+        tmp_path,
+        {"model": str(wrapped_dir), "aux_layer_ids": AUX, "trust_remote_code": True},
+        tokenize={"max_length": 256},
+        vocab={"draft_vocab_size": 128},
+        hidden_states={"device": "cpu"},
+        train={"epochs": 1, "pack_len": 256, "device": "cpu", "checkpoint_every_steps": 50},
+        evaluate={"k": 3, "max_new_tokens": 12, "device": "cpu", "dtype": "float32"},
+    )
     run_stage(tmp_path, "target", "models/target")
     card = TargetCard.load(tmp_path / "models/target/card.json")
-    assert card.trust_remote_code and card.verifier_tensors["norm"] == "language_model.model.norm.weight"
+    assert (
+        card.trust_remote_code
+        and card.verifier_tensors["norm"] == "language_model.model.norm.weight"
+    )
 
     conversations = corpus(12, 0)
     prompts = write_prompts(tmp_path / "prompts/train.jsonl", conversations)
     write_regenerated(tmp_path / "regenerated/conversations.jsonl", prompts, conversations)
-    tok = run_stage(tmp_path, "tokenize", "models/target/card.json", "prompts/train.jsonl",
-                    "regenerated/conversations.jsonl", "tokenized", "reports/tokenize.json")
+    tok = run_stage(
+        tmp_path,
+        "tokenize",
+        "models/target/card.json",
+        "prompts/train.jsonl",
+        "regenerated/conversations.jsonl",
+        "tokenized",
+        "reports/tokenize.json",
+    )
     assert tok["rows"] == 12
-    run_stage(tmp_path, "vocab", "models/target/card.json", "tokenized/token_freq.pt", "models/vocab", "reports/vocab.json")
-    hs = run_stage(tmp_path, "hidden_states", "models/target/card.json", "tokenized", "hidden_states",
-                   "reports/hidden_states.json")
+    run_stage(
+        tmp_path,
+        "vocab",
+        "models/target/card.json",
+        "tokenized/token_freq.pt",
+        "models/vocab",
+        "reports/vocab.json",
+    )
+    hs = run_stage(
+        tmp_path,
+        "hidden_states",
+        "models/target/card.json",
+        "tokenized",
+        "hidden_states",
+        "reports/hidden_states.json",
+    )
     assert hs["extracted_now"] == 12
-    report = run_stage(tmp_path, "train", "models/target/card.json", "models/vocab", "tokenized", "hidden_states",
-                       "models/draft", "reports/train.json", "models/draft_checkpoints")
+    report = run_stage(
+        tmp_path,
+        "train",
+        "models/target/card.json",
+        "models/vocab",
+        "tokenized",
+        "hidden_states",
+        "models/draft",
+        "reports/train.json",
+        "models/draft_checkpoints",
+    )
     assert report["steps"] >= 1
     draft = load_saved_draft(tmp_path / "models/draft", card)
     tensors = read_verifier_tensors(card)
@@ -127,8 +171,15 @@ def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
     assert torch.equal(draft.embed_tokens.weight, tensors["embed_tokens"])
     assert torch.equal(draft.verifier_lm_head.weight, tensors["lm_head"][draft.t2d.bool()])
     write_prompts(tmp_path / "prompts/eval.jsonl", corpus(3, 9), prefix="e")
-    acc = run_stage(tmp_path, "evaluate", "models/target/card.json", "models/draft", "prompts/eval.jsonl",
-                    "reports/acceptance.json", "reports/evaluate")
+    acc = run_stage(
+        tmp_path,
+        "evaluate",
+        "models/target/card.json",
+        "models/draft",
+        "prompts/eval.jsonl",
+        "reports/acceptance.json",
+        "reports/evaluate",
+    )
     assert acc["lossless_checked_prompts"] == 3 and acc["near_tie_divergences"] == 0
 
 
@@ -149,18 +200,48 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     for backend in ("transformers", "vllm", "sglang"):
         cmd = commands.regenerate_command(RegenerateConfig(backend=backend), card, "m")
         assert cmd.count("--trust-remote-code") == 1, backend
-        assert "--trust-remote-code" not in commands.regenerate_command(RegenerateConfig(backend=backend),
-                                                                        replace(card, trust_remote_code=False), "m")
-    cmd = commands.vllm_extract_command("python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 1, 64, 0.9, [],
-                                        trust_remote_code=True)
+        assert "--trust-remote-code" not in commands.regenerate_command(
+            RegenerateConfig(backend=backend), replace(card, trust_remote_code=False), "m"
+        )
+    cmd = commands.vllm_extract_command(
+        "python",
+        card.model,
+        None,
+        AUX,
+        5,
+        tmp_path,
+        "h",
+        1,
+        "bfloat16",
+        1,
+        64,
+        0.9,
+        [],
+        trust_remote_code=True,
+    )
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):
-        assert "--trust-remote-code" in commands.benchmark_serve_command(engine, card, BenchmarkConfig(engine=engine), "/draft")
-    train_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), card, vocab_dir, tmp_path / "tok",
-                                                  tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", nproc=2)
+        assert "--trust-remote-code" in commands.benchmark_serve_command(
+            engine, card, BenchmarkConfig(engine=engine), "/draft"
+        )
+    train_cmd = handoff.speculators_train_command(
+        TrainConfig(backend="speculators"),
+        card,
+        vocab_dir,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        nproc=2,
+    )
     launch = get_args_parser().parse_args(train_cmd[1:])
-    assert SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"] is True
-    assert not commands.transformers_serve_loads(wrapped_card.architecture, wrapped_card.config_model_type)
+    assert (
+        SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"]
+        is True
+    )
+    assert not commands.transformers_serve_loads(
+        wrapped_card.architecture, wrapped_card.config_model_type
+    )
     assert commands.transformers_serve_loads("LlamaForCausalLM", "llama")
 
 
@@ -175,18 +256,40 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     view = handoff.verifier_for_speculators(wrapped_card, tmp_path / "view")
     assert view != wrapped_card.model
     size = wrapped_card.vocab_size // 2
-    d2t, t2d = torch.zeros(size, dtype=torch.long), torch.zeros(wrapped_card.vocab_size, dtype=torch.bool)
+    d2t, t2d = (
+        torch.zeros(size, dtype=torch.long),
+        torch.zeros(wrapped_card.vocab_size, dtype=torch.bool),
+    )
     t2d[:size] = True
-    layer = create_transformer_layer_config(view, 1, "llama", "silu", 4096, [0])  # trust_remote_code=False
-    model = Eagle3DraftModel.from_training_args(verifier_config=layer, t2d=t2d, d2t=d2t, draft_vocab_size=size,
-                                                norm_before_residual=True, ttt_steps=3, verifier_name_or_path=view,
-                                                target_layer_ids=AUX, draft_attn_impl="eager")
+    layer = create_transformer_layer_config(
+        view, 1, "llama", "silu", 4096, [0]
+    )  # trust_remote_code=False
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=layer,
+        t2d=t2d,
+        d2t=d2t,
+        draft_vocab_size=size,
+        norm_before_residual=True,
+        ttt_steps=3,
+        verifier_name_or_path=view,
+        target_layer_ids=AUX,
+        draft_attn_impl="eager",
+    )
     tensors = read_verifier_tensors(wrapped_card)
     assert torch.equal(model.verifier_norm.weight, tensors["norm"])
     assert torch.equal(model.embed_tokens.weight, tensors["embed_tokens"])
     assert torch.equal(model.verifier_lm_head.weight, tensors["lm_head"][:size])
-    cmd = handoff.speculators_train_command(draft_cfg(), wrapped_card, vocab_dir, tmp_path, tmp_path, tmp_path, tmp_path, 2,
-                                            verifier=view)
+    cmd = handoff.speculators_train_command(
+        draft_cfg(),
+        wrapped_card,
+        vocab_dir,
+        tmp_path,
+        tmp_path,
+        tmp_path,
+        tmp_path,
+        2,
+        verifier=view,
+    )
     assert cmd[cmd.index("--verifier-name-or-path") + 1] == view
 
 

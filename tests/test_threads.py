@@ -23,7 +23,12 @@ def test_stage_counts_follow_the_table_and_the_cores():
 
 def test_explicit_environment_wins():
     assert resolve_threads("train", {"OMP_NUM_THREADS": "4"}, cores=2) == (4, "OMP_NUM_THREADS")
-    assert resolve_threads("hidden_states", {"DRAFTLINE_THREADS": "3", "OMP_NUM_THREADS": "1"}, cores=8)[0] == 3
+    assert (
+        resolve_threads(
+            "hidden_states", {"DRAFTLINE_THREADS": "3", "OMP_NUM_THREADS": "1"}, cores=8
+        )[0]
+        == 3
+    )
 
 
 @pytest.mark.parametrize("value", ["0", "two"])
@@ -41,11 +46,22 @@ def test_every_stage_module_has_a_policy_and_applies_it_before_torch():
 
 
 def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
-    code = ("from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy('hidden_states'); "
-            "import torch; print(json.dumps([s, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads()]))")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "DRAFTLINE_THREADS")}
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                         text=True, check=True).stdout
+    code = (
+        "from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy('hidden_states'); "
+        "import torch; print(json.dumps([s, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads()]))"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "DRAFTLINE_THREADS")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     policy, wait, torch_threads = json.loads(out)
     assert wait == "PASSIVE" and not policy["torch_loaded_before"]
     assert torch_threads == policy["threads"] == len(os.sched_getaffinity(0))

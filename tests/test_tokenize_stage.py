@@ -19,14 +19,23 @@ from draftline.io import text_sha256
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
 
-def write_inputs(root: Path, card: TargetCard, conversations: list[dict], max_length: int, regen_meta: dict | None = None) -> None:
+def write_inputs(
+    root: Path,
+    card: TargetCard,
+    conversations: list[dict],
+    max_length: int,
+    regen_meta: dict | None = None,
+) -> None:
     (root / "params.yaml").write_text(
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
         f"tokenize: {{max_length: {max_length}}}\n"
     )
     card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
-    with open(root / "prompts.jsonl", "w") as p, open(root / "regenerated" / "conversations.jsonl", "w") as c:
+    with (
+        open(root / "prompts.jsonl", "w") as p,
+        open(root / "regenerated" / "conversations.jsonl", "w") as c,
+    ):
         for row in conversations:
             p.write(json.dumps({"id": row["id"]}) + "\n")
         p.write(json.dumps({"id": "never-regenerated"}) + "\n")
@@ -41,7 +50,13 @@ def run(root: Path) -> dict:
     from stages.tokenize import main
 
     with contextlib.chdir(root):
-        main("card.json", "prompts.jsonl", "regenerated/conversations.jsonl", "tokenized", "tokenize.json")
+        main(
+            "card.json",
+            "prompts.jsonl",
+            "regenerated/conversations.jsonl",
+            "tokenized",
+            "tokenize.json",
+        )
     return json.loads((root / "tokenize.json").read_text())
 
 
@@ -49,8 +64,13 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     from datasets import load_from_disk
 
     rng = random.Random(4)
-    convs = [dict(id=f"c{k}", **make(rng)) for k, make in enumerate([arithmetic, tool_call, multi_turn, arithmetic, tool_call])]
-    convs[3]["messages"][-1]["content"] = "The answer is"  # cut by max_tokens: no end-of-turn to learn
+    convs = [
+        dict(id=f"c{k}", **make(rng))
+        for k, make in enumerate([arithmetic, tool_call, multi_turn, arithmetic, tool_call])
+    ]
+    convs[3]["messages"][-1]["content"] = (
+        "The answer is"  # cut by max_tokens: no end-of-turn to learn
+    )
     for c in convs:
         c["regeneration"] = {"run": 1}
     convs[0]["regeneration"] = {"run": 2}  # filled by a later run of the stage
@@ -68,7 +88,9 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     assert row["seq_len"].item() == len(row["input_ids"]) == len(row["loss_mask"])
     cut = data[2]  # convs[3]
     assert cut["input_ids"][cut["loss_mask"].bool()][-1].item() != random_target.eos_token_id
-    assert data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target.eos_token_id
+    assert (
+        data[0]["input_ids"][data[0]["loss_mask"].bool()][-1].item() == random_target.eos_token_id
+    )
 
     freq = torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True)
     expected = Counter()
@@ -87,8 +109,14 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     report = run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized"))
     assert max(data.with_format(None)["seq_len"]) <= 24
-    assert report["truncated"] >= 1 and report["truncated"] + report["skipped"]["no_trainable_tokens"] >= 3
-    assert sum(torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True).values()) == report["trainable_tokens"]
+    assert (
+        report["truncated"] >= 1
+        and report["truncated"] + report["skipped"]["no_trainable_tokens"] >= 3
+    )
+    assert (
+        sum(torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True).values())
+        == report["trainable_tokens"]
+    )
 
 
 @pytest.fixture()
@@ -101,7 +129,9 @@ def qwen3_target(tmp_path, tiny_tokenizer, random_target):
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = (TEMPLATES / "qwen3_thinking.jinja").read_text()
     tok.save_pretrained(path)
-    return replace(random_target, model=str(path), chat_template_sha256=text_sha256(tok.chat_template))
+    return replace(
+        random_target, model=str(path), chat_template_sha256=text_sha256(tok.chat_template)
+    )
 
 
 def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwen3_target):
@@ -114,11 +144,22 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
         {"role": "assistant", "reasoning_content": "5 * 4 = 20.", "content": "20."},
     ]
     simple = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
-    write_inputs(tmp_path, qwen3_target, [{"id": "a", "messages": messages}, {"id": "b", "messages": simple}], 512)
+    write_inputs(
+        tmp_path,
+        qwen3_target,
+        [{"id": "a", "messages": messages}, {"id": "b", "messages": simple}],
+        512,
+    )
     report = run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
-    assert data["id"] == ["a", "a", "b"] and data["part"] == [0, 1, 0]  # prompt order within one run
-    assert report["rows"] == 3 and report["conversations"] == 2 and report["split_conversations"] == 1
+    assert data["id"] == ["a", "a", "b"] and data["part"] == [
+        0,
+        1,
+        0,
+    ]  # prompt order within one run
+    assert (
+        report["rows"] == 3 and report["conversations"] == 2 and report["split_conversations"] == 1
+    )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(qwen3_target.model)
@@ -128,15 +169,24 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
 
     assert masked(0) == "<think>\n2 + 3 = 5.\n</think>\n\n5.<|im_end|>"
     assert masked(1) == "<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"
-    assert masked(2) == "<think>\n\n</think>\n\nHello.<|im_end|>"  # thinking on: the model wrote the empty block
+    assert (
+        masked(2) == "<think>\n\n</think>\n\nHello.<|im_end|>"
+    )  # thinking on: the model wrote the empty block
 
     # regenerated with enable_thinking=false (recorded in its meta.json): the server pre-filled
     # the empty think block, so it is context
-    write_inputs(tmp_path, qwen3_target, [{"id": "b", "messages": simple}], 512,
-                 regen_meta={"params": {"chat_template_kwargs": {"enable_thinking": False}}})
+    write_inputs(
+        tmp_path,
+        qwen3_target,
+        [{"id": "b", "messages": simple}],
+        512,
+        regen_meta={"params": {"chat_template_kwargs": {"enable_thinking": False}}},
+    )
     run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
     assert masked(0) == "Hello.<|im_end|>"
-    assert tok.decode(data["input_ids"][0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nHello.<|im_end|>")
+    assert tok.decode(data["input_ids"][0]).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nHello.<|im_end|>"
+    )
     tok_meta = json.loads((tmp_path / "tokenized" / "meta.json").read_text())
     assert tok_meta["chat_template_kwargs"] == {"enable_thinking": False}

@@ -19,20 +19,36 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from draftline import checkpoint, draft_data, draft_metrics, draft_model, handoff, hidden, train_state, training
+from draftline import (
+    checkpoint,
+    draft_data,
+    draft_metrics,
+    draft_model,
+    handoff,
+    hidden,
+    train_state,
+    training,
+)
 from draftline.config import TrainConfig
 from draftline.io import write_json
 from draftline.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = {"epochs": 2, "pack_len": 128, "lr": 3e-3, "warmup_steps": 2, "val_fraction": 0.25,
-         "checkpoint_every_steps": 2, "device": "cpu", "seed": 0}
+TRAIN = {
+    "epochs": 2,
+    "pack_len": 128,
+    "lr": 3e-3,
+    "warmup_steps": 2,
+    "val_fraction": 0.25,
+    "checkpoint_every_steps": 2,
+    "device": "cpu",
+    "seed": 0,
+}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, random_target, vocab_dir):
     from datasets import Dataset
-
     from draftline.target import build_card
 
     root = tmp_path_factory.mktemp("train_data")
@@ -51,7 +67,9 @@ def data(tmp_path_factory, random_target, vocab_dir):
         length = int(torch.randint(16, 48, (1,), generator=g))
         rows.append(patterns[i % 4][:length])
     mask = [[0] * (len(ids) // 4) + [1] * (len(ids) - len(ids) // 4) for ids in rows]
-    dataset = Dataset.from_dict({"input_ids": rows, "loss_mask": mask, "seq_len": [len(r) for r in rows]})
+    dataset = Dataset.from_dict(
+        {"input_ids": rows, "loss_mask": mask, "seq_len": [len(r) for r in rows]}
+    )
     dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])
     dataset.save_to_disk(str(root / "tokenized"))
     (root / "hs").mkdir()
@@ -60,14 +78,22 @@ def data(tmp_path_factory, random_target, vocab_dir):
         hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, hs, torch.bfloat16)
     write_json(root / "hs" / "meta.json", {"aux_layer_ids": card.aux_ids})
     card.write(root / "card.json")
-    return {"root": root, "card": card, "vocab": vocab_dir, "tokenized": root / "tokenized", "hs": root / "hs"}
+    return {
+        "root": root,
+        "card": card,
+        "vocab": vocab_dir,
+        "tokenized": root / "tokenized",
+        "hs": root / "hs",
+    }
 
 
 def train_in_process(data, **overrides):
     cfg = TrainConfig(**{**TRAIN, **overrides})
     train_state.seed_everything(cfg.seed)
     model = draft_model.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
-    result = training.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None)
+    result = training.train_draft(
+        model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None
+    )
     return model, result
 
 
@@ -75,28 +101,52 @@ def test_progress_follows_every_step_with_tokens_and_time(data):
     seen = []
     cfg = TrainConfig(**{**TRAIN, "epochs": 2})
     model = draft_model.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
-    result = training.train_draft(model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None, progress=seen.append)
+    result = training.train_draft(
+        model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None, progress=seen.append
+    )
     assert [p["step"] for p in seen] == list(range(1, result["steps"] + 1))
     assert seen[-1]["step"] == seen[-1]["total_steps"] and seen[-1]["epoch"] == 1
     ends = [p for p in seen if p["epoch_step"] == p["epoch_steps"]]
     assert [p["epoch"] for p in ends] == [0, 1]
-    assert all(b["tokens"] > a["tokens"] and b["seconds"] > a["seconds"] for a, b in zip(seen, seen[1:]))
+    assert all(
+        b["tokens"] > a["tokens"] and b["seconds"] > a["seconds"] for a, b in zip(seen, seen[1:])
+    )
 
 
 def test_step_reporter_prints_steps_tokens_per_s_and_eta():
     from draftline.training import step_reporter
 
     now, lines = [0.0], []
-    progress = step_reporter(every_s=10, clock=lambda: now[0], out=lambda line, flush: lines.append(line))
+    progress = step_reporter(
+        every_s=10, clock=lambda: now[0], out=lambda line, flush: lines.append(line)
+    )
     for step in range(1, 21):  # 10 steps an epoch, 2 s and 1,000 tokens a step
         now[0] = 2.0 * step
-        progress({"epoch": (step - 1) // 10, "epochs": 2, "epoch_step": (step - 1) % 10 + 1, "epoch_steps": 10,
-                  "step": step, "total_steps": 20, "tokens": 1000 * step, "seconds": 2.0 * step})
+        progress(
+            {
+                "epoch": (step - 1) // 10,
+                "epochs": 2,
+                "epoch_step": (step - 1) % 10 + 1,
+                "epoch_steps": 10,
+                "step": step,
+                "total_steps": 20,
+                "tokens": 1000 * step,
+                "seconds": 2.0 * step,
+            }
+        )
     # the first step, the end of each epoch, and every 10 s between
     assert [line.split(" (")[0] for line in lines] == [
-        "train: epoch 1/2 step 1/10", "train: epoch 1/2 step 6/10", "train: epoch 1/2 step 10/10",
-        "train: epoch 2/2 step 5/10", "train: epoch 2/2 step 10/10"]
-    assert "500 tok/s" in lines[0] and "epoch ETA 0:00:18" in lines[0] and "run ETA 0:00:38" in lines[0]
+        "train: epoch 1/2 step 1/10",
+        "train: epoch 1/2 step 6/10",
+        "train: epoch 1/2 step 10/10",
+        "train: epoch 2/2 step 5/10",
+        "train: epoch 2/2 step 10/10",
+    ]
+    assert (
+        "500 tok/s" in lines[0]
+        and "epoch ETA 0:00:18" in lines[0]
+        and "run ETA 0:00:38" in lines[0]
+    )
 
 
 def test_same_params_and_seed_give_identical_weights(data):
@@ -106,7 +156,9 @@ def test_same_params_and_seed_give_identical_weights(data):
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(a, b), name
     assert not torch.equal(first.fc.weight, untrained.fc.weight)
-    train_set = draft_data.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+    train_set = draft_data.make_dataset(
+        data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32
+    )
     batches = len(draft_data.epoch_batches(train_set, 128, 0, 0))
     assert result["steps"] == -(-batches // 2) >= 3  # one optimizer step per 2 micro-batches
 
@@ -118,8 +170,15 @@ def write_params(directory: Path, **train) -> None:
 
 
 def stage_args(data, run: Path) -> list[str]:
-    return [str(data["root"] / "card.json"), str(data["vocab"]), str(data["tokenized"]), str(data["hs"]),
-            str(run / "draft"), str(run / "train.json"), str(run / "checkpoints")]
+    return [
+        str(data["root"] / "card.json"),
+        str(data["vocab"]),
+        str(data["tokenized"]),
+        str(data["hs"]),
+        str(run / "draft"),
+        str(run / "train.json"),
+        str(run / "checkpoints"),
+    ]
 
 
 def run_stage_in_process(data, run: Path, monkeypatch, **train) -> dict:
@@ -144,13 +203,19 @@ def reference(data, tmp_path_factory):
 def test_stage_output_meta_and_curves(reference, data):
     run, report = reference
     meta = json.loads((run / "draft" / "meta.json").read_text())
-    assert meta["params"]["epochs"] == 2 and meta["data_sha256"] and meta["target"] == data["card"].model
+    assert (
+        meta["params"]["epochs"] == 2
+        and meta["data_sha256"]
+        and meta["target"] == data["card"].model
+    )
     assert meta["vllm_speculator"]["eagle_aux_hidden_state_layer_ids"] == data["card"].aux_ids
     assert report["resumed_at"] is None and report["best_epoch"] in (0, 1)
     tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
     assert tau[0] == "step\ttau_sim" and len(tau) == 3  # one row per epoch
     assert float(tau[2].split()[1]) > float(tau[1].split()[1]) > 1.0  # it learns
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [train_state.LAST_RUN_FILE]  # resume state dropped
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        train_state.LAST_RUN_FILE
+    ]  # resume state dropped
 
 
 def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, tmp_path):
@@ -173,11 +238,19 @@ def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, t
     second = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     report = json.loads((run / "train.detail.json").read_text())
-    assert json.loads((run / "train.json").read_text()) == {"val_tau_sim": report["val_tau_sim"], "val_loss": report["val_loss"]}
+    assert json.loads((run / "train.json").read_text()) == {
+        "val_tau_sim": report["val_tau_sim"],
+        "val_loss": report["val_loss"],
+    }
     assert report["resumed_at"]["epoch"] == 0 and report["resumed_at"]["batch"] > 0  # mid-epoch
-    assert report["steps"] == ref_report["steps"] and report["best_epoch"] == ref_report["best_epoch"]
+    assert (
+        report["steps"] == ref_report["steps"] and report["best_epoch"] == ref_report["best_epoch"]
+    )
     assert report["val_tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-3)
-    ours, ref = load_file(str(run / "draft/model.safetensors")), load_file(str(ref_run / "draft/model.safetensors"))
+    ours, ref = (
+        load_file(str(run / "draft/model.safetensors")),
+        load_file(str(ref_run / "draft/model.safetensors")),
+    )
     for name in ref:
         torch.testing.assert_close(ours[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
     tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
@@ -189,31 +262,54 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
     init = tmp_path / "init"
     shutil.copytree(ref_run / "draft", init)
     # before any step, the fine-tune starts exactly where the previous run ended
-    model, notes = draft_model.load_init_draft(init, data["card"], data["vocab"], num_layers=1, ttt_steps=3)
+    model, notes = draft_model.load_init_draft(
+        init, data["card"], data["vocab"], num_layers=1, ttt_steps=3
+    )
     from speculators.losses import resolve_loss_config
 
-    val_set = draft_data.make_dataset(data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32)
-    val = draft_metrics.validate(model, val_set, draft_data.epoch_batches(val_set, 128, 0, 0), 128, "cpu", 3, 1.0,
-                                 resolve_loss_config("kl_div", "eager"))
+    val_set = draft_data.make_dataset(
+        data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32
+    )
+    val = draft_metrics.validate(
+        model,
+        val_set,
+        draft_data.epoch_batches(val_set, 128, 0, 0),
+        128,
+        "cpu",
+        3,
+        1.0,
+        resolve_loss_config("kl_div", "eager"),
+    )
     assert notes == [] and val["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
 
-    report = run_stage_in_process(data, tmp_path / "finetune", monkeypatch, init=str(init), epochs=1, lr=1e-3)
+    report = run_stage_in_process(
+        data, tmp_path / "finetune", monkeypatch, init=str(init), epochs=1, lr=1e-3
+    )
     meta = json.loads((tmp_path / "finetune" / "draft" / "meta.json").read_text())
     assert report["init"] == str(init) and meta["init_sha256"] == checkpoint.dir_sha256(init)
-    scratch_one_epoch = float((ref_run / "train/plots/metrics/val/tau_sim.tsv").read_text().splitlines()[1].split()[1])
-    assert report["val_tau_sim"] > scratch_one_epoch  # one epoch on top of a trained draft beats one from scratch
+    scratch_one_epoch = float(
+        (ref_run / "train/plots/metrics/val/tau_sim.tsv").read_text().splitlines()[1].split()[1]
+    )
+    assert (
+        report["val_tau_sim"] > scratch_one_epoch
+    )  # one epoch on top of a trained draft beats one from scratch
 
 
 def test_stage_refuses_its_own_output_as_init(data, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="own output"):
-        run_stage_in_process(data, tmp_path / "run", monkeypatch, init=str(tmp_path / "run" / "draft"))
+        run_stage_in_process(
+            data, tmp_path / "run", monkeypatch, init=str(tmp_path / "run" / "draft")
+        )
 
 
 def test_state_of_other_params_is_not_resumed(tmp_path):
     train_state.save_state(tmp_path, {"fingerprint": "a", "step": 3})
     assert train_state.load_state(tmp_path, "a", say=lambda _m: None)["step"] == 3
     said = []
-    assert train_state.load_state(tmp_path, "b", say=said.append) is None and "starting fresh" in said[0]
+    assert (
+        train_state.load_state(tmp_path, "b", say=said.append) is None
+        and "starting fresh" in said[0]
+    )
 
 
 class RunsCodeWhenUnpickled:
@@ -230,7 +326,10 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
     """Issue #16.9: models/draft_checkpoints/state.pt comes back with `dvc pull`; loading it must not
     unpickle code (before: torch.load(weights_only=False) ran whatever the file carried)."""
     marker = tmp_path / "code-ran"
-    torch.save({"fingerprint": "a", "step": 3, "payload": RunsCodeWhenUnpickled(marker)}, tmp_path / train_state.STATE_FILE)
+    torch.save(
+        {"fingerprint": "a", "step": 3, "payload": RunsCodeWhenUnpickled(marker)},
+        tmp_path / train_state.STATE_FILE,
+    )
     said = []
     assert train_state.load_state(tmp_path, "a", say=said.append) is None
     assert not marker.exists() and "starting fresh" in said[0]
@@ -247,8 +346,16 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     sched.step()
-    train_state.save_state(tmp_path, {"fingerprint": "b", "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                "rng": train_state.rng_states(), "history": [{"val": {"tau_sim": 1.5}}]})
+    train_state.save_state(
+        tmp_path,
+        {
+            "fingerprint": "b",
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "rng": train_state.rng_states(),
+            "history": [{"val": {"tau_sim": 1.5}}],
+        },
+    )
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     state = train_state.load_state(tmp_path, "b", say=said.append)
     train_state.set_rng_states(state["rng"])
@@ -268,25 +375,47 @@ def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
     """After a speculators run, its per-epoch checkpoints are scored on our validation rows."""
     ref_run, ref_report = reference
     shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
-    draft_model.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(tmp_path / "0")  # untrained
+    draft_model.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(
+        tmp_path / "0"
+    )  # untrained
     (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
-    chosen, result = handoff.best_speculators_epoch(tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu")
+    chosen, result = handoff.best_speculators_epoch(
+        tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu"
+    )
     assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
     assert result["best"]["val"]["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
-    assert torch.equal(chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"])
+    assert torch.equal(
+        chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"]
+    )
 
 
 def test_train_step_overhead_still_runs(data, tmp_path):
     """overhead/train_step.py on this module's data (its numbers are `make overhead`'s business)."""
-    from draftline.io import write_json
 
     data["card"].write(tmp_path / "card.json")
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "train_step.json"
-    proc = subprocess.run([sys.executable, "overhead/train_step.py", "--card", str(tmp_path / "card.json"), "--vocab", str(data["vocab"]),
-                           "--tokenized", str(data["tokenized"]), "--hidden-states", str(data["hs"]), "--out", str(out)],
-                          cwd=root, capture_output=True, text=True, timeout=300, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-                                                                                       "PYTHONPATH": str(root)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "overhead/train_step.py",
+            "--card",
+            str(tmp_path / "card.json"),
+            "--vocab",
+            str(data["vocab"]),
+            "--tokenized",
+            str(data["tokenized"]),
+            "--hidden-states",
+            str(data["hs"]),
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(root)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["steps"] >= 1 and result["ours_step_s"] > 0 and result["ratio_ours_over_bare"] > 0
@@ -296,10 +425,19 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
     """hidden_states.mode online: the target makes each packed batch's states; no file is written,
     a kill mid-epoch resumes, and validation tau_sim is that of the offline run on stored bf16 states."""
     _, ref_report = reference
-    online_hs = tmp_path / "hs_online"  # what the hidden_states stage writes in online mode: meta.json only
+    online_hs = (
+        tmp_path / "hs_online"
+    )  # what the hidden_states stage writes in online mode: meta.json only
     online_hs.mkdir()
-    write_json(online_hs / "meta.json", {"mode": "online", "format": "bf16", "aux_layer_ids": data["card"].aux_ids,
-                                         "params": {"dtype": "bfloat16"}})
+    write_json(
+        online_hs / "meta.json",
+        {
+            "mode": "online",
+            "format": "bf16",
+            "aux_layer_ids": data["card"].aux_ids,
+            "params": {"dtype": "bfloat16"},
+        },
+    )
     run = tmp_path / "online"
     run.mkdir()
     write_params(run)
@@ -336,15 +474,39 @@ def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
     fp8_dir.mkdir()
     for path in data["hs"].glob("hs_*.safetensors"):
         stored = load_file(str(path))
-        hidden.save_hidden_states(fp8_dir / path.name, stored["token_ids"].tolist(), stored["hidden_states"].float(), torch.float8_e4m3fn)
-    plain = draft_data.make_dataset(data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32)
+        hidden.save_hidden_states(
+            fp8_dir / path.name,
+            stored["token_ids"].tolist(),
+            stored["hidden_states"].float(),
+            torch.float8_e4m3fn,
+        )
+    plain = draft_data.make_dataset(
+        data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32
+    )
     fp8 = draft_data.make_dataset(data["tokenized"], fp8_dir, "train", 0.75, 128, torch.float32)
     for i in range(len(plain)):
         a, b = {k: v.float() if v.is_floating_point() else v for k, v in plain[i].items()}, fp8[i]
-        assert b["hidden_states"].dtype == torch.float32 and torch.equal(a["input_ids"], b["input_ids"])
-        bound = torch.cat([a["hidden_states"], a["verifier_last_hidden_states"]], 1).abs().amax(1, keepdim=True) / 16
+        assert b["hidden_states"].dtype == torch.float32 and torch.equal(
+            a["input_ids"], b["input_ids"]
+        )
+        bound = (
+            torch.cat([a["hidden_states"], a["verifier_last_hidden_states"]], 1)
+            .abs()
+            .amax(1, keepdim=True)
+            / 16
+        )
         assert ((a["hidden_states"] - b["hidden_states"]).abs() <= bound).all()
-        assert not torch.equal(a["verifier_last_hidden_states"], b["verifier_last_hidden_states"])  # really quantized
-        expected = roundtrip(torch.cat([a["hidden_states"].view(-1, 3, a["verifier_last_hidden_states"].shape[1]),
-                                        a["verifier_last_hidden_states"][:, None]], 1), torch.float8_e4m3fn)
+        assert not torch.equal(
+            a["verifier_last_hidden_states"], b["verifier_last_hidden_states"]
+        )  # really quantized
+        expected = roundtrip(
+            torch.cat(
+                [
+                    a["hidden_states"].view(-1, 3, a["verifier_last_hidden_states"].shape[1]),
+                    a["verifier_last_hidden_states"][:, None],
+                ],
+                1,
+            ),
+            torch.float8_e4m3fn,
+        )
         torch.testing.assert_close(b["verifier_last_hidden_states"], expected[:, 3])

@@ -14,9 +14,14 @@ PARAMS = "samples: 10\ndatasets:\n  d: {{path: d.jsonl, format: openai}}\nmix:\n
 @pytest.fixture
 def run(tmp_path, random_target):
     """run(freq, draft_vocab_size, target_vocab_size): the stage on a card with that vocabulary; its report."""
+
     def run(freq: dict, draft_vocab_size: int, target_vocab_size: int) -> dict:
-        return run_stage(tmp_path, dataclasses.replace(random_target, vocab_size=target_vocab_size), freq,
-                         draft_vocab_size)
+        return run_stage(
+            tmp_path,
+            dataclasses.replace(random_target, vocab_size=target_vocab_size),
+            freq,
+            draft_vocab_size,
+        )
 
     return run
 
@@ -56,7 +61,10 @@ def test_draft_vocab_larger_than_the_distinct_tokens_is_filled(tmp_path, run):
 
 
 def test_draft_vocab_larger_than_the_target_is_an_error(tmp_path, run):
-    with pytest.raises(SystemExit, match=r"vocab.draft_vocab_size \(64\) is larger than the target vocabulary \(50\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"vocab.draft_vocab_size \(64\) is larger than the target vocabulary \(50\)",
+    ):
         run({1: 1}, 64, 50)
     assert not (tmp_path / "vocab").exists()
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CONFIGURATION = '''
+CONFIGURATION = """
 from transformers import AutoConfig, PretrainedConfig
 
 
@@ -47,7 +47,7 @@ class WrapperConfig(PretrainedConfig):
         self.image_token_id = image_token_id
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
-'''
+"""
 
 MODELING = '''
 import torch
@@ -112,7 +112,9 @@ class WrapperTokenizer(PreTrainedTokenizerFast):
 '''
 
 
-def build_wrapped_target(tokenizer, out: Path, layers: int = 5, hidden: int = 64, seed: int = 0) -> Path:
+def build_wrapped_target(
+    tokenizer, out: Path, layers: int = 5, hidden: int = 64, seed: int = 0
+) -> Path:
     """Write the wrapper target (random weights) with `tokenizer` to `out`; returns out."""
     import torch
     from safetensors.torch import save_file
@@ -123,30 +125,50 @@ def build_wrapped_target(tokenizer, out: Path, layers: int = 5, hidden: int = 64
     (out / "modeling_wrapper.py").write_text(MODELING)
     (out / "tokenization_wrapper.py").write_text(TOKENIZATION)
     torch.manual_seed(seed)
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     language_model = LlamaForCausalLM(text)
-    with torch.no_grad():  # a final norm that is not all ones, so that a fallback to ones would show
+    with (
+        torch.no_grad()
+    ):  # a final norm that is not all ones, so that a fallback to ones would show
         language_model.model.norm.weight.uniform_(0.5, 1.5)
     vision = {"hidden_size": 24, "patch_vocab": 40}
-    tensors = {f"language_model.{k}": v.contiguous() for k, v in language_model.state_dict().items()}
-    tensors.update({
-        "vision_tower.embed_tokens.weight": torch.randn(vision["patch_vocab"], vision["hidden_size"]),
-        "vision_tower.post_norm.weight": torch.rand(vision["hidden_size"]) + 0.5,
-        "vision_tower.post_norm.bias": torch.zeros(vision["hidden_size"]),
-        "multi_modal_projector.0.weight": torch.rand(vision["hidden_size"]) + 0.5,
-        "multi_modal_projector.0.bias": torch.zeros(vision["hidden_size"]),
-        "multi_modal_projector.1.weight": torch.randn(hidden, vision["hidden_size"]) * 0.02,
-        "multi_modal_projector.1.bias": torch.zeros(hidden),
-    })
+    tensors = {
+        f"language_model.{k}": v.contiguous() for k, v in language_model.state_dict().items()
+    }
+    tensors.update(
+        {
+            "vision_tower.embed_tokens.weight": torch.randn(
+                vision["patch_vocab"], vision["hidden_size"]
+            ),
+            "vision_tower.post_norm.weight": torch.rand(vision["hidden_size"]) + 0.5,
+            "vision_tower.post_norm.bias": torch.zeros(vision["hidden_size"]),
+            "multi_modal_projector.0.weight": torch.rand(vision["hidden_size"]) + 0.5,
+            "multi_modal_projector.0.bias": torch.zeros(vision["hidden_size"]),
+            "multi_modal_projector.1.weight": torch.randn(hidden, vision["hidden_size"]) * 0.02,
+            "multi_modal_projector.1.bias": torch.zeros(hidden),
+        }
+    )
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "model_type": "draftline_wrapper",
         "architectures": ["WrapperForConditionalGeneration"],
-        "auto_map": {"AutoConfig": "configuration_wrapper.WrapperConfig",
-                     "AutoModel": "modeling_wrapper.WrapperForConditionalGeneration",
-                     "AutoModelForCausalLM": "modeling_wrapper.WrapperForConditionalGeneration"},
+        "auto_map": {
+            "AutoConfig": "configuration_wrapper.WrapperConfig",
+            "AutoModel": "modeling_wrapper.WrapperForConditionalGeneration",
+            "AutoModelForCausalLM": "modeling_wrapper.WrapperForConditionalGeneration",
+        },
         "text_config": text.to_dict(),
         "vision_config": vision,
         "image_token_id": 3,
@@ -157,7 +179,11 @@ def build_wrapped_target(tokenizer, out: Path, layers: int = 5, hidden: int = 64
     tokenizer.save_pretrained(out)
     tok_config_path = out / "tokenizer_config.json"
     tok_config = json.loads(tok_config_path.read_text())
-    tok_config.update({"tokenizer_class": "WrapperTokenizer",
-                       "auto_map": {"AutoTokenizer": [None, "tokenization_wrapper.WrapperTokenizer"]}})
+    tok_config.update(
+        {
+            "tokenizer_class": "WrapperTokenizer",
+            "auto_map": {"AutoTokenizer": [None, "tokenization_wrapper.WrapperTokenizer"]},
+        }
+    )
     tok_config_path.write_text(json.dumps(tok_config, indent=2))
     return out
