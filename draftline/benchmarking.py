@@ -1,9 +1,9 @@
 """The benchmark stage's work: preflight of every engine, then baseline vs speculative decoding.
 
-Preflight runs first for every engine (draftline/preflight.py): a non-EAGLE3 algorithm, aux layer
-ids or a hidden size that differ from the target card, or a draft vocabulary that does not fit
-the target stops the run when it concerns the selected engine; the deployment command of each
-engine is printed and returned with the findings. Engine `hf` then runs the built-in decoders
+Preflight runs first for every engine (draftline/preflight_draft.py): a non-EAGLE3 algorithm,
+aux layer ids or a hidden size that differ from the target card, or a draft vocabulary that does
+not fit the target stops the run when it concerns the selected engine; the deployment command of
+each engine is printed and returned with the findings. Engine `hf` then runs the built-in decoders
 (draftline/benchmark_hf.py); engines `vllm` / `sglang` a baseline and a speculative server
 (draftline/benchmark_server.py), with the draft exported to SGLang's layout when SGLang serves it.
 """
@@ -28,7 +28,7 @@ def run_benchmark(
     from draftline.chat import first_turn_ids
     from draftline.checkpoint import read_draft_facts
     from draftline.io import read_jsonl
-    from draftline.preflight import check_draft, preflight_engines
+    from draftline.preflight_draft import check_draft, preflight_engines
 
     log_dir = (
         Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))

@@ -8,7 +8,7 @@ the draft itself loaded for training, evaluation or benchmarking with the verifi
 does not store restored from the target.
 
 Light at import: torch, numpy and safetensors are imported where they are used, so the serving
-preflight (draftline/preflight.py) reads a draft's facts without loading torch.
+preflight (draftline/preflight_draft.py) reads a draft's facts without loading torch.
 """
 
 from __future__ import annotations

@@ -455,7 +455,7 @@ def draft_path_for(
     engine: str, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
 ) -> str:
     """The draft directory an engine serves: for SGLang benchmark.sglang.draft_model_path, else the
-    stage's export of the draft (sglang_draft), else the draft itself (refused by preflight.check_engine_settings)."""
+    stage's export of the draft (sglang_draft), else the draft itself (refused by preflight_draft.check_engine_settings)."""
     if engine == "sglang" and (cfg.sglang.draft_model_path or sglang_draft):
         return str(Path(cfg.sglang.draft_model_path or sglang_draft).resolve())
     return str(Path(draft_dir).resolve())

@@ -5,7 +5,7 @@ Its command carries the same params as the builtin loop; speculators saves a che
 under models/draft_checkpoints/speculators and resumes from the last one on rerun. The epoch kept
 is the one with the best validation tau_sim on the builtin loop's held-out rows. With
 hidden_states.mode online the trainers ask a vLLM extraction server for the states: an external
-one (checked first) or one launched here for the run.
+one (checked first) or one launched here for the run (draftline/speculators_states.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,11 @@ from draftline.draft_data import (
 )
 from draftline.draft_metrics import validate
 from draftline.draft_model import load_init_draft, speculators_config
+from draftline.speculators_states import (
+    check_extraction_endpoint,
+    online_vllm,
+    speculators_hidden_states_args,
+)
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -91,62 +95,6 @@ def verifier_for_speculators(card: TargetCard, directory: Path) -> str:
         link.unlink(missing_ok=True)
         link.symlink_to(_checkpoint_file(card.model, shard, card.revision).resolve())
     return str(view)
-
-
-def speculators_hidden_states_args(
-    hs_dir: Path,
-    fmt: str = "bf16",
-    online: dict | None = None,
-    endpoint: str | None = None,
-    staging_dir: Path | None = None,
-) -> list[str]:
-    """Where speculators.train gets the states. Offline: the files in hs_dir, read by hs-connectors'
-    `file` or `fp8` backend. Online (`online`: hidden_states.online as a dict): `--on-missing
-    generate` against the vLLM `endpoint` running extract_hidden_states, the states moved by the
-    `file`/`fp8` transfer through `staging_dir` (deleted once loaded) or by `mooncake`."""
-    if online is None:
-        return [
-            "--hidden-states-path",
-            str(hs_dir),
-            "--on-missing",
-            "raise",
-            "--hidden-states-backend",
-            "fp8" if fmt == "fp8" else "file",
-        ]
-    transfer = online.get("transfer") or ("fp8" if fmt == "fp8" else "file")
-    if endpoint is None:
-        raise ValueError(
-            "online hidden states need the vLLM endpoint (hidden_states.online.endpoint, or a launched server)"
-        )
-    args = [
-        "--on-missing",
-        "generate",
-        "--vllm-endpoint",
-        endpoint,
-        "--hidden-states-backend",
-        transfer,
-        "--request-timeout",
-        str(online["request_timeout_s"]),
-        "--max-retries",
-        str(online["max_retries"]),
-    ]
-    if transfer == "mooncake":
-        m = online["mooncake"]
-        return args + [
-            "--mooncake-master",
-            m["master"],
-            "--mooncake-metadata-server",
-            m["metadata_server"],
-            "--mooncake-protocol",
-            m["protocol"],
-            "--mooncake-device",
-            m["device"],
-            "--mooncake-global-segment-gib",
-            str(m["global_segment_gib"]),
-            "--mooncake-local-buffer-gib",
-            str(m["local_buffer_gib"]),
-        ]
-    return args + ["--hidden-states-path", str(staging_dir)]
 
 
 def speculators_train_command(
@@ -324,54 +272,6 @@ def best_speculators_epoch(
 # ---------------------------------------------------------------- the train stage's run
 
 
-def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
-    """hidden_states.mode online with backend speculators: (a function port -> the `vllm serve`
-    command to launch, or None for an external endpoint; the /v1 endpoint of an external server,
-    or the base URL to launch on, port 0 = a free one chosen at start; the staging directory of
-    the file/fp8 transfer)."""
-    from draftline.commands import vllm_extract_command
-    from draftline.servers import server_url
-
-    online, params = source["online"], source.get("params") or {}
-    transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
-    # default staging in the train stage's own state dir: files under datasets/hidden_states would
-    # change the hidden_states stage's output behind DVC's back
-    staging = (
-        None
-        if transfer == "mooncake"
-        else Path(online.get("staging_dir") or paths.state / "online_staging").resolve()
-    )
-    if online.get("endpoint"):
-        return None, online["endpoint"], staging
-    from datasets import load_from_disk
-
-    v = params.get("vllm") or {}
-    longest = max(load_from_disk(str(paths.tokenized)).with_format(None)["seq_len"])
-    host = v.get("host") or "127.0.0.1"
-
-    def serve(port: int) -> list[str]:
-        return vllm_extract_command(
-            v.get("python") or sys.executable,
-            card.model,
-            card.revision,
-            card.aux_ids,
-            card.num_layers,
-            staging,
-            host,
-            port,
-            params.get("dtype", "bfloat16"),
-            v.get("tensor_parallel_size", 1),
-            v.get("max_model_len") or longest + 1,
-            v.get("gpu_memory_utilization", 0.9),
-            v.get("extra_args", []),
-            transfer=transfer,
-            mooncake=online.get("mooncake"),
-            trust_remote_code=card.trust_remote_code,
-        )
-
-    return serve, server_url(host, v.get("port")), staging
-
-
 def run_speculators(
     cfg: TrainConfig,
     card: TargetCard,
@@ -423,24 +323,7 @@ def run_speculators(
     if (
         serve is None and endpoint
     ):  # a running extraction server: checked before the trainers ask it for states
-        from datasets import load_from_disk
-        from draftline.preflight import PreflightError, preflight_extraction
-
-        online = source["online"]
-        probe = load_from_disk(str(paths.tokenized)).with_format(None)[0]["input_ids"]
-        try:
-            seen = preflight_extraction(
-                endpoint.removesuffix("/v1"),
-                card,
-                card.aux_ids,
-                probe,
-                online.get("request_timeout_s", 600),
-                online.get("max_retries", 3) + 1,
-                probe_file=(online.get("transfer") or "file") != "mooncake",
-            )
-        except PreflightError as err:
-            raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
-        print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
+        check_extraction_endpoint(card, paths, source, endpoint)
     try:
         verifier = verifier_for_speculators(card, paths.state / "verifier_view")
     except InitMismatch as err:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftline import checkpoint, draft_model, handoff
+from draftline import checkpoint, draft_model, handoff, speculators_states
 from draftline.config import TrainConfig
 from draftline.target import load_target
 
@@ -441,7 +441,7 @@ def test_online_speculators_command_and_vllm_server_parse(
         },
     )
     online = hs.online.model_dump()
-    args = handoff.speculators_hidden_states_args(
+    args = speculators_states.speculators_hidden_states_args(
         tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging"
     )
     cmd = handoff.speculators_train_command(
@@ -562,7 +562,7 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
-    args = handoff.speculators_hidden_states_args(tmp_path / "hs", "fp8")
+    args = speculators_states.speculators_hidden_states_args(tmp_path / "hs", "fp8")
     cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,

@@ -265,7 +265,7 @@ from draftline.checkpoint import read_draft_facts  # noqa: E402
 from draftline.commands import benchmark_serve_command  # noqa: E402
 from draftline.config import BenchmarkConfig  # noqa: E402
 from draftline.io import read_json, write_json, write_jsonl  # noqa: E402
-from draftline.preflight import check_draft, check_engine_settings, preflight_engines  # noqa: E402
+from draftline.preflight_draft import check_draft, check_engine_settings, preflight_engines  # noqa: E402
 from draftline.sglang_export import export_sglang  # noqa: E402
 from draftline.spec_metrics import (  # noqa: E402
     parse_prometheus,

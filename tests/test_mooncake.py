@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline import handoff, hidden
+from draftline import hidden, speculators_states
 from draftline.config import HiddenStatesConfig
 
 
@@ -92,7 +92,7 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(
     )
     online = hs.online.model_dump()
     # the trainer's transfer, from the arguments speculators.train gets
-    args = handoff.speculators_hidden_states_args(
+    args = speculators_states.speculators_hidden_states_args(
         Path("hs"), hs.format, online, "http://127.0.0.1:1/v1"
     )
     run = SpeculatorsTrainConfig.resolve(

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from draftline import draft_model
 from draftline.checkpoint import load_draft, read_draft_facts
 from draftline.config import BenchmarkConfig
-from draftline.preflight import check_draft, check_engine_settings
+from draftline.preflight_draft import check_draft, check_engine_settings
 from draftline.sglang_export import SglangExportError, export_sglang
 from draftline.specdec import speculative_generate
 from draftline.target import load_target

@@ -114,7 +114,7 @@ def test_progress_follows_every_step_with_tokens_and_time(data):
 
 
 def test_step_reporter_prints_steps_tokens_per_s_and_eta():
-    from draftline.training import step_reporter
+    from draftline.train_progress import step_reporter
 
     now, lines = [0.0], []
     progress = step_reporter(
