@@ -32,8 +32,9 @@ from draftline.draft_data import (
     make_dataset,
     online_states,
 )
+from draftline.draft_init import load_init_draft
 from draftline.draft_metrics import validate
-from draftline.draft_model import load_init_draft, speculators_config
+from draftline.draft_model import speculators_config
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
