@@ -31,8 +31,9 @@ from draftline.draft_data import (
     make_dataset,
     online_states,
 )
+from draftline.draft_init import load_init_draft
 from draftline.draft_metrics import validate
-from draftline.draft_model import load_init_draft, speculators_config
+from draftline.draft_model import speculators_config
 from draftline.speculators_states import (
     check_extraction_endpoint,
     online_vllm,

@@ -1,5 +1,6 @@
 """The chat client of long generation runs on OpenAI-compatible servers: the endpoint pool,
-streamed answers, timeouts, retries, and the checks on what a server answers.
+streamed requests, timeouts and retries (the streamed answer is put together and checked in
+draftline/answer_stream.py).
 
 Requests go to the least busy endpoint (fewest outstanding; one that just failed rests for its
 backoff), at most `slots` per endpoint at once: beyond what a server runs, a request would only
@@ -20,6 +21,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from draftline.answer_stream import (
+    AnswerTimeout,
+    BadAnswer,
+    StreamedAnswer,
+    StreamError,
+    add_chunk,
+    answer_choice,
+    usage_of,
+)
 
 RETRY_STATUS = {408, 429}  # and every 5xx
 
@@ -169,120 +180,6 @@ def _retry_after(response) -> float | None:
         return None
 
 
-class BadAnswer(ValueError):
-    """An answer that is not a chat completion."""
-
-
-class StreamError(Exception):
-    """An error the server reported inside its stream, after answering 200."""
-
-
-class AnswerTimeout(Exception):
-    """No first token within first_token_timeout_s, or a gap between tokens past token_timeout_s."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason  # first_token_timeout | token_timeout
-
-
-class StreamedAnswer:
-    """A chat completion put together from its streamed chunks (OpenAI's delta format): content and
-    reasoning concatenated, tool calls merged by index, the last finish_reason, the usage chunk."""
-
-    def __init__(self):
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.reasoning_key = "reasoning_content"
-        self.tool_calls: dict[int, dict] = {}
-        self.finish_reason = None
-        self.usage = None
-        self.choices_seen = False
-        self.chunks = 0  # chunks that carried output
-
-    def add(self, chunk) -> bool:
-        """Takes one chunk; True when it carries generated output (text, a tool call, the end)."""
-        generated = self._add(chunk)
-        self.chunks += generated
-        return generated
-
-    def _add(self, chunk) -> bool:
-        if not isinstance(chunk, dict):
-            raise BadAnswer(f"stream chunk is not a JSON object: {chunk!r:.200}")
-        if chunk.get("error") is not None:
-            raise StreamError(
-                f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}"
-            )
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        choices = chunk.get("choices") or []
-        if not isinstance(choices, list):
-            raise BadAnswer("stream chunk choices is not a list")
-        generated = False
-        for choice in choices[:1]:
-            self.choices_seen = True
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if not isinstance(delta, dict):
-                raise BadAnswer("stream choice without a delta")
-            for key, parts in (
-                ("content", self.content),
-                ("reasoning_content", self.reasoning),
-                ("reasoning", self.reasoning),
-            ):
-                piece = delta.get(key)
-                if piece is None:
-                    continue
-                if not isinstance(piece, str):
-                    raise BadAnswer(f"delta {key} is not a string")
-                if piece:
-                    parts.append(piece)
-                    generated = True
-                    if key != "content":
-                        self.reasoning_key = key
-            for call in delta.get("tool_calls") or []:
-                if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
-                    raise BadAnswer("malformed tool_calls delta")
-                merged = self.tool_calls.setdefault(
-                    call.get("index", len(self.tool_calls)),
-                    {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
-                )
-                merged["id"] = call.get("id") or merged["id"]
-                function = call.get("function") or {}
-                if function.get("name"):
-                    merged["function"]["name"] = function["name"]
-                if function.get("arguments"):
-                    merged["function"]["arguments"] += function["arguments"]
-                generated = True
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-                generated = True
-        return generated
-
-    def answer(self) -> dict:
-        """The chat completion it amounts to, in the non-streamed shape `answer_choice` reads."""
-        if not self.choices_seen:
-            return {"choices": [], "usage": self.usage}
-        if self.finish_reason is None:
-            raise BadAnswer("the stream ended without a finish_reason (cut short)")
-        message = {"role": "assistant", "content": "".join(self.content)}
-        if self.reasoning:
-            message[self.reasoning_key] = "".join(self.reasoning)
-        if self.tool_calls:
-            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return {
-            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
-            "usage": self.usage,
-        }
-
-
-def add_chunk(streamed: StreamedAnswer, payload: bytes) -> int:
-    """1 when the chunk (the JSON of one `data:` line) carries output, else 0."""
-    try:
-        chunk = json.loads(payload)
-    except ValueError as err:
-        raise BadAnswer(f"stream chunk not JSON: {err}") from None
-    return int(streamed.add(chunk))
-
-
 async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None) -> dict:
     """POST /chat/completions, streamed, with the client's transport, auth and error mapping; the
     answer is the chat completion the chunks amount to (a server that ignores `stream` and answers
@@ -359,45 +256,6 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
     finally:
         if response is not None:
             await response.aclose()  # unread: the connection is closed, not reused
-
-
-def usage_of(answer: dict) -> dict:
-    """Token counts of an answer; a server that sends none counts 0."""
-    usage = answer.get("usage")
-    if not isinstance(usage, dict):
-        return {}
-    return {
-        k: v
-        for k, v in usage.items()
-        if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)
-    }
-
-
-def answer_choice(answer) -> dict:
-    """The first choice of a chat completion, with the fields this module reads checked."""
-    if not isinstance(answer, dict):
-        raise BadAnswer(f"expected a JSON object, got {type(answer).__name__}")
-    choices = answer.get("choices")
-    if not isinstance(choices, list):
-        raise BadAnswer("no choices list in the answer")
-    if not choices:
-        return {}
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
-        raise BadAnswer("choice without a message")
-    for key in ("content", "reasoning_content", "reasoning"):
-        if message.get(key) is not None and not isinstance(message[key], str):
-            raise BadAnswer(f"message {key} is not a string")
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list) or not all(
-        isinstance(tc, dict)
-        and isinstance(tc.get("function"), dict)
-        and isinstance(tc["function"].get("name"), str)
-        for tc in calls
-    ):
-        raise BadAnswer("malformed tool_calls")
-    return choice
 
 
 async def complete(

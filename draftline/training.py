@@ -35,14 +35,9 @@ from draftline.draft_data import (
     online_states,
     training_data_sha256,
 )
+from draftline.draft_init import load_init_draft, prepare_init
 from draftline.draft_metrics import accumulate, run_batch, summarize, validate
-from draftline.draft_model import (
-    build_draft,
-    init_layer_from_target,
-    load_init_draft,
-    prepare_init,
-    save_draft,
-)
+from draftline.draft_model import build_draft, init_layer_from_target, save_draft
 from draftline.handoff import run_speculators
 from draftline.train_progress import epoch_logger, step_reporter, train_report
 from draftline.train_state import (

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftline import checkpoint, draft_model, handoff, speculators_states
+from draftline import checkpoint, draft_init, draft_model, handoff, speculators_states
 from draftline.config import TrainConfig
 from draftline.target import load_target
 
@@ -106,7 +106,7 @@ def test_finetune_init_takes_trained_parts_and_our_target(
     saved_draft, random_target, vocab_dir, target
 ):
     path, model, _ = saved_draft
-    loaded, notes = draft_model.load_init_draft(
+    loaded, notes = draft_init.load_init_draft(
         path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2
     )
     assert notes == []
@@ -140,7 +140,7 @@ def test_finetune_init_takes_trained_parts_and_our_target(
 def test_init_mismatch_is_a_clear_error(saved_draft, random_target, vocab_dir, tmp_path, edit, key):
     bad = copy_with_config(saved_draft[0], tmp_path / "bad", edit)
     with pytest.raises(checkpoint.InitMismatch, match=key):
-        draft_model.load_init_draft(bad, random_target, vocab_dir, num_layers=1, ttt_steps=3)
+        draft_init.load_init_draft(bad, random_target, vocab_dir, num_layers=1, ttt_steps=3)
 
 
 def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_path):
@@ -149,7 +149,7 @@ def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_
         tmp_path / "other",
         lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]),
     )
-    loaded, notes = draft_model.load_init_draft(
+    loaded, notes = draft_init.load_init_draft(
         other, random_target, vocab_dir, 1, 3, remap_aux=True
     )
     assert notes == ["aux layers [0, 2, 4] -> [1, 2, 3]"]
@@ -169,8 +169,8 @@ def test_vocab_remap_matches_lm_head_rows_by_target_token(
     t2d[100 : 100 + n] = True
     np.save(shifted / "t2d.npy", t2d)
     with pytest.raises(checkpoint.InitMismatch, match="train.init_remap_vocab"):
-        draft_model.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
-    loaded, notes = draft_model.load_init_draft(
+        draft_init.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
+    loaded, notes = draft_init.load_init_draft(
         saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True
     )
     assert notes and loaded.lm_head.weight.shape == (n, random_target.hidden_size)
@@ -195,10 +195,10 @@ def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_
         is None
     )
     with pytest.raises(checkpoint.InitMismatch, match="train.architecture"):
-        draft_model.load_init_draft(
+        draft_init.load_init_draft(
             saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3"
         )
-    loaded, _ = draft_model.load_init_draft(
+    loaded, _ = draft_init.load_init_draft(
         saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators"
     )
     assert checkpoint.architecture_of(loaded.config) == "speculators"
@@ -241,8 +241,8 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     save_file({k: v.contiguous() for k, v in weights.items()}, str(eagle / "model.safetensors"))
 
     with pytest.raises(checkpoint.InitMismatch, match="init_convert"):
-        draft_model.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
-    converted = draft_model.prepare_init(
+        draft_init.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
+    converted = draft_init.prepare_init(
         eagle,
         random_target,
         {
@@ -252,9 +252,9 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
         },
         tmp_path / "work",
     )
-    assert converted == tmp_path / "work" / draft_model.CONVERTED_INIT_DIR
+    assert converted == tmp_path / "work" / draft_init.CONVERTED_INIT_DIR
     assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
-    loaded, _ = draft_model.load_init_draft(converted, random_target, vocab_dir, 1, 3)
+    loaded, _ = draft_init.load_init_draft(converted, random_target, vocab_dir, 1, 3)
     assert loaded.input_norm is None  # EAGLE checkpoints have no norm before fc
     for name in (
         "fc.weight",
@@ -264,7 +264,7 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     ):
         assert torch.equal(loaded.state_dict()[name], sd[name]), name
     assert (
-        draft_model.prepare_init(converted, random_target, {}, tmp_path / "again") == converted
+        draft_init.prepare_init(converted, random_target, {}, tmp_path / "again") == converted
     )  # already speculators format
 
 

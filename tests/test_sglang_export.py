@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftline import draft_model
+from draftline import draft_init, draft_model
 from draftline.checkpoint import load_draft, read_draft_facts
 from draftline.config import BenchmarkConfig
 from draftline.preflight_draft import check_draft, check_engine_settings
@@ -58,13 +58,13 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
     """speculators' Eagle-3 converter (the original EAGLE-3 layout in, speculators out) reads the
     export back: same weights, and speculative decoding accepts exactly the same drafts."""
     out = export_sglang(eagle3_draft_dir, random_target, tmp_path / "sglang")
-    back_dir = draft_model.prepare_init(
+    back_dir = draft_init.prepare_init(
         out,
         random_target,
         {"eagle_aux_hidden_state_layer_ids": random_target.aux_ids},
         tmp_path / "work",
     )
-    back, notes = draft_model.load_init_draft(
+    back, notes = draft_init.load_init_draft(
         back_dir, random_target, vocab_dir, 1, 3, architecture="eagle3"
     )
     original = load_draft(eagle3_draft_dir, random_target, "cpu")

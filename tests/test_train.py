@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from draftline import (
     checkpoint,
     draft_data,
+    draft_init,
     draft_metrics,
     draft_model,
     handoff,
@@ -262,7 +263,7 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
     init = tmp_path / "init"
     shutil.copytree(ref_run / "draft", init)
     # before any step, the fine-tune starts exactly where the previous run ended
-    model, notes = draft_model.load_init_draft(
+    model, notes = draft_init.load_init_draft(
         init, data["card"], data["vocab"], num_layers=1, ttt_steps=3
     )
     from speculators.losses import resolve_loss_config
