@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 if TYPE_CHECKING:
-    from draftline.card import TargetCard
+    pass
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checks use the library of this checkout, as the stages do
@@ -549,9 +549,13 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     }
 
 
-def check_draft_loads(draft_dir: Path, card: TargetCard) -> dict:
+def check_draft_loads(draft_dir: Path, card_path: Path) -> dict:
     """Eagle3DraftModel.from_pretrained takes the saved draft as it is, for our target's aux layers."""
     from speculators.models.eagle3 import Eagle3DraftModel
+
+    from draftline.card import TargetCard
+
+    card = TargetCard.load(card_path)
 
     model = Eagle3DraftModel.from_pretrained(str(draft_dir))
     aux = list(model.config.eagle_aux_hidden_state_layer_ids)
@@ -779,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"draft_loads_with_from_pretrained{suffix}",
                     check_draft_loads,
                     sub / "models" / "draft",
-                    read(work / "models" / "target" / "card.json"),
+                    work / "models" / "target" / "card.json",
                 )
             )
         if module == "stages.evaluate":

@@ -27,9 +27,8 @@ STAMP = "params.yaml is valid: checked by stages/check_params.py before any othe
 
 def main(sources_yaml: str, draft_dir: str, out_path: str) -> None:
     params = stage_params()  # every section; exits 2 naming each bad key
-    apply_thread_policy(
-        "check_params"
-    )  # as every stage does (draftline/threads.py); torch is never loaded here
+    # as every stage does (draftline/threads.py); torch is never loaded here
+    apply_thread_policy("check_params")
     from draftline.workspace import params_problems
 
     if problems := params_problems(params, Path(sources_yaml), Path(draft_dir)):

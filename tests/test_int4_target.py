@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 
 from draftline import hidden
+from draftline.card import TargetCard
 from draftline.target import build_card, load_target, read_verifier_tensors
 
 AUX = [1, 2, 3]
@@ -101,8 +102,7 @@ def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
         "reports/hidden_states.json",
     )
     assert report["extracted_now"] == 6
-    card = json.loads((tmp_path / "models/target/card.json").read_text())
-    model, _ = load_target(card)
+    model, _ = load_target(TargetCard.load(tmp_path / "models/target/card.json"))
     _, norm = hidden.decoder_parts(model)
     for i in (0, 5):
         stored = load_file(str(hidden.hs_path(tmp_path / "hidden_states", i)))
