@@ -211,10 +211,18 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
                 options={"timeout": max(first, gap) + 10, "security": {"bearer_auth": True}},
             )
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
-                try:
-                    return json.loads(await response.aread())
+                try:  # a server that answers whole (the built-in hf batch server)
+                    answer = json.loads(await response.aread())
                 except ValueError as err:  # a body that is not JSON
                     raise BadAnswer(f"not JSON: {err}") from None
+                tokens = (
+                    (answer.get("usage") or {}).get("completion_tokens")
+                    if isinstance(answer, dict)
+                    else None
+                )
+                if on_token and isinstance(tokens, int):
+                    on_token(tokens)  # the progress line's tok/s counts whole answers too
+                return answer
             streamed = StreamedAnswer()
             pending, done = b"", False
             async for (

@@ -1787,3 +1787,22 @@ def test_a_port_taken_by_another_pipeline_is_noticed_and_another_one_used(tmp_pa
                 tmp_path / "d.log",
                 30,
             ).__enter__()
+
+
+def test_a_server_that_answers_whole_still_counts_tokens(tmp_path, stub):
+    """The built-in hf server answers each request as one JSON object, not a stream: its usage
+    still feeds the progress line's tok/s (it read 0 tok/s before)."""
+    whole = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+    }
+    url, _ = stub(raw_for=lambda body: json.dumps(whole).encode())
+    tally, out, _, _ = run_rows([url], prompts(6), tmp_path)
+    assert tally.ok == len(out) == 6 and tally.requests > 0
+    assert tally.streamed_tokens == 7 * tally.requests
