@@ -277,30 +277,26 @@ def known_num_layers(model: str, revision: str | None) -> int | None:
 class DatasetSpec(Section):
     """One source of `datasets`; a `preset` (PRESETS) fills every key not given."""
 
-    preset: str | None = (
-        None  # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
-    )
+    # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
+    preset: str | None = None
     path: str  # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id
     format: Literal["auto", "sharegpt", "openai", "alpaca", "prompt"] = "auto"
     split: str = "train"
     name: str | None = None  # hub config name
     revision: str | None = None  # hub revision pin (a commit sha reproduces; a branch moves)
-    streaming: bool = (
-        False  # hub / directory sources: stream rows instead of downloading every shard first
-    )
+    # hub / directory sources: stream rows instead of downloading every shard first
+    streaming: bool = False
     fields: dict[
         str, str
     ] = {}  # canonical field -> source column, e.g. {prompt: question, id: prompt_id}
-    parse_markup: bool = (
-        False  # inline <think>/<tool_call>/<tool_response>/<tools> -> structured fields
-    )
+    # inline <think>/<tool_call>/<tool_response>/<tools> -> structured fields
+    parse_markup: bool = False
     max_rows: int | None = Field(None, ge=1)  # read at most this many rows of the source
     max_prompt_tokens: int | None = Field(
         None, ge=1
     )  # drop rows whose prompt estimate is longer ("too_long")
-    scripts: list[str] | None = (
-        None  # language filter by Unicode script of the user turns, e.g. [latin]
-    )
+    # language filter by Unicode script of the user turns, e.g. [latin]
+    scripts: list[str] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -638,13 +634,13 @@ class TrainConfig(Section):
     # draft, the checkpoint's own with `init` (set, `init` must have it)
     architecture: Literal["speculators", "eagle3"] | None = None
     train_embeddings: bool = False  # embeddings come from the target; frozen unless true
-    train_lm_head: bool = (
-        False  # lm_head = target lm_head rows of the draft vocab; frozen unless true
-    )
+    # lm_head = target lm_head rows of the draft vocab; frozen unless true
+    train_lm_head: bool = False
     # Start the draft's decoder layer from this target decoder layer (its attention on the hidden
     # half of the draft's input, MLP, norms; the fc passes through the aux state entering that layer
     # when it is an aux layer). null = random init. Builtin backend, a new draft only (not with `init`).
-    init_layer_from_target: int | None = Field(None, ge=0)
+    # "last_aux": the last aux layer (N - 3 by the EAGLE-3 rule), what the SmolLM2 recipe found best
+    init_layer_from_target: Annotated[int, Field(ge=0)] | Literal["last_aux"] | None = None
     epochs: int = Field(4, ge=1)
     lr: float = Field(3e-3, gt=0)
     scheduler: Literal["cosine", "linear"] = "cosine"  # after linear warmup (as speculators)

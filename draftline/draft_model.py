@@ -112,7 +112,7 @@ LAYER_PARTS = (
 )
 
 
-def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
+def init_layer_from_target(model, card: TargetCard, layer: int | str) -> str:
     """Start the draft's first decoder layer from target decoder layer `layer` (train.init_layer_from_target).
 
     The draft layer reads cat(norm(embedding), norm(hidden)): the target's q/k/v weights go to the
@@ -126,6 +126,8 @@ def init_layer_from_target(model, card: TargetCard, layer: int) -> str:
 
     from draftline.target import _checkpoint_file, checkpoint_weight_map
 
+    if layer == "last_aux":
+        layer = card.aux_layer_ids[-1]
     if not 0 <= layer < card.num_layers:
         raise ValueError(
             f"train.init_layer_from_target: {layer} is not a decoder layer of the target (0..{card.num_layers - 1})"

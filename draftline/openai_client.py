@@ -41,9 +41,8 @@ class RetryPolicy:
     backoff_s: float
     backoff_max_s: float
     first_token_timeout_s: float  # from sending a request to its first generated token
-    token_timeout_s: float | None = (
-        None  # longest gap between two streamed chunks; None = first_token_timeout_s
-    )
+    # longest gap between two streamed chunks; None = first_token_timeout_s
+    token_timeout_s: float | None = None
 
     def wait(self, attempt: int, retry_after: float | None = None) -> float:
         cap = min(self.backoff_max_s, self.backoff_s * 2**attempt)

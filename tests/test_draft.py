@@ -595,7 +595,7 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
 
     layer = random_target.aux_layer_ids[-1]
     model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
-    note = init_layer_from_target(model, random_target, layer)
+    note = init_layer_from_target(model, random_target, "last_aux")  # = layer
     assert f"target layer {layer}" in note and "passes aux slot 2" in note
     target = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32)
     ref = target.model.layers[layer]
@@ -625,3 +625,15 @@ def test_init_layer_from_target_refuses_a_layer_the_target_lacks(random_target, 
     model = build_draft(random_target, vocab_dir, 1, 3)
     with pytest.raises(ValueError, match="not a decoder layer"):
         init_layer_from_target(model, random_target, random_target.num_layers)
+
+
+def test_init_layer_from_target_takes_a_layer_or_last_aux():
+    from draftline.config import TrainConfig
+
+    assert TrainConfig(init_layer_from_target="last_aux").init_layer_from_target == "last_aux"
+    assert TrainConfig(init_layer_from_target=3).init_layer_from_target == 3
+    for bad in ("first", -1):
+        with pytest.raises(ValueError):
+            TrainConfig(init_layer_from_target=bad)
+    with pytest.raises(ValueError, match="new draft only"):
+        TrainConfig(init_layer_from_target=3, init="models/old_draft")
