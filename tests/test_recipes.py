@@ -10,17 +10,29 @@ import yaml
 from draftline.config import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
-SET_PARAM = re.compile(r"-S\s+'([^'=]+)=([^']*)'")
+SET_PARAM = re.compile(r"-S\s+'(\+{0,2})([^'=+][^'=]*)=([^']*)'")
 
 
 def apply_set_params(params: dict, script: str) -> tuple[dict, int]:
-    """params with every -S 'dotted.key=yaml value' of the script applied, as `dvc exp run -S` does."""
+    """params with every -S '[+|++]dotted.key=yaml value' of the script applied, as `dvc exp run -S`
+    (Hydra's override grammar) does: a plain key must already be in params.yaml, `+key` must not be,
+    `++key` is either (a key that only has a default in draftline/config.py needs `++`)."""
     count = 0
-    for key, value in SET_PARAM.findall(script):
+    for plus, key, value in SET_PARAM.findall(script):
         node = params
         *parents, leaf = key.split(".")
         for part in parents:
+            if plus != "++" and part not in node:
+                raise KeyError(
+                    f"-S '{key}=...': {part!r} is not in params.yaml (use '++{key}=...')"
+                )
             node = node.setdefault(part, {})
+        if plus == "" and leaf not in node:
+            raise KeyError(
+                f"-S '{key}=...': not in params.yaml, dvc exp run refuses it (use '++{key}=...')"
+            )
+        if plus == "+" and leaf in node:
+            raise KeyError(f"-S '+{key}=...': already in params.yaml (drop the '+')")
         node[leaf] = yaml.safe_load(value)
         count += 1
     return params, count
@@ -52,8 +64,19 @@ def test_smollm2_recipe_selects_the_real_target():
 def test_a_typo_in_a_recipe_is_caught():
     from draftline.config import ParamsError
 
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    with pytest.raises(KeyError, match="train.epocs"):  # dvc exp run refuses a plain unknown key...
+        apply_set_params(base, "-S 'train.epocs=3'")
     params, _ = apply_set_params(
-        yaml.safe_load((ROOT / "params.yaml").read_text()), "-S 'train.epocs=3'"
-    )
+        base, "-S '++train.epocs=3'"
+    )  # ...and validation catches a forced one
     with pytest.raises(ParamsError, match="train.epocs"):
         parse_params(params)
+
+
+def test_a_key_only_in_the_config_defaults_needs_plus_plus():
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    with pytest.raises(KeyError, match="evaluate.prompts"):
+        apply_set_params(base, "-S 'evaluate.prompts=12'")
+    params, _ = apply_set_params(base, "-S '++evaluate.prompts=12'")
+    assert parse_params(params).evaluate.prompts == 12
