@@ -17,13 +17,14 @@ cd "$(dirname "$0")/.."
 source scripts/smollm2.sh # SMOLLM2_PARAMS: the real target and the recipe found here
 export PATH=$PWD/.venv/bin:$PATH
 
-ORDER=(base-250 ep10-250 L27-250 L27-500 L27-125 c125-lr1e-2 c125-ttt5 c125-head c125-vocab8k c125-lr1e-3)
+ORDER=(base-250 ep10-250 L27-250 L27-500 L27-125 c125-lr1e-2 c125-ttt5 c125-head c125-vocab8k c125-lr1e-3 c125-len64 c125-emb)
 # The c125-* candidates start from L27-125 and stop at `evaluate` (no benchmark). Every candidate
 # key is given, so a run does not depend on the one before; three are stacked as they were measured
 # (ttt5 on lr 1e-2, vocab8k and lr1e-3 on the trainable lm_head).
 L27=(-S '++samples=125' -S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux'
   -S 'train.lr=0.003' -S 'train.ttt_steps=3' -S '++train.speculative_tokens=null'
-  -S '++train.train_lm_head=false' -S 'vocab.draft_vocab_size=4096')
+  -S '++train.train_lm_head=false' -S 'vocab.draft_vocab_size=4096' -S 'regenerate.max_tokens=128'
+  -S '++train.train_embeddings=false')
 
 run() { # run NAME: one experiment in the workspace
   local name=$1
@@ -42,6 +43,8 @@ run() { # run NAME: one experiment in the workspace
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
   c125-vocab8k) set -- "${L27[@]}" -S '++train.train_lm_head=true' -S 'vocab.draft_vocab_size=8192' evaluate ;;
   c125-lr1e-3) set -- "${L27[@]}" -S '++train.train_lm_head=true' -S 'train.lr=0.001' evaluate ;;
+  c125-len64) set -- "${L27[@]}" -S 'regenerate.max_tokens=64' evaluate ;;
+  c125-emb) set -- "${L27[@]}" -S '++train.train_embeddings=true' evaluate ;;
   *)
     echo "unknown run $name; known: ${ORDER[*]}" >&2
     exit 2
