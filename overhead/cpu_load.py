@@ -14,7 +14,7 @@ loads, as in the stage) on the default run's shapes (params.yaml `target.tiny`, 
 - regenerate: one greedy batched generate of 32 prompts (backend hf's decode);
 - evaluate: batch-1 greedy decoding (the latency-bound shape of speculative decoding).
 
-Configurations: `policy` (draftline/threads.py: OMP_WAIT_POLICY=PASSIVE, the stage's thread
+Configurations: `policy` (draftline/threads.py: the stage's wait policy and thread
 count), `torch_default` (no OMP settings: torch's default of one spinning thread per core) and,
 with --configs, `passive_all_cores` (the passive wait policy alone).
 Each is timed idle and then with one busy-looping process per core started beside it; `ratio` =

@@ -1,5 +1,5 @@
 """The CPU thread policy (draftline/threads.py): per-stage counts, explicit settings win, and a
-stage's process really runs with the passive wait policy and its count."""
+stage's process really runs with its wait policy and its count."""
 
 import json
 import os
@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from draftline.threads import STAGE_THREADS, resolve_threads
+from draftline.threads import STAGE_POLICY, resolve_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stage_counts_follow_the_table_and_the_cores():
-    assert resolve_threads("train", {}, cores=2) == (1, "stage policy (at most 1)")
+    assert resolve_threads("evaluate", {}, cores=2) == (1, "stage policy (at most 1)")
+    assert resolve_threads("train", {}, cores=2) == (2, "stage policy (all cores)")
     assert resolve_threads("hidden_states", {}, cores=2)[0] == 2
     assert resolve_threads("hidden_states", {}, cores=16)[0] == 16
     assert resolve_threads("target", {}, cores=1)[0] == 1
@@ -39,16 +40,18 @@ def test_bad_thread_settings_name_the_variable(value):
 
 def test_every_stage_module_has_a_policy_and_applies_it_before_torch():
     stages = {p.stem for p in (ROOT / "stages").glob("*.py") if p.stem != "__init__"}
-    assert stages == set(STAGE_THREADS)
+    assert stages == set(STAGE_POLICY)
     for stage in stages:
         text = (ROOT / "stages" / f"{stage}.py").read_text()
         assert f'apply_thread_policy("{stage}")' in text, stage
 
 
-def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
+def stage_process(stage: str, environ: dict | None = None) -> tuple[dict, str | None, int]:
+    """(what apply_thread_policy set, OMP_WAIT_POLICY, torch's thread count) in a fresh process
+    whose environment has no thread settings but `environ`."""
     code = (
-        "from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy('hidden_states'); "
-        "import torch; print(json.dumps([s, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads()]))"
+        f"from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy({stage!r}); "
+        "import torch; print(json.dumps([s, os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads()]))"
     )
     env = {
         k: v
@@ -57,11 +60,27 @@ def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
     }
     out = subprocess.run(
         [sys.executable, "-c", code],
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env, **(environ or {}), "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    policy, wait, torch_threads = json.loads(out)
+    return tuple(json.loads(out))
+
+
+def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
+    policy, wait, torch_threads = stage_process("hidden_states")
     assert wait == "PASSIVE" and not policy["torch_loaded_before"]
     assert torch_threads == policy["threads"] == len(os.sched_getaffinity(0))
+    policy, wait, torch_threads = stage_process("evaluate")
+    assert wait == "PASSIVE" and torch_threads == policy["threads"] == 1
+
+
+def test_regenerate_keeps_openmps_default_wait_unless_one_is_given():
+    """The batched decode's barriers are microseconds apart: sleeping at each one doubled its
+    idle time (reports/overhead/cpu_load.json), so regenerate's server spins as OpenMP does."""
+    policy, wait, torch_threads = stage_process("regenerate")
+    assert wait is None and policy["wait_policy"] == "default"
+    assert torch_threads == len(os.sched_getaffinity(0))
+    assert stage_process("regenerate", {"OMP_WAIT_POLICY": "PASSIVE"})[1] == "PASSIVE"
+    assert stage_process("hidden_states", {"OMP_WAIT_POLICY": "ACTIVE"})[1] == "ACTIVE"
