@@ -3,23 +3,23 @@
 On a small shared machine torch's OpenMP pool spins at every barrier: with another process busy on
 both cores of the 2-core machine, one tiny-target training step took 11.5 s with 2 threads and
 1.3 s with 1. A spinning thread that loses its core holds up every other thread of the op until it
-gets the core back, so the stage slows far more than the CPU it lost. Per stage (STAGE_POLICY):
+gets the core back, so the stage slows far more than the CPU it lost. Two measures:
 
-- the wait policy. `PASSIVE`: threads sleep at a barrier instead of spinning, so a descheduled
-  thread costs the others its own share of CPU, not a spin for its time slice. `None` keeps
-  OpenMP's default (spin a while, then sleep) where the passive wait costs more idle than it saves
-  loaded: the tiny target's batched decode (regenerate's server) has a barrier every few
-  microseconds, and sleeping at each doubled its idle time while its time next to a CPU hog was
-  the same either way (`reports/overhead/cpu_load.json`). The policy must be in the environment
-  before torch is imported (libgomp reads it once, at load): every stage calls
+- `OMP_WAIT_POLICY=PASSIVE`: threads sleep at a barrier instead of spinning, so a descheduled
+  thread costs the others its own share of CPU, not a spin for its time slice. It must be in the
+  environment before torch is imported (libgomp reads it once, at load): every stage calls
   `apply_thread_policy` first thing in main(), before any torch import. Servers and subprocesses a
-  stage starts inherit it (and OMP_NUM_THREADS).
-- the thread count. Stages whose ops are small and latency-bound (the tiny target's training,
-  batch-1 speculative decoding) gain little from a second thread even when idle and lose most
-  under load, so they use one; stages with larger matmuls (hidden-state extraction, batched
-  regeneration, the draft's training step over pack_len tokens) use every core the process may
-  run on: with the passive wait, two threads train the draft faster than one both idle (12.1 s vs
-  19.2 s for 10 steps) and next to a hog (23.2 s vs 29.6 s).
+  stage starts inherit it (and OMP_NUM_THREADS). It has an idle cost where barriers are
+  microseconds apart: the tiny target's batched decode (regenerate's server) takes 4.2-4.6 s
+  passive vs 2.1-2.2 s spinning, idle. Spinning was measured and rejected there: next to a hog on
+  every core the same decode took 5.6-16 s spinning (the collapse above, at random) vs 4.0-7.4 s
+  passive, and a short spin (GOMP_SPINCOUNT 10,000) kept both the idle gain and the collapse.
+- per-stage thread counts (STAGE_THREADS): stages whose ops are small and latency-bound (the tiny
+  target's training, batch-1 speculative decoding) gain little from a second thread even when idle
+  and lose most under load, so they use one; stages with larger matmuls (hidden-state extraction,
+  batched regeneration, the draft's training step over pack_len tokens) use every core the process
+  may run on: with the passive wait, two threads train the draft faster than one both idle (11.4 s
+  vs 19.2 s for 10 steps of the default shapes) and next to a hog (22.7 s vs 29.6 s).
 
 Explicit choices win: OMP_NUM_THREADS or DRAFTLINE_THREADS in the environment sets the count for
 every stage (e.g. a 64-core host where the CPU stages should spread), and an explicit
@@ -32,26 +32,19 @@ from __future__ import annotations
 import os
 import sys
 
-PASSIVE = "PASSIVE"
-
-# stage -> (most intra-op threads (None: every core the process may run on),
-#           OMP_WAIT_POLICY (None: OpenMP's default))
-STAGE_POLICY: dict[str, tuple[int | None, str | None]] = {
-    "check_params": (1, PASSIVE),  # validation only: never loads torch
-    "target": (
-        1,
-        PASSIVE,
-    ),  # tiny target training: 128-wide matmuls (smollm2: a one-off conversion)
-    "prepare": (1, PASSIVE),
-    "mix": (1, PASSIVE),
-    "tokenize": (1, PASSIVE),
-    "vocab": (1, PASSIVE),
-    # batched generate in the server (backend hf); the client itself is asyncio
-    "regenerate": (None, None),
-    "hidden_states": (None, PASSIVE),  # batched target forwards: large matmuls
-    "train": (None, PASSIVE),  # the draft's step: pack_len tokens through a decoder layer, backward
-    "evaluate": (1, PASSIVE),  # batch-1 speculative decoding: latency-bound small ops
-    "benchmark": (1, PASSIVE),
+# stage -> most intra-op threads (None: every core the process may run on)
+STAGE_THREADS: dict[str, int | None] = {
+    "check_params": 1,  # validation only: never loads torch
+    "target": 1,  # tiny target training: 128-wide matmuls (smollm2: a one-off conversion)
+    "prepare": 1,
+    "mix": 1,
+    "tokenize": 1,
+    "vocab": 1,
+    "regenerate": None,  # batched generate in the server (backend hf); the client itself is asyncio
+    "hidden_states": None,  # batched target forwards: large matmuls
+    "train": None,  # the draft's step: pack_len tokens through a decoder layer, and backward
+    "evaluate": 1,  # batch-1 speculative decoding: latency-bound small ops
+    "benchmark": 1,
 }
 
 
@@ -77,10 +70,10 @@ def resolve_threads(
             if n < 1:
                 raise ValueError(f"{key}={value!r}: expected a positive integer")
             return n, key
-    if stage not in STAGE_POLICY:
-        raise ValueError(f"no thread policy for stage {stage!r}; known: {sorted(STAGE_POLICY)}")
+    if stage not in STAGE_THREADS:
+        raise ValueError(f"no thread policy for stage {stage!r}; known: {sorted(STAGE_THREADS)}")
     cores = available_cores() if cores is None else cores
-    cap = STAGE_POLICY[stage][0]
+    cap = STAGE_THREADS[stage]
     return (
         cores if cap is None else min(cap, cores)
     ), f"stage policy ({'all cores' if cap is None else f'at most {cap}'})"
@@ -89,9 +82,7 @@ def resolve_threads(
 def apply_thread_policy(stage: str) -> dict:
     """Set the wait policy and thread count for this stage's process; returns what was set."""
     threads, why = resolve_threads(stage)
-    wait = STAGE_POLICY[stage][1]
-    if wait is not None:
-        os.environ.setdefault("OMP_WAIT_POLICY", wait)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     late = "torch" in sys.modules  # the wait policy was read when torch loaded
     if late:
@@ -101,6 +92,6 @@ def apply_thread_policy(stage: str) -> dict:
     return {
         "threads": threads,
         "why": why,
-        "wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "wait_policy": os.environ["OMP_WAIT_POLICY"],
         "torch_loaded_before": late,
     }

@@ -1,5 +1,5 @@
 """The CPU thread policy (draftline/threads.py): per-stage counts, explicit settings win, and a
-stage's process really runs with its wait policy and its count."""
+stage's process really runs with the passive wait policy and its count."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.threads import STAGE_POLICY, resolve_threads
+from draftline.threads import STAGE_THREADS, resolve_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,18 +40,16 @@ def test_bad_thread_settings_name_the_variable(value):
 
 def test_every_stage_module_has_a_policy_and_applies_it_before_torch():
     stages = {p.stem for p in (ROOT / "stages").glob("*.py") if p.stem != "__init__"}
-    assert stages == set(STAGE_POLICY)
+    assert stages == set(STAGE_THREADS)
     for stage in stages:
         text = (ROOT / "stages" / f"{stage}.py").read_text()
         assert f'apply_thread_policy("{stage}")' in text, stage
 
 
-def stage_process(stage: str, environ: dict | None = None) -> tuple[dict, str | None, int]:
-    """(what apply_thread_policy set, OMP_WAIT_POLICY, torch's thread count) in a fresh process
-    whose environment has no thread settings but `environ`."""
+def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
     code = (
-        f"from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy({stage!r}); "
-        "import torch; print(json.dumps([s, os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads()]))"
+        "from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy('hidden_states'); "
+        "import torch; print(json.dumps([s, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads()]))"
     )
     env = {
         k: v
@@ -60,27 +58,11 @@ def stage_process(stage: str, environ: dict | None = None) -> tuple[dict, str | 
     }
     out = subprocess.run(
         [sys.executable, "-c", code],
-        env={**env, **(environ or {}), "PYTHONPATH": str(ROOT)},
+        env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return tuple(json.loads(out))
-
-
-def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
-    policy, wait, torch_threads = stage_process("hidden_states")
+    policy, wait, torch_threads = json.loads(out)
     assert wait == "PASSIVE" and not policy["torch_loaded_before"]
     assert torch_threads == policy["threads"] == len(os.sched_getaffinity(0))
-    policy, wait, torch_threads = stage_process("evaluate")
-    assert wait == "PASSIVE" and torch_threads == policy["threads"] == 1
-
-
-def test_regenerate_keeps_openmps_default_wait_unless_one_is_given():
-    """The batched decode's barriers are microseconds apart: sleeping at each one doubled its
-    idle time (reports/overhead/cpu_load.json), so regenerate's server spins as OpenMP does."""
-    policy, wait, torch_threads = stage_process("regenerate")
-    assert wait is None and policy["wait_policy"] == "default"
-    assert torch_threads == len(os.sched_getaffinity(0))
-    assert stage_process("regenerate", {"OMP_WAIT_POLICY": "PASSIVE"})[1] == "PASSIVE"
-    assert stage_process("hidden_states", {"OMP_WAIT_POLICY": "ACTIVE"})[1] == "ACTIVE"
