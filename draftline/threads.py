@@ -12,14 +12,15 @@ gets the core back, so the stage slows far more than the CPU it lost. Two measur
   stage starts inherit it (and OMP_NUM_THREADS). It has an idle cost where barriers are
   microseconds apart: the tiny target's batched decode (regenerate's server) takes 4.2-4.6 s
   passive vs 2.1-2.2 s spinning, idle. Spinning was measured and rejected there: next to a hog on
-  every core the same decode took 5.6-16 s spinning (the collapse above, at random) vs 4.0-7.4 s
+  every core the same decode took 5.6-16 s spinning (the collapse above, at random) vs 4.0-8.0 s
   passive, and a short spin (GOMP_SPINCOUNT 10,000) kept both the idle gain and the collapse.
 - per-stage thread counts (STAGE_THREADS): stages whose ops are small and latency-bound (the tiny
   target's training, batch-1 speculative decoding) gain little from a second thread even when idle
   and lose most under load, so they use one; stages with larger matmuls (hidden-state extraction,
   batched regeneration, the draft's training step over pack_len tokens) use every core the process
-  may run on: with the passive wait, two threads train the draft faster than one both idle (11.4 s
-  vs 19.2 s for 10 steps of the default shapes) and next to a hog (22.7 s vs 29.6 s).
+  may run on: with the passive wait, two threads train the draft faster than one both idle (11.7 s
+  vs 19.3 s for 10 steps of the default shapes) and next to a hog (23.5 s vs 29.9 s;
+  reports/overhead/cpu_load_train_threads.json).
 
 Explicit choices win: OMP_NUM_THREADS or DRAFTLINE_THREADS in the environment sets the count for
 every stage (e.g. a 64-core host where the CPU stages should spread), and an explicit

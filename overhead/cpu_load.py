@@ -16,7 +16,12 @@ loads, as in the stage) on the default run's shapes (params.yaml `target.tiny`, 
 
 Configurations: `policy` (draftline/threads.py: the stage's wait policy and thread
 count), `torch_default` (no OMP settings: torch's default of one spinning thread per core) and,
-with --configs, `passive_all_cores` (the passive wait policy alone).
+with --configs, `passive_all_cores` (the passive wait policy alone) and `passive_one_thread` (the
+passive wait on one thread: what `train` used before it moved to every core,
+
+    python overhead/cpu_load.py --stages train --configs policy passive_one_thread \
+        --out reports/overhead/cpu_load_train_threads.json
+).
 Each is timed idle and then with one busy-looping process per core started beside it; `ratio` =
 loaded / idle (the issue's target: <= 3 for the tiny target and train on 2 cores). The machine's
 load average is recorded: on a shared machine "idle" is only as idle as the others let it be.
@@ -35,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STAGES = ["target", "train", "hidden_states", "regenerate", "evaluate"]
+CONFIGS = ["policy", "torch_default", "passive_all_cores", "passive_one_thread"]
 
 
 def tiny_llama(params: dict):
@@ -200,10 +206,10 @@ def main() -> None:
     ap.add_argument("--stages", nargs="+", default=STAGES)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", action="store_true", help="target and train only, 3 steps")
-    ap.add_argument("--configs", nargs="+", default=["policy", "torch_default"])
+    ap.add_argument("--configs", nargs="+", default=["policy", "torch_default"], choices=CONFIGS)
     ap.add_argument("--out", default=str(ROOT / "reports" / "overhead" / "cpu_load.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--config", default="policy", help=argparse.SUPPRESS)
+    ap.add_argument("--config", default="policy", choices=CONFIGS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         threads = None
@@ -213,6 +219,9 @@ def main() -> None:
             threads = apply_thread_policy(args.worker)
         elif args.config == "passive_all_cores":  # the wait policy alone, torch's thread count
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        elif args.config == "passive_one_thread":
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+            os.environ["OMP_NUM_THREADS"] = "1"
         seconds = work(args.worker, args.steps)
         import torch
 

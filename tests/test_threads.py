@@ -66,3 +66,35 @@ def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
     policy, wait, torch_threads = json.loads(out)
     assert wait == "PASSIVE" and not policy["torch_loaded_before"]
     assert torch_threads == policy["threads"] == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    "config,threads", [("policy", len(os.sched_getaffinity(0))), ("passive_one_thread", 1)]
+)
+def test_cpu_load_worker_runs_the_train_step_under_each_configuration(config, threads):
+    """overhead/cpu_load.py's worker: one real draft training step, in a process whose torch has
+    the configuration's thread count (`policy` = the stage's: train uses every core)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "DRAFTLINE_THREADS")
+    }
+    args = ["--worker", "train", "--steps", "1", "--config", config]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "overhead" / "cpu_load.py"), *args],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["torch_threads"] == threads and result["seconds"] > 0
+
+
+def test_cpu_load_refuses_an_unknown_configuration():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "overhead" / "cpu_load.py"), "--configs", "one_thread"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "invalid choice: 'one_thread'" in proc.stderr
