@@ -338,6 +338,11 @@ class MixConfig(Section):
     # false: fail when the datasets cannot supply `samples` / eval_samples at the weights (numbers per
     # dataset); true: take what there is, and record the rows drawn and the shares they came out at
     allow_shortfall: bool = False
+    # Eval is held out by first-turn content (draftline/mixing.py): exact twins of eval prompts never
+    # reach train; "template" also skips prompts equal to an eval prompt once digits are masked
+    holdout: Literal["exact", "template"] = "template"
+    # fail when more than this share of eval prompts keeps a template twin in train (holdout: exact)
+    max_template_twin_share: float = Field(0.25, ge=0, le=1)
 
     @model_validator(mode="after")
     def _caps_positive(self):
@@ -865,7 +870,7 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     DatasetSpec: _names(
         "preset path format split name revision fields parse_markup max_rows max_prompt_tokens scripts"
     ),
-    MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall"),
+    MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall holdout"),
     RegeneratePartition: _names(
         "max_context"
     ),  # cuts max_tokens, ends a conversation whose prompt does not fit
@@ -910,7 +915,7 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     DatasetSpec: _names(
         "streaming"
     ),  # the same rows, read as a stream or after downloading the shards
-    MixConfig: _names(""),
+    MixConfig: _names("max_template_twin_share"),
     RegeneratePartition: _names("concurrency"),
     TemperatureChoice: _names(""),
     # backend hf's batching: answers are greedy either way (only near-ties can differ, and are counted)

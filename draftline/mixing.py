@@ -13,13 +13,26 @@ sequence and the others fill in. Skipping never reorders what is left, so caps s
 
 Weights are relative (normalized); a weight of 0 leaves its dataset out entirely.
 
+Eval is held out by content, not only by id: greedy regeneration gives a train twin of an eval
+prompt the eval prompt's answer, so a twin in train measures recall, not the draft. A prompt's
+first turn (the messages before the first assistant turn, and the tools) is normalized (Unicode
+NFKC, lower case, runs of whitespace collapsed). Prompts whose first-turn user messages are equal
+are *exact twins*, whatever their system prompt or tools; prompts whose whole first turns are equal
+once every run of digits is replaced by 0 are *template twins* ("What is 16 * 6?" and "What is
+23 * 4?"). Train rows are drawn from the sequence after eval, skipping every exact twin
+of an eval prompt and, with `mix.holdout: template` (the default), every template twin too (each
+dataset's next row takes a skipped row's place, so the weights hold); skipped rows are counted in
+the report (`holdout`: over each dataset's whole remainder, whatever `samples` draws), and the mix fails when the share of eval prompts that
+keep a template twin in train exceeds `mix.max_template_twin_share`. The skip depends only on eval,
+which does not depend on `samples`, so train stays prefix-stable.
+
 When the datasets cannot supply `samples` (or `eval_samples`), or a dataset runs out so that the
 others fill in and the shares drift from the weights, the report says so per dataset
 (`per_dataset`, `shortfall`, `weights_honoured`) and `shortfall_problems` words it: the stage fails
 on it unless `mix.allow_shortfall` says to train on what there is.
 
 Rows need only "id", "source" (optionally "source_detail"), "prompt_tokens_est" and either "messages"+"tools" or their
-precomputed content "digest": the mix stage passes such light rows and reads the full records of
+precomputed content "digest" and hold-out "twin_keys": the mix stage passes such light rows and reads the full records of
 the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes
 (``light_rows``, ``full_records``; ``mix_prepared`` runs the whole mix over the prepared files).
 """
@@ -29,6 +42,8 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -39,6 +54,8 @@ from typing import TYPE_CHECKING
 
 from draftline.formats import content_hash
 from draftline.io import file_sha256, read_json, text_sha256
+
+HOLDOUT_RULES = ("exact", "template")
 
 if TYPE_CHECKING:
     from draftline.config import MixConfig
@@ -87,16 +104,23 @@ def seeded_order(rows: list[dict], source: str, seed: int) -> list[dict]:
     return sorted(rows, key=lambda row: text_sha256(f"{seed}:{source}:{row['id']}"))
 
 
-def keyed(rows: list[dict], name: str, share: float) -> Iterator[tuple]:
-    """(key, name, j, row) for row j of one dataset; key (j + 0.5) / share rises by 1/share per row."""
-    return (((j + 0.5) / share, name, j, row) for j, row in enumerate(rows))
+def keyed(rows: list[dict], name: str, share: float, start: int = 0) -> Iterator[tuple]:
+    """(key, name, j, row) for row j of one dataset (counting from `start`); key (j + 0.5) / share
+    rises by 1/share per row."""
+    return (((j + 0.5) / share, name, j, row) for j, row in enumerate(rows, start))
 
 
-def merge_by_weight(ordered: dict[str, list[dict]], weights: dict[str, float]) -> Iterator[dict]:
-    """The merged sequence of all datasets' ordered rows, smallest key first, ties by dataset name."""
+def merge_by_weight(
+    ordered: dict[str, list[dict]],
+    weights: dict[str, float],
+    starts: dict[str, int] | None = None,
+) -> Iterator[dict]:
+    """The merged sequence of all datasets' ordered rows, smallest key first, ties by dataset name;
+    `starts` numbers a dataset's rows from where an earlier part of the sequence left it."""
     total = sum(weights[name] for name in ordered)
+    starts = starts or {}
     streams = [
-        keyed(ordered[name], name, weights[name] / total)
+        keyed(ordered[name], name, weights[name] / total, starts.get(name, 0))
         for name in sorted(ordered)
         if weights[name] > 0
     ]
@@ -135,6 +159,69 @@ def split_counts(rows: list[dict]) -> dict:
     return counts
 
 
+def first_assistant(messages: list[dict]) -> int:
+    return next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+
+
+def first_turn_text(messages: list[dict], tools: list | None) -> str:
+    """The normalized first turn: roles and contents before the first assistant turn, and the tools
+    (NFKC, lower case, whitespace runs collapsed to one space)."""
+    canonical = json.dumps(
+        {
+            "turn": [
+                [m["role"], m.get("content") or ""] for m in messages[: first_assistant(messages)]
+            ],
+            "tools": tools,
+        },
+        sort_keys=True,
+        ensure_ascii=False,
+    )
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", canonical).lower()).strip()
+
+
+def twin_keys(messages: list[dict], tools: list | None) -> dict[str, str]:
+    """The hold-out keys of a prompt, 16 hex each: `exact`, its first turn's user messages
+    normalized (a system prompt or a tool list does not make the same question new), and
+    `template`, the whole first turn normalized with every run of digits replaced by 0."""
+    users = [m for m in messages[: first_assistant(messages)] if m["role"] == "user"]
+    return {
+        "exact": text_sha256(first_turn_text(users, None))[:16],
+        "template": text_sha256(re.sub(r"\d+", "0", first_turn_text(messages, tools)))[:16],
+    }
+
+
+def row_twin_keys(row: dict) -> dict[str, str]:
+    """A row's hold-out keys: precomputed by light_rows, else computed from its messages and tools."""
+    return row.get("twin_keys") or twin_keys(row["messages"], row.get("tools"))
+
+
+def without_eval_twins(
+    rows: Iterator[dict], eval_rows: list[dict], rule: str, counts: Counter
+) -> Iterator[dict]:
+    """The rows, skipping exact twins of eval prompts and, with rule "template", template twins;
+    `counts` gets "exact" / "template" per skipped row (a row that is both counts as exact)."""
+    exact = {row_twin_keys(r)["exact"] for r in eval_rows}
+    template = {row_twin_keys(r)["template"] for r in eval_rows}
+    for row in rows:
+        keys = row_twin_keys(row)
+        if keys["exact"] in exact:
+            counts["exact"] += 1
+        elif rule == "template" and keys["template"] in template:
+            counts["template"] += 1
+        else:
+            yield row
+
+
+def twin_overlap(train: list[dict], eval_rows: list[dict]) -> dict[str, int]:
+    """Eval prompts with an exact / a template twin among the train rows."""
+    exact = {row_twin_keys(r)["exact"] for r in train}
+    template = {row_twin_keys(r)["template"] for r in train}
+    return {
+        "exact": sum(row_twin_keys(r)["exact"] in exact for r in eval_rows),
+        "template": sum(row_twin_keys(r)["template"] in template for r in eval_rows),
+    }
+
+
 def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:
     """The rows, skipping those of a dataset that already gave its cap (by "source")."""
     given = Counter()
@@ -152,6 +239,7 @@ def mix_datasets(
     long_threshold_tokens: int,
     seed: int,
     caps: dict[str, int] | None = None,
+    holdout: str = "template",
 ) -> tuple[list[dict], list[dict], dict]:
     """(train, eval, report) from prepared records per dataset; see the module docstring for the rule.
 
@@ -160,6 +248,8 @@ def mix_datasets(
     (every row went to eval) or a cap naming no dataset raises ValueError.
     """
     caps = caps or {}
+    if holdout not in HOLDOUT_RULES:
+        raise ValueError(f"mix.holdout must be one of {HOLDOUT_RULES}, not {holdout!r}")
     if unknown := sorted(set(caps) - set(pools)):
         raise ValueError(
             f"mix.caps names unknown datasets {unknown}; datasets: {', '.join(sorted(pools))}"
@@ -168,10 +258,20 @@ def mix_datasets(
     pools, copies = drop_cross_duplicates(pools)
     pools, renamed = make_ids_unique(pools)
     ordered = {name: seeded_order(rows, name, seed) for name, rows in pools.items()}
-    sequence = merge_by_weight(ordered, weights)
-    eval_rows = tag_partition(list(islice(sequence, eval_samples)), long_threshold_tokens)
-    # continues after eval
+    eval_rows = list(islice(merge_by_weight(ordered, weights), eval_samples))
+    # A dataset's eval rows are a prefix of its ordered rows. Train merges the rest of each, less
+    # the twins of eval prompts, numbered on from eval: with no twin skipped this is the sequence
+    # continued, and a skipped twin is replaced by its own dataset's next row (shares hold).
+    eval_ids = {id(row) for row in eval_rows}
+    in_eval = {name: sum(id(row) in eval_ids for row in rows) for name, rows in ordered.items()}
+    skipped = {name: Counter() for name in ordered}
+    rest = {
+        name: list(without_eval_twins(rows[in_eval[name] :], eval_rows, holdout, skipped[name]))
+        for name, rows in ordered.items()
+    }
+    sequence = merge_by_weight(rest, weights, starts=in_eval)
     train = tag_partition(list(islice(under_caps(sequence, caps), samples)), long_threshold_tokens)
+    eval_rows = tag_partition(eval_rows, long_threshold_tokens)
     if not train:
         raise ValueError(
             f"mix: no rows left for train; {len(eval_rows)} rows all went to eval "
@@ -187,7 +287,9 @@ def mix_datasets(
         samples,
         train_counts,
         eval_counts,
+        {name: sum(c.values()) for name, c in skipped.items()},
     )
+    skipped_total = sum(skipped.values(), Counter())
     report = {
         "requested": {"train": samples, "eval": eval_samples},
         "weights": {name: weights[name] / total for name in sorted(pools)},
@@ -204,6 +306,15 @@ def mix_datasets(
             "copies_of": {name: c for name, c in copies.items() if c},
         },
         "ids_renamed": renamed,
+        "holdout": {
+            "rule": holdout,
+            "train_rows_skipped": {
+                "exact": skipped_total["exact"],
+                "template": skipped_total["template"],
+            },
+            "eval_with_twin_in_train": twin_overlap(train, eval_rows),
+            "eval": len(eval_rows),
+        },
         "shortfall": {"train": samples - len(train), "eval": eval_samples - len(eval_rows)},
         "per_dataset": per_dataset,
         "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
@@ -219,10 +330,11 @@ def dataset_table(
     samples: int,
     train_counts: Counter,
     eval_counts: Counter,
+    twins: dict[str, int],
 ) -> dict[str, dict]:
     """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
-    cross-dataset duplicates), rows drawn for train and eval, the realised train share, and whether
-    it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
+    cross-dataset duplicates), rows drawn for eval, twins of eval prompts kept out of train, rows
+    drawn for train, the realised train share, and whether it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
     share the rest by weight; one drawn more than one row short of that ran out (the others filled in)."""
     drawn = sum(train_counts.values())
     capped_rows = sum(train_counts.get(name, 0) for name in pools if name in caps)
@@ -244,6 +356,7 @@ def dataset_table(
             "available": len(pools[name]),
             "train": got,
             "eval": eval_counts.get(name, 0),
+            "twins": twins.get(name, 0),
             "share": round(got / drawn, 4) if drawn else 0.0,
             "capped": name in caps,
             # of the rows drawn, it gave less than its weight asks: the others filled in for it
@@ -262,7 +375,7 @@ def max_samples_at_weights(table: dict[str, dict]) -> int:
     share_sum = sum(row["weight"] for row in open_rows.values())
     return int(
         min(
-            (row["available"] - row["eval"]) / (row["weight"] / share_sum)
+            (row["available"] - row["eval"] - row["twins"]) / (row["weight"] / share_sum)
             for row in open_rows.values()
         )
     )
@@ -291,15 +404,32 @@ def shortfall_problems(report: dict) -> list[str]:
     return problems
 
 
+def holdout_problem(holdout: dict, max_template_twin_share: float) -> str | None:
+    """Why the held-out eval is not held out (twins left in train), or None."""
+    overlap, n = holdout["eval_with_twin_in_train"], max(holdout["eval"], 1)
+    holdout["template_twin_share"] = round(overlap["template"] / n, 4)
+    holdout["max_template_twin_share"] = max_template_twin_share
+    if overlap["exact"]:
+        return f"mix: {overlap['exact']} eval prompts have an exact twin in train (a bug: they are skipped)"
+    if overlap["template"] / n > max_template_twin_share:
+        return (
+            f"mix: {overlap['template']} of {holdout['eval']} eval prompts "
+            f"({overlap['template'] / n:.0%}) share a template (digits masked) with a train prompt, "
+            f"above mix.max_template_twin_share={max_template_twin_share}: the eval split measures "
+            "recall of templates. Set mix.holdout: template (skips them from train) or raise the share."
+        )
+    return None
+
+
 def shortfall_table(report: dict) -> str:
     """The per-dataset numbers as an aligned text table."""
     width = max(len("dataset"), *(len(n) for n in report["per_dataset"]))
-    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  train  share"]
+    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  twins  train  share"]
     for name, row in report["per_dataset"].items():
         cap = " (capped)" if row["capped"] else ""
         lines.append(
             f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
-            f"{row['eval']:>4}  {row['train']:>5}  {row['share']:>5.0%}{cap}"
+            f"{row['eval']:>4}  {row['twins']:>5}  {row['train']:>5}  {row['share']:>5.0%}{cap}"
         )
     return "\n".join(lines)
 
@@ -327,6 +457,7 @@ def light_rows(path: Path) -> list[dict]:
                         ),
                         "prompt_tokens_est": record["prompt_tokens_est"],
                         "digest": content_hash(record["messages"], record["tools"]),
+                        "twin_keys": twin_keys(record["messages"], record["tools"]),
                     }
                 )
             offset += len(line)
@@ -384,14 +515,24 @@ def mix_prepared(
             for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")
         }
     train, eval_rows, report = mix_datasets(
-        pools, cfg.weights, samples, cfg.eval_samples, cfg.long_threshold_tokens, seed, cfg.caps
+        pools,
+        cfg.weights,
+        samples,
+        cfg.eval_samples,
+        cfg.long_threshold_tokens,
+        seed,
+        cfg.caps,
+        cfg.holdout,
     )
+    if problem := holdout_problem(report["holdout"], cfg.max_template_twin_share):
+        raise ValueError(problem)
     report["allow_shortfall"] = cfg.allow_shortfall
     shortfall = None
     if problems := shortfall_problems(report):
         shortfall = (
             f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
-            f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them first)"
+            f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them "
+            "first; twins: rows kept out of train as twins of eval prompts, mix.holdout)"
         )
         if not cfg.allow_shortfall:
             raise ValueError(

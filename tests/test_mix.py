@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,16 @@ def pools() -> dict[str, list[dict]]:
     return {name: prepare_records(read_rows(str(path)), name)[0] for name, path in SAMPLES.items()}
 
 
+def letters(i: int) -> str:
+    """i as a word of letters (aa, ab, ...): numbered prompts would all be template twins."""
+    word = ""
+    while True:
+        i, r = divmod(i, 26)
+        word = chr(97 + r) + word
+        if not i:
+            return word.rjust(2, "a")
+
+
 def make_pool(source: str, n: int, prompt_chars=lambda i: 8) -> list[dict]:
     return [
         {
@@ -35,7 +46,10 @@ def make_pool(source: str, n: int, prompt_chars=lambda i: 8) -> list[dict]:
             "tools": None,
             "prompt_tokens_est": -(-prompt_chars(i) // 4),
             "messages": [
-                {"role": "user", "content": f"{source} question {i}".ljust(prompt_chars(i), ".")},
+                {
+                    "role": "user",
+                    "content": f"{source} question {letters(i)}".ljust(prompt_chars(i), "."),
+                },
                 {"role": "assistant", "content": ""},
             ],
         }
@@ -128,6 +142,7 @@ def test_shortfall_is_worded_with_numbers_per_dataset():
         "available": 30,
         "train": 25,
         "eval": 5,
+        "twins": 0,
         "share": 0.125,
         "capped": False,
         "short_of_weight": True,
@@ -155,6 +170,7 @@ def test_shortfall_is_worded_with_numbers_per_dataset():
         "200",
         "30",
         "10",
+        "0",
         "20",
         "100%",
     ]
@@ -209,29 +225,30 @@ def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.Comp
 def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
     done = run_mix_stage(tmp_path, pools, samples=100000)
     assert done.returncode == 1 and not (tmp_path / "mixed/train.jsonl").exists()
-    assert "samples=100000 asks for 100000 train prompts; the datasets supply 1104" in done.stderr
+    # 223 train rows are twins of the 12 eval prompts (36 exact, 187 template), kept out of train
+    assert "samples=100000 asks for 100000 train prompts; the datasets supply 881" in done.stderr
     assert "sharegpt ran out before giving its share of the weights" in done.stderr
     rows = {
         line.split()[0]: line.split()[1:]
         for line in done.stderr.splitlines()
         if line.startswith("  ")
     }
-    assert rows["messages"] == ["50%", "50000", "594", "6", "588", "53%"]
-    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "516", "47%"]
-    for line in ("at most 1032 keeps the weights", "mix.allow_shortfall: true"):
+    assert rows["messages"] == ["50%", "50000", "594", "6", "101", "487", "55%"]
+    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "122", "394", "45%"]
+    for line in ("at most 788 keeps the weights", "mix.allow_shortfall: true"):
         assert line in done.stderr, done.stderr
     done = run_mix_stage(tmp_path, pools, samples=100000, mix_extra=", allow_shortfall: true")
     assert done.returncode == 0, done.stderr
     assert "SHORTFALL accepted (mix.allow_shortfall: true)" in done.stderr
     report = json.loads((tmp_path / "reports/mix.json").read_text())
     assert (
-        report["train"]["rows"] == 1104
+        report["train"]["rows"] == 881
         and report["allow_shortfall"]
         and not report["weights_honoured"]
     )
-    assert report["per_dataset"]["messages"]["share"] == round(588 / 1104, 4)
+    assert report["per_dataset"]["messages"]["share"] == round(487 / 881, 4)
     assert (
-        json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 1104
+        json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 881
     )  # what evaluate plots
 
 
@@ -333,6 +350,8 @@ def test_property_prefix_stable_and_eval_disjoint(case):
     assert not set(train_ids) & set(eval_ids) and len(set(train_ids)) == len(train_ids)
     contents = [content_hash(r["messages"], r["tools"]) for r in train_m + eval_m]
     assert len(set(contents)) == len(contents)  # no conversation twice, across datasets too
+    eval_turns = {first_user_turn(r) for r in eval_m}
+    assert not [r for r in train_m if first_user_turn(r) in eval_turns]  # held out by content
     for name, cap in caps.items():
         assert report["train"]["by_source"].get(name, 0) <= cap
     assert {r["source"] for r in train_m + eval_m} <= {name for name, w in weights.items() if w > 0}
@@ -359,3 +378,62 @@ def test_reports_break_sources_down_by_the_rows_own_source():
         "by_source_detail"
         not in mix({"plain": make_pool("plain", 60)}, {"plain": 1}, 40, 10)[2]["train"]
     )
+
+
+def first_user_turn(row: dict) -> str:
+    """The test's own reading of a prompt: system and first user message, and the tools' names,
+    case and spacing ignored."""
+    first = next(i for i, m in enumerate(row["messages"]) if m["role"] == "user")
+    turn = [m["content"] for m in row["messages"][: first + 1]]
+    tools = [t["function"]["name"] for t in row["tools"] or []]
+    return " ".join(" | ".join(turn + tools).lower().split())
+
+
+def test_eval_is_held_out_by_content_not_only_by_id(pools):
+    """The bundled sets are templated: at the default (600 train, 24 eval) 4 eval prompts had an exact
+    first-turn twin in train and 12 a template twin (digits masked). None may reach train."""
+    weights = {"messages": 0.5, "sharegpt": 0.5}
+    train, eval_rows, report = mix(pools, weights, 600)
+    masked = lambda row: re.sub(r"\d+", "0", first_user_turn(row))  # noqa: E731
+    train_turns, train_masked = {first_user_turn(r) for r in train}, {masked(r) for r in train}
+    assert not [r for r in eval_rows if first_user_turn(r) in train_turns]
+    assert not [r for r in eval_rows if masked(r) in train_masked]
+    assert len(train) == 600 and report["shortfall"]["train"] == 0  # others took the twins' places
+    holdout = report["holdout"]
+    assert holdout["eval_with_twin_in_train"] == {"exact": 0, "template": 0}
+    assert (
+        holdout["train_rows_skipped"]["exact"] > 0 and holdout["train_rows_skipped"]["template"] > 0
+    )
+    # holdout: exact keeps the template twins, and says how many eval prompts have one
+    train_x, eval_x, report_x = mix_datasets(pools, weights, 600, 24, 1024, 0, None, "exact")
+    assert eval_x == eval_rows
+    exact = lambda row: (json.dumps(row["messages"][:-1]), json.dumps(row["tools"]))  # noqa: E731
+    assert not {exact(r) for r in eval_x if len(r["messages"]) == 2} & {exact(r) for r in train_x}
+    own_count = sum(masked(r) in {masked(t) for t in train_x} for r in eval_x)
+    assert report_x["holdout"]["eval_with_twin_in_train"]["template"] == own_count >= 10
+
+
+def test_holdout_keeps_prefix_stability_and_weights(pools):
+    weights = {"messages": 0.75, "sharegpt": 0.25}
+    train_50, eval_50, _ = mix(pools, weights, 50)
+    train_500, eval_500, report = mix(pools, weights, 500)
+    assert train_500[:50] == train_50 and eval_50 == eval_500
+    assert abs(report["train"]["by_source"]["messages"] / 500 - 0.75) < 0.02
+    with pytest.raises(ValueError, match="mix.holdout must be one of"):
+        mix_datasets(pools, weights, 50, 24, 1024, 0, None, "fuzzy")
+
+
+def test_mix_stage_fails_when_eval_keeps_template_twins(tmp_path, pools):
+    done = run_mix_stage(tmp_path, pools, mix_extra=", holdout: exact")
+    assert done.returncode == 1 and not (tmp_path / "mixed/train.jsonl").exists()
+    assert "share a template (digits masked) with a train prompt" in done.stderr
+    assert "mix.max_template_twin_share=0.25" in done.stderr
+    done = run_mix_stage(tmp_path, pools, mix_extra=", holdout: exact, max_template_twin_share: 1")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "reports/mix.json").read_text())["holdout"]
+    assert report["rule"] == "exact" and report["eval_with_twin_in_train"]["exact"] == 0
+    assert 0 < report["template_twin_share"] <= 1
+    done = run_mix_stage(tmp_path, pools)  # the default rule
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "reports/mix.json").read_text())["holdout"]
+    assert report["template_twin_share"] == 0 and report["rule"] == "template"
