@@ -334,6 +334,9 @@ class MixConfig(Section):
     # Most train prompts a dataset may give (its eval rows aside); then the others fill in. Prefix-stable.
     caps: dict[str, int] = {}
     eval_samples: int = Field(32, ge=1)  # held-out prompts for evaluate/benchmark
+    # held-out prompts for choosing (recipes, experiments: `evaluate_dev`), disjoint from eval by
+    # content; 0 = no dev split
+    dev_samples: int = Field(0, ge=0)
     long_threshold_tokens: int = Field(1024, ge=1)  # prompts above this go to the `long` partition
     # false: fail when the datasets cannot supply `samples` / eval_samples at the weights (numbers per
     # dataset); true: take what there is, and record the rows drawn and the shares they came out at
@@ -870,7 +873,9 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     DatasetSpec: _names(
         "preset path format split name revision fields parse_markup max_rows max_prompt_tokens scripts"
     ),
-    MixConfig: _names("weights caps eval_samples long_threshold_tokens allow_shortfall holdout"),
+    MixConfig: _names(
+        "weights caps eval_samples dev_samples long_threshold_tokens allow_shortfall holdout"
+    ),
     RegeneratePartition: _names(
         "max_context"
     ),  # cuts max_tokens, ends a conversation whose prompt does not fit

@@ -241,11 +241,40 @@ def mix_datasets(
     caps: dict[str, int] | None = None,
     holdout: str = "template",
 ) -> tuple[list[dict], list[dict], dict]:
-    """(train, eval, report) from prepared records per dataset; see the module docstring for the rule.
+    """(train, eval, report) of a mix without a dev split (mix_splits)."""
+    splits, report = mix_splits(
+        pools, weights, samples, eval_samples, 0, long_threshold_tokens, seed, caps, holdout
+    )
+    return splits["train"], splits["eval"], report
+
+
+def next_rows(
+    ordered: dict[str, list[dict]], weights: dict[str, float], starts: dict[str, int], n: int
+) -> tuple[list[dict], dict[str, int]]:
+    """The next n rows of the merged sequence of `ordered` (numbered from `starts`), and how many
+    of each dataset's rows they took: always a prefix of its list."""
+    rows = list(islice(merge_by_weight(ordered, weights, starts), n))
+    taken = {id(row) for row in rows}
+    return rows, {name: sum(id(row) in taken for row in part) for name, part in ordered.items()}
+
+
+def mix_splits(
+    pools: dict[str, list[dict]],
+    weights: dict[str, float],
+    samples: int,
+    eval_samples: int,
+    dev_samples: int,
+    long_threshold_tokens: int,
+    seed: int,
+    caps: dict[str, int] | None = None,
+    holdout: str = "template",
+) -> tuple[dict[str, list[dict]], dict]:
+    """({"train", "eval", "dev"}: rows, report) from prepared records per dataset; see the module
+    docstring for the rule.
 
     Fewer rows than requested is not an error here: everything is taken, and the report has the
     numbers per dataset for the stage to decide (`shortfall_problems`). A train split left empty
-    (every row went to eval) or a cap naming no dataset raises ValueError.
+    (every row went to eval and dev) or a cap naming no dataset raises ValueError.
     """
     caps = caps or {}
     if holdout not in HOLDOUT_RULES:
@@ -258,44 +287,57 @@ def mix_datasets(
     pools, copies = drop_cross_duplicates(pools)
     pools, renamed = make_ids_unique(pools)
     ordered = {name: seeded_order(rows, name, seed) for name, rows in pools.items()}
-    eval_rows = list(islice(merge_by_weight(ordered, weights), eval_samples))
-    # A dataset's eval rows are a prefix of its ordered rows. Train merges the rest of each, less
-    # the twins of eval prompts, numbered on from eval: with no twin skipped this is the sequence
-    # continued, and a skipped twin is replaced by its own dataset's next row (shares hold).
-    eval_ids = {id(row) for row in eval_rows}
-    in_eval = {name: sum(id(row) in eval_ids for row in rows) for name, rows in ordered.items()}
+    # Each split takes a prefix of what is left of every dataset; what follows it is merged on,
+    # numbered from where the split left each dataset, less the twins of the prompts held out so
+    # far: with no twin skipped this is the one merged sequence continued, and a skipped twin's
+    # place goes to its own dataset's next row (shares hold).
     skipped = {name: Counter() for name in ordered}
-    rest = {
-        name: list(without_eval_twins(rows[in_eval[name] :], eval_rows, holdout, skipped[name]))
-        for name, rows in ordered.items()
-    }
-    sequence = merge_by_weight(rest, weights, starts=in_eval)
+    starts = dict.fromkeys(ordered, 0)
+    held: list[dict] = []
+
+    def take(n: int) -> list[dict]:
+        nonlocal ordered
+        rows, counts = next_rows(ordered, weights, starts, n)
+        held.extend(rows)
+        for name in ordered:
+            starts[name] += counts[name]
+        ordered = {
+            name: list(without_eval_twins(part[counts[name] :], held, holdout, skipped[name]))
+            for name, part in ordered.items()
+        }
+        return rows
+
+    eval_rows = take(eval_samples)
+    dev = take(dev_samples) if dev_samples else []
+    sequence = merge_by_weight(ordered, weights, starts)
     train = tag_partition(list(islice(under_caps(sequence, caps), samples)), long_threshold_tokens)
     eval_rows = tag_partition(eval_rows, long_threshold_tokens)
+    dev = tag_partition(dev, long_threshold_tokens)
     if not train:
         raise ValueError(
-            f"mix: no rows left for train; {len(eval_rows)} rows all went to eval "
-            f"(eval_samples={eval_samples})"
+            f"mix: no rows left for train; {len(eval_rows)} rows went to eval and {len(dev)} to "
+            f"dev (eval_samples={eval_samples}, dev_samples={dev_samples})"
         )
     total = sum(weights[name] for name in pools)
     train_counts = Counter(row["source"] for row in train)
-    eval_counts = Counter(row["source"] for row in eval_rows)
     per_dataset = dataset_table(
         pools,
         {name: weights[name] / total for name in pools},
         caps,
         samples,
         train_counts,
-        eval_counts,
+        Counter(row["source"] for row in eval_rows),
+        Counter(row["source"] for row in dev),
         {name: sum(c.values()) for name, c in skipped.items()},
     )
     skipped_total = sum(skipped.values(), Counter())
     report = {
-        "requested": {"train": samples, "eval": eval_samples},
+        "requested": {"train": samples, "eval": eval_samples, "dev": dev_samples},
         "weights": {name: weights[name] / total for name in sorted(pools)},
         "available": {name: len(rows) for name, rows in sorted(pools.items())},
         "train": split_counts(train),
         "eval": split_counts(eval_rows),
+        "dev": split_counts(dev),
         "caps": {name: caps[name] for name in sorted(caps) if name in pools},
         "capped": sorted(
             name for name in pools if name in caps and train_counts.get(name, 0) >= caps[name]
@@ -313,14 +355,21 @@ def mix_datasets(
                 "template": skipped_total["template"],
             },
             "eval_with_twin_in_train": twin_overlap(train, eval_rows),
+            "dev_with_twin_in_train": twin_overlap(train, dev),
+            "eval_with_twin_in_dev": twin_overlap(dev, eval_rows),
             "eval": len(eval_rows),
+            "dev": len(dev),
         },
-        "shortfall": {"train": samples - len(train), "eval": eval_samples - len(eval_rows)},
+        "shortfall": {
+            "train": samples - len(train),
+            "eval": eval_samples - len(eval_rows),
+            "dev": dev_samples - len(dev),
+        },
         "per_dataset": per_dataset,
         "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
         "max_samples_at_weights": max_samples_at_weights(per_dataset),
     }
-    return train, eval_rows, report
+    return {"train": train, "eval": eval_rows, "dev": dev}, report
 
 
 def dataset_table(
@@ -330,10 +379,11 @@ def dataset_table(
     samples: int,
     train_counts: Counter,
     eval_counts: Counter,
+    dev_counts: Counter,
     twins: dict[str, int],
 ) -> dict[str, dict]:
     """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
-    cross-dataset duplicates), rows drawn for eval, twins of eval prompts kept out of train, rows
+    cross-dataset duplicates), rows drawn for eval and dev, twins of those kept out of train, rows
     drawn for train, the realised train share, and whether it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
     share the rest by weight; one drawn more than one row short of that ran out (the others filled in)."""
     drawn = sum(train_counts.values())
@@ -356,6 +406,7 @@ def dataset_table(
             "available": len(pools[name]),
             "train": got,
             "eval": eval_counts.get(name, 0),
+            "dev": dev_counts.get(name, 0),
             "twins": twins.get(name, 0),
             "share": round(got / drawn, 4) if drawn else 0.0,
             "capped": name in caps,
@@ -366,7 +417,8 @@ def dataset_table(
 
 
 def max_samples_at_weights(table: dict[str, dict]) -> int:
-    """The largest `samples` the uncapped datasets supply at their weights (eval rows aside)."""
+    """The largest `samples` the uncapped datasets supply at their weights (eval, dev and their
+    twins aside)."""
     open_rows = {
         name: row for name, row in table.items() if not row["capped"] and row["weight"] > 0
     }
@@ -375,7 +427,8 @@ def max_samples_at_weights(table: dict[str, dict]) -> int:
     share_sum = sum(row["weight"] for row in open_rows.values())
     return int(
         min(
-            (row["available"] - row["eval"] - row["twins"]) / (row["weight"] / share_sum)
+            (row["available"] - row["eval"] - row["dev"] - row["twins"])
+            / (row["weight"] / share_sum)
             for row in open_rows.values()
         )
     )
@@ -405,31 +458,47 @@ def shortfall_problems(report: dict) -> list[str]:
 
 
 def holdout_problem(holdout: dict, max_template_twin_share: float) -> str | None:
-    """Why the held-out eval is not held out (twins left in train), or None."""
-    overlap, n = holdout["eval_with_twin_in_train"], max(holdout["eval"], 1)
-    holdout["template_twin_share"] = round(overlap["template"] / n, 4)
+    """Why the held-out eval or dev split is not held out (twins left in train, or eval twins in
+    dev), or None; records each split's template twin share in `holdout`."""
     holdout["max_template_twin_share"] = max_template_twin_share
-    if overlap["exact"]:
-        return f"mix: {overlap['exact']} eval prompts have an exact twin in train (a bug: they are skipped)"
-    if overlap["template"] / n > max_template_twin_share:
-        return (
-            f"mix: {overlap['template']} of {holdout['eval']} eval prompts "
-            f"({overlap['template'] / n:.0%}) share a template (digits masked) with a train prompt, "
-            f"above mix.max_template_twin_share={max_template_twin_share}: the eval split measures "
-            "recall of templates. Set mix.holdout: template (skips them from train) or raise the share."
-        )
-    return None
+    problems = []
+    for split, other, key, share_key in (
+        ("eval", "train", "eval_with_twin_in_train", "template_twin_share"),
+        ("dev", "train", "dev_with_twin_in_train", "dev_template_twin_share"),
+        ("eval", "dev", "eval_with_twin_in_dev", "eval_dev_template_twin_share"),
+    ):
+        overlap, n = holdout[key], holdout[split]
+        share = overlap["template"] / n if n else 0.0
+        holdout[share_key] = round(share, 4)
+        if overlap["exact"]:
+            problems.append(
+                f"{overlap['exact']} {split} prompts have an exact twin in {other} (a bug: twins "
+                "are skipped)"
+            )
+        elif share > max_template_twin_share:
+            problems.append(
+                f"{overlap['template']} of {n} {split} prompts ({share:.0%}) share a template "
+                f"(digits masked) with a {other} prompt, above "
+                f"mix.max_template_twin_share={max_template_twin_share}"
+            )
+    if not problems:
+        return None
+    return (
+        f"mix: {'; '.join(problems)}. A held-out split that repeats the templates it is compared "
+        "with measures recall: set mix.holdout: template (skips them) or raise the share."
+    )
 
 
 def shortfall_table(report: dict) -> str:
     """The per-dataset numbers as an aligned text table."""
     width = max(len("dataset"), *(len(n) for n in report["per_dataset"]))
-    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  twins  train  share"]
+    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  dev  twins  train  share"]
     for name, row in report["per_dataset"].items():
         cap = " (capped)" if row["capped"] else ""
         lines.append(
             f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
-            f"{row['eval']:>4}  {row['twins']:>5}  {row['train']:>5}  {row['share']:>5.0%}{cap}"
+            f"{row['eval']:>4}  {row['dev']:>3}  {row['twins']:>5}  {row['train']:>5}  "
+            f"{row['share']:>5.0%}{cap}"
         )
     return "\n".join(lines)
 
@@ -480,6 +549,7 @@ class Mixed:
 
     train: list[dict]
     eval: list[dict]
+    dev: list[dict]
     report: dict
     paths: dict[str, Path]  # dataset -> its prepared file (full_records reads the chosen rows back)
     inputs: dict[str, str]  # dataset -> sha256 of its prepared file
@@ -514,16 +584,18 @@ def mix_prepared(
             key: stats.get(key)
             for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")
         }
-    train, eval_rows, report = mix_datasets(
+    splits, report = mix_splits(
         pools,
         cfg.weights,
         samples,
         cfg.eval_samples,
+        cfg.dev_samples,
         cfg.long_threshold_tokens,
         seed,
         cfg.caps,
         cfg.holdout,
     )
+    train, eval_rows = splits["train"], splits["eval"]
     if problem := holdout_problem(report["holdout"], cfg.max_template_twin_share):
         raise ValueError(problem)
     report["allow_shortfall"] = cfg.allow_shortfall
@@ -532,7 +604,8 @@ def mix_prepared(
         shortfall = (
             f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
             f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them "
-            "first; twins: rows kept out of train as twins of eval prompts, mix.holdout)"
+            "first, then dev; twins: rows kept out of train as twins of eval and dev prompts, "
+            "mix.holdout)"
         )
         if not cfg.allow_shortfall:
             raise ValueError(
@@ -544,4 +617,4 @@ def mix_prepared(
     reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
     report["prepare"] = prepared
     report["dropped_by_reason"] = dict(sorted((+reasons).items(), key=lambda kv: (-kv[1], kv[0])))
-    return Mixed(train, eval_rows, report, paths, inputs, shortfall)
+    return Mixed(train, eval_rows, splits["dev"], report, paths, inputs, shortfall)

@@ -1,6 +1,11 @@
 """Stage `evaluate`: real and simulated acceptance of the draft on the held-out eval prompts.
 
     python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json reports/evaluate
+    python -m stages.evaluate models/target/card.json models/draft datasets/prompts/dev.jsonl reports/acceptance_dev.json reports/evaluate_dev --allow-empty
+
+The second is stage `evaluate_dev`: the same measurement on the dev split (`mix.dev_samples`), the
+one to choose recipes and experiments by, so that the eval split stays a test nobody tuned to;
+with `--allow-empty` an empty prompts file (dev_samples: 0) gives a report of 0 prompts.
 
 reports/evaluate/ holds the plot data: acceptance length against the train prompts `mix` drew (one
 point per run, so `dvc plots diff` over experiments draws the scaling curve; it reads their count
@@ -25,12 +30,27 @@ from draftline.config import stage_params
 from draftline.threads import apply_thread_policy
 
 
-def main(card_path: str, draft_dir: str, eval_path: str, report_path: str, plots_dir: str) -> None:
+def main(
+    card_path: str,
+    draft_dir: str,
+    eval_path: str,
+    report_path: str,
+    plots_dir: str,
+    *flags: str,
+) -> None:
+    if unknown := sorted(set(flags) - {"--allow-empty"}):
+        raise SystemExit(f"error: unknown options {unknown}; known: --allow-empty")
     params = stage_params()
     apply_thread_policy("evaluate")  # before torch loads: draftline/threads.py
     cfg = params.evaluate
     from draftline.evaluation import evaluate_draft
-    from draftline.io import write_json, write_metrics
+    from draftline.io import read_jsonl, write_json, write_metrics
+
+    if "--allow-empty" in flags and not any(True for _ in read_jsonl(eval_path)):
+        print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
+        write_metrics(report_path, {"prompts": 0}, ["prompts"])
+        Path(plots_dir).mkdir(parents=True, exist_ok=True)
+        return
 
     card = TargetCard.load(card_path)
     run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)

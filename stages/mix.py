@@ -1,9 +1,10 @@
-"""Stage `mix`: prepared datasets → the weighted, prefix-stable train split and a held-out eval split.
+"""Stage `mix`: prepared datasets → the weighted, prefix-stable train split, a held-out eval split
+(reported: evaluate, benchmark) and a held-out dev split (for choosing: evaluate_dev).
 
     python -m stages.mix datasets/prepared reports/prepare datasets/prompts reports/mix.json
 
 Reads PREPARED_DIR/<name>.jsonl and PREPARE_REPORTS/<name>.json for every dataset in params.yaml
-and writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl (records of draftline/formats.py plus
+and writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl, OUT_DIR/dev.jsonl (records of draftline/formats.py plus
 "partition": short|long), OUT_DIR/meta.json and a report: rows per source and partition, caps,
 cross-dataset duplicates, and every dataset's drop counts by reason. Uses `samples`, `seed` and
 `mix.*`; the rule is in draftline/mixing.py.
@@ -42,16 +43,19 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
     report, out = mixed.report, Path(out_dir)
     write_jsonl(out / "train.jsonl", full_records(mixed.train, mixed.paths))
     write_jsonl(out / "eval.jsonl", full_records(mixed.eval, mixed.paths))
+    write_jsonl(out / "dev.jsonl", full_records(mixed.dev, mixed.paths))
     write_json(report_json, report)
     write_meta(
         out,
         "mix",
         {"samples": params.samples, "seed": params.seed, "mix": cfg.model_dump()},
         inputs=mixed.inputs,
-        counts={"train": len(mixed.train), "eval": len(mixed.eval)},
+        counts={"train": len(mixed.train), "eval": len(mixed.eval), "dev": len(mixed.dev)},
     )
     print(
-        f"mix: train {len(mixed.train)} {report['train']['by_source']}, eval {len(mixed.eval)}; "
+        f"mix: train {len(mixed.train)} {report['train']['by_source']}, eval {len(mixed.eval)}, "
+        f"dev {len(mixed.dev)}; twins of them kept out of train "
+        f"{sum(report['holdout']['train_rows_skipped'].values())}; "
         f"duplicates dropped {report['duplicates_dropped']['total']}"
         + (f"; capped {report['capped']}" if report["capped"] else "")
     )

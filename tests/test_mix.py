@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftline.formats import content_hash, prepare_records
-from draftline.mixing import mix_datasets, shortfall_problems, shortfall_table
+from draftline.mixing import mix_datasets, mix_splits, shortfall_problems, shortfall_table
 from draftline.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,10 +91,10 @@ def test_dataset_that_runs_out_stops_and_shortfall_is_reported():
     train, eval_rows, report = mix(
         {"small": small, "big": big}, {"small": 0.5, "big": 0.5}, 200, eval_samples=10
     )
-    assert len(train) == 200 and report["shortfall"] == {"train": 0, "eval": 0}
+    assert len(train) == 200 and report["shortfall"] == {"train": 0, "eval": 0, "dev": 0}
     assert report["train"]["by_source"] == {"big": 175, "small": 25}  # 5 of small's 30 went to eval
     train, eval_rows, report = mix({"small": small}, {"small": 1}, 200, eval_samples=10)
-    assert len(train) == 20 and report["shortfall"] == {"train": 180, "eval": 0}
+    assert len(train) == 20 and report["shortfall"] == {"train": 180, "eval": 0, "dev": 0}
     with pytest.raises(ValueError, match="no rows left for train"):
         mix({"small": small}, {"small": 1}, 200, eval_samples=30)
 
@@ -142,6 +142,7 @@ def test_shortfall_is_worded_with_numbers_per_dataset():
         "available": 30,
         "train": 25,
         "eval": 5,
+        "dev": 0,
         "twins": 0,
         "share": 0.125,
         "capped": False,
@@ -170,6 +171,7 @@ def test_shortfall_is_worded_with_numbers_per_dataset():
         "200",
         "30",
         "10",
+        "0",
         "0",
         "20",
         "100%",
@@ -233,8 +235,8 @@ def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
         for line in done.stderr.splitlines()
         if line.startswith("  ")
     }
-    assert rows["messages"] == ["50%", "50000", "594", "6", "101", "487", "55%"]
-    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "122", "394", "45%"]
+    assert rows["messages"] == ["50%", "50000", "594", "6", "0", "101", "487", "55%"]
+    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "0", "122", "394", "45%"]
     for line in ("at most 788 keeps the weights", "mix.allow_shortfall: true"):
         assert line in done.stderr, done.stderr
     done = run_mix_stage(tmp_path, pools, samples=100000, mix_extra=", allow_shortfall: true")
@@ -437,3 +439,88 @@ def test_mix_stage_fails_when_eval_keeps_template_twins(tmp_path, pools):
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "reports/mix.json").read_text())["holdout"]
     assert report["template_twin_share"] == 0 and report["rule"] == "template"
+
+
+def test_dev_split_is_held_out_from_train_and_eval(pools):
+    """mix.dev_samples: a second held-out split, taken right after eval, for choosing recipes; no
+    exact or template twin of a dev prompt in train, none of an eval prompt in dev; with 0 the
+    mix is exactly the mix without one."""
+    weights = {"messages": 0.5, "sharegpt": 0.5}
+    splits, report = mix_splits(pools, weights, 300, 24, 12, 1024, 0)
+    train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
+    assert len(dev) == 12 and len(eval_rows) == 24 and len(train) == 300
+    masked = lambda row: re.sub(r"\d+", "0", first_user_turn(row))  # noqa: E731
+    assert not {masked(r) for r in dev} & {masked(r) for r in train}
+    assert not {masked(r) for r in eval_rows} & {masked(r) for r in dev + train}
+    assert not {r["id"] for r in dev} & {r["id"] for r in train + eval_rows}
+    assert report["dev"]["rows"] == 12 and report["requested"]["dev"] == 12
+    holdout = report["holdout"]
+    assert (
+        holdout["dev_with_twin_in_train"]
+        == holdout["eval_with_twin_in_dev"]
+        == {
+            "exact": 0,
+            "template": 0,
+        }
+    )
+    assert sum(row["dev"] for row in report["per_dataset"].values()) == 12
+    # eval does not move; train for a larger `samples` extends this one
+    assert splits_eval_only(pools, weights) == eval_rows
+    assert mix_splits(pools, weights, 400, 24, 12, 1024, 0)[0]["train"][:300] == train
+    no_dev, _ = mix_splits(pools, weights, 300, 24, 0, 1024, 0)
+    assert no_dev["dev"] == [] and no_dev["train"] == mix(pools, weights, 300)[0]
+    with pytest.raises(ValueError, match="815 to dev"):  # dev took every row left
+        mix_splits(pools, weights, 10, 24, 5000, 1024, 0)
+
+
+def splits_eval_only(pools, weights):
+    return mix(pools, weights, 10)[1]
+
+
+def test_mix_stage_writes_the_dev_split(tmp_path, pools):
+    done = run_mix_stage(tmp_path, pools, mix_extra=", dev_samples: 6")
+    assert done.returncode == 0, done.stderr
+    dev = [json.loads(line) for line in open(tmp_path / "mixed/dev.jsonl")]
+    meta = json.loads((tmp_path / "mixed/meta.json").read_text())
+    assert len(dev) == 6 == meta["counts"]["dev"] and "dev 6" in done.stdout
+    done = run_mix_stage(tmp_path, pools)
+    assert (tmp_path / "mixed/dev.jsonl").read_text() == ""  # no dev split: an empty file
+
+
+def test_evaluate_stage_reports_an_empty_dev_split(tmp_path):
+    """evaluate_dev with mix.dev_samples: 0: a report of 0 prompts, not a failure (and no target load)."""
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "dev.jsonl").write_text("")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            str(ROOT / "stages/evaluate.py"),
+            "missing-card.json",
+            "missing-draft",
+            "dev.jsonl",
+            "acceptance_dev.json",
+            "evaluate_dev",
+            "--allow-empty",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "acceptance_dev.json").read_text()) == {"prompts": 0}
+    assert (tmp_path / "evaluate_dev").is_dir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            str(ROOT / "stages/evaluate.py"),
+            *"a b dev.jsonl r p --bogus".split(),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "unknown options ['--bogus']" in done.stderr

@@ -205,7 +205,8 @@ def test_params_typo_in_train_keeps_the_draft(repo):
 # The README's staleness table: a change to these params makes exactly this stage stale (what
 # follows it reruns only when that stage's outputs change).
 STALENESS = [
-    ("samples", 170, "mix evaluate"),  # evaluate records samples with its result (scaling plot)
+    # evaluate and evaluate_dev record samples with their result (scaling plot)
+    ("samples", 170, "mix evaluate evaluate_dev"),
     ("seed", 1, "mix"),
     ("mix.eval_samples", 7, "mix"),
     ("target.tiny.lr", 0.002, "target"),
@@ -215,7 +216,7 @@ STALENESS = [
     ("vocab.draft_vocab_size", 200, "vocab"),
     ("hidden_states.token_budget", 4096, "hidden_states"),
     ("train.epochs", 3, "train"),
-    ("evaluate.k", 2, "evaluate"),
+    ("evaluate.k", 2, "evaluate evaluate_dev"),
     ("benchmark.repeats", 2, "benchmark"),
 ]
 
@@ -244,11 +245,18 @@ def test_train_param_change_stales_only_train_and_after(repo):
     params["train"]["lr"] = params["train"]["lr"] / 2
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(["dvc", "status", "--json"], repo))
-    assert "train" in status and set(status) <= {"check_params", "train", "evaluate", "benchmark"}
+    assert "train" in status and set(status) <= {
+        "check_params",
+        "train",
+        "evaluate",
+        "evaluate_dev",
+        "benchmark",
+    }
     assert stages_run(run(["dvc", "repro"], repo)) == {
         "check_params",
         "train",
         "evaluate",
+        "evaluate_dev",
         "benchmark",
     }
     git_commit(repo, "lr")
