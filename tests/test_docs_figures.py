@@ -128,3 +128,26 @@ def test_render_keeps_everything_outside_the_figures(tmp_path):
     root = doc_root(tmp_path, doc, VALUE_REPORTS)
     out, changed = render(doc, Reports(root))
     assert out == doc and changed == []
+
+
+def test_the_hs_formats_row_reads_the_file_once_make_overhead_commits_it(tmp_path):
+    reports = Reports(tmp_path)
+    assert "not in a committed file" in docs_figures._hs_formats_row(reports)[1]
+    formats = {
+        fmt: {"ratio_to_minimum": ratio, "argmax_agreement": 0.9998}
+        for fmt, ratio in (("bf16", 1.0096), ("fp8", 1.0211))
+    }
+    path = tmp_path / "reports" / "overhead" / "hs_format_tradeoffs.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps(
+            {
+                "hidden_size": 128,
+                "formats": formats,
+                "tau_sim_fp8_minus_bf16": -0.007,
+                "tau_sim_online_minus_offline_bf16": 0.0,
+            }
+        )
+    )
+    row = docs_figures._hs_formats_row(Reports(tmp_path))[1]
+    assert "fp8 1.0211 (H = 128)" in row and "fp8 - bf16 -0.0070" in row
