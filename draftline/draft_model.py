@@ -118,10 +118,12 @@ def init_layer_from_target(model, card: TargetCard, layer: int | str) -> str:
     The draft layer reads cat(norm(embedding), norm(hidden)): the target's q/k/v weights go to the
     hidden half (the embedding half keeps its random init, so the next token still gets in), o_proj,
     the MLP and both norms are copied (the target's input norm serves both halves). When `layer` is
-    an aux layer, the fc starts as the pass-through of the state entering it, so the draft begins as
-    that target layer applied to the target's own input to it (exactly so for the eagle3
-    architecture; speculators' norms also normalise the residual and the fc input, so there it is
-    that layer up to those norms). Returns a note for the report."""
+    an aux layer, the fc starts as the pass-through of the state entering it. That is a start, not
+    the target's computation: the draft at position p reads that state at position p-1 and predicts
+    token p+1 (the target layer at p-1 works towards token p), the random embedding half adds to
+    q/k/v, the target's later layers have no counterpart, and the draft's own norm before lm_head
+    starts at ones (the target's final norm is verifier_norm, for the teacher logits only).
+    Returns a note for the report."""
     from safetensors import safe_open
 
     from draftline.target import _checkpoint_file, checkpoint_weight_map

@@ -45,22 +45,40 @@ def mean(xs) -> float:
     return round(sum(xs) / len(xs), 4) if xs else 0.0
 
 
-def acceptance_summary(rounds: list[int], k: int) -> dict:
-    """Real acceptance from rounds of chain decoding (a+1 tokens emitted per round, 1..k+1).
-
-    position_acceptance[i]: share of rounds whose draft tokens 1..i were all accepted (vLLM's
-    per-position rate: accepted_per_pos / drafts); histogram[n]: rounds that emitted n tokens.
-    """
+def _per_position(rounds: list[int], k: int) -> dict[str, float]:
     n = len(rounds)
     return {
+        str(i): round(sum(1 for r in rounds if r - 1 >= i) / n, 4) if n else 0.0
+        for i in range(1, k + 1)
+    }
+
+
+def acceptance_summary(rounds: list[int], k: int, emitted: list[int] | None = None) -> dict:
+    """Real acceptance from rounds of chain decoding (a+1 tokens per round, 1..k+1).
+
+    acceptance_length: mean a+1 over the rounds, each counted whole (vLLM's 1 + accepted / drafts);
+    position_acceptance[i]: share of rounds whose draft tokens 1..i were all accepted (vLLM's
+    per-position rate: accepted_per_pos / drafts); histogram[n]: rounds with a+1 = n.
+    emitted (Generation.emitted_per_round, the same rounds): tokens each round actually added,
+    the last round of a prompt cut at eos or max_new_tokens. tokens_per_step = emitted tokens /
+    rounds, at most acceptance_length; emitted_position_acceptance and emitted_histogram count
+    the emitted tokens the same way, so tokens_per_step = 1 + sum of emitted_position_acceptance.
+    """
+    out = {
         "acceptance_length": mean(rounds),
-        "rounds": n,
-        "position_acceptance": {
-            str(i): round(sum(1 for r in rounds if r - 1 >= i) / n, 4) if n else 0.0
-            for i in range(1, k + 1)
-        },
+        "rounds": len(rounds),
+        "position_acceptance": _per_position(rounds, k),
         "histogram": {str(t): sum(1 for r in rounds if r == t) for t in range(1, k + 2)},
     }
+    if emitted is not None:
+        if len(emitted) != len(rounds) or any(not 1 <= e <= r for e, r in zip(emitted, rounds)):
+            raise ValueError("emitted: one count per round, 1 <= emitted <= a+1")
+        out["tokens_per_step"] = mean(emitted)
+        out["emitted_position_acceptance"] = _per_position(emitted, k)
+        out["emitted_histogram"] = {
+            str(t): sum(1 for e in emitted if e == t) for t in range(1, k + 2)
+        }
+    return out
 
 
 # ---- simulated acceptance (tau_sim) from teacher-forced accuracy ----------------------------
@@ -171,10 +189,12 @@ def mixed_train_count(eval_path: str | Path, samples: int) -> int:
 
 
 def per_source_report(groups, k: int) -> dict:
-    """Acceptance length, tau_sim and prompt count of each (name, group of prompts), in that order."""
+    """Acceptance length, tokens per step, tau_sim and prompt count of each (name, group of
+    prompts), in that order."""
     return {
         name: {
             "acceptance_length": mean(s["rounds"]),
+            "tokens_per_step": mean(s["emitted"]),
             "tau_sim": simulated_acceptance(s["sums"], k)["tau_sim"],
             "prompts": s["prompts"],
         }
@@ -219,10 +239,10 @@ def evaluate_draft(
     )
     fp8 = trained_on.get("format") == "fp8"
     sums_stored = {}
-    rounds_all, sums_all, mismatches, near_ties = [], {}, [], []
-    per_source = defaultdict(lambda: {"rounds": [], "sums": {}, "prompts": 0})
+    rounds_all, emitted_all, sums_all, mismatches, near_ties = [], [], {}, [], []
+    per_source = defaultdict(lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0})
     per_detail = defaultdict(
-        lambda: {"rounds": [], "sums": {}, "prompts": 0}
+        lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
     )  # (dataset, its row's own source)
     generated = 0
     for row in track(rows, description="evaluate"):
@@ -254,9 +274,11 @@ def evaluate_draft(
             groups.append(per_detail[(row.get("source", "?"), row["source_detail"])])
         for src in groups:
             src["rounds"].extend(spec.accepted_per_round)
+            src["emitted"].extend(spec.emitted_per_round)
             src["prompts"] += 1
             add_sums(src["sums"], sums)
         rounds_all.extend(spec.accepted_per_round)
+        emitted_all.extend(spec.emitted_per_round)
         add_sums(sums_all, sums)
         generated += len(plain.tokens)
     if mismatches:
@@ -271,18 +293,21 @@ def evaluate_draft(
             f"logits (<= {tie_tolerance} in {cfg.dtype}; ids {near_ties[:5]}); counted as near_tie_divergences"
         )
 
-    real = acceptance_summary(rounds_all, cfg.k)
+    real = acceptance_summary(rounds_all, cfg.k, emitted_all)
     sim = simulated_acceptance(sums_all, cfg.k)
     report = {
         "acceptance_length": real["acceptance_length"],
         "tau_sim": sim["tau_sim"],
+        "tokens_per_step": real["tokens_per_step"],
         "k": cfg.k,
         "prompts": len(rows),
         "generated_tokens": generated,
         "rounds": real["rounds"],
         "position_acceptance": real["position_acceptance"],
+        "emitted_position_acceptance": real["emitted_position_acceptance"],
         "sim_position_accuracy": sim["position_accuracy"],
         "histogram": real["histogram"],
+        "emitted_histogram": real["emitted_histogram"],
         "per_source": per_source_report(sorted(per_source.items()), cfg.k),
         **(
             {
@@ -301,6 +326,7 @@ def evaluate_draft(
         report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
     print(
         f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
+        f"{report['tokens_per_step']:.3f} tokens emitted per step, "
         f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}"
     )
     return EvaluationRun(

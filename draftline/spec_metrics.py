@@ -4,11 +4,15 @@
   `vllm:spec_decode_num_drafts`, `vllm:spec_decode_num_draft_tokens`,
   `vllm:spec_decode_num_accepted_tokens`, `vllm:spec_decode_num_accepted_tokens_per_pos`
   (label `position`), exported with a `_total` suffix and labels model_name/engine. Mean
-  acceptance length = 1 + accepted / drafts; per-position rate = accepted_per_pos / drafts.
+  acceptance length = 1 + accepted / drafts; per-position rate = accepted_per_pos / drafts. The
+  scheduler counts a step's accepted tokens before it cuts the output at a stop, so tokens
+  accepted past eos / max_tokens count: the evaluate stage's `acceptance_length`.
 - SGLang (TokenizerManager, meta_info of each finished request): `completion_tokens`,
   `spec_verify_ct`; acceptance length = completion_tokens / spec_verify_ct (SGLang's own
-  `spec_accept_length`); newer versions add `spec_accept_histogram` (verify steps by number of
-  accepted drafts), from which per-position rates follow.
+  `spec_accept_length`): tokens emitted per verification, cut at the stop, with the prefill's
+  first token in completion_tokens (the evaluate stage's `tokens_per_step` counts without it);
+  newer versions add `spec_accept_histogram` (verify steps by number of accepted drafts), from
+  which per-position rates follow. docs/evaluation.md compares the counts.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from transformers import DynamicCache
 class Generation:
     tokens: list[int]
     target_forwards: int = 0  # verification forwards (prefill excluded)
-    accepted_per_round: list[int] = field(default_factory=list)  # a+1 per round
+    accepted_per_round: list[int] = field(default_factory=list)  # a+1 per round, before any cut
     seconds: float = 0.0
     margins: list[float] = field(
         default_factory=list
@@ -36,6 +36,16 @@ class Generation:
     def acceptance_length(self) -> float:
         rounds = self.accepted_per_round
         return sum(rounds) / len(rounds) if rounds else 0.0
+
+    @property
+    def emitted_per_round(self) -> list[int]:
+        """Tokens each round actually added to the output: a+1, except in the last round, which
+        loses what lies past eos or max_new_tokens (only the last can: the loop stops there).
+        `tokens` also holds the prefill's token, which no round verified."""
+        emitted = list(self.accepted_per_round)
+        if emitted:
+            emitted[-1] -= 1 + sum(emitted) - len(self.tokens)
+        return emitted
 
 
 def _keep_first(cache, n: int) -> None:

@@ -6,6 +6,9 @@
 #     bash scripts/recipe_smollm2.sh L27-500    # one of them
 #     dvc exp show --md --only-changed          # the comparison table
 #
+# After each run its headline figures go to reports/recipe_smollm2/ (draftline/recipe_record.py);
+# `make docs-figures` then regenerates docs/recipe_smollm2.md from them.
+#
 # They run in the workspace, one after the other, not `dvc exp run --queue`: `regenerate` and
 # `hidden_states` have persist outputs, so a queued experiment (a fresh copy of the repository)
 # would regenerate and extract everything again. In the workspace each one reuses what is there:
@@ -51,6 +54,13 @@ run() { # run NAME: one experiment in the workspace
     ;;
   esac
   dvc exp run -n "$name" "${SMOLLM2_PARAMS[@]}" "$@"
+  # the run's own reports -> reports/recipe_smollm2/ (docs/recipe_smollm2.md is generated from it)
+  local record=()
+  case "$name" in
+  c125-*) record=(--no-benchmark) ;; # stopped at evaluate: reports/benchmark.json is an earlier run's
+  L27-*) record=(--samples-point) ;; # the recipe at 125 / 250 / 500: the acceptance-vs-samples plot
+  esac
+  python -m draftline.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"
 }
 
 if [[ $# -gt 0 ]]; then

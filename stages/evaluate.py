@@ -18,8 +18,11 @@ fails the stage). Simulated: tau_sim = 1 + sum of teacher-forced accuracies, fro
 TTT forward over the target's hidden states of prompt + its greedy completion (the same tokens the
 real decoder verified; the eval prompts have no stored hidden states). Both per source dataset, and
 per row source inside a dataset (`source_detail`, e.g. open-perfectblend's subsets) when rows have one.
-The metrics file holds the two headline figures; the whole report (per position, per source,
-histogram, prompts) is in acceptance.detail.json beside it.
+Acceptance length counts every verification step whole (a+1 tokens, vLLM's definition); tokens
+per step counts what each step added to the output, the last step of a prompt cut at eos or
+max_new_tokens (below the acceptance length when a prompt stops mid-step). The metrics file holds
+the three headline figures; the whole report (per position, per source, histograms, prompts) is in
+acceptance.detail.json beside it.
 """
 
 import sys
@@ -54,7 +57,7 @@ def main(
 
     card = TargetCard.load(card_path)
     run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)
-    write_metrics(report_path, run.report, ["acceptance_length", "tau_sim"])
+    write_metrics(report_path, run.report, ["acceptance_length", "tau_sim", "tokens_per_step"])
     for name, rows in run.plots.items():
         write_json(Path(plots_dir) / name, rows)
 

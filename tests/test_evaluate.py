@@ -117,6 +117,18 @@ def test_acceptance_summary_per_position_and_histogram():
     assert s["histogram"] == {"1": 1, "2": 1, "3": 1, "4": 2}
 
 
+def test_tokens_per_step_counts_what_the_steps_emitted():
+    # prompt 1 stopped mid-step in its last round (a+1 = 3, 1 emitted), prompt 2 at a step's end
+    rounds, emitted = [4, 4, 3, 2, 2], [4, 4, 1, 2, 2]
+    s = acceptance_summary(rounds, k=3, emitted=emitted)
+    assert s["acceptance_length"] == 3.0 and s["tokens_per_step"] == 2.6
+    assert s["emitted_position_acceptance"] == {"1": 0.8, "2": 0.4, "3": 0.4}
+    assert s["emitted_histogram"] == {"1": 1, "2": 2, "3": 0, "4": 2}
+    assert s["tokens_per_step"] == round(1 + sum(s["emitted_position_acceptance"].values()), 4)
+    with pytest.raises(ValueError):
+        acceptance_summary(rounds, k=3, emitted=[4, 4, 4, 2, 2])  # more than the round's a+1
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, dtype):
     from draftline.corpus import generate_conversations
@@ -160,7 +172,14 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     assert read_json(tmp_path / "acc.json") == {
         "acceptance_length": report["acceptance_length"],
         "tau_sim": report["tau_sim"],
+        "tokens_per_step": report["tokens_per_step"],
     }
+    assert 1.0 <= report["tokens_per_step"] <= report["acceptance_length"]
+    assert sum(report["emitted_histogram"].values()) == report["rounds"]
+    assert set(report["emitted_position_acceptance"]) == {"1", "2"}
+    assert all(
+        s["tokens_per_step"] <= s["acceptance_length"] for s in report["per_source"].values()
+    )
     assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
     assert (
         report["near_tie_divergences"] == 0

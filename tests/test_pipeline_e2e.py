@@ -143,7 +143,7 @@ def test_outputs_and_metrics(repo):
     assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0
     assert report(repo, "benchmark.detail.json")["outputs_identical"] is True
     # metrics files: the headline figures only (the detail files have the rest)
-    assert set(acceptance) == {"acceptance_length", "tau_sim"} and set(
+    assert set(acceptance) == {"acceptance_length", "tau_sim", "tokens_per_step"} and set(
         report(repo, "train.json")
     ) == {"val_tau_sim", "val_loss"}
     shown = json.dumps(metrics)

@@ -4,8 +4,8 @@ import torch
 
 from draftline.config import TIE_TOLERANCE
 from draftline.draft_model import build_draft
-from draftline.evaluation import compare_to_greedy
-from draftline.specdec import Generation, greedy_generate, speculative_generate
+from draftline.evaluation import acceptance_summary, compare_to_greedy
+from draftline.specdec import DraftRunner, Generation, greedy_generate, speculative_generate
 from draftline.target import load_target
 
 
@@ -34,6 +34,8 @@ def test_speculative_equals_greedy_with_untrained_draft(random_target, vocab_dir
                 spec.tokens
             )  # prefill gives the first token
             assert all(1 <= a <= k + 1 for a in spec.accepted_per_round)
+            assert sum(spec.emitted_per_round) + 1 == len(spec.tokens)
+            assert spec.emitted_per_round[:-1] == spec.accepted_per_round[:-1]
 
 
 def test_eos_stops_both(random_target, vocab_dir):
@@ -45,6 +47,29 @@ def test_eos_stops_both(random_target, vocab_dir):
     plain = greedy_generate(model, prompt, 30, eos_ids=stop)
     spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 30, 4, eos_ids=stop)
     assert plain.tokens == spec.tokens and plain.tokens[-1] in stop and len(plain.tokens) <= 6
+
+
+def test_a_prompt_cut_at_max_new_tokens_mid_step(monkeypatch, random_target, vocab_dir):
+    """A draft that always proposes the target's greedy tokens: every round accepts all k = 3 and
+    emits 4; max_new_tokens = 10 (prefill 1 + 4 + 4 + 1) keeps 1 of the third round's 4 tokens."""
+    model, _ = load_target(random_target)
+    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    prompt = [1, 40, 41, 42, 2, 1, 50]
+    greedy = greedy_generate(model, prompt, 30, eos_ids={-1}).tokens
+
+    def oracle(self, cache, next_inputs, aux, first_pos, k):
+        pending = first_pos + len(next_inputs) - len(prompt)  # index of x_{n+1} in the answer
+        return greedy[pending + 1 : pending + 1 + k]
+
+    monkeypatch.setattr(DraftRunner, "propose", oracle)
+    spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 10, 3, eos_ids={-1})
+    assert spec.tokens == greedy[:10]
+    assert spec.accepted_per_round == [4, 4, 4] and spec.emitted_per_round == [4, 4, 1]
+    summary = acceptance_summary(spec.accepted_per_round, 3, spec.emitted_per_round)
+    assert summary["acceptance_length"] == 4.0  # vLLM's count: every round whole
+    assert summary["tokens_per_step"] == 3.0  # 9 tokens emitted by 3 verification steps
+    # SGLang's accept_length: completion tokens (the prefill's included) / verify steps
+    assert len(spec.tokens) / spec.target_forwards == 10 / 3
 
 
 def test_compare_to_greedy_tells_near_ties_from_mismatches():

@@ -1,0 +1,667 @@
+"""Measured figures in the docs, generated from the committed JSON reports (`make docs-figures`).
+
+    python -m draftline.docs_figures            # rewrite every figure in README.md and docs/*.md
+    python -m draftline.docs_figures --check    # list the figures that differ from their JSON; exit 1
+
+A figure is the text between two HTML comments (invisible once rendered), in two forms:
+
+- a value inside a sentence: `<!-- fig FILE#POINTER FORMAT -->3.62<!-- /fig -->`. FILE is a JSON
+  file from the repository root, POINTER a JSON pointer into it (RFC 6901: `/levels/c256/ratio`;
+  `~1` stands for `/`), FORMAT the rule that prints it: a Python format spec (`.2f` two decimals,
+  `,d` an integer with a thousands separator, `.0%` a percentage), `yesno` for a boolean, `s` for
+  text. Nothing is rounded by hand.
+- a table: `<!-- figures:NAME:begin -->` ... `<!-- figures:NAME:end -->`, NAME one of FIGURES
+  below, which renders it from its JSON files (each column with its own format spec) and ends it
+  with a line naming those files and key paths.
+
+`--check` (tests/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
+edited without regenerating, a number edited by hand inside a figure, a key that is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC_GLOBS = ("README.md", "docs/*.md")
+
+VALUE = re.compile(
+    r"<!-- fig (?P<file>\S+)#(?P<pointer>\S*) (?P<fmt>\S+) -->(?P<body>[^\n]*?)<!-- /fig -->"
+)
+BLOCK = re.compile(
+    r"<!-- figures:(?P<name>[a-z0-9_]+):begin -->(?P<body>.*?)<!-- figures:(?P=name):end -->",
+    re.S,
+)
+STRAY = re.compile(r"<!-- (?:fig |/fig|figures:)")
+
+
+class FigureError(ValueError):
+    pass
+
+
+class Reports:
+    """The committed JSON files under root, read once each."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._cache: dict[str, object] = {}
+
+    def exists(self, file: str) -> bool:
+        return (self.root / file).is_file()
+
+    def load(self, file: str):
+        if file not in self._cache:
+            path = self.root / file
+            if not path.is_file():
+                raise FigureError(f"{file}: no such file")
+            self._cache[file] = json.loads(path.read_text())
+        return self._cache[file]
+
+    def get(self, file: str, pointer: str):
+        value = self.load(file)
+        if pointer == "":
+            return value
+        if not pointer.startswith("/"):
+            raise FigureError(f"{file}#{pointer}: a JSON pointer starts with /")
+        for part in pointer[1:].split("/"):
+            key = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            else:
+                raise FigureError(f"{file}#{pointer}: no {key!r} there")
+        return value
+
+    def params(self) -> dict:
+        """params.yaml (the settings a figure is compared against)."""
+        import yaml
+
+        return yaml.safe_load((self.root / "params.yaml").read_text())
+
+
+def fmt(value, spec: str) -> str:
+    """One value by its declared rule (module docstring)."""
+    if spec == "yesno":
+        if not isinstance(value, bool):
+            raise FigureError(f"format yesno wants a boolean, got {value!r}")
+        return "yes" if value else "no"
+    if spec == "s":
+        return str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FigureError(f"format {spec!r} wants a number, got {value!r}")
+    try:
+        return format(value, spec)
+    except ValueError as err:
+        raise FigureError(f"format {spec!r}: {err}") from None
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def source(*parts: str) -> str:
+    return "Source: " + "; ".join(parts) + "."
+
+
+# ---- the tables ---------------------------------------------------------------------------------
+
+OVERHEAD = "reports/overhead"
+
+
+def regen_client_levels(r: Reports) -> str:
+    f = f"{OVERHEAD}/regen_client.json"
+    data = r.load(f)
+    spec = data["speculators_regenerate_responses"]
+    rows = []
+    for level, ours in data["levels"].items():
+        theirs = spec[level]
+        rows.append(
+            [
+                level.removeprefix("c"),
+                fmt(ours["requests"], ",d"),
+                fmt(ours["ratio"], ".3f"),
+                fmt(ours["stub_clock_ratio"], ".3f"),
+                fmt(ours["first_wave_dispatch_s"], ".3f"),
+                fmt(theirs["ratio"], ".3f"),
+                fmt(theirs["stub_clock_ratio"], ".3f"),
+            ]
+        )
+    return "\n".join(
+        [
+            table(
+                [
+                    "in flight",
+                    "requests",
+                    "ours: ratio",
+                    "ours: stub clock",
+                    "ours: first wave out (s)",
+                    "speculators: ratio",
+                    "speculators: stub clock",
+                ],
+                rows,
+            ),
+            "",
+            f"Target: ratio >= {fmt(data['target_ratio'], '.2f')} at every level; met: "
+            f"{fmt(data['meets_target'], 'yesno')}. "
+            + source(
+                f"`{f}` (`/levels/<level>/{{ratio,stub_clock_ratio,first_wave_dispatch_s}}`, "
+                "`/speculators_regenerate_responses/<level>/...`, `/target_ratio`, `/meets_target`)"
+            ),
+        ]
+    )
+
+
+def _specdec_row(r: Reports) -> list[str]:
+    """The speedup row; stale when its run, on the evaluate stage's prompts, k and max_new_tokens,
+    no longer gives the committed evaluate report's acceptance length (the same decoder: it must)."""
+    f = f"{OVERHEAD}/specdec_speedup.json"
+    data = r.load(f)
+    ours = r.load("reports/acceptance.detail.json")
+    evaluate = r.params()["evaluate"]
+    same_setup = (data["prompts"], data["k"], data["max_new_tokens"]) == (
+        ours["prompts"],
+        ours["k"],
+        evaluate["max_new_tokens"],
+    )
+    text = (
+        f"{fmt(data['speedup'], '.2f')}x, acceptance length "
+        f"{fmt(data['acceptance_length'], '.4f')} ({fmt(data['prompts'], 'd')} prompts, "
+        f"k = {fmt(data['k'], 'd')}, {fmt(data['max_new_tokens'], 'd')} new tokens)"
+    )
+    if same_setup and data["acceptance_length"] != ours["acceptance_length"]:
+        text += (
+            f"; **stale**: the committed evaluate report gives "
+            f"{fmt(ours['acceptance_length'], '.4f')} for the same prompts, k and max_new_tokens, "
+            "so it was measured on an older run of the pipeline (rerun `overhead/specdec_speedup.py`)"
+        )
+    elif not same_setup:
+        text += "; not the evaluate stage's prompts and settings"
+    return ["speculative vs. greedy decoding, default target (`specdec_speedup.json`)", text, "—"]
+
+
+def _hs_formats_row(r: Reports) -> list[str]:
+    f = f"{OVERHEAD}/hs_format_tradeoffs.json"
+    part = "hidden-state formats: bytes per token over the minimum, fp8 argmax vs the target, val tau_sim (`hs_format_tradeoffs.json`)"
+    target = "argmax >= 0.99, online within 0.05"
+    if not r.exists(f):
+        return [part, f"not in a committed file (`make overhead` writes `{f}`)", target]
+    data = r.load(f)
+    formats = data["formats"]
+    text = (
+        f"bytes: bf16 {fmt(formats['bf16']['ratio_to_minimum'], '.4f')}, fp8 "
+        f"{fmt(formats['fp8']['ratio_to_minimum'], '.4f')} (H = {fmt(data['hidden_size'], 'd')}); "
+        f"argmax bf16 {fmt(formats['bf16']['argmax_agreement'], '.4f')}, fp8 "
+        f"{fmt(formats['fp8']['argmax_agreement'], '.4f')}; tau_sim fp8 - bf16 "
+        f"{fmt(data['tau_sim_fp8_minus_bf16'], '+.4f')}, online - bf16 "
+        f"{fmt(data['tau_sim_online_minus_offline_bf16'], '+.4f')}"
+    )
+    return [part, text, target]
+
+
+def overhead_parts(r: Reports) -> str:
+    client = r.load(f"{OVERHEAD}/regen_client.json")
+    hs = r.load(f"{OVERHEAD}/hs_extraction.json")
+    step = r.load(f"{OVERHEAD}/train_step.json")
+    dvc = r.load(f"{OVERHEAD}/dvc_bookkeeping.json")
+    tp = r.load(f"{OVERHEAD}/regen_throughput.json")
+    cpu = r.load(f"{OVERHEAD}/cpu_load.json")
+    c256, spec256 = client["levels"]["c256"], client["speculators_regenerate_responses"]["c256"]
+    throughput = "; ".join(
+        f"{name} {fmt(t['ratio'], '.3f')} ({fmt(tp['prompts'][name], 'd')} prompts x "
+        f"{fmt(tp['max_tokens'], 'd')} tokens: {fmt(t['ours']['tokens_per_s'], ',.0f')} vs "
+        f"{fmt(t['bare_generate']['tokens_per_s'], ',.0f')} tok/s, answers equal "
+        f"{fmt(t['answers_equal'], '.0%')})"
+        for name, t in tp["targets"].items()
+    )
+    policy = [s["policy"]["ratio"] for s in cpu["stages"].values()]
+    default = [s["torch_default"]["ratio"] for s in cpu["stages"].values()]
+    rows = [
+        [
+            "regeneration client vs. the ideal rate at 256 in flight (`regen_client.json`; every level below)",
+            f"{fmt(c256['ratio'], '.3f')} (speculators' `regenerate-responses` "
+            f"{fmt(spec256['ratio'], '.3f')}); target met: {fmt(client['meets_target'], 'yesno')}",
+            f">= {fmt(client['target_ratio'], '.2f')}",
+        ],
+        [
+            "hidden-state extraction vs. a bare `output_hidden_states` loop (`hs_extraction.json`)",
+            f"{fmt(hs['ratio_ours_over_bare'], '.3f')} ({fmt(hs['model_parameters'] / 1e6, '.0f')}M-param "
+            f"Llama, {fmt(hs['tokens'], ',d')} tokens)",
+            f"<= {fmt(hs['target_ratio'], '.2f')}",
+        ],
+        [
+            "bytes written per token vs. 4 x H x 2 (`hs_extraction.json`)",
+            f"{fmt(hs['bytes_ratio'], '.4f')} (token ids and header)",
+            "1 + ids and header",
+        ],
+        [
+            "train step vs. bare Eagle3DraftModel forward + backward + AdamW (`train_step.json`)",
+            f"{fmt(step['ratio_ours_over_bare'], '.3f')} ({fmt(step['ours_step_s'], '.3f')} vs "
+            f"{fmt(step['bare_step_s'], '.3f')} s, pack_len {fmt(step['pack_len'], 'd')})",
+            f"<= {fmt(step['target_ratio'], '.2f')}",
+        ],
+        _hs_formats_row(r),
+        [
+            f"no-op `dvc repro` / `dvc status`, {fmt(dvc['files'], ',d')} hidden-state files (`dvc_bookkeeping.json`)",
+            f"{fmt(dvc['noop_repro_s'], '.1f')} s / {fmt(dvc['status_s'], '.1f')} s; target met: "
+            f"{fmt(dvc['meets_target'], 'yesno')}",
+            f"<= {fmt(dvc['target_noop_repro_s'], 'd')} s",
+        ],
+        _specdec_row(r),
+        [
+            "regenerate stage (backend hf) vs. bare batched `generate`, same prompts and max_tokens (`regen_throughput.json`)",
+            throughput,
+            ">= 0.5",
+        ],
+        [
+            f"stage work next to {fmt(cpu['hogs'], 'd')} busy processes / idle, {fmt(cpu['steps'], 'd')} steps (`cpu_load.json`; every stage below)",
+            f"thread policy {fmt(min(policy), '.2f')}-{fmt(max(policy), '.2f')}, torch's default "
+            f"{fmt(min(default), '.2f')}-{fmt(max(default), '.2f')}",
+            "<= 3",
+        ],
+    ]
+    return "\n".join(
+        [
+            table(["part", "ours vs baseline", "target"], rows),
+            "",
+            source(
+                f"`{OVERHEAD}/*.json` as named in each row (key paths: the tables below, and "
+                "`/ratio_ours_over_bare`, `/bytes_ratio`, `/noop_repro_s`, `/status_s`, `/speedup`, "
+                "`/acceptance_length`, `/targets/<target>/ratio`); the stale check reads "
+                "`reports/acceptance.detail.json` (`/acceptance_length`, `/prompts`, `/k`) and "
+                "`params.yaml` (`evaluate.max_new_tokens`)"
+            ),
+        ]
+    )
+
+
+def regen_throughput_targets(r: Reports) -> str:
+    f = f"{OVERHEAD}/regen_throughput.json"
+    data = r.load(f)
+    rows = []
+    for name, t in data["targets"].items():
+        server = t["ours"]["server"]
+        rows.append(
+            [
+                name,
+                f"{fmt(data['prompts'][name], 'd')} x {fmt(data['max_tokens'], 'd')}",
+                fmt(t["bare_generate"]["tokens_per_s"], ",.1f"),
+                fmt(t["ours"]["tokens_per_s"], ",.1f"),
+                fmt(t["ratio"], ".3f"),
+                fmt(t["answers_equal"], ".0%"),
+                fmt(server["mean_batch"], ".1f"),
+                fmt(server["near_tie_tokens"], "d"),
+            ]
+        )
+    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
+    return "\n".join(
+        [
+            table(
+                [
+                    "target",
+                    "prompts x max_tokens",
+                    "bare generate (tok/s)",
+                    "regenerate stage (tok/s)",
+                    "ratio",
+                    "answers equal",
+                    "mean batch",
+                    "near-tie tokens",
+                ],
+                rows,
+            ),
+            "",
+            f"Load average at the start: {load} on {fmt(data['cpus'], 'd')} cores; "
+            f"{fmt(data['threads']['threads'], 'd')} threads, {data['threads']['wait_policy']} wait. "
+            + source(
+                f"`{f}` (`/targets/<target>/{{bare_generate,ours}}/tokens_per_s`, `/ratio`, "
+                "`/answers_equal`, `/ours/server/{mean_batch,near_tie_tokens}`, `/loadavg_at_start`)"
+            ),
+        ]
+    )
+
+
+def cpu_load_stages(r: Reports) -> str:
+    f = f"{OVERHEAD}/cpu_load.json"
+    data = r.load(f)
+    rows = []
+    for stage, s in data["stages"].items():
+        p, d = s["policy"], s["torch_default"]
+        rows.append(
+            [
+                f"`{stage}`",
+                fmt(p["idle_s"], ".1f"),
+                fmt(p["loaded_s"], ".1f"),
+                fmt(p["ratio"], ".2f"),
+                fmt(d["idle_s"], ".1f"),
+                fmt(d["loaded_s"], ".1f"),
+                fmt(d["ratio"], ".2f"),
+            ]
+        )
+    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
+    return "\n".join(
+        [
+            table(
+                [
+                    "stage",
+                    "policy: idle (s)",
+                    "policy: loaded (s)",
+                    "policy: ratio",
+                    "torch default: idle (s)",
+                    "torch default: loaded (s)",
+                    "torch default: ratio",
+                ],
+                rows,
+            ),
+            "",
+            f"{fmt(data['steps'], 'd')} steps of each stage's work, alone and next to "
+            f"{fmt(data['hogs'], 'd')} busy-looping processes on {fmt(data['cores'], 'd')} cores; "
+            f"load average at the start: {load}. "
+            + source(
+                f"`{f}` (`/stages/<stage>/{{policy,torch_default}}/{{idle_s,loaded_s,ratio}}`, `/loadavg_at_start`)"
+            ),
+        ]
+    )
+
+
+def cpu_load_train_threads(r: Reports) -> str:
+    f = f"{OVERHEAD}/cpu_load_train_threads.json"
+    data = r.load(f)
+    train = data["stages"]["train"]
+    names = {
+        "policy": "every core, passive wait (the policy)",
+        "passive_one_thread": "one thread, passive wait",
+    }
+    rows = [
+        [
+            names.get(key, key),
+            fmt(c["idle_s"], ".1f"),
+            fmt(c["loaded_s"], ".1f"),
+            fmt(c["ratio"], ".2f"),
+        ]
+        for key, c in train.items()
+    ]
+    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
+    return "\n".join(
+        [
+            table(["`train`", "idle (s)", "loaded (s)", "ratio"], rows),
+            "",
+            f"{fmt(data['steps'], 'd')} steps, one run, load average at the start: {load}. "
+            + source(
+                f"`{f}` (`/stages/train/<configuration>/{{idle_s,loaded_s,ratio}}`, `/loadavg_at_start`)"
+            ),
+        ]
+    )
+
+
+# The SmolLM2 recipe's runs (scripts/recipe_smollm2.sh), in the order of its tables: which table
+# a run belongs to and what it changes. A run in the JSON without a line here is an error.
+RECIPE = "reports/recipe_smollm2/experiments.json"
+RECIPE_RUNS = {
+    "base-250": ("runs", "250", "4", "random"),
+    "ep10-250": ("runs", "250", "10", "random"),
+    "L27-250": ("runs", "250", "10", "target layer 27"),
+    "L27-125": ("runs", "125", "10", "target layer 27"),
+    "L27-500": ("runs", "500", "10", "target layer 27"),
+    "c125-lr1e-2": ("c125", "lr 1e-2"),
+    "c125-ttt5": ("c125", "lr 1e-2, ttt_steps 5 (speculative_tokens 3)"),
+    "c125-head": ("c125", "train_lm_head"),
+    "c125-vocab8k": ("c125", "train_lm_head, draft vocabulary 8,192"),
+    "c125-lr1e-3": ("c125", "train_lm_head, lr 1e-3"),
+    "c125-len64": ("c125", "regenerate.max_tokens 64 (every conversation regenerated)"),
+    "c125-emb": ("c125", "train_embeddings"),
+}
+
+
+def _recipe_rows(r: Reports, which: str) -> list[tuple[str, tuple, dict]]:
+    data = r.load(RECIPE)
+    unknown = sorted(set(data) - set(RECIPE_RUNS))
+    missing = sorted(set(RECIPE_RUNS) - set(data))
+    if unknown or missing:
+        raise FigureError(
+            f"{RECIPE}: runs {unknown} have no line in RECIPE_RUNS (draftline/docs_figures.py), "
+            f"runs {missing} are not in the file"
+        )
+    return [
+        (name, RECIPE_RUNS[name][1:], data[name])
+        for name in RECIPE_RUNS
+        if RECIPE_RUNS[name][0] == which
+    ]
+
+
+def recipe_runs(r: Reports) -> str:
+    rows = [
+        [
+            name,
+            samples,
+            epochs,
+            layer,
+            fmt(m["acceptance_length"], ".4f"),
+            fmt(m["tau_sim"], ".4f"),
+            fmt(m["speedup"], ".4f"),
+        ]
+        for name, (samples, epochs, layer), m in _recipe_rows(r, "runs")
+    ]
+    return "\n".join(
+        [
+            table(
+                [
+                    "Experiment",
+                    "samples",
+                    "train.epochs",
+                    "draft layer from",
+                    "acceptance_length",
+                    "tau_sim",
+                    "speedup",
+                ],
+                rows,
+            ),
+            "",
+            source(f"`{RECIPE}` (`/<experiment>/{{acceptance_length,tau_sim,speedup}}`)"),
+        ]
+    )
+
+
+def recipe_candidates(r: Reports) -> str:
+    rows = [
+        [name, change, fmt(m["acceptance_length"], ".4f"), fmt(m["tau_sim"], ".4f")]
+        for name, (change,), m in _recipe_rows(r, "c125")
+    ]
+    return "\n".join(
+        [
+            table(["Experiment", "change from L27-125", "acceptance_length", "tau_sim"], rows),
+            "",
+            source(f"`{RECIPE}` (`/<experiment>/{{acceptance_length,tau_sim}}`)"),
+        ]
+    )
+
+
+def recipe_forecast(r: Reports) -> str:
+    f = "reports/forecast.json"
+    data = r.load(f)
+    fit = data["fits"][data["preferred"]]
+    rows = []
+    for target, by_fit in data["forecasts"].items():
+        one = by_fit[data["preferred"]]
+        low, high = one["interval_10_90"]
+        rows.append(
+            [
+                target,
+                fmt(one["samples"], ",d"),
+                f"{fmt(low, ',d')} - {fmt(high, ',d')}",
+                one["trust"],
+            ]
+        )
+    params = ", ".join(f"{k} = {fmt(v, '.3f')}" for k, v in fit["params"].items())
+    return "\n".join(
+        [
+            table(
+                [
+                    "target acceptance length",
+                    f"samples needed ({data['preferred']} fit)",
+                    "10-90%",
+                    "trust",
+                ],
+                rows,
+            ),
+            "",
+            f"The fit: {fit['form']} with {params} (rmse {fmt(fit['rmse'], '.3f')} over "
+            f"{fmt(len(data['points']), 'd')} points; residual degrees of freedom: {fmt(fit['residual_dof'], 'd')}). "
+            + source(
+                f"`{f}` (`/forecasts/<target>/{data['preferred']}/{{samples,interval_10_90,trust}}`, `/fits/{data['preferred']}`, `/points`)"
+            ),
+        ]
+    )
+
+
+def make_exps_example(r: Reports) -> str:
+    """The first rows of `make exps` on the committed default run, padded as DVC prints them."""
+    acc, train, bench = (
+        r.load("reports/acceptance.json"),
+        r.load("reports/train.json"),
+        r.load("reports/benchmark.json"),
+    )
+    params = r.params()
+    header = [
+        "Experiment",
+        "acceptance_length",
+        "tau_sim",
+        "val_loss",
+        "speedup",
+        "samples",
+        "train.lr",
+    ]
+    values = [
+        fmt(acc["acceptance_length"], "s"),
+        fmt(acc["tau_sim"], "s"),
+        fmt(train["val_loss"], "s"),
+        fmt(bench["speedup"], "s"),
+        fmt(params["samples"], "s"),
+        fmt(params["train"]["lr"], "s"),
+    ]
+    rows = [
+        ["workspace", *values],
+        ["main", *values],
+        ["├── 5b92787 [lr-0.01]", "…", "…", "…", "…", values[4], "0.01"],
+        ["└── 7883c21 [more-data]", "…", "…", "…", "…", "1000", values[5]],
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join(
+        [
+            "```",
+            line(header),
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+            *(line(row) for row in rows),
+            "```",
+            "",
+            source(
+                "`reports/acceptance.json` (`/acceptance_length`, `/tau_sim`), `reports/train.json` "
+                "(`/val_loss`), `reports/benchmark.json` (`/speedup`), `params.yaml` (`samples`, "
+                "`train.lr`); the two experiment rows are made up"
+            ),
+        ]
+    )
+
+
+FIGURES: dict[str, Callable[[Reports], str]] = {
+    "overhead_parts": overhead_parts,
+    "regen_client_levels": regen_client_levels,
+    "regen_throughput_targets": regen_throughput_targets,
+    "cpu_load_stages": cpu_load_stages,
+    "cpu_load_train_threads": cpu_load_train_threads,
+    "recipe_runs": recipe_runs,
+    "recipe_candidates": recipe_candidates,
+    "recipe_forecast": recipe_forecast,
+    "make_exps_example": make_exps_example,
+}
+
+
+# ---- rewriting the docs -------------------------------------------------------------------------
+
+
+def render(text: str, reports: Reports, where: str = "") -> tuple[str, list[str]]:
+    """(the text with every figure regenerated, the figures whose text changed)."""
+    changed: list[str] = []
+
+    def block(m: re.Match) -> str:
+        name = m["name"]
+        if name not in FIGURES:
+            raise FigureError(f"{where}: unknown figure {name!r} (known: {sorted(FIGURES)})")
+        try:
+            body = "\n" + FIGURES[name](reports) + "\n"
+        except FigureError as err:
+            raise FigureError(f"{where}: figure {name}: {err}") from None
+        if body != m["body"]:
+            changed.append(f"{where}: figure {name}")
+        return f"<!-- figures:{name}:begin -->{body}<!-- figures:{name}:end -->"
+
+    def value(m: re.Match) -> str:
+        try:
+            body = fmt(reports.get(m["file"], m["pointer"]), m["fmt"])
+        except FigureError as err:
+            raise FigureError(f"{where}: {err}") from None
+        if body != m["body"]:
+            changed.append(
+                f"{where}: {m['file']}#{m['pointer']} is {body}, the doc says {m['body']!r}"
+            )
+        return m[0][: m.start("body") - m.start()] + body + "<!-- /fig -->"
+
+    out = VALUE.sub(value, BLOCK.sub(block, text))
+    rest = VALUE.sub("", BLOCK.sub("", out))
+    leftover = STRAY.search(rest)
+    if leftover:
+        snippet = rest[leftover.start() : leftover.start() + 60].split("\n")[0]
+        raise FigureError(f"{where}: a figure marker without its pair: {snippet!r}")
+    return out, changed
+
+
+def doc_paths(root: Path) -> list[Path]:
+    return sorted(p for pattern in DOC_GLOBS for p in Path(root).glob(pattern))
+
+
+def run(root: Path = ROOT, write: bool = True) -> list[str]:
+    """Regenerate the figures of every doc under root; return those that changed (or would)."""
+    reports = Reports(root)
+    changed: list[str] = []
+    for path in doc_paths(root):
+        text = path.read_text()
+        new, diffs = render(text, reports, str(path.relative_to(root)))
+        changed += diffs
+        if write and new != text:
+            path.write_text(new)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a figure differs"
+    )
+    ap.add_argument("--root", default=str(ROOT))
+    args = ap.parse_args(argv)
+    try:
+        changed = run(Path(args.root), write=not args.check)
+    except FigureError as err:
+        raise SystemExit(f"error: {err}") from None
+    for line in changed:
+        print(line)
+    if args.check and changed:
+        raise SystemExit(
+            f"{len(changed)} figure(s) differ from their JSON: run `make docs-figures`"
+        )
+    if not args.check:
+        print(f"docs figures: {len(changed)} rewritten")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,40 @@
+"""The recipe script records each run from its own reports: headline figures, speedup only when the
+run reached `benchmark`, the samples point, a rerun replacing its entry in place."""
+
+from draftline.io import read_json, write_json
+from draftline.recipe_record import record
+
+
+def test_a_run_is_recorded_from_its_reports(tmp_path):
+    reports, out = tmp_path / "reports", tmp_path / "recipe"
+    write_json(out / "experiments.json", {"base-250": {"acceptance_length": 1.5}})
+    write_json(reports / "acceptance.json", {"acceptance_length": 2.9101, "tau_sim": 2.9872})
+    write_json(reports / "benchmark.json", {"speedup": 1.4633, "baseline_tokens_per_s": 17.8})
+    point = {
+        "samples": 500,
+        "samples_requested": 500,
+        "acceptance_length": 2.9101,
+        "tau_sim": 2.9872,
+    }
+    write_json(reports / "evaluate" / "acceptance_vs_samples.json", [point])
+    write_json(out / "acceptance_vs_samples.json", [{"samples": 1000, "experiment": "L27-1000"}])
+
+    record(out, "L27-500", reports, samples_point=True)
+    record(out, "c125-emb", reports, benchmark=False)
+    assert read_json(out / "experiments.json") == {
+        "base-250": {"acceptance_length": 1.5},
+        "L27-500": {"acceptance_length": 2.9101, "tau_sim": 2.9872, "speedup": 1.4633},
+        "c125-emb": {"acceptance_length": 2.9101, "tau_sim": 2.9872},  # no benchmark of its own
+    }
+    assert [p["experiment"] for p in read_json(out / "acceptance_vs_samples.json")] == [
+        "L27-500",
+        "L27-1000",
+    ]
+
+    write_json(reports / "acceptance.json", {"acceptance_length": 1.6, "tau_sim": 1.7})
+    record(out, "base-250", reports, benchmark=False)  # a rerun: replaced where it was
+    assert list(read_json(out / "experiments.json")) == ["base-250", "L27-500", "c125-emb"]
+    assert read_json(out / "experiments.json")["base-250"] == {
+        "acceptance_length": 1.6,
+        "tau_sim": 1.7,
+    }
