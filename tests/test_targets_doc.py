@@ -19,7 +19,7 @@ from draftline.workspace import params_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "targets.md"
-SECTION = ("### Sizes for a real target", "## A real target on CPU")
+SECTION = ("## Sizes for a real target", "## A real target on CPU")
 BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
 
 # What docs/targets.md says of each example: a typical answer and a typical sample (prompt and
