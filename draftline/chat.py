@@ -259,9 +259,9 @@ def tokenize_conversation(
     stops: list[str] | None = None,
     template_kwargs: dict | None = None,
 ) -> list[dict]:
-    """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "turns", "messages", "whole"}]
-    (`turns`: assistant turns it trains; `messages`: how many messages it renders; `whole`: see
-    tokenize_row).
+    """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "length", "turns",
+    "messages", "whole"}] (`length`: tokens before the cut; `turns`: assistant turns it trains;
+    `messages`: how many messages it renders; `whole`: see tokenize_row).
 
     Each row is cut to max_length tokens (its tail is lost; the caller drops rows left with no
     trainable token).
@@ -278,6 +278,7 @@ def tokenize_conversation(
                 "input_ids": input_ids[:max_length],
                 "loss_mask": loss_mask[:max_length],
                 "truncated": len(input_ids) > max_length,
+                "length": len(input_ids),
                 "turns": len(spans),
                 "messages": n_messages,
                 "whole": whole,

@@ -441,6 +441,10 @@ class RegenerateConfig(Section):
     max_failure_rate: float = Field(
         0.05, ge=0, le=1
     )  # the stage fails above this share of sent prompts
+    # the stage fails when more of the answers (assistant turns of every conversation kept, this
+    # run's and earlier ones') ended at max_tokens (finish_reason "length"): the data would hold
+    # beginnings of answers, no endings; 1.0 turns the check off
+    max_length_share: float = Field(0.75, ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -504,12 +508,18 @@ class TokenizeConfig(Section):
     max_length: int = Field(
         1024, ge=8
     )  # tokens per row; longer rows are cut (counted in the report)
+    # the stage fails when more of the rows were cut by max_length: their tails are lost, and the
+    # hidden-state disk estimate counts only what is left; 1.0 turns the check off
+    max_truncated_share: float = Field(0.05, ge=0, le=1)
 
 
 class VocabConfig(Section):
     draft_vocab_size: int = Field(
         256, ge=2
     )  # most frequent trainable target tokens; at most the target vocab
+    # the stage fails when the draft vocabulary covers less of the trainable tokens (the draft
+    # cannot propose the rest: its ceiling on per-token acceptance); 0 turns the check off
+    min_coverage: float = Field(0.9, ge=0, le=1)
 
 
 class VllmExtractionConfig(Section):
@@ -932,9 +942,11 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
         "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
         "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
         "retry_backoff_s retry_backoff_max_s max_failure_rate"
+        # thresholds of the degenerate-run checks: whether a stage passes, never what it writes
+        " max_length_share"
     ),
-    TokenizeConfig: _names(""),
-    VocabConfig: _names(""),
+    TokenizeConfig: _names("max_truncated_share"),
+    VocabConfig: _names("min_coverage"),
     VllmExtractionConfig: _names(
         "python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
         "concurrency request_timeout_s max_retries startup_timeout_s"

@@ -4,6 +4,10 @@ Built by speculators' build_vocab_mappings_from_distribution, in its conventions
 d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
 [target_vocab_size], True for the target ids the draft can emit. Frequencies count trainable
 (loss-masked) tokens only.
+
+A vocabulary that covers too little of the trainable tokens fails the stage (vocab.min_coverage):
+the draft can never propose the tokens it lacks, so every hour of extraction and training after
+it would buy a draft capped below what its size allows (256 tokens of a 160k vocabulary).
 """
 
 from __future__ import annotations
@@ -47,10 +51,15 @@ def coverage_report(
 
 
 def build_draft_vocab(
-    freq_path: str, draft_vocab_size: int, target_vocab_size: int, out_dir: str
+    freq_path: str,
+    draft_vocab_size: int,
+    target_vocab_size: int,
+    out_dir: str,
+    min_coverage: float = 0.0,
 ) -> dict:
     """d2t.npy and t2d.npy of the `draft_vocab_size` most frequent tokens of token_freq.pt, written
-    to `out_dir`; the coverage report. VocabSizeError when the sizes do not fit."""
+    to `out_dir`; the coverage report with its check against `min_coverage` (coverage_error says
+    whether the stage fails). VocabSizeError when the sizes do not fit."""
     import numpy as np
     import torch
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
@@ -62,4 +71,43 @@ def build_draft_vocab(
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "d2t.npy", d2t.numpy())
     np.save(out / "t2d.npy", t2d.numpy())
-    return coverage_report(freq, t2d, draft_vocab_size, target_vocab_size)
+    report = coverage_report(freq, t2d, draft_vocab_size, target_vocab_size)
+    return {**report, "check": coverage_check(report, freq, min_coverage)}
+
+
+def size_for_coverage(freq: dict[int, int], share: float) -> int:
+    """The smallest draft vocabulary (most frequent tokens first) that covers `share` of `freq`."""
+    total, covered = sum(freq.values()), 0
+    for n, count in enumerate(sorted(freq.values(), reverse=True), 1):
+        covered += count
+        if covered >= share * total:
+            return n
+    return len(freq)
+
+
+def coverage_check(report: dict, freq: dict[int, int], min_coverage: float) -> dict:
+    """reports/vocab.json's `check`: the coverage measured against vocab.min_coverage, and the
+    draft vocabulary size that would reach it."""
+    passed = report["coverage"] >= min_coverage
+    return {
+        "param": "vocab.min_coverage",
+        "coverage": report["coverage"],
+        "threshold": min_coverage,
+        "verdict": "pass" if passed else "fail",
+        "size_for_threshold": size_for_coverage(freq, min_coverage),
+    }
+
+
+def coverage_error(report: dict) -> str | None:
+    """The stage's error when the draft vocabulary covers less than vocab.min_coverage."""
+    check = report["check"]
+    if check["verdict"] != "fail":
+        return None
+    return (
+        f"error: the {report['draft_vocab_size']}-token draft vocabulary covers "
+        f"{report['coverage']:.1%} of the {report['trainable_tokens']} trainable tokens "
+        f"({report['distinct_trainable_tokens']} distinct), below vocab.min_coverage "
+        f"{check['threshold']}: the draft could never propose the other {1 - report['coverage']:.1%}. "
+        f"Raise vocab.draft_vocab_size (the {check['size_for_threshold']} most frequent tokens "
+        f"reach {check['threshold']:.0%}), or lower vocab.min_coverage (0 turns the check off)."
+    )

@@ -7,13 +7,16 @@ endpoints; checks each endpoint before the first request (draftline/preflight.py
 target, not speculative); only then drops the stale lines, and sends the missing prompts
 (draftline/regeneration.py) with a progress bar, or a plain progress line every tick in a log
 file. The report counts everything; too many failures come back as an error that says, per
-failure reason, what to change (draftline/regeneration_progress.py).
+failure reason, what to change (draftline/regeneration_progress.py), and so does a run whose
+answers mostly ended at max_tokens (regenerate.max_length_share, over every conversation kept:
+this run's and earlier ones').
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import time
@@ -84,13 +87,73 @@ def regenerate(
     report = run_report(
         cfg, len(prompts), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
     )
-    if tally is None:
-        return Regenerated(report, tags["fingerprint"], None)
-    print(
-        f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
-        f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing"
+    # over every conversation the next stages will read, so a rerun that sends nothing checks too
+    report["check"] = length_check(
+        conversations_path, by_id, tags["fingerprint"], cfg.max_length_share
     )
-    return Regenerated(report, tags["fingerprint"], failure_error(cfg, tally, len(todo), out))
+    errors = [length_error(cfg, report["check"], conversations_path)]
+    if tally is not None:
+        print(
+            f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
+            f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing"
+        )
+        errors.insert(0, failure_error(cfg, tally, len(todo), out))
+    return Regenerated(report, tags["fingerprint"], "\n".join(e for e in errors if e) or None)
+
+
+def length_check(
+    path: Path, prompts: dict[str, dict], tags_fingerprint: str, max_share: float
+) -> dict:
+    """reports/regenerate.json's `check`: of the answers (assistant turns) of the conversations
+    kept for these prompts (the first line of each id made with these settings), the share that
+    ended at max_tokens (finish_reason "length"), against regenerate.max_length_share."""
+    answers, length, conversations, seen = 0, 0, 0, set()
+    if path.exists():
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                    pid, regen = row["id"], row["regeneration"]
+                    reasons = regen["finish_reasons"]
+                    current = regen.get("fingerprint") == tags_fingerprint
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue  # a cut or foreign line: the resume already counted it
+                if (
+                    pid in seen
+                    or pid not in prompts
+                    or not current
+                    or not isinstance(reasons, list)
+                ):
+                    continue
+                seen.add(pid)
+                conversations += 1
+                answers += len(reasons)
+                length += reasons.count("length")
+    share = length / answers if answers else None
+    return {
+        "param": "regenerate.max_length_share",
+        "conversations": conversations,
+        "answers": answers,
+        "length": length,
+        "share": round(share, 4) if share is not None else None,
+        "threshold": max_share,
+        "verdict": "skipped" if share is None else ("fail" if share > max_share else "pass"),
+    }
+
+
+def length_error(cfg: RegenerateConfig, check: dict, path: Path) -> str | None:
+    """The stage's error when more answers ended at max_tokens than regenerate.max_length_share."""
+    if check["verdict"] != "fail":
+        return None
+    return (
+        f"error: {check['length']} of {check['answers']} answers ({check['share']:.1%}) ended at "
+        f"regenerate.max_tokens {cfg.max_tokens} (finish_reason length), more than "
+        f"regenerate.max_length_share {check['threshold']}: the data would hold the beginnings of "
+        "answers and few endings. Raise regenerate.max_tokens (a thinking model's answers run to "
+        "thousands of tokens), and regenerate.short/long.max_context where that is what cut them; "
+        "or raise regenerate.max_length_share (1.0 turns the check off). The conversations stay in "
+        f"{path}: a new max_tokens regenerates them, a new max_length_share reuses them."
+    )
 
 
 def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:

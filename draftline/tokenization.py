@@ -9,10 +9,16 @@ runs of the same data would differ). A conversation gives one row, or several wh
 template rewrites earlier turns (see draftline/chat.py). Columns: `id` (prompt id), `part` (row
 within the conversation), `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable
 tokens only (speculators' save_token_frequency_distribution).
+
+Rows longer than tokenize.max_length are cut (their tails lost). When more than
+tokenize.max_truncated_share of them were, the report says so and the stage fails naming
+tokenize.max_length: cut rows look small, so the hidden-state disk estimate and every row after
+this stage would describe the cut data, not the answers the target gave.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,6 +98,7 @@ def tokenize_dataset(
         mark_length_cut,
         tokenize_conversation,
     )
+    from draftline.config import output_shaping
     from draftline.io import read_json, write_meta
     from draftline.target import card_tokenizer
 
@@ -120,6 +127,7 @@ def tokenize_dataset(
     )
     skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
     conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
+    lengths = []  # every row's tokens before the cut (rows dropped as untrained included)
     with ArrowWriter(features=features, path=str(building)) as writer:
         for pid in track(order, description="tokenize"):
             row = regenerated[pid]
@@ -138,6 +146,7 @@ def tokenize_dataset(
             ):  # the template refuses the conversation (e.g. two parallel tool calls)
                 skipped["template_error"] += 1
                 continue
+            lengths += [p["length"] for p in parts]
             kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
             skipped["no_trainable_tokens"] += len(parts) - len(kept)
             for k, p in enumerate(kept):
@@ -166,8 +175,15 @@ def tokenize_dataset(
         writer.finalize()
     if not rows:
         building.unlink()
+        cut = sum(n > cfg.max_length for n in lengths)
         raise TokenizeError(
             f"tokenize produced no rows from {regenerated_path} (skipped: {skipped})"
+            + (
+                f"; {cut} of {len(lengths)} rows were longer than tokenize.max_length "
+                f"{cfg.max_length}, which left them no trainable token: raise it"
+                if cut
+                else ""
+            )
         )
 
     dataset = Dataset.from_file(str(building))
@@ -182,7 +198,7 @@ def tokenize_dataset(
     write_meta(
         out,
         "tokenize",
-        cfg.model_dump(),
+        output_shaping(cfg),  # max_truncated_share decides whether the stage passes, not the rows
         chat_template_sha256=card.chat_template_sha256,
         end_of_turn_tokens=stops,
         chat_template_kwargs=template_kwargs,
@@ -203,4 +219,42 @@ def tokenize_dataset(
         "max_length": cfg.max_length,
         "longest_row": longest,
         "end_of_turn_tokens": stops,
+        "check": truncation_check(lengths, cfg.max_length, cfg.max_truncated_share),
     }
+
+
+def truncation_check(lengths: list[int], max_length: int, max_share: float) -> dict:
+    """reports/tokenize.json's `check`: the share of rows cut at max_length (`lengths`: each row's
+    tokens before the cut) against tokenize.max_truncated_share, the longest row before the cut,
+    and the max_length that would cut at most that share."""
+    cut = sum(n > max_length for n in lengths)
+    share = cut / len(lengths) if lengths else 0.0
+    ordered = sorted(lengths)
+    keep = min(len(ordered) - 1, math.ceil((1 - max_share) * len(ordered)) - 1)
+    return {
+        "param": "tokenize.max_truncated_share",
+        "rows": len(lengths),
+        "truncated": cut,
+        "share": round(share, 4),
+        "threshold": max_share,
+        "verdict": "fail" if share > max_share else "pass",
+        "longest_before_cut": ordered[-1] if ordered else 0,
+        "max_length_for_threshold": ordered[max(keep, 0)] if ordered else max_length,
+    }
+
+
+def truncation_error(report: dict) -> str | None:
+    """The stage's error when more rows were cut than tokenize.max_truncated_share."""
+    check = report["check"]
+    if check["verdict"] != "fail":
+        return None
+    return (
+        f"error: {check['truncated']} of {check['rows']} rows ({check['share']:.1%}) were longer "
+        f"than tokenize.max_length {report['max_length']} and cut (the longest had "
+        f"{check['longest_before_cut']} tokens), more than tokenize.max_truncated_share "
+        f"{check['threshold']}: their tails are lost and the hidden-state disk estimate counts "
+        f"only what is left. Raise tokenize.max_length (to at least the longest context "
+        f"regenerate allows, regenerate.short/long.max_context; {check['max_length_for_threshold']} "
+        f"would cut at most {check['threshold']:.0%} of these rows), or raise "
+        "tokenize.max_truncated_share (1.0 turns the check off)."
+    )

@@ -9,7 +9,8 @@ client, per short/long partition concurrency; stops the server (draftline/regene
 Output datasets/regenerated/conversations.jsonl is append-only and keyed by prompt id (persist:
 true in dvc.yaml): a rerun after a crash, or after growing `samples`, sends only the prompts not
 yet there. failures.jsonl has one line per conversation that failed in the last run; the report
-counts everything.
+counts everything. The stage fails (its conversations kept) when too many prompts failed
+(regenerate.max_failure_rate) or too many answers ended at max_tokens (regenerate.max_length_share).
 """
 
 import signal

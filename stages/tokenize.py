@@ -6,7 +6,9 @@
 Rows are append-only, in the order of the regenerate runs that wrote them, so hidden-state file
 hs_{i} stays row i across reruns; a conversation gives one row or several (columns `id`, `part`,
 `input_ids`, `loss_mask`, `seq_len`). token_freq.pt counts trainable tokens only. The rules:
-draftline/tokenization.py.
+draftline/tokenization.py. More rows cut at tokenize.max_length than tokenize.max_truncated_share
+fails the stage after its report is written (the report's `check` says how many, and which
+max_length would do).
 """
 
 import sys
@@ -22,7 +24,7 @@ def main(
     params = stage_params()
     apply_thread_policy("tokenize")  # before torch loads: draftline/threads.py
     from draftline.io import write_json
-    from draftline.tokenization import TokenizeError, tokenize_dataset
+    from draftline.tokenization import TokenizeError, tokenize_dataset, truncation_error
 
     card = TargetCard.load(card_path)
     try:
@@ -34,6 +36,8 @@ def main(
         f"tokenize: {report['conversations']} conversations -> {report['rows']} rows, {report['tokens']} tokens, "
         f"{report['trainable_fraction']:.1%} trainable, {report['truncated']} truncated, skipped {report['skipped']}"
     )
+    if error := truncation_error(report):
+        raise SystemExit(error)
 
 
 if __name__ == "__main__":

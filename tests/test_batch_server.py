@@ -82,6 +82,7 @@ def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, rando
         max_tokens=6,
         hf={"max_batch": 4, "gather_ms": 50},
         short={"concurrency": 4, "max_context": None},
+        max_length_share=1.0,  # random weights answer up to max_tokens
     )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     random_target.write(tmp_path / "card.json")

@@ -18,9 +18,16 @@ def test_tiny_deepseek_v3_runs_the_pipeline(tiny_tokenizer, tmp_path):
     write_params(
         tmp_path,
         {"model": str(model_dir), "aux_layer_ids": AUX},
-        regenerate={"port": free_port(), "max_tokens": 24, "short": {"concurrency": 4}},
+        # random weights answer up to max_tokens, with tokens of the whole vocabulary: the
+        # degenerate-run checks have their own tests
+        regenerate={
+            "port": free_port(),
+            "max_tokens": 24,
+            "short": {"concurrency": 4},
+            "max_length_share": 1.0,
+        },
         tokenize={"max_length": 384},
-        vocab={"draft_vocab_size": 256},
+        vocab={"draft_vocab_size": 256, "min_coverage": 0.0},
         hidden_states={"device": "cpu"},
         train={
             "epochs": 6,

@@ -115,6 +115,7 @@ def regeneration_fingerprint(**changes) -> str:
         {"served_model_name": "x"},
         {"max_model_len": 4096},
         {"max_failure_rate": 0.5},
+        {"max_length_share": 1.0},
     ],
 )
 def test_an_operational_change_keeps_the_conversations(changes):

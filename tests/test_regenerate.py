@@ -85,7 +85,9 @@ def chatty_target(tmp_path_factory, random_target):
 
 def stage_dir(tmp_path: Path, card: TargetCard, rows: list[dict], **regenerate) -> Path:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["regenerate"].update(regenerate)
+    # random weights answer up to max_tokens: the check on that has its own test
+    # (test_answers_cut_by_max_tokens_fail_the_stage_and_stay)
+    raw["regenerate"].update({"max_length_share": 1.0, **regenerate})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     card.write(tmp_path / "card.json")
     write_jsonl(tmp_path / "train.jsonl", rows)
@@ -1428,6 +1430,75 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
     assert {r["regeneration"]["fingerprint"] for r in done} == {
         read_json(workdir / "out/meta.json")["fingerprint"]
     }
+
+
+def test_answers_cut_by_max_tokens_fail_the_stage_and_stay(tmp_path, stub, random_target):
+    """Issue 24: a thinking model at the default max_tokens 96 has nearly every answer cut, and
+    nothing refused the run. Past regenerate.max_length_share the stage fails naming max_tokens;
+    the conversations stay on disk (a persist output), a rerun that sends nothing checks them
+    again, and raising the threshold (operational) accepts them without sending anything."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
+    url, handler = stub(
+        engine="vllm",
+        tokenizer=tokenizer,
+        served=[random_target.model],
+        answer=lambda body: {"content": "Let me think about", "finish": "length"},
+    )
+    rows = prompts(8)
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())["regenerate"]["max_length_share"]
+    external = dict(backend="external", endpoints=[url], external_engine="vllm")
+    workdir = stage_dir(tmp_path, random_target, rows, max_length_share=shipped, **external)
+    for sent in (8, 0):  # the run that cut them, then a rerun with nothing left to send
+        proc = run_stage(workdir)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr
+        assert "8 of 8 answers (100.0%) ended at regenerate.max_tokens 96" in proc.stderr
+        assert f"more than regenerate.max_length_share {shipped}" in proc.stderr
+        report = read_json(workdir / "report.json")
+        assert report["sent"] == sent and report["check"] == {
+            "param": "regenerate.max_length_share",
+            "conversations": 8,
+            "answers": 8,
+            "length": 8,
+            "share": 1.0,
+            "threshold": shipped,
+            "verdict": "fail",
+        }
+        assert len(output_rows(workdir)) == 8  # kept: nothing is lost by failing
+
+    requests = len(handler.requests)
+    stage_dir(workdir, random_target, rows, max_length_share=1.0, **external)
+    proc = run_stage(workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = read_json(workdir / "report.json")
+    assert report["sent"] == 0 and report["reused"] == 8 and len(handler.requests) == requests
+    assert report["check"]["verdict"] == "pass" and report["check"]["share"] == 1.0
+
+
+def test_length_check_counts_the_conversations_the_next_stages_read(tmp_path):
+    from draftline.regeneration_run import length_check
+
+    def line(pid, reasons, fingerprint="f"):
+        regen = {"fingerprint": fingerprint, "finish_reasons": reasons}
+        return json.dumps({"id": pid, "messages": [], "regeneration": regen}) + "\n"
+
+    path = tmp_path / "conversations.jsonl"
+    path.write_text(
+        line("a", ["stop", "stop", "length"])
+        + line("b", ["length"])
+        + line("a", ["length"])  # a second line of an id: not read downstream
+        + line("c", ["length"], fingerprint="old")  # made with other settings
+        + line("gone", ["length"])  # no longer prompted
+        + line("d", ["tool_calls", "stop"])
+        + '{"id": "e", "mess'  # cut by a kill
+    )
+    prompted = {pid: {} for pid in "abcde"}
+    check = length_check(path, prompted, "f", 0.5)
+    assert (check["conversations"], check["answers"], check["length"]) == (3, 6, 2)
+    assert check["share"] == round(2 / 6, 4) and check["verdict"] == "pass"
+    assert length_check(path, prompted, "f", 0.3)["verdict"] == "fail"
+    assert length_check(tmp_path / "none.jsonl", prompted, "f", 0.5)["verdict"] == "skipped"
 
 
 def test_stage_refuses_sampling_that_transformers_serve_would_ignore(tmp_path, random_target):

@@ -25,10 +25,12 @@ def write_inputs(
     conversations: list[dict],
     max_length: int,
     regen_meta: dict | None = None,
+    max_truncated_share: float | None = None,
 ) -> None:
+    share = "" if max_truncated_share is None else f", max_truncated_share: {max_truncated_share}"
     (root / "params.yaml").write_text(
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
-        f"tokenize: {{max_length: {max_length}}}\n"
+        f"tokenize: {{max_length: {max_length}{share}}}\n"
     )
     card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
@@ -104,8 +106,14 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     assert report["missing_regenerations"] == 1 and report["unreadable_regenerated_lines"] == 1
     assert "<|im_end|>" in report["end_of_turn_tokens"] and report["rows_tokenized_whole"] == 0
 
+    assert report["check"]["verdict"] == "pass" and report["check"]["truncated"] == 0
+    # the threshold decides whether the stage passes, not what it writes
+    meta = json.loads((tmp_path / "tokenized" / "meta.json").read_text())
+    assert meta["params"] == {"max_length": 512}
+
     # truncation to max_length: counted, rows cut, and rerunning replaces the old dataset whole
-    write_inputs(tmp_path, random_target, convs, 24)
+    # (past tokenize.max_truncated_share the stage fails: see the test below)
+    write_inputs(tmp_path, random_target, convs, 24, max_truncated_share=1.0)
     report = run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized"))
     assert max(data.with_format(None)["seq_len"]) <= 24
@@ -117,6 +125,55 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
         sum(torch.load(tmp_path / "tokenized" / "token_freq.pt", weights_only=True).values())
         == report["trainable_tokens"]
     )
+
+
+def test_rows_cut_by_max_length_fail_the_stage_naming_it(tmp_path, random_target):
+    """Issue 24: a 4k-token thinking answer at tokenize.max_length 512 was only counted as
+    `truncated`, and the hidden-state disk check passed on the cut rows. Past
+    tokenize.max_truncated_share the stage fails after writing its report, naming max_length and
+    a length that would do; 1.0 turns the check off."""
+    rng = random.Random(5)
+    convs = [dict(id=f"c{k}", **arithmetic(rng)) for k in range(6)]
+    from datasets import load_from_disk
+
+    write_inputs(tmp_path, random_target, convs, 512)
+    report = run(tmp_path)
+    assert report["check"]["rows"] == 6 and report["check"]["truncated"] == 0
+    longest = report["longest_row"]
+    # one token short of the shortest row: every row is cut, and that one keeps trainable tokens
+    cut_at = min(load_from_disk(str(tmp_path / "tokenized")).with_format(None)["seq_len"]) - 1
+
+    write_inputs(tmp_path, random_target, convs, cut_at)
+    with pytest.raises(SystemExit) as failed:
+        run(tmp_path)
+    message = str(failed.value)
+    assert f"6 of 6 rows (100.0%) were longer than tokenize.max_length {cut_at}" in message
+    assert "tokenize.max_truncated_share 0.05" in message and f"had {longest} tokens" in message
+    report = json.loads((tmp_path / "tokenize.json").read_text())
+    check = report["check"]
+    assert (check["param"], check["rows"], check["truncated"], check["share"]) == (
+        "tokenize.max_truncated_share",
+        6,
+        6,
+        1.0,
+    )
+    assert check["verdict"] == "fail" and check["max_length_for_threshold"] == longest
+    assert f"{longest} would cut at most 5% of these rows" in message
+
+    write_inputs(tmp_path, random_target, convs, cut_at, max_truncated_share=1.0)  # the override
+    assert run(tmp_path)["check"]["verdict"] == "pass"
+
+
+def test_truncation_check_counts_rows_before_the_cut():
+    from draftline.tokenization import truncation_check
+
+    lengths = [10] * 90 + [50] * 6 + [200] * 4
+    check = truncation_check(lengths, 40, 0.05)
+    assert (check["truncated"], check["share"], check["verdict"]) == (10, 0.1, "fail")
+    assert check["longest_before_cut"] == 200 and check["max_length_for_threshold"] == 50
+    assert truncation_check(lengths, 50, 0.05)["verdict"] == "pass"  # 4 rows cut: 4%
+    assert truncation_check(lengths, 40, 0.1)["verdict"] == "pass"  # at the threshold
+    assert truncation_check([], 40, 0.05)["verdict"] == "pass"
 
 
 @pytest.fixture()

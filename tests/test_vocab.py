@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-PARAMS = "samples: 10\ndatasets:\n  d: {{path: d.jsonl, format: openai}}\nmix:\n  weights: {{d: 1.0}}\nvocab: {{draft_vocab_size: {size}}}\n"
+PARAMS = "samples: 10\ndatasets:\n  d: {{path: d.jsonl, format: openai}}\nmix:\n  weights: {{d: 1.0}}\nvocab: {{draft_vocab_size: {size}{more}}}\n"
 
 
 @pytest.fixture
@@ -26,10 +26,11 @@ def run(tmp_path, random_target):
     return run
 
 
-def run_stage(tmp_path, card, freq: dict, draft_vocab_size: int) -> dict:
+def run_stage(tmp_path, card, freq: dict, draft_vocab_size: int, **vocab) -> dict:
     from stages.vocab import main
 
-    (tmp_path / "params.yaml").write_text(PARAMS.format(size=draft_vocab_size))
+    more = "".join(f", {k}: {v}" for k, v in vocab.items())
+    (tmp_path / "params.yaml").write_text(PARAMS.format(size=draft_vocab_size, more=more))
     card.write(tmp_path / "card.json")
     torch.save(freq, tmp_path / "token_freq.pt")
     with contextlib.chdir(tmp_path):
@@ -72,3 +73,39 @@ def test_draft_vocab_larger_than_the_target_is_an_error(tmp_path, run):
 def test_frequencies_of_another_vocabulary_are_an_error(run):
     with pytest.raises(SystemExit, match="outside the target vocabulary"):
         run({1: 1, 70: 2}, 4, 50)
+
+
+def test_a_draft_vocabulary_that_covers_too_little_fails_naming_its_size(tmp_path, random_target):
+    """Issue 24: 256 draft tokens of a 160k vocabulary cover a fraction of real text, and nothing
+    refused it. Below vocab.min_coverage the stage fails after writing its report, naming
+    vocab.draft_vocab_size and the size that reaches the threshold; 0 turns the check off."""
+    card = dataclasses.replace(random_target, vocab_size=200)
+    freq = {t: 1 for t in range(150)} | {0: 51}  # a long flat tail: 10 tokens cover 60 of 200
+    with pytest.raises(SystemExit) as failed:
+        run_stage(tmp_path, card, freq, 10)
+    message = str(failed.value)
+    assert "vocab.draft_vocab_size" in message and "vocab.min_coverage 0.9" in message
+    assert "30.0%" in message and "the 130 most frequent tokens reach 90%" in message
+    report = json.loads((tmp_path / "vocab.json").read_text())
+    assert report["check"] == {
+        "param": "vocab.min_coverage",
+        "coverage": 0.3,
+        "threshold": 0.9,
+        "verdict": "fail",
+        "size_for_threshold": 130,
+    }
+
+    report = run_stage(tmp_path, card, freq, 10, min_coverage=0)  # the override
+    assert report["check"]["verdict"] == "pass" and report["coverage"] == 0.3
+    # the threshold decides whether the stage passes, not what it writes
+    meta = json.loads((tmp_path / "vocab" / "meta.json").read_text())
+    assert meta["params"] == {"draft_vocab_size": 10}
+    report = run_stage(tmp_path, card, freq, 130)
+    assert report["check"]["verdict"] == "pass" and report["coverage"] >= 0.9
+
+
+def test_size_for_coverage():
+    from draftline.draft_vocab import size_for_coverage
+
+    freq = {5: 50, 6: 30, 7: 15, 8: 5}
+    assert [size_for_coverage(freq, s) for s in (0.5, 0.8, 0.81, 0.95, 1.0)] == [1, 2, 3, 3, 4]
