@@ -496,6 +496,10 @@ class TokenizeConfig(Section):
     max_length: int = Field(
         1024, ge=8
     )  # tokens per row; longer rows are cut (counted in the report)
+    # the tokens of each assistant turn: retokenize = its text re-tokenized within the chat
+    # template; server = the token ids the server generated (recorded by regenerate), where the
+    # line has them (the report counts the turns where the two differ)
+    assistant_ids: Literal["retokenize", "server"] = "retokenize"
 
 
 class VocabConfig(Section):
@@ -877,7 +881,7 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
         "backend external_engine reasoning_parser tool_call_parser extra_args short long "
         "max_tokens temperature temperatures top_p seed chat_template_kwargs"
     ),
-    TokenizeConfig: _names("max_length"),
+    TokenizeConfig: _names("max_length assistant_ids"),
     VocabConfig: _names("draft_vocab_size"),
     VllmExtractionConfig: _names("extra_args"),
     MooncakeConfig: _names(""),
