@@ -26,6 +26,11 @@ turn's tokens after it, so the boundary never falls inside a token and decoding 
 gives back exactly the assistant text. Where that differs from tokenizing the row at once (a
 tokenizer that merges across the boundary or adds a prefix space per call), the row is tokenized
 at once and the difference is counted (tokenize_row).
+
+Re-tokenizing the text need not give the tokens the target generated (a model can emit a sequence
+its tokenizer merges otherwise; a parser can reformat a tool call). Where regenerate recorded the
+server's own ids for a turn (ServerTurn), each turn's trained tokens are compared with them
+(check_turn), and on request the ids replace the turn's tokens in the row (splice_runs).
 """
 
 from __future__ import annotations
