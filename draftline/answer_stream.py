@@ -4,6 +4,12 @@ into one answer, the errors a stream can carry, and the checks on the answer's f
 A chunk that is not JSON, or not shaped as a chat completion chunk, is a `BadAnswer`; an error the
 server sends inside the stream is a `StreamError`; `AnswerTimeout` is a stream that stops short of
 its first or next token in time.
+
+Token ids: asked with `return_token_ids`, vLLM puts the ids each streamed chunk generated in its
+choice's `token_ids` (and all of them in the whole answer's choice); SGLang and the built-in hf
+server put them in the whole answer's choice. The ids of the chunks are concatenated, in order,
+into the answer's `token_ids`: everything the model generated, its reasoning and tool-call markup
+and the end-of-turn token included.
 """
 
 from __future__ import annotations
@@ -29,13 +35,15 @@ class AnswerTimeout(Exception):
 
 class StreamedAnswer:
     """A chat completion put together from its streamed chunks (OpenAI's delta format): content and
-    reasoning concatenated, tool calls merged by index, the last finish_reason, the usage chunk."""
+    reasoning concatenated, tool calls merged by index, token ids concatenated (vLLM's per-chunk
+    `token_ids`), the last finish_reason, the usage chunk."""
 
     def __init__(self):
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.reasoning_key = "reasoning_content"
         self.tool_calls: dict[int, dict] = {}
+        self.token_ids: list[int] | None = None  # None: no chunk carried any
         self.finish_reason = None
         self.usage = None
         self.choices_seen = False
@@ -65,6 +73,12 @@ class StreamedAnswer:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict):
                 raise BadAnswer("stream choice without a delta")
+            ids = choice.get("token_ids")
+            if ids is not None:
+                if self.token_ids is None:
+                    self.token_ids = []
+                self.token_ids.extend(checked_token_ids(ids))
+                generated = bool(ids)  # a chunk of markup tokens only is progress too
             for key, parts in (
                 ("content", self.content),
                 ("reasoning_content", self.reasoning),
@@ -110,10 +124,10 @@ class StreamedAnswer:
             message[self.reasoning_key] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return {
-            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
-            "usage": self.usage,
-        }
+        choice = {"index": 0, "message": message, "finish_reason": self.finish_reason}
+        if self.token_ids is not None:
+            choice["token_ids"] = self.token_ids
+        return {"choices": [choice], "usage": self.usage}
 
 
 def add_chunk(streamed: StreamedAnswer, payload: bytes) -> int:
@@ -135,6 +149,14 @@ def usage_of(answer: dict) -> dict:
         for k, v in usage.items()
         if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)
     }
+
+
+def checked_token_ids(ids) -> list[int]:
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+    ):
+        raise BadAnswer(f"token_ids is not a list of token ids: {ids!r:.200}")
+    return ids
 
 
 def answer_choice(answer) -> dict:
@@ -161,4 +183,6 @@ def answer_choice(answer) -> dict:
         for tc in calls
     ):
         raise BadAnswer("malformed tool_calls")
+    if choice.get("token_ids") is not None:
+        checked_token_ids(choice["token_ids"])
     return choice

@@ -13,7 +13,8 @@ plain JSON answer). Prompts are rendered as the client counts them (`chat_prompt
 are decoded and parsed (content, reasoning, tool calls) by transformers serve's own
 `parse_assistant_message`, so the records look as they would from `transformers serve`.
 
-Greedy only: a request with temperature > 0 is refused (HTTP 400). Padding changes float
+With `return_token_ids` (vLLM's request field) the answer's choice carries `token_ids`: the
+generated ids, the end token included. Greedy only: a request with temperature > 0 is refused (HTTP 400). Padding changes float
 rounding a little, so where the top two logits are within --tie-tolerance the batched argmax may
 differ from a batch-1 decode: every generated token whose top-two margin is below it is counted
 (`near_tie_tokens` in the stats file, which the stage copies into its report).
@@ -202,7 +203,12 @@ class BatchServer:
     # ---- HTTP
 
     def completion(
-        self, request_id: str, prompt_ids: list[int], tokens: list[int], max_tokens: int
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        tokens: list[int],
+        max_tokens: int,
+        return_token_ids: bool = False,
     ) -> dict:
         from transformers.cli.serving.utils import parse_assistant_message
 
@@ -227,12 +233,15 @@ class BatchServer:
             finish = "stop"
         else:
             finish = "length" if len(tokens) >= max_tokens else "stop"
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        if return_token_ids:  # vLLM's field: every generated id, the end token included
+            choice["token_ids"] = list(tokens)
         return {
             "id": request_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.served_name,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(tokens),
@@ -291,7 +300,13 @@ class BatchServer:
                 {"error": {"message": f"generation failed: {err}"}}, status=500
             )
         return web.json_response(
-            self.completion(f"chatcmpl-{uuid.uuid4().hex[:16]}", prompt_ids, tokens, max_tokens)
+            self.completion(
+                f"chatcmpl-{uuid.uuid4().hex[:16]}",
+                prompt_ids,
+                tokens,
+                max_tokens,
+                bool(body.get("return_token_ids")),
+            )
         )
 
     async def models(self, request):

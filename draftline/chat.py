@@ -26,6 +26,11 @@ turn's tokens after it, so the boundary never falls inside a token and decoding 
 gives back exactly the assistant text. Where that differs from tokenizing the row at once (a
 tokenizer that merges across the boundary or adds a prefix space per call), the row is tokenized
 at once and the difference is counted (tokenize_row).
+
+Re-tokenizing the text need not give the tokens the target generated (a model can emit a sequence
+its tokenizer merges otherwise; a parser can reformat a tool call). Where regenerate recorded the
+server's own ids for a turn (ServerTurn), each turn's trained tokens are compared with them
+(check_turn), and on request the ids replace the turn's tokens in the row (splice_runs).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class Turn:
     upto: str  # render(messages[:index+1])
     start: int  # first character the assistant generated
     end: int  # one past its end-of-turn token
+    # the generation prompt pre-filled text the closed turn renders otherwise: the span starts
+    # inside what the server sent, so the server's ids cannot stand in for it
+    prefilled: bool = False
 
 
 def normalize_messages(messages: list[dict]) -> list[dict]:
@@ -170,7 +178,8 @@ def assistant_turns(
             continue
         prompt = render(tokenizer, messages[:i], tools, True, template_kwargs)
         upto = render(tokenizer, messages[: i + 1], tools, False, template_kwargs)
-        if upto.startswith(prompt):
+        prefilled = not upto.startswith(prompt)
+        if not prefilled:
             start = len(prompt)
         else:
             # The generation prompt pre-fills text the closed turn renders differently (an empty
@@ -192,18 +201,18 @@ def assistant_turns(
             raise TemplateMismatch(
                 f"message {i}: the template renders no text for this assistant turn"
             )
-        turns.append(Turn(i, upto, start, end))
+        turns.append(Turn(i, upto, start, end, prefilled))
     return turns
 
 
-def plan_rows(turns: list[Turn]) -> list[tuple[int, str, list[tuple[int, int]]]]:
-    """[(messages rendered, row text, [(start, end) of each trained turn])] in conversation order."""
+def plan_rows(turns: list[Turn]) -> list[tuple[int, str, list[Turn]]]:
+    """[(messages rendered, row text, [each trained turn])] in conversation order."""
     rows = []
     remaining = list(turns)
     while remaining:
         last = remaining[-1]
         covered = [t for t in remaining if last.upto.startswith(t.upto[: t.end])]
-        rows.append((last.index + 1, last.upto, [(t.start, t.end) for t in covered]))
+        rows.append((last.index + 1, last.upto, covered))
         remaining = [t for t in remaining if t not in covered]
     rows.reverse()
     return rows
@@ -230,6 +239,19 @@ def tokenize_segments(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[i
     return input_ids, loss_mask
 
 
+def trained_runs(input_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
+    """The ids of each run of masked tokens, in order: one run per trained turn (turns are never
+    adjacent, the template writes a header between two)."""
+    runs, previous = [], 0
+    for token, masked in zip(input_ids, loss_mask):
+        if masked and not previous:
+            runs.append([])
+        if masked:
+            runs[-1].append(token)
+        previous = masked
+    return runs
+
+
 def tokenize_row(
     tokenizer, text: str, spans: list[tuple[int, int]]
 ) -> tuple[list[int], list[int], bool]:
@@ -251,6 +273,84 @@ def tokenize_row(
     return list(enc["input_ids"]), mask, True
 
 
+# ---- the server's own token ids ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerTurn:
+    """What the server said of one assistant turn (regenerate records it per turn)."""
+
+    token_ids: list[int] | None  # everything the model generated; None: the server returned none
+    completion_tokens: int | None  # its usage.completion_tokens; None: it sent none
+
+
+def server_span(
+    tokenizer, ids: list[int], rendered: str, stops: list[str], cut_by_length: bool
+) -> list[int]:
+    """The server's ids as the turn's trained tokens. vLLM and the hf server return the end-of-turn
+    token they stopped on; a server that leaves it out gets the one the template renders
+    (`rendered` is the turn's span, which ends with it unless the turn was cut by max_tokens)."""
+    if cut_by_length or not ids:
+        return list(ids)
+    stop_ids = {tokenizer.convert_tokens_to_ids(s) for s in stops}
+    if ids[-1] in stop_ids:
+        return list(ids)
+    stop = next((s for s in stops if rendered.endswith(s)), None)
+    return list(ids) + ([tokenizer.convert_tokens_to_ids(stop)] if stop else [])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two id lists differ (the shorter one's length when one is a
+    prefix of the other), None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def check_turn(
+    retokenized: list[int], server: ServerTurn | None, spliced: list[int] | None, turn: Turn
+) -> dict:
+    """One assistant turn's re-tokenized span against what the server said: its ids (`spliced`:
+    them as trained, the end-of-turn token completed by server_span) and its usage count."""
+    usage = server.completion_tokens if server else None
+    check = {
+        "message": turn.index,
+        "server_ids": spliced is not None,
+        "retokenized_tokens": len(retokenized),
+        "usage_completion_tokens": usage,
+        "prefilled": turn.prefilled,
+    }
+    if spliced is not None:
+        at = first_difference(retokenized, spliced)
+        check["server_tokens"] = len(server.token_ids)
+        check["equal"] = at is None
+        check["end_of_turn_added"] = len(spliced) > len(server.token_ids)
+        if at is not None:  # a few ids either side of the first difference, to show in the report
+            check["first_difference"] = at
+            check["retokenized_around"] = retokenized[max(0, at - 4) : at + 4]
+            check["server_around"] = spliced[max(0, at - 4) : at + 4]
+    return check
+
+
+def splice_runs(
+    input_ids: list[int], loss_mask: list[int], replacements: list[list[int] | None]
+) -> tuple[list[int], list[int]]:
+    """The row with its k-th run of trained tokens replaced by replacements[k] (None: kept), the
+    tokens around each run as they were."""
+    out_ids, out_mask, run, previous = [], [], -1, 0
+    for token, masked in zip(input_ids, loss_mask):
+        if masked and not previous:
+            run += 1
+            if replacements[run] is not None:
+                out_ids += replacements[run]
+                out_mask += [1] * len(replacements[run])
+        if not (masked and replacements[run] is not None):
+            out_ids.append(token)
+            out_mask.append(masked)
+        previous = masked
+    return out_ids, out_mask
+
+
 def tokenize_conversation(
     tokenizer,
     messages: list[dict],
@@ -258,30 +358,70 @@ def tokenize_conversation(
     max_length: int,
     stops: list[str] | None = None,
     template_kwargs: dict | None = None,
+    server_turns: list[ServerTurn | None] | None = None,
+    use_server_ids: bool = False,
 ) -> list[dict]:
     """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "length", "turns",
-    "messages", "whole"}] (`length`: tokens before the cut; `turns`: assistant turns it trains;
-    `messages`: how many messages it renders; `whole`: see tokenize_row).
+    "messages", "whole", "checks"}] (`length`: tokens before the cut; `turns`: assistant turns it
+    trains; `messages`: how many messages it renders; `whole`: see tokenize_row; `checks`:
+    check_turn of each turn it trains).
 
-    Each row is cut to max_length tokens (its tail is lost; the caller drops rows left with no
-    trainable token).
+    server_turns: what the server said of each assistant message, in order (regenerate's record).
+    Each turn's re-tokenized span (the tokens it trains on when re-tokenized) is compared with
+    them; with use_server_ids the server's ids replace the turn's tokens in the row, between the
+    template's own tokens (the header before the turn and what follows its end-of-turn stay as
+    tokenized). A turn without server ids, or whose span starts inside a pre-filled generation
+    prompt, keeps its re-tokenized span.
+
+    Each row is cut to max_length tokens after that (its tail is lost; the caller drops rows left
+    with no trainable token).
     """
     messages = normalize_messages(messages)
     stops = stops if stops is not None else end_of_turn_tokens(tokenizer)
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    said = dict(zip(assistant, server_turns or []))
     rows = []
-    for n_messages, text, spans in plan_rows(
+    for n_messages, text, turns in plan_rows(
         assistant_turns(tokenizer, messages, tools, stops, template_kwargs)
     ):
-        input_ids, loss_mask, whole = tokenize_row(tokenizer, text, spans)
+        input_ids, loss_mask, whole = tokenize_row(
+            tokenizer, text, [(t.start, t.end) for t in turns]
+        )
+        runs = trained_runs(input_ids, loss_mask)
+        separate = len(runs) == len(turns)  # the header between two turns keeps their runs apart
+        if not separate:  # never seen; then compare each turn's text alone, and splice nothing
+            runs = [
+                tokenizer(text[t.start : t.end], add_special_tokens=False)["input_ids"]
+                for t in turns
+            ]
+        spliced, checks = [], []
+        for turn, retokenized in zip(turns, runs):
+            server = said.get(turn.index)
+            ids = None
+            if server is not None and server.token_ids is not None:
+                ids = server_span(
+                    tokenizer,
+                    server.token_ids,
+                    text[turn.start : turn.end],
+                    stops,
+                    messages[turn.index].get("finish_reason") == "length",
+                )
+            checks.append(check_turn(retokenized, server, ids, turn))
+            spliced.append(None if turn.prefilled or not separate else ids)
+        if use_server_ids and any(ids is not None for ids in spliced):
+            input_ids, loss_mask = splice_runs(input_ids, loss_mask, spliced)
+        for check, ids in zip(checks, spliced):
+            check["spliced"] = use_server_ids and ids is not None
         rows.append(
             {
                 "input_ids": input_ids[:max_length],
                 "loss_mask": loss_mask[:max_length],
                 "truncated": len(input_ids) > max_length,
                 "length": len(input_ids),
-                "turns": len(spans),
+                "turns": len(turns),
                 "messages": n_messages,
                 "whole": whole,
+                "checks": checks,
             }
         )
     return rows

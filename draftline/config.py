@@ -511,6 +511,10 @@ class TokenizeConfig(Section):
     # the stage fails when more of the rows were cut by max_length: their tails are lost, and the
     # hidden-state disk estimate counts only what is left; 1.0 turns the check off
     max_truncated_share: float = Field(0.05, ge=0, le=1)
+    # the tokens of each assistant turn: retokenize = its text re-tokenized within the chat
+    # template; server = the token ids the server generated (recorded by regenerate), where the
+    # line has them (the report counts the turns where the two differ)
+    assistant_ids: Literal["retokenize", "server"] = "retokenize"
 
 
 class VocabConfig(Section):
@@ -897,7 +901,7 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
         "backend external_engine reasoning_parser tool_call_parser extra_args short long "
         "max_tokens temperature temperatures top_p seed chat_template_kwargs"
     ),
-    TokenizeConfig: _names("max_length"),
+    TokenizeConfig: _names("max_length assistant_ids"),
     VocabConfig: _names("draft_vocab_size"),
     VllmExtractionConfig: _names("extra_args"),
     MooncakeConfig: _names(""),

@@ -119,7 +119,9 @@ async def regenerate_conversation(
     on_token=None,
 ) -> tuple[list[dict], dict]:
     """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
-    extra_body goes into every request as it is (e.g. vLLM's stream_options)."""
+    extra_body goes into every request as it is (e.g. vLLM's stream_options, return_token_ids).
+    The ids and usage of each answer are kept in stats, not on its message: the message goes back
+    to the server in the next turn's request."""
     original, tools = row["messages"], row.get("tools")
     temperature, seed = sampling.for_conversation(row["id"])
     messages: list[dict] = []
@@ -130,6 +132,11 @@ async def regenerate_conversation(
         "stopped": "end",
         "prompt_tokens": 0,
         "completion_tokens": 0,
+        # per assistant turn, like finish_reasons: the server's usage.completion_tokens (None when
+        # it sent none) and the token ids it generated (None when it returned none; see
+        # docs/regeneration.md "Token-exact answers")
+        "turn_completion_tokens": [],
+        "completion_token_ids": [],
     }
     i = 0
     while i < len(original):
@@ -174,6 +181,8 @@ async def regenerate_conversation(
         stats["finish_reasons"].append(finish_reason)
         for key in ("prompt_tokens", "completion_tokens"):
             stats[key] += usage.get(key) or 0
+        stats["turn_completion_tokens"].append(usage.get("completion_tokens"))
+        stats["completion_token_ids"].append(choice.get("token_ids"))
         if finish_reason == "length":
             stats["stopped"] = "length"
             break
@@ -230,6 +239,7 @@ class Tally:
     ok: int = 0
     failed: int = 0
     truncated: int = 0  # conversations with a turn finished by max_tokens
+    turns_with_token_ids: int = 0  # answers whose server returned their token ids
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -349,6 +359,9 @@ async def regenerate_all(
                 tally.requests += turns
                 part.requests += turns
                 tally.truncated += "length" in stats["finish_reasons"]
+                tally.turns_with_token_ids += sum(
+                    ids is not None for ids in stats["completion_token_ids"]
+                )
                 tally.finish_reasons.update(stats["finish_reasons"])
                 tally.stopped[stats["stopped"]] += 1
                 for t in (tally, part):

@@ -259,9 +259,7 @@ def send(
         cfg.token_timeout_s,
     )
     slots = server_slots(cfg, engine)
-    # vLLM and SGLang send the usage of a streamed answer only when asked; transformers serve
-    # sends it anyway and refuses the field
-    extra_body = {} if engine == "transformers" else {"stream_options": {"include_usage": True}}
+    extra_body = engine_request_fields(engine)
     partitions = {
         "short": (cfg.short.concurrency, cfg.short.max_context),
         "long": (cfg.long.concurrency, cfg.long.max_context),
@@ -372,6 +370,8 @@ def run_report(
         "failure_reasons": dict(tally.failure_reasons) if tally else {},
         "retries": dict(tally.retries) if tally else {},
         "truncated": tally.truncated if tally else 0,
+        # answers that came with the server's token ids (tokenize compares them with its own)
+        "turns_with_token_ids": tally.turns_with_token_ids if tally else 0,
         "finish_reasons": dict(tally.finish_reasons) if tally else {},
         "length_share": round(tally.finish_reasons["length"] / turns, 4) if turns else None,
         "stopped": dict(tally.stopped) if tally else {},
@@ -386,6 +386,18 @@ def run_report(
         "conversations": prompts - todo + (tally.ok if tally else 0),
         "missing": todo - (tally.ok if tally else 0),
     }
+
+
+def engine_request_fields(engine: str) -> dict:
+    """Fields beyond the chat completion basics that every request to `engine` carries. vLLM and
+    SGLang send the usage of a streamed answer only when asked (stream_options); `return_token_ids`
+    makes vLLM, SGLang and the built-in hf server return the completion's token ids (vLLM in each
+    streamed chunk, SGLang and hf in a whole answer), which tokenize compares with its own tokens.
+    Neither changes what the model generates. transformers serve answers 422 to a field it does
+    not know (and sends the usage anyway), so it gets neither."""
+    if engine == "transformers":
+        return {}
+    return {"stream_options": {"include_usage": True}, "return_token_ids": True}
 
 
 def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:

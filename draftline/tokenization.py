@@ -14,12 +14,18 @@ Rows longer than tokenize.max_length are cut (their tails lost). When more than
 tokenize.max_truncated_share of them were, the report says so and the stage fails naming
 tokenize.max_length: cut rows look small, so the hidden-state disk estimate and every row after
 this stage would describe the cut data, not the answers the target gave.
+Each assistant turn's tokens are compared with the server's own: the token ids regenerate recorded
+for it (vLLM, SGLang and the hf server return them) and its usage.completion_tokens; the report
+counts per dataset source how many turns re-tokenize to exactly the ids the target generated.
+`tokenize.assistant_ids: server` trains on the server's ids instead (draftline/chat.py splices
+them between the template's tokens); turns without recorded ids keep their re-tokenized span.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +63,62 @@ def pin_fingerprint(dataset_dir: Path) -> None:
     state = json.loads(state_path.read_text())
     state["_fingerprint"] = h.hexdigest()[:16]
     state_path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def server_turns(regeneration: dict) -> list | None:
+    """What the server said of each assistant turn of a line (draftline/regeneration.py records
+    `completion_token_ids` and `turn_completion_tokens` per turn); None for a line written before
+    they were recorded."""
+    from draftline.chat import ServerTurn
+
+    ids = regeneration.get("completion_token_ids")
+    counts = regeneration.get("turn_completion_tokens")
+    if not isinstance(ids, list) and not isinstance(counts, list):
+        return None
+    ids = ids if isinstance(ids, list) else []
+    counts = counts if isinstance(counts, list) else []
+    return [
+        ServerTurn(
+            ids[k] if k < len(ids) and isinstance(ids[k], list) else None,
+            counts[k] if k < len(counts) and isinstance(counts[k], int) else None,
+        )
+        for k in range(max(len(ids), len(counts)))
+    ]
+
+
+TURN_COUNTS = (
+    "assistant_turns",
+    "no_server_ids",  # the line records no ids for the turn (an older line, or an engine without)
+    "server_ids",
+    "retokenized_equal_server_ids",
+    "retokenized_differ_from_server_ids",
+    "server_ids_without_end_of_turn",  # completed with the template's end-of-turn token
+    "prefilled",  # span starts inside a pre-filled generation prompt: never spliced
+    "spliced",  # assistant_ids: server, the server's ids are the turn's tokens
+    "with_usage",
+    "retokenized_count_differs_from_usage",
+    "server_ids_count_differs_from_usage",
+)
+
+
+def count_turn(counts: dict, check: dict) -> None:
+    """Adds one check_turn result (draftline/chat.py) to `counts` (keys: TURN_COUNTS)."""
+    counts["assistant_turns"] += 1
+    counts["prefilled"] += check["prefilled"]
+    counts["spliced"] += check["spliced"]
+    if check["server_ids"]:
+        counts["server_ids"] += 1
+        counts["retokenized_equal_server_ids"] += check["equal"]
+        counts["retokenized_differ_from_server_ids"] += not check["equal"]
+        counts["server_ids_without_end_of_turn"] += check["end_of_turn_added"]
+    else:
+        counts["no_server_ids"] += 1
+    usage = check["usage_completion_tokens"]
+    if usage is not None:
+        counts["with_usage"] += 1
+        counts["retokenized_count_differs_from_usage"] += check["retokenized_tokens"] != usage
+        if check["server_ids"]:
+            counts["server_ids_count_differs_from_usage"] += check["server_tokens"] != usage
 
 
 def row_order(
@@ -128,15 +190,23 @@ def tokenize_dataset(
     skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
     conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
     lengths = []  # every row's tokens before the cut (rows dropped as untrained included)
+    turn_counts: dict[str, Counter] = {}  # source -> TURN_COUNTS
+    differing = []  # the first few turns whose re-tokenized span differs from the server's ids
     with ArrowWriter(features=features, path=str(building)) as writer:
         for pid in track(order, description="tokenize"):
             row = regenerated[pid]
-            messages = mark_length_cut(
-                row["messages"], (row.get("regeneration") or {}).get("finish_reasons")
-            )
+            regeneration = row.get("regeneration") or {}
+            messages = mark_length_cut(row["messages"], regeneration.get("finish_reasons"))
             try:
                 parts = tokenize_conversation(
-                    tokenizer, messages, row.get("tools"), cfg.max_length, stops, template_kwargs
+                    tokenizer,
+                    messages,
+                    row.get("tools"),
+                    cfg.max_length,
+                    stops,
+                    template_kwargs,
+                    server_turns(regeneration),
+                    cfg.assistant_ids == "server",
                 )
             except TemplateMismatch:
                 skipped["template_mismatch"] += 1
@@ -147,6 +217,21 @@ def tokenize_dataset(
                 skipped["template_error"] += 1
                 continue
             lengths += [p["length"] for p in parts]
+            by_source = turn_counts.setdefault(str(row.get("source") or "?"), Counter())
+            for check in (c for p in parts for c in p["checks"]):
+                count_turn(by_source, check)
+                if check.get("first_difference") is not None and len(differing) < 5:
+                    differing.append(
+                        {
+                            "id": pid,
+                            "message": check["message"],
+                            "first_difference": check["first_difference"],
+                            "retokenized": tokenizer.convert_ids_to_tokens(
+                                check["retokenized_around"]
+                            ),
+                            "server": tokenizer.convert_ids_to_tokens(check["server_around"]),
+                        }
+                    )
             kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
             skipped["no_trainable_tokens"] += len(parts) - len(kept)
             for k, p in enumerate(kept):
@@ -203,6 +288,9 @@ def tokenize_dataset(
         end_of_turn_tokens=stops,
         chat_template_kwargs=template_kwargs,
     )
+    totals = Counter()
+    for counts in turn_counts.values():
+        totals.update(counts)
     return {
         "conversations": conversations,
         "rows": rows,
@@ -220,6 +308,17 @@ def tokenize_dataset(
         "longest_row": longest,
         "end_of_turn_tokens": stops,
         "check": truncation_check(lengths, cfg.max_length, cfg.max_truncated_share),
+        # each assistant turn's re-tokenized span against the server's own token ids and
+        # usage.completion_tokens, as regenerate recorded them (docs/regeneration.md)
+        "server_token_ids": {
+            "assistant_ids": cfg.assistant_ids,
+            **{k: totals[k] for k in TURN_COUNTS},
+            "by_source": {
+                source: {k: counts[k] for k in TURN_COUNTS}
+                for source, counts in sorted(turn_counts.items())
+            },
+            "first_differences": differing,
+        },
     }
 
 

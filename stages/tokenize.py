@@ -36,6 +36,12 @@ def main(
         f"tokenize: {report['conversations']} conversations -> {report['rows']} rows, {report['tokens']} tokens, "
         f"{report['trainable_fraction']:.1%} trainable, {report['truncated']} truncated, skipped {report['skipped']}"
     )
+    ids = report["server_token_ids"]
+    print(
+        f"tokenize: {ids['retokenized_equal_server_ids']} of {ids['server_ids']} assistant turns with "
+        f"the server's token ids re-tokenize to exactly them ({ids['no_server_ids']} turns without ids); "
+        f"training on {ids['assistant_ids']} ids"
+    )
     if error := truncation_error(report):
         raise SystemExit(error)
 

@@ -107,6 +107,7 @@ def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, rando
     assert all(r["messages"][-1]["role"] == "assistant" and "regeneration" in r for r in done)
     report = read_json(tmp_path / "report.json")
     assert report["backend"] == "hf" and report["ok"] == 8 and report["failed"] == 0
+    assert report["turns_with_token_ids"] == report["requests"]
     assert report["endpoints"][0]["probe_prompt_tokens"] > 10  # the preflight's token count held
     server = report["server"]
     assert server["requests"] == report["requests"] + 1  # + the preflight probe
@@ -114,6 +115,49 @@ def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, rando
         server["largest_batch"] > 1 and server["completion_tokens"] >= report["completion_tokens"]
     )
     assert "near_tie_tokens" in server
+
+    # the server's own ids, per turn: its usage count, and the greedy batch-1 decode of the turn's
+    # prompt (a batched decode may differ only at a counted near-tie)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_target.model)
+    model = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32).eval()
+    for row in done:
+        regen = row["regeneration"]
+        ids, counts = regen["completion_token_ids"], regen["turn_completion_tokens"]
+        assert len(ids) == len(counts) == len(regen["finish_reasons"])
+        assert [len(t) for t in ids] == counts
+        first = next(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+        prompt = chat_prompt_ids(tokenizer, row["messages"][:first], row.get("tools"), {})
+        ((alone, _),) = decode_batch(
+            model, [prompt], 6, tokenizer.pad_token_id, {tokenizer.eos_token_id}, 1e-4
+        )
+        assert ids[0] == alone or server["near_tie_tokens"] > 0
+
+    # tokenize compares each turn's re-tokenized span with them, and with assistant_ids: server
+    # trains on exactly them
+    from datasets import load_from_disk
+    from draftline.chat import trained_runs
+    from draftline.config import TokenizeConfig
+    from draftline.tokenization import tokenize_dataset
+
+    args = (random_target, str(tmp_path / "train.jsonl"), str(tmp_path / "out/conversations.jsonl"))
+    report = tokenize_dataset(*args, str(tmp_path / "tok"), TokenizeConfig())["server_token_ids"]
+    turns = sum(len(r["regeneration"]["finish_reasons"]) for r in done)
+    assert report["assistant_turns"] == report["server_ids"] == report["with_usage"] == turns
+    assert report["no_server_ids"] == report["server_ids_count_differs_from_usage"] == 0
+    assert (
+        report["retokenized_equal_server_ids"] + report["retokenized_differ_from_server_ids"]
+        == turns
+    )
+    report = tokenize_dataset(*args, str(tmp_path / "tok"), TokenizeConfig(assistant_ids="server"))
+    assert report["server_token_ids"]["spliced"] == turns
+    by_id = {r["id"]: r["regeneration"]["completion_token_ids"] for r in done}
+    data = load_from_disk(str(tmp_path / "tok")).with_format(None)
+    assert sorted(data["id"]) == sorted(by_id)  # one row per conversation
+    for pid, input_ids, loss_mask in zip(data["id"], data["input_ids"], data["loss_mask"]):
+        assert trained_runs(input_ids, loss_mask) == by_id[pid]
 
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from draftline.chat import (
+    ServerTurn,
     TemplateMismatch,
     end_of_turn_tokens,
     normalize_messages,
     render,
     tokenize_conversation,
+    trained_runs,
 )
 from draftline.corpus import arithmetic, multi_turn, tool_call
 
@@ -248,6 +250,106 @@ def test_turn_cut_by_max_tokens_does_not_learn_end_of_turn(tiny_tokenizer):
     ]
     rows = tokenize_conversation(tiny_tokenizer, messages, None, 512)
     assert masked_runs(tiny_tokenizer, rows) == ["One, two, thr"]
+
+
+def split_a_token(tok, ids: list[int]) -> tuple[int, list[int]]:
+    """(k, ids with ids[k] written as two tokens of the same text): what a model may generate and
+    re-tokenizing never gives back."""
+    vocab = tok.get_vocab()
+    for k, t in enumerate(ids):
+        piece = tok.convert_ids_to_tokens(t)
+        if len(piece) > 1 and piece[:1] in vocab and piece[1:] in vocab:
+            return k, ids[:k] + [vocab[piece[:1]], vocab[piece[1:]]] + ids[k + 1 :]
+    raise AssertionError("no token to split")
+
+
+def test_server_ids_are_compared_with_each_turn_and_spliced_verbatim(tiny_tokenizer):
+    tok = tiny_tokenizer
+    conv = tool_call(random.Random(5))  # two turns: a tool call (markup tokens), then an answer
+    messages, tools = conv["messages"], conv["tools"]
+    (row,) = tokenize_conversation(tok, messages, tools, 2048)
+    runs = trained_runs(row["input_ids"], row["loss_mask"])
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    assert len(runs) == 2 and [r[-1] for r in runs] == [eot, eot]
+
+    # the server generated exactly the re-tokenized spans: equal, and splicing changes nothing
+    exact = [ServerTurn(r, len(r)) for r in runs]
+    for use in (False, True):
+        (same,) = tokenize_conversation(
+            tok, messages, tools, 2048, server_turns=exact, use_server_ids=use
+        )
+        assert (same["input_ids"], same["loss_mask"]) == (row["input_ids"], row["loss_mask"])
+        assert [(c["equal"], c["spliced"]) for c in same["checks"]] == [(True, use), (True, use)]
+
+    # drift: the first turn holds two tokens where re-tokenizing its text gives one; the second
+    # comes back without its end-of-turn token (the template's is put after it)
+    k, drifted = split_a_token(tok, runs[0])
+    server = [ServerTurn(drifted, len(drifted)), ServerTurn(runs[1][:-1], len(runs[1]) - 1)]
+    (kept,) = tokenize_conversation(tok, messages, tools, 2048, server_turns=server)
+    assert (kept["input_ids"], kept["loss_mask"]) == (row["input_ids"], row["loss_mask"])
+    first, second = kept["checks"]
+    assert (first["equal"], first["first_difference"], first["end_of_turn_added"]) == (
+        False,
+        k,
+        False,
+    )
+    assert (second["equal"], second["end_of_turn_added"]) == (True, True)
+    assert (first["usage_completion_tokens"], first["retokenized_tokens"]) == (
+        len(drifted),
+        len(runs[0]),
+    )
+
+    (spliced,) = tokenize_conversation(
+        tok, messages, tools, 2048, server_turns=server, use_server_ids=True
+    )
+    start = row["loss_mask"].index(1)
+    gap = row["input_ids"][start + len(runs[0]) : len(row["input_ids"]) - len(runs[1])]
+    assert spliced["input_ids"] == row["input_ids"][:start] + drifted + gap + runs[1]
+    assert spliced["loss_mask"] == [0] * start + [1] * len(drifted) + [0] * len(gap) + [1] * len(
+        runs[1]
+    )
+    assert tok.decode(spliced["input_ids"]) == tok.decode(row["input_ids"])  # same text, other ids
+    assert [c["spliced"] for c in spliced["checks"]] == [True, True]
+
+
+def test_server_ids_of_a_cut_turn_or_a_prefilled_prompt(tiny_tokenizer):
+    tok = tiny_tokenizer
+    cut = [
+        {"role": "user", "content": "Count."},
+        {"role": "assistant", "content": "One, two, thr", "finish_reason": "length"},
+    ]
+    (row,) = tokenize_conversation(tok, cut, None, 512)
+    ids = trained_runs(row["input_ids"], row["loss_mask"])[0]
+    (checked,) = tokenize_conversation(tok, cut, None, 512, server_turns=[ServerTurn(ids, None)])
+    # no end-of-turn token added to a turn max_tokens cut; no usage: nothing to compare it with
+    assert checked["checks"][0] == {
+        "message": 1,
+        "server_ids": True,
+        "retokenized_tokens": len(ids),
+        "usage_completion_tokens": None,
+        "prefilled": False,
+        "server_tokens": len(ids),
+        "equal": True,
+        "end_of_turn_added": False,
+        "spliced": False,
+    }
+    (usage_only,) = tokenize_conversation(tok, cut, None, 512, server_turns=[ServerTurn(None, 9)])
+    assert usage_only["checks"][0]["server_ids"] is False
+    assert usage_only["checks"][0]["usage_completion_tokens"] == 9
+
+    prefill = copy.deepcopy(tok)  # the generation prompt pre-fills an empty reasoning block
+    prefill.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n<think></think>{% endif %}"
+    )
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    (plain,) = tokenize_conversation(prefill, messages, None, 512)
+    other = [ServerTurn([7, 8, prefill.eos_token_id], 3)]
+    (row,) = tokenize_conversation(
+        prefill, messages, None, 512, server_turns=other, use_server_ids=True
+    )
+    assert row["checks"][0]["prefilled"] and not row["checks"][0]["spliced"]
+    assert row["input_ids"] == plain["input_ids"]  # the span is not all the model's: kept
 
 
 def test_template_whose_prompt_rewrites_history_is_reported(tiny_tokenizer):

@@ -35,6 +35,7 @@ from draftline.io import read_json, write_jsonl
 from draftline.openai_client import Endpoint, EndpointPool, RetryPolicy, close_pool, open_pool
 from draftline.preflight import PreflightError, preflight_regeneration
 from draftline.regeneration import Sampling, called_tools, regenerate_all, relink_tool_results
+from draftline.regeneration_run import engine_request_fields
 from draftline.servers import ManagedServer, server_env, server_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -450,9 +451,11 @@ class ScriptedEngine(StubHandler):
             )
         self._json({"detail": "Not Found"}, 404)
 
-    def _stream(self, message: dict, finish: str, usage: dict) -> None:
+    def _stream(self, message: dict, finish: str, usage: dict, token_ids=None) -> None:
         """The answer as the engines stream it: role, then text and reasoning in pieces, tool calls
-        by index (id and name first, arguments in two pieces), finish_reason, then the usage chunk."""
+        by index (id and name first, arguments in two pieces), finish_reason, then the usage chunk.
+        token_ids (vLLM, asked with return_token_ids): one id on each chunk after the role's, the
+        rest on the finish chunk, as vLLM sends the end-of-turn token with the finish_reason."""
 
         def piece(text):
             return [text[: len(text) // 2], text[len(text) // 2 :]] if text else []
@@ -485,6 +488,13 @@ class ScriptedEngine(StubHandler):
             {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
             {"choices": [], "usage": usage},
         ]
+        if token_ids is not None:
+            chunks[0]["prompt_token_ids"] = [1, 2, 3]  # vLLM: the prompt's ids, first chunk only
+            ids = list(token_ids)
+            for chunk in chunks[1:-2]:
+                chunk["choices"][0]["token_ids"] = ids[:1]
+                ids = ids[1:]
+            chunks[-2]["choices"][0]["token_ids"] = ids
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -542,8 +552,13 @@ class ScriptedEngine(StubHandler):
         prompt = len(self._count(body)) if self.tokenizer else 5
         usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
         finish = "tool_calls" if reply.get("tool_calls") else reply.get("finish", "stop")
+        # reply["token_ids"]: what the model generated; sent when asked, by vLLM per streamed
+        # chunk, by SGLang only in a whole answer
+        token_ids = reply.get("token_ids") if body.get("return_token_ids") else None
         if body.get("stream"):
-            return self._stream(message, finish, usage)
+            return self._stream(
+                message, finish, usage, token_ids if self.engine == "vllm" else None
+            )
         self._json(
             {
                 "id": "x",
@@ -557,6 +572,7 @@ class ScriptedEngine(StubHandler):
                         "finish_reason": "tool_calls"
                         if reply.get("tool_calls")
                         else reply.get("finish", "stop"),
+                        **({"token_ids": token_ids} if token_ids is not None else {}),
                     }
                 ],
                 "usage": {
@@ -601,6 +617,7 @@ def run_rows(
     max_failures=None,
     api_key=None,
     slots=None,
+    extra_body=None,
 ):
     async def go():
         pool = open_pool(urls, api_key, slots=slots)
@@ -617,6 +634,7 @@ def run_rows(
                 {"fingerprint": "f"},
                 count_ids,
                 max_failures,
+                extra_body=extra_body,
             ), pool
         finally:
             await close_pool(pool)
@@ -1136,6 +1154,88 @@ def test_multi_turn_keeps_reasoning_and_splices_matching_tool_results(tmp_path, 
             body["chat_template_kwargs"] == {"enable_thinking": True} and body["max_tokens"] == 16
         )
         assert body["tools"] == WEATHER_CHAT["tools"]
+
+
+# A /v1/chat/completions stream in the shape vLLM's chat_completion/serving.py writes it when
+# asked for return_token_ids and include_usage (reasoning parser on): the prompt's ids on the role
+# chunk, each chunk's own ids in its choice, chunks whose tokens the parser held back (empty delta,
+# ids only), the end token on the finish chunk, then the usage chunk.
+VLLM_TOKEN_ID_STREAM = [
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,5,9]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":null,"token_ids":[515]}]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning":"2+2"},"logprobs":null,"finish_reason":null,"token_ids":[40,7,40]}]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":null,"token_ids":[516]}]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"4"},"logprobs":null,"finish_reason":null,"token_ids":[42]}]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[2]}]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":10,"completion_tokens":7}}',
+]
+
+
+def test_streamed_token_ids_are_put_together_in_order():
+    from draftline.answer_stream import BadAnswer, StreamedAnswer, add_chunk, answer_choice
+
+    streamed = StreamedAnswer()
+    carried = [add_chunk(streamed, line.encode()) for line in VLLM_TOKEN_ID_STREAM]
+    assert carried == [0, 1, 1, 1, 1, 1, 0]  # a chunk of ids only is progress (token timeout)
+    choice = answer_choice(streamed.answer())
+    assert choice["token_ids"] == [515, 40, 7, 40, 516, 42, 2]
+    assert choice["message"] == {"role": "assistant", "content": "4", "reasoning": "2+2"}
+    assert len(choice["token_ids"]) == streamed.answer()["usage"]["completion_tokens"]
+
+    without = StreamedAnswer()  # a server that returns no ids: none are made up
+    for line in VLLM_TOKEN_ID_STREAM:
+        chunk = json.loads(line)
+        for c in chunk["choices"]:
+            c.pop("token_ids", None)
+        without.add(chunk)
+    assert "token_ids" not in without.answer()["choices"][0]
+    with pytest.raises(BadAnswer, match="token_ids"):
+        StreamedAnswer().add(
+            {"choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": ["a"]}]}
+        )
+    with pytest.raises(BadAnswer, match="token_ids"):
+        answer_choice({"choices": [{"message": {"content": "a"}, "token_ids": [1.5]}]})
+
+
+def test_token_ids_are_asked_only_of_engines_that_know_the_field():
+    assert engine_request_fields("transformers") == {}  # it answers 422 to unknown fields
+    for engine in ("vllm", "sglang", "hf"):
+        assert engine_request_fields(engine) == {
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_servers_token_ids_are_recorded_per_turn(tmp_path, stub, engine):
+    generated = {"tool": [11, 12, 13, 14, 2], "result": [21, 22, 2], "thanks": [31, 2]}
+
+    def answer(body):
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return {"content": "Hot.", "token_ids": generated["result"]}
+        if "Thanks" in last["content"]:
+            return {"content": "Bye.", "token_ids": generated["thanks"]}
+        return {"tool_calls": [("get_weather", {"city": "Cairo"})], "token_ids": generated["tool"]}
+
+    url, handler = stub(engine=engine, answer=answer)
+    _, (row,), _, _ = run_rows(
+        [url], [WEATHER_CHAT], tmp_path, extra_body=engine_request_fields(engine)
+    )
+    regen = row["regeneration"]
+    assert all(body["return_token_ids"] is True for body in handler.requests)
+    if engine == "vllm":  # streamed: the ids of every chunk, in order
+        assert regen["completion_token_ids"] == [
+            generated["tool"],
+            generated["result"],
+            generated["thanks"],
+        ]
+    else:  # SGLang returns them only in a whole answer, never in a stream
+        assert regen["completion_token_ids"] == [None, None, None]
+    assert regen["turn_completion_tokens"] == [3, 3, 3]  # usage.completion_tokens of each turn
+    # the ids stay in the record: the messages sent back to the server carry none
+    assert all("token_ids" not in json.dumps(body["messages"]) for body in handler.requests)
+    assert not any("token_ids" in m for m in row["messages"])
 
 
 def test_another_tool_call_ends_the_conversation_at_the_call(tmp_path, stub):

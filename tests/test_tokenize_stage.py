@@ -26,11 +26,12 @@ def write_inputs(
     max_length: int,
     regen_meta: dict | None = None,
     max_truncated_share: float | None = None,
+    assistant_ids: str = "retokenize",
 ) -> None:
     share = "" if max_truncated_share is None else f", max_truncated_share: {max_truncated_share}"
     (root / "params.yaml").write_text(
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
-        f"tokenize: {{max_length: {max_length}{share}}}\n"
+        f"tokenize: {{max_length: {max_length}{share}, assistant_ids: {assistant_ids}}}\n"
     )
     card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
@@ -109,7 +110,7 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
     assert report["check"]["verdict"] == "pass" and report["check"]["truncated"] == 0
     # the threshold decides whether the stage passes, not what it writes
     meta = json.loads((tmp_path / "tokenized" / "meta.json").read_text())
-    assert meta["params"] == {"max_length": 512}
+    assert meta["params"] == {"max_length": 512, "assistant_ids": "retokenize"}
 
     # truncation to max_length: counted, rows cut, and rerunning replaces the old dataset whole
     # (past tokenize.max_truncated_share the stage fails: see the test below)
@@ -247,3 +248,113 @@ def test_template_that_drops_old_reasoning_splits_the_conversation(tmp_path, qwe
     )
     tok_meta = json.loads((tmp_path / "tokenized" / "meta.json").read_text())
     assert tok_meta["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def split_a_token(tok, ids: list[int]) -> tuple[int, list[int]]:
+    """(k, ids with ids[k] written as two tokens of the same text)."""
+    vocab = tok.get_vocab()
+    for k, t in enumerate(ids):
+        piece = tok.convert_ids_to_tokens(t)
+        if len(piece) > 1 and piece[:1] in vocab and piece[1:] in vocab:
+            return k, ids[:k] + [vocab[piece[:1]], vocab[piece[1:]]] + ids[k + 1 :]
+    raise AssertionError("no token to split")
+
+
+def test_server_token_ids_are_checked_per_source_and_can_be_used_verbatim(tmp_path, random_target):
+    """Lines as regenerate writes them: each turn's token ids and usage from the server. Seeded
+    drift (a token written as two, a count off by one, a line from before ids were recorded) is
+    counted per dataset source; assistant_ids: server trains on the server's ids."""
+    from transformers import AutoTokenizer
+
+    from datasets import load_from_disk
+    from draftline.chat import tokenize_conversation, trained_runs
+
+    tok = AutoTokenizer.from_pretrained(random_target.model)
+    rng = random.Random(4)
+    sources = [
+        ("math", arithmetic),
+        ("tools", tool_call),
+        ("chat", multi_turn),
+        ("math", arithmetic),
+    ]
+    convs = [dict(id=f"c{k}", source=src, **make(rng)) for k, (src, make) in enumerate(sources)]
+    for c in convs:
+        (row,) = tokenize_conversation(tok, c["messages"], c["tools"], 4096)
+        ids = trained_runs(row["input_ids"], row["loss_mask"])  # what the target generated
+        c["regeneration"] = {
+            "run": 1,
+            "finish_reasons": ["stop"] * len(ids),
+            "completion_token_ids": ids,
+            "turn_completion_tokens": [len(t) for t in ids],
+        }
+    k, drifted = split_a_token(tok, convs[1]["regeneration"]["completion_token_ids"][0])
+    convs[1]["regeneration"]["completion_token_ids"][0] = drifted
+    convs[1]["regeneration"]["turn_completion_tokens"][0] = len(drifted)
+    convs[3]["regeneration"]["turn_completion_tokens"][0] += 1
+    chat_turns = len(convs[2]["regeneration"].pop("completion_token_ids"))
+    del convs[2]["regeneration"]["turn_completion_tokens"]  # a line from before ids were kept
+    tool_turns = len(convs[1]["regeneration"]["completion_token_ids"])
+
+    write_inputs(tmp_path, random_target, convs, 512)
+    report = run(tmp_path)["server_token_ids"]
+    retokenized = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
+
+    def counts(turns, **nonzero):
+        zero = dict.fromkeys(
+            [
+                "no_server_ids",
+                "server_ids",
+                "retokenized_equal_server_ids",
+                "retokenized_differ_from_server_ids",
+                "server_ids_without_end_of_turn",
+                "prefilled",
+                "spliced",
+                "with_usage",
+                "retokenized_count_differs_from_usage",
+                "server_ids_count_differs_from_usage",
+            ],
+            0,
+        )
+        return {"assistant_turns": turns, **zero, **nonzero}
+
+    assert report["by_source"] == {
+        "chat": counts(chat_turns, no_server_ids=chat_turns),
+        "math": counts(
+            2,
+            server_ids=2,
+            retokenized_equal_server_ids=2,
+            with_usage=2,
+            retokenized_count_differs_from_usage=1,
+            server_ids_count_differs_from_usage=1,
+        ),
+        "tools": counts(
+            tool_turns,
+            server_ids=tool_turns,
+            retokenized_equal_server_ids=tool_turns - 1,
+            retokenized_differ_from_server_ids=1,
+            with_usage=tool_turns,
+            retokenized_count_differs_from_usage=1,
+        ),
+    }
+    assert (
+        report["assistant_ids"] == "retokenize"
+        and report["assistant_turns"] == 4 + tool_turns + chat_turns - 2
+    )
+    assert report["retokenized_differ_from_server_ids"] == 1
+    (shown,) = report["first_differences"]
+    assert (shown["id"], shown["first_difference"]) == ("c1", k)
+
+    write_inputs(tmp_path, random_target, convs, 512, assistant_ids="server")
+    report = run(tmp_path)["server_token_ids"]
+    verbatim = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
+    assert report["spliced"] == report["server_ids"] == 4 + tool_turns - 2
+    assert verbatim["id"] == retokenized["id"] == ["c0", "c1", "c2", "c3"]
+    for i in (0, 2, 3):  # equal ids, or none recorded: the same row
+        assert verbatim[i]["input_ids"] == retokenized[i]["input_ids"]
+        assert verbatim[i]["loss_mask"] == retokenized[i]["loss_mask"]
+    row = verbatim[1]
+    trained = trained_runs(row["input_ids"], row["loss_mask"])
+    assert trained == convs[1]["regeneration"]["completion_token_ids"]
+    assert trained[0] == drifted and row["input_ids"] != retokenized[1]["input_ids"]
+    assert tok.decode(row["input_ids"]) == tok.decode(retokenized[1]["input_ids"])
+    assert row["seq_len"] == len(row["input_ids"]) == len(retokenized[1]["input_ids"]) + 1
