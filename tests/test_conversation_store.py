@@ -466,5 +466,32 @@ def test_lines_of_runs_before_settings_were_recorded_are_kept_or_superseded(
     ]
 
 
+def test_a_kill_between_the_steps_leaves_every_line_somewhere_and_none_twice(tmp_path, monkeypatch):
+    """Lines go to superseded.jsonl (synced) before conversations.jsonl is rewritten: killed in
+    between, they are in both files; the rerun finishes the move without appending them twice."""
+    import draftline.conversation_store as store
+
+    rows = {r["id"]: r for r in prompts(4)}
+    path = tmp_path / "conversations.jsonl"
+    lines = [line(r, {"fingerprint": "G", "settings": {"max_tokens": 4}}) for r in rows.values()]
+    write_jsonl(path, lines)
+    wanted = store.Wanted("F", {"max_tokens": 8})
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "atomic_path", killed)
+        try:
+            load_finished(path, rows, wanted)
+        except KeyboardInterrupt:
+            pass
+    aside = (tmp_path / "superseded.jsonl").read_text().splitlines()
+    assert len(aside) == 4 and len(path.read_text().splitlines()) == 4  # in both files
+    done, counts = load_finished(path, rows, wanted)
+    assert not done and counts["stale_settings"] == 4 and not path.read_text()
+    assert (tmp_path / "superseded.jsonl").read_text().splitlines() == aside  # not twice
+
+
 if __name__ == "__main__":
     serve_as_vllm(sys.argv[1:])
