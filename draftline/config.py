@@ -402,9 +402,10 @@ class RegenerateConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=16)  # vLLM --max-model-len, SGLang --context-length
+    # the parsers shape how answers are recorded (for backend external: say what the servers run)
     reasoning_parser: str | None = None  # e.g. qwen3, deepseek_r1: reasoning comes back separately
     tool_call_parser: str | None = None  # e.g. hermes, qwen25: tool calls come back structured
-    extra_args: list[str] = []  # appended to the launch command as given
+    extra_args: list[str] = []  # appended to the launch command as given; recorded per line
     # launched transformers serve (see commands.py for why continuous batching is off)
     continuous_batching: bool = False
     cb_num_blocks: int = Field(16, ge=1)  # KV-cache blocks when continuous batching is on
@@ -866,10 +867,12 @@ class Params(Section):
 
 # ---- what each param does to its stage's output ------------------------------------------------
 # Output-shaping: a change makes a different output, so the field is in the stage's fingerprint /
-# resume identity (regenerate: `output_shaping(cfg)` in the conversations' fingerprint and meta.json;
-# train: the resume state's fingerprint) and old outputs are never reused. Operational: where and how
-# fast the work runs (hosts, ports, concurrency, timeouts, retries, progress, server slots, paths to
-# executables, scale-out); a change never redoes work. Every field of every section is named in
+# resume identity (regenerate: `output_shaping(cfg)` in each conversation's recorded settings and
+# meta.json, lines made otherwise are set aside in superseded.jsonl; train: the resume state's
+# fingerprint) and old outputs are not reused. Operational: where, how fast and by which engine the
+# work runs (hosts, ports, concurrency, timeouts, retries, progress, server slots, paths to
+# executables, scale-out, the regenerate engine and its launch arguments); a change never redoes
+# work. Every field of every section is named in
 # exactly one of the two (tests/test_param_kinds.py); a section-valued field named output-shaping brings
 # its own output-shaping fields. Unnamed fields count as output-shaping.
 
@@ -895,10 +898,12 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     ),  # cuts max_tokens, ends a conversation whose prompt does not fit
     TemperatureChoice: _names("value weight"),
     HfBatchConfig: _names(""),
-    # the engine, its parsers and launch arguments (extra_args may set anything: dtype, template...)
-    # decide what an answer holds, as do the sampling settings
+    # what the target is asked and how it samples; the parsers decide how an answer is recorded
+    # (reasoning_content and tool_calls apart, or inline in the content) and so what the next turn
+    # is asked: with backend external they say what the servers run. (The launch arguments that
+    # set sampling defaults count too: conversation_store.ANSWER_SHAPING_ARGS.)
     RegenerateConfig: _names(
-        "backend external_engine reasoning_parser tool_call_parser extra_args short long "
+        "reasoning_parser tool_call_parser short long "
         "max_tokens temperature temperatures top_p seed chat_template_kwargs"
     ),
     TokenizeConfig: _names("max_length assistant_ids"),
@@ -939,9 +944,13 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     TemperatureChoice: _names(""),
     # backend hf's batching: answers are greedy either way (only near-ties can differ, and are counted)
     HfBatchConfig: _names("max_batch gather_ms tie_tolerance threads"),
-    # max_model_len: a conversation longer than the server's context fails (and is retried), it is
-    # not cut; tensor/data parallel and continuous batching: the same engine, spread or scheduled
+    # backend, external_engine, extra_args: which engine answers, and how it was launched, is
+    # provenance (recorded per line, conversation_store.ENGINE_FIELDS), not a reason to redo an
+    # answer; max_model_len: a conversation longer than the server's context fails (and is
+    # retried), it is not cut; tensor/data parallel and continuous batching: the same engine,
+    # spread or scheduled
     RegenerateConfig: _names(
+        "backend external_engine extra_args "
         "host port endpoints served_model_name api_key_env tensor_parallel_size "
         "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
         "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "

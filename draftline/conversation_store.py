@@ -1,27 +1,73 @@
 """The regenerated conversations file and its prompts: what each line records, which lines a
-rerun keeps, and the order rows take downstream.
+rerun keeps, where the others go, and the order rows take downstream.
 
 Output is append-only JSONL keyed by prompt id, one flushed line per finished conversation. Each
-line carries a `regeneration` record with the fingerprint of what shaped it (target, chat
-template, output-shaping params) and the hash of its prompt: a rerun keeps the lines that still
-match and sends only the missing prompts.
+line carries a `regeneration` record: the `settings` that shaped its answers (target, chat
+template, the output-shaping regenerate params) with their `fingerprint`, the `engine` that
+answered (backend, engine, launch arguments: provenance, never compared) and the hash of its
+prompt. A rerun keeps the lines whose settings still match, field by field, and sends only the
+missing prompts. Nothing finished is deleted: a line made with other settings, for a changed
+prompt, a duplicate of an id or an unreadable line moves to superseded.jsonl beside it
+(append-only, with the reason and when), and a superseded line that matches the settings again
+comes back instead of being sent again. By hand:
+
+    python -m draftline.conversation_store restore datasets/regenerated [--dry-run]
+    python -m draftline.conversation_store restore datasets/regenerated --reason stale_settings [--id p1 ...]
+
+The first does what the stage does before sending (moves stale lines out, matching ones back);
+the second brings the chosen lines back whatever settings made them, accepted for the current
+ones (`regeneration.accepted_for`), in place of the line that holds their id.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.config import output_shaping
-from draftline.io import atomic_path, read_jsonl
+from draftline.config import RegenerateConfig, output_shaping, stage_params
+from draftline.io import atomic_path, read_json, read_jsonl
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
-    from draftline.config import RegenerateConfig
+
+SUPERSEDED = "superseded.jsonl"  # beside conversations.jsonl; nothing downstream reads it
+
+# Regenerate params recorded per line as the engine's provenance (all OPERATIONAL in config.py):
+# which engine answered and how it was launched or scheduled. Never compared.
+ENGINE_FIELDS = (
+    "backend",
+    "external_engine",
+    "extra_args",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "max_model_len",
+    "continuous_batching",
+    "cb_num_blocks",
+    "hf",
+    "server_slots",
+    "served_model_name",
+)
+# Launch arguments (vLLM, SGLang) that change how the server samples or renders a prompt when a
+# request leaves it unset: the one part of `extra_args` that is compared (`answer_shaping_args`).
+ANSWER_SHAPING_ARGS = (
+    "--generation-config",
+    "--override-generation-config",
+    "--logits-processors",
+    "--default-chat-template-kwargs",
+    "--preferred-sampling-params",
+    "--sampling-defaults",
+)
+# Output-shaping before the engine became provenance: lines of those runs have a fingerprint of
+# the settings with these fields in it, and no `settings` record.
+LEGACY_ENGINE_SHAPING = ("backend", "external_engine", "extra_args")
 
 
 def _sha256(obj) -> str:
@@ -38,15 +84,141 @@ def fingerprint(settings: dict) -> str:
     return _sha256(settings)[:16]
 
 
+def answer_shaping_args(extra_args: list[str]) -> list[list[str]]:
+    """The ANSWER_SHAPING_ARGS of a launch command's extra arguments, each [flag, values...]."""
+    found, current = [], None
+    for arg in extra_args:
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("--"):
+            current = [flag, *([value] if eq else [])] if flag in ANSWER_SHAPING_ARGS else None
+            if current is not None:
+                found.append(current)
+        elif current is not None:
+            current.append(arg)
+    return found
+
+
 def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
-    """Everything that shapes the answers: the target, its chat template and the output-shaping
-    regenerate params (draftline/config.py). Conversations made under other settings are redone."""
+    """Everything that shapes the answers: the target, its chat template, the output-shaping
+    regenerate params (draftline/config.py) and the answer-shaping launch arguments. A line made
+    under other settings is superseded and its conversation sent again."""
     return {
         "model": card.model,
         "revision": card.revision,
         "chat_template_sha256": card.chat_template_sha256,
         **output_shaping(cfg),
+        "answer_shaping_args": answer_shaping_args(cfg.extra_args),
     }
+
+
+def engine_record(cfg: RegenerateConfig, engine: str) -> dict:
+    """What answered, recorded per line (`regeneration.engine`) and never compared: switching
+    backend, pointing `external` at a server kept running, or new launch arguments keep every
+    finished line."""
+    return {"engine": engine, **cfg.model_dump(include=set(ENGINE_FIELDS))}
+
+
+def _plain(obj):
+    return json.loads(json.dumps(obj))
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """The settings the kept lines must have been made with. `known`: fingerprint -> (settings,
+    where they come from) of lines written before settings were recorded per line."""
+
+    fingerprint: str
+    settings: dict
+    known: dict[str, tuple[dict, str]] = field(default_factory=dict)
+    defaults: dict = field(default_factory=dict)  # a field a line does not record: its default
+
+
+def wanted_settings(cfg: RegenerateConfig, card: TargetCard, directory: Path) -> Wanted:
+    """The current settings, and how to read the lines of runs that did not record theirs: a
+    fingerprint the current params give with the engine fields still in it, or the one of the
+    meta.json beside them (its params, hashed again, must give its fingerprint)."""
+    settings = _plain(regeneration_settings(cfg, card))
+    legacy = {k: v for k, v in settings.items() if k != "answer_shaping_args"}
+    legacy.update(_plain(cfg.model_dump(include=set(LEGACY_ENGINE_SHAPING))))
+    known = {fingerprint(legacy): ({**settings, **legacy}, "params")}
+    meta_path = Path(directory) / "meta.json"
+    try:
+        meta = read_json(meta_path) if meta_path.is_file() else {}
+    except (OSError, ValueError):
+        meta = {}
+    params = meta.get("params") if isinstance(meta, dict) else None
+    if isinstance(params, dict) and isinstance(meta.get("fingerprint"), str):
+        old = {
+            "model": meta.get("target"),
+            "revision": card.revision,
+            "chat_template_sha256": meta.get("chat_template_sha256"),
+            **params,
+        }
+        if fingerprint(old) == meta["fingerprint"]:
+            old["answer_shaping_args"] = answer_shaping_args(old.get("extra_args") or [])
+            known.setdefault(meta["fingerprint"], (old, "meta.json"))
+    defaults = _plain(output_shaping(RegenerateConfig()))
+    defaults["answer_shaping_args"] = []
+    return Wanted(fingerprint(settings), settings, known, defaults)
+
+
+def changed_fields(regen: dict, recorded: dict, wanted: Wanted) -> list[str]:
+    """The current settings a line was made without: each compared with what the line records
+    (its settings, else its engine record, else the field's default)."""
+    engine = regen.get("engine") if isinstance(regen.get("engine"), dict) else {}
+    changed = []
+    for key, value in wanted.settings.items():
+        for source in (recorded, engine, wanted.defaults):
+            if key in source:
+                if source[key] != value:
+                    changed.append(key)
+                break
+        else:
+            changed.append(key)
+    return changed
+
+
+def _verdict(row: dict, prompts: dict, wanted: Wanted) -> tuple[str | None, list[str], dict]:
+    """(why the line does not hold, or None; the settings that changed; what to add to its record:
+    the settings recovered for a line of a run that did not record them)."""
+    regen = row.get("regeneration")
+    if not isinstance(regen, dict):
+        return "unrecorded_settings", [], {}
+    made_with, addition, changed = regen.get("fingerprint"), {}, []
+    if made_with == wanted.fingerprint or regen.get("accepted_for") == wanted.fingerprint:
+        pass  # the same settings, or accepted for them by hand (restore --reason/--id)
+    elif isinstance(regen.get("settings"), dict) and wanted.settings:
+        changed = changed_fields(regen, regen["settings"], wanted)
+    elif made_with in wanted.known:
+        recorded, source = wanted.known[made_with]
+        addition = {
+            "settings": {k: recorded[k] for k in wanted.settings if k in recorded},
+            "engine": {k: recorded[k] for k in LEGACY_ENGINE_SHAPING if k in recorded},
+            "settings_from": source,
+        }
+        changed = changed_fields({**regen, **addition}, recorded, wanted)
+    else:
+        return "unrecorded_settings", [], {}
+    if changed:
+        return "stale_settings", changed, addition
+    pid = row["id"]
+    if pid in prompts and regen.get("prompt_sha256") != prompt_sha256(prompts[pid]):
+        return "stale_prompt", [], addition
+    return None, [], addition
+
+
+def _with(row: dict, addition: dict) -> dict:
+    if not addition:
+        return row
+    return {**row, "regeneration": {**row["regeneration"], **addition}}
+
+
+def _parse(line: bytes) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("id"), str) else None
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -73,62 +245,263 @@ def cut_last_line(path: Path) -> bool:
         return f.read(1) != b"\n"
 
 
-def load_finished(
-    path: Path, prompts: dict[str, dict], tags_fingerprint: str, rewrite: bool = True
-) -> tuple[set[str], dict]:
-    """Ids of the lines of previous runs that still hold: well-formed, first of their id, made
-    with the same fingerprint and, for ids still prompted, from the same prompt; with counts of
-    what was dropped and `last_run`, the highest run number kept (see run_of). Lines of ids no
-    longer prompted stay (shrinking `samples` and growing it back loses nothing). When anything was
-    dropped or the last line was cut by a kill, the file is rewritten atomically without it (only
-    with `rewrite`: the stage first counts, and drops lines only once the servers passed their
-    preflight); the file is streamed twice rather than held in memory (it reaches gigabytes)."""
-    counts = Counter()
-    keep: list[bool] = []
-    done: set[str] = set()
-    last_run = 0  # the highest `run` of the lines kept (lines from before runs were numbered: 0)
-    cut_last_line = False
+def superseded_path(conversations_path: Path) -> Path:
+    return Path(conversations_path).with_name(SUPERSEDED)
+
+
+# ---- the plan: what stays, what moves out, what comes back ---------------------------------------
+
+
+@dataclass
+class _Plan:
+    # per line of conversations.jsonl: None = kept as is; ("keep", addition) = kept, record
+    # completed; (reason, changed, addition) = moved to superseded.jsonl; "blank" = dropped
+    actions: list = field(default_factory=list)
+    restore: dict[int, dict] = field(default_factory=dict)  # superseded line -> record additions
+    held: set[bytes] = field(default_factory=set)  # digests of what superseded.jsonl holds
+    done: set[str] = field(default_factory=set)
+    counts: Counter = field(default_factory=Counter)
+    last_run: int = 0
+    cut_last_line: bool = False
+
+    def changes(self) -> bool:
+        return (
+            self.cut_last_line
+            or bool(self.restore)
+            or any(a not in (None, "blank") for a in self.actions)
+        )
+
+
+def _digest(obj) -> bytes:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).digest()[
+        :16
+    ]
+
+
+def _lines(path: Path):
     if path.exists():
         with open(path, "rb") as f:
-            for line in f:
-                cut_last_line = not line.endswith(b"\n")
-                if not line.strip():
-                    keep.append(False)
+            yield from f
+
+
+def _superseded_entries(path: Path):
+    """(index, entry or None when unreadable) of each line of superseded.jsonl."""
+    for i, line in enumerate(_lines(path)):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        yield i, entry if isinstance(entry, dict) else None
+
+
+def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
+    """What the stage does: keep the lines that hold (first of their id, made with the wanted
+    settings, for the same prompt), move the others out, and bring back a superseded line for each
+    id left without one when it holds."""
+    plan = _Plan()
+    for line in _lines(path):
+        plan.cut_last_line = not line.endswith(b"\n")
+        if not line.strip():
+            plan.actions.append("blank")
+            continue
+        row = _parse(line)
+        if row is None:
+            plan.counts["bad_lines"] += 1
+            plan.actions.append(("bad_line", [], {}))
+            continue
+        if row["id"] in plan.done:
+            plan.counts["duplicates"] += 1
+            plan.actions.append(("duplicate", [], {}))
+            continue
+        reason, changed, addition = _verdict(row, prompts, wanted)
+        if reason:
+            plan.counts[reason] += 1
+            plan.actions.append((reason, changed, addition))
+            continue
+        plan.done.add(row["id"])
+        plan.counts["not_in_prompts"] += row["id"] not in prompts
+        plan.counts["upgraded"] += bool(addition)
+        plan.last_run = max(plan.last_run, run_of(row))
+        plan.actions.append(("keep", addition) if addition else None)
+    for i, entry in _superseded_entries(superseded_path(path)):
+        if entry is None:
+            continue
+        plan.held.add(_digest(entry.get("line", entry.get("text"))))
+        row = entry.get("line")
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            continue
+        if row["id"] in plan.done:
+            continue
+        reason, _, addition = _verdict(row, prompts, wanted)
+        if reason is not None:
+            continue
+        plan.restore[i] = addition
+        plan.done.add(row["id"])
+        plan.counts["restored"] += 1
+        plan.last_run = max(plan.last_run, run_of(row))
+    return plan
+
+
+def _plan_chosen(
+    path: Path, prompts: dict, wanted: Wanted, chosen: Callable[[dict], bool]
+) -> tuple[_Plan, Counter]:
+    """Restoring by hand: the first `chosen` superseded line of each id comes back (accepted for
+    the current settings when made with others), in place of every line that holds its id now.
+    Lines for a prompt that has changed since, or unreadable ones, stay; skipped counts them."""
+    plan, skipped = _Plan(), Counter()
+    for i, entry in _superseded_entries(superseded_path(path)):
+        if entry is None or not chosen(entry):
+            continue
+        row = entry.get("line")
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            skipped["unreadable"] += 1
+            continue
+        pid = row["id"]
+        if pid in plan.done:
+            skipped["another_line_of_the_id_chosen"] += 1
+            continue
+        regen = row.get("regeneration")
+        if pid in prompts and (
+            not isinstance(regen, dict) or regen.get("prompt_sha256") != prompt_sha256(prompts[pid])
+        ):
+            skipped["prompt_changed"] += 1
+            continue
+        reason, _, addition = _verdict(row, prompts, wanted)
+        plan.restore[i] = (
+            addition if reason is None else {**addition, "accepted_for": wanted.fingerprint}
+        )
+        plan.done.add(pid)
+        plan.counts["restored"] += 1
+    for line in _lines(path):
+        plan.cut_last_line = not line.endswith(b"\n")
+        row = _parse(line) if line.strip() else None
+        if row is not None and row["id"] in plan.done:
+            plan.counts["replaced"] += 1
+            plan.actions.append(("replaced", [], {}))
+        else:
+            plan.actions.append(None if line.strip() else "blank")
+    for _, entry in _superseded_entries(superseded_path(path)):
+        if entry is not None:
+            plan.held.add(_digest(entry.get("line", entry.get("text"))))
+    return plan, skipped
+
+
+def _apply(plan: _Plan, path: Path, by: str) -> None:
+    """Moves the lines out first (appended to superseded.jsonl, flushed to disk), then rewrites
+    conversations.jsonl atomically with the kept and restored lines, then superseded.jsonl without
+    the restored ones: a kill between two steps leaves a line in both files, never in neither."""
+    spath = superseded_path(path)
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out = [a for a in plan.actions if isinstance(a, tuple) and a[0] != "keep"]
+    if out:
+        newline = cut_last_line(spath)
+        with open(spath, "ab") as dst:
+            if newline:
+                dst.write(b"\n")
+            for line, action in zip(_lines(path), plan.actions):
+                if not isinstance(action, tuple) or action[0] == "keep":
                     continue
-                try:
-                    row = json.loads(line)
-                    pid = row["id"]
-                    regen = row.get("regeneration")  # absent: written before records had one
-                    ok_row = isinstance(pid, str)
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    ok_row = False
-                if not ok_row:
-                    reason = "bad_lines"
-                elif pid in done:
-                    reason = "duplicates"
-                elif not isinstance(regen, dict) or regen.get("fingerprint") != tags_fingerprint:
-                    reason = "stale_settings"
-                elif pid in prompts and regen.get("prompt_sha256") != prompt_sha256(prompts[pid]):
-                    reason = "stale_prompt"
+                reason, changed, addition = action
+                row = _parse(line)
+                entry = {"reason": reason, "superseded_at": at, "by": by}
+                if changed:
+                    entry["changed"] = changed
+                if row is None:
+                    content = entry["text"] = line.decode("utf-8", "replace").rstrip("\n")
                 else:
-                    reason = None
-                    done.add(pid)
-                    counts["not_in_prompts"] += pid not in prompts
-                    last_run = max(last_run, run_of(row))
-                if reason:
-                    counts[reason] += 1
-                keep.append(reason is None)
-    dropped = sum(v for k, v in counts.items() if k != "not_in_prompts")
-    if rewrite and (dropped or cut_last_line):
-        with atomic_path(path) as tmp, open(path, "rb") as src, open(tmp, "wb") as dst:
-            for line, kept in zip(src, keep):
-                if kept:
+                    content = entry["line"] = _with(row, addition)
+                if _digest(content) in plan.held:  # already there (a kill between two steps)
+                    continue
+                plan.held.add(_digest(content))
+                dst.write((json.dumps(entry, ensure_ascii=False) + "\n").encode())
+            dst.flush()
+            os.fsync(dst.fileno())
+    with atomic_path(path) as tmp, open(tmp, "wb") as dst:
+        for line, action in zip(_lines(path), plan.actions):
+            if action is None:
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+            elif isinstance(action, tuple) and action[0] == "keep":
+                dst.write(
+                    (json.dumps(_with(_parse(line), action[1]), ensure_ascii=False) + "\n").encode()
+                )
+        for i, entry in _superseded_entries(spath):
+            if i in plan.restore:
+                row = _with(entry["line"], plan.restore[i])
+                dst.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
+        dst.flush()
+        os.fsync(dst.fileno())
+    if plan.restore:
+        with atomic_path(spath) as tmp, open(tmp, "wb") as dst:
+            for i, line in enumerate(_lines(spath)):
+                if i not in plan.restore:
                     dst.write(line if line.endswith(b"\n") else line + b"\n")
-    kept = {
-        k: counts[k]
-        for k in ("bad_lines", "duplicates", "stale_settings", "stale_prompt", "not_in_prompts")
+
+
+COUNTS = (
+    "bad_lines",
+    "duplicates",
+    "stale_settings",
+    "unrecorded_settings",
+    "stale_prompt",
+    "not_in_prompts",
+    "restored",
+    "upgraded",
+)
+
+
+def load_finished(
+    path: Path, prompts: dict[str, dict], wanted: Wanted | str, rewrite: bool = True
+) -> tuple[set[str], dict]:
+    """Ids of the conversations a run need not send: the lines of previous runs that still hold
+    (well-formed, first of their id, made with the wanted settings and, for ids still prompted,
+    from the same prompt) and the superseded lines that hold again; with counts of each kind and
+    `last_run`, the highest run number kept (see run_of). Lines of ids no longer prompted stay
+    (shrinking `samples` and growing it back loses nothing). With `rewrite` (the stage first
+    counts, and moves lines only once the servers passed their preflight), the lines that do not
+    hold move to superseded.jsonl and the ones that hold again come back; both files are streamed,
+    never held in memory (they reach gigabytes). `wanted` as a bare fingerprint: lines match by it."""
+    if isinstance(wanted, str):
+        wanted = Wanted(wanted, {})
+    plan = _plan_stage(path, prompts, wanted)
+    if rewrite and plan.changes():
+        _apply(plan, path, "regenerate")
+    return plan.done, {**{k: plan.counts[k] for k in COUNTS}, "last_run": plan.last_run}
+
+
+def restore(
+    directory: Path,
+    prompts: dict[str, dict],
+    wanted: Wanted,
+    reasons: list[str] | None = None,
+    ids: list[str] | None = None,
+    dry_run: bool = False,
+) -> dict:
+    """Superseded lines back into conversations.jsonl, never two lines of one id. Without reasons
+    or ids: what the stage does before sending (see load_finished). With them: the chosen lines,
+    whatever made them (see _plan_chosen). Returns the counts."""
+    path = Path(directory) / "conversations.jsonl"
+    skipped = Counter()
+    if reasons or ids:
+        wanted_ids, wanted_reasons = set(ids or ()), set(reasons or ())
+
+        def chosen(entry: dict) -> bool:
+            row = entry.get("line") if isinstance(entry.get("line"), dict) else {}
+            return (not wanted_reasons or entry.get("reason") in wanted_reasons) and (
+                not wanted_ids or row.get("id") in wanted_ids
+            )
+
+        plan, skipped = _plan_chosen(path, prompts, wanted, chosen)
+    else:
+        plan = _plan_stage(path, prompts, wanted)
+    if not dry_run and plan.changes():
+        _apply(plan, path, "restore")
+    counts = {k: v for k, v in plan.counts.items() if v and k != "not_in_prompts"}
+    return {
+        **counts,
+        "accepted": sum("accepted_for" in a for a in plan.restore.values()),
+        "skipped": dict(skipped),
+        "dry_run": dry_run,
     }
-    return done, {**kept, "last_run": last_run}
 
 
 def run_of(row: dict) -> int:
@@ -139,3 +512,55 @@ def run_of(row: dict) -> int:
     regen = row.get("regeneration")
     run = regen.get("run", 0) if isinstance(regen, dict) else 0
     return run if isinstance(run, int) else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m draftline.conversation_store",
+        description="Bring superseded conversations back (datasets/regenerated/superseded.jsonl).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser(
+        "restore",
+        help="without --reason/--id: the lines that match the current settings; with them: "
+        "the chosen lines, accepted for the current settings",
+    )
+    cmd.add_argument("directory", nargs="?", default="datasets/regenerated")
+    cmd.add_argument("--params", default="params.yaml")
+    cmd.add_argument("--card", default="models/target/card.json")
+    cmd.add_argument("--prompts", default="datasets/prompts/train.jsonl")
+    cmd.add_argument(
+        "--reason",
+        action="append",
+        choices=(
+            "stale_settings",
+            "unrecorded_settings",
+            "stale_prompt",
+            "duplicate",
+            "replaced",
+            "bad_line",
+        ),
+    )
+    cmd.add_argument("--id", action="append", dest="ids")
+    cmd.add_argument("--dry-run", action="store_true", help="count, move nothing")
+    args = parser.parse_args(argv)
+
+    from draftline.card import TargetCard
+
+    cfg = stage_params(args.params).regenerate
+    card = TargetCard.load(args.card)
+    prompts = {row["id"]: row for row in read_prompts(args.prompts)}
+    directory = Path(args.directory)
+    result = restore(
+        directory,
+        prompts,
+        wanted_settings(cfg, card, directory),
+        args.reason,
+        args.ids,
+        args.dry_run,
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -4,12 +4,12 @@ Checks first that the backend can answer as asked; counts the conversations alre
 still hold (draftline/conversation_store.py); starts the server of `regenerate.backend` on the
 target (draftline/servers.py, command lines in draftline/commands.py), or takes the `external`
 endpoints; checks each endpoint before the first request (draftline/preflight.py: the card's
-target, not speculative); only then drops the stale lines, and sends the missing prompts
-(draftline/regeneration.py) with a progress bar, or a plain progress line every tick in a log
-file. The report counts everything; too many failures come back as an error that says, per
-failure reason, what to change (draftline/regeneration_progress.py), and so does a run whose
-answers mostly ended at max_tokens (regenerate.max_length_share, over every conversation kept:
-this run's and earlier ones').
+target, not speculative); only then moves the stale lines to superseded.jsonl (and the
+superseded ones that hold again back), and sends the missing prompts (draftline/regeneration.py)
+with a progress bar, or a plain progress line every tick in a log file. The report counts
+everything; too many failures come back as an error that says, per failure reason, what to change
+(draftline/regeneration_progress.py), and so does a run whose answers mostly ended at max_tokens
+(regenerate.max_length_share, over every conversation kept: this run's and earlier ones').
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.conversation_store import (
+    SUPERSEDED,
     cut_last_line,
-    fingerprint,
+    engine_record,
     load_finished,
     read_prompts,
-    regeneration_settings,
+    wanted_settings,
 )
 from draftline.regeneration_progress import failure_error, progress_bar
 
@@ -57,33 +58,49 @@ def regenerate(
 
     prompts = read_prompts(prompts_path)
     by_id = {row["id"]: row for row in prompts}
-    tags = {"fingerprint": fingerprint(regeneration_settings(cfg, card))}
     out.mkdir(parents=True, exist_ok=True)
+    # what shaped the answers (compared) and what answered them (provenance), on every line
+    wanted = wanted_settings(cfg, card, out)
+    tags = {
+        "fingerprint": wanted.fingerprint,
+        "settings": wanted.settings,
+        "engine": engine_record(cfg, engine),
+    }
     conversations_path = out / "conversations.jsonl"
-    # Count first, drop later: lines made with other settings (or cut by a kill) are removed only
-    # once every endpoint passed its preflight, so a refused server (wrong endpoint, a draft
-    # attached...) leaves conversations.jsonl exactly as it was.
-    done, resume = load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=False)
+    # Count first, move later: lines made with other settings (or cut by a kill) move to
+    # superseded.jsonl, and superseded lines that hold again come back, only once every endpoint
+    # passed its preflight, so a refused server (wrong endpoint, a draft attached...) leaves
+    # conversations.jsonl exactly as it was.
+    done, resume = load_finished(conversations_path, by_id, wanted, rewrite=False)
     tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
-    dropping = {k: v for k, v in resume.items() if v and k not in ("not_in_prompts", "last_run")}
-    to_drop = bool(dropping) or cut_last_line(conversations_path)
+    moving = {
+        k: v
+        for k, v in resume.items()
+        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded")
+    }
+    to_rewrite = (
+        bool(moving)
+        or bool(resume["restored"] or resume["upgraded"])
+        or cut_last_line(conversations_path)
+    )
     todo = [row for row in prompts if row["id"] not in done]
     print(
         f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
-        + "".join(f", {v} {k.replace('_', ' ')} to drop" for k, v in dropping.items())
+        + "".join(f", {v} {k.replace('_', ' ')} to move to {SUPERSEDED}" for k, v in moving.items())
+        + (f", {resume['restored']} back from {SUPERSEDED}" if resume["restored"] else "")
     )
 
-    def drop_stale_lines() -> None:
-        if to_drop:
-            load_finished(conversations_path, by_id, tags["fingerprint"], rewrite=True)
+    def move_stale_lines() -> None:
+        if to_rewrite:
+            load_finished(conversations_path, by_id, wanted, rewrite=True)
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
         tally, seen, start, slots = send(
-            cfg, card, engine, model_name, api_key, todo, tags, out, drop_stale_lines
+            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines
         )
     else:
-        drop_stale_lines()  # nothing to send: only lines of ids no longer prompted, or a cut line
+        move_stale_lines()  # nothing to send: lines to move or bring back, or a cut line
     report = run_report(
         cfg, len(prompts), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
     )
@@ -207,10 +224,10 @@ def send(
     todo: list[dict],
     tags: dict,
     out: Path,
-    drop_stale_lines: Callable[[], None],
+    move_stale_lines: Callable[[], None],
 ) -> tuple[Tally | None, list[dict], float, int | None]:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
-    preflights each, drops the stale lines, sends `todo`, stops the server. (tally, what each
+    preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
     endpoint's preflight saw, when sending started, server slots)."""
     from draftline import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
     from draftline.chat import chat_prompt_ids
@@ -311,9 +328,9 @@ def send(
             except PreflightError as err:
                 raise SystemExit(
                     f"error: preflight refused the endpoint: {err} (nothing was sent or "
-                    f"dropped: {conversations_path} is as it was)"
+                    f"moved: {conversations_path} is as it was)"
                 ) from None
-        drop_stale_lines()
+        move_stale_lines()
         import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
 
         start = time.perf_counter()

@@ -8,9 +8,11 @@ first request (the card's target, not speculative); sends the prompts with the `
 client, per short/long partition concurrency; stops the server (draftline/regeneration_run.py).
 Output datasets/regenerated/conversations.jsonl is append-only and keyed by prompt id (persist:
 true in dvc.yaml): a rerun after a crash, or after growing `samples`, sends only the prompts not
-yet there. failures.jsonl has one line per conversation that failed in the last run; the report
-counts everything. The stage fails (its conversations kept) when too many prompts failed
-(regenerate.max_failure_rate) or too many answers ended at max_tokens (regenerate.max_length_share).
+yet there; lines made with other settings move to superseded.jsonl beside it, never deleted
+(`python -m draftline.conversation_store restore` brings them back). failures.jsonl has one line
+per conversation that failed in the last run; the report counts everything. The stage fails (its
+conversations kept) when too many prompts failed (regenerate.max_failure_rate) or too many
+answers ended at max_tokens (regenerate.max_length_share).
 """
 
 import signal
@@ -39,8 +41,8 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     result = regenerate(cfg, card, prompts_path, out)
     write_json(report_path, result.report)
     # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
-    # concurrency, timeouts: draftline/config.py OPERATIONAL) go to the report, so changing them
-    # leaves this output byte-identical and the stages after it cached.
+    # concurrency, timeouts, the engine and its launch arguments: draftline/config.py OPERATIONAL)
+    # go to the report and each line's engine record, so changing them keeps every conversation.
     write_meta(
         out,
         "regenerate",

@@ -96,7 +96,9 @@ CARD = SimpleNamespace(
 def regeneration_fingerprint(**changes) -> str:
     from draftline.conversation_store import fingerprint, regeneration_settings
 
-    return fingerprint(regeneration_settings(RegenerateConfig(backend="vllm", **changes), CARD))
+    return fingerprint(
+        regeneration_settings(RegenerateConfig(**{"backend": "vllm", **changes}), CARD)
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,6 +118,13 @@ def regeneration_fingerprint(**changes) -> str:
         {"max_model_len": 4096},
         {"max_failure_rate": 0.5},
         {"max_length_share": 1.0},
+        # the engine and its launch arguments are provenance (issue 24.2)
+        {"backend": "sglang"},
+        {"backend": "hf"},
+        {"backend": "external", "endpoints": ["http://h:1"], "external_engine": "vllm"},
+        {"extra_args": ["--dtype", "float16"]},
+        {"extra_args": ["--max-num-seqs", "8"]},
+        {"hf": {"max_batch": 2}},
     ],
 )
 def test_an_operational_change_keeps_the_conversations(changes):
@@ -127,7 +136,8 @@ def test_an_operational_change_keeps_the_conversations(changes):
     [
         {"reasoning_parser": "qwen3"},
         {"tool_call_parser": "hermes"},
-        {"extra_args": ["--dtype", "float16"]},
+        {"extra_args": ["--override-generation-config", '{"top_k": 20}']},
+        {"extra_args": ["--generation-config=vllm"]},
         {"short": {"max_context": 512}},
         {"long": {"max_context": 512}},
         {"max_tokens": 7},
@@ -141,18 +151,15 @@ def test_an_output_shaping_change_redoes_the_conversations(changes):
     assert regeneration_fingerprint(**changes) != regeneration_fingerprint()
 
 
-def test_an_output_shaping_change_of_the_backend_redoes_the_conversations():
-    from draftline.conversation_store import fingerprint, regeneration_settings
+def test_the_engine_is_recorded_not_fingerprinted():
+    from draftline.conversation_store import ENGINE_FIELDS, engine_record
 
-    fingerprints = {
-        fingerprint(regeneration_settings(RegenerateConfig(**cfg), CARD))
-        for cfg in (
-            {},
-            {"backend": "vllm"},
-            {"backend": "external", "endpoints": ["http://h:1"], "external_engine": "vllm"},
-        )
-    }
-    assert len(fingerprints) == 3
+    assert set(ENGINE_FIELDS) <= OPERATIONAL[RegenerateConfig]
+    record = engine_record(
+        RegenerateConfig(backend="vllm", extra_args=["--max-num-seqs", "8"]), "vllm"
+    )
+    assert record["engine"] == record["backend"] == "vllm"
+    assert record["extra_args"] == ["--max-num-seqs", "8"] and record["hf"]["max_batch"] == 32
 
 
 def test_train_resume_identity_follows_the_declaration():

@@ -30,7 +30,7 @@ from draftline.commands import (
     vllm_regenerate_command,
 )
 from draftline.config import ParamsError, parse_params
-from draftline.conversation_store import load_finished, prompt_sha256
+from draftline.conversation_store import Wanted, load_finished, prompt_sha256
 from draftline.io import read_json, write_jsonl
 from draftline.openai_client import Endpoint, EndpointPool, RetryPolicy, close_pool, open_pool
 from draftline.preflight import PreflightError, preflight_regeneration
@@ -1317,15 +1317,17 @@ def test_temperature_draw_is_seeded_per_conversation():
 
 
 def test_resume_keeps_only_lines_that_still_hold(tmp_path):
+    """The lines that do not hold are moved to superseded.jsonl with their reason, never deleted."""
     rows = {r["id"]: r for r in prompts(6)}
 
-    def line(pid, fp="F", prompt=None):
+    def line(pid, fp="F", prompt=None, **regeneration):
         return {
             "id": pid,
             "messages": [],
             "regeneration": {
                 "fingerprint": fp,
                 "prompt_sha256": prompt_sha256(prompt or rows[pid]),
+                **regeneration,
             },
         }
 
@@ -1339,20 +1341,25 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
         line("p3", prompt=other),
         {"id": "p5", "messages": []},
         line("gone", prompt=other),
+        line("p1", fp="G", settings={"max_tokens": 4}),
         "not json",
         line("p4"),
     ]
     path.write_text(
         "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines)
     )  # no final newline: cut by a kill
-    done, counts = load_finished(path, rows, "F")
+    wanted = Wanted("F", {"max_tokens": 8})
+    done, counts = load_finished(path, rows, wanted)
     assert done == {"p0", "p1", "gone", "p4"}
     assert counts == {
         "bad_lines": 1,
-        "duplicates": 1,
-        "stale_settings": 2,
+        "duplicates": 2,
+        "stale_settings": 0,
+        "unrecorded_settings": 2,
         "stale_prompt": 1,
         "not_in_prompts": 1,
+        "restored": 0,
+        "upgraded": 0,
         "last_run": 0,
     }
     kept = path.read_text()
@@ -1362,9 +1369,23 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
         "gone",
         "p4",
     ]
+    aside = [json.loads(x) for x in (tmp_path / "superseded.jsonl").read_text().splitlines()]
+    assert [(e["reason"], e.get("line", e.get("text"))) for e in aside] == [
+        ("duplicate", lines[2]),
+        ("unrecorded_settings", lines[3]),
+        ("stale_prompt", lines[4]),
+        ("unrecorded_settings", lines[5]),
+        ("duplicate", lines[7]),
+        ("bad_line", "not json"),
+    ]
     # a clean file is left untouched
     mtime = path.stat().st_mtime_ns
-    assert load_finished(path, rows, "F")[0] == done and path.stat().st_mtime_ns == mtime
+    assert load_finished(path, rows, wanted)[0] == done and path.stat().st_mtime_ns == mtime
+    # a line made with other settings: its changed fields are said
+    path.write_text(json.dumps(line("p2", fp="G", settings={"max_tokens": 4})) + "\n")
+    assert load_finished(path, rows, wanted)[1]["stale_settings"] == 1
+    last = json.loads((tmp_path / "superseded.jsonl").read_text().splitlines()[-1])
+    assert last["reason"] == "stale_settings" and last["changed"] == ["max_tokens"]
 
 
 # ---- preflight against the engines' wire formats ------------------------------------------------
@@ -1482,7 +1503,8 @@ def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, r
 def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target):
     """Issue #16.1: a changed sampling param makes every line stale; with an endpoint the preflight
     refuses, conversations.jsonl must stay byte for byte (before: all lines were dropped first, and
-    reverting the param sent everything again). Once a good endpoint passes, the stale lines go."""
+    reverting the param sent everything again). Once a good endpoint passes, the stale lines move
+    to superseded.jsonl (issue 24.2: never deleted)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
@@ -1493,7 +1515,11 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
     made_with_other_sampling = [
         {
             **row,
-            "regeneration": {"fingerprint": "other-sampling", "prompt_sha256": prompt_sha256(row)},
+            "regeneration": {
+                "fingerprint": "other-sampling",
+                "settings": {"max_tokens": 1},
+                "prompt_sha256": prompt_sha256(row),
+            },
         }
         for row in rows
     ]
@@ -1530,6 +1556,9 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
     assert {r["regeneration"]["fingerprint"] for r in done} == {
         read_json(workdir / "out/meta.json")["fingerprint"]
     }
+    aside = [json.loads(x) for x in (workdir / "out/superseded.jsonl").read_text().splitlines()]
+    assert [e["line"] for e in aside if "line" in e] == made_with_other_sampling
+    assert [e["text"] for e in aside if "text" in e] == ['{"id": "p0", "mess']
 
 
 def test_answers_cut_by_max_tokens_fail_the_stage_and_stay(tmp_path, stub, random_target):
