@@ -203,7 +203,8 @@ def test_params_typo_in_train_keeps_the_draft(repo):
 
 
 # The README's staleness table: a change to these params makes exactly this stage stale (what
-# follows it reruns only when that stage's outputs change).
+# follows it reruns only when that stage's outputs change); probe reruns with train, vocab and
+# hidden_states params but its stamp does not change.
 STALENESS = [
     ("samples", 170, "mix evaluate"),  # evaluate records samples with its result (scaling plot)
     ("seed", 1, "mix"),
@@ -212,9 +213,9 @@ STALENESS = [
     ("datasets.sharegpt_sample.max_rows", 500, "prepare@sharegpt_sample"),
     ("regenerate.max_tokens", 65, "regenerate"),
     ("tokenize.max_length", 500, "tokenize"),
-    ("vocab.draft_vocab_size", 200, "vocab"),
-    ("hidden_states.token_budget", 4096, "hidden_states"),
-    ("train.epochs", 3, "train"),
+    ("vocab.draft_vocab_size", 200, "vocab probe"),
+    ("hidden_states.token_budget", 4096, "hidden_states probe"),
+    ("train.epochs", 3, "train probe"),
     ("evaluate.k", 2, "evaluate"),
     ("benchmark.repeats", 2, "benchmark"),
 ]
@@ -244,9 +245,16 @@ def test_train_param_change_stales_only_train_and_after(repo):
     params["train"]["lr"] = params["train"]["lr"] / 2
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(["dvc", "status", "--json"], repo))
-    assert "train" in status and set(status) <= {"check_params", "train", "evaluate", "benchmark"}
+    assert "train" in status and set(status) <= {
+        "check_params",
+        "probe",
+        "train",
+        "evaluate",
+        "benchmark",
+    }
     assert stages_run(run(["dvc", "repro"], repo)) == {
         "check_params",
+        "probe",
         "train",
         "evaluate",
         "benchmark",
