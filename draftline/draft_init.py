@@ -64,6 +64,20 @@ def resolve_init(init: str | Path) -> Path:
         ) from None
 
 
+def fetch_init_config(init: str) -> Path:
+    """The directory holding a hub train.init's config.json, fetched alone into the hub cache (its
+    snapshot directory, where resolve_init later puts the weights)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(init, "config.json")).parent
+    except Exception as err:  # noqa: BLE001 - any hub failure: the message names the param
+        raise InitMismatch(
+            f"train.init: {init} is neither a local checkpoint directory nor a hub model id whose "
+            f"config.json could be fetched ({type(err).__name__}: {str(err)[:200]})"
+        ) from None
+
+
 def _init_layout(path: Path, convert_kwargs: dict) -> dict:
     """The config.json of a train.init directory; refuses another speculator type and unknown
     train.init_convert keys for an EAGLE/SpecForge checkpoint."""

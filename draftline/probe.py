@@ -43,20 +43,13 @@ class ProbeFailed(RuntimeError):
 # ---------------------------------------------------------------- train.init against the card
 
 
-def check_init_fits(cfg: TrainConfig, card: TargetCard, draft_vocab_size: int) -> dict:
-    """What the train stage would refuse about train.init, found now; raises InitMismatch naming the
-    param to change. Returns what was checked, for the report."""
-    from draftline.checkpoint import InitMismatch, architecture_of, read_draft_facts
-    from draftline.draft_init import (
-        check_architecture,
-        check_init_target,
-        init_config,
-        resolve_init,
-    )
-    from draftline.preflight_draft import check_vocab
+def check_init_config(cfg: TrainConfig, card: TargetCard, config) -> tuple[list[str], str | None]:
+    """(remaps allowed, architecture): the checks of a train.init config against the card and
+    train.*: shapes and aux ids (check_init_target), norms vs train.architecture, and norms the
+    speculators CLI can set when that is the backend."""
+    from draftline.checkpoint import InitMismatch, architecture_of
+    from draftline.draft_init import check_architecture, check_init_target
 
-    path = resolve_init(cfg.init)
-    config, init_d2t = init_config(path, card, cfg.init_convert)
     remaps = check_init_target(config, card, cfg.num_layers, cfg.init_remap_aux_layers)
     check_architecture(config, cfg.architecture)
     architecture = cfg.architecture or architecture_of(config)
@@ -66,6 +59,23 @@ def check_init_fits(cfg: TrainConfig, card: TargetCard, draft_vocab_size: int) -
             "norm_output) are ones speculators' train CLI cannot set; fine-tune it with "
             "train.backend: builtin"
         )
+    return remaps, architecture
+
+
+def check_init_fits(cfg: TrainConfig, card: TargetCard, draft_vocab_size: int) -> dict:
+    """What the train stage would refuse about train.init, found now; raises InitMismatch naming the
+    param to change. A hub id's config is fetched and checked first, its weights (in which d2t
+    lives; train needs them anyway) only once that passes. Returns what was checked."""
+    from draftline.checkpoint import InitMismatch, read_draft_facts
+    from draftline.draft_init import fetch_init_config, init_config, resolve_init
+    from draftline.preflight_draft import check_vocab
+
+    if not Path(cfg.init).is_dir():
+        config_only = fetch_init_config(cfg.init)
+        check_init_config(cfg, card, init_config(config_only, card, cfg.init_convert)[0])
+    path = resolve_init(cfg.init)
+    config, init_d2t = init_config(path, card, cfg.init_convert)
+    remaps, architecture = check_init_config(cfg, card, config)
     facts = read_draft_facts(path)
     problems = check_vocab(card.vocab_size, facts)
     if problems:

@@ -106,6 +106,44 @@ def test_an_init_that_does_not_fit_stops_before_regeneration(
     assert json.loads((tmp_path / "run" / "reports" / "probe.json").read_text())["error"]
 
 
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_hub_init_is_checked_on_its_config_before_its_weights_are_fetched(
+    tmp_path, random_target, drafter, monkeypatch, fits
+):
+    """train.init as a hub id: its config.json alone first; the weights (d2t) are fetched only
+    for a drafter whose config fits (the hub is played by local directories)."""
+    import huggingface_hub
+    import speculators.convert.utils
+
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    shutil.copy(drafter / "config.json", config_only)
+    if not fits:
+        config = json.loads((config_only / "config.json").read_text())
+        config["transformer_layer_config"]["hidden_size"] = 96
+        (config_only / "config.json").write_text(json.dumps(config))
+    fetched = []
+
+    def hub_download(repo_id, filename, **_):
+        assert (repo_id, filename) == ("org/drafter", "config.json")
+        return str(config_only / filename)
+
+    def snapshot(repo_id, cache_dir=None):
+        fetched.append(repo_id)
+        return drafter
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub_download)
+    monkeypatch.setattr(speculators.convert.utils, "ensure_checkpoint_is_local", snapshot)
+    (tmp_path / "run").mkdir()
+    if fits:
+        report = run_probe(tmp_path / "run", random_target, train={"init": "org/drafter"})
+        assert report["init"]["path"] == str(drafter) and fetched == ["org/drafter"]
+    else:
+        with pytest.raises(SystemExit, match="hidden size 96"):
+            run_probe(tmp_path / "run", random_target, train={"init": "org/drafter"})
+        assert fetched == []
+
+
 def vllm_section(python, **extra) -> dict:
     return {
         "backend": "vllm",
