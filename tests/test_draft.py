@@ -244,10 +244,14 @@ def test_speculators_handoff_starts_from_the_drafters_head(
     n = random_target.vocab_size // 2
     shifted = shifted_vocab(tmp_path / "vocab", random_target)
     cfg = TrainConfig(backend="speculators", init_remap_vocab=True)
+    view = tmp_path / "verifier_view"  # what verifier_for_speculators hands speculators
+    view.symlink_to(random_target.model)
     out, notes, architecture = handoff.retarget_init(
-        cfg, random_target, shifted, path, tmp_path / "init_retargeted", random_target.model
+        cfg, random_target, shifted, path, tmp_path / "init_retargeted", str(view)
     )
     assert architecture == "speculators" and any(note.startswith("vocab") for note in notes)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(view)
     saved = load_file(str(out / "model.safetensors"))["lm_head.weight"]
     assert torch.equal(saved[: n - 100], head[100:])
     assert torch.equal(saved[n - 100 :], target.lm_head.weight[n : n + 100])
