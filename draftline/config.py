@@ -548,6 +548,9 @@ class VllmExtractionConfig(Section):
         None, gt=0
     )  # null = from the checkpoint size (as regenerate)
     extra_args: list[str] = []  # appended to `vllm serve` as given
+    # the probe stage extracts one row through this path before regenerate starts (backend vllm,
+    # or mode online with train.backend speculators), once per card and settings; false skips it
+    probe: bool = True
 
     @model_validator(mode="after")
     def _endpoint_url(self):
@@ -657,7 +660,8 @@ class TrainConfig(Section):
     # draft, the checkpoint's own with `init` (set, `init` must have it)
     architecture: Literal["speculators", "eagle3"] | None = None
     train_embeddings: bool = False  # embeddings come from the target; frozen unless true
-    # lm_head = target lm_head rows of the draft vocab; frozen unless true
+    # lm_head = target lm_head rows of the draft vocab (with `init`: the drafter's own head on it);
+    # frozen unless true
     train_lm_head: bool = False
     # Start the draft's decoder layer from this target decoder layer (its attention on the hidden
     # half of the draft's input, MLP, norms; the fc passes through the aux state entering that layer
@@ -697,7 +701,8 @@ class TrainConfig(Section):
             )
         if self.backend == "speculators" and self.train_lm_head:
             raise ValueError(
-                "train_lm_head: speculators train keeps lm_head frozen; use backend builtin"
+                "train_lm_head: speculators train keeps lm_head frozen (a train.init's own head is "
+                "kept, frozen); use backend builtin to train it"
             )
         if self.init_layer_from_target is not None and (
             self.backend != "builtin" or self.init is not None
@@ -962,7 +967,7 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     VocabConfig: _names("min_coverage"),
     VllmExtractionConfig: _names(
         "python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
-        "concurrency request_timeout_s max_retries startup_timeout_s"
+        "concurrency request_timeout_s max_retries startup_timeout_s probe"
     ),
     MooncakeConfig: _names(
         "master metadata_server protocol device global_segment_gib local_buffer_gib writer_threads"

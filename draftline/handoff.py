@@ -198,6 +198,44 @@ def speculators_train_command(
     return torchrun + ["-m", "speculators.train"] + args
 
 
+RETARGETED_INIT_DIR = "init_retargeted"  # under models/draft_checkpoints
+
+
+def retarget_init(
+    cfg: TrainConfig,
+    card: TargetCard,
+    vocab_dir: Path,
+    init_dir: Path,
+    out_dir: Path,
+    verifier: str,
+) -> tuple[Path, list[str], str | None]:
+    """(out_dir, remap notes, architecture): train.init checked and re-targeted as in the builtin
+    loop (load_init_draft: our aux ids, draft vocabulary, verifier tensors, the drafter's own
+    lm_head on our vocabulary), saved as the checkpoint `--from-pretrained` starts from.
+
+    speculators 0.9.0 keeps what such a checkpoint holds: its from_pretrained loads lm_head.weight
+    and load_verifier_weights fills lm_head from the verifier only when it is missing (NaN), then
+    freezes it (train.train_lm_head is refused for this backend). The config's verifier is
+    `verifier` (verifier_for_speculators): speculators reads it to resolve the aux layers and load
+    the verifier tensors, without trust_remote_code. architecture: the ARCHITECTURES name of its
+    norms, None when the train CLI cannot set them."""
+    model, notes = load_init_draft(
+        init_dir,
+        card,
+        vocab_dir,
+        cfg.num_layers,
+        cfg.ttt_steps,
+        speculative_tokens=cfg.speculative_tokens,
+        train_embeddings=cfg.train_embeddings,
+        remap_aux=cfg.init_remap_aux_layers,
+        remap_vocab=cfg.init_remap_vocab,
+        architecture=cfg.architecture,
+    )
+    model.config.speculators_config.verifier.name_or_path = verifier
+    model.save_pretrained(out_dir)
+    return out_dir, notes, cfg.architecture or architecture_of(model.config)
+
+
 def epoch_checkpoints(save_path: Path) -> list[Path]:
     """speculators' per-epoch checkpoint directories (save_path/<epoch>/), in epoch order."""
     dirs = [
@@ -291,27 +329,15 @@ def run_speculators(
         raise SystemExit(
             "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
         )
-    notes = []
-    if (
-        init_dir is not None
-    ):  # checked and re-targeted (verifier, aux ids, vocab remaps) as in the builtin loop
-        model, notes = load_init_draft(
-            init_dir,
-            card,
-            paths.vocab,
-            cfg.num_layers,
-            cfg.ttt_steps,
-            speculative_tokens=cfg.speculative_tokens,
-            train_embeddings=cfg.train_embeddings,
-            remap_aux=cfg.init_remap_aux_layers,
-            remap_vocab=cfg.init_remap_vocab,
-            architecture=cfg.architecture,
+    try:
+        verifier = verifier_for_speculators(card, paths.state / "verifier_view")
+    except InitMismatch as err:
+        raise SystemExit(f"error: {err}") from None
+    notes, architecture = [], cfg.architecture or "speculators"
+    if init_dir is not None:
+        init_dir, notes, architecture = retarget_init(
+            cfg, card, paths.vocab, init_dir, paths.state / RETARGETED_INIT_DIR, verifier
         )
-        init_dir = paths.state / "init_retargeted"
-        model.save_pretrained(init_dir)
-    architecture = cfg.architecture or (
-        architecture_of(model.config) if init_dir is not None else "speculators"
-    )
     if architecture is None:
         raise SystemExit(
             "error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
@@ -325,10 +351,6 @@ def run_speculators(
         serve is None and endpoint
     ):  # a running extraction server: checked before the trainers ask it for states
         check_extraction_endpoint(card, paths, source, endpoint)
-    try:
-        verifier = verifier_for_speculators(card, paths.state / "verifier_view")
-    except InitMismatch as err:
-        raise SystemExit(f"error: {err}") from None
     live_dir.mkdir(parents=True, exist_ok=True)
     launched = []
     with contextlib.ExitStack() as stack:

@@ -37,6 +37,7 @@ import sys
 STAGE_THREADS: dict[str, int | None] = {
     "check_params": 1,  # validation only: never loads torch
     "target": 1,  # tiny target training: 128-wide matmuls (smollm2: a one-off conversion)
+    "probe": 1,  # reads configs; the vLLM probe runs in its own processes
     "prepare": 1,
     "mix": 1,
     "tokenize": 1,

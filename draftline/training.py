@@ -35,7 +35,7 @@ from draftline.draft_data import (
     online_states,
     training_data_sha256,
 )
-from draftline.draft_init import load_init_draft, prepare_init
+from draftline.draft_init import load_init_draft, prepare_init, resolve_init
 from draftline.draft_metrics import accumulate, run_batch, summarize, validate
 from draftline.draft_model import build_draft, init_layer_from_target, save_draft
 from draftline.handoff import run_speculators
@@ -347,10 +347,13 @@ def train(
 
     paths.state.mkdir(parents=True, exist_ok=True)
     check_hidden_states(paths.hs, card)
-    init_dir = prepare_init(cfg.init, card, cfg.init_convert, paths.state) if cfg.init else None
+    init_source = resolve_init(cfg.init) if cfg.init else None  # a hub id: its cached snapshot
+    init_dir = (
+        prepare_init(init_source, card, cfg.init_convert, paths.state) if init_source else None
+    )
     source = hidden_states_source(paths.hs)
     data_sha = training_data_sha256(paths.tokenized, paths.hs)
-    init_sha = dir_sha256(Path(cfg.init)) if cfg.init else None
+    init_sha = dir_sha256(init_source) if init_source else None
 
     with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
         if cfg.backend == "speculators":

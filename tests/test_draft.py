@@ -184,6 +184,102 @@ def test_vocab_remap_matches_lm_head_rows_by_target_token(
     assert torch.equal(loaded.d2t, torch.full((n,), 100))
 
 
+@pytest.fixture(scope="module")
+def drafter_with_head(saved_draft, tmp_path_factory):
+    """saved_draft with an lm_head of its own (not the target's rows), as a fine-tuned drafter has."""
+    path = tmp_path_factory.mktemp("drafter_head") / "drafter"
+    shutil.copytree(saved_draft[0], path)
+    weights = load_file(str(path / "model.safetensors"))
+    head = torch.randn(weights["lm_head.weight"].shape, generator=torch.Generator().manual_seed(9))
+    weights["lm_head.weight"] = head
+    save_file(weights, str(path / "model.safetensors"))
+    return path, head
+
+
+def shifted_vocab(directory: Path, card, offset: int = 100) -> Path:
+    """A draft vocabulary of target tokens offset .. offset+n (the fixture vocabulary is 0 .. n)."""
+    n = card.vocab_size // 2
+    directory.mkdir()
+    np.save(directory / "d2t.npy", np.full(n, offset, dtype=np.int64))
+    t2d = np.zeros(card.vocab_size, dtype=bool)
+    t2d[offset : offset + n] = True
+    np.save(directory / "t2d.npy", t2d)
+    return directory
+
+
+def test_finetune_keeps_the_drafters_lm_head(
+    drafter_with_head, random_target, vocab_dir, tmp_path, target
+):
+    """Without train_lm_head the drafter's head is kept, frozen, not replaced by the target's rows;
+    on another draft vocabulary its rows follow the tokens, new tokens take the target's rows."""
+    path, head = drafter_with_head
+    loaded, notes = draft_init.load_init_draft(path, random_target, vocab_dir, 1, 3)
+    assert torch.equal(loaded.lm_head.weight, head) and not loaded.lm_head.weight.requires_grad
+    t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
+    assert torch.equal(loaded.verifier_lm_head.weight, target.lm_head.weight[t2d])  # the teacher
+    assert notes == []
+
+    n = random_target.vocab_size // 2
+    shifted = shifted_vocab(tmp_path / "vocab", random_target)
+    loaded, notes = draft_init.load_init_draft(path, random_target, shifted, 1, 3, remap_vocab=True)
+    assert torch.equal(loaded.lm_head.weight[: n - 100], head[100:])  # tokens 100 .. n-1: shared
+    assert torch.equal(loaded.lm_head.weight[n - 100 :], target.lm_head.weight[n : n + 100])
+    assert "lm_head: 100 tokens new to the draft take the target's rows" in notes
+    assert not loaded.lm_head.weight.requires_grad
+
+
+def test_speculators_handoff_starts_from_the_drafters_head(
+    drafter_with_head, random_target, vocab_dir, tmp_path, target
+):
+    """The checkpoint `--from-pretrained` gets carries the drafter's head (remapped to our
+    vocabulary), and speculators' own loader, from the command's arguments, keeps it."""
+    import argparse
+
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import build_draft_model
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    path, head = drafter_with_head
+    n = random_target.vocab_size // 2
+    shifted = shifted_vocab(tmp_path / "vocab", random_target)
+    cfg = TrainConfig(backend="speculators", init_remap_vocab=True)
+    view = tmp_path / "verifier_view"  # what verifier_for_speculators hands speculators
+    view.symlink_to(random_target.model)
+    out, notes, architecture = handoff.retarget_init(
+        cfg, random_target, shifted, path, tmp_path / "init_retargeted", str(view)
+    )
+    assert architecture == "speculators" and any(note.startswith("vocab") for note in notes)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(view)
+    saved = load_file(str(out / "model.safetensors"))["lm_head.weight"]
+    assert torch.equal(saved[: n - 100], head[100:])
+    assert torch.equal(saved[n - 100 :], target.lm_head.weight[n : n + 100])
+
+    cmd = handoff.speculators_train_command(
+        cfg,
+        random_target,
+        shifted,
+        tmp_path / "tok",
+        tmp_path / "hs",
+        tmp_path / "ckpt",
+        tmp_path / "logs",
+        2,
+        init_dir=out,
+        architecture=architecture,
+    )
+    run = SpeculatorsTrainConfig.resolve(
+        get_args_parser().parse_args(cmd[1:]).training_script_args
+    ).flatten()
+    assert run["from_pretrained"] == str(out)
+    d2t = torch.from_numpy(np.load(shifted / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(shifted / "t2d.npy"))
+    args = argparse.Namespace(**{**run, "draft_attn_impl": "eager"})
+    model = build_draft_model(args, Eagle3DraftModel, t2d, d2t, n)
+    assert torch.equal(model.lm_head.weight, saved) and not model.lm_head.weight.requires_grad
+    assert torch.equal(model.verifier_lm_head.weight, target.lm_head.weight[t2d])
+
+
 def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_target, vocab_dir):
     assert checkpoint.architecture_of(saved_draft[1].config) == "speculators"  # the default
     original = draft_model.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
@@ -242,17 +338,26 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
 
     with pytest.raises(checkpoint.InitMismatch, match="init_convert"):
         draft_init.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
-    converted = draft_init.prepare_init(
-        eagle,
-        random_target,
-        {
-            "norm_before_residual": True,
-            "norm_output": True,
-            "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
-        },
-        tmp_path / "work",
-    )
+    convert = {
+        "norm_before_residual": True,
+        "norm_output": True,
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+    }
+    converted = draft_init.prepare_init(eagle, random_target, convert, tmp_path / "work")
     assert converted == tmp_path / "work" / draft_init.CONVERTED_INIT_DIR
+    # what the probe stage checks before regeneration, from the config alone: the conversion's
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    seen, d2t = draft_init.init_config(eagle, random_target, convert)
+    made = Eagle3SpeculatorConfig.from_pretrained(str(converted))
+    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        assert getattr(seen.transformer_layer_config, key) == getattr(
+            made.transformer_layer_config, key
+        ), key
+    for key in ("eagle_aux_hidden_state_layer_ids", "draft_vocab_size", "fc_norm"):
+        assert getattr(seen, key) == getattr(made, key), key
+    assert checkpoint.architecture_of(seen) == checkpoint.architecture_of(made)
+    assert torch.equal(d2t, load_file(str(converted / "model.safetensors"))["d2t"])
     assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
     loaded, _ = draft_init.load_init_draft(converted, random_target, vocab_dir, 1, 3)
     assert loaded.input_norm is None  # EAGLE checkpoints have no norm before fc

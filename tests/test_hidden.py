@@ -704,6 +704,9 @@ def test_vllm_extract_command_asks_for_aux_layers_and_the_last_one(tmp_path):
 # vLLM needs a GPU; this stand-in speaks its wire format for extraction (GET /health, /v1/models;
 # POST /v1/completions with prompt token ids -> a safetensors file in the connector's
 # shared_storage_path and its path in kv_transfer_params) and records its command line.
+# Faults: FAKE_VLLM_REFUSE=<message> exits at start with it (a model vLLM cannot extract from);
+# FAKE_VLLM_DROP_LAYER=1 writes the states of one layer fewer than asked (a wrapper whose layer
+# ids mean something else).
 FAKE_VLLM = r"""
 import argparse, json, os, struct, sys, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -712,7 +715,12 @@ p = argparse.ArgumentParser()
 p.add_argument("cmd"); p.add_argument("model"); p.add_argument("--host"); p.add_argument("--port", type=int)
 p.add_argument("--speculative-config"); p.add_argument("--kv-transfer-config")
 args, _ = p.parse_known_args()
+if os.environ.get("FAKE_VLLM_REFUSE"):
+    with open(os.environ["FAKE_VLLM_ARGS"], "w") as f:
+        json.dump(sys.argv, f)
+    sys.exit("ValueError: " + os.environ["FAKE_VLLM_REFUSE"])
 layers = json.loads(args.speculative_config)["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
+layers = layers[: len(layers) - int(os.environ.get("FAKE_VLLM_DROP_LAYER", "0"))]
 storage = json.loads(args.kv_transfer_config)["kv_connector_extra_config"]["shared_storage_path"]
 connector = json.loads(args.kv_transfer_config)["kv_connector"]
 H = int(os.environ["FAKE_VLLM_HIDDEN"])

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = {
     "__init__": None,
     "target": {"stages/target.py", "draftline/target.py"},
+    "probe": {"stages/probe.py", "draftline/probe.py"},
     "gpu_check": {"scripts/gpu_check.py", "scripts/gpu_check.sh"},
 }
 

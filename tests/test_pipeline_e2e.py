@@ -203,7 +203,8 @@ def test_params_typo_in_train_keeps_the_draft(repo):
 
 
 # The README's staleness table: a change to these params makes exactly this stage stale (what
-# follows it reruns only when that stage's outputs change).
+# follows it reruns only when that stage's outputs change); probe reruns with train, vocab and
+# hidden_states params but its stamp does not change.
 STALENESS = [
     # evaluate and evaluate_dev record samples with their result (scaling plot)
     ("samples", 170, "mix evaluate evaluate_dev"),
@@ -213,9 +214,9 @@ STALENESS = [
     ("datasets.sharegpt_sample.max_rows", 500, "prepare@sharegpt_sample"),
     ("regenerate.max_tokens", 65, "regenerate"),
     ("tokenize.max_length", 500, "tokenize"),
-    ("vocab.draft_vocab_size", 200, "vocab"),
-    ("hidden_states.token_budget", 4096, "hidden_states"),
-    ("train.epochs", 3, "train"),
+    ("vocab.draft_vocab_size", 200, "vocab probe"),
+    ("hidden_states.token_budget", 4096, "hidden_states probe"),
+    ("train.epochs", 3, "train probe"),
     ("evaluate.k", 2, "evaluate evaluate_dev"),
     ("benchmark.repeats", 2, "benchmark"),
 ]
@@ -247,6 +248,7 @@ def test_train_param_change_stales_only_train_and_after(repo):
     status = json.loads(run(["dvc", "status", "--json"], repo))
     assert "train" in status and set(status) <= {
         "check_params",
+        "probe",
         "train",
         "evaluate",
         "evaluate_dev",
@@ -254,6 +256,7 @@ def test_train_param_change_stales_only_train_and_after(repo):
     }
     assert stages_run(run(["dvc", "repro"], repo)) == {
         "check_params",
+        "probe",
         "train",
         "evaluate",
         "evaluate_dev",

@@ -296,6 +296,25 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
     )  # one epoch on top of a trained draft beats one from scratch
 
 
+def test_finetune_keeps_the_drafters_head_through_training(data, tmp_path, monkeypatch):
+    """A drafter whose lm_head is its own (not the target's rows): the fine-tuned draft the stage
+    saves still has exactly that head (kept and frozen without train.train_lm_head)."""
+    torch.manual_seed(4)
+    drafter = draft_model.build_draft(data["card"], data["vocab"], 1, 3)
+    with torch.no_grad():
+        drafter.lm_head.weight.normal_()
+    init = tmp_path / "drafter"
+    draft_model.save_draft(drafter, init)
+    head = drafter.lm_head.weight.detach().clone()
+    weights = load_file(str(init / "model.safetensors"))
+    assert torch.equal(weights["lm_head.weight"], head)
+
+    run_stage_in_process(data, tmp_path / "finetune", monkeypatch, init=str(init), epochs=1)
+    saved = load_file(str(tmp_path / "finetune" / "draft" / "model.safetensors"))
+    assert torch.equal(saved["lm_head.weight"], head)
+    assert not torch.equal(saved["fc.weight"], weights["fc.weight"])  # the rest was trained
+
+
 def test_stage_refuses_its_own_output_as_init(data, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="own output"):
         run_stage_in_process(

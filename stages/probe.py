@@ -1,0 +1,79 @@
+"""Stage `probe`: before regeneration spends anything, try what would otherwise fail after it.
+
+    python -m stages.probe models/target/card.json reports/probe.json reports/probe_passed.txt
+
+train.init (a local directory or a hub id) is checked against the target card as the train
+stage will check it (hidden size, target vocabulary, decoder layers, aux layer ids, norms, draft
+vocabulary), in seconds, without loading its weights. With a vLLM extraction path configured
+(hidden_states.backend vllm, or mode online with train.backend speculators), one short prompt goes
+through that path: the same server command and client as the stage that will use it, and its
+states must come back at the card's aux layers with the target's hidden size. That costs one
+start of the server, so a pass is recorded in reports/probe.json under a key of the card and the
+settings that decide it and not repeated (hidden_states.vllm.probe: false skips it). A refusal
+names what to change and leaves reports/probe_passed.txt as it was: regenerate depends on that
+file, so `dvc repro` stops here. Its text is the same for every pass, so passing stales nothing.
+"""
+
+import sys
+from pathlib import Path
+
+from draftline.card import TargetCard
+from draftline.config import stage_params
+from draftline.threads import apply_thread_policy
+
+STAMP = "train.init and vLLM extraction fit the target: checked by stages/probe.py.\n"
+
+
+def main(card_path: str, report_path: str, stamp_path: str) -> None:
+    params = stage_params()
+    apply_thread_policy("probe")  # before torch loads: draftline/threads.py
+    from draftline.checkpoint import InitMismatch
+    from draftline.io import read_json, write_json
+    from draftline.probe import ProbeFailed, check_init_fits, probe_extraction
+
+    card = TargetCard.load(card_path)
+    report_file = Path(report_path)
+    previous = read_json(report_file) if report_file.exists() else {}
+    # a refusal of train.init keeps the last extraction pass: fixing it must not re-probe vLLM
+    report = {"init": None, "extraction": previous.get("extraction"), "error": None}
+    try:
+        if params.train.init:
+            report["init"] = check_init_fits(params.train, card, params.vocab.draft_vocab_size)
+            for warning in report["init"]["warnings"]:
+                print(f"probe: warning: {warning}")
+        report["extraction"] = probe_extraction(
+            params.hidden_states,
+            params.train,
+            card,
+            previous.get("extraction"),
+            report_file.with_suffix(".vllm.log"),
+        )
+    except InitMismatch as err:
+        report["error"] = str(err)
+    except ProbeFailed as err:
+        report["extraction"] = None
+        report["error"] = (
+            f"hidden_states: vLLM could not extract this target's states: {err}\n(the server "
+            "command and its log are above; a GPU held by another server, e.g. a kept-running "
+            "regeneration server, fails this too; hidden_states.vllm.probe: false skips the probe)"
+        )
+    write_json(report_file, report)
+    if report["error"]:
+        raise SystemExit(f"error: {report['error']}")
+    stamp = Path(stamp_path)
+    if not stamp.exists() or stamp.read_text() != STAMP:  # same bytes for every pass
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(STAMP)
+    extraction = report["extraction"]
+    print(
+        f"probe: train.init {'fits' if report['init'] else 'not set'}; vLLM extraction "
+        + (
+            f"({extraction['path']}) passed"
+            if extraction.get("passed")
+            else f"not probed: {extraction['why']}"
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
