@@ -155,7 +155,7 @@ def send(
     from draftline.openai_client import RetryPolicy, close_pool, open_pool
     from draftline.preflight import PreflightError, preflight_regeneration
     from draftline.regeneration import Sampling, regenerate_all
-    from draftline.servers import ManagedServer, server_env, server_url
+    from draftline.servers import ManagedServer, launch_env, server_url
     from draftline.target import card_tokenizer
 
     conversations_path = out / "conversations.jsonl"
@@ -172,7 +172,7 @@ def send(
         server, urls = (
             ManagedServer(
                 lambda port: regenerate_command(cfg, card, model_name, out, port),
-                server_env(out / ".hf_cache"),
+                launch_env(cfg.backend, card.model, out / ".hf_cache"),
                 server_url(cfg.host, cfg.port),
                 out / "server.log",
                 limit,
