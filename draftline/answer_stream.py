@@ -27,14 +27,24 @@ class AnswerTimeout(Exception):
         self.reason = reason  # first_token_timeout | token_timeout
 
 
+REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
 class StreamedAnswer:
     """A chat completion put together from its streamed chunks (OpenAI's delta format): content and
-    reasoning concatenated, tool calls merged by index, the last finish_reason, the usage chunk."""
+    reasoning concatenated, tool calls merged by index, the last finish_reason, the usage chunk.
+
+    Reasoning comes as `reasoning_content` (SGLang, transformers serve, older vLLM) or `reasoning`
+    (vLLM); a server may fill both with the same text (vLLM PR #34030 proposed it). Each delta's
+    reasoning is read once: from the field this stream carried reasoning in first (before any,
+    `reasoning_content`), else from the other one when that field is absent or empty in the delta.
+    Where both are filled and differ, the stream's own field wins: its pieces are the ones that
+    join up, and adding the other would repeat the text."""
 
     def __init__(self):
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.reasoning_key = "reasoning_content"
+        self.reasoning_key = None  # the field this stream carries reasoning in, once seen
         self.tool_calls: dict[int, dict] = {}
         self.finish_reason = None
         self.usage = None
@@ -65,21 +75,18 @@ class StreamedAnswer:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict):
                 raise BadAnswer("stream choice without a delta")
-            for key, parts in (
-                ("content", self.content),
-                ("reasoning_content", self.reasoning),
-                ("reasoning", self.reasoning),
-            ):
-                piece = delta.get(key)
-                if piece is None:
-                    continue
-                if not isinstance(piece, str):
+            for key in ("content", *REASONING_KEYS):
+                if delta.get(key) is not None and not isinstance(delta[key], str):
                     raise BadAnswer(f"delta {key} is not a string")
-                if piece:
-                    parts.append(piece)
-                    generated = True
-                    if key != "content":
-                        self.reasoning_key = key
+            if delta.get("content"):
+                self.content.append(delta["content"])
+                generated = True
+            first = self.reasoning_key or REASONING_KEYS[0]
+            key = next((k for k in (first, *REASONING_KEYS) if delta.get(k)), None)
+            if key is not None:
+                self.reasoning.append(delta[key])
+                self.reasoning_key = self.reasoning_key or key
+                generated = True
             for call in delta.get("tool_calls") or []:
                 if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
                     raise BadAnswer("malformed tool_calls delta")
