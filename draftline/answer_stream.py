@@ -52,7 +52,8 @@ class StreamedAnswer:
         self.chunks = 0  # chunks that carried output
 
     def add(self, chunk) -> bool:
-        """Takes one chunk; True when it carries generated output (text, a tool call, the end)."""
+        """Takes one chunk; True when it carries generated output (text, a tool call, the end, or a
+        usage that counts more completion tokens)."""
         generated = self._add(chunk)
         self.chunks += generated
         return generated
@@ -64,12 +65,22 @@ class StreamedAnswer:
             raise StreamError(
                 f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}"
             )
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
+        generated = False
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            # usage on every chunk (`continuous_usage_stats`): more completion tokens than the last
+            # chunk said are output, also while their text is held back (a tool call, say)
+            before = (self.usage or {}).get("completion_tokens")
+            now = usage.get("completion_tokens")
+            generated = (
+                self.finish_reason is None
+                and isinstance(now, int)
+                and now > (before if isinstance(before, int) else 0)
+            )
+            self.usage = usage
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
             raise BadAnswer("stream chunk choices is not a list")
-        generated = False
         for choice in choices[:1]:
             self.choices_seen = True
             delta = choice.get("delta") if isinstance(choice, dict) else None

@@ -197,8 +197,12 @@ def send(
     )
     slots = server_slots(cfg, engine)
     # vLLM and SGLang send the usage of a streamed answer only when asked; transformers serve
-    # sends it anyway and refuses the field
-    extra_body = {} if engine == "transformers" else {"stream_options": {"include_usage": True}}
+    # sends it anyway and refuses the field; backend hf puts it on every chunk when asked, so its
+    # tokens count as they come even where their text is held back
+    extra_body = {
+        "transformers": {},
+        "hf": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    }.get(engine, {"stream_options": {"include_usage": True}})
     partitions = {
         "short": (cfg.short.concurrency, cfg.short.max_context),
         "long": (cfg.long.concurrency, cfg.long.max_context),
@@ -330,9 +334,7 @@ def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
     partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
     if cfg.server_slots is not None:
         return cfg.server_slots
-    if (
-        engine == "hf"
-    ):  # draftline.batch_server decodes up to max_batch requests together, answers each whole
+    if engine == "hf":  # draftline.batch_server decodes up to max_batch requests together
         return cfg.hf.max_batch
     if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
         return None if cfg.continuous_batching else 1

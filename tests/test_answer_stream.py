@@ -66,3 +66,20 @@ def test_whole_message_with_both_reasoning_fields_keeps_one():
     assert reply_message({"message": differ})["reasoning_content"] == "2+3"
     only = {"role": "assistant", "content": "5", "reasoning": "2+3"}
     assert reply_message({"message": only})["reasoning_content"] == "2+3"
+
+
+def test_usage_on_every_chunk_counts_tokens_whose_text_is_held_back():
+    """With `continuous_usage_stats` (backend hf asks for it) a chunk without text whose usage
+    counts more completion tokens is output: its tokens reset the client's token timeout."""
+    streamed = StreamedAnswer()
+
+    def usage(n):
+        return {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+
+    assert not streamed.add(chunk({"role": "assistant", "content": ""}, usage=usage(0)))
+    assert streamed.add(chunk({"content": "Hi"}, usage=usage(1)))
+    assert streamed.add(chunk({}, usage=usage(2)))  # a token held back (a tool call, say)
+    assert not streamed.add(chunk({}, usage=usage(2)))
+    assert streamed.add(chunk({}, finish="stop", usage=usage(3)))
+    assert not streamed.add({"choices": [], "usage": usage(3)})  # the usage chunk after the end
+    assert streamed.answer()["usage"]["completion_tokens"] == 3
