@@ -33,15 +33,25 @@ class AnswerTimeout(Exception):
         self.reason = reason  # first_token_timeout | token_timeout
 
 
+REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
 class StreamedAnswer:
     """A chat completion put together from its streamed chunks (OpenAI's delta format): content and
     reasoning concatenated, tool calls merged by index, token ids concatenated (vLLM's per-chunk
-    `token_ids`), the last finish_reason, the usage chunk."""
+    `token_ids`), the last finish_reason, the usage chunk.
+
+    Reasoning comes as `reasoning_content` (SGLang, transformers serve, older vLLM) or `reasoning`
+    (vLLM); a server may fill both with the same text (vLLM PR #34030 proposed it). Each delta's
+    reasoning is read once: from the field this stream carried reasoning in first (before any,
+    `reasoning_content`), else from the other one when that field is absent or empty in the delta.
+    Where both are filled and differ, the stream's own field wins: its pieces are the ones that
+    join up, and adding the other would repeat the text."""
 
     def __init__(self):
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.reasoning_key = "reasoning_content"
+        self.reasoning_key = None  # the field this stream carries reasoning in, once seen
         self.tool_calls: dict[int, dict] = {}
         self.token_ids: list[int] | None = None  # None: no chunk carried any
         self.finish_reason = None
@@ -50,7 +60,8 @@ class StreamedAnswer:
         self.chunks = 0  # chunks that carried output
 
     def add(self, chunk) -> bool:
-        """Takes one chunk; True when it carries generated output (text, a tool call, the end)."""
+        """Takes one chunk; True when it carries generated output (text, a tool call, the end, or a
+        usage that counts more completion tokens)."""
         generated = self._add(chunk)
         self.chunks += generated
         return generated
@@ -62,12 +73,22 @@ class StreamedAnswer:
             raise StreamError(
                 f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}"
             )
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
+        generated = False
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            # usage on every chunk (`continuous_usage_stats`): more completion tokens than the last
+            # chunk said are output, also while their text is held back (a tool call, say)
+            before = (self.usage or {}).get("completion_tokens")
+            now = usage.get("completion_tokens")
+            generated = (
+                self.finish_reason is None
+                and isinstance(now, int)
+                and now > (before if isinstance(before, int) else 0)
+            )
+            self.usage = usage
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
             raise BadAnswer("stream chunk choices is not a list")
-        generated = False
         for choice in choices[:1]:
             self.choices_seen = True
             delta = choice.get("delta") if isinstance(choice, dict) else None
@@ -78,22 +99,19 @@ class StreamedAnswer:
                 if self.token_ids is None:
                     self.token_ids = []
                 self.token_ids.extend(checked_token_ids(ids))
-                generated = bool(ids)  # a chunk of markup tokens only is progress too
-            for key, parts in (
-                ("content", self.content),
-                ("reasoning_content", self.reasoning),
-                ("reasoning", self.reasoning),
-            ):
-                piece = delta.get(key)
-                if piece is None:
-                    continue
-                if not isinstance(piece, str):
+                generated = generated or bool(ids)  # a chunk of markup tokens only is progress too
+            for key in ("content", *REASONING_KEYS):
+                if delta.get(key) is not None and not isinstance(delta[key], str):
                     raise BadAnswer(f"delta {key} is not a string")
-                if piece:
-                    parts.append(piece)
-                    generated = True
-                    if key != "content":
-                        self.reasoning_key = key
+            if delta.get("content"):
+                self.content.append(delta["content"])
+                generated = True
+            first = self.reasoning_key or REASONING_KEYS[0]
+            key = next((k for k in (first, *REASONING_KEYS) if delta.get(k)), None)
+            if key is not None:
+                self.reasoning.append(delta[key])
+                self.reasoning_key = self.reasoning_key or key
+                generated = True
             for call in delta.get("tool_calls") or []:
                 if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
                     raise BadAnswer("malformed tool_calls delta")

@@ -369,13 +369,14 @@ class TemperatureChoice(Section):
 
 
 class HfBatchConfig(Section):
-    """regenerate.backend: hf — draftline.batch_server: greedy batched `generate` behind the
-    OpenAI-compatible API (CPU, or one GPU for a small target)."""
+    """regenerate.backend: hf — draftline.batch_server: greedy batched decoding, streamed, behind
+    the OpenAI-compatible API (CPU, or one GPU for a small target)."""
 
     max_batch: int = Field(
         32, ge=1
     )  # requests decoded together; the partitions' concurrency keeps it fed
-    gather_ms: float = Field(20, ge=0)  # after the first waiting request, how long to wait for more
+    # with nothing decoding, how long to wait after the first request for more to prefill with it
+    gather_ms: float = Field(20, ge=0)
     tie_tolerance: float = Field(
         1e-4, ge=0
     )  # top-two logit margin below which a token counts as a near-tie

@@ -210,7 +210,7 @@ async def chat_completion(client, body: dict, policy: RetryPolicy, on_token=None
                 options={"timeout": max(first, gap) + 10, "security": {"bearer_auth": True}},
             )
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
-                try:  # a server that answers whole (the built-in hf batch server)
+                try:  # a server that ignores `stream` and answers whole
                     answer = json.loads(await response.aread())
                 except ValueError as err:  # a body that is not JSON
                     raise BadAnswer(f"not JSON: {err}") from None

@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftline.answer_stream import REASONING_KEYS
 from draftline.conversation_store import prompt_sha256
 from draftline.openai_client import ConversationFailed, EndpointPool, RetryPolicy, complete
 
@@ -74,8 +75,9 @@ def reply_message(choice: dict) -> dict:
     reasoning and tool calls it returned."""
     msg = choice["message"]
     out = {"role": "assistant", "content": msg.get("content") or ""}
-    # vLLM returns `reasoning` (older: `reasoning_content`), SGLang and transformers `reasoning_content`
-    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    # vLLM returns `reasoning` (older: `reasoning_content`), SGLang and transformers `reasoning_content`;
+    # a message with both gives one of them (reasoning_content first), as a streamed delta does
+    reasoning = next((msg[k] for k in REASONING_KEYS if msg.get(k)), None)
     if reasoning:
         out["reasoning_content"] = reasoning
     if msg.get("tool_calls"):

@@ -235,7 +235,7 @@ def send(
     from draftline.openai_client import RetryPolicy, close_pool, open_pool
     from draftline.preflight import PreflightError, preflight_regeneration
     from draftline.regeneration import Sampling, regenerate_all
-    from draftline.servers import ManagedServer, server_env, server_url
+    from draftline.servers import ManagedServer, launch_env, server_url
     from draftline.target import card_tokenizer
 
     conversations_path = out / "conversations.jsonl"
@@ -252,7 +252,7 @@ def send(
         server, urls = (
             ManagedServer(
                 lambda port: regenerate_command(cfg, card, model_name, out, port),
-                server_env(out / ".hf_cache"),
+                launch_env(cfg.backend, card.model, out / ".hf_cache"),
                 server_url(cfg.host, cfg.port),
                 out / "server.log",
                 limit,
@@ -414,7 +414,10 @@ def engine_request_fields(engine: str) -> dict:
     not know (and sends the usage anyway), so it gets neither."""
     if engine == "transformers":
         return {}
-    return {"stream_options": {"include_usage": True}, "return_token_ids": True}
+    # backend hf puts the usage on every chunk when asked, so its tokens count as they come even
+    # where their text is held back (a tool call, say)
+    usage = {"include_usage": True, **({"continuous_usage_stats": True} if engine == "hf" else {})}
+    return {"stream_options": usage, "return_token_ids": True}
 
 
 def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
@@ -422,9 +425,7 @@ def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
     partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
     if cfg.server_slots is not None:
         return cfg.server_slots
-    if (
-        engine == "hf"
-    ):  # draftline.batch_server decodes up to max_batch requests together, answers each whole
+    if engine == "hf":  # draftline.batch_server decodes up to max_batch requests together
         return cfg.hf.max_batch
     if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
         return None if cfg.continuous_batching else 1

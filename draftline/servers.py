@@ -32,12 +32,26 @@ def has_cuda() -> bool:
 
 
 def server_env(cache_dir: Path) -> dict[str, str]:
-    """Offline hub settings: without an existing HF_HUB_CACHE, transformers' /v1/models answers 500."""
+    """Offline hub settings for `transformers serve` with a local model directory: without
+    HF_HUB_OFFLINE and an existing HF_HUB_CACHE, its /v1/models answers 500. Nothing else gets them:
+    a server given a hub id must find the user's own cache (`launch_env`)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
         {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache_dir), "TOKENIZERS_PARALLELISM": "false"}
     )
+    return env
+
+
+def launch_env(engine: str, model: str, cache_dir: Path) -> dict[str, str]:
+    """The environment of a server the stage launches for `model`. `transformers serve` with a local
+    directory gets `server_env(cache_dir)`; every other server (vLLM, SGLang, the built-in hf server,
+    transformers serve given a hub id) runs with the stage's own environment: the user's HF_HUB_CACHE /
+    HF_HOME, HF_TOKEN and network settings, offline only where HF_HUB_OFFLINE is set there."""
+    if engine == "transformers" and Path(model).is_dir():
+        return server_env(cache_dir)
+    env = dict(os.environ)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
 

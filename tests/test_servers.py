@@ -1,8 +1,11 @@
 """Long loads: the start-up limit derived from the checkpoint size, progress lines while waiting,
-and the server log's last lines when it dies before it is ready."""
+and the server log's last lines when it dies before it is ready; the environment a launched server
+gets (the user's hub cache and network settings, the offline trick only for transformers serve of a
+local directory)."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +58,87 @@ def test_progress_lines_while_loading_then_the_log_tail_when_it_dies(tmp_path):
         and "of 600s" in lines[0]
         and "loading shard" in lines[0]
     )
+
+
+class Launched(Exception):
+    """Raised instead of starting the server: the launch was recorded."""
+
+
+def launch_of(monkeypatch, tmp_path, card, backend: str) -> tuple[list[str], dict]:
+    """(argv, environment) the regenerate stage would launch its `backend` server with."""
+    import yaml
+
+    from draftline import regeneration_run, target
+    from draftline.config import parse_params
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    raw["regenerate"].update(backend=backend, port=8123, temperature=0)
+    cfg = parse_params(raw).regenerate
+    launched = {}
+
+    class Recorder:
+        def __init__(self, command, env, base_url, *args, **kwargs):
+            launched["argv"] = command(8123) if callable(command) else command
+            launched["env"] = env
+
+        def __enter__(self):
+            raise Launched
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(servers, "ManagedServer", Recorder)
+    monkeypatch.setattr(target, "card_tokenizer", lambda card: None)
+    with pytest.raises(Launched):
+        regeneration_run.send(
+            cfg, card, backend, card.model, None, [], {}, tmp_path / "out", lambda: None
+        )
+    return launched["argv"], launched["env"]
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "hf"])
+@pytest.mark.parametrize("offline", [None, "1"])
+def test_a_hub_id_is_served_with_the_users_hub_cache_and_network(
+    monkeypatch, tmp_path, random_target, backend, offline
+):
+    """`vllm serve moonshotai/...` must find the user's hub cache and token; offline only if the
+    stage itself runs offline. The regenerate stage used to force HF_HUB_OFFLINE=1 and an empty
+    HF_HUB_CACHE of its own on every server it launched."""
+    import dataclasses
+
+    hub_id = "moonshotai/Kimi-K2.5"
+    user = {
+        "HF_HOME": str(tmp_path / "home"),
+        "HF_HUB_CACHE": str(tmp_path / "home/hub"),
+        "HF_TOKEN": "hf_user_token",
+    }
+    for name, value in user.items():
+        monkeypatch.setenv(name, value)
+    if offline is None:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    card = dataclasses.replace(random_target, model=hub_id)
+    argv, env = launch_of(monkeypatch, tmp_path, card, backend)
+    assert hub_id in argv
+    if backend == "vllm":
+        assert argv[argv.index("serve") + 1] == hub_id
+    elif backend == "sglang":
+        assert argv[argv.index("--model-path") + 1] == hub_id
+    assert {name: env.get(name) for name in user} == user
+    assert env.get("HF_HUB_OFFLINE") == offline
+    assert not (tmp_path / "out/.hf_cache").exists()
+
+
+def test_transformers_serve_of_a_local_directory_keeps_its_offline_settings(
+    monkeypatch, tmp_path, random_target
+):
+    """With a local model, `transformers serve` answers /v1/models only offline and with an
+    existing HF_HUB_CACHE: that stays, for it alone."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "user_hub"))
+    argv, env = launch_of(monkeypatch, tmp_path, random_target, "transformers")
+    assert argv[argv.index("serve") + 1] == random_target.model
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["HF_HUB_CACHE"] == str(tmp_path / "out/.hf_cache")
+    assert (tmp_path / "out/.hf_cache").is_dir()
