@@ -555,6 +555,7 @@ def test_a_batch_decoding_past_first_token_timeout_has_no_timeouts(tmp_path, slo
         token_timeout_s=30,
         hf={"max_batch": 4, "gather_ms": 50},
         short={"concurrency": 4, "max_context": None},
+        max_length_share=1.0,  # its end token is never picked: every answer runs to max_tokens
     )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     slow_target.write(tmp_path / "card.json")
