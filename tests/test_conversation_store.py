@@ -363,7 +363,7 @@ def old_fingerprint(cfg: RegenerateConfig, card) -> tuple[str, dict]:
         "host port endpoints served_model_name api_key_env tensor_parallel_size "
         "data_parallel_size max_model_len continuous_batching cb_num_blocks hf startup_timeout_s "
         "server_slots first_token_timeout_s token_timeout_s progress_every_s max_retries "
-        "retry_backoff_s retry_backoff_max_s max_failure_rate"
+        "retry_backoff_s retry_backoff_max_s max_failure_rate max_length_share"
     ).split()
     shaping = json.loads(cfg.model_dump_json(exclude=set(operational)))
     shaping["short"].pop("concurrency")
