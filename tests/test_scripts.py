@@ -179,3 +179,58 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
         text=True,
     )
     assert unknown.returncode == 2 and "unknown run nope" in unknown.stderr
+
+
+# ---- scripts/rdma_libs.sh (make setup-mooncake), with python, id and apt-get stubbed
+
+
+def rdma_libs(
+    tmp_path: Path, uid: int, apt_works: bool, installed: Path | None = None
+) -> tuple[subprocess.CompletedProcess, str]:
+    """Run scripts/rdma_libs.sh with a python whose `import mooncake.store` fails until the file
+    `installed` exists, which a successful `apt-get install` creates; returns the run and the
+    apt-get calls."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(parents=True)
+    installed = installed or tmp_path / "installed"
+    scripts = {
+        "python": f'[[ -e "{installed}" ]] && exit 0\n'
+        'echo "ImportError: libibverbs.so.1: cannot open shared object file" >&2; exit 1',
+        "id": f"echo {uid}",
+        "apt-get": f'echo "$*" >> "{tmp_path}/apt.txt"\n'
+        + (f'[[ $1 == install ]] && touch "{installed}"\nexit 0' if apt_works else "exit 100"),
+    }
+    for name, body in scripts.items():
+        (stubs / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (stubs / name).chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "rdma_libs.sh"), str(stubs / "python")],
+        env=dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+    )
+    apt = tmp_path / "apt.txt"
+    return done, apt.read_text() if apt.exists() else ""
+
+
+def test_rdma_libs_are_installed_as_root_when_missing(tmp_path):
+    done, apt = rdma_libs(tmp_path, uid=0, apt_works=True)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    assert apt == "install -y -qq libibverbs1 librdmacm1\n"
+    # now it imports: nothing to do
+    done, apt = rdma_libs(tmp_path / "again", 0, True, installed=tmp_path / "installed")
+    assert done.returncode == 0 and done.stdout + done.stderr == "" and apt == ""
+
+
+def test_rdma_libs_missing_without_root_or_apt_leave_a_reason_not_a_failure(tmp_path):
+    (tmp_path / "user").mkdir()
+    done, apt = rdma_libs(tmp_path / "user", uid=1000, apt_works=True)
+    assert done.returncode == 0 and apt == ""
+    assert "libibverbs.so.1" in done.stderr and "tests/test_mooncake.py will skip" in done.stderr
+    (tmp_path / "root").mkdir()
+    done, apt = rdma_libs(tmp_path / "root", uid=0, apt_works=False)
+    assert done.returncode == 0 and "will skip" in done.stderr
+    assert apt.splitlines() == [
+        "install -y -qq libibverbs1 librdmacm1",
+        "update -qq",
+    ]  # the second install is not reached: update failed too
