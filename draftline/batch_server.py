@@ -15,8 +15,11 @@ are decoded and parsed (content, reasoning, tool calls) by transformers serve's 
 
 Greedy only: a request with temperature > 0 is refused (HTTP 400). Padding changes float
 rounding a little, so where the top two logits are within --tie-tolerance the batched argmax may
-differ from a batch-1 decode: every generated token whose top-two margin is below it is counted
-(`near_tie_tokens` in the stats file, which the stage copies into its report).
+differ from a batch-1 decode. The server cannot afford that decode for every request; it counts
+what it can see: the positions of each request's own answer (up to its end token and its own
+max_tokens, not the batch's longest) whose top-two margin is below the tolerance, each a place
+where its answer may have flipped (`near_tie_tokens`, `near_tie_requests` and their share in the
+stats file, which the stage copies into its report).
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions.
 """
@@ -50,7 +53,7 @@ class Stats:
     near_tie_tokens: int = 0
     largest_batch: int = 0
     generate_seconds: float = 0.0
-    near_tie_requests: int = 0
+    near_tie_requests: int = 0  # requests with a near-tie within their own answer
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -62,9 +65,24 @@ class Stats:
             "completion_tokens": self.completion_tokens,
             "near_tie_tokens": self.near_tie_tokens,
             "near_tie_requests": self.near_tie_requests,
+            "near_tie_request_share": round(self.near_tie_requests / self.requests, 4)
+            if self.requests
+            else 0.0,
             "generate_seconds": round(self.generate_seconds, 2),
             **self.extra,
         }
+
+
+def own_answer(
+    row: list[int], margins: list[float], max_tokens: int, eos_ids: set[int], tie_tolerance: float
+) -> tuple[list[int], int]:
+    """One request's answer out of its row of a batched decode (which runs to the longest
+    request's max_tokens, past each row's end), and the near-ties within that answer: positions
+    whose top-two margin is below tie_tolerance, up to and including its first end token and at
+    most its own max_tokens: past that cut are tokens the request never returns."""
+    end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+    end = min(end, max_tokens)
+    return row[:end], sum(m < tie_tolerance for m in margins[:end])
 
 
 def decode_batch(
@@ -74,9 +92,11 @@ def decode_batch(
     pad_id: int,
     eos_ids: set[int],
     tie_tolerance: float,
+    max_tokens: list[int] | None = None,
 ) -> list[tuple[list[int], int]]:
     """Greedy answers of left-padded prompts: per prompt (generated ids up to and including the first
-    end token, near-tie count among them)."""
+    end token and at most its max_tokens (default max_new_tokens), near-tie count among them:
+    own_answer)."""
     import torch
 
     width = max(map(len, prompts))
@@ -99,17 +119,17 @@ def decode_batch(
             return_dict_in_generate=True,
         )
     generated = out.sequences[:, width:].tolist()
+    margins = [[] for _ in prompts]
     if out.scores:
         top2 = torch.stack(
             [s.float().topk(2, dim=-1).values for s in out.scores], dim=1
         )  # (B, steps, 2)
-        near = (top2[..., 0] - top2[..., 1]) < tie_tolerance  # (B, steps)
-    answers = []
-    for row, tokens in enumerate(generated):
-        end = next((i + 1 for i, t in enumerate(tokens) if t in eos_ids), len(tokens))
-        ties = int(near[row, :end].sum()) if out.scores else 0
-        answers.append((tokens[:end], ties))
-    return answers
+        margins = (top2[..., 0] - top2[..., 1]).tolist()  # (B, steps)
+    cuts = max_tokens or [max_new_tokens] * len(prompts)
+    return [
+        own_answer(tokens, row_margins, cut, eos_ids, tie_tolerance)
+        for tokens, row_margins, cut in zip(generated, margins, cuts)
+    ]
 
 
 class BatchServer:
@@ -182,6 +202,8 @@ class BatchServer:
                     self.pad_id,
                     self.eos_ids,
                     self.tie_tolerance,
+                    # each request's near-ties are counted within its own cut
+                    max_tokens=[p.max_tokens for p in batch],
                 )
             except Exception as err:  # noqa: BLE001 - every waiting request gets the error (HTTP 500)
                 for p in batch:
