@@ -89,7 +89,7 @@ def greedy_generate(
 ) -> Generation:
     """Plain greedy decoding with a KV cache: the baseline. margins: also record how far each
     chosen token's logit is above the runner-up, and every other token within tie_tolerance of it
-    with its distance (untimed uses only: it costs a top-k and a comparison per token)."""
+    with its distance (untimed uses only: it costs a pass over the logits per token)."""
     start = time.perf_counter()
     runner = TargetRunner(target, [])
     cache = DynamicCache()
