@@ -42,9 +42,12 @@ $(SMOLLM2): $(STAMP)
 	touch $(SMOLLM2)
 
 # hidden_states.online.transfer: mooncake. The CPU build of the transfer engine (~46 MB wheel) also
-# needs the RDMA user-space libraries (Debian: libibverbs1 librdmacm1, which .ci/run installs);
-# without them tests/test_mooncake.py skips with the import error as its reason.
+# needs the RDMA user-space libraries (Debian: libibverbs1 librdmacm1): scripts/rdma_libs.sh
+# installs them with apt-get when they are missing and it runs as root, else says why the engine
+# does not import; then tests/test_mooncake.py skips with that import error as its reason. Checked
+# on every run (not stamped): a library installed later is picked up.
 setup-mooncake: $(MOONCAKE)
+	@bash scripts/rdma_libs.sh $(BIN)/python
 
 $(MOONCAKE): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[mooncake]'

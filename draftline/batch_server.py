@@ -31,10 +31,12 @@ answer is kept: the client's retry of the same request gets it at once.
 
 Greedy only: a request with temperature > 0 is refused (HTTP 400). Padding, and rows joining or
 leaving, change float rounding a little, so where the top two logits are within --tie-tolerance a
-batched argmax may differ from a batch-1 decode: every generated token whose top-two margin is
-below it is counted (`near_tie_tokens` in the stats file, which the stage copies into its report,
-with requests answered and `cancelled`, `prefills`, decode `steps`, `mean_batch` rows per step and
-`largest_batch`).
+batched argmax may differ from a batch-1 decode. The server cannot afford that decode for every
+request; it counts what it can see: the tokens of each request's own answer (each row decodes to
+its own end token and max_tokens, then leaves) whose top-two margin is below the tolerance, each a
+place where its answer may have flipped (`near_tie_tokens`, `near_tie_requests` and their share in
+the stats file, which the stage copies into its report, with requests answered and `cancelled`,
+`prefills`, decode `steps`, `mean_batch` rows per step and `largest_batch`).
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions.
 """
@@ -101,7 +103,7 @@ class Stats:
     near_tie_tokens: int = 0
     largest_batch: int = 0
     generate_seconds: float = 0.0
-    near_tie_requests: int = 0
+    near_tie_requests: int = 0  # requests with a near-tie within their own answer
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -115,6 +117,9 @@ class Stats:
             "completion_tokens": self.completion_tokens,
             "near_tie_tokens": self.near_tie_tokens,
             "near_tie_requests": self.near_tie_requests,
+            "near_tie_request_share": round(self.near_tie_requests / self.requests, 4)
+            if self.requests
+            else 0.0,
             "generate_seconds": round(self.generate_seconds, 2),
             **self.extra,
         }
@@ -341,11 +346,14 @@ def decode_batch(
     pad_id: int,
     eos_ids: set[int],
     tie_tolerance: float,
+    max_tokens: list[int] | None = None,
 ) -> list[tuple[list[int], int]]:
     """Greedy answers of the prompts decoded together: per prompt (generated ids up to and including
-    the first end token, near-tie count among them)."""
+    the first end token and at most its own max_tokens (default max_new_tokens), near-tie count
+    among them: each row leaves the batch at its own cut)."""
     batch = GreedyBatch(model, pad_id, eos_ids, tie_tolerance)
-    rows = [Row(p, max_new_tokens) for p in prompts]
+    cuts = max_tokens or [max_new_tokens] * len(prompts)
+    rows = [Row(p, cut) for p, cut in zip(prompts, cuts, strict=True)]
     batch.join(rows)
     while len(batch):
         batch.pick()

@@ -22,20 +22,73 @@ def eos_ids(tokenizer, model) -> set[int]:
     return ids
 
 
+def near_tie_flip(chosen, greedy, chosen_gap, tie_tolerance):
+    """Whether `chosen` may stand for greedy's token as a 16-bit reordering of a near-tie: it is a
+    runner-up of greedy's whose logit was within tie_tolerance of greedy's top one (chosen_gap:
+    greedy's top logit minus chosen's). Mostly the runner-up itself; where three or more tokens
+    are that close (flat distributions in bf16), any of them. A token further below is a real divergence, however close
+    greedy's own top two were. Elementwise: on ints and floats, or on tensors of one shape
+    (scripts/gpu_check.py's argmax check)."""
+    return (chosen != greedy) & (chosen_gap <= tie_tolerance)
+
+
 def compare_to_greedy(spec_tokens: list[int], plain, tie_tolerance: float) -> str:
-    """ "identical"; "near_tie" when the outputs first differ at a token whose greedy logit was
-    at most tie_tolerance above the runner-up (a 16-bit target can order those two either way,
-    and the batched verification rounds differently from one-token steps); else "mismatch".
-    `plain` is a greedy Generation made with margins."""
+    """ "identical"; "near_tie" when the outputs first differ at a token that is a near-tie flip
+    (near_tie_flip: a runner-up within tie_tolerance of greedy's logit; a 16-bit target can order
+    those either way, and the batched verification rounds differently from one-token steps);
+    else "mismatch", one output stopping before the other included.
+    `plain` is a greedy Generation made with margins at (at least) this tie_tolerance."""
     if spec_tokens == plain.tokens:
         return "identical"
     first = next(
         (i for i, (a, b) in enumerate(zip(spec_tokens, plain.tokens)) if a != b),
         min(len(spec_tokens), len(plain.tokens)),
     )
-    if first < len(plain.margins) and plain.margins[first] <= tie_tolerance:
-        return "near_tie"
-    return "mismatch"
+    if first >= min(len(spec_tokens), len(plain.tokens), len(plain.runner_ups)):
+        return "mismatch"
+    chosen = spec_tokens[first]
+    gap = plain.runner_ups[first].get(chosen, float("inf"))  # not recorded: beyond the tolerance
+    return (
+        "near_tie" if near_tie_flip(chosen, plain.tokens[first], gap, tie_tolerance) else "mismatch"
+    )
+
+
+def lossless_summary(
+    verdicts: dict[str, str], tie_tolerance: float, dtype: str, max_near_tie_share: float
+) -> dict:
+    """The report's lossless figures from each prompt's compare_to_greedy verdict (prompt id ->
+    verdict). Fails (SystemExit) on any mismatch, and when the share of prompts excused as
+    near-ties is above max_near_tie_share: an excused prompt is checked only up to its first
+    differing token, so past that share the check no longer covers the outputs."""
+    mismatches = [i for i, v in verdicts.items() if v == "mismatch"]
+    near_ties = [i for i, v in verdicts.items() if v == "near_tie"]
+    if mismatches:
+        raise SystemExit(
+            f"error: speculative output differed from greedy target output on {len(mismatches)} "
+            f"prompts (ids {mismatches[:5]}), not by a runner-up of greedy's within tie_tolerance "
+            f"of its logit ({tie_tolerance}, dtype {dtype})"
+        )
+    share = round(len(near_ties) / len(verdicts), 4) if verdicts else 0.0
+    if share > max_near_tie_share:
+        raise SystemExit(
+            f"error: {len(near_ties)} of {len(verdicts)} prompts ({share:.0%}) diverged from "
+            f"greedy at a near-tie (<= {tie_tolerance} in {dtype}; ids {near_ties[:5]}), above "
+            f"evaluate.max_near_tie_share {max_near_tie_share}: each is checked only up to its "
+            "first differing token. Evaluate in float32, with fewer max_new_tokens, or raise "
+            "evaluate.max_near_tie_share"
+        )
+    if near_ties:
+        print(
+            f"evaluate: {len(near_ties)} of {len(verdicts)} prompts diverged from greedy at a "
+            f"near-tie (the speculative token a runner-up of greedy's within {tie_tolerance} of "
+            f"its logit in {dtype}; ids {near_ties[:5]}); counted as near_tie_divergences"
+        )
+    return {
+        # equal to greedy token for token: the prompts the check covers whole
+        "lossless_checked_prompts": sum(v == "identical" for v in verdicts.values()),
+        "near_tie_divergences": len(near_ties),
+        "near_tie_share": share,
+    }
 
 
 # ---- acceptance from decoding rounds ------------------------------------------------------
@@ -239,7 +292,7 @@ def evaluate_draft(
     )
     fp8 = trained_on.get("format") == "fp8"
     sums_stored = {}
-    rounds_all, emitted_all, sums_all, mismatches, near_ties = [], [], {}, [], []
+    rounds_all, emitted_all, sums_all, verdicts = [], [], {}, {}
     per_source = defaultdict(lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0})
     per_detail = defaultdict(
         lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
@@ -250,10 +303,8 @@ def evaluate_draft(
         spec = speculative_generate(
             target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop
         )
-        plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, margins=True)
-        verdict = compare_to_greedy(spec.tokens, plain, tie_tolerance)
-        if verdict != "identical":
-            (near_ties if verdict == "near_tie" else mismatches).append(row["id"])
+        plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, tie_tolerance)
+        verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, tie_tolerance)
         sums = teacher_forced_sums(
             draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device
         )
@@ -281,17 +332,7 @@ def evaluate_draft(
         emitted_all.extend(spec.emitted_per_round)
         add_sums(sums_all, sums)
         generated += len(plain.tokens)
-    if mismatches:
-        raise SystemExit(
-            f"error: speculative output differed from greedy target output on {len(mismatches)} "
-            f"prompts (ids {mismatches[:5]}), not at a near-tie of the target's top two logits "
-            f"(tie_tolerance {tie_tolerance}, dtype {cfg.dtype})"
-        )
-    if near_ties:
-        print(
-            f"evaluate: {len(near_ties)} prompts diverged from greedy at a near-tie of the target's top two "
-            f"logits (<= {tie_tolerance} in {cfg.dtype}; ids {near_ties[:5]}); counted as near_tie_divergences"
-        )
+    lossless = lossless_summary(verdicts, tie_tolerance, cfg.dtype, cfg.max_near_tie_share)
 
     real = acceptance_summary(rounds_all, cfg.k, emitted_all)
     sim = simulated_acceptance(sums_all, cfg.k)
@@ -319,8 +360,7 @@ def evaluate_draft(
             if per_detail
             else {}
         ),
-        "lossless_checked_prompts": len(rows),
-        "near_tie_divergences": len(near_ties),
+        **lossless,
     }
     if fp8:
         report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]

@@ -31,6 +31,9 @@ class Generation:
     margins: list[float] = field(
         default_factory=list
     )  # greedy: top-1 minus top-2 logit per token, when asked
+    # greedy, with margins: per token, the other tokens within tie_tolerance of the chosen one's
+    # logit (always the runner-up) -> how far below it (the near-tie rule: draftline/evaluation.py)
+    runner_ups: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
@@ -87,20 +90,32 @@ class TargetRunner:
 
 @torch.no_grad()
 def greedy_generate(
-    target, prompt: list[int], max_new_tokens: int, eos_ids: set[int], margins: bool = False
+    target,
+    prompt: list[int],
+    max_new_tokens: int,
+    eos_ids: set[int],
+    margins: bool = False,
+    tie_tolerance: float = 0.0,
 ) -> Generation:
     """Plain greedy decoding with a KV cache: the baseline. margins: also record how far each
-    chosen token's logit is above the runner-up (untimed uses only: it costs a top-k per token)."""
+    chosen token's logit is above the runner-up, and every other token within tie_tolerance of it
+    with its distance (untimed uses only: it costs a pass over the logits per token)."""
     start = time.perf_counter()
     runner = TargetRunner(target, [])
     cache = DynamicCache()
     gaps: list[float] = []
+    below: list[dict[int, float]] = []
 
     def choose(logits) -> int:
+        choice = int(logits[-1].argmax())
         if margins:
-            top = logits[-1].float().topk(2).values
-            gaps.append(float(top[0] - top[1]))
-        return int(logits[-1].argmax())
+            row = logits[-1].float()
+            gap = row[choice] - row  # (V,)
+            gap[choice] = float("inf")
+            gaps.append(float(gap.min()))
+            near = (gap <= max(tie_tolerance, gaps[-1])).nonzero()[:, 0]  # the runner-up at least
+            below.append(dict(zip(near.tolist(), gap[near].tolist())))
+        return choice
 
     logits, _ = runner.forward(prompt, cache, want_aux=False)
     tokens = [choose(logits)]
@@ -115,6 +130,7 @@ def greedy_generate(
         target_forwards=len(tokens) - 1,
         seconds=time.perf_counter() - start,
         margins=gaps[: len(tokens)],
+        runner_ups=below[: len(tokens)],
     )
 
 

@@ -469,6 +469,7 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
                 "prompts",
                 "lossless_checked_prompts",
                 "near_tie_divergences",
+                "near_tie_share",
             )
         }
         if rep.get("generated_tokens") and seconds:
@@ -497,15 +498,18 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
 
 def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     """The stored last hidden state, read back as the trainer reads it, through the target's norm
-    and lm_head gives the target's own argmax. bf16: every disagreement must be a near-tie (top two
-    logits within the stored dtype's tie tolerance). fp8 rounds coarser: away from such near-ties
-    the argmax must hold on at least 99% of the positions (as tests/test_hidden.py asks)."""
+    and lm_head gives the target's own argmax. bf16: every disagreement must be a near-tie flip
+    (a runner-up of the target's whose logit is within the stored dtype's tie tolerance of the
+    argmax's: draftline.evaluation.near_tie_flip, the rule evaluate applies). fp8 rounds coarser:
+    away from such flips the argmax must hold on at least 99% of the positions (as
+    tests/test_hidden.py asks)."""
     import torch
     from safetensors.torch import load_file
 
     from draftline import hidden, hs_format
     from draftline.card import TargetCard
     from draftline.config import TIE_TOLERANCE
+    from draftline.evaluation import near_tie_flip
     from draftline.target import load_target_model
 
     card = TargetCard.load(sub / "models" / "target" / "card.json")
@@ -531,13 +535,17 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
                 device, compute
             )  # (L, H), pre-norm
             ours = model.lm_head(norm(last)).float()
+            best = ref.max(dim=-1)
+            chosen = ours.argmax(-1)  # (L,)
+            chosen_gap = best.values - ref.gather(-1, chosen[:, None])[:, 0]
+            flip = near_tie_flip(chosen, best.indices, chosen_gap, tolerance)  # (L,)
+            differ = chosen != best.indices
             top2 = ref.topk(2, dim=-1).values
-            differ = ours.argmax(-1) != ref.argmax(-1)
-            tie = (top2[:, 0] - top2[:, 1]) <= tolerance
+            gap = top2[:, 0] - top2[:, 1]
             positions += ids.shape[1]
-            clear += int((~tie).sum())
-            near_ties += int((differ & tie).sum())
-            mismatches += int((differ & ~tie).sum())
+            clear += int((gap > tolerance).sum())
+            near_ties += int(flip.sum())
+            mismatches += int((differ & ~flip).sum())
     passed = mismatches == 0 if fmt == "bf16" else mismatches <= 0.01 * clear
     return {
         "passed": passed,
@@ -546,6 +554,7 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
         "positions": positions,
         "mismatches": mismatches,
         "near_ties": near_ties,
+        "near_tie_share": round(near_ties / positions, 4),
         "tie_tolerance": tolerance,
         "stored_dtype": hs_format.storage_name(fmt, stored_dtype),
     }
@@ -572,16 +581,20 @@ def check_draft_loads(draft_dir: Path, card_path: Path) -> dict:
 
 
 def check_lossless(work: Path) -> dict:
-    """evaluate fails on any divergence from greedy that is not at a near-tie; its report says how many prompts it checked."""
+    """evaluate fails on any divergence from greedy that is not a near-tie flip, and past
+    evaluate.max_near_tie_share of them; its report says how many prompts were equal to greedy
+    token for token and how many were excused as near-ties (draftline.evaluation.lossless_summary)."""
     rep = read(work / "reports" / "acceptance.detail.json")
     if not rep:
         raise FileNotFoundError("reports/acceptance.detail.json missing: evaluate did not finish")
-    passed = rep["lossless_checked_prompts"] == rep["prompts"] > 0
+    near = rep["near_tie_divergences"]
+    passed = rep["lossless_checked_prompts"] + near == rep["prompts"] > 0
     return {
         "passed": passed,
         "prompts": rep["prompts"],
         "checked": rep["lossless_checked_prompts"],
-        "near_tie_divergences": rep["near_tie_divergences"],
+        "near_tie_divergences": near,
+        "near_tie_share": rep.get("near_tie_share"),
     }
 
 

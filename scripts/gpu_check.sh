@@ -56,7 +56,7 @@ EOF
 )
 if [[ -n $missing && ! -d $wheels ]]; then
     # the stages that import them fail, each with its error in the JSON
-    echo "gpu_check: warning: no wheel folder at $wheels (scripts/gpu_wheels.sh makes it); not installed:" $missing >&2
+    echo "gpu_check: warning: no wheel folder at $wheels (scripts/gpu_wheels.sh makes it); not installed: ${missing//$'\n'/ }" >&2
 elif [[ -n $missing ]]; then
     echo "gpu_check: installing $(echo "$missing" | wc -l) distributions from $wheels into $site"
     # shellcheck disable=SC2086  # one requirement per word

@@ -14,7 +14,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:-$repo/wheels/gpu}
 python_version=${PYTHON_VERSION:-3.12}
 limit_mb=${LIMIT_MB:-60}
-pip=(${PIP:-python3 -m pip})
+read -r -a pip <<<"${PIP:-python3 -m pip}" # the command, split into words
 
 mkdir -p "$dest"
 # manylinux tags from the oldest to the newest glibc a current CUDA host has; pure-Python wheels match any

@@ -25,13 +25,6 @@ SMOLLM2_PARAMS=(
   -S 'benchmark.repeats=1'
   -S 'benchmark.warmup=1'
 )
-  -S 'tokenize.max_length=768'
-  -S 'vocab.draft_vocab_size=4096'        # 256 of 49,152 tokens would cover too little of real text
-  -S '++evaluate.prompts=12'              # fewer than the tiny default: batch-1 speculative decoding of a 135M target is slow on CPU
-  -S 'benchmark.prompts=6'
-  -S 'benchmark.repeats=1'
-  -S 'benchmark.warmup=1'
-)
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
   set -euo pipefail

@@ -75,3 +75,65 @@ def eagle3_draft_dir(tmp_path_factory, random_target, vocab_dir):
     path = tmp_path_factory.mktemp("eagle3_draft")
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def trained_draft(tmp_path_factory, random_target):
+    """A draft that has learned its target: the random target with a sharpened lm_head (the same
+    argmax everywhere, peaked distributions to learn; its own card), and a draft over the whole
+    target vocabulary trained by the built-in loop (draftline.training.train_draft, 40 steps, ~10 s)
+    on that target's 40-token greedy answers to the first turns of `conversations`, so speculative
+    decoding of those prompts accepts draft tokens (acceptance length ~1.3-2.6 at k = 1 and 3).
+    Returns (card, draft dir, conversations, their first-turn prompt ids)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from datasets import Dataset
+    from draftline import draft_model, hidden, train_state, training
+    from draftline.chat import first_turn_ids
+    from draftline.config import TrainConfig
+    from draftline.io import write_json
+    from draftline.specdec import greedy_generate
+    from draftline.target import build_card, load_target
+
+    root = tmp_path_factory.mktemp("trained_draft")
+    model, tokenizer = load_target(random_target)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    model.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    card = build_card(str(root / "target"), "test", None, random_target.aux_ids, {})
+    vocab = root / "vocab"  # the whole target vocabulary: every answer token can be drafted
+    vocab.mkdir()
+    np.save(vocab / "d2t.npy", np.zeros(card.vocab_size, dtype=np.int64))
+    np.save(vocab / "t2d.npy", np.ones(card.vocab_size, dtype=bool))
+    conversations = generate_conversations(4, 5)
+    prompts = [first_turn_ids(tokenizer, c) for c in conversations]
+    rows, masks = [], []
+    for prompt in prompts:
+        answer = greedy_generate(model, prompt, 40, eos_ids={-1}).tokens
+        rows.append(prompt + answer)
+        masks.append([0] * len(prompt) + [1] * len(answer))
+    rows, masks = rows * 4, masks * 4  # the validation rows repeat training rows
+    dataset = Dataset.from_dict(
+        {"input_ids": rows, "loss_mask": masks, "seq_len": [len(r) for r in rows]}
+    )
+    dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])
+    dataset.save_to_disk(str(root / "tokenized"))
+    (root / "hs").mkdir()
+    for i, ids in enumerate(rows):
+        states = hidden.capture(model, [ids], card.aux_ids)[0]
+        hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, states, torch.bfloat16)
+    write_json(root / "hs" / "meta.json", {"aux_layer_ids": card.aux_ids})
+    cfg = TrainConfig(
+        epochs=10, pack_len=256, lr=1e-2, warmup_steps=2, val_fraction=0.25, device="cpu", seed=0
+    )
+    train_state.seed_everything(cfg.seed)
+    draft = draft_model.build_draft(card, vocab, cfg.num_layers, cfg.ttt_steps)
+    training.train_draft(draft, cfg, root / "tokenized", root / "hs", "cpu", say=lambda _m: None)
+    draft_model.save_draft(draft, root / "draft")
+    return SimpleNamespace(
+        card=card, dir=root / "draft", conversations=conversations, prompts=prompts
+    )

@@ -690,9 +690,10 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(
 
 
 def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
-    """train.init_layer_from_target: on one token, with the embedding half of v muted, the draft's
-    decoder layer of the original EAGLE-3 architecture (no norm on the residual) computes exactly
-    the target layer on the state entering it (fc passes it through)."""
+    """train.init_layer_from_target: over several tokens (causal attention, rotary positions 0..5,
+    so q, k and the position encoding all count), with the embedding half of q/k/v muted, the
+    draft's decoder layer of the original EAGLE-3 architecture (no norm on the residual) computes
+    exactly the target layer on the state entering it (fc passes it through)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -708,20 +709,33 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
     draft = model.layers[0]
     assert torch.equal(draft.self_attn.q_proj.weight[:, H:], ref.self_attn.q_proj.weight)
     assert torch.equal(draft.mlp.down_proj.weight, ref.mlp.down_proj.weight)
+    T = 6
     torch.manual_seed(0)
-    states = torch.randn(1, 1, 3 * H)
+    states = torch.randn(1, T, 3 * H)
     fused = model.fc(states)
     assert torch.allclose(fused, states[..., 2 * H :])
+    # (1, 1, T, T) additive causal mask, the same for both
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
     with torch.no_grad():
-        draft.self_attn.v_proj.weight[:, :H] = 0
-        pos = torch.zeros(1, 1, dtype=torch.long)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            getattr(draft.self_attn, proj).weight[:, :H] = 0
+        pos = torch.arange(T)[None]
         cos_sin = target.model.rotary_emb(fused, pos)
-        want = ref(fused, position_embeddings=cos_sin, position_ids=pos)
+        want = ref(fused, attention_mask=mask, position_embeddings=cos_sin, position_ids=pos)
         want = want[0] if isinstance(want, tuple) else want
-        x = torch.cat([torch.randn(1, 1, H), fused], dim=-1)
-        got = draft(x, position_embeddings=model.rotary_emb(x, pos), position_ids=pos)
+        x = torch.cat([torch.randn(1, T, H), fused], dim=-1)
+        got = draft(
+            x,
+            attention_mask=mask,
+            position_embeddings=model.rotary_emb(x, pos),
+            position_ids=pos,
+        )
         got = got[0] if isinstance(got, tuple) else got
+        # attention does mix positions: the last token alone gives another output
+        alone = draft(x[:, -1:], position_embeddings=model.rotary_emb(x[:, -1:], pos[:, -1:]))
+        alone = alone[0] if isinstance(alone, tuple) else alone
     assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got[:, -1], alone[:, 0], atol=1e-3)
 
 
 def test_init_layer_from_target_refuses_a_layer_the_target_lacks(random_target, vocab_dir):

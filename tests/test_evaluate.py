@@ -20,7 +20,7 @@ from draftline.evaluation import (
     teacher_forced_sums,
 )
 from draftline.io import read_json, write_json, write_jsonl
-from draftline.specdec import DraftRunner, greedy_generate
+from draftline.specdec import DraftRunner, greedy_generate, speculative_generate
 from draftline.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,18 +130,22 @@ def test_tokens_per_step_counts_what_the_steps_emitted():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, dtype):
-    from draftline.corpus import generate_conversations
+def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype):
+    """The stage on a draft that has learned its target (conftest): its acceptance and lossless
+    figures equal those of the built-in decoder run here on the same prompts."""
+    from draftline.chat import first_turn_ids
+    from draftline.checkpoint import load_draft
+    from draftline.config import TIE_TOLERANCE
+    from draftline.evaluation import compare_to_greedy, eos_ids
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["evaluate"].update(k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    random_target.write(tmp_path / "card.json")
-    torch.manual_seed(0)
-    build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
+    card = trained_draft.card
+    card.write(tmp_path / "card.json")
     rows = [
         {"id": f"e{i}", "source": "ab"[i % 2], **c}
-        for i, c in enumerate(generate_conversations(4, 5))
+        for i, c in enumerate(trained_draft.conversations)
     ]
     rows[0]["source_detail"] = rows[2]["source_detail"] = (
         "upstream"  # a blended dataset's own column
@@ -156,7 +160,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
             "-m",
             "stages.evaluate",
             "card.json",
-            "draft",
+            str(trained_draft.dir),
             "eval.jsonl",
             "acc.json",
             "plots",
@@ -180,13 +184,30 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     assert all(
         s["tokens_per_step"] <= s["acceptance_length"] for s in report["per_source"].values()
     )
-    assert report["prompts"] == 3 and report["lossless_checked_prompts"] == 3 and report["k"] == 2
-    assert (
-        report["near_tie_divergences"] == 0
-        if dtype == "float32"
-        else 0 <= report["near_tie_divergences"] <= 3
-    )
-    assert 1.0 <= report["acceptance_length"] <= 3.0 and 1.0 <= report["tau_sim"] <= 3.0
+    assert report["prompts"] == 3 and report["k"] == 2
+
+    # the same decoding here: rounds, acceptance and each prompt's verdict
+    model, tokenizer = load_target(card, dtype=getattr(torch, dtype))
+    draft = load_draft(trained_draft.dir, card, "cpu")
+    stop, tolerance = eos_ids(tokenizer, model), TIE_TOLERANCE[dtype]
+    rounds, verdicts = [], []
+    for row in rows[:3]:
+        ids = first_turn_ids(tokenizer, row)
+        spec = speculative_generate(model, draft, card.aux_ids, ids, 10, 2, stop)
+        plain = greedy_generate(model, ids, 10, stop, margins=True, tie_tolerance=tolerance)
+        rounds += spec.accepted_per_round
+        verdicts.append(compare_to_greedy(spec.tokens, plain, tolerance))
+    assert report["rounds"] == len(rounds)
+    assert report["acceptance_length"] == acceptance_summary(rounds, 2)["acceptance_length"] > 1.3
+    assert report["histogram"] == {str(n): rounds.count(n) for n in range(1, 4)}
+    assert report["lossless_checked_prompts"] == verdicts.count("identical")
+    assert report["near_tie_divergences"] == verdicts.count("near_tie")
+    assert report["near_tie_share"] == round(verdicts.count("near_tie") / 3, 4)
+    if dtype == "float32":
+        assert report["lossless_checked_prompts"] == 3  # no tolerance: token for token
+    # tau_sim is 1 + the per-position accuracies it reports, each at most the one before
+    accuracy = [report["sim_position_accuracy"][p] for p in ("1", "2")]
+    assert report["tau_sim"] == round(1 + sum(accuracy), 4) and 1 > accuracy[0] >= accuracy[1] > 0
     assert set(report["position_acceptance"]) == set(report["sim_position_accuracy"]) == {"1", "2"}
     assert sum(report["histogram"].values()) == report["rounds"]
     assert set(report["per_source"]) == {"a", "b"} and report["per_source"]["a"]["prompts"] == 2
@@ -210,3 +231,100 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, random_target, vocab_dir, 
     ]
     positions = read_json(tmp_path / "plots/position_acceptance.json")
     assert [p["position"] for p in positions] == [1, 2]
+
+
+# ---- the near-tie rule and its ceiling
+
+
+def test_lossless_summary_counts_and_caps_near_ties():
+    from draftline.evaluation import lossless_summary
+
+    one_in_four = {"a": "identical", "b": "near_tie", "c": "identical", "d": "identical"}
+    assert lossless_summary(one_in_four, 0.5, "bfloat16", 0.25) == {
+        "lossless_checked_prompts": 3,
+        "near_tie_divergences": 1,
+        "near_tie_share": 0.25,
+    }
+    with pytest.raises(SystemExit, match=r"1 of 4 prompts \(25%\).*max_near_tie_share 0.2"):
+        lossless_summary(one_in_four, 0.5, "bfloat16", 0.2)
+    with pytest.raises(SystemExit, match="differed from greedy target output on 1 prompts"):
+        lossless_summary({**one_in_four, "e": "mismatch"}, 0.5, "bfloat16", 1.0)
+
+
+def seed_divergence(monkeypatch, pick: str, prompts: int, tie_tolerance: float) -> list[dict]:
+    """Make the speculative decoder of evaluate diverge from greedy on the first `prompts`
+    prompts at their closest near-tie among the first 5 tokens: with greedy's runner-up
+    (pick="runner_up") or with the token greedy put last (pick="far"). Returns what was seeded."""
+    from draftline import specdec
+
+    real, seeded = speculative_generate, []  # the decoder itself, not an earlier seeding
+
+    def diverging(target, draft, aux, prompt, max_new_tokens, k, stop):
+        gen = real(target, draft, aux, prompt, max_new_tokens, k, stop)
+        if len(seeded) == prompts:
+            return gen
+        plain = specdec.greedy_generate(target, prompt, max_new_tokens, stop, True, tie_tolerance)
+        i = min(range(5), key=lambda j: plain.margins[j])
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + plain.tokens[:i]])).logits[0, -1]
+        runner_up = min(plain.runner_ups[i], key=plain.runner_ups[i].get)
+        token = runner_up if pick == "runner_up" else int(logits.argmin())
+        seeded.append(
+            {"margin": plain.margins[i], "gap": float(logits.max() - logits[token]), "token": token}
+        )
+        gen.tokens = plain.tokens[:i] + [token]  # its tokens past the divergence are moot
+        return gen
+
+    monkeypatch.setattr(specdec, "speculative_generate", diverging)
+    return seeded
+
+
+def evaluate_in_process(tmp_path, random_target, vocab_dir, prompts: int, **cfg):
+    from draftline.config import EvaluateConfig
+    from draftline.corpus import generate_conversations
+    from draftline.evaluation import evaluate_draft
+
+    torch.manual_seed(0)
+    build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
+    rows = [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(prompts, 5))]
+    write_jsonl(tmp_path / "eval.jsonl", rows)
+    config = EvaluateConfig(k=2, max_new_tokens=10, device="cpu", **cfg)
+    return evaluate_draft(config, random_target, tmp_path / "draft", tmp_path / "eval.jsonl", 10)
+
+
+def test_a_divergence_at_a_near_tie_to_a_token_that_was_no_contender_fails(
+    tmp_path, random_target, vocab_dir, monkeypatch
+):
+    """Greedy's top two were within the tolerance there, but the speculative token is the one
+    greedy put last: not a reordering of a near-tie, so evaluate fails."""
+    seeded = seed_divergence(monkeypatch, "far", 1, 0.1)
+    with pytest.raises(SystemExit, match="differed from greedy target output on 1 prompts"):
+        evaluate_in_process(tmp_path, random_target, vocab_dir, 3, tie_tolerance=0.1)
+    assert seeded[0]["margin"] <= 0.1 < seeded[0]["gap"]  # the premise: a near-tie, a far token
+
+
+def test_near_ties_past_the_share_fail_and_within_it_are_reported(
+    tmp_path, random_target, vocab_dir, monkeypatch
+):
+    seeded = seed_divergence(monkeypatch, "runner_up", 1, 0.1)
+    run = evaluate_in_process(
+        tmp_path, random_target, vocab_dir, 4, tie_tolerance=0.1, max_near_tie_share=0.25
+    )
+    assert seeded[0]["margin"] <= 0.1  # greedy's runner-up, at a near-tie
+    assert seeded[0]["gap"] == pytest.approx(seeded[0]["margin"], abs=1e-4)
+    assert (
+        run.report["near_tie_divergences"],
+        run.report["near_tie_share"],
+        run.report["lossless_checked_prompts"],
+    ) == (1, 0.25, 3)
+    (tmp_path / "more").mkdir()
+    seed_divergence(monkeypatch, "runner_up", 2, 0.1)
+    with pytest.raises(SystemExit, match=r"2 of 4 prompts \(50%\).*max_near_tie_share 0.25"):
+        evaluate_in_process(
+            tmp_path / "more",
+            random_target,
+            vocab_dir,
+            4,
+            tie_tolerance=0.1,
+            max_near_tie_share=0.25,
+        )

@@ -98,10 +98,11 @@ def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
         == "online"
     )
     assert stages["hidden_states"]["tokens_per_s"] > 0 and stages["train"]["tokens_per_s"] > 0
-    assert (
-        1.0 <= stages["evaluate"]["acceptance_length"] <= 4.0
-        and stages["evaluate"]["lossless_checked_prompts"] == 3
-    )
+    evaluated = stages["evaluate"]
+    assert 1.0 <= evaluated["acceptance_length"] <= 4.0
+    # bf16: each prompt equal to greedy, or excused at a near-tie flip (within the share allowed)
+    assert evaluated["lossless_checked_prompts"] + evaluated["near_tie_divergences"] == 3
+    assert evaluated["near_tie_share"] == round(evaluated["near_tie_divergences"] / 3, 4)
     bench = stages["benchmark"]
     assert (
         bench["baseline_tokens_per_s"] > 0

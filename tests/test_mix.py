@@ -75,6 +75,37 @@ def test_train_is_prefix_stable_and_eval_does_not_move(pools):
     assert mix(pools, weights, 50, seed=1)[1] != eval_50  # the seed does reshuffle
 
 
+def first_turn_text(row: dict) -> str:
+    """A row's prompt as the target sees it, normalized: the messages before the first assistant
+    turn (and the tools), case and runs of whitespace folded."""
+    first = next(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+    text = json.dumps([row["messages"][:first], row.get("tools")], sort_keys=True)
+    return " ".join(text.lower().split())
+
+
+def test_first_turn_text_ignores_case_spacing_and_the_answer():
+    row = make_pool("a", 1)[0]
+    twin = {
+        **row,
+        "id": "other",
+        "messages": [
+            {"role": "user", "content": "A  QUESTION 0".ljust(8, ".")},
+            {"role": "assistant", "content": "another answer"},
+        ],
+    }
+    assert first_turn_text(twin) == first_turn_text(row)
+    assert first_turn_text({**row, "tools": [{"name": "f"}]}) != first_turn_text(row)
+
+
+@pytest.mark.xfail(strict=True, reason="eval held out by id only (issue: eval twins)")
+def test_no_eval_prompt_has_a_twin_in_train(pools):
+    """Held out by content: greedy regeneration gives a twin the same answer, so an eval prompt
+    whose first turn is also in train measures recall, not acceptance."""
+    train, eval_rows, _ = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 2000)
+    twins = {first_turn_text(r) for r in eval_rows} & {first_turn_text(r) for r in train}
+    assert not twins, f"{len(twins)} of {len(eval_rows)} eval prompts have a twin in train"
+
+
 def test_weights_roughly_honoured(pools):
     train, eval_rows, report = mix(pools, {"messages": 0.75, "sharegpt": 0.25}, 400)
     share = report["train"]["by_source"]["messages"] / 400

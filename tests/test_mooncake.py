@@ -2,14 +2,19 @@
 target's captured states, and the trainer side reading them through hs-connectors'
 MooncakeTransfer built from the speculators.train arguments our params give.
 
-Skipped where the Mooncake transfer engine is not installed (it is an optional dependency:
-`pip install mooncake-transfer-engine-non-cuda` plus `apt-get install libibverbs1` on CPU hosts)."""
+Skipped, with the import error as the reason, where the Mooncake transfer engine does not import:
+not installed (an optional dependency: `make setup-mooncake`), or installed on a host without the
+RDMA libraries its CPU build links (`ImportError: libibverbs.so.1: cannot open shared object
+file`; `apt-get install libibverbs1 librdmacm1`, which `make setup-mooncake` does when it runs as
+root)."""
 
 import argparse
+import importlib
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +23,22 @@ import torch
 
 from draftline import hidden, speculators_states
 from draftline.config import HiddenStatesConfig
+
+
+def mooncake_store_import_error() -> str | None:
+    """Why `mooncake.store` does not import here, or None when it does. A missing shared library
+    is an ImportError that is no ModuleNotFoundError (pytest.importorskip lets it through), and a
+    library loaded with ctypes raises OSError: both are reasons to skip, not failures."""
+    try:
+        importlib.import_module("mooncake.store")
+    except (ImportError, OSError) as err:
+        return f"Mooncake transfer engine does not import: {type(err).__name__}: {err}"
+    return None
+
+
+def require_mooncake_store() -> None:
+    if (why := mooncake_store_import_error()) is not None:
+        pytest.skip(why)
 
 
 def mooncake_master_binary() -> str | None:
@@ -37,7 +58,7 @@ def free_port() -> int:
 
 @pytest.fixture()
 def master(tmp_path):
-    pytest.importorskip("mooncake.store", reason="Mooncake transfer engine not installed")
+    require_mooncake_store()
     binary = mooncake_master_binary()
     if binary is None:
         pytest.skip("mooncake_master not found")
@@ -126,3 +147,45 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(
         assert got["token_ids"].tolist() == ids
         assert torch.equal(got["hidden_states"], states)
         trainer.delete(spec["handle"])
+
+
+# ---- the skip, on a host where the engine does not import
+
+
+@pytest.mark.parametrize(
+    "store_py, error",
+    [
+        # what an extension module linked against a missing library raises at import
+        (
+            'raise ImportError("libibverbs.so.1: cannot open shared object file: No such file or directory")',
+            "ImportError: libibverbs.so.1: cannot open shared object file",
+        ),
+        # a library loaded with ctypes
+        (
+            'import ctypes; ctypes.CDLL("libdraftline-absent.so.1")',
+            "OSError: libdraftline-absent.so.1: cannot open shared object file",
+        ),
+        # not installed at all
+        (None, "ModuleNotFoundError: No module named 'mooncake"),
+    ],
+    ids=["missing-shared-library", "ctypes", "not-installed"],
+)
+def test_an_engine_that_does_not_import_skips_with_its_error(
+    tmp_path, monkeypatch, store_py, error
+):
+    """A `mooncake` package first on sys.path whose `store` fails as on a host without
+    libibverbs1 (or no package at all): the test skips, and the reason is the import error."""
+    for name in [m for m in sys.modules if m == "mooncake" or m.startswith("mooncake.")]:
+        monkeypatch.delitem(sys.modules, name)
+    if store_py is None:
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if "site-packages" not in p])
+    else:
+        (tmp_path / "mooncake").mkdir()
+        (tmp_path / "mooncake" / "__init__.py").write_text("")
+        (tmp_path / "mooncake" / "store.py").write_text(store_py + "\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert error in (mooncake_store_import_error() or "")
+    with pytest.raises(pytest.skip.Exception, match=error.split(":")[0]) as skipped:
+        require_mooncake_store()
+    assert error in str(skipped.value)

@@ -2,6 +2,7 @@
 a typo in a recipe fails here rather than after an hour of pipeline."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,26 @@ def test_recipe_params_validate(script):
 
 
 def test_smollm2_recipe_selects_the_real_target():
-    params, _ = apply_set_params(
-        yaml.safe_load((ROOT / "params.yaml").read_text()),
-        (ROOT / "scripts" / "smollm2.sh").read_text(),
+    """What bash passes to dvc (the array, sourced under set -e), not what the file's text matches."""
+    done = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'set -euo pipefail; source scripts/smollm2.sh; printf "%s\\n" "${SMOLLM2_PARAMS[@]}"',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.splitlines()
+    assert words[::2] == ["-S"] * (len(words) // 2)
+    script = " ".join(f"-S '{value}'" for value in words[1::2])
+    params, count = apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()), script)
+    assert (
+        count
+        == len(words) // 2
+        == len(SET_PARAM.findall((ROOT / "scripts/smollm2.sh").read_text()))
     )
     config = parse_params(params)
     assert config.target.model == "smollm2" and config.target.aux_layer_ids is None

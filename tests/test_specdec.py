@@ -1,5 +1,8 @@
 """The built-in speculative decoder is lossless: its output is the target's greedy output."""
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
 from draftline.config import TIE_TOLERANCE
@@ -38,6 +41,27 @@ def test_speculative_equals_greedy_with_untrained_draft(random_target, vocab_dir
             assert spec.emitted_per_round[:-1] == spec.accepted_per_round[:-1]
 
 
+def test_speculative_equals_greedy_with_a_draft_that_accepts(trained_draft):
+    """The lossless check where it bites: a trained draft whose tokens the target accepts, often
+    several in a round, and still exactly the greedy output (float32: no near-tie excuse)."""
+    from draftline.checkpoint import load_draft
+
+    model, _ = load_target(trained_draft.card)
+    draft = load_draft(trained_draft.dir, trained_draft.card, "cpu")
+    full_rounds = 0
+    for prompt in trained_draft.prompts:
+        plain = greedy_generate(model, prompt, 40, eos_ids={-1})
+        for k in (1, 3):
+            spec = speculative_generate(
+                model, draft, trained_draft.card.aux_ids, prompt, 40, k, eos_ids={-1}
+            )
+            assert spec.tokens == plain.tokens
+            accepted = sum(a - 1 for a in spec.accepted_per_round)  # draft tokens kept
+            assert accepted >= 5, (k, spec.accepted_per_round)
+            full_rounds += spec.accepted_per_round.count(k + 1) if k == 3 else 0
+    assert full_rounds > 0  # rounds where all three draft tokens were accepted
+
+
 def test_eos_stops_both(random_target, vocab_dir):
     model, _ = load_target(random_target)
     draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
@@ -72,18 +96,77 @@ def test_a_prompt_cut_at_max_new_tokens_mid_step(monkeypatch, random_target, voc
     assert len(spec.tokens) / spec.target_forwards == 10 / 3
 
 
+class ScriptedTarget(torch.nn.Module):
+    """A stand-in target whose logits for generated token t are rows[t], whatever the input."""
+
+    def __init__(self, rows: torch.Tensor):
+        super().__init__()
+        self.rows, self.step = rows, 0
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # TargetRunner reads the device off it
+
+    def forward(self, input_ids, **_):
+        logits = torch.zeros(1, input_ids.shape[1], self.rows.shape[1])
+        logits[0, -1] = self.rows[self.step]
+        self.step += 1
+        return SimpleNamespace(logits=logits, hidden_states=None)
+
+
+def greedy_on(logits: torch.Tensor, tie_tolerance: float) -> Generation:
+    """greedy_generate over scripted logits (T, V), margins recorded at tie_tolerance."""
+    return greedy_generate(
+        ScriptedTarget(logits), [1], len(logits), {-1}, margins=True, tie_tolerance=tie_tolerance
+    )
+
+
 def test_compare_to_greedy_tells_near_ties_from_mismatches():
-    plain = Generation(tokens=[5, 6, 7, 8], margins=[4.0, 0.05, 3.0, 0.0])
-    assert compare_to_greedy([5, 6, 7, 8], plain, 0.0) == "identical"
-    assert (
-        compare_to_greedy([5, 9, 1, 1], plain, 0.1) == "near_tie"
-    )  # first difference at a 0.05 gap
-    assert compare_to_greedy([5, 9, 1, 1], plain, 0.0) == "mismatch"  # float32: no tolerance
-    assert compare_to_greedy([9, 6, 7, 8], plain, 0.1) == "mismatch"  # a clear winner replaced
-    assert compare_to_greedy([5, 6], plain, 0.1) == "mismatch"  # stopped early at a 3.0 gap
-    assert (
-        compare_to_greedy([5, 6, 7, 8, 2], plain, 0.1) == "mismatch"
-    )  # past greedy's end: no margin to excuse it
+    # 50 tokens, all distinct below -1, then per position: a clear winner (token 5, 4 above the
+    # next), three close ones (6 at 2.0, 9 at 1.95, 3 at 1.9), a clear winner (7), an exact tie
+    logits = -1 - 0.01 * torch.arange(50.0).repeat(4, 1)
+    logits[0, 5] = 4.0
+    logits[1, [6, 9, 3]] = torch.tensor([2.0, 1.95, 1.9])
+    logits[2, 7] = 3.0
+    logits[3, [8, 2]] = 1.0
+
+    def verdict(spec_tokens, tie_tolerance):  # greedy recorded at the tolerance it is judged by
+        return compare_to_greedy(spec_tokens, greedy_on(logits, tie_tolerance), tie_tolerance)
+
+    plain = greedy_on(logits, 0.1)
+    assert plain.tokens[:3] == [5, 6, 7] and plain.margins[1] == pytest.approx(0.05)
+    assert set(plain.runner_ups[1]) == {9} and set(plain.runner_ups[0]) == {0}  # runner-up kept
+    end = plain.tokens[3]
+    assert verdict(plain.tokens, 0.0) == "identical"
+    # the first difference is greedy's runner-up, 0.05 below: a 16-bit reordering
+    assert verdict([5, 9, 7, end], 0.1) == "near_tie"
+    assert verdict([5, 9, 7, end], 0.0) == "mismatch"  # float32: no tolerance
+    # the third of three close tokens: within a tolerance of 0.2, not of 0.07
+    assert verdict([5, 3, 7, end], 0.2) == "near_tie"
+    assert verdict([5, 3, 7, end], 0.07) == "mismatch"
+    # a near-tie position (greedy's top two 0.05 apart) but a token 3 below greedy's: a real
+    # divergence, though greedy's own margin is within the tolerance
+    assert verdict([5, 0, 7, end], 0.1) == "mismatch"
+    assert verdict([9, 6, 7, end], 0.1) == "mismatch"  # a clear winner replaced
+    assert verdict([5, 6], 0.1) == "mismatch"  # stopped early
+    assert verdict(plain.tokens + [2], 0.1) == "mismatch"  # past greedy's end
+    # the exact tie: the other of the two is excused even at no tolerance
+    assert verdict([5, 6, 7, ({2, 8} - {end}).pop()], 0.0) == "near_tie"
+    # a Generation without runner-ups (greedy made without margins) excuses nothing
+    bare = Generation(tokens=plain.tokens, margins=plain.margins)
+    assert compare_to_greedy([5, 9, 7, end], bare, 0.1) == "mismatch"
+
+
+def test_near_tie_flip_is_elementwise_on_tensors():
+    from draftline.evaluation import near_tie_flip
+
+    chosen = torch.tensor([1, 2, 3, 4])
+    greedy = torch.tensor([1, 5, 6, 7])
+    chosen_gap = torch.tensor([0.0, 0.1, 0.9, 0.5])
+    assert near_tie_flip(chosen, greedy, chosen_gap, 0.5).tolist() == [
+        False,  # no difference
+        True,  # 0.1 below greedy's logit
+        False,  # 0.9 below
+        True,  # at the tolerance
+    ]
+    assert near_tie_flip(2, 5, 0.1, 0.5) is True and near_tie_flip(2, 5, 0.6, 0.5) is False
 
 
 def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, vocab_dir):
@@ -94,7 +177,9 @@ def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, v
     ).eval()  # float32: aux is cast
     verdicts = []
     for prompt in ([1, 40, 41, 42, 2, 1, 50], [7] * 30, [3, 99, 150, 12], list(range(20, 60))):
-        plain = greedy_generate(model, prompt, 40, eos_ids={-1}, margins=True)
+        plain = greedy_generate(
+            model, prompt, 40, {-1}, margins=True, tie_tolerance=TIE_TOLERANCE["bfloat16"]
+        )
         assert len(plain.margins) == len(plain.tokens) and min(plain.margins) >= 0
         for k in (1, 3):
             spec = speculative_generate(
