@@ -272,7 +272,8 @@ def seed_divergence(monkeypatch, pick: str, prompts: int, tie_tolerance: float) 
         seeded.append(
             {"margin": plain.margins[i], "gap": float(logits.max() - logits[token]), "token": token}
         )
-        gen.tokens = plain.tokens[:i] + [token]  # its tokens past the divergence are moot
+        # its tokens past the divergence are moot; their count stays (tokens per step)
+        gen.tokens = plain.tokens[:i] + [token] + gen.tokens[i + 1 :]
         return gen
 
     monkeypatch.setattr(specdec, "speculative_generate", diverging)

@@ -89,7 +89,7 @@ def test_first_turn_text_ignores_case_spacing_and_the_answer():
         **row,
         "id": "other",
         "messages": [
-            {"role": "user", "content": "A  QUESTION 0".ljust(8, ".")},
+            {"role": "user", "content": "A  QUESTION AA".ljust(8, ".")},
             {"role": "assistant", "content": "another answer"},
         ],
     }
@@ -97,7 +97,6 @@ def test_first_turn_text_ignores_case_spacing_and_the_answer():
     assert first_turn_text({**row, "tools": [{"name": "f"}]}) != first_turn_text(row)
 
 
-@pytest.mark.xfail(strict=True, reason="eval held out by id only (issue: eval twins)")
 def test_no_eval_prompt_has_a_twin_in_train(pools):
     """Held out by content: greedy regeneration gives a twin the same answer, so an eval prompt
     whose first turn is also in train measures recall, not acceptance."""

@@ -171,7 +171,11 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
     assert done.returncode == 0, done.stderr
     want = ["-S", "++samples=500", "-S", "train.epochs=10"]
     want += ["-S", "++train.init_layer_from_target=last_aux"]
-    assert calls(root) == [["dvc", "exp", "run", "-n", "L27-500", *smollm2_params(), *want]]
+    record = ["python", "-m", "draftline.recipe_record", "reports/recipe_smollm2", "L27-500"]
+    assert calls(root) == [
+        ["dvc", "exp", "run", "-n", "L27-500", *smollm2_params(), *want],
+        [*record, "--samples-point"],  # its figures, written by the script that ran it
+    ]
     unknown = subprocess.run(
         ["bash", str(root / "scripts" / "recipe_smollm2.sh"), "nope"],
         env=env,
