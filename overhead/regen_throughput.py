@@ -156,6 +156,7 @@ def regenerate_stage(
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     regen = params["regenerate"]
     regen.update({"max_tokens": max_tokens, "temperature": 0.0, "port": free_port()})
+    regen["max_length_share"] = 1.0  # a throughput run: answers cut at max_tokens by design
     for item in overrides:  # dotted keys under regenerate, yaml values, like dvc exp run -S
         key, _, value = item.partition("=")
         node = regen

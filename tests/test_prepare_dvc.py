@@ -70,8 +70,16 @@ def test_sources_file_is_in_sync_with_params(tmp_path):
     assert (tmp_path / "sources.yaml").read_text() == (ROOT / "datasets/sources.yaml").read_text()
 
 
+def spelled(i: int) -> str:
+    return " ".join(
+        "zero one two three four five six seven eight nine".split()[int(d)] for d in str(i)
+    )
+
+
 def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     dvc = str(BIN / "dvc")
+    # the datasets cut to 300 rows below supply 200 train prompts at the weights, twins held out
+    edit_params(repo, lambda p: p.update(samples=200))
     # check_params runs first unless the committed dvc.lock already holds these params
     assert ran(run([dvc, "repro", "mix"], repo)) - {"check_params"} == set(STAGES)
     assert json.loads(run([dvc, "status", "--json", *STAGES], repo).stdout) == {}
@@ -287,7 +295,9 @@ def test_a_failed_run_leaves_only_the_failed_stage_stale_and_outputs_ignored(rep
                 {
                     "id": f"x{i}",
                     "conversations": [
-                        {"from": "human", "value": f"Extra question number {i}?"},
+                        # spelled out: numbered questions would all be template twins of
+                        # the eval ones (mix.holdout), and the dataset would run out
+                        {"from": "human", "value": f"Extra question {spelled(i)}?"},
                         {"from": "gpt", "value": "An answer."},
                     ],
                 }
@@ -328,5 +338,6 @@ def test_a_failed_run_leaves_only_the_failed_stage_stale_and_outputs_ignored(rep
         "hidden_states",
         "train",
         "evaluate",
+        "evaluate_dev",
         "benchmark",
     }, stale

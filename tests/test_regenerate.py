@@ -1199,11 +1199,16 @@ def test_streamed_token_ids_are_put_together_in_order():
 
 def test_token_ids_are_asked_only_of_engines_that_know_the_field():
     assert engine_request_fields("transformers") == {}  # it answers 422 to unknown fields
-    for engine in ("vllm", "sglang", "hf"):
+    for engine in ("vllm", "sglang"):
         assert engine_request_fields(engine) == {
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
         }
+    # the hf server also puts the usage on every chunk: tokens held back as text still count
+    assert engine_request_fields("hf") == {
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "return_token_ids": True,
+    }
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
