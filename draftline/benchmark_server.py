@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
 import time
 import urllib.request
@@ -23,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from draftline.commands import benchmark_serve_command
 from draftline.loadgen import LoadTarget, run_load, summarize_load
 from draftline.preflight import preflight_benchmark
-from draftline.servers import ManagedServer, server_url, startup_timeout_s
+from draftline.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 from draftline.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
 
 if TYPE_CHECKING:
@@ -96,7 +95,12 @@ def run_mode(
             return commands[-1]
 
         server = ManagedServer(
-            command, dict(os.environ), server_url(cfg.host, cfg.port), log_path, limit, say=say
+            command,
+            launch_env(engine, card.model, log_path.parent / ".hf_cache"),
+            server_url(cfg.host, cfg.port),
+            log_path,
+            limit,
+            say=say,
         )
     with (
         server as base_url,

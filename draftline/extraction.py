@@ -12,7 +12,6 @@ files removed (draftline/hidden.py holds the file format, the checks and the cap
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,12 +85,12 @@ def run_vllm(
 ) -> None:
     """Backend vllm: `vllm serve` for extraction (launched, or hidden_states.vllm.endpoint), fed by
     speculators' generate-offline-data."""
-    import os
     import subprocess
 
     from draftline import hidden
     from draftline.commands import generate_offline_data_command, vllm_extract_command
-    from draftline.servers import ManagedServer, server_url, startup_timeout_s
+    from draftline.config import vllm_engine
+    from draftline.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
     v = cfg.vllm
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
@@ -104,7 +103,7 @@ def run_vllm(
 
     def serve(port: int) -> list[str]:
         return vllm_extract_command(
-            v.python or sys.executable,
+            vllm_engine(),
             card.model,
             card.revision,
             aux_ids,
@@ -149,7 +148,12 @@ def run_vllm(
             return cmd
 
         server = ManagedServer(
-            launch, dict(os.environ), server_url(v.host, v.port), log_path, limit, say=print
+            launch,
+            launch_env("vllm", card.model, out / ".hf_cache"),
+            server_url(v.host, v.port),
+            log_path,
+            limit,
+            say=print,
         )
     try:
         with server as base_url:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -355,7 +354,7 @@ def run_speculators(
     launched = []
     with contextlib.ExitStack() as stack:
         if serve is not None:  # the extraction server the trainers ask for states, stopped after
-            from draftline.servers import ManagedServer, startup_timeout_s
+            from draftline.servers import ManagedServer, launch_env, startup_timeout_s
 
             def launch(
                 port: int,
@@ -374,7 +373,12 @@ def run_speculators(
             print(f"train: extraction server start-up limit {limit:.0f}s: {why}", flush=True)
             base_url = stack.enter_context(
                 ManagedServer(
-                    launch, dict(os.environ), endpoint, live_dir / "vllm.log", limit, say=print
+                    launch,
+                    launch_env("vllm", card.model, live_dir / ".hf_cache"),
+                    endpoint,
+                    live_dir / "vllm.log",
+                    limit,
+                    say=print,
                 )
             )
             endpoint = f"{base_url}/v1"

@@ -52,6 +52,10 @@ def launch_env(engine: str, model: str, cache_dir: Path) -> dict[str, str]:
         return server_env(cache_dir)
     env = dict(os.environ)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if engine == "vllm":  # VLLM_CPU_KVCACHE_SPACE for the CPU build (engines.vllm)
+        from draftline.config import vllm_engine
+
+        env = vllm_engine().env(env)
     return env
 
 

@@ -5,7 +5,6 @@ launched for the run, the states moved through a staging directory (file / fp8) 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +75,7 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     or the base URL to launch on, port 0 = a free one chosen at start; the staging directory of
     the file/fp8 transfer)."""
     from draftline.commands import vllm_extract_command
+    from draftline.config import vllm_engine
     from draftline.servers import server_url
 
     online, params = source["online"], source.get("params") or {}
@@ -97,7 +97,7 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
 
     def serve(port: int) -> list[str]:
         return vllm_extract_command(
-            v.get("python") or sys.executable,
+            vllm_engine(),
             card.model,
             card.revision,
             card.aux_ids,

@@ -202,7 +202,7 @@ def test_credentials_in_urls_are_refused_and_never_echoed(value, key):
 
 
 def test_params_never_reach_a_shell_and_the_trust_boundary_is_documented(tmp_path):
-    """Issue #16.12: launcher, hidden_states.vllm.python and extra_args choose what runs: params are
+    """Issue #16.12: launcher, engines.vllm.python and extra_args choose what runs: params are
     code. They go to the process as argv, never through a shell, and docs/reliability.md says so."""
     import re
 
@@ -213,7 +213,7 @@ def test_params_never_reach_a_shell_and_the_trust_boundary_is_documented(tmp_pat
     doc = (ROOT / "docs" / "reliability.md").read_text()
     section = doc[doc.index("## Params are code") :]
     section = section[: section.index("\n#", 1) if "\n#" in section[1:] else len(section)]
-    for key in ("benchmark.vllm.launcher", "hidden_states.vllm.python", "extra_args", "shell"):
+    for key in ("benchmark.vllm.launcher", "engines.vllm.python", "extra_args", "shell"):
         assert key in section, key
 
     # shell metacharacters in extra_args are one literal argument each

@@ -357,6 +357,8 @@ def test_preflight_knows_sglangs_aux_id_convention(
 
 
 def test_serve_commands_for_both_engines(random_target, draft_dir):
+    from draftline.config import vllm_engine
+
     cfg = bench_cfg(
         k=4,
         port=9000,
@@ -364,9 +366,12 @@ def test_serve_commands_for_both_engines(random_target, draft_dir):
         sglang={"args": ["--tp-size", "8"]},
     )
     model = str(Path(random_target.model).resolve())
+    # engines.vllm: its interpreter (the project's .venv-vllm when there is one), vLLM's server module
     assert benchmark_serve_command("vllm", random_target, cfg, None) == [
-        "vllm",
-        "serve",
+        vllm_engine().resolved_python(),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         model,
         "--host",
         "127.0.0.1",

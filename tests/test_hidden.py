@@ -660,8 +660,10 @@ def test_generate_offline_data_command_parses_with_speculators_own_cli():
 
 
 def test_vllm_extract_command_asks_for_aux_layers_and_the_last_one(tmp_path):
+    from draftline.config import VllmEngineConfig
+
     cmd = commands.vllm_extract_command(
-        "/venv/bin/python",
+        VllmEngineConfig(python="/venv/bin/python"),
         "org/target",
         "abc123",
         [2, 16, 29],
@@ -675,7 +677,13 @@ def test_vllm_extract_command_asks_for_aux_layers_and_the_last_one(tmp_path):
         0.8,
         ["--enforce-eager"],
     )
-    assert cmd[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "org/target"]
+    assert cmd[:5] == [
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "org/target",
+    ]
     flags = dict(zip(cmd[5:-1:2], cmd[6:-1:2]))
     spec = json.loads(flags["--speculative-config"])
     # speculators' scripts/launch_vllm.py: extract_hidden_states with ids + [num_layers] (the last layer)
@@ -712,7 +720,7 @@ import argparse, json, os, struct, sys, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 p = argparse.ArgumentParser()
-p.add_argument("cmd"); p.add_argument("model"); p.add_argument("--host"); p.add_argument("--port", type=int)
+p.add_argument("--model"); p.add_argument("--host"); p.add_argument("--port", type=int)
 p.add_argument("--speculative-config"); p.add_argument("--kv-transfer-config")
 args, _ = p.parse_known_args()
 if os.environ.get("FAKE_VLLM_REFUSE"):
@@ -782,11 +790,11 @@ def free_port() -> int:
 
 
 def fake_vllm_python(tmp_path, random_target, monkeypatch) -> Path:
-    stub = tmp_path / "stub" / "vllm" / "entrypoints" / "cli"
+    stub = tmp_path / "stub" / "vllm" / "entrypoints" / "openai"
     stub.mkdir(parents=True)
     for d in (stub.parents[1], stub.parents[0], stub):
         (d / "__init__.py").write_text("")
-    (stub / "main.py").write_text(FAKE_VLLM)
+    (stub / "api_server.py").write_text(FAKE_VLLM)
     python = tmp_path / "python-with-vllm"
     python.write_text(
         f'#!/bin/sh\nPYTHONPATH={tmp_path / "stub"}:{REPO} exec {sys.executable} "$@"\n'
@@ -823,8 +831,9 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(
 
     params = PARAMS.replace(
         "hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
-        f"hidden_states:\n  backend: vllm\n  dtype: bfloat16\n  vllm: {{python: {python}, port: {free_port()}, "
-        f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}",
+        f"hidden_states:\n  backend: vllm\n  dtype: bfloat16\n  vllm: {{port: {free_port()}, "
+        f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}\n"
+        f"engines: {{vllm: {{python: {python}}}}}",
     )
     (stage_dir / "params.yaml").write_text(params)
     try:
@@ -861,8 +870,9 @@ def test_vllm_backend_with_format_fp8_uses_the_fp8_connector(
     python = fake_vllm_python(tmp_path, random_target, monkeypatch)
     params = PARAMS.replace(
         "hidden_states: {device: cpu, dtype: bfloat16, token_budget: 1024}",
-        f"hidden_states:\n  backend: vllm\n  format: fp8\n  vllm: {{python: {python}, port: {free_port()}, "
-        f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}",
+        f"hidden_states:\n  backend: vllm\n  format: fp8\n  vllm: {{port: {free_port()}, "
+        f"concurrency: 4, startup_timeout_s: 60, request_timeout_s: 30}}\n"
+        f"engines: {{vllm: {{python: {python}}}}}",
     )
     (subsets / "params.yaml").write_text(params)
     try:

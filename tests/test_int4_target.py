@@ -15,6 +15,7 @@ from stage_runner import corpus, run_stage, write_params, write_prompts, write_r
 
 from draftline import hidden
 from draftline.card import TargetCard
+from draftline.config import VllmEngineConfig
 from draftline.target import build_card, load_target, read_verifier_tensors
 
 AUX = [1, 2, 3]
@@ -130,7 +131,19 @@ def test_engine_command_lines_take_the_quantization_from_the_checkpoint(int4_car
     ]
     commands.append(
         vllm_extract_command(
-            "python", card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 8, 4096, 0.9, []
+            VllmEngineConfig(python="python"),
+            card.model,
+            None,
+            AUX,
+            5,
+            tmp_path,
+            "h",
+            1,
+            "bfloat16",
+            8,
+            4096,
+            0.9,
+            [],
         )
     )
     commands += [

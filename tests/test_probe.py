@@ -144,11 +144,15 @@ def test_a_hub_init_is_checked_on_its_config_before_its_weights_are_fetched(
         assert fetched == []
 
 
-def vllm_section(python, **extra) -> dict:
+def engines_of(python) -> dict:
+    """engines.vllm.python: the interpreter every vLLM launch runs (here a stand-in's)."""
+    return {"vllm": {"python": str(python)}}
+
+
+def vllm_section(**extra) -> dict:
     return {
         "backend": "vllm",
         "vllm": {
-            "python": str(python),
             "port": free_port(),
             "startup_timeout_s": 60,
             "request_timeout_s": 30,
@@ -163,7 +167,9 @@ def test_vllm_extraction_is_probed_once_per_card_and_settings(tmp_path, random_t
     decides whether extraction works."""
     python = fake_vllm_python(tmp_path, random_target, monkeypatch)
     args = tmp_path / "args.json"
-    report = run_probe(tmp_path, random_target, hidden_states=vllm_section(python))
+    report = run_probe(
+        tmp_path, random_target, engines=engines_of(python), hidden_states=vllm_section()
+    )
     extraction = report["extraction"]
     assert extraction["path"] == "offline" and extraction["passed"] and extraction["probed"]
     tokens = extraction["seen"]["tokens"]
@@ -176,12 +182,19 @@ def test_vllm_extraction_is_probed_once_per_card_and_settings(tmp_path, random_t
     ]
 
     args.unlink()
-    report = run_probe(tmp_path, random_target, hidden_states=vllm_section(python, concurrency=3))
+    report = run_probe(
+        tmp_path,
+        random_target,
+        engines=engines_of(python),
+        hidden_states=vllm_section(concurrency=3),
+    )
     assert not args.exists() and report["extraction"]["probed"] is False
     assert report["extraction"]["key"] == extraction["key"]
 
-    hs = vllm_section(python, extra_args=["--enforce-eager"])
-    assert run_probe(tmp_path, random_target, hidden_states=hs)["extraction"]["probed"]
+    hs = vllm_section(extra_args=["--enforce-eager"])
+    assert run_probe(tmp_path, random_target, engines=engines_of(python), hidden_states=hs)[
+        "extraction"
+    ]["probed"]
     assert json.loads(args.read_text())[-1] == "--enforce-eager"
 
 
@@ -203,12 +216,14 @@ def test_a_failed_extraction_probe_stops_the_run_and_can_be_skipped(
     python = fake_vllm_python(tmp_path, random_target, monkeypatch)
     monkeypatch.setenv(fault, value)
     with pytest.raises(SystemExit, match=message) as err:
-        run_probe(tmp_path, random_target, hidden_states=vllm_section(python))
+        run_probe(tmp_path, random_target, engines=engines_of(python), hidden_states=vllm_section())
     assert "hidden_states.vllm.probe: false" in str(err.value)
     assert not (tmp_path / "reports" / "probe_passed.txt").exists()
     (tmp_path / "args.json").unlink()
 
-    report = run_probe(tmp_path, random_target, hidden_states=vllm_section(python, probe=False))
+    report = run_probe(
+        tmp_path, random_target, engines=engines_of(python), hidden_states=vllm_section(probe=False)
+    )
     assert report["extraction"] == {
         "path": "offline",
         "probed": False,
@@ -224,8 +239,14 @@ def test_online_extraction_is_probed_on_the_train_stages_server(
     """mode online with train.backend speculators: the server the train stage would launch for
     speculators' trainers answers the probe row with the card's layers."""
     python = fake_vllm_python(tmp_path, random_target, monkeypatch)
-    hs = {**vllm_section(python), "mode": "online", "backend": "hf"}
-    report = run_probe(tmp_path, random_target, hidden_states=hs, train={"backend": "speculators"})
+    hs = {**vllm_section(), "mode": "online", "backend": "hf"}
+    report = run_probe(
+        tmp_path,
+        random_target,
+        engines=engines_of(python),
+        hidden_states=hs,
+        train={"backend": "speculators"},
+    )
     extraction = report["extraction"]
     assert extraction["path"] == "online" and extraction["passed"]
     assert extraction["seen"]["probe_shape"][1:] == [4, random_target.hidden_size]

@@ -1651,8 +1651,8 @@ def vllm_serve_parser() -> argparse.ArgumentParser:
     (--served-model-name nargs=+, -tp/-dp aliases, --max-model-len, --reasoning-parser, --revision,
     --speculative-config) and FrontendArgs in vllm/entrypoints/openai/cli_args.py (--host, --port,
     --enable-auto-tool-choice, --tool-call-parser)."""
-    p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
-    p.add_argument("model_tag")
+    p = argparse.ArgumentParser(prog="vllm.entrypoints.openai.api_server", allow_abbrev=False)
+    p.add_argument("--model", dest="model_tag")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--served-model-name", nargs="+")
@@ -1705,8 +1705,8 @@ def test_vllm_command_uses_documented_flags():
         "hermes",
         ["--gpu-memory-utilization", "0.85"],
     )
-    assert cmd[:2] == ["vllm", "serve"]
-    args, unknown = vllm_serve_parser().parse_known_args(cmd[2:])
+    assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen3-8B"]
+    args, unknown = vllm_serve_parser().parse_known_args(cmd[3:])
     assert not unknown
     assert (args.model_tag, args.served_model_name, args.port, args.revision) == (
         "Qwen/Qwen3-8B",
@@ -1722,7 +1722,7 @@ def test_vllm_command_uses_documented_flags():
     )
     assert args.gpu_memory_utilization == 0.85 and args.speculative_config is None
     bare, unknown = vllm_serve_parser().parse_known_args(
-        vllm_regenerate_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[2:]
+        vllm_regenerate_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[3:]
     )
     assert not unknown and not bare.enable_auto_tool_choice and bare.max_model_len is None
 

@@ -122,7 +122,8 @@ def test_a_hub_id_is_served_with_the_users_hub_cache_and_network(
     argv, env = launch_of(monkeypatch, tmp_path, card, backend)
     assert hub_id in argv
     if backend == "vllm":
-        assert argv[argv.index("serve") + 1] == hub_id
+        assert argv[argv.index("--model") + 1] == hub_id
+        assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # engines.vllm.cpu_kvcache_space_gb
     elif backend == "sglang":
         assert argv[argv.index("--model-path") + 1] == hub_id
     assert {name: env.get(name) for name in user} == user

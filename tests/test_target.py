@@ -14,6 +14,7 @@ from wrapped_target import build_wrapped_target
 
 from draftline import hidden
 from draftline.card import TargetCard
+from draftline.config import VllmEngineConfig
 from draftline.target import RemoteCodeRequired, build_card, load_target, read_verifier_tensors
 
 AUX = [1, 2, 3]
@@ -204,7 +205,7 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
             RegenerateConfig(backend=backend), replace(card, trust_remote_code=False), "m"
         )
     cmd = commands.vllm_extract_command(
-        "python",
+        VllmEngineConfig(python="python"),
         card.model,
         None,
         AUX,
