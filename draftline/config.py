@@ -790,7 +790,24 @@ class TargetPlacement(Section):
 TIE_TOLERANCE = {"float32": 0.0, "float16": 0.1, "bfloat16": 0.5}
 
 
+class EvaluateVllmConfig(Section):
+    """evaluate.engine: vllm (draftline/vllm_evaluation.py)."""
+
+    # keyword arguments of vLLM's LLM(...): its parallelism and memory, e.g.
+    # {tensor_parallel_size: 8, max_model_len: 8192} (how it runs, not what it measures)
+    engine_args: dict[str, int | float | str | bool] = {}
+    # the built-in engine evaluates the draft too and the stage fails when the two disagree beyond
+    # parity_tolerance (null = by dtype, vllm_evaluation.PARITY_TOLERANCE); false for a target the
+    # built-in engine cannot hold (then vLLM alone measures, and tau_sim is not computed)
+    parity: bool = True
+    parity_tolerance: float | None = Field(None, ge=0)
+
+
 class EvaluateConfig(TargetPlacement):
+    # builtin decoder in this process (hf) | vllm: vLLM's offline engine with the draft, in the
+    # engines.vllm environment, acceptance from its spec-decode counters
+    engine: Literal["hf", "vllm"] = "hf"
+    vllm: EvaluateVllmConfig = EvaluateVllmConfig()
     k: int = Field(3, ge=1)  # draft tokens per verification step
     max_new_tokens: int = Field(96, ge=1)
     prompts: int | None = Field(None, ge=1)  # null = every eval prompt
@@ -983,7 +1000,8 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
         "ttt_steps ttt_step_loss_decay speculative_tokens pack_len grad_accum_steps val_fraction "
         "device seed"
     ),
-    EvaluateConfig: _names("device dtype k max_new_tokens prompts tie_tolerance"),
+    EvaluateConfig: _names("engine vllm device dtype k max_new_tokens prompts tie_tolerance"),
+    EvaluateVllmConfig: _names("parity"),
     VllmBenchConfig: _names("method speculative_config args"),
     SglangBenchConfig: _names(
         "algorithm draft_model_path num_steps eagle_topk num_draft_tokens args"
@@ -1039,6 +1057,8 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     TrainConfig: _names("checkpoint_every_steps gpus fsdp num_workers torchrun_args"),
     # the near-tie ceiling decides whether the stage passes, not what its report holds
     EvaluateConfig: _names("device_map max_near_tie_share"),
+    # where vLLM runs, and the gate's threshold: whether the stage passes, not what it measures
+    EvaluateVllmConfig: _names("engine_args parity_tolerance"),
     VllmBenchConfig: _names("launcher"),
     SglangBenchConfig: _names("launcher"),
     BenchmarkConfig: _names("device_map host port startup_timeout_s request_timeout_s endpoints"),

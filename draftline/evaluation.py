@@ -5,7 +5,7 @@ evaluate stage's run over the eval prompts that reports both (their token ids: d
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -219,6 +219,10 @@ class EvaluationRun:
 
     report: dict
     plots: dict[str, list[dict]]
+    # per prompt id: the first-turn ids decoded and the target's greedy output (the parity check
+    # against vLLM compares them)
+    prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    greedy: dict[str, list[int]] = field(default_factory=dict)
 
 
 def mixed_train_count(eval_path: str | Path, samples: int) -> int:
@@ -298,13 +302,15 @@ def evaluate_draft(
         lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
     )  # (dataset, its row's own source)
     generated = 0
+    prompt_ids, greedy = {}, {}
     for row in track(rows, description="evaluate"):
-        ids = first_turn_ids(tokenizer, row)
+        ids = prompt_ids[row["id"]] = first_turn_ids(tokenizer, row)
         spec = speculative_generate(
             target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop
         )
         plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, tie_tolerance)
         verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, tie_tolerance)
+        greedy[row["id"]] = list(plain.tokens)
         sums = teacher_forced_sums(
             draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device
         )
@@ -385,4 +391,92 @@ def evaluate_draft(
                 for pos, rate in real["position_acceptance"].items()
             ],
         },
+        prompt_ids,
+        greedy,
     )
+
+
+# ---- evaluate.engine: vllm ----------------------------------------------------------------------
+
+
+def with_vllm(
+    run: EvaluationRun, cfg: EvaluateConfig, card: TargetCard, draft_dir, engine
+) -> tuple[EvaluationRun, str | None]:
+    """The built-in run with vLLM's measurement beside it: vLLM's acceptance as the headline, both
+    engines side by side, the parity gate (the failure message when it fails, else None)."""
+    from draftline.vllm_evaluation import check_parity, evaluate_with_vllm
+
+    vllm = evaluate_with_vllm(cfg, card, draft_dir, run.prompt_ids, run.greedy, engine)
+    builtin = {
+        key: run.report[key] for key in ("acceptance_length", "rounds", "position_acceptance")
+    }
+    gate, failure = check_parity(cfg, card, draft_dir, builtin, vllm)
+    report = {
+        **run.report,
+        "engine": "vllm",
+        "acceptance_length": vllm["acceptance_length"],
+        "position_acceptance": vllm["position_acceptance"],
+        "engines": {"builtin": builtin, "vllm": vllm},
+        "parity": gate,
+    }
+    plots = {
+        **run.plots,
+        "acceptance_vs_samples.json": [
+            {**point, "acceptance_length": vllm["acceptance_length"]}
+            for point in run.plots["acceptance_vs_samples.json"]
+        ],
+        "position_acceptance.json": [
+            {
+                "position": int(p),
+                "acceptance": rate,
+                "builtin": builtin["position_acceptance"].get(p),
+            }
+            for p, rate in vllm["position_acceptance"].items()
+        ],
+    }
+    return EvaluationRun(report, plots, run.prompt_ids, run.greedy), failure
+
+
+def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, samples, engine):
+    """evaluate.vllm.parity false: vLLM alone (the target is never loaded here); tau_sim and the
+    lossless check need the target in transformers, so they are left out (null)."""
+    from draftline.chat import first_turn_ids
+    from draftline.io import read_jsonl
+    from draftline.target import card_tokenizer
+    from draftline.vllm_evaluation import evaluate_with_vllm
+
+    rows = list(read_jsonl(eval_path))[: cfg.prompts]
+    if not rows:
+        raise SystemExit(f"error: {eval_path} has no eval prompts")
+    tokenizer = card_tokenizer(card)
+    prompts = {row["id"]: first_turn_ids(tokenizer, row) for row in rows}
+    vllm = evaluate_with_vllm(cfg, card, draft_dir, prompts, None, engine)
+    train_prompts = mixed_train_count(eval_path, samples)
+    report = {
+        "acceptance_length": vllm["acceptance_length"],
+        "tau_sim": None,
+        "tokens_per_step": None,
+        "engine": "vllm",
+        "k": cfg.k,
+        "prompts": len(rows),
+        "generated_tokens": vllm["generated_tokens"],
+        "rounds": vllm["rounds"],
+        "position_acceptance": vllm["position_acceptance"],
+        "engines": {"vllm": vllm},
+        "parity": None,
+    }
+    plots = {
+        "acceptance_vs_samples.json": [
+            {
+                "samples": train_prompts,
+                "samples_requested": samples,
+                "acceptance_length": vllm["acceptance_length"],
+                "tau_sim": None,
+            }
+        ],
+        "position_acceptance.json": [
+            {"position": int(p), "acceptance": rate}
+            for p, rate in vllm["position_acceptance"].items()
+        ],
+    }
+    return EvaluationRun(report, plots, prompts)

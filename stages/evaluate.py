@@ -23,6 +23,13 @@ per step counts what each step added to the output, the last step of a prompt cu
 max_new_tokens (below the acceptance length when a prompt stops mid-step). The metrics file holds
 the three headline figures; the whole report (per position, per source, histograms, prompts) is in
 acceptance.detail.json beside it.
+
+evaluate.engine vllm: vLLM's offline engine measures the same prompts with the draft
+(draftline/vllm_evaluation.py), its acceptance the headline; with evaluate.vllm.parity (default)
+the built-in engine measures too, both go in the report side by side (`engines`, `parity`), and a
+gap beyond the tolerance fails the stage after writing the report, with what vLLM read. Without
+parity (a target the built-in engine cannot hold) vLLM alone measures: no tau_sim, no lossless
+check against transformers.
 """
 
 import sys
@@ -56,10 +63,22 @@ def main(
         return
 
     card = TargetCard.load(card_path)
-    run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)
+    failure = None
+    if cfg.engine == "vllm" and not cfg.vllm.parity:
+        from draftline.evaluation import vllm_only_run
+
+        run = vllm_only_run(cfg, card, draft_dir, eval_path, params.samples, params.engines.vllm)
+    else:
+        run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)
+        if cfg.engine == "vllm":
+            from draftline.evaluation import with_vllm
+
+            run, failure = with_vllm(run, cfg, card, draft_dir, params.engines.vllm)
     write_metrics(report_path, run.report, ["acceptance_length", "tau_sim", "tokens_per_step"])
     for name, rows in run.plots.items():
         write_json(Path(plots_dir) / name, rows)
+    if failure:  # the report shows both engines; the stage fails (DVC keeps nothing of it)
+        raise SystemExit(f"error: {failure}")
 
 
 if __name__ == "__main__":

@@ -20,27 +20,34 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def random_target(tmp_path_factory, tiny_tokenizer):
     """A small random-weight Llama chat model saved with the tiny tokenizer, and its card."""
+    return random_llama(tmp_path_factory.mktemp("random_target"), tiny_tokenizer)
+
+
+def random_llama(path, tokenizer, **overrides):
+    """random_target's model in `path` (LlamaConfig fields in `overrides`), and its card."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from draftline.target import build_card
 
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("random_target")
     config = LlamaConfig(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=5,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        bos_token_id=None,
+        **{
+            "vocab_size": len(tokenizer),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 5,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 1024,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": None,
+            **overrides,
+        }
     )
     LlamaForCausalLM(config).save_pretrained(path)
-    tiny_tokenizer.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return build_card(str(path), "test", None, [1, 2, 3], {})
 
 
@@ -85,6 +92,12 @@ def trained_draft(tmp_path_factory, random_target):
     on that target's 40-token greedy answers to the first turns of `conversations`, so speculative
     decoding of those prompts accepts draft tokens (acceptance length ~1.3-2.6 at k = 1 and 3).
     Returns (card, draft dir, conversations, their first-turn prompt ids)."""
+    return train_a_draft(tmp_path_factory.mktemp("trained_draft"), random_target)
+
+
+def train_a_draft(root, random_target):
+    """trained_draft's recipe in `root` for any random target card (tests/test_vllm.py uses one
+    whose attention vLLM's CPU build runs)."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -98,7 +111,6 @@ def trained_draft(tmp_path_factory, random_target):
     from draftline.specdec import greedy_generate
     from draftline.target import build_card, load_target
 
-    root = tmp_path_factory.mktemp("trained_draft")
     model, tokenizer = load_target(random_target)
     with torch.no_grad():
         model.lm_head.weight.mul_(10)

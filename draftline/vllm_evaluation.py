@@ -1,0 +1,251 @@
+"""`evaluate.engine: vllm`: the draft's acceptance measured by the engine users serve it with, and
+the train-serve parity gate.
+
+vLLM runs in its own environment (engines.vllm.python) as `draftline/vllm_generate.py`: the same
+first-turn prompt ids the built-in engine decodes (draftline/chat.py `first_turn_ids`), greedy,
+`evaluate.max_new_tokens`, the draft at k = evaluate.k, vLLM's parallelism from
+evaluate.vllm.engine_args (tensor_parallel_size: 8 on an 8-GPU host). Acceptance comes from vLLM's
+own spec-decode counters: acceptance length = 1 + accepted / drafts, per position accepted at
+position i / drafts (vllm/v1/spec_decode/metrics.py), the built-in engine's definitions.
+
+Parity (evaluate.vllm.parity, on by default when the target fits the built-in engine): both
+engines evaluate the draft, the report shows both side by side, per position; a gap above the
+tolerance fails the stage with what vLLM read (aux layer ids, draft vocabulary, norms, dtype,
+whether it decoded the prompt ids it was given) next to what the checkpoint and the target card
+say, so a checkpoint that loads in vLLM but is read differently from training shows up here, not
+after deployment. Tolerance (evaluate.vllm.parity_tolerance, null = by dtype): in float32 both
+engines verify the same greedy chain, so their counts agree but for a rare kernel-rounding flip at
+a near-tie (the default run: identical); 0.02 lets about one flip in fifty steps through, far below
+what a wrong aux layer costs (0.4 on the default run's draft). 16-bit targets round the k+1-token
+verification differently from one-token steps, so 0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.card import TargetCard
+    from draftline.config import EvaluateConfig, VllmEngineConfig
+
+GENERATE_SCRIPT = Path(__file__).with_name("vllm_generate.py")
+PARITY_TOLERANCE = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.1}
+
+
+class VllmRunError(RuntimeError):
+    pass
+
+
+def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=print) -> dict:
+    """draftline/vllm_generate.py on `job` in the vLLM environment; its result, with the wall time
+    (engine start-up included). Fails with the tail of its log."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_path, result_path, log_path = (
+        workdir / "vllm_job.json",
+        workdir / "vllm_result.json",
+        workdir / "vllm.log",
+    )
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    python = engine.resolved_python()
+    cmd = [python, str(GENERATE_SCRIPT), str(job_path), str(result_path)]
+    say(f"evaluate: vLLM ({python}) on {len(job['prompts'])} prompts; log {log_path}")
+    env = engine.env(dict(os.environ))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if code != 0 or not result_path.is_file():
+        from draftline.servers import log_tail
+
+        raise VllmRunError(
+            f"vLLM exited with {code} ({' '.join(cmd)}); the end of {log_path}:\n{log_tail(log_path)}"
+        )
+    result = json.loads(result_path.read_text())
+    result["wall_s"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def counter_acceptance(counters: dict | None, k: int) -> dict:
+    """Acceptance length and per-position acceptance from vLLM's summed counters."""
+    if not counters or not counters.get("drafts"):
+        raise VllmRunError(
+            "vLLM reported no spec-decode drafts: the draft was not used (no "
+            "vllm:spec_decode_num_drafts counter)"
+        )
+    drafts = counters["drafts"]
+    per_pos = list(counters.get("accepted_per_pos") or [])[:k]
+    return {
+        "acceptance_length": round(1 + counters["accepted_tokens"] / drafts, 4),
+        "rounds": int(drafts),
+        "draft_acceptance_rate": round(counters["accepted_tokens"] / counters["draft_tokens"], 4)
+        if counters.get("draft_tokens")
+        else None,
+        "position_acceptance": {str(i + 1): round(n / drafts, 4) for i, n in enumerate(per_pos)},
+    }
+
+
+def vllm_job(card: TargetCard, draft_dir: str | Path, cfg: EvaluateConfig, prompts: list) -> dict:
+    model = str(Path(card.model).resolve()) if Path(card.model).exists() else card.model
+    engine_args = dict(cfg.vllm.engine_args)
+    if card.revision:
+        engine_args.setdefault("revision", card.revision)
+    if card.trust_remote_code:
+        engine_args.setdefault("trust_remote_code", True)
+    return {
+        "model": model,
+        "draft": str(Path(draft_dir).resolve()),
+        "k": cfg.k,
+        "dtype": cfg.dtype,
+        "max_tokens": cfg.max_new_tokens,
+        "prompts": prompts,
+        "engine_args": engine_args,
+    }
+
+
+def checkpoint_says(card: TargetCard, draft_dir: str | Path) -> dict:
+    """What the draft's config.json and the target card say, to set beside what vLLM read."""
+    config = json.loads(Path(draft_dir, "config.json").read_text())
+    eagle = config.get("transformer_layer_config") or {}
+    return {
+        "card_aux_layer_ids": list(card.aux_ids),
+        "eagle_aux_hidden_state_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
+        "draft_vocab_size": config.get("draft_vocab_size"),
+        "norm_before_residual": config.get("norm_before_residual"),
+        "architectures": config.get("architectures") or eagle.get("architectures"),
+        "speculators_model_type": config.get("speculators_model_type"),
+    }
+
+
+def parity(builtin: dict, vllm: dict, tolerance: float) -> dict:
+    """Side by side, and the largest gap: acceptance length, each position's acceptance."""
+    positions = sorted(
+        set(builtin["position_acceptance"]) | set(vllm["position_acceptance"]), key=int
+    )
+    rows = {
+        "acceptance_length": (builtin["acceptance_length"], vllm["acceptance_length"]),
+        **{
+            f"position_{p}": (
+                builtin["position_acceptance"].get(p, 0.0),
+                vllm["position_acceptance"].get(p, 0.0),
+            )
+            for p in positions
+        },
+    }
+    gaps = {name: round(abs(a - b), 4) for name, (a, b) in rows.items()}
+    worst = max(gaps, key=gaps.get)
+    return {
+        "side_by_side": {name: {"builtin": a, "vllm": b} for name, (a, b) in rows.items()},
+        "rounds": {"builtin": builtin["rounds"], "vllm": vllm["rounds"]},
+        "gap": gaps[worst],
+        "worst": worst,
+        "tolerance": tolerance,
+        "passed": gaps[worst] <= tolerance,
+    }
+
+
+def diagnosis(gate: dict, read: dict, says: dict, prompt_ids_match: list[bool], dtype: str) -> str:
+    lines = [
+        f"vLLM and the built-in engine disagree on this draft: {gate['worst']} differs by "
+        f"{gate['gap']} (tolerance {gate['tolerance']}, evaluate.vllm.parity_tolerance)",
+        "  side by side (built-in / vLLM): "
+        + ", ".join(
+            f"{name} {v['builtin']} / {v['vllm']}" for name, v in gate["side_by_side"].items()
+        ),
+        f"  aux layer ids: vLLM read {read.get('eagle_aux_hidden_state_layer_ids')}, the "
+        f"checkpoint says {says['eagle_aux_hidden_state_layer_ids']}, the target card (training) "
+        f"{says['card_aux_layer_ids']}",
+        f"  draft vocabulary: vLLM read {read.get('draft_vocab_size')}, checkpoint "
+        f"{says['draft_vocab_size']} (d2t/t2d in its weights)",
+        f"  norm_before_residual: vLLM read {read.get('norm_before_residual')}, checkpoint "
+        f"{says['norm_before_residual']}",
+        f"  dtype: vLLM ran {read.get('dtype')} (draft {read.get('draft_dtype')}), evaluate.dtype {dtype}",
+        f"  prompt ids: vLLM decoded {sum(prompt_ids_match)} of {len(prompt_ids_match)} prompts "
+        "from exactly the ids it was given",
+    ]
+    mismatch = says["eagle_aux_hidden_state_layer_ids"] not in (None, says["card_aux_layer_ids"])
+    if mismatch:
+        lines.append(
+            "  likely cause: the checkpoint names aux layers the draft was not trained on; "
+            "train it again, or fix eagle_aux_hidden_state_layer_ids in its config.json"
+        )
+    return "\n".join(lines)
+
+
+def evaluate_with_vllm(
+    cfg: EvaluateConfig,
+    card: TargetCard,
+    draft_dir: str | Path,
+    prompts: dict[str, list[int]],
+    greedy: dict[str, list[int]] | None,
+    engine: VllmEngineConfig,
+) -> dict:
+    """vLLM's acceptance on `prompts` (id -> first-turn ids); with the built-in engine's greedy
+    outputs, how many of vLLM's speculative outputs equal them. Its job, result and log go to a
+    temporary directory, kept when vLLM fails."""
+    import shutil
+    import tempfile
+
+    ids = list(prompts)
+    workdir = Path(tempfile.mkdtemp(prefix="draftline-evaluate-vllm-"))
+    try:
+        result = run_vllm_generate(
+            vllm_job(card, draft_dir, cfg, [prompts[i] for i in ids]), engine, workdir
+        )
+        acceptance = counter_acceptance(result["counters"], cfg.k)
+    except VllmRunError as err:
+        raise SystemExit(f"error: evaluate.engine vllm: {err}") from None
+    shutil.rmtree(workdir, ignore_errors=True)
+    report = {
+        **acceptance,
+        "prompts": len(ids),
+        "generated_tokens": sum(len(o) for o in result["outputs"]),
+        "read": result["read"],
+        "prompt_ids_match": sum(result["prompt_ids_match"]),
+        "vllm": result.get("vllm"),
+        "load_s": result["load_s"],
+        "generate_s": result["generate_s"],
+        "wall_s": result["wall_s"],
+    }
+    if greedy is not None:
+        same = [result["outputs"][n] == greedy[i] for n, i in enumerate(ids)]
+        report["outputs_equal_to_builtin_greedy"] = sum(same)
+        report["outputs_differing"] = [i for i, s in zip(ids, same) if not s][:10]
+    print(
+        f"evaluate: vLLM acceptance length {report['acceptance_length']:.4f} over "
+        f"{report['rounds']} drafts; per position {list(report['position_acceptance'].values())}; "
+        f"engine start-up {report['load_s']} s"
+    )
+    return report
+
+
+def check_parity(
+    cfg: EvaluateConfig, card: TargetCard, draft_dir, builtin: dict, vllm: dict
+) -> tuple[dict, str | None]:
+    """The gate: the parity block for the report, and the diagnosis when it failed (the stage
+    writes the report, then fails with it)."""
+    tolerance = (
+        PARITY_TOLERANCE[cfg.dtype]
+        if cfg.vllm.parity_tolerance is None
+        else cfg.vllm.parity_tolerance
+    )
+    gate = parity(builtin, vllm, tolerance)
+    if not gate["passed"]:
+        matched = vllm["prompt_ids_match"]
+        return gate, "train-serve parity: " + diagnosis(
+            gate,
+            vllm["read"],
+            checkpoint_says(card, draft_dir),
+            [True] * matched + [False] * (vllm["prompts"] - matched),
+            cfg.dtype,
+        )
+    print(
+        f"evaluate: train-serve parity passed: largest gap {gate['gap']} ({gate['worst']}), "
+        f"tolerance {tolerance}"
+    )
+    return gate, None

