@@ -469,17 +469,19 @@ def test_sglang_meta_info_gives_acceptance():
 
 
 def run_benchmark_stage(
-    tmp_path: Path, card: TargetCard, draft: Path, overrides: dict
+    tmp_path: Path, card: TargetCard, draft: Path, overrides: dict, conversations=None
 ) -> subprocess.CompletedProcess:
+    """The stage on `conversations` as eval prompts (default: 3 generated ones)."""
     from draftline.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["benchmark"].update(overrides)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     card.write(tmp_path / "card.json")
+    conversations = generate_conversations(3, 9) if conversations is None else conversations
     write_jsonl(
         tmp_path / "eval.jsonl",
-        [{"id": f"e{i}", "source": "s", **c} for i, c in enumerate(generate_conversations(3, 9))],
+        [{"id": f"e{i}", "source": "s", **c} for i, c in enumerate(conversations)],
     )
     return subprocess.run(
         [

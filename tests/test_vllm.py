@@ -193,3 +193,116 @@ print(json.dumps(out))
     assert (
         parsed["speculative"]["spec"]["method"] == "eagle3" and parsed["baseline"]["spec"] is None
     )
+
+
+def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
+    """benchmark.engine vllm launched by the stage: the baseline and the EAGLE-3 server with our
+    checkpoint, the same outputs, acceptance per position from /metrics, tokens/s at each level."""
+    from test_engines import LOAD, run_benchmark_stage
+
+    overrides = {
+        **LOAD,
+        "prompts": 4,
+        "engine": "vllm",
+        "startup_timeout_s": 600,
+        "vllm": {"args": ["--dtype", "float32", "--max-num-seqs", "4"]},
+    }
+    # the conversations the draft learned: on others this 16-row draft accepts next to nothing
+    proc = run_benchmark_stage(
+        tmp_path, served_draft.card, served_draft.dir, overrides, served_draft.conversations
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = read_json(tmp_path / "bench.detail.json")
+    assert report["acceptance_length"] > 1.0
+    for c in ("c1", "c4"):
+        level = report["levels"][c]
+        assert level["identical_output_share"] == 1.0
+        assert set(level["speculative"]["position_acceptance"]) == {"1", "2", "3"}
+        for mode in ("baseline", "speculative"):
+            assert level[mode]["requests"] == 6 and level[mode]["failed"] == 0
+            assert level[mode]["output_tokens_per_s"] > 0
+    deploy = read_json(tmp_path / "deploy.json")
+    assert "vllm.entrypoints.openai.api_server" in json.dumps(deploy)
+
+
+def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, served_draft):
+    """regenerate.backend vllm launched by the stage, streamed; the server SIGKILLed with requests
+    in flight; the rerun keeps every whole line, sends only the missing conversations, duplicates
+    none; the greedy answers equal the built-in hf backend's."""
+    import signal
+    import time
+
+    import psutil
+    from test_regenerate import output_rows, prompts, run_stage, stage_cmd, stage_dir, stage_env
+
+    rows = prompts(12)
+    common = {
+        "max_tokens": 12,
+        "startup_timeout_s": 600,
+        "max_retries": 1,
+        "retry_backoff_s": 0.05,
+        "short": {"concurrency": 2, "max_context": None},
+        "long": {"concurrency": 1, "max_context": None},
+    }
+    workdir = tmp_path / "vllm"
+    workdir.mkdir()
+    stage_dir(
+        workdir,
+        served_draft.card,
+        rows,
+        backend="vllm",
+        extra_args=["--dtype", "float32", "--max-num-seqs", "4"],
+        **common,
+    )
+    out = workdir / "out/conversations.jsonl"
+    proc = subprocess.Popen(
+        stage_cmd(), cwd=workdir, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    killed = None
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and len(out.read_text().splitlines()) >= 3:
+                servers = [
+                    p
+                    for p in psutil.Process(proc.pid).children(recursive=True)
+                    if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())
+                ]
+                assert servers, "no vLLM server under the stage"
+                killed = servers[0].pid
+                os.kill(killed, signal.SIGKILL)
+                break
+            time.sleep(0.2)
+        log = proc.communicate(timeout=600)[0].decode(errors="replace")
+    finally:
+        proc.kill()
+    assert killed, "the stage wrote fewer than 3 lines before ending:\n" + log[-3000:]
+    before = output_rows(workdir)
+    assert 3 <= len(before) < len(rows), log[-3000:]
+
+    proc = run_stage(workdir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = output_rows(workdir)
+    ids = [r["id"] for r in done]
+    assert len(ids) == len(set(ids)) == len(rows) and set(ids) == {r["id"] for r in rows}
+    assert done[: len(before)] == before
+    report = read_json(workdir / "report.json")
+    assert report["reused"] == len(before) and report["sent"] == len(rows) - len(before)
+    assert report["turns_with_token_ids"] == report["requests"]  # vLLM streams token ids
+
+    # the built-in hf backend on the same conversations: the same greedy answers
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    stage_dir(hf, served_draft.card, rows, backend="hf", **common)
+    assert run_stage(hf).returncode == 0
+    answers = {
+        r["id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in done
+    }
+    hf_answers = {
+        r["id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        for r in output_rows(hf)
+    }
+    same = sum(answers[i] == hf_answers[i] for i in answers)
+    assert same == len(rows), {
+        i: (answers[i], hf_answers[i]) for i in answers if answers[i] != hf_answers[i]
+    }
