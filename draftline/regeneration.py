@@ -121,7 +121,8 @@ async def regenerate_conversation(
     on_token=None,
 ) -> tuple[list[dict], dict]:
     """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
-    extra_body goes into every request as it is (e.g. vLLM's stream_options, return_token_ids).
+    extra_body goes into every request as it is (e.g. vLLM's stream_options, return_token_ids),
+    but for its `with_tools` fields, which go only into requests with tools.
     The ids and usage of each answer are kept in stats, not on its message: the message goes back
     to the server in the next turn's request."""
     original, tools = row["messages"], row.get("tools")
@@ -170,12 +171,13 @@ async def regenerate_conversation(
         }
         if seed is not None:
             request["seed"] = seed
-        if tools:
-            request["tools"] = tools
         if sampling.chat_template_kwargs:
             request["chat_template_kwargs"] = sampling.chat_template_kwargs
-        if extra_body:
-            request.update(extra_body)
+        extras = dict(extra_body or {})
+        with_tools = extras.pop("with_tools", {})  # only beside tools (engine_request_fields)
+        request.update(extras)
+        if tools:
+            request.update(tools=tools, **with_tools)
         choice, usage = await complete(pool, request, policy, retries, on_token)
         reply = reply_message(choice)
         messages = messages + [reply]  # a new list: the request above keeps its own

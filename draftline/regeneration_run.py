@@ -276,7 +276,7 @@ def send(
         cfg.token_timeout_s,
     )
     slots = server_slots(cfg, engine)
-    extra_body = engine_request_fields(engine)
+    extra_body = engine_request_fields(engine, cfg.tool_call_parser)
     partitions = {
         "short": (cfg.short.concurrency, cfg.short.max_context),
         "long": (cfg.long.concurrency, cfg.long.max_context),
@@ -405,19 +405,26 @@ def run_report(
     }
 
 
-def engine_request_fields(engine: str) -> dict:
+def engine_request_fields(engine: str, tool_call_parser: str | None = None) -> dict:
     """Fields beyond the chat completion basics that every request to `engine` carries. vLLM and
     SGLang send the usage of a streamed answer only when asked (stream_options); `return_token_ids`
     makes vLLM, SGLang and the built-in hf server return the completion's token ids (vLLM in each
     streamed chunk, SGLang and hf in a whole answer), which tokenize compares with its own tokens.
     Neither changes what the model generates. transformers serve answers 422 to a field it does
-    not know (and sends the usage anyway), so it gets neither."""
+    not know (and sends the usage anyway), so it gets neither. `with_tools` goes only into requests
+    that carry tools: vLLM without a tool-call parser refuses the default tool_choice "auto" (HTTP
+    400 "auto" tool choice requires --enable-auto-tool-choice), so those ask "none", which keeps the
+    tools in the prompt (vLLM drops them only with --exclude-tools-when-tool-choice-none) and
+    leaves tool-call markup inline in the content, as no parser means everywhere."""
     if engine == "transformers":
         return {}
     # backend hf puts the usage on every chunk when asked, so its tokens count as they come even
     # where their text is held back (a tool call, say)
     usage = {"include_usage": True, **({"continuous_usage_stats": True} if engine == "hf" else {})}
-    return {"stream_options": usage, "return_token_ids": True}
+    fields = {"stream_options": usage, "return_token_ids": True}
+    if engine == "vllm" and tool_call_parser is None:
+        fields["with_tools"] = {"tool_choice": "none"}
+    return fields
 
 
 def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:

@@ -1200,10 +1200,13 @@ def test_streamed_token_ids_are_put_together_in_order():
 def test_token_ids_are_asked_only_of_engines_that_know_the_field():
     assert engine_request_fields("transformers") == {}  # it answers 422 to unknown fields
     for engine in ("vllm", "sglang"):
-        assert engine_request_fields(engine) == {
+        assert engine_request_fields(engine, "hermes") == {
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
         }
+    # vLLM without a tool-call parser refuses tool_choice "auto" (400): requests with tools ask "none"
+    assert engine_request_fields("vllm")["with_tools"] == {"tool_choice": "none"}
+    assert "with_tools" not in engine_request_fields("sglang")
     # the hf server also puts the usage on every chunk: tokens held back as text still count
     assert engine_request_fields("hf") == {
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},

@@ -295,14 +295,8 @@ def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, se
     hf.mkdir()
     stage_dir(hf, served_draft.card, rows, backend="hf", **common)
     assert run_stage(hf).returncode == 0
-    answers = {
-        r["id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in done
-    }
-    hf_answers = {
-        r["id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"]
-        for r in output_rows(hf)
-    }
-    same = sum(answers[i] == hf_answers[i] for i in answers)
-    assert same == len(rows), {
-        i: (answers[i], hf_answers[i]) for i in answers if answers[i] != hf_answers[i]
-    }
+    # compared as token ids: vLLM holds back a trailing incomplete UTF-8 character of an answer
+    # cut at max_tokens, the hf server sends it as U+FFFD, so the texts can differ at their end
+    answers = {r["id"]: r["regeneration"]["completion_token_ids"] for r in done}
+    hf_answers = {r["id"]: r["regeneration"]["completion_token_ids"] for r in output_rows(hf)}
+    assert answers == hf_answers
