@@ -1,5 +1,5 @@
 # Two entry points on a fresh clone:
-#   make repro   set up .venv from pinned dependencies, then run the pipeline (dvc repro)
+#   make repro   set up .venv (and .venv-vllm) from pinned dependencies, then run the pipeline (dvc repro)
 #   make test    same set-up, then the test suite (unit + one end-to-end dvc repro)
 #   make overhead   our own overhead against bare baselines -> reports/overhead/*.json (after make
 #                   repro); not the pipeline's `benchmark` stage (draft speedup, reports/benchmark.json)
@@ -67,7 +67,7 @@ $(VLLM_STAMP): scripts/vllm_env.sh scripts/vllm_cpu_constraints.txt
 
 # params are validated before DVC touches anything (dvc.yaml's first stage, check_params, does the
 # same for a plain `dvc repro` / `dvc exp run`)
-repro: setup
+repro: setup setup-vllm
 	$(BIN)/python -m stages.prepare --write-sources datasets/sources.yaml
 	$(BIN)/python -m stages.check_params datasets/sources.yaml models/draft reports/params_check.txt
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro

@@ -29,11 +29,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline import vllm_generate
+from draftline.evaluation import EvaluationRun
+
 if TYPE_CHECKING:
     from draftline.card import TargetCard
     from draftline.config import EvaluateConfig, VllmEngineConfig
 
-GENERATE_SCRIPT = Path(__file__).with_name("vllm_generate.py")
+# the script vLLM's interpreter runs; imported (stdlib only at its top) so that an edit to it reruns
+# the evaluate stages
+GENERATE_SCRIPT = Path(vllm_generate.__file__)
 PARITY_TOLERANCE = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.1}
 
 
@@ -64,7 +69,9 @@ def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=pr
         from draftline.servers import log_tail
 
         raise VllmRunError(
-            f"vLLM exited with {code} ({' '.join(cmd)}); the end of {log_path}:\n{log_tail(log_path)}"
+            f"vLLM exited with {code} ({' '.join(cmd)}; engines.vllm.python {python}: `make "
+            f"setup-vllm` builds the project's vLLM environment); the end of {log_path}:\n"
+            f"{log_tail(log_path)}"
         )
     result = json.loads(result_path.read_text())
     result["wall_s"] = round(time.perf_counter() - started, 2)
@@ -249,3 +256,87 @@ def check_parity(
         f"tolerance {tolerance}"
     )
     return gate, None
+
+
+# ---- the evaluate stage's runs with vLLM ------------------------------------------------------
+
+
+def with_vllm(
+    run: EvaluationRun, cfg: EvaluateConfig, card: TargetCard, draft_dir, engine
+) -> tuple[EvaluationRun, str | None]:
+    """The built-in run with vLLM's measurement beside it: vLLM's acceptance as the headline, both
+    engines side by side, the parity gate (the failure message when it fails, else None)."""
+    vllm = evaluate_with_vllm(cfg, card, draft_dir, run.prompt_ids, run.greedy, engine)
+    builtin = {
+        key: run.report[key] for key in ("acceptance_length", "rounds", "position_acceptance")
+    }
+    gate, failure = check_parity(cfg, card, draft_dir, builtin, vllm)
+    report = {
+        **run.report,
+        "engine": "vllm",
+        "acceptance_length": vllm["acceptance_length"],
+        "position_acceptance": vllm["position_acceptance"],
+        "engines": {"builtin": builtin, "vllm": vllm},
+        "parity": gate,
+    }
+    plots = {
+        **run.plots,
+        "acceptance_vs_samples.json": [
+            {**point, "acceptance_length": vllm["acceptance_length"]}
+            for point in run.plots["acceptance_vs_samples.json"]
+        ],
+        "position_acceptance.json": [
+            {
+                "position": int(p),
+                "acceptance": rate,
+                "builtin": builtin["position_acceptance"].get(p),
+            }
+            for p, rate in vllm["position_acceptance"].items()
+        ],
+    }
+    return EvaluationRun(report, plots, run.prompt_ids, run.greedy), failure
+
+
+def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, samples, engine):
+    """evaluate.vllm.parity false: vLLM alone (the target is never loaded here); tau_sim and the
+    lossless check need the target in transformers, so they are left out (null)."""
+    from draftline.chat import first_turn_ids
+    from draftline.evaluation import mixed_train_count
+    from draftline.io import read_jsonl
+    from draftline.target import card_tokenizer
+
+    rows = list(read_jsonl(eval_path))[: cfg.prompts]
+    if not rows:
+        raise SystemExit(f"error: {eval_path} has no eval prompts")
+    tokenizer = card_tokenizer(card)
+    prompts = {row["id"]: first_turn_ids(tokenizer, row) for row in rows}
+    vllm = evaluate_with_vllm(cfg, card, draft_dir, prompts, None, engine)
+    train_prompts = mixed_train_count(eval_path, samples)
+    report = {
+        "acceptance_length": vllm["acceptance_length"],
+        "tau_sim": None,
+        "tokens_per_step": None,
+        "engine": "vllm",
+        "k": cfg.k,
+        "prompts": len(rows),
+        "generated_tokens": vllm["generated_tokens"],
+        "rounds": vllm["rounds"],
+        "position_acceptance": vllm["position_acceptance"],
+        "engines": {"vllm": vllm},
+        "parity": None,
+    }
+    plots = {
+        "acceptance_vs_samples.json": [
+            {
+                "samples": train_prompts,
+                "samples_requested": samples,
+                "acceptance_length": vllm["acceptance_length"],
+                "tau_sim": None,
+            }
+        ],
+        "position_acceptance.json": [
+            {"position": int(p), "acceptance": rate}
+            for p, rate in vllm["position_acceptance"].items()
+        ],
+    }
+    return EvaluationRun(report, plots, prompts)

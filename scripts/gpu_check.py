@@ -55,6 +55,7 @@ PROFILES = {
         "hidden_states.device": "cuda",
         "hidden_states.dtype": "bfloat16",
         "train.device": "cuda",
+        "evaluate.engine": "hf",  # the GPU paths of the built-in engine (no vLLM wheel on the bare host)
         "evaluate.device": "cuda",
         "evaluate.dtype": "bfloat16",
         "benchmark.engine": "hf",
@@ -86,6 +87,7 @@ PROFILES = {
         "train.device": "cpu",
         "train.epochs": 1,
         "train.pack_len": 512,
+        "evaluate.engine": "hf",  # head_dim 16: not a size vLLM's CPU attention runs
         "evaluate.device": "cpu",
         "evaluate.dtype": "bfloat16",
         "evaluate.max_new_tokens": 12,

@@ -65,13 +65,13 @@ def main(
     card = TargetCard.load(card_path)
     failure = None
     if cfg.engine == "vllm" and not cfg.vllm.parity:
-        from draftline.evaluation import vllm_only_run
+        from draftline.vllm_evaluation import vllm_only_run
 
         run = vllm_only_run(cfg, card, draft_dir, eval_path, params.samples, params.engines.vllm)
     else:
         run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)
         if cfg.engine == "vllm":
-            from draftline.evaluation import with_vllm
+            from draftline.vllm_evaluation import with_vllm
 
             run, failure = with_vllm(run, cfg, card, draft_dir, params.engines.vllm)
     write_metrics(report_path, run.report, ["acceptance_length", "tau_sim", "tokens_per_step"])

@@ -139,7 +139,9 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype):
     from draftline.evaluation import compare_to_greedy, eos_ids
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["evaluate"].update(k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype)
+    raw["evaluate"].update(
+        engine="hf", k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype
+    )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     card = trained_draft.card
     card.write(tmp_path / "card.json")
