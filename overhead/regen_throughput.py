@@ -13,7 +13,12 @@ of the bundled datasets/samples/openai_messages.jsonl, no tools), greedy, the sa
   params.yaml's `regenerate` section plus the --set overrides), server launch and preflight
   excluded: its report's completion tokens over the seconds of the sending phase.
 
-`ratio` = ours tokens/s / bare tokens/s (the issue's target: >= 0.5). `answers_equal` is the share
+- vllm (`--backends hf vllm`, the default when the project's vLLM environment exists): the same
+  stage with `regenerate.backend: vllm` (vLLM's CPU build, `--dtype float32`, its default
+  scheduling), the same prompts, greedy, max_tokens.
+
+`ratio` = ours tokens/s / bare tokens/s (the issue's target: >= 0.5); `vllm_vs_hf` = vLLM's
+tokens/s over ours, `vllm_answers_equal` the share of prompts whose vLLM answer equals ours. `answers_equal` is the share
 of prompts whose regenerated answer equals the bare greedy decode (batched left-padded float32 can
 flip a near-tie; a low share means the server is not decoding the target greedily). The load
 average at the start is recorded: on a shared machine both sides slow down, the ratio less so.
@@ -239,6 +244,16 @@ def main() -> None:
         help="build the tiny target here (no pipeline outputs needed)",
     )
     parser.add_argument("--tiny-steps", type=int, default=150)
+    from draftline.config import VllmEngineConfig
+
+    has_vllm = VllmEngineConfig().resolved_python() != sys.executable
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["hf", "vllm"],
+        default=["hf", "vllm"] if has_vllm else ["hf"],
+        help="regenerate backends measured (hf always; vllm needs make setup-vllm)",
+    )
     parser.add_argument(
         "--out", default=str(ROOT / "reports" / "overhead" / "regen_throughput.json")
     )
@@ -273,11 +288,22 @@ def main() -> None:
                 else None
             )  # the EAGLE-3 rule for a real target; the stage does not use them
             ours = regenerate_stage(model_dir, aux_ids, prompts, args.max_tokens, args.set, work)
+            vllm = None
+            if "vllm" in args.backends:
+                vllm_set = [
+                    "backend=vllm",
+                    'extra_args=["--dtype", "float32"]',
+                    "startup_timeout_s=900",
+                ]
+                (work / "stage").rename(work / "stage_hf")
+                vllm = regenerate_stage(
+                    model_dir, aux_ids, prompts, args.max_tokens, vllm_set, work
+                )
             bare = bare_generate(model_dir, prompts, args.max_tokens, args.batch)
         equal = sum(
             ours["answers"].get(p["id"]) == text for p, text in zip(prompts, bare.pop("texts"))
         )
-        ours.pop("answers")
+        answers = ours.pop("answers")
         entry = {
             "target": origin,
             "bare_generate": bare,
@@ -285,10 +311,23 @@ def main() -> None:
             "ratio": round(ours["tokens_per_s"] / bare["tokens_per_s"], 3),
             "answers_equal": round(equal / len(prompts), 3),
         }
+        if vllm is not None:
+            same = sum(vllm["answers"].get(i) == a for i, a in answers.items())
+            vllm.pop("answers")
+            entry["vllm"] = vllm
+            entry["vllm_vs_hf"] = round(vllm["tokens_per_s"] / ours["tokens_per_s"], 3)
+            entry["vllm_vs_bare"] = round(vllm["tokens_per_s"] / bare["tokens_per_s"], 3)
+            entry["vllm_answers_equal"] = round(same / len(prompts), 3)
         result["targets"][name] = entry
         print(
             f"{name}: ours {ours['tokens_per_s']} tok/s, bare batched generate {bare['tokens_per_s']} tok/s, "
             f"ratio {entry['ratio']}, answers equal {entry['answers_equal']}"
+            + (
+                f"; vLLM {vllm['tokens_per_s']} tok/s ({entry['vllm_vs_hf']}x ours), answers equal "
+                f"to ours {entry['vllm_answers_equal']}"
+                if vllm
+                else ""
+            )
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result)

