@@ -69,12 +69,45 @@ class OnlineStates:
         self.target, self.aux_layer_ids, self.storage = target, list(aux_layer_ids), storage
 
 
+# share of a device's memory the whole target may take in the online mode's builtin loop and in
+# best-epoch selection (the rest: the draft, its optimizer, activations, the packed batch)
+TARGET_MEMORY_SHARE = 0.8
+
+
+def check_target_fits(card: TargetCard, device: str, what: str) -> None:
+    """The online mode and the speculators hand-off's best-epoch selection load the whole target
+    through transformers on one device. Before any spend: fail when its weights on disk (a lower
+    bound of what loading takes) exceed TARGET_MEMORY_SHARE of that device's memory (the first
+    GPU's, or the RAM free now on CPU), naming the bound and the ways out. Unknown sizes pass."""
+    import psutil
+
+    from draftline.servers import checkpoint_bytes
+
+    size = checkpoint_bytes(card.model, card.revision)
+    if size is None:
+        return
+    if device.startswith("cuda"):
+        memory, where = torch.cuda.get_device_properties(0).total_memory, "GPU 0's memory"
+    else:
+        memory, where = psutil.virtual_memory().available, "the RAM free now"
+    bound = TARGET_MEMORY_SHARE * memory
+    if size > bound:
+        raise SystemExit(
+            f"error: {what} loads the whole target on one device ({device}): its weights are "
+            f"{size / 1e9:.1f} GB on disk, above {TARGET_MEMORY_SHARE:.0%} of {where} "
+            f"({bound / 1e9:.1f} GB). Use hidden_states.mode: offline (states extracted by "
+            "hidden_states.backend: vllm with tensor parallelism), where training and best-epoch "
+            "selection read stored states and never load the target"
+        )
+
+
 def online_states(card: TargetCard, source: dict, device: str) -> OnlineStates:
     """hidden_states.mode online: the target on the train device (float32 on CPU, bf16 on a GPU, as
     extraction computes), the aux ids and the storage dtype of the format the states would have."""
     from draftline import hs_format
     from draftline.target import load_target_model
 
+    check_target_fits(card, device, "hidden_states.mode: online")
     target = load_target_model(card, device, torch.float32 if device == "cpu" else torch.bfloat16)
     target.eval()
     target.requires_grad_(False)

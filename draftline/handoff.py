@@ -25,6 +25,7 @@ from draftline.checkpoint import (
 )
 from draftline.draft_data import (
     OnlineStates,
+    check_target_fits,
     epoch_batches,
     hidden_states_dtype,
     make_dataset,
@@ -328,6 +329,8 @@ def run_speculators(
         raise SystemExit(
             "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
         )
+    if source["mode"] == "online":  # best-epoch selection loads it after training: check first
+        check_target_fits(card, "cuda", "best-epoch selection of the online mode")
     try:
         verifier = verifier_for_speculators(card, paths.state / "verifier_view")
     except InitMismatch as err:

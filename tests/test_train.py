@@ -530,3 +530,22 @@ def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
             torch.float8_e4m3fn,
         )
         torch.testing.assert_close(b["verifier_last_hidden_states"], expected[:, 3])
+
+
+def test_online_mode_refuses_a_target_larger_than_its_device_before_the_spend(
+    random_target, monkeypatch
+):
+    """The online mode loads the whole target on the train device: when its weights on disk exceed
+    80% of that device's memory the stage fails first, naming the bound and the offline way out."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from draftline.draft_data import check_target_fits
+    from draftline.servers import checkpoint_bytes
+
+    size = checkpoint_bytes(random_target.model)
+    check_target_fits(random_target, "cpu", "hidden_states.mode: online")  # fits: no error
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=size))
+    with pytest.raises(SystemExit, match=r"above 80% of the RAM free now.*mode: offline"):
+        check_target_fits(random_target, "cpu", "hidden_states.mode: online")
