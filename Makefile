@@ -86,7 +86,7 @@ format: setup
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 # Each measures ours against a baseline in the same run and writes a JSON ratio (overhead/*.py).
-overhead: setup setup-smollm2
+overhead: setup setup-smollm2 setup-vllm
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_client.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/regen_throughput.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_extraction.py
