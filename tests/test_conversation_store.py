@@ -157,15 +157,15 @@ def test_switching_to_an_external_server_keeps_every_finished_conversation(
 
 
 def serve_as_vllm(argv: list[str]) -> None:
-    """`vllm serve MODEL --host H --port P --served-model-name N ... [extra args]`: vLLM's wire
-    format on P; the argv, then each chat request, one JSON line of $STAND_IN_LOG."""
+    """`python -m vllm.entrypoints.openai.api_server --model MODEL --host H --port P
+    --served-model-name N ... [extra args]` (argv after the module): vLLM's wire format on P; the
+    argv, then each chat request, one JSON line of $STAND_IN_LOG."""
     import argparse
 
     from transformers import AutoTokenizer
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("serve")
-    parser.add_argument("model")
+    parser.add_argument("--model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name")
@@ -192,17 +192,19 @@ def serve_as_vllm(argv: list[str]) -> None:
     QuietServer((args.host, args.port), handler).serve_forever(poll_interval=0.05)
 
 
-def vllm_on_path(tmp_path: Path) -> dict:
-    """The stage's environment with `vllm` on PATH being serve_as_vllm."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "vllm").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{__file__}" "$@"\n')
-    (bin_dir / "vllm").chmod(0o755)
-    return dict(
-        stage_env(),
-        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        STAND_IN_LOG=str(tmp_path / "vllm.log"),
-    )
+def vllm_stand_in(tmp_path: Path, workdir: Path) -> dict:
+    """engines.vllm.python of workdir's params: an interpreter whose `-m MODULE` runs
+    serve_as_vllm; the stage's environment with its log."""
+    import yaml
+
+    python = tmp_path / "bin" / "python-with-vllm"
+    python.parent.mkdir(exist_ok=True)
+    python.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{__file__}" "$@"\n')
+    python.chmod(0o755)
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["engines"] = {"vllm": {"python": str(python)}}
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    return dict(stage_env(), STAND_IN_LOG=str(tmp_path / "vllm.log"))
 
 
 def stand_in_log(tmp_path: Path) -> tuple[list[list[str]], list[dict]]:
@@ -224,7 +226,7 @@ def test_adding_max_num_seqs_to_extra_args_keeps_every_finished_conversation(
     rows = prompts(9)
     (tmp_path / "w").mkdir()
     workdir = stage_dir(tmp_path / "w", random_target, rows[:6], backend="vllm", max_tokens=8)
-    env = vllm_on_path(tmp_path)
+    env = vllm_stand_in(tmp_path, workdir)
 
     def stage():
         proc = subprocess.run(
@@ -245,6 +247,7 @@ def test_adding_max_num_seqs_to_extra_args_keeps_every_finished_conversation(
         max_tokens=8,
         extra_args=["--max-num-seqs", "8"],
     )
+    vllm_stand_in(tmp_path, workdir)
     stage()
     launches, requests = stand_in_log(tmp_path)
     assert launches[-1][-2:] == ["--max-num-seqs", "8"]  # the server was launched with it
