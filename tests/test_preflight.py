@@ -27,7 +27,7 @@ def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
     cmd = [
         sys.executable,
         str(script),
-        "serve",
+        "--model",
         model,
         "--host",
         "127.0.0.1",
