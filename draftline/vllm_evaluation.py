@@ -15,8 +15,8 @@ whether it decoded the prompt ids it was given) next to what the checkpoint and 
 say, so a checkpoint that loads in vLLM but is read differently from training shows up here, not
 after deployment. Tolerance (evaluate.vllm.parity_tolerance, null = by dtype): in float32 both
 engines verify the same greedy chain, so their counts agree but for a rare kernel-rounding flip at
-a near-tie (the default run: identical); 0.02 lets about one flip in fifty steps through, far below
-what a wrong aux layer costs (0.4 on the default run's draft). 16-bit targets round the k+1-token
+a near-tie (the default run: identical); 0.02 lets about one flip in fifty steps through, while a
+checkpoint naming the wrong aux layers trips it (tests/test_vllm.py). 16-bit targets round the k+1-token
 verification differently from one-token steps, so 0.1.
 """
 
