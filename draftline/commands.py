@@ -308,7 +308,7 @@ def vllm_extract_command(
             "hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}
         },
     }
-    kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake)
+    kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake, engine.is_cpu_build())
     cmd = [
         *engine.server_argv(model),
         "--host",
@@ -348,12 +348,33 @@ def mooncake_args(mooncake: dict) -> argparse.Namespace:
     )
 
 
+# vLLM's CPU build: the connectors of draftline/vllm_cpu_connector.py (vLLM loads the module; the
+# server's PYTHONPATH has this package: engines.vllm env), by hs-connectors transfer
+CPU_CONNECTOR_MODULE = "draftline.vllm_cpu_connector"
+CPU_CONNECTORS = {"file": "CpuHiddenStatesConnector", "fp8": "CpuFP8HiddenStatesConnector"}
+
+
 def kv_transfer_config(
-    transfer: str, staging_dir: Path | None, mooncake: dict | None = None
+    transfer: str, staging_dir: Path | None, mooncake: dict | None = None, cpu_build: bool = False
 ) -> dict:
     """vLLM's --kv-transfer-config for an hs-connectors backend (file, fp8, mooncake), built by the
-    backend itself."""
+    backend itself; for vLLM's CPU build (`cpu_build`) the file and fp8 connectors are swapped for
+    their host-memory versions (draftline/vllm_cpu_connector.py), mooncake is refused."""
     from hs_connectors import HiddenStatesBackend
+
+    if cpu_build:
+        if transfer not in CPU_CONNECTORS:
+            raise SystemExit(
+                f"error: hidden-state transfer {transfer!r} through vLLM's CPU build (vllm-cpu): "
+                "its connector copies on a device stream; use transfer file or fp8 here, or a "
+                "GPU host"
+            )
+        config = kv_transfer_config(transfer, staging_dir)
+        return {
+            **config,
+            "kv_connector": CPU_CONNECTORS[transfer],
+            "kv_connector_module_path": CPU_CONNECTOR_MODULE,
+        }
 
     backend = HiddenStatesBackend.registry.get(transfer)
     if backend is None:

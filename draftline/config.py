@@ -578,8 +578,16 @@ class VllmEngineConfig(Section):
         return done.returncode == 0
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
+        """`base` with VLLM_CPU_KVCACHE_SPACE, and this package on PYTHONPATH: the CPU build loads
+        its hidden-states connector from it (draftline/vllm_cpu_connector.py)."""
+        import os
+
         env = dict(base)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kvcache_space_gb:g}")
+        package_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        )
         return env
 
 
@@ -591,22 +599,6 @@ def vllm_engine(path: str | Path = "params.yaml") -> VllmEngineConfig:
     """engines.vllm of the params file when there is one (stages run in the project), else the
     defaults."""
     return load_params(path).engines.vllm if Path(path).is_file() else VllmEngineConfig()
-
-
-def refuse_cpu_extraction(what: str) -> None:
-    """vLLM's CPU build cannot extract hidden states: its hidden-states connector (vLLM 0.32,
-    distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py) copies them out of
-    the KV cache with CUDA streams and events into pinned memory, and the engine dies on the first
-    finished request ("pin_memory=True requires a CUDA or other accelerator backend"). Refused
-    before the launch, with what to use instead."""
-    engine = vllm_engine()
-    if engine.is_cpu_build():
-        raise SystemExit(
-            f"error: {what}: the vLLM at {engine.resolved_python()} is the CPU build (vllm-cpu), "
-            "whose hidden-states connector needs CUDA (pinned memory, CUDA streams); extract with "
-            "hidden_states.backend: hf here, or point hidden_states.vllm.endpoint at an extraction "
-            "server on a GPU host"
-        )
 
 
 class VllmExtractionConfig(Section):

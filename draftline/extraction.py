@@ -93,10 +93,6 @@ def run_vllm(
     from draftline.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
     v = cfg.vllm
-    if not v.endpoint:
-        from draftline.config import refuse_cpu_extraction
-
-        refuse_cpu_extraction("hidden_states.backend: vllm")
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
         hidden.hs_path(out, i).unlink(missing_ok=True)
     staging = (

