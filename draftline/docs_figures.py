@@ -206,6 +206,61 @@ def _hs_formats_row(r: Reports) -> list[str]:
     return [part, text, target]
 
 
+def _dvc_hashing_row(r: Reports) -> list[str]:
+    h = r.load(f"{OVERHEAD}/dvc_hashing.json")
+    text = (
+        f"{fmt(h['dvc_hash_cold_gbps'], '.3f')} GB/s, {fmt(h['dvc_hash_hours_per_tb'], '.2f')} h per TB "
+        f"({fmt(h['files'], 'd')} files of {fmt(h['file_bytes'] / 1e6, '.0f')} MB, not in the page cache; "
+        f"one-thread md5 {fmt(h['md5_one_thread_cold_gbps'], '.3f')} GB/s); copy into the cache "
+        f"{fmt(h['copy']['commit_gbps'], '.3f')} GB/s"
+    )
+    return [
+        "DVC hashing hidden-state files at commit (`dvc_hashing.json`; the table in hidden-states.md)",
+        text,
+        "—",
+    ]
+
+
+def dvc_cache_costs(r: Reports) -> str:
+    """Per TB of hidden states, what each DVC cache type costs: cache disk, commit, each rerun."""
+    f = f"{OVERHEAD}/dvc_hashing.json"
+    h = r.load(f)
+
+    def per_tb(gbps: float) -> float:
+        return 1e12 / (gbps * 1e9) / 3600
+
+    hash_h, copy_h = h["dvc_hash_hours_per_tb"], per_tb(h["copy"]["commit_gbps"])
+    rerun_h = per_tb(h["hardlink"]["unprotect_gbps"]) + hash_h  # copied back, hashed from disk
+    rows = [
+        ["reflink (XFS with reflink=1, Btrfs)", "0", f"{fmt(hash_h, '.2f')} h (hashing)", "0"],
+        [
+            "copy (`reflink,copy` without reflink: ext4)",
+            f"{fmt(h['copy']['cache_over_states'], '.2f')} TB",
+            f"{fmt(hash_h + copy_h, '.2f')} h (hashing, then {fmt(copy_h, '.2f')} h copying)",
+            "0",
+        ],
+        [
+            "hardlink / symlink",
+            "0",
+            f"{fmt(hash_h, '.2f')} h (hashing)",
+            f"{fmt(rerun_h, '.2f')} h and 1 TB more disk (copied back, hashed again)",
+        ],
+    ]
+    return "\n".join(
+        [
+            table(["cache.type", "DVC cache", "commit", "each rerun of the stage"], rows),
+            "",
+            f"Measured on {fmt(h['cpu_count'], 'd')} cores, {fmt(h['filesystem'], 's')}, load average "
+            f"{fmt(h['loadavg_before'][0], '.1f')} at the start, {fmt(h['files'], 'd')} files of "
+            f"{fmt(h['file_bytes'] / 1e6, '.0f')} MB evicted from the page cache before hashing.",
+            source(
+                f"`{f}` (`/dvc_hash_hours_per_tb`, `/copy/commit_gbps`, `/copy/cache_over_states`, "
+                "`/hardlink/unprotect_gbps`: `dvc unprotect`, the copy back before the hashing again)"
+            ),
+        ]
+    )
+
+
 def overhead_parts(r: Reports) -> str:
     client = r.load(f"{OVERHEAD}/regen_client.json")
     hs = r.load(f"{OVERHEAD}/hs_extraction.json")
@@ -249,11 +304,13 @@ def overhead_parts(r: Reports) -> str:
         ],
         _hs_formats_row(r),
         [
-            f"no-op `dvc repro` / `dvc status`, {fmt(dvc['files'], ',d')} hidden-state files (`dvc_bookkeeping.json`)",
+            f"no-op `dvc repro` / `dvc status`, {fmt(dvc['files'], ',d')} hidden-state files of "
+            "128 bytes, DVC's per-file work (`dvc_bookkeeping.json`; per byte: the next row)",
             f"{fmt(dvc['noop_repro_s'], '.1f')} s / {fmt(dvc['status_s'], '.1f')} s; target met: "
             f"{fmt(dvc['meets_target'], 'yesno')}",
             f"<= {fmt(dvc['target_noop_repro_s'], 'd')} s",
         ],
+        _dvc_hashing_row(r),
         _specdec_row(r),
         [
             "regenerate stage (backend hf) vs. bare batched `generate`, same prompts and max_tokens (`regen_throughput.json`)",
@@ -273,7 +330,8 @@ def overhead_parts(r: Reports) -> str:
             "",
             source(
                 f"`{OVERHEAD}/*.json` as named in each row (key paths: the tables below, and "
-                "`/ratio_ours_over_bare`, `/bytes_ratio`, `/noop_repro_s`, `/status_s`, `/speedup`, "
+                "`/ratio_ours_over_bare`, `/bytes_ratio`, `/noop_repro_s`, `/status_s`, "
+                "`/dvc_hash_cold_gbps`, `/dvc_hash_hours_per_tb`, `/copy/commit_gbps`, `/speedup`, "
                 "`/acceptance_length`, `/targets/<target>/ratio`); the stale check reads "
                 "`reports/acceptance.detail.json` (`/acceptance_length`, `/prompts`, `/k`) and "
                 "`params.yaml` (`evaluate.max_new_tokens`)"
@@ -590,6 +648,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "recipe_candidates": recipe_candidates,
     "recipe_forecast": recipe_forecast,
     "make_exps_example": make_exps_example,
+    "dvc_cache_costs": dvc_cache_costs,
 }
 
 

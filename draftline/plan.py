@@ -9,6 +9,12 @@ Tokens come from the tokenized data when it is there; else from the mixed prompt
 characters a token, as the prepare filter counts, plus regenerate.max_tokens per assistant turn,
 capped at tokenize.max_length); else samples x tokenize.max_length, an upper bound. The hidden
 size comes from models/target/card.json, or --hidden-size.
+
+DVC's share: `datasets/hidden_states` is a DVC output, so DVC hashes every new byte once when the
+stage commits, and with cache.type copy (what `reflink,copy`, the project's .dvc/config, falls back
+to on a filesystem without reflink, e.g. ext4) its cache holds a second copy of every byte. The
+hashing and copy rates are this machine's, measured by overhead/dvc_hashing.py
+(reports/overhead/dvc_hashing.json); --hash-gbps and --cache-type plan for another host.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ if TYPE_CHECKING:
     from draftline.config import Params
 
 CHARS_PER_TOKEN = 4  # the prepare stage's prompt-length estimate
+HASHING_REPORT = "reports/overhead/dvc_hashing.json"  # overhead/dvc_hashing.py: DVC's rates here
+LINK_TYPES = ("reflink", "hardlink", "symlink", "copy")  # DVC's cache.type values
 
 
 def estimate_row_tokens(prompt: dict, max_tokens: int, max_length: int) -> int:
@@ -103,6 +111,108 @@ def make_plan(
     }
 
 
+def dvc_cache_types(dvc_dir: Path) -> list[str]:
+    """cache.type as DVC reads it (.dvc/config, config.local, the user's and the system's);
+    DVC's own default for a local cache when none is set."""
+    from dvc.config import Config
+
+    types = Config(dvc_dir=str(dvc_dir) if Path(dvc_dir).is_dir() else None)["cache"].get("type")
+    return list(types or ["reflink", "copy"])
+
+
+def link_type(types: list[str], directory: Path) -> str:
+    """The first of `types` that works on the filesystem of `directory` (or its nearest existing
+    parent), tried as DVC tries them: reflink needs a filesystem that clones (XFS made with
+    reflink=1, Btrfs, APFS; not ext4), a hardlink one that has them."""
+    import os
+    import tempfile
+
+    from dvc_objects.fs.system import reflink
+
+    where = Path(directory).resolve()
+    while not where.is_dir():
+        where = where.parent
+    for kind in types:
+        if kind in ("symlink", "copy"):
+            return kind
+        try:
+            with tempfile.TemporaryDirectory(dir=where, prefix=".link_probe") as tmp:
+                src, dst = Path(tmp, "src"), Path(tmp, "dst")
+                src.write_bytes(b"x")
+                reflink(src, dst) if kind == "reflink" else os.link(src, dst)
+                return kind
+        except OSError:  # not on this filesystem (or not writable here: not known)
+            continue
+    return "copy"
+
+
+def hours(n_bytes: int, gbps: float | None) -> float | None:
+    """Time to stream n_bytes at gbps GB/s (10^9 bytes), in hours; None without a rate."""
+    return None if not gbps else n_bytes / (gbps * 1e9) / 3600
+
+
+def dvc_costs(state_bytes: int, link: str, rates: dict) -> dict:
+    """What DVC adds to `state_bytes` of hidden states committed as the stage's persist output.
+    cache: a second copy of every byte with `copy`, none with a link. Hashing: every new byte once,
+    at commit. copy: the bytes into the cache at commit. With hardlink/symlink, every rerun of the
+    stage (a resume, `samples` grown, a changed dep) first copies each committed file back out of
+    the cache (DVC unprotects persist outputs: dvc/stage/__init__.py, remove_outs) and then hashes
+    the copies again: those bytes twice on disk until the commit links them back."""
+    relinked = link in ("hardlink", "symlink")
+    hash_h = hours(state_bytes, rates.get("hash_gbps"))
+    return {
+        "cache_bytes": state_bytes if link == "copy" else 0,
+        "hash_hours": hash_h,
+        "copy_hours": hours(state_bytes, rates.get("copy_gbps")) if link == "copy" else 0.0,
+        "rerun_copy_bytes": state_bytes if relinked else 0,
+        "rerun_hours": _sum(hours(state_bytes, rates.get("unprotect_gbps")), hash_h)
+        if relinked
+        else 0.0,
+    }
+
+
+def _sum(*parts: float | None) -> float | None:
+    return None if None in parts else sum(parts)
+
+
+def hashing_rates(report: Path) -> dict:
+    """DVC's measured rates (GB/s) from overhead/dvc_hashing.py's JSON; {} when there is none."""
+    if not Path(report).is_file():
+        return {}
+    r = json.loads(Path(report).read_text())
+    return {
+        "hash_gbps": r["dvc_hash_cold_gbps"],  # files not in the page cache, as at terabytes
+        "copy_gbps": r["copy"]["commit_gbps"],
+        "unprotect_gbps": r["hardlink"]["unprotect_gbps"],  # the copy back; then hashed again
+        "from": f"{report} ({r['cpu_count']} cores, {r['filesystem'] or 'unknown filesystem'}, "
+        f"load {r['loadavg_before'][0]:.1f})",
+    }
+
+
+def add_dvc(plan: dict, types: list[str], link: str, rates: dict) -> dict:
+    """The plan with DVC's cache and hashing costs of each offline mode (plan["dvc"])."""
+    free, margin = plan["free_bytes"], plan["disk_margin"]
+    modes = {}
+    for name, mode in plan["modes"].items():
+        if name == "online":
+            continue
+        costs = dvc_costs(mode["total_bytes"], link, rates)
+        disk = mode["total_bytes"] + costs["cache_bytes"] + costs["rerun_copy_bytes"]
+        costs["disk_bytes"] = disk  # peak: the states, the cache, the copies a rerun makes
+        costs["fits"] = None if free is None else free >= disk * margin
+        modes[name] = costs
+    gbps = rates.get("hash_gbps")
+    plan["dvc"] = {
+        "cache_type": types,
+        "link": link,
+        "hash_gbps": gbps,
+        "hash_hours_per_tb": hours(10**12, gbps),
+        "rates": rates,
+        "modes": modes,
+    }
+    return plan
+
+
 def cheaper_modes(plan: dict, current: str) -> list[str]:
     """The modes that would fit, as params to set, for the stage's refusal message."""
     out = []
@@ -155,7 +265,47 @@ def render(plan: dict) -> str:
         f"{plan['pack_len']} tokens, train + validation), {online['target_tokens_per_epoch']:,} tokens through the "
         f"target per epoch, {online['target_forwards_total']:,} over {plan['epochs']} epochs",
     ]
+    if "dvc" in plan:
+        lines += ["", *render_dvc(plan)]
     return "\n".join(lines)
+
+
+def _hours(h: float | None) -> str:
+    return "? (no rate)" if h is None else f"{h:,.1f} h"
+
+
+def render_dvc(plan: dict) -> list[str]:
+    dvc = plan["dvc"]
+    link, rates = dvc["link"], dvc["rates"]
+    lines = [
+        f"DVC: cache.type {','.join(dvc['cache_type'])} -> {link} here "
+        + {
+            "copy": "(the cache holds a second copy of every byte)",
+            "reflink": "(the cache shares the files' blocks: no second copy)",
+        }.get(link, "(links: no second copy, but every rerun copies the files back first)"),
+        "",
+        "| mode | DVC cache | peak disk | fits | hashing at commit | copy into the cache | each rerun (unprotect + rehash) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, m in dvc["modes"].items():
+        fits = "?" if m["fits"] is None else ("yes" if m["fits"] else "no")
+        rerun = (
+            f"{_hours(m['rerun_hours'])}, +{human(m['rerun_copy_bytes'])}"
+            if m["rerun_copy_bytes"]
+            else "0"
+        )
+        lines.append(
+            f"| {name.replace('_', ' ')} | {human(m['cache_bytes'])} | {human(m['disk_bytes'])} | {fits} "
+            f"| {_hours(m['hash_hours'])} | {_hours(m['copy_hours'])} | {rerun} |"
+        )
+    if dvc["hash_gbps"]:
+        lines.append(
+            f"hashing: {dvc['hash_gbps']:.3f} GB/s, {dvc['hash_hours_per_tb']:.2f} h per TB "
+            f"({rates.get('hash_from') or 'measured: ' + rates['from'] + ', files not in the page cache'})"
+        )
+    else:
+        lines.append(f"hashing: no measured rate ({HASHING_REPORT} missing; --hash-gbps)")
+    return lines
 
 
 def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, int, str]:
@@ -196,6 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--free-gb", type=float, help="free disk to plan for, instead of --out's filesystem"
     )
+    ap.add_argument("--dvc-dir", default=".dvc", help="the repository's DVC config (cache.type)")
+    ap.add_argument(
+        "--cache-type",
+        help="DVC link types to plan for, e.g. reflink (an XFS host), instead of cache.type",
+    )
+    ap.add_argument("--hashing-report", default=HASHING_REPORT, help="DVC's measured rates")
+    ap.add_argument(
+        "--hash-gbps", type=float, help="DVC's hashing rate, GB/s, instead of the report's"
+    )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
 
@@ -234,6 +393,18 @@ def main(argv: list[str] | None = None) -> None:
         margin=hs.disk_margin,
         source=source,
     )
+    if args.cache_type:
+        types = [t.strip() for t in args.cache_type.split(",")]
+        if bad := [t for t in types if t not in LINK_TYPES]:
+            raise SystemExit(f"error: --cache-type {bad}: DVC knows {', '.join(LINK_TYPES)}")
+        link = types[0]  # what the named host does: its filesystem is not this one
+    else:
+        types = dvc_cache_types(Path(args.dvc_dir))
+        link = link_type(types, Path(args.out))
+    rates = hashing_rates(Path(args.hashing_report))
+    if args.hash_gbps is not None:
+        rates = {**rates, "hash_gbps": args.hash_gbps, "hash_from": "--hash-gbps"}
+    add_dvc(plan, types, link, rates)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
 
 

@@ -49,6 +49,15 @@ def test_dvc_bookkeeping_overhead(tmp_path):
     assert result["files"] == 300 and result["noop_repro_s"] > 0
 
 
+def test_dvc_hashing_overhead(tmp_path):
+    result = bench("dvc_hashing", tmp_path, "--files", "3", "--file-mb", "3")
+    assert result["total_bytes"] == 9_000_000 and result["dvc_hash_cold_gbps"] > 0
+    assert result["copy"]["workspace_files_are_copies"] and result["copy"]["cache_over_states"] >= 1
+    assert (
+        result["hardlink"]["workspace_files_are_links"] and result["hardlink"]["unprotect_gbps"] > 0
+    )
+
+
 def test_specdec_speedup(tmp_path, random_target, eagle3_draft_dir):
     from draftline.corpus import generate_conversations
     from draftline.io import write_jsonl
