@@ -759,6 +759,10 @@ class TrainConfig(Section):
     )  # resume state every N optimizer steps (+ each epoch)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
+    # builtin backend: threads reading the next packs of hidden states while a step computes (up to
+    # 2 packs ahead each; page-locked on CUDA); 0 = each pack read between steps. Not with
+    # hidden_states.mode online (there the target computes each pack: it is read in the loop)
+    loader_workers: int = Field(2, ge=0)
     # speculators backend only
     gpus: int | None = Field(None, ge=1)  # torchrun --nproc-per-node; null = every visible GPU
     fsdp: bool = False  # --fsdp-shard: shard the draft across GPUs instead of replicating it
@@ -1076,8 +1080,11 @@ OPERATIONAL: dict[type[Section], frozenset[str]] = {
     # transfer must agree with hidden_states.format (checked): how states move, not what they are
     OnlineConfig: _names("endpoint transfer staging_dir request_timeout_s max_retries mooncake"),
     HiddenStatesConfig: _names("device_map token_budget disk_margin verify_existing"),
-    # how often state is saved and how the speculators hand-off is launched
-    TrainConfig: _names("checkpoint_every_steps gpus fsdp num_workers torchrun_args"),
+    # how often state is saved, how packs are read ahead (the same packs in the same order), and
+    # how the speculators hand-off is launched
+    TrainConfig: _names(
+        "checkpoint_every_steps loader_workers gpus fsdp num_workers torchrun_args"
+    ),
     # the near-tie ceiling decides whether the stage passes, not what its report holds
     EvaluateConfig: _names("device_map max_near_tie_share"),
     # where vLLM runs, and the gate's threshold: whether the stage passes, not what it measures

@@ -261,6 +261,64 @@ def dvc_cache_costs(r: Reports) -> str:
     )
 
 
+def _train_loader_row(r: Reports) -> list[str]:
+    f = f"{OVERHEAD}/train_loader.json"
+    part = "train step, hidden states read from disk vs. already in memory (`train_loader.json`)"
+    target = "<= 1.05"
+    if not r.exists(f):
+        return [part, f"not in a committed file (`make overhead` writes `{f}`)", target]
+    data = r.load(f)
+    text = (
+        f"{fmt(data['ratio_read_ahead_over_in_memory'], '.3f')} read ahead by "
+        f"{fmt(data['loader_workers'], 'd')} threads, "
+        f"{fmt(data['ratio_synchronous_over_in_memory'], '.3f')} read between steps "
+        f"(H = {fmt(data['hidden_size'], ',d')}, pack_len {fmt(data['pack_len'], 'd')}); "
+        f"target met: {fmt(data['meets_target'], 'yesno')}"
+    )
+    return [part, text, target]
+
+
+def train_loader_steps(r: Reports) -> str:
+    f = f"{OVERHEAD}/train_loader.json"
+    data = r.load(f)
+    names = {
+        "in_memory": "packs already in memory",
+        "read_ahead": f"read from disk, {fmt(data['loader_workers'], 'd')} threads ahead (the default)",
+        "synchronous": "read from disk between steps (`loader_workers: 0`)",
+    }
+    memory = data["step_s"]["in_memory"]
+    rows = [
+        [
+            name,
+            fmt(data["step_s"][key], ".3f"),
+            fmt(data["step_s"][key] / memory, ".3f"),
+            fmt(data["wait_for_pack_s"][key] * 1000, ".1f"),
+            fmt(data["process_cpu_s"][key], ".3f"),
+        ]
+        for key, name in names.items()
+    ]
+    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_before"])
+    after = ", ".join(fmt(x, ".2f") for x in data["loadavg_after"])
+    return "\n".join(
+        [
+            table(
+                ["packs", "step (s)", "vs in memory", "wait for the pack (ms)", "CPU per step (s)"],
+                rows,
+            ),
+            "",
+            f"Medians of {fmt(data['timed_steps_per_variant'], 'd')} steps each, interleaved; "
+            f"H = {fmt(data['hidden_size'], ',d')}, {fmt(data['pack_len'], 'd')} tokens "
+            f"({fmt(data['pack_bytes_on_disk'] / 1e6, '.1f')} MB on disk) a pack, "
+            f"{fmt(data['threads'], 'd')} compute thread(s); load average before: {load}, after: "
+            f"{after}. "
+            + source(
+                f"`{f}` (`/step_s/<packs>`, `/wait_for_pack_s/<packs>`, `/process_cpu_s/<packs>`, "
+                "`/loader_workers`, `/loadavg_before`, `/loadavg_after`)"
+            ),
+        ]
+    )
+
+
 def overhead_parts(r: Reports) -> str:
     client = r.load(f"{OVERHEAD}/regen_client.json")
     hs = r.load(f"{OVERHEAD}/hs_extraction.json")
@@ -302,6 +360,7 @@ def overhead_parts(r: Reports) -> str:
             f"{fmt(step['bare_step_s'], '.3f')} s, pack_len {fmt(step['pack_len'], 'd')})",
             f"<= {fmt(step['target_ratio'], '.2f')}",
         ],
+        _train_loader_row(r),
         _hs_formats_row(r),
         [
             f"no-op `dvc repro` / `dvc status`, {fmt(dvc['files'], ',d')} hidden-state files of "
@@ -332,7 +391,8 @@ def overhead_parts(r: Reports) -> str:
                 f"`{OVERHEAD}/*.json` as named in each row (key paths: the tables below, and "
                 "`/ratio_ours_over_bare`, `/bytes_ratio`, `/noop_repro_s`, `/status_s`, "
                 "`/dvc_hash_cold_gbps`, `/dvc_hash_hours_per_tb`, `/copy/commit_gbps`, `/speedup`, "
-                "`/acceptance_length`, `/targets/<target>/ratio`); the stale check reads "
+                "`/acceptance_length`, `/targets/<target>/ratio`, `/ratio_read_ahead_over_in_memory`, "
+                "`/ratio_synchronous_over_in_memory`); the stale check reads "
                 "`reports/acceptance.detail.json` (`/acceptance_length`, `/prompts`, `/k`) and "
                 "`params.yaml` (`evaluate.max_new_tokens`)"
             ),
@@ -644,6 +704,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "regen_throughput_targets": regen_throughput_targets,
     "cpu_load_stages": cpu_load_stages,
     "cpu_load_train_threads": cpu_load_train_threads,
+    "train_loader_steps": train_loader_steps,
     "recipe_runs": recipe_runs,
     "recipe_candidates": recipe_candidates,
     "recipe_forecast": recipe_forecast,

@@ -2,7 +2,8 @@
 and read through speculators' own data path.
 
 speculators' ArrowDataset over the tokenized rows and hs_{i}.safetensors files, the Multipack
-packing plan, and CollateFn with shift_batch; with hidden_states.mode online the target computes
+packing plan, and CollateFn with shift_batch, the next packs read ahead by train.loader_workers
+threads while a step computes (make_loader); with hidden_states.mode online the target computes
 each packed batch's states at fetch time instead (draftline/online.py). CPU runs float32; a GPU
 runs bf16 autocast with float32 master weights, as speculators does.
 """
@@ -10,7 +11,10 @@ runs bf16 autocast with float32 master weights, as speculators does.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -170,12 +174,65 @@ def epoch_batches(dataset, pack_len: int, seed: int, epoch: int) -> list[list[in
     return [[int(i) for i in batch] for batch in sampler]
 
 
-def make_loader(dataset, batches: list[list[int]], pack_len: int, hidden_size: int, dtype):
+# packs a reading thread may hold ready beyond the one in use, per thread (torch's DataLoader
+# default prefetch_factor): at H = 7168, 2,048 tokens, float32 on CPU, one pack is ~235 MB
+PREFETCH_PER_WORKER = 2
+
+
+def fetch_pack(dataset, batch: list[int], collate) -> dict:
+    """One packed batch as torch's DataLoader fetches it: the dataset's __getitems__ when it has one
+    (the online mode's one target forward per pack), else row by row; then the collate."""
+    getitems = getattr(dataset, "__getitems__", None)
+    return collate(getitems(batch) if getitems else [dataset[i] for i in batch])
+
+
+def pinned(pack: dict) -> dict:
+    """The pack's tensors in page-locked memory: their copy to the GPU can run asynchronously."""
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in pack.items()}
+
+
+def prefetched(fetch, items, workers: int, depth: int):
+    """fetch(item) for each of `items`, in their order, computed ahead by `workers` threads with at
+    most `depth` results waiting. A fetch's error is raised where its result is taken; closing the
+    generator cancels what has not started and waits for what has."""
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="pack-reader")
+    todo = iter(items)
+    pending = deque(pool.submit(fetch, item) for item in itertools.islice(todo, depth))
+    try:
+        while pending:
+            result = pending.popleft().result()
+            pending.extend(pool.submit(fetch, item) for item in itertools.islice(todo, 1))
+            yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_loader(
+    dataset,
+    batches: list[list[int]],
+    pack_len: int,
+    hidden_size: int,
+    dtype,
+    workers: int = 0,
+    pin_memory: bool = False,
+):
+    """The packed batches of `batches`, in order, through speculators' CollateFn with shift_batch.
+
+    workers 0: each pack is read when the loop asks for it. workers N: N threads read ahead (at most
+    N x PREFETCH_PER_WORKER packs waiting) while the step computes; reading is file IO and tensor
+    copies, which release the GIL, and a thread hands the pack over without the copy into shared
+    memory a worker process needs. pin_memory (CUDA): packs come in page-locked memory."""
     from speculators.models.eagle3 import shift_batch
     from speculators.train.data import CollateFn
-    from torch.utils.data import DataLoader
 
     collate = CollateFn(
         pack_len, hidden_size, num_target_layers=3, dtype=dtype, preprocess=shift_batch
     )
-    return DataLoader(dataset, batch_sampler=batches, num_workers=0, collate_fn=collate)
+
+    def fetch(batch):
+        pack = fetch_pack(dataset, batch, collate)
+        return pinned(pack) if pin_memory else pack
+
+    if workers == 0:
+        return (fetch(batch) for batch in batches)
+    return prefetched(fetch, batches, workers, workers * PREFETCH_PER_WORKER)

@@ -19,7 +19,8 @@ MODEL_INPUTS = (
 
 
 def run_batch(model, batch: dict, device: str, ttt_steps: int, decay: float, loss_config):
-    inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
+    # non_blocking: a pinned pack (make_loader on CUDA) is copied while the host goes on
+    inputs = {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS}
     return model(**inputs, ttt_steps=ttt_steps, ttt_step_loss_decay=decay, loss_config=loss_config)
 
 
@@ -47,14 +48,44 @@ def accumulate(sums: dict[str, float], metrics: dict) -> None:
 
 @torch.no_grad()
 def validate(
-    model, dataset, batches, pack_len: int, device: str, ttt_steps: int, decay: float, loss_config
+    model,
+    dataset,
+    batches,
+    pack_len: int,
+    device: str,
+    ttt_steps: int,
+    decay: float,
+    loss_config,
+    workers: int = 0,
 ) -> dict:
-    model.eval()
-    hidden_size = model.config.transformer_layer_config.hidden_size
+    return validate_many(
+        [model], dataset, batches, pack_len, device, ttt_steps, decay, loss_config, workers
+    )[0]
+
+
+@torch.no_grad()
+def validate_many(
+    models,
+    dataset,
+    batches,
+    pack_len: int,
+    device: str,
+    ttt_steps: int,
+    decay: float,
+    loss_config,
+    workers: int = 0,
+) -> list[dict]:
+    """Each model's summary over the packs of `batches`, in one pass: every pack is read once
+    (make_loader, `workers` threads ahead) and goes through all the models."""
+    for model in models:
+        model.eval()
+    hidden_size = models[0].config.transformer_layer_config.hidden_size
     dtype = hidden_states_dtype(device)
-    sums: dict[str, float] = {}
+    pin = torch.device(device).type == "cuda"
+    sums: list[dict[str, float]] = [{} for _ in models]
     with autocast(device):
-        for batch in make_loader(dataset, batches, pack_len, hidden_size, dtype):
-            _, _, metrics = run_batch(model, batch, device, ttt_steps, decay, loss_config)
-            accumulate(sums, metrics)
-    return summarize(sums, ttt_steps)
+        for batch in make_loader(dataset, batches, pack_len, hidden_size, dtype, workers, pin):
+            for model, model_sums in zip(models, sums):
+                _, _, metrics = run_batch(model, batch, device, ttt_steps, decay, loss_config)
+                accumulate(model_sums, metrics)
+    return [summarize(model_sums, ttt_steps) for model_sums in sums]

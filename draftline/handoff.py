@@ -32,7 +32,7 @@ from draftline.draft_data import (
     online_states,
 )
 from draftline.draft_init import load_init_draft
-from draftline.draft_metrics import validate
+from draftline.draft_metrics import validate_many
 from draftline.draft_model import speculators_config
 from draftline.speculators_states import (
     check_extraction_endpoint,
@@ -246,6 +246,29 @@ def epoch_checkpoints(save_path: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: int(d.name))
 
 
+# share of the memory free on the selection's device the epoch drafts scored together may take
+# (the rest: the packed batch, activations, the draft kept so far)
+SELECTION_MEMORY_SHARE = 0.5
+
+
+def drafts_per_pass(model_bytes: int, device: str) -> int:
+    """How many epoch drafts of `model_bytes` each best-epoch selection scores in one pass over the
+    validation packs: what SELECTION_MEMORY_SHARE of the memory free now holds (GPU 0's, or the
+    RAM), at least 1."""
+    import psutil
+    import torch
+
+    if device.startswith("cuda"):
+        free = torch.cuda.mem_get_info(0)[0]
+    else:
+        free = psutil.virtual_memory().available
+    return max(1, int(SELECTION_MEMORY_SHARE * free // max(model_bytes, 1)))
+
+
+def model_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
 def best_speculators_epoch(
     save_path: Path,
     cfg: TrainConfig,
@@ -257,7 +280,13 @@ def best_speculators_epoch(
     online: OnlineStates | None = None,
 ):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
-    tau_sim on the same held-out rows (speculators itself can only keep the lowest loss)."""
+    tau_sim on the same held-out rows (speculators itself can only keep the lowest loss).
+
+    The epoch drafts are scored together (draft_metrics.validate_many): each validation pack is
+    read once, read ahead by train.loader_workers threads (with online, the target computes it
+    once), and goes through every draft of the pass; as many drafts share a pass as fit the device
+    (drafts_per_pass), so the split is read once in all when they fit, never more than once per
+    epoch."""
     from speculators.losses import resolve_loss_config
 
     dtype = hidden_states_dtype(device)
@@ -266,20 +295,25 @@ def best_speculators_epoch(
     )
     batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
-    best, best_model, history = None, None, []
+    workers = 0 if online is not None else cfg.loader_workers
     checkpoints = epoch_checkpoints(save_path)
     if not checkpoints:
         raise FileNotFoundError(f"{save_path}: speculators train left no epoch checkpoints")
-    for directory in checkpoints:
-        model = (
-            load_saved_draft(
-                directory, card, "eager" if device == "cpu" else "simple_flex_attention"
-            )
-            .float()
-            .to(device)
-        )
-        val = validate(
-            model,
+
+    def load(directory: Path):
+        attn = "eager" if device == "cpu" else "simple_flex_attention"
+        return load_saved_draft(directory, card, attn).float().to(device)
+
+    best, best_model, history = None, None, []
+    first = load(checkpoints[0])
+    per_pass = drafts_per_pass(model_bytes(first), device)
+    for start in range(0, len(checkpoints), per_pass):
+        group = checkpoints[start : start + per_pass]
+        models = [first if first is not None else load(group[0])]
+        models += [load(d) for d in group[1:]]
+        first = None
+        vals = validate_many(
+            models,
             val_set,
             batches,
             cfg.pack_len,
@@ -287,24 +321,28 @@ def best_speculators_epoch(
             cfg.ttt_steps,
             cfg.ttt_step_loss_decay,
             loss_config,
+            workers,
         )
-        record = {
-            "epoch": int(directory.name),
-            "train": None,
-            "val": val,
-            "checkpoint": str(directory),
-        }
-        history.append(record)
-        if log:
-            log(record)
-        if best is None or val["tau_sim"] > best["val"]["tau_sim"]:
-            best, best_model = record, model
+        for directory, model, val in zip(group, models, vals):
+            record = {
+                "epoch": int(directory.name),
+                "train": None,
+                "val": val,
+                "checkpoint": str(directory),
+            }
+            history.append(record)
+            if log:
+                log(record)
+            if best is None or val["tau_sim"] > best["val"]["tau_sim"]:
+                best, best_model = record, model
+        del models, model  # the drafts not kept are freed before the next pass loads its own
     return best_model, {
         "best": best,
         "history": history,
         "steps": None,
         "step_seconds": None,
         "resumed_at": None,
+        "validation_passes": -(-len(checkpoints) // per_pass),
     }
 
 

@@ -122,6 +122,9 @@ def train_draft(
     accum = cfg.grad_accum_steps
     total_steps = sum(math.ceil(len(b) / accum) for b in plan)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
+    # online: the target computes each pack on the train device; nothing to read ahead of the step
+    workers = 0 if online is not None else cfg.loader_workers
+    pin = torch.device(device).type == "cuda"
 
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -182,7 +185,9 @@ def train_draft(
         first = pos["batch"] if epoch == pos["epoch"] else 0
         sums = dict(pos["train_sums"]) if epoch == pos["epoch"] else {}
         model.train()
-        loader = iter(make_loader(train_set, batches[first:], cfg.pack_len, hidden_size, dtype))
+        loader = iter(
+            make_loader(train_set, batches[first:], cfg.pack_len, hidden_size, dtype, workers, pin)
+        )
         for start in range(first, len(batches), accum):
             began = time.perf_counter()
             n = min(accum, len(batches) - start)  # the last group of an epoch may be short
@@ -232,6 +237,7 @@ def train_draft(
             cfg.ttt_steps,
             cfg.ttt_step_loss_decay,
             loss_config,
+            workers,
         )
         record = {
             "epoch": epoch,

@@ -20,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
+
 class Done:
     """A finished copy, in the place of the CUDA event the parent class waits on."""
 

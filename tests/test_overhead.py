@@ -132,3 +132,11 @@ def test_regen_throughput_bench(tmp_path):
         and tiny["ours"]["completion_tokens"] == tiny["bare_generate"]["completion_tokens"]
     )
     assert tiny["ratio"] > 0 and tiny["answers_equal"] == 1.0
+
+
+def test_train_loader_bench(tmp_path):
+    result = bench("train_loader", tmp_path, "--tiny")
+    assert result["timed_steps_per_variant"] == 3 and result["loader_workers"] >= 1
+    assert set(result["step_s"]) == {"in_memory", "read_ahead", "synchronous"}
+    assert all(s > 0 for s in result["step_s"].values())
+    assert result["ratio_read_ahead_over_in_memory"] > 0 and len(result["loadavg_after"]) == 3

@@ -164,6 +164,70 @@ def test_same_params_and_seed_give_identical_weights(data):
     assert result["steps"] == -(-batches // 2) >= 3  # one optimizer step per 2 micro-batches
 
 
+def count_reads(monkeypatch) -> dict[int, int]:
+    """{file index: times read} of every hidden-state file the loops open from now on (hs-connectors'
+    FP8Transfer, the trainer's reader), whichever thread reads it."""
+    import threading
+
+    from hs_connectors import FP8Transfer
+
+    reads, lock, read = {}, threading.Lock(), FP8Transfer.get_cached
+
+    def counted(self, file_idx):
+        with lock:
+            reads[file_idx] = reads.get(file_idx, 0) + 1
+        return read(self, file_idx)
+
+    monkeypatch.setattr(FP8Transfer, "get_cached", counted)
+    return reads
+
+
+def test_read_ahead_trains_the_same_packs_to_the_same_weights(data, monkeypatch):
+    """train.loader_workers reads packs ahead in threads: the same packs in the same order, so the
+    same losses and weights as reading each pack between steps; every row once per epoch."""
+    train_set = draft_data.make_dataset(
+        data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32
+    )
+    plan = draft_data.epoch_batches(train_set, 128, 0, 0)
+    packs = {
+        workers: list(draft_data.make_loader(train_set, plan, 128, 64, torch.float32, workers))
+        for workers in (0, 3)
+    }
+    assert len(packs[3]) == len(plan) >= 3
+    for a, b in zip(packs[0], packs[3]):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+    runs = {}
+    for workers in (0, 3):
+        reads = count_reads(monkeypatch)
+        runs[workers] = (*train_in_process(data, loader_workers=workers), dict(reads))
+    (first, one, _), (second, other, reads) = runs[0], runs[3]
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert [r["train"] for r in one["history"]] == [r["train"] for r in other["history"]]
+    assert [r["val"] for r in one["history"]] == [r["val"] for r in other["history"]]
+    # 32 rows, train + validation, each read once in each of the 2 epochs
+    assert sorted(reads) == list(range(32)) and set(reads.values()) == {TRAIN["epochs"]}
+
+
+def test_a_read_error_surfaces_in_the_loop_and_closing_stops_the_readers():
+    def fetch(i):
+        if i == 3:
+            raise OSError(f"hs_{i}.safetensors: unreadable")
+        return i
+
+    loader = draft_data.prefetched(fetch, range(6), 2, 4)
+    assert [next(loader) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(OSError, match="hs_3"):
+        next(loader)
+    started = []
+    loader = draft_data.prefetched(lambda i: started.append(i) or i, range(100), 2, 4)
+    assert next(loader) == 0
+    loader.close()  # an epoch cut short: the readers stop, at most `depth` packs were asked for
+    assert len(started) <= 5
+
+
 def write_params(directory: Path, **train) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["train"] = {**TRAIN, **train}
@@ -391,22 +455,35 @@ def test_hidden_states_for_other_aux_layers_are_refused(data, tmp_path):
     draft_data.check_hidden_states(data["hs"], data["card"])
 
 
-def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path):
-    """After a speculators run, its per-epoch checkpoints are scored on our validation rows."""
+def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path, monkeypatch):
+    """After a speculators run, its per-epoch checkpoints are scored on our validation rows, all
+    in one pass over them when the drafts fit together, else never more than once per epoch."""
     ref_run, ref_report = reference
     shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
     draft_model.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(
         tmp_path / "0"
     )  # untrained
     (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
-    chosen, result = handoff.best_speculators_epoch(
-        tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu"
-    )
-    assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
-    assert result["best"]["val"]["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
-    assert torch.equal(
-        chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"]
-    )
+    val_rows = list(range(24, 32))  # val_fraction 0.25 of 32 rows
+    results = {}
+    for per_pass in (None, 1):
+        if per_pass:
+            monkeypatch.setattr(handoff, "drafts_per_pass", lambda _bytes, _device, n=per_pass: n)
+        reads = count_reads(monkeypatch)
+        chosen, result = handoff.best_speculators_epoch(
+            tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu"
+        )
+        assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
+        assert result["best"]["val"]["tau_sim"] == pytest.approx(
+            ref_report["val_tau_sim"], abs=1e-4
+        )
+        assert torch.equal(
+            chosen.fc.weight, load_file(str(ref_run / "draft/model.safetensors"))["fc.weight"]
+        )
+        results[per_pass] = result
+        passes = 1 if per_pass is None else 2
+        assert result["validation_passes"] == passes and reads == dict.fromkeys(val_rows, passes)
+    assert results[None]["history"] == results[1]["history"]
 
 
 def test_train_step_overhead_still_runs(data, tmp_path):
