@@ -646,8 +646,14 @@ class MooncakeConfig(Section):
 
 
 class OnlineConfig(Section):
-    """hidden_states.mode: online with train.backend: speculators — `speculators.train --on-missing
-    generate` asks a vLLM server (extract_hidden_states) for each row's states as it trains."""
+    """hidden_states.mode: online — where the trainers get each row's states as they train:
+    train.backend speculators always asks a vLLM extraction server (`speculators.train
+    --on-missing generate`); the builtin loop runs the target itself (engine hf) or asks the same
+    server (engine vllm: a target no one device holds, tensor-parallel in vLLM)."""
+
+    # builtin loop: hf = the target on the train device through transformers, one forward per
+    # packed batch; vllm = the extraction server below (launched, or `endpoint`), file/fp8 transfer
+    engine: Literal["hf", "vllm"] = "hf"
 
     # null = the train stage launches `vllm serve` with hidden_states.vllm.* settings; else the
     # /v1 base URL of a server already running the extract_hidden_states method
@@ -1019,7 +1025,7 @@ OUTPUT_SHAPING: dict[type[Section], frozenset[str]] = {
     VllmEngineConfig: _names(""),
     EnginesConfig: _names(""),
     MooncakeConfig: _names(""),
-    OnlineConfig: _names(""),
+    OnlineConfig: _names("engine"),
     HiddenStatesConfig: _names("mode format backend device dtype compute_dtype vllm online"),
     TrainConfig: _names(
         "backend init init_convert init_remap_aux_layers init_remap_vocab num_layers architecture "

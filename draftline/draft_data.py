@@ -73,6 +73,28 @@ class OnlineStates:
         self.target, self.aux_layer_ids, self.storage = target, list(aux_layer_ids), storage
 
 
+class VllmOnline:
+    """hidden_states.mode online through a vLLM extraction server (the builtin loop with
+    hidden_states.online.engine vllm, and best-epoch selection of the speculators backend): each
+    row's states are asked of the server as they are fetched and read back through the staging
+    directory of the file / fp8 transfer (the file is deleted once loaded), as speculators.train
+    --on-missing generate does; the target is never loaded here."""
+
+    def __init__(self, endpoint: str, staging: Path, request_timeout_s: float, max_retries: int):
+        self.endpoint, self.staging = endpoint, Path(staging)
+        self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
+
+    @classmethod
+    def of(cls, online: dict, endpoint: str, staging: Path) -> VllmOnline:
+        """From hidden_states.online (as the hidden_states stage recorded it)."""
+        if (online.get("transfer") or "file") == "mooncake":
+            raise SystemExit(
+                "error: hidden_states.online.transfer mooncake reaches speculators.train only "
+                "(train.backend: speculators); the builtin loop reads transfer file or fp8"
+            )
+        return cls(endpoint, staging, online["request_timeout_s"], online["max_retries"])
+
+
 # share of a device's memory the whole target may take in the online mode's builtin loop and in
 # best-epoch selection (the rest: the draft, its optimizer, activations, the packed batch)
 TARGET_MEMORY_SHARE = 0.8
@@ -139,11 +161,11 @@ def make_dataset(
     train_ratio: float,
     pack_len: int,
     dtype,
-    online: OnlineStates | None = None,
+    online: OnlineStates | VllmOnline | None = None,
 ):
     """speculators' ArrowDataset over the rows; states from the files through hs-connectors'
     FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, `online`, from the
-    target at fetch time (draftline/online.py)."""
+    target at fetch time (draftline/online.py) or from a vLLM extraction server (VllmOnline)."""
     common = dict(
         max_len=pack_len,
         datapath=str(tokenized_dir),
@@ -151,12 +173,22 @@ def make_dataset(
         split=split,
         hidden_states_dtype=dtype,
     )
+    from hs_connectors import FP8Transfer
+    from speculators.train.data import ArrowDataset
+
+    if isinstance(online, VllmOnline):  # nothing is cached there: every row is generated
+        return ArrowDataset(
+            transfer=FP8Transfer(online.staging, dequantize_dtype=dtype),
+            on_missing="generate",
+            vllm_endpoint=online.endpoint,
+            request_timeout=online.request_timeout_s,
+            max_retries=online.max_retries,
+            **common,
+        )
     if online is not None:
         from draftline.online import OnlineArrowDataset
 
         return OnlineArrowDataset(online.target, online.aux_layer_ids, online.storage, **common)
-    from hs_connectors import FP8Transfer
-    from speculators.train.data import ArrowDataset
 
     return ArrowDataset(
         transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common

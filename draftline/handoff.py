@@ -25,6 +25,7 @@ from draftline.checkpoint import (
 )
 from draftline.draft_data import (
     OnlineStates,
+    VllmOnline,
     check_target_fits,
     epoch_batches,
     hidden_states_dtype,
@@ -34,11 +35,7 @@ from draftline.draft_data import (
 from draftline.draft_init import load_init_draft
 from draftline.draft_metrics import validate_many
 from draftline.draft_model import speculators_config
-from draftline.speculators_states import (
-    check_extraction_endpoint,
-    online_vllm,
-    speculators_hidden_states_args,
-)
+from draftline.speculators_states import extraction_server, speculators_hidden_states_args
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -367,8 +364,10 @@ def run_speculators(
         raise SystemExit(
             "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
         )
-    if source["mode"] == "online":  # best-epoch selection loads it after training: check first
-        check_target_fits(card, "cuda", "best-epoch selection of the online mode")
+    online_cfg = source.get("online") or {}
+    mooncake = source["mode"] == "online" and online_cfg.get("transfer") == "mooncake"
+    if mooncake:  # best-epoch selection then loads it after training: check first
+        check_target_fits(card, "cuda", "best-epoch selection of the online mode with mooncake")
     try:
         verifier = verifier_for_speculators(card, paths.state / "verifier_view")
     except InitMismatch as err:
@@ -384,49 +383,16 @@ def run_speculators(
             f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin"
         )
     save_path = paths.state / "speculators"
-    serve, endpoint, staging = (
-        online_vllm(card, paths, source) if source["mode"] == "online" else (None, None, None)
-    )
-    if (
-        serve is None and endpoint
-    ):  # a running extraction server: checked before the trainers ask it for states
-        check_extraction_endpoint(card, paths, source, endpoint)
-    live_dir.mkdir(parents=True, exist_ok=True)
-    launched = []
     with contextlib.ExitStack() as stack:
-        if serve is not None:  # the extraction server the trainers ask for states, stopped after
-            from draftline.servers import ManagedServer, launch_env, startup_timeout_s
-
-            def launch(
-                port: int,
-            ) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
-                launched.append(serve(port))
-                print("train: launching", " ".join(launched[-1]), flush=True)
-                return launched[-1]
-
-            if staging is not None:
-                staging.mkdir(parents=True, exist_ok=True)
-            limit, why = startup_timeout_s(
-                (source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
-                card.model,
-                card.revision,
+        endpoint = staging = launched = None
+        if source["mode"] == "online":  # the server the trainers ask for states, stopped after
+            endpoint, staging, launched = stack.enter_context(
+                extraction_server(card, paths, source, live_dir)
             )
-            print(f"train: extraction server start-up limit {limit:.0f}s: {why}", flush=True)
-            base_url = stack.enter_context(
-                ManagedServer(
-                    launch,
-                    launch_env("vllm", card.model, live_dir / ".hf_cache"),
-                    endpoint,
-                    live_dir / "vllm.log",
-                    limit,
-                    say=print,
-                )
-            )
-            endpoint = f"{base_url}/v1"
         hs_args = speculators_hidden_states_args(
             paths.hs,
             source["format"],
-            source.get("online") if endpoint else None,
+            online_cfg if endpoint else None,
             endpoint,
             staging,
         )
@@ -444,18 +410,27 @@ def run_speculators(
             hs_args,
             verifier,
         )
+        live_dir.mkdir(parents=True, exist_ok=True)
         (live_dir / "command.txt").write_text(
-            "\n".join(" ".join(c) for c in (launched[-1:] + [cmd]) if c) + "\n"
+            "\n".join(" ".join(c) for c in ([launched] if launched else []) + [cmd]) + "\n"
         )
         print(" ".join(cmd), flush=True)
         if subprocess.run(cmd).returncode != 0:
             raise SystemExit(
                 f"error: speculators train failed; command in {live_dir / 'command.txt'}"
             )
-    online = online_states(card, source, "cuda") if source["mode"] == "online" else None
-    model, result = best_speculators_epoch(
-        save_path, cfg, card, paths.tokenized, paths.hs, "cuda", log, online
-    )
+        # best epoch: the validation rows' states from the same server (the target is never
+        # loaded here), except through Mooncake, whose store the builtin loop does not read
+        online = None
+        if source["mode"] == "online":
+            online = (
+                online_states(card, source, "cuda")
+                if mooncake
+                else VllmOnline.of(online_cfg, endpoint, staging)
+            )
+        model, result = best_speculators_epoch(
+            save_path, cfg, card, paths.tokenized, paths.hs, "cuda", log, online
+        )
     model.config.speculators_config = speculators_config(
         card, cfg.speculative_tokens or cfg.ttt_steps
     )  # the target, not the view

@@ -1,10 +1,12 @@
-"""Where `speculators.train` gets the hidden states: the files of the hidden_states stage, or with
+"""Where the trainers get the hidden states: the files of the hidden_states stage, or with
 hidden_states.mode online a vLLM extraction server, an external one (checked first) or one
-launched for the run, the states moved through a staging directory (file / fp8) or Mooncake.
+launched for the run, the states moved through a staging directory (file / fp8) or Mooncake:
+`speculators.train` always, the builtin loop with hidden_states.online.engine vllm.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -141,3 +143,38 @@ def check_extraction_endpoint(
     except PreflightError as err:
         raise SystemExit(f"error: hidden_states.online.endpoint: {err}") from None
     print(f"train: using the running extraction server {endpoint} (preflight: {seen})")
+
+
+@contextlib.contextmanager
+def extraction_server(card: TargetCard, paths: TrainPaths, source: dict, log_dir: Path, say=print):
+    """hidden_states.mode online: the vLLM extraction server the trainers ask for states while the
+    context lasts, as (its /v1 endpoint, the staging directory of the file/fp8 transfer, the
+    launched command or None). An external server (hidden_states.online.endpoint) is checked
+    with a probe row first; otherwise one is launched with hidden_states.vllm.* and stopped at
+    the end (its log: log_dir/vllm.log)."""
+    from draftline.servers import ManagedServer, launch_env, startup_timeout_s
+
+    serve, endpoint, staging = online_vllm(card, paths, source)
+    if staging is not None:
+        staging.mkdir(parents=True, exist_ok=True)
+    if serve is None:
+        check_extraction_endpoint(card, paths, source, endpoint)
+        yield endpoint, staging, None
+        return
+    launched = []
+
+    def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
+        launched.append(serve(port))
+        say("train: launching " + " ".join(launched[-1]))
+        return launched[-1]
+
+    limit, why = startup_timeout_s(
+        (source.get("params") or {}).get("vllm", {}).get("startup_timeout_s"),
+        card.model,
+        card.revision,
+    )
+    say(f"train: extraction server start-up limit {limit:.0f}s: {why}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = launch_env("vllm", card.model, log_dir / ".hf_cache")
+    with ManagedServer(launch, env, endpoint, log_dir / "vllm.log", limit, say=say) as base_url:
+        yield f"{base_url}/v1", staging, launched[-1]

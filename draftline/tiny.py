@@ -43,7 +43,10 @@ CHAT_TEMPLATE = (
     "{%- if m.role == 'assistant' -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
     "{%- if m.reasoning_content -%}{{- '<think>' + m.reasoning_content + '</think>\\n' -}}{%- endif -%}"
-    "{{- m.content or '' -}}"
+    # after reasoning, the content's leading newlines are the template's own, as in Qwen3's: what
+    # vLLM's qwen3 parser returns as content ("\n" + text) renders back to the same tokens
+    "{%- if m.reasoning_content -%}{{- (m.content or '').lstrip('\\n') -}}"
+    "{%- else -%}{{- m.content or '' -}}{%- endif -%}"
     "{%- for tc in m.tool_calls or [] -%}"
     '{{- \'<tool_call>{"name": "\' + tc.function.name + \'", "arguments": \' -}}'
     "{%- if tc.function.arguments is string -%}{{- tc.function.arguments -}}"

@@ -11,6 +11,7 @@ kept is the one with the best validation tau_sim, not the lowest loss.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -25,6 +26,7 @@ import torch
 from draftline.checkpoint import dir_sha256
 from draftline.draft_data import (
     OnlineStates,
+    VllmOnline,
     autocast,
     check_hidden_states,
     epoch_batches,
@@ -39,6 +41,7 @@ from draftline.draft_init import load_init_draft, prepare_init, resolve_init
 from draftline.draft_metrics import accumulate, run_batch, summarize, validate
 from draftline.draft_model import build_draft, init_layer_from_target, save_draft
 from draftline.handoff import run_speculators
+from draftline.speculators_states import extraction_server
 from draftline.train_progress import epoch_logger, step_reporter, train_report
 from draftline.train_state import (
     load_state,
@@ -98,14 +101,14 @@ def train_draft(
     fingerprint: str = "",
     log=None,
     say=print,
-    online: OnlineStates | None = None,
+    online: OnlineStates | VllmOnline | None = None,
     progress=None,
 ) -> dict:
     """Train in place; returns the best epoch's validation summary and restores its weights.
 
     With state_dir, resumes from a matching state there and saves state as it goes; every epoch
     record (including those restored) is passed to `log` in order. With `online`, the target makes
-    each packed batch's states (no files are read). progress(p) follows every optimizer step: p has
+    each packed batch's states (no files are read), or a vLLM extraction server each row's. progress(p) follows every optimizer step: p has
     epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this
     run's steps so far (for tokens/s and an ETA)."""
     from speculators.losses import resolve_loss_config
@@ -122,8 +125,9 @@ def train_draft(
     accum = cfg.grad_accum_steps
     total_steps = sum(math.ceil(len(b) / accum) for b in plan)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
-    # online: the target computes each pack on the train device; nothing to read ahead of the step
-    workers = 0 if online is not None else cfg.loader_workers
+    # online: the target computes each pack on the train device, nothing to read ahead of the
+    # step; a vLLM server's answers are read ahead as files are (the threads' requests overlap)
+    workers = 0 if isinstance(online, OnlineStates) else cfg.loader_workers
     pin = torch.device(device).type == "cuda"
 
     model.to(device)
@@ -260,10 +264,13 @@ def train_draft(
         "steps": pos["step"],
         "resumed_at": resumed_at,
         "step_seconds": round(float(np.median(step_seconds)), 4) if step_seconds else None,
-        # online: one target forward per packed batch, train and validation
-        "target_forwards_per_epoch": len(plan[0]) + len(val_batches) if online is not None else 0,
+        # online: one target forward per packed batch, train and validation (a vLLM server's
+        # work is counted in its own log)
+        "target_forwards_per_epoch": len(plan[0]) + len(val_batches)
+        if isinstance(online, OnlineStates)
+        else 0,
         "target_forwards_this_run": train_set.forwards + val_set.forwards
-        if online is not None
+        if isinstance(online, OnlineStates)
         else 0,
     }
 
@@ -292,8 +299,14 @@ def run_builtin(
         train_embeddings=cfg.train_embeddings,
         train_lm_head=cfg.train_lm_head,
     )
+    online_cfg = source.get("online") or {}
+    vllm_online = source["mode"] == "online" and online_cfg.get("engine", "hf") == "vllm"
     # before seeding: loading the target must not move the RNG the draft is built and trained with
-    online = online_states(card, source, device) if source["mode"] == "online" else None
+    online = (
+        online_states(card, source, device)
+        if source["mode"] == "online" and not vllm_online
+        else None
+    )
     seed_everything(cfg.seed)
     if init_dir is None:
         model = build_draft(
@@ -324,18 +337,24 @@ def run_builtin(
         )
         for note in notes:
             print(f"train.init remap: {note}")
-    result = train_draft(
-        model,
-        cfg,
-        paths.tokenized,
-        paths.hs,
-        device,
-        state_dir=paths.state,
-        fingerprint=fingerprint,
-        log=log,
-        online=online,
-        progress=step_reporter(),
-    )
+    with contextlib.ExitStack() as stack:
+        if vllm_online:  # the server the loop asks for each row's states, stopped after
+            endpoint, staging, _ = stack.enter_context(
+                extraction_server(card, paths, source, paths.state / "online_vllm")
+            )
+            online = VllmOnline.of(online_cfg, endpoint, staging)
+        result = train_draft(
+            model,
+            cfg,
+            paths.tokenized,
+            paths.hs,
+            device,
+            state_dir=paths.state,
+            fingerprint=fingerprint,
+            log=log,
+            online=online,
+            progress=step_reporter(),
+        )
     return model, result, notes
 
 

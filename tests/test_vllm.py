@@ -354,3 +354,130 @@ def test_hidden_states_through_vllm_equal_the_hf_backend(tmp_path, served_draft)
         rounded, stored = states.to(torch.bfloat16).float(), bf16["hidden_states"].float()
         step = stored.abs() * 2**-7  # one bf16 step: 8 bits of mantissa
         assert ((rounded - stored).abs() <= step + 1e-30).all()
+
+
+def train_in(workdir: Path, served_draft, hs: Path) -> subprocess.CompletedProcess:
+    """The train stage as DVC runs it, one epoch of the builtin loop, on the draft's tokenized rows
+    and the states of `hs` (files, or an online meta.json)."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"].update(
+        epochs=1, pack_len=256, lr=1e-2, warmup_steps=2, val_fraction=0.25, device="cpu", seed=0
+    )
+    (workdir / "params.yaml").write_text(yaml.safe_dump(raw))
+    served_draft.card.write(workdir / "card.json")
+    root = served_draft.dir.parent
+    return subprocess.run(
+        [sys.executable, "-m", "stages.train", "card.json", str(root / "vocab")]
+        + [str(root / "tokenized"), str(hs), "draft", "train.json", "checkpoints"],
+        cwd=workdir,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_online_mode_trains_from_a_launched_vllm_extraction_server(tmp_path, served_draft):
+    """hidden_states.mode online, online.engine vllm: the train stage launches vLLM's extraction
+    server (the CPU build, our host-memory connector), the builtin loop asks it for every row's
+    states as it trains and validates, one epoch; nothing stays in the staging directory, and
+    validation tau_sim is the offline run's on stored states (vLLM computes in bf16 there)."""
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    proc = train_in(offline, served_draft, served_draft.dir.parent / "hs")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    proc = extract_in(tmp_path / "stage", served_draft, mode="online", online={"engine": "vllm"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    hs = tmp_path / "stage" / "hs"
+    assert read_json(hs / "meta.json")["online"]["engine"] == "vllm"
+    online = tmp_path / "online"
+    online.mkdir()
+    proc = train_in(online, served_draft, hs)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert '"kv_connector": "CpuHiddenStatesConnector"' in proc.stdout  # the launched command
+    report, reference = (
+        read_json(online / "train.detail.json"),
+        read_json(offline / "train.detail.json"),
+    )
+    assert report["hidden_states_mode"] == "online" and report["steps"] == reference["steps"]
+    assert report["val_tau_sim"] == pytest.approx(reference["val_tau_sim"], abs=0.05)
+    staging = online / "checkpoints" / "online_staging"
+    assert staging.is_dir() and not list(staging.rglob("*.safetensors"))
+    assert not list(hs.glob("hs_*"))
+    assert read_json(online / "draft" / "meta.json")["hidden_states"]["mode"] == "online"
+
+
+def test_which_vllm_parsers_read_the_tiny_targets_markup(tmp_path, tiny_tokenizer):
+    """The tiny target's answers (its template's <think> reasoning and <tool_call> JSON) through
+    vLLM's own parsers: qwen3 + hermes give back every turn's reasoning and tool calls, structured,
+    and what they return renders back to the very text (regenerate.reasoning_parser: qwen3,
+    tool_call_parser: hermes fit it); deepseek_r1 reads a turn without reasoning as all reasoning
+    (its templates open <think> in the prompt), qwen3_xml leaves the JSON calls inline, and
+    llama3_json and mistral refuse the vocabulary (no <|python_tag|> / [TOOL_CALLS] token)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from draftline.corpus import generate_conversations
+    from draftline.tiny import CHAT_TEMPLATE
+
+    def render(messages, tools, prompt=False):
+        return render_jinja_template(
+            [messages], tools=tools, chat_template=CHAT_TEMPLATE, add_generation_prompt=prompt
+        )[0][0]
+
+    cases = []  # every assistant turn with reasoning or tool calls: what the target would generate
+    for conv in generate_conversations(200, 3):
+        msgs, tools = conv["messages"], conv["tools"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant" and (m.get("reasoning_content") or m.get("tool_calls")):
+                prefix, whole = render(msgs[:i], tools, True), render(msgs[: i + 1], tools)
+                text = whole[len(prefix) :].removesuffix("<|im_end|>\n")
+                cases.append({"text": text, "tools": tools, "turn": m, "before": msgs[:i]})
+    with_reasoning = sum(bool(c["turn"].get("reasoning_content")) for c in cases)
+    with_calls = sum(bool(c["turn"].get("tool_calls")) for c in cases)
+    assert with_reasoning >= 10 and with_calls >= 10 and len(cases) > with_reasoning
+    tiny_tokenizer.save_pretrained(tmp_path / "tok")
+    write_json(tmp_path / "cases.json", [{"text": c["text"], "tools": c["tools"]} for c in cases])
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_parsers.py"), str(tmp_path / "tok")]
+        + [str(tmp_path / "cases.json"), str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = read_json(tmp_path / "out.json")
+
+    def fits(parsed: dict, case: dict) -> tuple[bool, bool]:
+        """(structured: reasoning and calls come back as fields, round trip: renders back)."""
+        turn = case["turn"]
+        calls = [
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in turn.get("tool_calls") or []
+        ]
+        got = [
+            {"name": c["name"], "arguments": json.loads(c["arguments"])}
+            for c in parsed["tool_calls"]
+        ]
+        structured = parsed["reasoning_content"] == turn.get("reasoning_content") and got == calls
+        message = {"role": "assistant", "content": parsed["content"]}
+        if parsed["reasoning_content"] is not None:
+            message["reasoning_content"] = parsed["reasoning_content"]
+        if parsed["tool_calls"]:
+            message["tool_calls"] = [
+                {"type": "function", "function": c} for c in parsed["tool_calls"]
+            ]
+        whole = render(case["before"] + [message], case["tools"])
+        return structured, whole == render(case["before"] + [turn], case["tools"])
+
+    def score(pair: str) -> tuple[int, int]:
+        marks = [fits(p, c) for p, c in zip(results[pair]["messages"], cases)]
+        return sum(s for s, _ in marks), sum(r for _, r in marks)
+
+    assert score("qwen3+hermes") == (len(cases), len(cases))
+    structured, _ = score("deepseek_r1+hermes")
+    assert structured < len(cases)  # turns without reasoning come back as reasoning
+    structured, round_trip = score("qwen3+qwen3_xml")
+    assert structured == len(cases) - with_calls and round_trip == len(cases)  # calls left inline
+    for pair in ("qwen3+llama3_json", "qwen3+mistral"):
+        assert "could not locate" in results[pair]["refused"]
