@@ -116,6 +116,27 @@ def source(*parts: str) -> str:
 OVERHEAD = "reports/overhead"
 
 
+def rounds_text(data: dict) -> str:
+    """How a report's sides were timed: alternating rounds (draftline/ab_timing.py), or, in a file
+    written before the overhead scripts alternated, one after the other."""
+    if "rounds" in data:
+        return f"each side its median of {fmt(data['rounds'], 'd')} alternating rounds"
+    return "the sides one after the other (a file from before the scripts alternated: rerun it)"
+
+
+def load_text(data: dict) -> str:
+    """The load a report ran under, as far as its file records it."""
+    if "loadavg_at_start" not in data:
+        return "load not recorded"
+    text = "load average " + ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
+    text += " at the start"
+    if "loadavg_at_end" in data:
+        text += ", " + ", ".join(fmt(x, ".2f") for x in data["loadavg_at_end"]) + " at the end"
+    if "cpus" in data:
+        text += f", {fmt(data['cpus'], 'd')} CPUs"
+    return text
+
+
 def regen_client_levels(r: Reports) -> str:
     f = f"{OVERHEAD}/regen_client.json"
     data = r.load(f)
@@ -150,10 +171,11 @@ def regen_client_levels(r: Reports) -> str:
             ),
             "",
             f"Target: ratio >= {fmt(data['target_ratio'], '.2f')} at every level; met: "
-            f"{fmt(data['meets_target'], 'yesno')}. "
+            f"{fmt(data['meets_target'], 'yesno')}. Timing: {rounds_text(data)}; {load_text(data)}. "
             + source(
                 f"`{f}` (`/levels/<level>/{{ratio,stub_clock_ratio,first_wave_dispatch_s}}`, "
-                "`/speculators_regenerate_responses/<level>/...`, `/target_ratio`, `/meets_target`)"
+                "`/speculators_regenerate_responses/<level>/...`, `/target_ratio`, `/meets_target`, "
+                "`/rounds`, `/loadavg_at_start`, `/loadavg_at_end`, `/cpus`)"
             ),
         ]
     )
@@ -319,6 +341,36 @@ def train_loader_steps(r: Reports) -> str:
     )
 
 
+def _hs_extraction_text(hs: dict) -> str:
+    text = (
+        f"{fmt(hs['ratio_ours_over_bare'], '.3f')} ({fmt(hs['ours_s'], '.2f')} vs "
+        f"{fmt(hs['bare_s'], '.2f')} s, {fmt(hs['model_parameters'] / 1e6, '.0f')}M-param Llama, "
+        f"{fmt(hs['tokens'], ',d')} tokens"
+    )
+    if "bare_work" not in hs:  # a file from before the bare side ran our forward
+        return text + (
+            "; **not like with like**: its bare side computed the logits of every position, "
+            "ours of the last only (rerun `overhead/hs_extraction.py`))"
+        )
+    return text + f"; both last-position logits only, no cache; {rounds_text(hs)}; {load_text(hs)})"
+
+
+def _train_step_text(step: dict) -> str:
+    text = (
+        f"{fmt(step['ratio_ours_over_bare'], '.3f')} ({fmt(step['ours_step_s'], '.3f')} vs "
+        f"{fmt(step['bare_step_s'], '.3f')} s, pack_len {fmt(step['pack_len'], 'd')}"
+    )
+    if "checkpoints_timed" not in step:
+        return text + (
+            "; **stale**: ours' time left out its resume checkpoints and the sides ran one after "
+            "the other (rerun `overhead/train_step.py`))"
+        )
+    return (
+        text + f"; ours includes the {fmt(step['checkpoints_timed'], 'd')} resume checkpoints "
+        f"written between its steps; {rounds_text(step)}; {load_text(step)})"
+    )
+
+
 def overhead_parts(r: Reports) -> str:
     client = r.load(f"{OVERHEAD}/regen_client.json")
     hs = r.load(f"{OVERHEAD}/hs_extraction.json")
@@ -344,9 +396,9 @@ def overhead_parts(r: Reports) -> str:
             f">= {fmt(client['target_ratio'], '.2f')}",
         ],
         [
-            "hidden-state extraction vs. a bare `output_hidden_states` loop (`hs_extraction.json`)",
-            f"{fmt(hs['ratio_ours_over_bare'], '.3f')} ({fmt(hs['model_parameters'] / 1e6, '.0f')}M-param "
-            f"Llama, {fmt(hs['tokens'], ',d')} tokens)",
+            "hidden-state extraction (capture, bf16 files) vs. the same forward with "
+            "`output_hidden_states`, writing nothing (`hs_extraction.json`)",
+            _hs_extraction_text(hs),
             f"<= {fmt(hs['target_ratio'], '.2f')}",
         ],
         [
@@ -356,8 +408,7 @@ def overhead_parts(r: Reports) -> str:
         ],
         [
             "train step vs. bare Eagle3DraftModel forward + backward + AdamW (`train_step.json`)",
-            f"{fmt(step['ratio_ours_over_bare'], '.3f')} ({fmt(step['ours_step_s'], '.3f')} vs "
-            f"{fmt(step['bare_step_s'], '.3f')} s, pack_len {fmt(step['pack_len'], 'd')})",
+            _train_step_text(step),
             f"<= {fmt(step['target_ratio'], '.2f')}",
         ],
         _train_loader_row(r),
@@ -421,7 +472,6 @@ def regen_throughput_targets(r: Reports) -> str:
                 fmt(t["vllm_answers_equal"], ".0%") if "vllm" in t else "—",
             ]
         )
-    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
     return "\n".join(
         [
             table(
@@ -441,12 +491,13 @@ def regen_throughput_targets(r: Reports) -> str:
                 rows,
             ),
             "",
-            f"Load average at the start: {load} on {fmt(data['cpus'], 'd')} cores; "
+            f"Timing: {rounds_text(data)}; {load_text(data)}; "
             f"{fmt(data['threads']['threads'], 'd')} threads, {data['threads']['wait_policy']} wait. "
             + source(
                 f"`{f}` (`/targets/<target>/{{bare_generate,ours}}/tokens_per_s`, `/ratio`, "
                 "`/answers_equal`, `/ours/server/{mean_batch,near_tie_tokens}`, "
-                "`/vllm/tokens_per_s`, `/vllm_vs_hf`, `/vllm_answers_equal`, `/loadavg_at_start`)"
+                "`/vllm/tokens_per_s`, `/vllm_vs_hf`, `/vllm_answers_equal`, `/rounds`, "
+                "`/loadavg_at_start`, `/loadavg_at_end`, `/cpus`)"
             ),
         ]
     )
@@ -469,7 +520,6 @@ def cpu_load_stages(r: Reports) -> str:
                 fmt(d["ratio"], ".2f"),
             ]
         )
-    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
     return "\n".join(
         [
             table(
@@ -487,9 +537,10 @@ def cpu_load_stages(r: Reports) -> str:
             "",
             f"{fmt(data['steps'], 'd')} steps of each stage's work, alone and next to "
             f"{fmt(data['hogs'], 'd')} busy-looping processes on {fmt(data['cores'], 'd')} cores; "
-            f"load average at the start: {load}. "
+            f"timing: {rounds_text(data)}; {load_text(data)}. "
             + source(
-                f"`{f}` (`/stages/<stage>/{{policy,torch_default}}/{{idle_s,loaded_s,ratio}}`, `/loadavg_at_start`)"
+                f"`{f}` (`/stages/<stage>/{{policy,torch_default}}/{{idle_s,loaded_s,ratio}}`, "
+                "`/rounds`, `/loadavg_at_start`, `/loadavg_at_end`)"
             ),
         ]
     )
@@ -512,14 +563,14 @@ def cpu_load_train_threads(r: Reports) -> str:
         ]
         for key, c in train.items()
     ]
-    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
     return "\n".join(
         [
             table(["`train`", "idle (s)", "loaded (s)", "ratio"], rows),
             "",
-            f"{fmt(data['steps'], 'd')} steps, one run, load average at the start: {load}. "
+            f"{fmt(data['steps'], 'd')} steps; timing: {rounds_text(data)}; {load_text(data)}. "
             + source(
-                f"`{f}` (`/stages/train/<configuration>/{{idle_s,loaded_s,ratio}}`, `/loadavg_at_start`)"
+                f"`{f}` (`/stages/train/<configuration>/{{idle_s,loaded_s,ratio}}`, `/rounds`, "
+                "`/loadavg_at_start`, `/loadavg_at_end`)"
             ),
         ]
     )

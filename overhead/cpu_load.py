@@ -22,9 +22,11 @@ passive wait on one thread: what `train` used before it moved to every core,
     python overhead/cpu_load.py --stages train --configs policy passive_one_thread \
         --out reports/overhead/cpu_load_train_threads.json
 ).
-Each is timed idle and then with one busy-looping process per core started beside it; `ratio` =
-loaded / idle (the issue's target: <= 3 for the tiny target and train on 2 cores). The machine's
-load average is recorded: on a shared machine "idle" is only as idle as the others let it be.
+Each is timed idle and with one busy-looping process per core started beside it, in alternating
+rounds (--rounds; idle then loaded, then the reverse, ...: draftline/ab_timing.py), median per
+side; `ratio` = loaded / idle (the issue's target: <= 3 for the tiny target and train on 2 cores).
+The machine's load averages at the start and end and the CPU count are recorded: on a shared
+machine "idle" is only as idle as the others let it be.
 """
 
 import argparse
@@ -38,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from draftline.ab_timing import alternate, loadavg, machine_load, medians  # noqa: E402
 
 STAGES = ["target", "train", "hidden_states", "regenerate", "evaluate"]
 CONFIGS = ["policy", "torch_default", "passive_all_cores", "passive_one_thread"]
@@ -205,7 +209,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stages", nargs="+", default=STAGES)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--small", action="store_true", help="target and train only, 3 steps")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating idle / loaded rounds")
+    ap.add_argument(
+        "--small", action="store_true", help="target and train only, 3 steps, one round"
+    )
     ap.add_argument("--configs", nargs="+", default=["policy", "torch_default"], choices=CONFIGS)
     ap.add_argument("--out", default=str(ROOT / "reports" / "overhead" / "cpu_load.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -231,7 +238,9 @@ def main() -> None:
             )
         )
         return
+    at_start = loadavg()
     stages, steps = (["target", "train"], 3) if args.small else (args.stages, args.steps)
+    rounds = 1 if args.small else args.rounds
     from draftline.threads import available_cores
 
     cores = available_cores()
@@ -239,27 +248,37 @@ def main() -> None:
         "cores": cores,
         "steps": steps,
         "hogs": cores,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "rounds": rounds,
         "stages": {},
     }
     for stage in stages:
         entry = {}
         for config in args.configs:
-            idle = run_worker(stage, steps, config)
-            hogs = start_hogs(cores)
-            try:
-                loaded = run_worker(stage, steps, config)
-            finally:
-                stop_hogs(hogs)
+
+            def idle(stage=stage, config=config) -> float:
+                return run_worker(stage, steps, config)
+
+            def loaded(stage=stage, config=config) -> float:
+                hogs = start_hogs(cores)
+                try:
+                    return run_worker(stage, steps, config)
+                finally:
+                    stop_hogs(hogs)
+
+            runs = alternate({"idle": idle, "loaded": loaded}, rounds)
+            med = medians(runs)
             entry[config] = {
-                "idle_s": round(idle, 3),
-                "loaded_s": round(loaded, 3),
-                "ratio": round(loaded / idle, 2),
+                "idle_s": round(med["idle"], 3),
+                "loaded_s": round(med["loaded"], 3),
+                "ratio": round(med["loaded"] / med["idle"], 2),
+                "rounds_s": {side: [round(t, 3) for t in times] for side, times in runs.items()},
             }
             print(
-                f"{stage} {config}: idle {idle:.2f}s, with {cores} hogs {loaded:.2f}s, ratio {loaded / idle:.2f}"
+                f"{stage} {config}: idle {med['idle']:.2f}s, with {cores} hogs {med['loaded']:.2f}s, "
+                f"ratio {med['loaded'] / med['idle']:.2f} (medians of {rounds})"
             )
         result["stages"][stage] = entry
+    result.update(machine_load(at_start))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -13,7 +13,9 @@ tokenize and vocab stages, in a temporary directory. Minimum bytes per token: 4 
 4 x H x 1 + 4 (fp8: the states and their per-token float32 scale). Targets: argmax agreement
 >= 0.99, online tau_sim within 0.05 of offline bf16, fp8 bytes <= 1.01 x minimum where the 8-byte
 token id and the header are small against 4 x H (H >= ~1000; at the tiny target's H = 128 they
-are ~2%; `python -m draftline.plan` gives any H).
+are ~2%; `python -m draftline.plan` gives any H). Its figures are bytes, agreement and tau_sim, not
+times (the seconds beside them are for information, one format after the other); the load
+averages and CPU count are recorded.
 """
 
 import argparse
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from draftline import draft_data, draft_model, hidden, hs_format, train_state, training
+from draftline.ab_timing import loadavg, machine_load
 from draftline.card import TargetCard
 from draftline.config import TrainConfig, load_params
 
@@ -124,6 +127,7 @@ def main() -> None:
     ap.add_argument("--small-rows", type=int, default=120)
     ap.add_argument("--out", default="reports/overhead/hs_format_tradeoffs.json")
     args = ap.parse_args()
+    at_start = loadavg()
     torch.set_num_threads(1)  # see DESIGN: the intra-op pool spins on a shared 2-core machine
     from datasets import load_from_disk
     from draftline.target import load_target_model
@@ -194,6 +198,7 @@ def main() -> None:
             "bytes per token include the int64 token id (8 B) and the safetensors header; at H = 7168 "
             "the fp8 file content is 1.0003 x its minimum (python -m draftline.plan)"
         )
+        result.update(machine_load(at_start))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

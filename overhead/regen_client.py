@@ -15,6 +15,9 @@ c / latency.
   throughput line (timed from its first request, after loading its tokenizer and dataset).
 
 Both are also timed by the stub (first request in to last answer out), the same clock for both.
+At each level the two clients alternate for `rounds` rounds (draftline/ab_timing.py: ours then
+speculators, then the reverse, ...); each side's figures are its median round by ratio, with
+every round's ratios beside them; the load averages and CPU count are recorded.
 Each level runs `waves` x c requests: a fixed latency keeps the requests in lockstep, so the first
 wave (c requests at once on cold connections) is paid once per level, and a short level weighs it
 more than a regeneration of hours does; `first_wave_dispatch_s` (stub clock) shows that cost.
@@ -34,6 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from draftline.ab_timing import alternate, loadavg, machine_load, median_run
 from draftline.openai_client import RetryPolicy, close_pool, open_pool
 from draftline.regeneration import Sampling, regenerate_all
 
@@ -231,14 +235,25 @@ def level_result(n: int, seconds: float, ideal: float, stub: dict) -> dict:
     }
 
 
+def level_summary(runs: list[dict]) -> dict:
+    """The median round (by ratio) of one client at one level, with every round's ratios."""
+    return {
+        **median_run(runs, "ratio"),
+        "rounds_ratio": [r["ratio"] for r in runs],
+        "rounds_stub_clock_ratio": [r["stub_clock_ratio"] for r in runs],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--latency", type=float, default=1.0)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--waves", type=int, default=16)  # requests = waves x concurrency
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of each client")
     ap.add_argument("--no-speculators", action="store_true", help="only our client")
     ap.add_argument("--out", default="reports/overhead/regen_client.json")
     args = ap.parse_args()
+    at_start = loadavg()
     port = free_port()
     server = mp.get_context("spawn").Process(
         target=stub_server, args=(port, args.latency), daemon=True
@@ -269,30 +284,44 @@ def main() -> None:
             for c in args.concurrency:
                 n = max(4, args.waves * c)
                 ideal = c / args.latency
-                with tempfile.TemporaryDirectory(dir=tmp) as work:
-                    elapsed = asyncio.run(run_ours(url, c, n, Path(work)))
-                ours[f"c{c}"] = level_result(n, elapsed, ideal, stub_clock(url, c))
+
+                def ours_level(c=c, n=n, ideal=ideal) -> dict:
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        elapsed = asyncio.run(run_ours(url, c, n, Path(work)))
+                    return level_result(n, elapsed, ideal, stub_clock(url, c))
+
+                def speculators_level(c=c, n=n, ideal=ideal) -> dict:
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        rate = run_speculators(url, c, n, Path(work), tokenizer_dir)
+                    return level_result(n, n / rate, ideal, stub_clock(url, c))
+
+                sides = {"ours": ours_level}
+                if not args.no_speculators:
+                    sides["speculators"] = speculators_level
+                runs = alternate(sides, args.rounds)  # each its own stub clock, read after it
+                ours[f"c{c}"] = level_summary(runs["ours"])
                 print(
-                    f"ours         c={c}: {n / elapsed:.1f} req/s of ideal {ideal:.1f} ({ours[f'c{c}']['ratio']:.3f})"
+                    f"ours         c={c}: ratio {ours[f'c{c}']['ratio']:.3f} of ideal {ideal:.1f} req/s "
+                    f"(rounds {ours[f'c{c}']['rounds_ratio']})"
                 )
-                if args.no_speculators:
-                    continue
-                with tempfile.TemporaryDirectory(dir=tmp) as work:
-                    rate = run_speculators(url, c, n, Path(work), tokenizer_dir)
-                theirs[f"c{c}"] = level_result(n, n / rate, ideal, stub_clock(url, c))
-                print(
-                    f"speculators  c={c}: {rate:.1f} req/s of ideal {ideal:.1f} ({theirs[f'c{c}']['ratio']:.3f})"
-                )
+                if "speculators" in runs:
+                    theirs[f"c{c}"] = level_summary(runs["speculators"])
+                    print(
+                        f"speculators  c={c}: ratio {theirs[f'c{c}']['ratio']:.3f} of ideal {ideal:.1f} req/s "
+                        f"(rounds {theirs[f'c{c}']['rounds_ratio']})"
+                    )
     finally:
         server.terminate()
         server.join(5)
     result = {
         "latency_s": args.latency,
         "waves": args.waves,
+        "rounds": args.rounds,
         "levels": ours,
         "target_ratio": 0.95,
         "meets_target": all(v["ratio"] >= 0.95 for v in ours.values()),
         "speculators_regenerate_responses": theirs or "not run (--no-speculators)",
+        **machine_load(at_start),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

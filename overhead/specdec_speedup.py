@@ -4,7 +4,8 @@
 
 Uses the artifacts of the default pipeline (models/target, models/draft, the eval prompts) and the
 same engine as the `benchmark` stage, with more repeats: greedy and speculative decoding of the same
-prompts, interleaved, medians of tokens/s and their ratio.
+prompts, interleaved, medians of tokens/s and their ratio (draftline/benchmark_hf.py); the load
+averages and CPU count are recorded.
 """
 
 import argparse
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from draftline.ab_timing import loadavg, machine_load
 from draftline.benchmark_hf import benchmark_hf
 from draftline.card import TargetCard
 from draftline.chat import first_turn_ids
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="reports/overhead/specdec_speedup.json")
     args = ap.parse_args()
+    at_start = loadavg()
     if not Path(args.draft, "config.json").exists():
         raise SystemExit(f"error: no trained draft at {args.draft}; run `make repro` first")
     card = TargetCard.load(args.card)
@@ -46,6 +49,7 @@ def main() -> None:
         target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, "cpu"
     )
     result.update(prompts=len(prompts), k=args.k, max_new_tokens=args.max_new_tokens)
+    result.update(machine_load(at_start))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -2,11 +2,24 @@
 
     python overhead/train_step.py --out reports/overhead/train_step.json      # after `make repro`
 
-Uses the default pipeline's tokenized rows and hidden states. "ours" is the median step time of
-draftline.training.train_draft (speculators' ArrowDataset + Multipack plan + CollateFn read from disk
-each step, the TTT forward/loss, backward, clipping, AdamW, schedule, metric sums, periodic
-resume checkpoints); "bare" is forward + backward + AdamW step on the same packed batches,
-collated in memory beforehand. Both start from the same weights. Target: ratio <= 1.10.
+Uses the default pipeline's tokenized rows and hidden states, one epoch of TrainConfig's defaults
+(pack_len 1024, val_fraction 0.05 here). Each round starts both sides from the same weights, and
+both are timed per optimizer step the same way: the wall time from the end of the first step to
+the end of the last, over the steps in between (the cold first step is left out of both).
+
+- ours: draftline.training.train_draft with a resume-state directory, as the train stage runs it:
+  speculators' ArrowDataset + Multipack plan + CollateFn read from disk each step, the TTT
+  forward/loss, backward, clipping, AdamW, schedule, metric sums, and the resume checkpoints it
+  writes every `checkpoint_every_steps` steps, which fall between two steps and so are in the time
+  (`checkpoints_timed`); the end-of-epoch validation and checkpoint come after the last step and
+  are not;
+- bare: forward + backward + AdamW (the same lr and weight decay) on the same packed batches,
+  collated in memory beforehand, nothing written.
+
+The sides alternate round by round (draftline/ab_timing.py), median per side, both under the train
+stage's thread policy (draftline/threads.py); the load averages and CPU count are recorded.
+`ours_step_median_s` is the median of ours' step-to-step times: a step without a checkpoint.
+Target: ratio <= 1.10.
 """
 
 import argparse
@@ -16,15 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+from draftline.ab_timing import alternate, loadavg, machine_load, medians
+from draftline.threads import apply_thread_policy
 
-from draftline.card import TargetCard
-from draftline.config import TrainConfig
-from draftline.draft_data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
-from draftline.draft_metrics import run_batch
-from draftline.draft_model import build_draft
-from draftline.train_state import seed_everything
-from draftline.training import train_draft
+
+def per_step(stamps: list[float]) -> float:
+    """Seconds per step from the end of the first step to the end of the last."""
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
 def main() -> None:
@@ -33,33 +44,38 @@ def main() -> None:
     ap.add_argument("--vocab", default="models/vocab")
     ap.add_argument("--tokenized", default="datasets/tokenized")
     ap.add_argument("--hidden-states", default="datasets/hidden_states")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
+    ap.add_argument(
+        "--pack-len", type=int, help="instead of TrainConfig's (small data: more steps)"
+    )
     ap.add_argument("--out", default="reports/overhead/train_step.json")
     args = ap.parse_args()
     if not Path(args.hidden_states).is_dir():
         raise SystemExit("error: no hidden states; run `make repro` first")
+    at_start = loadavg()
+    threads = apply_thread_policy("train")  # before torch loads, as the stage does
+    import torch
     from speculators.losses import resolve_loss_config
 
+    from draftline.card import TargetCard
+    from draftline.config import TrainConfig
+    from draftline.draft_data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
+    from draftline.draft_metrics import run_batch
+    from draftline.draft_model import build_draft
+    from draftline.train_state import seed_everything
+    from draftline.training import train_draft
+
     card = TargetCard.load(args.card)
-    cfg = TrainConfig(epochs=1, val_fraction=0.05)
+    cfg = TrainConfig(
+        epochs=1, val_fraction=0.05, **({"pack_len": args.pack_len} if args.pack_len else {})
+    )
     device, dtype = "cpu", hidden_states_dtype("cpu")
 
     seed_everything(0)
     model = build_draft(card, Path(args.vocab), cfg.num_layers, cfg.ttt_steps)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    with tempfile.TemporaryDirectory() as tmp:
-        ours = train_draft(
-            model,
-            cfg,
-            Path(args.tokenized),
-            Path(args.hidden_states),
-            device,
-            state_dir=Path(tmp),
-            fingerprint="bench",
-            say=lambda *_: None,
-        )
 
     # bare: the same packing plan, collated up front, then only the model step
-    model.load_state_dict(initial)
     train_set = make_dataset(
         Path(args.tokenized),
         Path(args.hidden_states),
@@ -77,28 +93,64 @@ def main() -> None:
             dtype,
         )
     )
-    loss_config = resolve_loss_config("kl_div", "eager")
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
-    model.train()
-    bare = []
-    for batch in batches:
-        start = time.perf_counter()
-        _, loss, _ = run_batch(
-            model, batch, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
+    if len(batches) < 2:
+        raise SystemExit(
+            f"error: {len(batches)} packed batch(es); per-step timing needs 2 (a smaller --pack-len)"
         )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        bare.append(time.perf_counter() - start)
-    bare_median = statistics.median(bare)
+    loss_config = resolve_loss_config("kl_div", "eager")
+    ours_medians = []
+
+    def ours() -> float:
+        model.load_state_dict(initial)
+        stamps = []
+        with tempfile.TemporaryDirectory() as tmp:  # a fresh state directory: nothing to resume
+            train_draft(
+                model,
+                cfg,
+                Path(args.tokenized),
+                Path(args.hidden_states),
+                device,
+                state_dir=Path(tmp),
+                fingerprint="bench",
+                say=lambda *_: None,
+                progress=lambda _p: stamps.append(time.perf_counter()),  # after each step
+            )
+        ours_medians.append(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
+        return per_step(stamps)
+
+    def bare() -> float:
+        model.load_state_dict(initial)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        model.train()
+        stamps = []
+        for batch in batches:
+            _, loss, _ = run_batch(
+                model, batch, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            stamps.append(time.perf_counter())
+        return per_step(stamps)
+
+    times = alternate({"ours": ours, "bare": bare}, args.rounds)
+    med = medians(times)
+    steps = len(batches)
     result = {
-        "steps": len(bare),
+        "steps": steps,
         "pack_len": cfg.pack_len,
-        "ours_step_s": ours["step_seconds"],
-        "bare_step_s": round(bare_median, 4),
-        "ratio_ours_over_bare": round(ours["step_seconds"] / bare_median, 3),
+        "rounds": args.rounds,
+        "ours_step_s": round(med["ours"], 4),
+        "bare_step_s": round(med["bare"], 4),
+        "ratio_ours_over_bare": round(med["ours"] / med["bare"], 3),
         "target_ratio": 1.10,
+        "checkpoint_every_steps": cfg.checkpoint_every_steps,
+        "checkpoints_timed": (steps - 1) // cfg.checkpoint_every_steps,
+        "ours_step_median_s": round(statistics.median(ours_medians), 4),
+        "all_step_s": {k: [round(t, 4) for t in v] for k, v in times.items()},
+        "threads": threads,
+        **machine_load(at_start),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -20,12 +20,25 @@ def bench(script: str, tmp_path: Path, *args: str) -> dict:
         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    assert result["cpus"] >= 1 and len(result["loadavg_at_start"]) == 3  # the load it ran under
+    assert len(result["loadavg_at_end"]) == 3
+    return result
 
 
 def test_regen_client_overhead(tmp_path):
     result = bench(
-        "regen_client", tmp_path, "--latency", "0.05", "--concurrency", "1", "8", "--waves", "2"
+        "regen_client",
+        tmp_path,
+        "--latency",
+        "0.05",
+        "--concurrency",
+        "1",
+        "8",
+        "--waves",
+        "2",
+        "--rounds",
+        "2",
     )
     theirs = result["speculators_regenerate_responses"]  # side by side on the same stub
     assert set(result["levels"]) == set(theirs) == {"c1", "c8"}
@@ -34,14 +47,17 @@ def test_regen_client_overhead(tmp_path):
             0 < level["ratio"] <= 1.05
             and 0 < level["stub_clock_ratio"] <= 1.05
             and level["requests"] in (4, 16)
+            and len(level["rounds_ratio"]) == 2  # both clients, alternating rounds
+            and level["ratio"] in level["rounds_ratio"]
         )
 
 
 def test_hs_extraction_overhead(tmp_path):
     result = bench(
-        "hs_extraction", tmp_path, "--tiny", "--rows", "3", "--seq", "40", "--repeats", "1"
+        "hs_extraction", tmp_path, "--tiny", "--rows", "3", "--seq", "40", "--rounds", "2"
     )
     assert result["bytes_ratio"] >= 1.0 and result["ratio_ours_over_bare"] > 0
+    assert [len(t) for t in result["all_times_s"].values()] == [2, 2]
 
 
 def test_dvc_bookkeeping_overhead(tmp_path):
@@ -125,6 +141,8 @@ def test_regen_throughput_bench(tmp_path):
         "5",
         "--backends",
         "hf",  # vLLM's side: make overhead (its start-up alone is half a minute)
+        "--rounds",
+        "2",
     )
     tiny = result["targets"]["tiny"]
     assert (
@@ -132,6 +150,11 @@ def test_regen_throughput_bench(tmp_path):
         and tiny["ours"]["completion_tokens"] == tiny["bare_generate"]["completion_tokens"]
     )
     assert tiny["ratio"] > 0 and tiny["answers_equal"] == 1.0
+    assert (
+        len(tiny["ours"]["rounds_tokens_per_s"])
+        == len(tiny["bare_generate"]["rounds_tokens_per_s"])
+        == 2
+    )
 
 
 def test_train_loader_bench(tmp_path):

@@ -504,6 +504,10 @@ def test_train_step_overhead_still_runs(data, tmp_path):
             str(data["tokenized"]),
             "--hidden-states",
             str(data["hs"]),
+            "--pack-len",
+            "128",  # several steps from this module's few rows
+            "--rounds",
+            "2",
             "--out",
             str(out),
         ],
@@ -515,7 +519,12 @@ def test_train_step_overhead_still_runs(data, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["steps"] >= 1 and result["ours_step_s"] > 0 and result["ratio_ours_over_bare"] > 0
+    assert result["steps"] >= 2 and result["ours_step_s"] > 0 and result["ratio_ours_over_bare"] > 0
+    assert [len(v) for v in result["all_step_s"].values()] == [2, 2]
+    assert (
+        result["cpus"] >= 1
+        and len(result["loadavg_at_start"]) == len(result["loadavg_at_end"]) == 3
+    )
 
 
 def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, data, tmp_path):
