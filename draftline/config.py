@@ -827,8 +827,9 @@ class EvaluateVllmConfig(Section):
     """evaluate.engine: vllm (draftline/vllm_evaluation.py)."""
 
     # keyword arguments of vLLM's LLM(...): its parallelism and memory, e.g.
-    # {tensor_parallel_size: 8, max_model_len: 8192} (how it runs, not what it measures)
-    engine_args: dict[str, int | float | str | bool] = {}
+    # {tensor_parallel_size: 8, max_model_len: 8192} (how it runs, not what it measures);
+    # enforce_eager: a few dozen prompts cost less uncompiled than compiling takes
+    engine_args: dict[str, int | float | str | bool] = {"enforce_eager": True}
     # the built-in engine evaluates the draft too and the stage fails when the two disagree beyond
     # parity_tolerance (null = by dtype, vllm_evaluation.PARITY_TOLERANCE); false for a target the
     # built-in engine cannot hold (then vLLM alone measures, and tau_sim is not computed)
