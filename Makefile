@@ -101,7 +101,7 @@ bench: overhead  # the former name
 # `dvc exp show` lists every param and every dependency's hash (~180 columns): keep the params that
 # differ between experiments and the headline metrics (tokens/s differ on every run: in metrics diff).
 # Metrics files of older commits also had acceptance_length in benchmark.json: then the column is prefixed.
-EXPS_DROP := 'Created|.*/|.*tokens_per_s|val_tau_sim'
+EXPS_DROP := 'Created|.*/|.*tokens_per_s$$|val_tau_sim'
 EXPS_KEEP := 'Experiment|acceptance_length|reports/acceptance.json:acceptance_length|tau_sim|speedup|val_loss'
 exps:
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)

@@ -333,6 +333,7 @@ class ManagedServer:
         self.log_path, self.startup_timeout_s, self.say = log_path, startup_timeout_s, say
         self.pid_file = pid_file or log_path.with_suffix(".pid")
         self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None  # launch to healthy, once started
 
     def __enter__(self) -> str:
         host, port = _split_url(self.base_url)
@@ -391,6 +392,7 @@ class ManagedServer:
                 preexec_fn=preexec,
             )
         self.pid_file.write_text(f"{self.proc.pid} {command[0]}\n")
+        started = time.monotonic()
         try:
             wait_healthy(
                 url,
@@ -403,6 +405,9 @@ class ManagedServer:
         except BaseException:
             self.stop()
             raise
+        self.startup_s = round(time.monotonic() - started, 1)  # launch to healthy
+        if self.say:
+            self.say(f"server at {url} ready in {self.startup_s} s (log: {self.log_path})")
 
     def stop(self) -> None:
         if self.proc is not None:

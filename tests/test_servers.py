@@ -5,6 +5,7 @@ local directory)."""
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,9 @@ def test_progress_lines_while_loading_then_the_log_tail_when_it_dies(tmp_path):
 
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-c", child], stdout=f, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60  # the first progress line quotes the log: let it be written
+    while "loading shard 59" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
     with pytest.raises(
         RuntimeError, match=r"(?s)exited with code 3.*loading shard 59.*CUDA out of memory"
     ):
