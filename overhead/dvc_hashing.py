@@ -32,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from draftline.ab_timing import drop_page_cache, machine_load  # noqa: E402
+
 CHUNK = 1 << 20  # dvc_data's fobj_md5 reads 1 MiB at a time
 
 
@@ -50,16 +53,6 @@ def write_states(directory: Path, files: int, file_bytes: int) -> list[Path]:
             os.fsync(f.fileno())
         paths.append(path)
     return paths
-
-
-def evict(paths: list[Path]) -> None:
-    """Drop the files' clean pages from the page cache (a VM host may still cache the disk)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def md5_seconds(paths: list[Path]) -> float:
@@ -114,9 +107,9 @@ def main() -> None:
         )
         startup = timed(["dvc", "status"], repo, env)
         paths = write_states(repo / "hs", args.files, file_bytes)
-        evict(paths)
+        drop_page_cache(paths)
         dvc_cold = timed(["dvc", "add", "--no-commit", "hs"], repo, env)
-        evict(paths)
+        drop_page_cache(paths)
         md5_cold = md5_seconds(paths)
         md5_warm = md5_seconds(paths)
         shutil.rmtree(repo / ".dvc" / "tmp")  # DVC's state db: every hash computed again
@@ -145,6 +138,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        **machine_load([round(x, 2) for x in load_before]),
         "page_cache": "cold: fsync then posix_fadvise DONTNEED before reading; warm: just read",
         "dvc_startup_s": round(startup, 2),
         "dvc_hash_cold_s": round(dvc_cold, 2),

@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from draftline.ab_timing import drop_page_cache, machine_load  # noqa: E402
 from draftline.threads import apply_thread_policy  # noqa: E402
 
 VARIANTS = ("read_ahead", "in_memory", "synchronous")
@@ -121,16 +122,6 @@ def write_rows(root: Path, rows: int, row_len: int, hidden_size: int, vocab: int
         finally:
             os.close(fd)
     return root / "tokenized", hs
-
-
-def drop_page_cache(paths: list[Path]) -> None:
-    """Evict the files' pages (clean after fsync), so the next read goes to the device."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def main() -> None:
@@ -245,6 +236,7 @@ def main() -> None:
         "meets_target": ratio <= 1.05,
         "loadavg_before": loadavg_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        **machine_load(loadavg_before),
         "setup_s": round(setup_s, 1),
         "seconds": round(time.perf_counter() - started, 1),
     }
