@@ -129,10 +129,14 @@ def test_tokens_per_step_counts_what_the_steps_emitted():
         acceptance_summary(rounds, k=3, emitted=[4, 4, 4, 2, 2])  # more than the round's a+1
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype):
+@pytest.mark.parametrize(
+    ("dtype", "engine", "flags"), [("float32", "hf", []), ("bfloat16", "vllm", ["--dev"])]
+)
+def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engine, flags):
     """The stage on a draft that has learned its target (conftest): its acceptance and lossless
-    figures equal those of the built-in decoder run here on the same prompts."""
+    figures equal those of the built-in decoder run here on the same prompts. The dev split
+    (`--dev`) with engine vllm measures with the built-in engine alone: its vLLM, an interpreter
+    that does not exist here, is never started."""
     from draftline.chat import first_turn_ids
     from draftline.checkpoint import load_draft
     from draftline.config import TIE_TOLERANCE
@@ -140,8 +144,9 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype):
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["evaluate"].update(
-        engine="hf", k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype
+        engine=engine, k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype
     )
+    raw["engines"]["vllm"]["python"] = str(tmp_path / "no-vllm" / "python")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     card = trained_draft.card
     card.write(tmp_path / "card.json")
@@ -166,6 +171,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype):
             "eval.jsonl",
             "acc.json",
             "plots",
+            *flags,
         ],
         cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -175,6 +181,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = read_json(tmp_path / "acc.detail.json")
+    assert "engines" not in report and "parity" not in report  # the built-in engine alone
     assert read_json(tmp_path / "acc.json") == {
         "acceptance_length": report["acceptance_length"],
         "tau_sim": report["tau_sim"],

@@ -531,7 +531,7 @@ def test_evaluate_stage_reports_an_empty_dev_split(tmp_path):
             "dev.jsonl",
             "acceptance_dev.json",
             "evaluate_dev",
-            "--allow-empty",
+            "--dev",
         ],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
