@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
 import shutil
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -371,12 +373,12 @@ class ShardWriter:
         ids = table.column("input_ids").chunk(0)
         mask = table.column("loss_mask").chunk(0).flatten().to_numpy().astype(bool)
         tokens = ids.flatten().to_numpy()[mask]
-        rows = pc.list_parent_indices(ids).to_numpy()[mask] + self.rows
-        # tokens are in row order: a token's first index is in its first row
-        found, first, counts = np.unique(tokens, return_index=True, return_counts=True)
-        self.counts[found] += counts
-        new = self.first[found] < 0
-        self.first[found[new]] = rows[first[new]]
+        self.counts += np.bincount(tokens, minlength=self.vocab_size)
+        unseen = self.first[tokens] < 0
+        if unseen.any():  # tokens are in row order: a token's first index is in its first row
+            rows = pc.list_parent_indices(ids).to_numpy()[mask][unseen] + self.rows
+            found, first = np.unique(tokens[unseen], return_index=True)
+            self.first[found] = rows[first]
         self.rows += table.num_rows
 
     def close_shard(self) -> None:
@@ -437,32 +439,41 @@ def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
 # ---- one batch of conversations ---------------------------------------------------------------
 
 
-def rows_table(rows: list[dict]):
+def rows_table(rows: list[dict], schema):
+    """The rows as one Arrow table (ids through numpy: a nested list converts 4x slower)."""
+    import numpy as np
     import pyarrow as pa
 
-    return pa.Table.from_pydict(
-        {name: [row[name] for row in rows] for name in FEATURES}, schema=features().arrow_schema
+    lengths = np.fromiter((len(row["input_ids"]) for row in rows), dtype=np.int64, count=len(rows))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+    def lists(name: str):
+        flat = np.fromiter(
+            itertools.chain.from_iterable(row[name] for row in rows),
+            dtype=np.int64,
+            count=int(lengths.sum()),
+        )
+        return pa.ListArray.from_arrays(offsets, pa.array(flat), type=schema.field(name).type)
+
+    return pa.table(
+        {
+            "id": pa.array([row["id"] for row in rows], pa.string()),
+            "part": pa.array([row["part"] for row in rows], pa.int64()),
+            "input_ids": lists("input_ids"),
+            "loss_mask": lists("loss_mask"),
+            "seq_len": pa.array(lengths),
+        },
+        schema=schema,
     )
 
 
-def tokenize_batch(
-    tokenizer,
-    batch: list[tuple[Line, dict]],
-    card: TargetCard,
-    cfg: TokenizeConfig,
-    stops: list[str],
-    template_kwargs: dict,
-) -> list[tuple[dict, list[dict]]]:
-    """(index entry, rows) of each conversation: one tokenize_rows call for all their rows."""
+def plan_batch(
+    tokenizer, batch: list[tuple[Line, dict]], stops: list[str], template_kwargs: dict
+) -> list:
+    """Each conversation's plan (draftline/chat.py, plan_conversation), or why it has none."""
     from jinja2 import TemplateError
 
-    from draftline.chat import (
-        TemplateMismatch,
-        conversation_rows,
-        mark_length_cut,
-        plan_conversation,
-        tokenize_rows,
-    )
+    from draftline.chat import TemplateMismatch, mark_length_cut, plan_conversation
 
     plans = []
     for _, row in batch:
@@ -478,6 +489,19 @@ def tokenize_batch(
             TemplateError
         ):  # the template refuses the conversation (e.g. two parallel tool calls)
             plans.append("template_error")
+    return plans
+
+
+def tokenize_batch(
+    tokenizer,
+    batch: list[tuple[Line, dict]],
+    plans: list,
+    card: TargetCard,
+    cfg: TokenizeConfig,
+) -> list[tuple[dict, list[dict]]]:
+    """(index entry, rows) of each planned conversation: one tokenize_rows call for all their rows."""
+    from draftline.chat import conversation_rows, tokenize_rows
+
     spans = [s for plan in plans if not isinstance(plan, str) for s in plan.row_spans()]
     tokenized = iter(tokenize_rows(tokenizer, spans))
     out = []
@@ -602,36 +626,65 @@ def tokenize_dataset(
         return mapped[k].slice(prev.row_start[i], json.loads(prev.lines[i])["rows"])
 
     counts = Counter()
+    todo = lines[start:]
+    batches = [
+        todo[at : at + BATCH_CONVERSATIONS] for at in range(0, len(todo), BATCH_CONVERSATIONS)
+    ]
+
+    def write(batch: list[Line], made: list[tuple[dict, list[dict]]]) -> None:
+        made = iter(made)
+        fresh = []
+        for line in batch:
+            if (line.id, line.sha256) not in reusable:
+                fresh.append(next(made))
+        table = rows_table([row for _, rows in fresh for row in rows], writer.schema)
+        fresh, at = iter(fresh), 0
+        for line in batch:
+            i = reusable.get((line.id, line.sha256))
+            if i is not None:
+                rows, raw = previous_rows(i), prev.lines[i]
+                counts["conversations_copied"] += 1
+                counts["rows_copied"] += rows.num_rows
+            else:
+                entry, made_rows = next(fresh)
+                rows, at = table.slice(at, len(made_rows)), at + len(made_rows)
+                raw = (json.dumps(entry, ensure_ascii=False) + "\n").encode()
+                counts["conversations_tokenized"] += 1
+                counts["rows_tokenized"] += len(made_rows)
+            writer.add((line.id, line.sha256), rows)
+            index.write(raw)
+
+    def read(batch: list[Line]) -> tuple[list, list]:
+        fresh = []
+        for line in batch:
+            if (line.id, line.sha256) not in reusable:
+                source.seek(line.offset)
+                fresh.append((line, json.loads(source.read(line.size))))
+        return fresh, plan_batch(tokenizer, fresh, stops, template_kwargs)
+
     index_tmp = out / f".{INDEX}.tmp"
-    with open(index_tmp, "wb") as index, open(regenerated_path, "rb") as source:
+    with (
+        open(index_tmp, "wb") as index,
+        open(regenerated_path, "rb") as source,
+        ThreadPoolExecutor(1) as worker,
+        Progress(transient=True) as progress,
+    ):
         for raw in prev.lines[:start] if prev else []:
             index.write(raw)
-        todo = lines[start:]
-        with Progress(transient=True) as progress:
-            task = progress.add_task("tokenize", total=len(todo))
-            for at in range(0, len(todo), BATCH_CONVERSATIONS):
-                batch = todo[at : at + BATCH_CONVERSATIONS]
-                fresh = []
-                for line in batch:
-                    if (line.id, line.sha256) not in reusable:
-                        source.seek(line.offset)
-                        fresh.append((line, json.loads(source.read(line.size))))
-                made = iter(tokenize_batch(tokenizer, fresh, card, cfg, stops, template_kwargs))
-                for line in batch:
-                    i = reusable.get((line.id, line.sha256))
-                    if i is not None:
-                        table, raw = previous_rows(i), prev.lines[i]
-                        counts["conversations_copied"] += 1
-                        counts["rows_copied"] += table.num_rows
-                    else:
-                        entry, rows = next(made)
-                        table = rows_table(rows)
-                        raw = (json.dumps(entry, ensure_ascii=False) + "\n").encode()
-                        counts["conversations_tokenized"] += 1
-                        counts["rows_tokenized"] += len(rows)
-                    writer.add((line.id, line.sha256), table)
-                    index.write(raw)
-                progress.advance(task, len(batch))
+        task = progress.add_task("tokenize", total=len(todo))
+        # A pipeline: while the worker tokenizes batch k (the tokenizer runs outside the GIL),
+        # this thread writes batch k-1 and reads and renders batch k+1.
+        running = None  # (batch, future)
+        for batch in [*batches, None]:
+            planned = read(batch) if batch is not None else None
+            if running is not None:
+                done, future = running
+                write(done, future.result())
+                progress.advance(task, len(done))
+            running = None
+            if planned is not None:
+                fresh, plans = planned
+                running = batch, worker.submit(tokenize_batch, tokenizer, fresh, plans, card, cfg)
         writer.close_shard()
     mapped.clear()
     counts["conversations_kept"] = start
