@@ -593,11 +593,12 @@ def conversation_rows(
             input_ids, loss_mask = splice_runs(input_ids, loss_mask, spliced)
         for check, ids in zip(checks, spliced):
             check["spliced"] = use_server_ids and ids is not None
+        cut = len(input_ids) > max_length
         rows.append(
             {
-                "input_ids": input_ids[:max_length],
-                "loss_mask": loss_mask[:max_length],
-                "truncated": len(input_ids) > max_length,
+                "input_ids": input_ids[:max_length] if cut else input_ids,
+                "loss_mask": loss_mask[:max_length] if cut else loss_mask,
+                "truncated": cut,
                 "length": len(input_ids),
                 "turns": len(turns),
                 "messages": n_messages,

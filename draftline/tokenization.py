@@ -439,13 +439,15 @@ def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
 # ---- one batch of conversations ---------------------------------------------------------------
 
 
-def rows_table(rows: list[dict], schema):
-    """The rows as one Arrow table (ids through numpy: a nested list converts 4x slower)."""
+def rows_table(rows: list[dict], schema, vocab_size: int):
+    """The rows as one Arrow table (ids through numpy: a nested list converts 4x slower).
+    TokenizeError for a token id outside the target vocabulary."""
     import numpy as np
     import pyarrow as pa
 
     lengths = np.fromiter((len(row["input_ids"]) for row in rows), dtype=np.int64, count=len(rows))
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    ends = np.cumsum(lengths)
+    offsets = pa.array(np.concatenate([[0], ends]).astype(np.int32))
 
     def lists(name: str):
         flat = np.fromiter(
@@ -453,6 +455,13 @@ def rows_table(rows: list[dict], schema):
             dtype=np.int64,
             count=int(lengths.sum()),
         )
+        if name == "input_ids" and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
+            at = int(np.flatnonzero((flat >= vocab_size) | (flat < 0))[0])
+            raise TokenizeError(
+                f"conversation {rows[int(np.searchsorted(ends, at, side='right'))]['id']}: token "
+                f"id {flat[at]} is outside the target vocabulary ({vocab_size}); tokenizer and "
+                "model disagree"
+            )
         return pa.ListArray.from_arrays(offsets, pa.array(flat), type=schema.field(name).type)
 
     return pa.table(
@@ -534,12 +543,7 @@ def tokenize_batch(
                 )
         kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
         rows = []
-        for k, p in enumerate(kept):
-            if max(p["input_ids"]) >= card.vocab_size:
-                raise TokenizeError(
-                    f"conversation {line.id}: token id {max(p['input_ids'])} is outside the "
-                    f"target vocabulary ({card.vocab_size}); tokenizer and model disagree"
-                )
+        for k, p in enumerate(kept):  # ids outside the vocabulary: rows_table
             rows.append(
                 {
                     "id": line.id,
@@ -637,7 +641,9 @@ def tokenize_dataset(
         for line in batch:
             if (line.id, line.sha256) not in reusable:
                 fresh.append(next(made))
-        table = rows_table([row for _, rows in fresh for row in rows], writer.schema)
+        table = rows_table(
+            [row for _, rows in fresh for row in rows], writer.schema, card.vocab_size
+        )
         fresh, at = iter(fresh), 0
         for line in batch:
             i = reusable.get((line.id, line.sha256))

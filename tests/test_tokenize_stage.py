@@ -463,3 +463,14 @@ def test_a_rerun_tokenizes_only_new_or_changed_conversations(tmp_path, random_ta
     report = run(root)["incremental"]
     assert report["conversations_tokenized"] == 30 and "params" in report["all_tokenized_because"]
     assert dataset_files(root) == from_scratch(ids, changed, max_length=400)
+
+
+def test_a_token_id_outside_the_target_vocabulary_fails_naming_the_conversation(
+    tmp_path, random_target
+):
+    rng = random.Random(2)
+    convs = [dict(id=f"c{k}", **arithmetic(rng)) for k in range(3)]
+    write_inputs(tmp_path, replace(random_target, vocab_size=40), convs, 512)
+    with pytest.raises(SystemExit, match=r"conversation c0: token id \d+ is outside the target"):
+        run(tmp_path)
+    assert not (tmp_path / "tokenized" / "meta.json").exists()  # nothing committed
