@@ -53,10 +53,13 @@ sys.path.insert(0, str(ROOT))
 from draftline.ab_timing import loadavg, machine_load  # noqa: E402
 
 STAGES = ("prepare", "mix", "tokenize", "vocab")
-# Peak RSS any of the four stages may reach, at any size. What a stage holds does not depend on
-# the corpus but for ~200 bytes per conversation (ids and hashes: 20 MB at 100k): the imports
-# (torch, transformers, datasets, pyarrow: ~450 MB in tokenize), one batch of 64 conversations
-# and its tokens, one shard's frequency arrays, and the regenerated file read a line at a time.
+# Peak RSS any of the four stages may reach, at any size. What grows with the corpus is small
+# and per conversation: tokenize ~0.5 KB (ids, line hashes and offsets; on a rerun the previous
+# index), mix ~1 KB per prepared row (the light rows its seeded order runs over), prepare ~0.2 KB
+# (its duplicate hashes): 50 / 100 / 20 MB at 100k. The rest is constant: the imports (torch,
+# transformers, datasets, pyarrow: ~500 MB in tokenize and vocab, ~35 MB in prepare and mix), one
+# batch of 64 conversations in flight (three with the tokenize pipeline), one shard's frequency
+# arrays, and at most one previous shard mapped while its rows are copied (~130 MB at 4k tokens).
 RSS_BOUND_MB = 1024
 EXPONENT_MAX = 1.1
 TOKENIZE_RATIO_MIN = 0.8
