@@ -275,13 +275,18 @@ def previous_output(out: Path, key: dict) -> tuple[Previous | None, str]:
             path = out / name
             if not path.is_file() or (size is not None and path.stat().st_size != size):
                 return None, f"previous output incomplete ({name})"
+    if not index.is_file():
+        return None, f"previous output incomplete ({index.name})"
     prev = Previous(shards, [], [], [], [])
     with open(index, "rb") as f:
         bounds = iter(enumerate(shards))
         k, shard = next(bounds, (None, None))
         left, row = (shard["conversations"] if shard else 0), 0
         for raw in f:
-            entry = json.loads(raw)
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                return None, f"previous index unreadable ({index.name})"
             while shard is not None and left == 0:
                 k, shard = next(bounds, (None, None))
                 left, row = (shard["conversations"] if shard else 0), 0

@@ -474,3 +474,33 @@ def test_a_token_id_outside_the_target_vocabulary_fails_naming_the_conversation(
     with pytest.raises(SystemExit, match=r"conversation c0: token id \d+ is outside the target"):
         run(tmp_path)
     assert not (tmp_path / "tokenized" / "meta.json").exists()  # nothing committed
+
+
+def test_a_damaged_previous_output_is_tokenized_again_and_strays_removed(
+    tmp_path, random_target, monkeypatch
+):
+    """A killed run's partial files go; a shard missing or cut short makes the rerun tokenize
+    everything again rather than trust the rest (meta.json names every file at its size)."""
+    from draftline import tokenization
+
+    monkeypatch.setattr(tokenization, "SHARD_CONVERSATIONS", 4)
+    rng = random.Random(3)
+    convs = [{"id": f"c{k}", **arithmetic(rng), "regeneration": {"run": 1}} for k in range(10)]
+    ids = [c["id"] for c in convs]
+    write_run(tmp_path, random_target, ids, convs)
+    run(tmp_path)
+    before = dataset_files(tmp_path)
+    out = tmp_path / "tokenized"
+    (out / ".shard-00007.arrow.tmp").write_bytes(b"partial")  # what a kill leaves
+    (out / "data-00099-000000000000.arrow").write_bytes(b"not named by meta.json")
+    again = run(tmp_path)["incremental"]
+    assert again["conversations_kept"] == 10 and again["conversations_tokenized"] == 0
+    assert not (out / ".shard-00007.arrow.tmp").exists()
+    assert not (out / "data-00099-000000000000.arrow").exists()
+    assert dataset_files(tmp_path) == before
+
+    shard = sorted(out.glob("data-*.arrow"))[1]
+    shard.write_bytes(shard.read_bytes()[:-8])
+    again = run(tmp_path)["incremental"]
+    assert again["all_tokenized_because"] == f"previous output incomplete ({shard.name})"
+    assert again["conversations_tokenized"] == 10 and dataset_files(tmp_path) == before
