@@ -27,6 +27,11 @@ gives back exactly the assistant text. Where that differs from tokenizing the ro
 tokenizer that merges across the boundary or adds a prefix space per call), the row is tokenized
 at once and the difference is counted (tokenize_row).
 
+Many rows are tokenized at once (tokenize_rows): every segment of every row in one batched call,
+and the row at once only where the segments could differ from it. For a byte-level BPE with the
+GPT-2 split pattern (tiny target, SmolLM2, GPT-2 family) that is decided without tokenizing the
+row again (segments_join_exactly); any other tokenizer gets both tokenizations, as tokenize_row does.
+
 Re-tokenizing the text need not give the tokens the target generated (a model can emit a sequence
 its tokenizer merges otherwise; a parser can reformat a tool call). Where regenerate recorded the
 server's own ids for a turn (ServerTurn), each turn's trained tokens are compared with them
@@ -36,6 +41,9 @@ server's own ids for a turn (ServerTurn), each turn's trained tokens are compare
 from __future__ import annotations
 
 import json
+import re
+import weakref
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 
@@ -273,6 +281,174 @@ def tokenize_row(
     return list(enc["input_ids"]), mask, True
 
 
+# ---- many rows at once ------------------------------------------------------------------------
+
+# The split pattern of pre_tokenizers.ByteLevel(use_regex=True) (tokenizers' byte_level.rs): every
+# alternative is a run of one character class, or a whitespace run with one character of
+# lookahead, and none looks behind. So a split found at position b of a piece is there whatever
+# follows b two characters on (whitespace runs aside, which the window check below extends over),
+# and the piece scanned from b on splits as the text after b scanned alone.
+JOIN_WINDOW = 16  # characters after a boundary that decide the split at it
+JOIN_MAX_LEFT = 512  # longer text before a boundary inside a piece: tokenize the row at once
+
+
+@dataclass(frozen=True)
+class SegmentJoin:
+    """What segments_join_exactly needs of a tokenizer that qualifies (see join_rule)."""
+
+    added: re.Pattern | None  # the added tokens, longest first (leftmost-longest, as tokenizers)
+    pre_tokenize: object  # the backend's pre_tokenize_str
+    memo: dict  # text before a boundary -> its pre-tokens (the role headers repeat)
+
+
+_JOIN_RULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def join_rule(tokenizer) -> SegmentJoin | None:
+    """The rule that tells from the text alone that a row's segments tokenize as the row does, for a
+    tokenizer with no normalizer, a ByteLevel(use_regex=True, add_prefix_space=False)
+    pre-tokenizer, a BPE model without dropout, and added tokens that strip nothing and all match
+    on the raw text alike; None for any other (its rows are tokenized at once as well)."""
+    try:
+        return _JOIN_RULES[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    from tokenizers import models, pre_tokenizers
+
+    rule = None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre = getattr(backend, "pre_tokenizer", None)
+    if (
+        backend is not None
+        and backend.normalizer is None
+        and backend.truncation is None
+        and backend.padding is None
+        and not getattr(backend, "encode_special_tokens", False)
+        and isinstance(pre, pre_tokenizers.ByteLevel)
+        and pre.use_regex
+        and not pre.add_prefix_space
+        and isinstance(backend.model, models.BPE)
+        and backend.model.dropout is None
+    ):
+        added = list(backend.get_added_tokens_decoder().values())
+        plain = all(not (t.lstrip or t.rstrip or t.single_word) for t in added)
+        if plain and len({t.normalized for t in added}) <= 1:
+            contents = sorted({t.content for t in added if t.content}, key=len, reverse=True)
+            pattern = re.compile("|".join(map(re.escape, contents))) if contents else None
+            rule = SegmentJoin(pattern, pre.pre_tokenize_str, {})
+    try:
+        _JOIN_RULES[tokenizer] = rule
+    except TypeError:  # not weak-referenceable: decided again next time
+        pass
+    return rule
+
+
+def _pre_tokens(rule: SegmentJoin, text: str) -> list[tuple[int, int]]:
+    found = rule.memo.get(text)
+    if found is None:
+        if len(rule.memo) > 4096:
+            rule.memo.clear()
+        found = rule.memo[text] = [span for _, span in rule.pre_tokenize(text)]
+    return found
+
+
+def segments_join_exactly(rule: SegmentJoin, text: str, bounds: list[int]) -> bool:
+    """True when tokenizing text[:b1], text[b1:b2], ... one call each gives the ids of text
+    tokenized at once (False: not shown, tokenize the row to know).
+
+    The tokenizer first cuts the text at its added tokens and tokenizes each piece between them
+    on its own: a boundary at the edge of an added token changes nothing, one inside an added
+    token always does. A boundary b inside a piece that starts at p (the piece's start, or the
+    boundary before b in it) joins exactly when the piece, pre-tokenized from p, splits at b and
+    splits text[p:b] as text[p:b] alone splits: past b the scan restarts at b either way, and BPE
+    merges within a pre-token only."""
+    matches = [m.span() for m in rule.added.finditer(text)] if rule.added is not None else []
+    starts = [s for s, _ in matches]
+    ends = [e for _, e in matches]
+    previous = 0
+    for b in bounds:
+        k = bisect_right(starts, b - 1)  # matches starting before b
+        if k and ends[k - 1] > b:
+            return False  # an added token across the boundary
+        piece_start = ends[k - 1] if k else 0
+        piece_end = starts[k] if k < len(starts) else len(text)
+        if b in (piece_start, piece_end):
+            previous = b
+            continue
+        p = max(piece_start, previous)
+        if b - p > JOIN_MAX_LEFT:
+            return False
+        w = min(piece_end, b + JOIN_WINDOW)
+        while w < piece_end and text[w - 1].isspace():  # a whitespace run decides at its end
+            w = min(piece_end, w + JOIN_WINDOW)
+        window = [(s + p, e + p) for s, e in _pre_tokens(rule, text[p:w])]
+        cut = bisect_left([e for _, e in window], b)
+        if cut == len(window) or window[cut][1] != b:
+            return False  # no split at b
+        if [(s - p, e - p) for s, e in window[: cut + 1]] != _pre_tokens(rule, text[p:b]):
+            return False
+        previous = b
+    return True
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Each text's ids without special tokens added, as `tokenizer(text, add_special_tokens=False)`
+    gives them, in one batched call."""
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_rows(
+    tokenizer, rows: list[tuple[str, list[tuple[int, int]]]]
+) -> list[tuple[list[int], list[int], bool, list[list[int]]]]:
+    """tokenize_row of each (text, spans), and the trained runs of each (trained_runs), for many
+    rows at once: every segment of every row in one batched call; the rows whose segments may
+    tokenize otherwise than the row (segments_join_exactly) tokenized at once in a second."""
+    if not getattr(tokenizer, "is_fast", False):
+        out = []
+        for text, spans in rows:
+            ids, mask, whole = tokenize_row(tokenizer, text, spans)
+            out.append((ids, mask, whole, trained_runs(ids, mask)))
+        return out
+    rule = join_rule(tokenizer)
+    pieces = [segments(text, spans) for text, spans in rows]
+    encoded = iter(encode_texts(tokenizer, [piece for row in pieces for piece, _ in row]))
+    out, recheck = [], []
+    for k, ((text, _), row) in enumerate(zip(rows, pieces)):
+        input_ids, loss_mask, runs, bounds, at, last_masked = [], [], [], [], 0, 0
+        for piece, generated in row:
+            ids = next(encoded)
+            if at:
+                bounds.append(at)
+            at += len(piece)
+            if generated and ids:
+                if last_masked:
+                    runs[-1].extend(ids)
+                else:
+                    runs.append(list(ids))
+            input_ids += ids
+            loss_mask += [int(generated)] * len(ids)
+            if ids:
+                last_masked = int(generated)
+        out.append((input_ids, loss_mask, False, runs))
+        if rule is None or not segments_join_exactly(rule, text[:at], bounds):
+            recheck.append(k)
+    if recheck:
+        texts = [rows[k][0][: max(end for _, end in rows[k][1])] for k in recheck]
+        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        for k, ids, offsets in zip(recheck, enc["input_ids"], enc["offset_mapping"]):
+            if ids == out[k][0]:
+                continue
+            spans = rows[k][1]
+            mask = [int(any(start < e and end > s for s, e in spans)) for start, end in offsets]
+            out[k] = (list(ids), mask, True, trained_runs(ids, mask))
+    return out
+
+
 # ---- the server's own token ids ---------------------------------------------------------------
 
 
@@ -351,43 +527,48 @@ def splice_runs(
     return out_ids, out_mask
 
 
-def tokenize_conversation(
+@dataclass(frozen=True)
+class ConversationPlan:
+    """A conversation rendered and cut into rows, before any token: plan_conversation."""
+
+    messages: list[dict]  # normalized (normalize_messages), finish reasons marked
+    stops: list[str]
+    rows: list[tuple[int, str, list[Turn]]]  # plan_rows
+
+    def row_spans(self) -> list[tuple[str, list[tuple[int, int]]]]:
+        """(text, spans) of each row, as tokenize_rows takes them."""
+        return [(text, [(t.start, t.end) for t in turns]) for _, text, turns in self.rows]
+
+
+def plan_conversation(
     tokenizer,
     messages: list[dict],
     tools,
-    max_length: int,
     stops: list[str] | None = None,
     template_kwargs: dict | None = None,
+) -> ConversationPlan:
+    """The renders and rows of one conversation (TemplateMismatch, or the template's own error,
+    when it cannot be cut into turns)."""
+    messages = normalize_messages(messages)
+    stops = stops if stops is not None else end_of_turn_tokens(tokenizer)
+    turns = assistant_turns(tokenizer, messages, tools, stops, template_kwargs)
+    return ConversationPlan(messages, stops, plan_rows(turns))
+
+
+def conversation_rows(
+    tokenizer,
+    plan: ConversationPlan,
+    tokenized: list[tuple[list[int], list[int], bool, list[list[int]]]],
+    max_length: int,
     server_turns: list[ServerTurn | None] | None = None,
     use_server_ids: bool = False,
 ) -> list[dict]:
-    """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "length", "turns",
-    "messages", "whole", "checks"}] (`length`: tokens before the cut; `turns`: assistant turns it
-    trains; `messages`: how many messages it renders; `whole`: see tokenize_row; `checks`:
-    check_turn of each turn it trains).
-
-    server_turns: what the server said of each assistant message, in order (regenerate's record).
-    Each turn's re-tokenized span (the tokens it trains on when re-tokenized) is compared with
-    them; with use_server_ids the server's ids replace the turn's tokens in the row, between the
-    template's own tokens (the header before the turn and what follows its end-of-turn stay as
-    tokenized). A turn without server ids, or whose span starts inside a pre-filled generation
-    prompt, keeps its re-tokenized span.
-
-    Each row is cut to max_length tokens after that (its tail is lost; the caller drops rows left
-    with no trainable token).
-    """
-    messages = normalize_messages(messages)
-    stops = stops if stops is not None else end_of_turn_tokens(tokenizer)
+    """The rows of tokenize_conversation from a plan and its rows' tokenize_rows."""
+    messages, stops = plan.messages, plan.stops
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     said = dict(zip(assistant, server_turns or []))
     rows = []
-    for n_messages, text, turns in plan_rows(
-        assistant_turns(tokenizer, messages, tools, stops, template_kwargs)
-    ):
-        input_ids, loss_mask, whole = tokenize_row(
-            tokenizer, text, [(t.start, t.end) for t in turns]
-        )
-        runs = trained_runs(input_ids, loss_mask)
+    for (n_messages, text, turns), (input_ids, loss_mask, whole, runs) in zip(plan.rows, tokenized):
         separate = len(runs) == len(turns)  # the header between two turns keeps their runs apart
         if not separate:  # never seen; then compare each turn's text alone, and splice nothing
             runs = [
@@ -412,11 +593,12 @@ def tokenize_conversation(
             input_ids, loss_mask = splice_runs(input_ids, loss_mask, spliced)
         for check, ids in zip(checks, spliced):
             check["spliced"] = use_server_ids and ids is not None
+        cut = len(input_ids) > max_length
         rows.append(
             {
-                "input_ids": input_ids[:max_length],
-                "loss_mask": loss_mask[:max_length],
-                "truncated": len(input_ids) > max_length,
+                "input_ids": input_ids[:max_length] if cut else input_ids,
+                "loss_mask": loss_mask[:max_length] if cut else loss_mask,
+                "truncated": cut,
                 "length": len(input_ids),
                 "turns": len(turns),
                 "messages": n_messages,
@@ -425,3 +607,34 @@ def tokenize_conversation(
             }
         )
     return rows
+
+
+def tokenize_conversation(
+    tokenizer,
+    messages: list[dict],
+    tools,
+    max_length: int,
+    stops: list[str] | None = None,
+    template_kwargs: dict | None = None,
+    server_turns: list[ServerTurn | None] | None = None,
+    use_server_ids: bool = False,
+) -> list[dict]:
+    """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "length", "turns",
+    "messages", "whole", "checks"}] (`length`: tokens before the cut; `turns`: assistant turns it
+    trains; `messages`: how many messages it renders; `whole`: see tokenize_row; `checks`:
+    check_turn of each turn it trains).
+
+    server_turns: what the server said of each assistant message, in order (regenerate's record).
+    Each turn's re-tokenized span (the tokens it trains on when re-tokenized) is compared with
+    them; with use_server_ids the server's ids replace the turn's tokens in the row, between the
+    template's own tokens (the header before the turn and what follows its end-of-turn stay as
+    tokenized). A turn without server ids, or whose span starts inside a pre-filled generation
+    prompt, keeps its re-tokenized span.
+
+    Each row is cut to max_length tokens after that (its tail is lost; the caller drops rows left
+    with no trainable token). Many conversations at once: plan_conversation of each, one
+    tokenize_rows over all their rows, then conversation_rows of each.
+    """
+    plan = plan_conversation(tokenizer, messages, tools, stops, template_kwargs)
+    tokenized = tokenize_rows(tokenizer, plan.row_spans())
+    return conversation_rows(tokenizer, plan, tokenized, max_length, server_turns, use_server_ids)

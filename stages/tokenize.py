@@ -9,6 +9,10 @@ hs_{i} stays row i across reruns; a conversation gives one row or several (colum
 draftline/tokenization.py. More rows cut at tokenize.max_length than tokenize.max_truncated_share
 fails the stage after its report is written (the report's `check` says how many, and which
 max_length would do).
+
+The output persists across runs (dvc.yaml: persist): an unchanged conversation keeps its rows, so
+growing `samples` tokenizes only the new conversations (the report's `incremental` counts the rows
+kept, copied and tokenized); another target, tokenizer or tokenize param tokenizes all again.
 """
 
 import sys
@@ -41,6 +45,16 @@ def main(
         f"tokenize: {ids['retokenized_equal_server_ids']} of {ids['server_ids']} assistant turns with "
         f"the server's token ids re-tokenize to exactly them ({ids['no_server_ids']} turns without ids); "
         f"training on {ids['assistant_ids']} ids"
+    )
+    done = report["incremental"]
+    print(
+        f"tokenize: {done['rows_tokenized']} rows tokenized, {done['rows_kept']} kept and "
+        f"{done['rows_copied']} copied from the previous output"
+        + (
+            f" (all tokenized: {done['all_tokenized_because']})"
+            if done["all_tokenized_because"]
+            else ""
+        )
     )
     if error := truncation_error(report):
         raise SystemExit(error)

