@@ -331,7 +331,7 @@ def send(
                     f"moved: {conversations_path} is as it was)"
                 ) from None
         move_stale_lines()
-        import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
+        import aiohttp  # noqa: F401  its import is set-up, not sending time
 
         start = time.perf_counter()
         bound = (
