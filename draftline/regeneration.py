@@ -23,6 +23,7 @@ import random
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,12 +116,14 @@ async def regenerate_conversation(
     sampling: Sampling,
     policy: RetryPolicy,
     max_context: int | None,
-    count_ids,
+    count_tokens,
     retries: Counter,
     extra_body: dict | None = None,
     on_token=None,
 ) -> tuple[list[dict], dict]:
     """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
+    With max_context, `await count_tokens(messages, tools)` is the prompt's token count before
+    each turn (the chat template rendered and tokenized: regenerate_all does it off the loop).
     extra_body goes into every request as it is (e.g. vLLM's stream_options, return_token_ids),
     but for its `with_tools` fields, which go only into requests with tools.
     The ids and usage of each answer are kept in stats, not on its message: the message goes back
@@ -151,7 +154,7 @@ async def regenerate_conversation(
         max_tokens = sampling.max_tokens
         if max_context:
             try:
-                used = len(count_ids(messages, tools))
+                used = await count_tokens(messages, tools)
             except Exception as err:  # noqa: BLE001 - a template that rejects this conversation
                 raise ConversationFailed("template_error", f"{type(err).__name__}: {err}") from None
             if used >= max_context:
@@ -293,6 +296,12 @@ async def regenerate_all(
     A partition runs at most `concurrency` conversations, and no more than the pool's slots: a
     conversation beyond them would only wait. on_done(tally) follows every finished conversation;
     on_tick(tally) comes every tick_s whatever happens (tally.in_flight: requests at the servers).
+
+    count_ids(messages, tools) -> the prompt's token ids (the chat template rendered and
+    tokenized; needed where a partition has a max_context) runs in one thread beside the event
+    loop: at 4k tokens it takes milliseconds a turn, during which the loop would send and read
+    nothing. The fast tokenizers encode with the GIL released, so the loop goes on meanwhile; one
+    thread, since a tokenizer called from two at once can fail ("Already borrowed").
     """
     tally = Tally(partitions={name: PartitionTally() for name in partitions})
     queues: dict[str, list[dict]] = {name: [] for name in partitions}
@@ -307,6 +316,16 @@ async def regenerate_all(
 
     def on_token(n: int) -> None:
         tally.streamed_tokens += n
+
+    loop = asyncio.get_running_loop()
+    counting = (
+        ThreadPoolExecutor(1, thread_name_prefix="count-ids")
+        if count_ids and any(max_context for _, max_context in partitions.values())
+        else None
+    )
+
+    async def count_tokens(messages: list[dict], tools) -> int:
+        return len(await loop.run_in_executor(counting, count_ids, messages, tools))
 
     with open(out_path, "a") as out, open(failures_path, "w") as failures:
 
@@ -324,7 +343,7 @@ async def regenerate_all(
                     sampling,
                     policy,
                     max_context,
-                    count_ids,
+                    count_tokens,
                     tally.retries,
                     extra_body,
                     on_token,
@@ -409,6 +428,8 @@ async def regenerate_all(
             for task in [*workers, *background, stopping]:
                 task.cancel()
             await asyncio.gather(*workers, *background, stopping, return_exceptions=True)
+            if counting:
+                counting.shutdown(wait=False, cancel_futures=True)
     tally.in_flight = pool.in_flight
     tally.aborted = stop.is_set()
     return tally

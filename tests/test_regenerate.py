@@ -1293,6 +1293,45 @@ def test_max_context_cuts_max_tokens_and_ends_conversations(tmp_path, stub, rand
     assert failures[0]["reason"] == "prompt_too_long" and not out and len(handler.requests) == 1
 
 
+def test_prompt_tokens_are_counted_beside_the_event_loop(tmp_path, stub):
+    """With max_context every turn's prompt is rendered and tokenized; that runs in a thread
+    while the loop goes on (here: its progress ticks), not on the loop."""
+    url, _ = stub()
+    counted, ticks = [], []
+
+    def count_ids(messages, tools):
+        counted.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.3)  # a long prompt's template and tokenizer
+        return [0] * 10
+
+    async def go():
+        pool = open_pool([url], None)
+        try:
+            return await regenerate_all(
+                pool,
+                "m",
+                prompts(2),
+                Sampling(8, 0.0, 1.0, 0),
+                FAST_RETRY,
+                {"short": (2, 1000), "long": (1, None)},
+                tmp_path / "c.jsonl",
+                tmp_path / "f.jsonl",
+                {"fingerprint": "f"},
+                count_ids,
+                on_tick=lambda t: ticks.append(time.monotonic()),
+                tick_s=0.02,
+            )
+        finally:
+            await close_pool(pool)
+
+    start = time.monotonic()
+    tally = asyncio.run(go())
+    assert tally.ok == 2 and counted and not any(counted)  # never on the loop's thread
+    assert (
+        len([t for t in ticks if t - start < 0.3]) >= 5
+    )  # the loop ticked through the first count
+
+
 def test_called_tools_and_relinking():
     assert called_tools({"content": '<tool_call>{"name": "a", "arguments": {}}</tool_call>'}) == [
         "a"
