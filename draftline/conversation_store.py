@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.config import RegenerateConfig, output_shaping, stage_params
+from draftline.conversation_index import entry as index_entry
+from draftline.conversation_index import read_index, remove_index, write_index
 from draftline.io import atomic_path, read_json, read_jsonl
 
 if TYPE_CHECKING:
@@ -258,7 +260,11 @@ class _Plan:
     # completed; (reason, changed, addition) = moved to superseded.jsonl; "blank" = dropped
     actions: list = field(default_factory=list)
     restore: dict[int, dict] = field(default_factory=dict)  # superseded line -> record additions
-    held: set[bytes] = field(default_factory=set)  # digests of what superseded.jsonl holds
+    held: set[bytes] | None = None  # digests of what superseded.jsonl holds (read by _apply)
+    # per whole line of conversations.jsonl, its index entry (draftline/conversation_index.py);
+    # `indexed`: the index covered every whole line before the plan (else it is written anew)
+    entries: list = field(default_factory=list)
+    indexed: bool = False
     done: set[str] = field(default_factory=set)
     counts: Counter = field(default_factory=Counter)
     last_run: int = 0
@@ -284,6 +290,41 @@ def _lines(path: Path):
             yield from f
 
 
+def _indexed_lines(path: Path, plan: _Plan):
+    """(line bytes or None, index entry or None) per line of conversations.jsonl: the lines the
+    index covers come with their entry and unread (draftline/conversation_index.py), the others
+    read; plan.entries gets every whole line's entry, plan.indexed whether the index had them all,
+    plan.cut_last_line whether the file ends in a cut line."""
+    if not path.exists():
+        plan.indexed = True
+        return
+    entries = read_index(path)
+    start = 0
+    for e in entries or ():
+        plan.entries.append(e)
+        yield None, e
+        start = e.end
+    with open(path, "rb") as f:
+        f.seek(start)
+        tail = False
+        for line in f:
+            tail = True
+            plan.cut_last_line = not line.endswith(b"\n")
+            if not plan.cut_last_line:
+                plan.entries.append(
+                    index_entry(start, line, _parse(line) if line.strip() else None)
+                )
+            start += len(line)
+            yield line, None
+    plan.indexed = entries is not None and not tail
+
+
+def _read_at(path: Path, e) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(e.start)
+        return f.read(e.end - e.start)
+
+
 def _superseded_entries(path: Path):
     """(index, entry or None when unreadable) of each line of superseded.jsonl."""
     for i, line in enumerate(_lines(path)):
@@ -299,8 +340,22 @@ def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
     settings, for the same prompt), move the others out, and bring back a superseded line for each
     id left without one when it holds."""
     plan = _Plan()
-    for line in _lines(path):
-        plan.cut_last_line = not line.endswith(b"\n")
+    for line, indexed in _indexed_lines(path, plan):
+        if indexed is not None and indexed.id is not None and indexed.id not in plan.done:
+            if wanted.fingerprint in (indexed.fingerprint, indexed.accepted_for):
+                # made with these settings: what else the verdict reads is in the entry
+                pid = indexed.id
+                if pid in prompts and indexed.prompt_sha256 != prompt_sha256(prompts[pid]):
+                    plan.counts["stale_prompt"] += 1
+                    plan.actions.append(("stale_prompt", [], {}))
+                    continue
+                plan.done.add(pid)
+                plan.counts["not_in_prompts"] += pid not in prompts
+                plan.last_run = max(plan.last_run, indexed.run)
+                plan.actions.append(None)
+                continue
+        if line is None:
+            line = _read_at(path, indexed)
         if not line.strip():
             plan.actions.append("blank")
             continue
@@ -326,7 +381,6 @@ def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
     for i, entry in _superseded_entries(superseded_path(path)):
         if entry is None:
             continue
-        plan.held.add(_digest(entry.get("line", entry.get("text"))))
         row = entry.get("line")
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             continue
@@ -380,20 +434,24 @@ def _plan_chosen(
             plan.actions.append(("replaced", [], {}))
         else:
             plan.actions.append(None if line.strip() else "blank")
-    for _, entry in _superseded_entries(superseded_path(path)):
-        if entry is not None:
-            plan.held.add(_digest(entry.get("line", entry.get("text"))))
     return plan, skipped
 
 
 def _apply(plan: _Plan, path: Path, by: str) -> None:
     """Moves the lines out first (appended to superseded.jsonl, flushed to disk), then rewrites
     conversations.jsonl atomically with the kept and restored lines, then superseded.jsonl without
-    the restored ones: a kill between two steps leaves a line in both files, never in neither."""
+    the restored ones: a kill between two steps leaves a line in both files, never in neither.
+    The index of conversations.jsonl goes before the rewrite and comes back after it."""
     spath = superseded_path(path)
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out = [a for a in plan.actions if isinstance(a, tuple) and a[0] != "keep"]
     if out:
+        if plan.held is None:
+            plan.held = {
+                _digest(entry.get("line", entry.get("text")))
+                for _, entry in _superseded_entries(spath)
+                if entry is not None
+            }
         newline = cut_last_line(spath)
         with open(spath, "ab") as dst:
             if newline:
@@ -416,20 +474,40 @@ def _apply(plan: _Plan, path: Path, by: str) -> None:
                 dst.write((json.dumps(entry, ensure_ascii=False) + "\n").encode())
             dst.flush()
             os.fsync(dst.fileno())
+    known = {e.start: e for e in plan.entries}  # the index entries of the lines as they are
+    entries, start, end = [], 0, 0
+    remove_index(path)
     with atomic_path(path) as tmp, open(tmp, "wb") as dst:
         for line, action in zip(_lines(path), plan.actions):
+            old, end = end, end + len(line)
+            row, data = None, None
             if action is None:
-                dst.write(line if line.endswith(b"\n") else line + b"\n")
+                data = line if line.endswith(b"\n") else line + b"\n"
+                if old not in known or data != line:
+                    row = _parse(data)
             elif isinstance(action, tuple) and action[0] == "keep":
-                dst.write(
-                    (json.dumps(_with(_parse(line), action[1]), ensure_ascii=False) + "\n").encode()
-                )
+                row = _with(_parse(line), action[1])
+                data = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+            if data is None:
+                continue
+            dst.write(data)
+            kept = known.get(old) if row is None else None
+            entries.append(
+                kept._replace(start=start, end=start + len(data))
+                if kept
+                else index_entry(start, data, row)
+            )
+            start += len(data)
         for i, entry in _superseded_entries(spath):
             if i in plan.restore:
                 row = _with(entry["line"], plan.restore[i])
-                dst.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
+                data = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+                dst.write(data)
+                entries.append(index_entry(start, data, row))
+                start += len(data)
         dst.flush()
         os.fsync(dst.fileno())
+    write_index(path, entries)
     if plan.restore:
         with atomic_path(spath) as tmp, open(tmp, "wb") as dst:
             for i, line in enumerate(_lines(spath)):
@@ -465,6 +543,8 @@ def load_finished(
     plan = _plan_stage(path, prompts, wanted)
     if rewrite and plan.changes():
         _apply(plan, path, "regenerate")
+    elif not plan.indexed:
+        write_index(path, plan.entries)  # a cache beside the file: the next start reads it
     return plan.done, {**{k: plan.counts[k] for k in COUNTS}, "last_run": plan.last_run}
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.answer_stream import REASONING_KEYS
+from draftline.conversation_index import IndexWriter
 from draftline.conversation_store import prompt_sha256
 from draftline.openai_client import ConversationFailed, EndpointPool, RetryPolicy, complete
 
@@ -288,8 +289,9 @@ async def regenerate_all(
     """Regenerate `rows`; `partitions` maps "short"/"long" to (concurrency, max_context).
 
     Each finished conversation is one flushed line of out_path (the row with its regenerated
-    messages and a `regeneration` record: `tags` plus its own stats); each failed one is one line
-    of failures_path with its reason. Past `max_failures` failures the run stops early: the stage
+    messages and a `regeneration` record: `tags` plus its own stats), then its entry in the index
+    beside it (draftline/conversation_index.py); each failed one is one line of failures_path with
+    its reason. Past `max_failures` failures the run stops early: the stage
     would fail anyway, so the conversations in flight are cancelled (their streams closed, which
     stops the server's work on them) and what is done stays done.
 
@@ -327,7 +329,8 @@ async def regenerate_all(
     async def count_tokens(messages: list[dict], tools) -> int:
         return len(await loop.run_in_executor(counting, count_ids, messages, tools))
 
-    with open(out_path, "a") as out, open(failures_path, "w") as failures:
+    with open(out_path, "ab") as out, open(failures_path, "w") as failures:
+        index = IndexWriter(out_path, out)
 
         async def one(name: str, row: dict) -> None:
             part = tally.partitions[name]
@@ -374,8 +377,10 @@ async def regenerate_all(
                 record = {k: v for k, v in row.items() if k != "messages"}
                 record["messages"] = messages
                 record["regeneration"] = {**tags, "prompt_sha256": prompt_sha256(row), **stats}
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                out.flush()
+                line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+                out.write(line)
+                out.flush()  # the conversation is done once its line is out, then its index entry
+                index.add(line, record)
                 turns = len(stats["finish_reasons"])
                 tally.ok += 1
                 part.ok += 1
@@ -430,6 +435,7 @@ async def regenerate_all(
             await asyncio.gather(*workers, *background, stopping, return_exceptions=True)
             if counting:
                 counting.shutdown(wait=False, cancel_futures=True)
+            index.close()
     tally.in_flight = pool.in_flight
     tally.aborted = stop.is_set()
     return tally

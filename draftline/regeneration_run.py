@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
 import time
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.conversation_index import all_entries
 from draftline.conversation_store import (
     SUPERSEDED,
     cut_last_line,
@@ -125,27 +125,15 @@ def length_check(
     kept for these prompts (the first line of each id made with these settings), the share that
     ended at max_tokens (finish_reason "length"), against regenerate.max_length_share."""
     answers, length, conversations, seen = 0, 0, 0, set()
-    if path.exists():
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                    pid, regen = row["id"], row["regeneration"]
-                    reasons = regen["finish_reasons"]
-                    current = regen.get("fingerprint") == tags_fingerprint
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue  # a cut or foreign line: the resume already counted it
-                if (
-                    pid in seen
-                    or pid not in prompts
-                    or not current
-                    or not isinstance(reasons, list)
-                ):
-                    continue
-                seen.add(pid)
-                conversations += 1
-                answers += len(reasons)
-                length += reasons.count("length")
+    for e in all_entries(path):  # the index of the file, and the lines past it
+        if e.answers is None or e.id in seen or e.id not in prompts:
+            continue  # a cut or foreign line: the resume already counted it
+        if e.fingerprint != tags_fingerprint:
+            continue
+        seen.add(e.id)
+        conversations += 1
+        answers += e.answers
+        length += e.length
     share = length / answers if answers else None
     return {
         "param": "regenerate.max_length_share",

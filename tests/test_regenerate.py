@@ -30,6 +30,8 @@ from draftline.commands import (
     vllm_regenerate_command,
 )
 from draftline.config import ParamsError, parse_params
+from draftline.conversation_index import entry as index_entry
+from draftline.conversation_index import index_path, read_index
 from draftline.conversation_store import Wanted, load_finished, prompt_sha256
 from draftline.io import read_json, write_jsonl
 from draftline.openai_client import Endpoint, EndpointPool, RetryPolicy, close_pool, open_pool
@@ -1433,6 +1435,68 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
     assert load_finished(path, rows, wanted)[1]["stale_settings"] == 1
     last = json.loads((tmp_path / "superseded.jsonl").read_text().splitlines()[-1])
     assert last["reason"] == "stale_settings" and last["changed"] == ["max_tokens"]
+
+
+def parsed_entries(path: Path) -> list:
+    """The index entries of a file's lines, from parsing every line."""
+    out, start = [], 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        out.append(index_entry(start, line, json.loads(line)))
+        start += len(line)
+    return out
+
+
+def test_resume_reads_the_index_and_the_lines_where_it_is_off(tmp_path, stub, monkeypatch):
+    """A rerun knows the done conversations from the index beside the file, parsing none of
+    them; where the index is short of the file, torn, gone, or the file was edited by hand, the
+    lines say, and the index is written anew."""
+    from draftline import conversation_store
+    from draftline.regeneration_run import length_check
+
+    url, _ = stub()
+    rows = prompts(24)
+    tally, out, _, _ = run_rows([url], rows, tmp_path)  # the writer appends each line's entry
+    path = tmp_path / "c.jsonl"
+    assert tally.ok == 24 and read_index(path) == parsed_entries(path)
+    by_id, wanted = {r["id"]: r for r in rows}, Wanted("f", {})
+    changed = dict(rows[3], messages=[{"role": "user", "content": "changed"}])
+    by_id[rows[3]["id"]] = changed  # a prompt changed since: the index's hash says so
+    real_parse, parsed = conversation_store._parse, []
+    monkeypatch.setattr(
+        conversation_store, "_parse", lambda line: parsed.append(line) or real_parse(line)
+    )
+
+    def truth() -> tuple[set, dict]:  # what parsing every line gives
+        plain = tmp_path / "plain"
+        plain.mkdir(exist_ok=True)
+        shutil.copy(path, plain / "c.jsonl")
+        index_path(plain / "c.jsonl").unlink(missing_ok=True)
+        return load_finished(plain / "c.jsonl", by_id, wanted, rewrite=False)
+
+    expected = truth()
+    assert expected[1]["stale_prompt"] == 1 and len(expected[0]) == 23
+    parsed.clear()
+    assert load_finished(path, by_id, wanted, rewrite=False) == expected and not parsed
+    assert length_check(path, by_id, "f", 0.5)["conversations"] == 24 and not parsed
+    index = index_path(path)
+    whole = index.read_bytes()
+    extra = json.dumps(dict(out[5], id="p_extra")) + "\n"
+    damages = {
+        "short of the file": lambda: index.write_bytes(whole[: whole.rstrip().rfind(b"\n") + 1]),
+        "torn": lambda: index.write_bytes(whole[:-7]),
+        "gone": lambda: index.unlink(),
+        "a line added by hand": lambda: path.write_text(extra + path.read_text()),
+    }
+    for name, damage in damages.items():
+        damage()
+        expected, parsed[:] = truth(), []
+        assert load_finished(path, by_id, wanted, rewrite=False) == expected, name
+        assert parsed and read_index(path) == parsed_entries(path), name  # written anew
+        parsed.clear()
+        assert load_finished(path, by_id, wanted, rewrite=False) == expected and not parsed, name
+    # lines moved out: the rewritten file comes with its index
+    load_finished(path, by_id, wanted)
+    assert read_index(path) == parsed_entries(path) and len(read_index(path)) == 24
 
 
 # ---- preflight against the engines' wire formats ------------------------------------------------
