@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 from draftline.config import RegenerateConfig, output_shaping, stage_params
 from draftline.conversation_index import entry as index_entry
-from draftline.conversation_index import read_index, remove_index, write_index
-from draftline.io import atomic_path, read_json, read_jsonl
+from draftline.conversation_index import prompt_line, read_index, remove_index, write_index
+from draftline.io import atomic_path, read_json
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -225,17 +225,29 @@ def _parse(line: bytes) -> dict | None:
 
 def read_prompts(path: str | Path) -> list[dict]:
     """The prompt rows, each with a string `id` (unique) and a `messages` list; else the stage stops."""
-    rows, seen = [], set()
-    for n, row in enumerate(read_jsonl(path), 1):
-        if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
-            raise SystemExit(
-                f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list"
-            )
-        if row["id"] in seen:
-            raise SystemExit(f"error: {path} line {n}: duplicate prompt id {row['id']!r}")
-        seen.add(row["id"])
-        rows.append(row)
-    return rows
+    return read_prompts_and_digests(path)[0]
+
+
+def read_prompts_and_digests(path: str | Path) -> tuple[list[dict], dict[str, str]]:
+    """read_prompts, and the prompt_line digest of each prompt's raw line by id (a rerun hashes
+    again only the prompts whose line changed: draftline/conversation_index.py)."""
+    rows, digests = [], {}
+    with open(path, "rb") as f:
+        n = 0
+        for line in f:
+            if not line.strip():
+                continue
+            n += 1
+            row = json.loads(line)
+            if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
+                raise SystemExit(
+                    f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list"
+                )
+            if row["id"] in digests:
+                raise SystemExit(f"error: {path} line {n}: duplicate prompt id {row['id']!r}")
+            digests[row["id"]] = prompt_line(line)
+            rows.append(row)
+    return rows, digests
 
 
 def cut_last_line(path: Path) -> bool:
@@ -265,6 +277,7 @@ class _Plan:
     # `indexed`: the index covered every whole line before the plan (else it is written anew)
     entries: list = field(default_factory=list)
     indexed: bool = False
+    refreshed: bool = False  # entries learnt the prompt lines they were checked against
     done: set[str] = field(default_factory=set)
     counts: Counter = field(default_factory=Counter)
     last_run: int = 0
@@ -291,10 +304,12 @@ def _lines(path: Path):
 
 
 def _indexed_lines(path: Path, plan: _Plan):
-    """(line bytes or None, index entry or None) per line of conversations.jsonl: the lines the
-    index covers come with their entry and unread (draftline/conversation_index.py), the others
-    read; plan.entries gets every whole line's entry, plan.indexed whether the index had them all,
-    plan.cut_last_line whether the file ends in a cut line."""
+    """(line bytes or None, its index entry or None, whether the entry is the index's) per line of
+    conversations.jsonl: the lines the index covers come with their entry, unread
+    (draftline/conversation_index.py), the others read, with an entry made from them where whole.
+    plan.entries gets every whole line's entry (the last one yielded, when there is one),
+    plan.indexed whether the index had them all, plan.cut_last_line whether the file ends in a
+    cut line."""
     if not path.exists():
         plan.indexed = True
         return
@@ -302,7 +317,7 @@ def _indexed_lines(path: Path, plan: _Plan):
     start = 0
     for e in entries or ():
         plan.entries.append(e)
-        yield None, e
+        yield None, e, True
         start = e.end
     with open(path, "rb") as f:
         f.seek(start)
@@ -310,12 +325,12 @@ def _indexed_lines(path: Path, plan: _Plan):
         for line in f:
             tail = True
             plan.cut_last_line = not line.endswith(b"\n")
+            e = None
             if not plan.cut_last_line:
-                plan.entries.append(
-                    index_entry(start, line, _parse(line) if line.strip() else None)
-                )
+                e = index_entry(start, line, _parse(line) if line.strip() else None)
+                plan.entries.append(e)
             start += len(line)
-            yield line, None
+            yield line, e, False
     plan.indexed = entries is not None and not tail
 
 
@@ -335,17 +350,34 @@ def _superseded_entries(path: Path):
         yield i, entry if isinstance(entry, dict) else None
 
 
-def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
+def _plan_stage(
+    path: Path, prompts: dict, wanted: Wanted, prompt_digests: dict[str, str] | None = None
+) -> _Plan:
     """What the stage does: keep the lines that hold (first of their id, made with the wanted
     settings, for the same prompt), move the others out, and bring back a superseded line for each
     id left without one when it holds."""
     plan = _Plan()
-    for line, indexed in _indexed_lines(path, plan):
-        if indexed is not None and indexed.id is not None and indexed.id not in plan.done:
+    digests = prompt_digests or {}
+
+    def same_prompt(e, pid: str, checked: bool = False) -> bool:
+        """The line's recorded prompt hash (in its index entry `e`, the last of plan.entries) is
+        the prompt's: known from the entry when the prompt's raw line is the one last checked,
+        else hashed (unless `checked` already), and the entry told the line."""
+        if e.prompt_line is not None and e.prompt_line == digests.get(pid):
+            return True
+        if not checked and e.prompt_sha256 != prompt_sha256(prompts[pid]):
+            return False
+        if pid in digests:
+            plan.entries[-1] = e._replace(prompt_line=digests[pid])
+            plan.refreshed = True
+        return True
+
+    for line, indexed, from_index in _indexed_lines(path, plan):
+        if from_index and indexed.id is not None and indexed.id not in plan.done:
             if wanted.fingerprint in (indexed.fingerprint, indexed.accepted_for):
                 # made with these settings: what else the verdict reads is in the entry
                 pid = indexed.id
-                if pid in prompts and indexed.prompt_sha256 != prompt_sha256(prompts[pid]):
+                if pid in prompts and not same_prompt(indexed, pid):
                     plan.counts["stale_prompt"] += 1
                     plan.actions.append(("stale_prompt", [], {}))
                     continue
@@ -378,6 +410,8 @@ def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
         plan.counts["upgraded"] += bool(addition)
         plan.last_run = max(plan.last_run, run_of(row))
         plan.actions.append(("keep", addition) if addition else None)
+        if indexed is not None and not addition and row["id"] in prompts:
+            same_prompt(indexed, row["id"], checked=True)  # the entry learns the prompt line
     for i, entry in _superseded_entries(superseded_path(path)):
         if entry is None:
             continue
@@ -528,7 +562,11 @@ COUNTS = (
 
 
 def load_finished(
-    path: Path, prompts: dict[str, dict], wanted: Wanted | str, rewrite: bool = True
+    path: Path,
+    prompts: dict[str, dict],
+    wanted: Wanted | str,
+    rewrite: bool = True,
+    prompt_digests: dict[str, str] | None = None,
 ) -> tuple[set[str], dict]:
     """Ids of the conversations a run need not send: the lines of previous runs that still hold
     (well-formed, first of their id, made with the wanted settings and, for ids still prompted,
@@ -540,10 +578,10 @@ def load_finished(
     never held in memory (they reach gigabytes). `wanted` as a bare fingerprint: lines match by it."""
     if isinstance(wanted, str):
         wanted = Wanted(wanted, {})
-    plan = _plan_stage(path, prompts, wanted)
+    plan = _plan_stage(path, prompts, wanted, prompt_digests)
     if rewrite and plan.changes():
         _apply(plan, path, "regenerate")
-    elif not plan.indexed:
+    elif not plan.indexed or plan.refreshed:
         write_index(path, plan.entries)  # a cache beside the file: the next start reads it
     return plan.done, {**{k: plan.counts[k] for k in COUNTS}, "last_run": plan.last_run}
 

@@ -285,6 +285,7 @@ async def regenerate_all(
     on_tick=None,
     tick_s: float = 30.0,
     extra_body: dict | None = None,
+    prompt_digests: dict[str, str] | None = None,
 ) -> Tally:
     """Regenerate `rows`; `partitions` maps "short"/"long" to (concurrency, max_context).
 
@@ -304,6 +305,7 @@ async def regenerate_all(
     loop: at 4k tokens it takes milliseconds a turn, during which the loop would send and read
     nothing. The fast tokenizers encode with the GIL released, so the loop goes on meanwhile; one
     thread, since a tokenizer called from two at once can fail ("Already borrowed").
+    prompt_digests: id -> the prompt_line of its raw prompt line, for the index entries.
     """
     tally = Tally(partitions={name: PartitionTally() for name in partitions})
     queues: dict[str, list[dict]] = {name: [] for name in partitions}
@@ -380,7 +382,7 @@ async def regenerate_all(
                 line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
                 out.write(line)
                 out.flush()  # the conversation is done once its line is out, then its index entry
-                index.add(line, record)
+                index.add(line, record, (prompt_digests or {}).get(row["id"]))
                 turns = len(stats["finish_reasons"])
                 tally.ok += 1
                 part.ok += 1

@@ -29,7 +29,7 @@ from draftline.conversation_store import (
     cut_last_line,
     engine_record,
     load_finished,
-    read_prompts,
+    read_prompts_and_digests,
     wanted_settings,
 )
 from draftline.regeneration_progress import failure_error, progress_bar
@@ -56,7 +56,7 @@ def regenerate(
     check_backend(cfg, card, engine)
     api_key = endpoint_api_key(cfg)
 
-    prompts = read_prompts(prompts_path)
+    prompts, digests = read_prompts_and_digests(prompts_path)
     by_id = {row["id"]: row for row in prompts}
     out.mkdir(parents=True, exist_ok=True)
     # what shaped the answers (compared) and what answered them (provenance), on every line
@@ -71,7 +71,7 @@ def regenerate(
     # superseded.jsonl, and superseded lines that hold again come back, only once every endpoint
     # passed its preflight, so a refused server (wrong endpoint, a draft attached...) leaves
     # conversations.jsonl exactly as it was.
-    done, resume = load_finished(conversations_path, by_id, wanted, rewrite=False)
+    done, resume = load_finished(conversations_path, by_id, wanted, False, digests)
     tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
     moving = {
         k: v
@@ -92,12 +92,12 @@ def regenerate(
 
     def move_stale_lines() -> None:
         if to_rewrite:
-            load_finished(conversations_path, by_id, wanted, rewrite=True)
+            load_finished(conversations_path, by_id, wanted, True, digests)
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
         tally, seen, start, slots = send(
-            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines
+            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines, digests
         )
     else:
         move_stale_lines()  # nothing to send: lines to move or bring back, or a cut line
@@ -213,6 +213,7 @@ def send(
     tags: dict,
     out: Path,
     move_stale_lines: Callable[[], None],
+    prompt_digests: dict[str, str] | None = None,
 ) -> tuple[Tally | None, list[dict], float, int | None]:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
     preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
@@ -292,6 +293,7 @@ def send(
                 on_tick,
                 cfg.progress_every_s,
                 extra_body,
+                prompt_digests,
             )
         finally:
             await close_pool(pool)
