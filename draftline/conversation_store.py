@@ -25,9 +25,10 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -225,29 +226,78 @@ def _parse(line: bytes) -> dict | None:
 
 def read_prompts(path: str | Path) -> list[dict]:
     """The prompt rows, each with a string `id` (unique) and a `messages` list; else the stage stops."""
-    return read_prompts_and_digests(path)[0]
+    return list(PromptFile(path).values())
 
 
-def read_prompts_and_digests(path: str | Path) -> tuple[list[dict], dict[str, str]]:
-    """read_prompts, and the prompt_line digest of each prompt's raw line by id (a rerun hashes
-    again only the prompts whose line changed: draftline/conversation_index.py)."""
-    rows, digests = [], {}
-    with open(path, "rb") as f:
-        n = 0
-        for line in f:
-            if not line.strip():
-                continue
-            n += 1
-            row = json.loads(line)
-            if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
-                raise SystemExit(
-                    f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list"
-                )
-            if row["id"] in digests:
-                raise SystemExit(f"error: {path} line {n}: duplicate prompt id {row['id']!r}")
-            digests[row["id"]] = prompt_line(line)
-            rows.append(row)
-    return rows, digests
+LEADING_ID = re.compile(rb'\{"id": ("(?:[^"\\]|\\.)*")')  # the start of a row json.dumps wrote
+
+
+class PromptFile(Mapping):
+    """The prompt rows of a prompts file by id, in the file's order, each read and parsed when
+    first asked for: a rerun asks only for the prompts it sends and those whose line changed since
+    it was last checked (`digests`), not for the 100,000 whose conversations are done (parsing
+    them was seconds of a rerun's start). The scan reads each line's id (from its start, as
+    json.dumps writes a row whose first key is `id`; other lines are parsed) and its prompt_line
+    digest (draftline/conversation_index.py); a row that is parsed is checked as read_prompts
+    checks it (a string `id`, the one the scan read, unique; a `messages` list), and a prompt
+    never parsed is one whose raw line was checked before."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.digests: dict[str, str] = {}  # id -> prompt_line of its raw line
+        self._where: dict[str, tuple[int, int, int]] = {}  # id -> (line number, offset, length)
+        self._rows: dict[str, dict] = {}
+        offset, n = 0, 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                start, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                n += 1
+                match = LEADING_ID.match(line)
+                if match:
+                    pid = json.loads(match.group(1))
+                else:
+                    row = self._checked(json.loads(line), n, None)
+                    pid = row["id"]
+                    self._rows[pid] = row
+                if pid in self._where:
+                    raise SystemExit(f"error: {self.path} line {n}: duplicate prompt id {pid!r}")
+                self._where[pid] = (n, start, len(line))
+                self.digests[pid] = prompt_line(line)
+
+    def _checked(self, row, n: int, pid: str | None) -> dict:
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("messages"), list)
+        ):
+            raise SystemExit(
+                f"error: {self.path} line {n}: a prompt needs a string `id` and a `messages` list"
+            )
+        if pid is not None and row["id"] != pid:
+            raise SystemExit(
+                f"error: {self.path} line {n}: the line starts with id {pid!r} and has {row['id']!r}"
+            )
+        return row
+
+    def __getitem__(self, pid: str) -> dict:
+        row = self._rows.get(pid)
+        if row is None:
+            n, start, length = self._where[pid]
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                row = self._rows[pid] = self._checked(json.loads(f.read(length)), n, pid)
+        return row
+
+    def __contains__(self, pid) -> bool:
+        return pid in self._where
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 def cut_last_line(path: Path) -> bool:

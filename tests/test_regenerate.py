@@ -1502,6 +1502,39 @@ def test_resume_reads_the_index_and_the_lines_where_it_is_off(tmp_path, stub, mo
     assert read_index(path) == parsed_entries(path) and len(read_index(path)) == 22
 
 
+def test_a_rerun_reads_and_hashes_only_the_prompts_whose_line_changed(tmp_path, stub, monkeypatch):
+    """The prompts of done conversations are neither parsed nor hashed again while their line in
+    the prompts file stays as it was checked (its digest in the index); a changed line is."""
+    from draftline import conversation_store
+    from draftline.conversation_store import PromptFile
+
+    url, _ = stub()
+    rows = prompts(12)
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    run_rows([url], rows, tmp_path)
+    path, hashed = tmp_path / "c.jsonl", []
+    real_hash = conversation_store.prompt_sha256
+    monkeypatch.setattr(
+        conversation_store, "prompt_sha256", lambda row: hashed.append(row["id"]) or real_hash(row)
+    )
+
+    def rerun() -> tuple[set, dict, PromptFile]:
+        by_id = PromptFile(tmp_path / "train.jsonl")
+        done, counts = load_finished(path, by_id, "f", False, by_id.digests)
+        return done, counts, by_id
+
+    done, _, _ = rerun()  # the lines were written without digests: hashed once, the index told
+    assert len(done) == 12 and sorted(hashed) == sorted(r["id"] for r in rows)
+    hashed.clear()
+    done, _, by_id = rerun()
+    assert len(done) == 12 and not hashed and not by_id._rows  # nothing parsed, nothing hashed
+    rows[4] = dict(rows[4], messages=[{"role": "user", "content": "changed"}])
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    done, counts, by_id = rerun()
+    assert hashed == [rows[4]["id"]] and list(by_id._rows) == [rows[4]["id"]]
+    assert counts["stale_prompt"] == 1 and rows[4]["id"] not in done and len(done) == 11
+
+
 # ---- preflight against the engines' wire formats ------------------------------------------------
 
 
