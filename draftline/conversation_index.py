@@ -39,7 +39,7 @@ FIELDS = (
     "fingerprint",  # regeneration.fingerprint / accepted_for / prompt_sha256 (None: absent)
     "accepted_for",
     "prompt_sha256",
-    "run",  # conversation_store.run_of
+    "run",  # run_of
     "answers",  # len(regeneration.finish_reasons), None where that is not a list
     "length",  # of them, the answers that ended at max_tokens
     # prompt_line(raw prompt line) of the prompt prompt_sha256 was last found equal to (None:
@@ -78,10 +78,18 @@ def prompt_line(raw: bytes) -> str:
     return hashlib.sha1(raw.rstrip(b"\r\n")).hexdigest()[:16]
 
 
+def run_of(row: dict) -> int:
+    """The regenerate run that wrote a conversation line: each run of the stage that sends anything
+    numbers its lines one past the highest kept (`regeneration.run`; 0 for lines written before runs
+    were numbered). Rows are ordered by (run, prompt order) downstream: deterministic for a given
+    history of runs, whatever order the answers finished in, and append-only across runs."""
+    regen = row.get("regeneration")
+    run = regen.get("run", 0) if isinstance(regen, dict) else 0
+    return run if isinstance(run, int) else 0
+
+
 def entry(start: int, line: bytes, row: dict | None) -> Entry:
     """The entry of one line (its bytes, newline included, at `start`), from its parsed row."""
-    from draftline.conversation_store import run_of
-
     pid = row.get("id") if isinstance(row, dict) else None
     if not isinstance(pid, str):
         return Entry(
@@ -205,8 +213,8 @@ class IndexWriter:
         """The entry of `line` (just written, from `row`); prompt_digest: the prompt_line of the
         prompt it answers, when known."""
         e = entry(self.offset, line, row)._replace(prompt_line=prompt_digest)
+        # not flushed: entries a kill loses are lines the next start parses (a buffer's worth)
         self.file.write(encode(e))
-        self.file.flush()
         self.offset += len(line)
 
     def close(self) -> None:

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING
 
 from draftline.config import RegenerateConfig, output_shaping, stage_params
 from draftline.conversation_index import entry as index_entry
-from draftline.conversation_index import prompt_line, read_index, remove_index, write_index
+from draftline.conversation_index import (
+    prompt_line,
+    read_index,
+    remove_index,
+    run_of,
+    write_index,
+)
 from draftline.io import atomic_path, read_json
 
 if TYPE_CHECKING:
@@ -670,16 +676,6 @@ def restore(
         "skipped": dict(skipped),
         "dry_run": dry_run,
     }
-
-
-def run_of(row: dict) -> int:
-    """The regenerate run that wrote a conversation line: each run of the stage that sends anything
-    numbers its lines one past the highest kept (`regeneration.run`; 0 for lines written before runs
-    were numbered). Rows are ordered by (run, prompt order) downstream: deterministic for a given
-    history of runs, whatever order the answers finished in, and append-only across runs."""
-    regen = row.get("regeneration")
-    run = regen.get("run", 0) if isinstance(regen, dict) else 0
-    return run if isinstance(run, int) else 0
 
 
 def main(argv: list[str] | None = None) -> None:
