@@ -5,10 +5,12 @@ rerun's start-up on a large conversations file.
     python overhead/regen_client.py --out reports/overhead/regen_client.json
 
 A stub OpenAI-compatible server (its own process, aiohttp) answers every chat completion after
-exactly `latency` seconds, in vLLM's wire format: streamed (server-sent events, one chunk a token,
-the usage chunk last) when the request asks for it, as ours does, else one JSON object with
-`return_token_ids` (speculators needs the token ids). With `c` requests in flight the ideal rate is
-c / latency.
+exactly `latency` seconds, in vLLM's wire format: streamed (server-sent events: the headers at
+once, then after `latency` the role chunk, as vLLM sends it with the first token, one chunk a
+token, the usage chunk last) when the request asks for it, as ours does, else one JSON object with
+`return_token_ids` (speculators needs the token ids). Its answers are made once per model name:
+on the same cores as the client it times, the stub spends no more per request than the HTTP
+exchange. With `c` requests in flight the ideal rate is c / latency.
 
 - ours: draftline.regeneration.regenerate_all (endpoint pool, retries, partitions, one flushed JSONL
   line per conversation and its index entry), timed from its start to its end, as the stage runs
@@ -47,6 +49,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -68,56 +71,44 @@ def stub_server(port: int, latency: float) -> None:
     arrivals: list[float] = []
     departures: list[float] = []
 
-    def sse(chunk: dict) -> bytes:
-        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    answers: dict[str, tuple[bytes, bytes, bytes]] = {}
+    cpu = [time.process_time()]
 
-    async def chat(request):
-        arrivals.append(time.monotonic())
-        body = await request.json()
-        if body.get(
-            "stream"
-        ):  # as vLLM streams: role, then the tokens, then finish_reason and usage
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
+    def answer(model: str) -> tuple[bytes, bytes, bytes]:
+        """(the first streamed chunk, the rest of the stream, the whole answer) for `model`, made
+        once: the stub shares the cores with the client it times, so it does no more per request
+        than the HTTP exchange, streamed or whole."""
+        if model not in answers:
+
+            def sse(chunk: dict) -> bytes:
+                return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
             def delta(**d):
                 return {
                     "id": "stub",
                     "object": "chat.completion.chunk",
-                    "created": 0,  # noqa: E731
-                    "model": body["model"],
+                    "created": 0,
+                    "model": model,
                     "choices": [{"index": 0, **d}],
                 }
 
-            await response.write(
-                sse(delta(delta={"role": "assistant", "content": ""}, finish_reason=None))
-            )
-            await asyncio.sleep(latency)
-            await response.write(
+            usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+            # as vLLM streams: role, then the tokens, then finish_reason and usage
+            first = sse(delta(delta={"role": "assistant", "content": ""}, finish_reason=None))
+            rest = (
                 sse(delta(delta={"content": "o"}, finish_reason=None))
                 + sse(delta(delta={"content": "k"}, finish_reason=None))
                 + sse(delta(delta={}, finish_reason="stop"))
                 + sse(
-                    {
-                        "id": "stub",
-                        "object": "chat.completion.chunk",
-                        "choices": [],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-                    }
+                    {"id": "stub", "object": "chat.completion.chunk", "choices": [], "usage": usage}
                 )
                 + b"data: [DONE]\n\n"
             )
-            departures.append(time.monotonic())
-            await response.write_eof()
-            return response
-        await asyncio.sleep(latency)
-        departures.append(time.monotonic())
-        return web.json_response(
-            {
+            whole = {
                 "id": "stub",
                 "object": "chat.completion",
                 "created": 0,
-                "model": body["model"],
+                "model": model,
                 "prompt_token_ids": [1, 2, 3],
                 "choices": [
                     {
@@ -127,11 +118,33 @@ def stub_server(port: int, latency: float) -> None:
                         "message": {"role": "assistant", "content": "ok"},
                     }
                 ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                "usage": usage,
             }
-        )
+            answers[model] = (first, rest, json.dumps(whole).encode())
+        return answers[model]
 
-    cpu = [time.process_time()]
+    async def chat(request):
+        if not arrivals:
+            cpu[0] = time.process_time()  # the stub's CPU is counted from the first request on
+        arrivals.append(time.monotonic())
+        body = await request.json()
+        first, rest, whole = answer(body["model"])
+        if body.get("stream"):
+            # the headers at once; the role with the first token, as vLLM sends it (its stream
+            # generator writes the role chunk on the engine's first output), then the rest
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await asyncio.sleep(latency)
+            await response.write(first + rest)
+            departures.append(time.monotonic())
+            await response.write_eof()
+            return response
+        await asyncio.sleep(latency)
+        departures.append(time.monotonic())
+        return web.Response(body=whole, content_type="application/json")
+
+    async def count(request):
+        return web.json_response({"arrivals": len(arrivals)})
 
     async def stats(request):  # what the stub saw since the last call, then forget it
         now = time.process_time()
@@ -148,6 +161,7 @@ def stub_server(port: int, latency: float) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/count", count)
     web.run_app(app, host="127.0.0.1", port=port, print=None, backlog=1024, access_log=None)
 
 
@@ -201,8 +215,11 @@ async def run_ours(
 
 def run_speculators(
     url: str, concurrency: int, n: int, out_dir: Path, tokenizer_dir: Path
-) -> float:
-    """speculators' regenerate-responses over the same prompts; its own rate (req/s)."""
+) -> tuple[float, float]:
+    """speculators' regenerate-responses over the same prompts: (its own rate in req/s, its CPU
+    seconds from its first request on: its process's total less what it had used by then)."""
+    import psutil
+
     data = out_dir / "prompts.jsonl"
     data.write_text(
         "".join(
@@ -211,39 +228,60 @@ def run_speculators(
         )
     )
     cli = Path(sys.executable).with_name("speculators")
-    proc = subprocess.run(
-        [
-            str(cli),
-            "regenerate-responses",
-            "--endpoint",
-            f"{url}/v1/chat/completions",
-            "--model",
-            str(tokenizer_dir),
-            "--dataset",
-            str(data),
-            "--limit",
-            str(n),
-            "--concurrency",
-            str(concurrency),
-            "--max-tokens",
-            "16",
-            "--max-retries",
-            "0",
-            "--outfile",
-            str(out_dir / "speculators.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    done = re.search(r"(\d+) conversations \((\d+) ok", proc.stdout)
-    rate = re.search(r"Throughput: ([\d.]+) req/s", proc.stdout)
-    if proc.returncode or not done or int(done.group(2)) != n or not rate:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out_dir / "stdout", "w+") as stdout, open(out_dir / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [
+                str(cli),
+                "regenerate-responses",
+                "--endpoint",
+                f"{url}/v1/chat/completions",
+                "--model",
+                str(tokenizer_dir),
+                "--dataset",
+                str(data),
+                "--limit",
+                str(n),
+                "--concurrency",
+                str(concurrency),
+                "--max-tokens",
+                "16",
+                "--max-retries",
+                "0",
+                "--outfile",
+                str(out_dir / "speculators.jsonl"),
+            ],
+            stdout=stdout,
+            stderr=stderr,
+        )
+        at_first = None
+        try:
+            ps = psutil.Process(proc.pid)
+            while proc.poll() is None and not stub_arrivals(url):
+                time.sleep(0.005)
+            times = ps.cpu_times()
+            at_first = times.user + times.system + times.children_user + times.children_system
+        except psutil.NoSuchProcess:
+            pass
+        proc.wait(timeout=600)
+        stdout.seek(0)
+        stderr.seek(0)
+        out, err = stdout.read(), stderr.read()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    done = re.search(r"(\d+) conversations \((\d+) ok", out)
+    rate = re.search(r"Throughput: ([\d.]+) req/s", out)
+    if proc.returncode or not done or int(done.group(2)) != n or not rate or at_first is None:
         raise RuntimeError(
             f"speculators regenerate-responses failed (exit {proc.returncode}):\n"
-            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            f"{out[-2000:]}\n{err[-2000:]}"
         )
-    return float(rate.group(1))
+    return float(rate.group(1)), total - at_first
+
+
+def stub_arrivals(url: str) -> int:
+    """Requests the stub has seen since its clock was last read (it forgets nothing here)."""
+    return json.loads(urllib.request.urlopen(f"{url}/count", timeout=30).read())["arrivals"]
 
 
 def stub_seen(url: str) -> dict:
@@ -528,8 +566,8 @@ def main() -> None:
 
                 def speculators_level(c=c, n=n, ideal=ideal) -> dict:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
-                        rate = run_speculators(url, c, n, Path(work), tokenizer_dir)
-                    return level_result(n, n / rate, ideal, stub_clock(url, c))
+                        rate, cpu = run_speculators(url, c, n, Path(work), tokenizer_dir)
+                    return level_result(n, n / rate, ideal, stub_clock(url, c), cpu)
 
                 sides = {"ours": ours_level}
                 if not args.no_speculators:
