@@ -1,8 +1,8 @@
 """The index of conversations.jsonl: what a rerun reads of each line (its id, settings
 fingerprint, prompt hash, run, answers and those cut by max_tokens) in a small file beside it, so
 that knowing which conversations are done, at start, and how many answers ended at max_tokens, at
-the end, does not mean parsing every conversation again (3.2 GB at 100,000 conversations of 4k
-tokens with their token ids; the index of them is 13 MB).
+the end, does not mean parsing every conversation again (3.1 GB at 100,000 conversations of 4k
+tokens with their token ids; the index of them is 12 MB).
 
 conversations.index.jsonl: a header, then one JSON array per line of conversations.jsonl, in
 order, appended by the writer right after the line itself:

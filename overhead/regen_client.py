@@ -31,7 +31,7 @@ Target: ours achieved / ideal >= 0.98 at c = 1, 64, 256, and at the highest leve
 
 Start-up (`startup`): a rerun of the stage after `--startup-lines` conversations (default 100,000
 of `--startup-tokens` 4,096 tokens: two user turns and two answers, the answers' token ids recorded
-as vLLM returns them; 3.2 GB, and 1.7 GB of prompts) with `--startup-new` prompts still to send.
+as vLLM returns them; 3.1 GB, and 1.6 GB of prompts) with `--startup-new` prompts still to send.
 A fresh process runs what the stage runs before its server (draftline.regeneration_run.pending:
 read the prompts, count the conversations that still hold), then sends the missing prompts to the
 stub; `to_first_request_s` is from launching that process to the stub's first request in. The
