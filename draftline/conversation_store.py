@@ -360,9 +360,10 @@ def _lines(path: Path):
 
 
 def _indexed_lines(path: Path, plan: _Plan):
-    """(line bytes or None, its index entry or None, whether the entry is the index's) per line of
-    conversations.jsonl: the lines the index covers come with their entry, unread
-    (draftline/conversation_index.py), the others read, with an entry made from them where whole.
+    """(line bytes or None, its index entry or None, whether the entry is the index's, the parsed
+    row or None) per line of conversations.jsonl: the lines the index covers come with their
+    entry, unread (draftline/conversation_index.py), the others read and parsed, with an entry
+    made from them where whole.
     plan.entries gets every whole line's entry (the last one yielded, when there is one),
     plan.indexed whether the index had them all, plan.cut_last_line whether the file ends in a
     cut line."""
@@ -373,7 +374,7 @@ def _indexed_lines(path: Path, plan: _Plan):
     start = 0
     for e in entries or ():
         plan.entries.append(e)
-        yield None, e, True
+        yield None, e, True, None
         start = e.end
     with open(path, "rb") as f:
         f.seek(start)
@@ -381,12 +382,13 @@ def _indexed_lines(path: Path, plan: _Plan):
         for line in f:
             tail = True
             plan.cut_last_line = not line.endswith(b"\n")
+            row = _parse(line) if line.strip() else None
             e = None
             if not plan.cut_last_line:
-                e = index_entry(start, line, _parse(line) if line.strip() else None)
+                e = index_entry(start, line, row)
                 plan.entries.append(e)
             start += len(line)
-            yield line, e, False
+            yield line, e, False, row
     plan.indexed = entries is not None and not tail
 
 
@@ -428,7 +430,7 @@ def _plan_stage(
             plan.refreshed = True
         return True
 
-    for line, indexed, from_index in _indexed_lines(path, plan):
+    for line, indexed, from_index, row in _indexed_lines(path, plan):
         if from_index and indexed.id is not None and indexed.id not in plan.done:
             if wanted.fingerprint in (indexed.fingerprint, indexed.accepted_for):
                 # made with these settings: what else the verdict reads is in the entry
@@ -444,10 +446,10 @@ def _plan_stage(
                 continue
         if line is None:
             line = _read_at(path, indexed)
+            row = _parse(line)
         if not line.strip():
             plan.actions.append("blank")
             continue
-        row = _parse(line)
         if row is None:
             plan.counts["bad_lines"] += 1
             plan.actions.append(("bad_line", [], {}))
