@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 
 class BadAnswer(ValueError):
     """An answer that is not a chat completion."""
@@ -148,10 +150,20 @@ class StreamedAnswer:
         return {"choices": [choice], "usage": self.usage}
 
 
+def loads(payload: bytes):
+    """JSON from a server: orjson (a fifth of json's time on a chunk; a client reads one per
+    token), json where orjson refuses (NaN, say) so that both accept the same; ValueError when
+    neither does."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return json.loads(payload)
+
+
 def add_chunk(streamed: StreamedAnswer, payload: bytes) -> int:
     """1 when the chunk (the JSON of one `data:` line) carries output, else 0."""
     try:
-        chunk = json.loads(payload)
+        chunk = loads(payload)
     except ValueError as err:
         raise BadAnswer(f"stream chunk not JSON: {err}") from None
     return int(streamed.add(chunk))

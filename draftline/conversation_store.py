@@ -25,15 +25,24 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.config import RegenerateConfig, output_shaping, stage_params
-from draftline.io import atomic_path, read_json, read_jsonl
+from draftline.conversation_index import entry as index_entry
+from draftline.conversation_index import (
+    prompt_line,
+    read_index,
+    remove_index,
+    run_of,
+    write_index,
+)
+from draftline.io import atomic_path, read_json
 
 if TYPE_CHECKING:
     from draftline.card import TargetCard
@@ -223,17 +232,78 @@ def _parse(line: bytes) -> dict | None:
 
 def read_prompts(path: str | Path) -> list[dict]:
     """The prompt rows, each with a string `id` (unique) and a `messages` list; else the stage stops."""
-    rows, seen = [], set()
-    for n, row in enumerate(read_jsonl(path), 1):
-        if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
+    return list(PromptFile(path).values())
+
+
+LEADING_ID = re.compile(rb'\{"id": ("(?:[^"\\]|\\.)*")')  # the start of a row json.dumps wrote
+
+
+class PromptFile(Mapping):
+    """The prompt rows of a prompts file by id, in the file's order, each read and parsed when
+    first asked for: a rerun asks only for the prompts it sends and those whose line changed since
+    it was last checked (`digests`), not for the 100,000 whose conversations are done (parsing
+    them was seconds of a rerun's start). The scan reads each line's id (from its start, as
+    json.dumps writes a row whose first key is `id`; other lines are parsed) and its prompt_line
+    digest (draftline/conversation_index.py); a row that is parsed is checked as read_prompts
+    checks it (a string `id`, the one the scan read, unique; a `messages` list), and a prompt
+    never parsed is one whose raw line was checked before."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.digests: dict[str, str] = {}  # id -> prompt_line of its raw line
+        self._where: dict[str, tuple[int, int, int]] = {}  # id -> (line number, offset, length)
+        self._rows: dict[str, dict] = {}
+        offset, n = 0, 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                start, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                n += 1
+                match = LEADING_ID.match(line)
+                if match:
+                    pid = json.loads(match.group(1))
+                else:
+                    row = self._checked(json.loads(line), n, None)
+                    pid = row["id"]
+                    self._rows[pid] = row
+                if pid in self._where:
+                    raise SystemExit(f"error: {self.path} line {n}: duplicate prompt id {pid!r}")
+                self._where[pid] = (n, start, len(line))
+                self.digests[pid] = prompt_line(line)
+
+    def _checked(self, row, n: int, pid: str | None) -> dict:
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("messages"), list)
+        ):
             raise SystemExit(
-                f"error: {path} line {n}: a prompt needs a string `id` and a `messages` list"
+                f"error: {self.path} line {n}: a prompt needs a string `id` and a `messages` list"
             )
-        if row["id"] in seen:
-            raise SystemExit(f"error: {path} line {n}: duplicate prompt id {row['id']!r}")
-        seen.add(row["id"])
-        rows.append(row)
-    return rows
+        if pid is not None and row["id"] != pid:
+            raise SystemExit(
+                f"error: {self.path} line {n}: the line starts with id {pid!r} and has {row['id']!r}"
+            )
+        return row
+
+    def __getitem__(self, pid: str) -> dict:
+        row = self._rows.get(pid)
+        if row is None:
+            n, start, length = self._where[pid]
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                row = self._rows[pid] = self._checked(json.loads(f.read(length)), n, pid)
+        return row
+
+    def __contains__(self, pid) -> bool:
+        return pid in self._where
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 def cut_last_line(path: Path) -> bool:
@@ -258,7 +328,12 @@ class _Plan:
     # completed; (reason, changed, addition) = moved to superseded.jsonl; "blank" = dropped
     actions: list = field(default_factory=list)
     restore: dict[int, dict] = field(default_factory=dict)  # superseded line -> record additions
-    held: set[bytes] = field(default_factory=set)  # digests of what superseded.jsonl holds
+    held: set[bytes] | None = None  # digests of what superseded.jsonl holds (read by _apply)
+    # per whole line of conversations.jsonl, its index entry (draftline/conversation_index.py);
+    # `indexed`: the index covered every whole line before the plan (else it is written anew)
+    entries: list = field(default_factory=list)
+    indexed: bool = False
+    refreshed: bool = False  # entries learnt the prompt lines they were checked against
     done: set[str] = field(default_factory=set)
     counts: Counter = field(default_factory=Counter)
     last_run: int = 0
@@ -284,6 +359,45 @@ def _lines(path: Path):
             yield from f
 
 
+def _indexed_lines(path: Path, plan: _Plan):
+    """(line bytes or None, its index entry or None, whether the entry is the index's, the parsed
+    row or None) per line of conversations.jsonl: the lines the index covers come with their
+    entry, unread (draftline/conversation_index.py), the others read and parsed, with an entry
+    made from them where whole.
+    plan.entries gets every whole line's entry (the last one yielded, when there is one),
+    plan.indexed whether the index had them all, plan.cut_last_line whether the file ends in a
+    cut line."""
+    if not path.exists():
+        plan.indexed = True
+        return
+    entries = read_index(path)
+    start = 0
+    for e in entries or ():
+        plan.entries.append(e)
+        yield None, e, True, None
+        start = e.end
+    with open(path, "rb") as f:
+        f.seek(start)
+        tail = False
+        for line in f:
+            tail = True
+            plan.cut_last_line = not line.endswith(b"\n")
+            row = _parse(line) if line.strip() else None
+            e = None
+            if not plan.cut_last_line:
+                e = index_entry(start, line, row)
+                plan.entries.append(e)
+            start += len(line)
+            yield line, e, False, row
+    plan.indexed = entries is not None and not tail
+
+
+def _read_at(path: Path, e) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(e.start)
+        return f.read(e.end - e.start)
+
+
 def _superseded_entries(path: Path):
     """(index, entry or None when unreadable) of each line of superseded.jsonl."""
     for i, line in enumerate(_lines(path)):
@@ -294,17 +408,48 @@ def _superseded_entries(path: Path):
         yield i, entry if isinstance(entry, dict) else None
 
 
-def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
+def _plan_stage(
+    path: Path, prompts: dict, wanted: Wanted, prompt_digests: dict[str, str] | None = None
+) -> _Plan:
     """What the stage does: keep the lines that hold (first of their id, made with the wanted
     settings, for the same prompt), move the others out, and bring back a superseded line for each
     id left without one when it holds."""
     plan = _Plan()
-    for line in _lines(path):
-        plan.cut_last_line = not line.endswith(b"\n")
+    digests = prompt_digests or {}
+
+    def same_prompt(e, pid: str, checked: bool = False) -> bool:
+        """The line's recorded prompt hash (in its index entry `e`, the last of plan.entries) is
+        the prompt's: known from the entry when the prompt's raw line is the one last checked,
+        else hashed (unless `checked` already), and the entry told the line."""
+        if e.prompt_line is not None and e.prompt_line == digests.get(pid):
+            return True
+        if not checked and e.prompt_sha256 != prompt_sha256(prompts[pid]):
+            return False
+        if pid in digests:
+            plan.entries[-1] = e._replace(prompt_line=digests[pid])
+            plan.refreshed = True
+        return True
+
+    for line, indexed, from_index, row in _indexed_lines(path, plan):
+        if from_index and indexed.id is not None and indexed.id not in plan.done:
+            if wanted.fingerprint in (indexed.fingerprint, indexed.accepted_for):
+                # made with these settings: what else the verdict reads is in the entry
+                pid = indexed.id
+                if pid in prompts and not same_prompt(indexed, pid):
+                    plan.counts["stale_prompt"] += 1
+                    plan.actions.append(("stale_prompt", [], {}))
+                    continue
+                plan.done.add(pid)
+                plan.counts["not_in_prompts"] += pid not in prompts
+                plan.last_run = max(plan.last_run, indexed.run)
+                plan.actions.append(None)
+                continue
+        if line is None:
+            line = _read_at(path, indexed)
+            row = _parse(line)
         if not line.strip():
             plan.actions.append("blank")
             continue
-        row = _parse(line)
         if row is None:
             plan.counts["bad_lines"] += 1
             plan.actions.append(("bad_line", [], {}))
@@ -323,10 +468,11 @@ def _plan_stage(path: Path, prompts: dict, wanted: Wanted) -> _Plan:
         plan.counts["upgraded"] += bool(addition)
         plan.last_run = max(plan.last_run, run_of(row))
         plan.actions.append(("keep", addition) if addition else None)
+        if indexed is not None and not addition and row["id"] in prompts:
+            same_prompt(indexed, row["id"], checked=True)  # the entry learns the prompt line
     for i, entry in _superseded_entries(superseded_path(path)):
         if entry is None:
             continue
-        plan.held.add(_digest(entry.get("line", entry.get("text"))))
         row = entry.get("line")
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             continue
@@ -380,20 +526,24 @@ def _plan_chosen(
             plan.actions.append(("replaced", [], {}))
         else:
             plan.actions.append(None if line.strip() else "blank")
-    for _, entry in _superseded_entries(superseded_path(path)):
-        if entry is not None:
-            plan.held.add(_digest(entry.get("line", entry.get("text"))))
     return plan, skipped
 
 
 def _apply(plan: _Plan, path: Path, by: str) -> None:
     """Moves the lines out first (appended to superseded.jsonl, flushed to disk), then rewrites
     conversations.jsonl atomically with the kept and restored lines, then superseded.jsonl without
-    the restored ones: a kill between two steps leaves a line in both files, never in neither."""
+    the restored ones: a kill between two steps leaves a line in both files, never in neither.
+    The index of conversations.jsonl goes before the rewrite and comes back after it."""
     spath = superseded_path(path)
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out = [a for a in plan.actions if isinstance(a, tuple) and a[0] != "keep"]
     if out:
+        if plan.held is None:
+            plan.held = {
+                _digest(entry.get("line", entry.get("text")))
+                for _, entry in _superseded_entries(spath)
+                if entry is not None
+            }
         newline = cut_last_line(spath)
         with open(spath, "ab") as dst:
             if newline:
@@ -416,20 +566,40 @@ def _apply(plan: _Plan, path: Path, by: str) -> None:
                 dst.write((json.dumps(entry, ensure_ascii=False) + "\n").encode())
             dst.flush()
             os.fsync(dst.fileno())
+    known = {e.start: e for e in plan.entries}  # the index entries of the lines as they are
+    entries, start, end = [], 0, 0
+    remove_index(path)
     with atomic_path(path) as tmp, open(tmp, "wb") as dst:
         for line, action in zip(_lines(path), plan.actions):
+            old, end = end, end + len(line)
+            row, data = None, None
             if action is None:
-                dst.write(line if line.endswith(b"\n") else line + b"\n")
+                data = line if line.endswith(b"\n") else line + b"\n"
+                if old not in known or data != line:
+                    row = _parse(data)
             elif isinstance(action, tuple) and action[0] == "keep":
-                dst.write(
-                    (json.dumps(_with(_parse(line), action[1]), ensure_ascii=False) + "\n").encode()
-                )
+                row = _with(_parse(line), action[1])
+                data = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+            if data is None:
+                continue
+            dst.write(data)
+            kept = known.get(old) if row is None else None
+            entries.append(
+                kept._replace(start=start, end=start + len(data))
+                if kept
+                else index_entry(start, data, row)
+            )
+            start += len(data)
         for i, entry in _superseded_entries(spath):
             if i in plan.restore:
                 row = _with(entry["line"], plan.restore[i])
-                dst.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
+                data = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+                dst.write(data)
+                entries.append(index_entry(start, data, row))
+                start += len(data)
         dst.flush()
         os.fsync(dst.fileno())
+    write_index(path, entries)
     if plan.restore:
         with atomic_path(spath) as tmp, open(tmp, "wb") as dst:
             for i, line in enumerate(_lines(spath)):
@@ -450,7 +620,11 @@ COUNTS = (
 
 
 def load_finished(
-    path: Path, prompts: dict[str, dict], wanted: Wanted | str, rewrite: bool = True
+    path: Path,
+    prompts: dict[str, dict],
+    wanted: Wanted | str,
+    rewrite: bool = True,
+    prompt_digests: dict[str, str] | None = None,
 ) -> tuple[set[str], dict]:
     """Ids of the conversations a run need not send: the lines of previous runs that still hold
     (well-formed, first of their id, made with the wanted settings and, for ids still prompted,
@@ -462,9 +636,11 @@ def load_finished(
     never held in memory (they reach gigabytes). `wanted` as a bare fingerprint: lines match by it."""
     if isinstance(wanted, str):
         wanted = Wanted(wanted, {})
-    plan = _plan_stage(path, prompts, wanted)
+    plan = _plan_stage(path, prompts, wanted, prompt_digests)
     if rewrite and plan.changes():
         _apply(plan, path, "regenerate")
+    elif not plan.indexed or plan.refreshed:
+        write_index(path, plan.entries)  # a cache beside the file: the next start reads it
     return plan.done, {**{k: plan.counts[k] for k in COUNTS}, "last_run": plan.last_run}
 
 
@@ -502,16 +678,6 @@ def restore(
         "skipped": dict(skipped),
         "dry_run": dry_run,
     }
-
-
-def run_of(row: dict) -> int:
-    """The regenerate run that wrote a conversation line: each run of the stage that sends anything
-    numbers its lines one past the highest kept (`regeneration.run`; 0 for lines written before runs
-    were numbered). Rows are ordered by (run, prompt order) downstream: deterministic for a given
-    history of runs, whatever order the answers finished in, and append-only across runs."""
-    regen = row.get("regeneration")
-    run = regen.get("run", 0) if isinstance(regen, dict) else 0
-    return run if isinstance(run, int) else 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,15 +18,19 @@ and which lines a rerun keeps), so a SIGKILL loses at most the conversations in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import random
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.answer_stream import REASONING_KEYS
+from draftline.conversation_index import IndexWriter
 from draftline.conversation_store import prompt_sha256
 from draftline.openai_client import ConversationFailed, EndpointPool, RetryPolicy, complete
 
@@ -115,12 +119,14 @@ async def regenerate_conversation(
     sampling: Sampling,
     policy: RetryPolicy,
     max_context: int | None,
-    count_ids,
+    count_tokens,
     retries: Counter,
     extra_body: dict | None = None,
     on_token=None,
 ) -> tuple[list[dict], dict]:
     """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
+    With max_context, `await count_tokens(messages, tools)` is the prompt's token count before
+    each turn (the chat template rendered and tokenized: regenerate_all does it off the loop).
     extra_body goes into every request as it is (e.g. vLLM's stream_options, return_token_ids),
     but for its `with_tools` fields, which go only into requests with tools.
     The ids and usage of each answer are kept in stats, not on its message: the message goes back
@@ -151,7 +157,7 @@ async def regenerate_conversation(
         max_tokens = sampling.max_tokens
         if max_context:
             try:
-                used = len(count_ids(messages, tools))
+                used = await count_tokens(messages, tools)
             except Exception as err:  # noqa: BLE001 - a template that rejects this conversation
                 raise ConversationFailed("template_error", f"{type(err).__name__}: {err}") from None
             if used >= max_context:
@@ -205,6 +211,26 @@ async def regenerate_conversation(
 
 
 # ---- the whole run ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def long_lived_heap():
+    """The garbage collector during a run: what exists before it (the target's tokenizer, the
+    prompts, every imported module) is set apart from its passes (gc.freeze), and the youngest
+    generation is collected every 10,000 allocations, not 700. Each request allocates hundreds of
+    short-lived dicts and lists; at 256 in flight the default thresholds gave about one pass per
+    16 requests, a full pass over the whole heap (80 ms, the event loop stopped) every few
+    thousand, 0.15 ms a request in all; these give a few passes in a thousand requests. (No
+    collection before freezing: a full pass is that stop of 80 ms; garbage frozen with the rest
+    goes back to the collector after the run.)"""
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10_000, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 @dataclass
@@ -281,18 +307,27 @@ async def regenerate_all(
     on_tick=None,
     tick_s: float = 30.0,
     extra_body: dict | None = None,
+    prompt_digests: dict[str, str] | None = None,
 ) -> Tally:
     """Regenerate `rows`; `partitions` maps "short"/"long" to (concurrency, max_context).
 
     Each finished conversation is one flushed line of out_path (the row with its regenerated
-    messages and a `regeneration` record: `tags` plus its own stats); each failed one is one line
-    of failures_path with its reason. Past `max_failures` failures the run stops early: the stage
+    messages and a `regeneration` record: `tags` plus its own stats), then its entry in the index
+    beside it (draftline/conversation_index.py); each failed one is one line of failures_path with
+    its reason. Past `max_failures` failures the run stops early: the stage
     would fail anyway, so the conversations in flight are cancelled (their streams closed, which
     stops the server's work on them) and what is done stays done.
 
     A partition runs at most `concurrency` conversations, and no more than the pool's slots: a
     conversation beyond them would only wait. on_done(tally) follows every finished conversation;
     on_tick(tally) comes every tick_s whatever happens (tally.in_flight: requests at the servers).
+
+    count_ids(messages, tools) -> the prompt's token ids (the chat template rendered and
+    tokenized; needed where a partition has a max_context) runs in one thread beside the event
+    loop: at 4k tokens it takes milliseconds a turn, during which the loop would send and read
+    nothing. The fast tokenizers encode with the GIL released, so the loop goes on meanwhile; one
+    thread, since a tokenizer called from two at once can fail ("Already borrowed").
+    prompt_digests: id -> the prompt_line of its raw prompt line, for the index entries.
     """
     tally = Tally(partitions={name: PartitionTally() for name in partitions})
     queues: dict[str, list[dict]] = {name: [] for name in partitions}
@@ -308,7 +343,22 @@ async def regenerate_all(
     def on_token(n: int) -> None:
         tally.streamed_tokens += n
 
-    with open(out_path, "a") as out, open(failures_path, "w") as failures:
+    loop = asyncio.get_running_loop()
+    counting = (
+        ThreadPoolExecutor(1, thread_name_prefix="count-ids")
+        if count_ids and any(max_context for _, max_context in partitions.values())
+        else None
+    )
+
+    async def count_tokens(messages: list[dict], tools) -> int:
+        return len(await loop.run_in_executor(counting, count_ids, messages, tools))
+
+    with (
+        long_lived_heap(),
+        open(out_path, "ab") as out,
+        open(failures_path, "w") as failures,
+    ):
+        index = IndexWriter(out_path, out)
 
         async def one(name: str, row: dict) -> None:
             part = tally.partitions[name]
@@ -324,7 +374,7 @@ async def regenerate_all(
                     sampling,
                     policy,
                     max_context,
-                    count_ids,
+                    count_tokens,
                     tally.retries,
                     extra_body,
                     on_token,
@@ -355,8 +405,10 @@ async def regenerate_all(
                 record = {k: v for k, v in row.items() if k != "messages"}
                 record["messages"] = messages
                 record["regeneration"] = {**tags, "prompt_sha256": prompt_sha256(row), **stats}
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                out.flush()
+                line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+                out.write(line)
+                out.flush()  # the conversation is done once its line is out, then its index entry
+                index.add(line, record, (prompt_digests or {}).get(row["id"]))
                 turns = len(stats["finish_reasons"])
                 tally.ok += 1
                 part.ok += 1
@@ -409,6 +461,9 @@ async def regenerate_all(
             for task in [*workers, *background, stopping]:
                 task.cancel()
             await asyncio.gather(*workers, *background, stopping, return_exceptions=True)
+            if counting:
+                counting.shutdown(wait=False, cancel_futures=True)
+            index.close()
     tally.in_flight = pool.in_flight
     tally.aborted = stop.is_set()
     return tally

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
 import time
@@ -24,12 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.conversation_index import all_entries
 from draftline.conversation_store import (
     SUPERSEDED,
+    PromptFile,
     cut_last_line,
     engine_record,
     load_finished,
-    read_prompts,
     wanted_settings,
 )
 from draftline.regeneration_progress import failure_error, progress_bar
@@ -37,7 +37,60 @@ from draftline.regeneration_progress import failure_error, progress_bar
 if TYPE_CHECKING:
     from draftline.card import TargetCard
     from draftline.config import RegenerateConfig
+    from draftline.conversation_store import Wanted
     from draftline.regeneration import Tally
+
+
+class Pending(NamedTuple):
+    """What a run has to do, known before it starts any server."""
+
+    by_id: PromptFile  # the prompts by id, in order
+    digests: dict[str, str]  # id -> prompt_line of its raw line (conversation_index.py)
+    wanted: Wanted
+    tags: dict  # the regeneration record's settings, engine and run, on every line of this run
+    resume: dict  # load_finished's counts
+    todo: list[dict]  # the prompts to send
+    to_rewrite: bool  # lines to move to superseded.jsonl or back, or a cut line to set aside
+
+
+def pending(
+    cfg: RegenerateConfig, engine: str, card: TargetCard, prompts_path: str | Path, out: Path
+) -> Pending:
+    """Reads the prompts and counts the conversations already made that still hold, moving
+    nothing yet: lines made with other settings (or cut by a kill) move to superseded.jsonl, and
+    superseded lines that hold again come back, only once every endpoint passed its preflight, so
+    a refused server (wrong endpoint, a draft attached...) leaves conversations.jsonl exactly as
+    it was. This is the whole of a rerun's start-up before its server: on a conversations file of
+    gigabytes it reads the index beside it (draftline/conversation_index.py)."""
+    by_id = PromptFile(prompts_path)  # rows read when asked for: the ones to send, mostly
+    digests = by_id.digests
+    out.mkdir(parents=True, exist_ok=True)
+    # what shaped the answers (compared) and what answered them (provenance), on every line
+    wanted = wanted_settings(cfg, card, out)
+    tags = {
+        "fingerprint": wanted.fingerprint,
+        "settings": wanted.settings,
+        "engine": engine_record(cfg, engine),
+    }
+    conversations_path = out / "conversations.jsonl"
+    done, resume = load_finished(conversations_path, by_id, wanted, False, digests)
+    tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
+    to_rewrite = (
+        bool(moved_counts(resume))
+        or bool(resume["restored"] or resume["upgraded"])
+        or cut_last_line(conversations_path)
+    )
+    todo = [by_id[pid] for pid in by_id if pid not in done]
+    return Pending(by_id, digests, wanted, tags, resume, todo, to_rewrite)
+
+
+def moved_counts(resume: dict) -> dict:
+    """Of load_finished's counts, the lines that move to superseded.jsonl."""
+    return {
+        k: v
+        for k, v in resume.items()
+        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded")
+    }
 
 
 class Regenerated(NamedTuple):
@@ -56,53 +109,30 @@ def regenerate(
     check_backend(cfg, card, engine)
     api_key = endpoint_api_key(cfg)
 
-    prompts = read_prompts(prompts_path)
-    by_id = {row["id"]: row for row in prompts}
-    out.mkdir(parents=True, exist_ok=True)
-    # what shaped the answers (compared) and what answered them (provenance), on every line
-    wanted = wanted_settings(cfg, card, out)
-    tags = {
-        "fingerprint": wanted.fingerprint,
-        "settings": wanted.settings,
-        "engine": engine_record(cfg, engine),
-    }
-    conversations_path = out / "conversations.jsonl"
-    # Count first, move later: lines made with other settings (or cut by a kill) move to
-    # superseded.jsonl, and superseded lines that hold again come back, only once every endpoint
-    # passed its preflight, so a refused server (wrong endpoint, a draft attached...) leaves
-    # conversations.jsonl exactly as it was.
-    done, resume = load_finished(conversations_path, by_id, wanted, rewrite=False)
-    tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
-    moving = {
-        k: v
-        for k, v in resume.items()
-        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded")
-    }
-    to_rewrite = (
-        bool(moving)
-        or bool(resume["restored"] or resume["upgraded"])
-        or cut_last_line(conversations_path)
+    by_id, digests, wanted, tags, resume, todo, to_rewrite = pending(
+        cfg, engine, card, prompts_path, out
     )
-    todo = [row for row in prompts if row["id"] not in done]
+    conversations_path = out / "conversations.jsonl"
+    moving = moved_counts(resume)
     print(
-        f"regenerate: {len(prompts) - len(todo)} of {len(prompts)} conversations already done, {len(todo)} to send"
+        f"regenerate: {len(by_id) - len(todo)} of {len(by_id)} conversations already done, {len(todo)} to send"
         + "".join(f", {v} {k.replace('_', ' ')} to move to {SUPERSEDED}" for k, v in moving.items())
         + (f", {resume['restored']} back from {SUPERSEDED}" if resume["restored"] else "")
     )
 
     def move_stale_lines() -> None:
         if to_rewrite:
-            load_finished(conversations_path, by_id, wanted, rewrite=True)
+            load_finished(conversations_path, by_id, wanted, True, digests)
 
     tally, seen, start, slots = None, [], time.perf_counter(), None
     if todo:
         tally, seen, start, slots = send(
-            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines
+            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines, digests
         )
     else:
         move_stale_lines()  # nothing to send: lines to move or bring back, or a cut line
     report = run_report(
-        cfg, len(prompts), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
+        cfg, len(by_id), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
     )
     # over every conversation the next stages will read, so a rerun that sends nothing checks too
     report["check"] = length_check(
@@ -112,7 +142,7 @@ def regenerate(
     if tally is not None:
         print(
             f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
-            f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(prompts)} still missing"
+            f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(by_id)} still missing"
         )
         errors.insert(0, failure_error(cfg, tally, len(todo), out))
     return Regenerated(report, tags["fingerprint"], "\n".join(e for e in errors if e) or None)
@@ -125,27 +155,15 @@ def length_check(
     kept for these prompts (the first line of each id made with these settings), the share that
     ended at max_tokens (finish_reason "length"), against regenerate.max_length_share."""
     answers, length, conversations, seen = 0, 0, 0, set()
-    if path.exists():
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                    pid, regen = row["id"], row["regeneration"]
-                    reasons = regen["finish_reasons"]
-                    current = regen.get("fingerprint") == tags_fingerprint
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue  # a cut or foreign line: the resume already counted it
-                if (
-                    pid in seen
-                    or pid not in prompts
-                    or not current
-                    or not isinstance(reasons, list)
-                ):
-                    continue
-                seen.add(pid)
-                conversations += 1
-                answers += len(reasons)
-                length += reasons.count("length")
+    for e in all_entries(path):  # the index of the file, and the lines past it
+        if e.answers is None or e.id in seen or e.id not in prompts:
+            continue  # a cut or foreign line: the resume already counted it
+        if e.fingerprint != tags_fingerprint:
+            continue
+        seen.add(e.id)
+        conversations += 1
+        answers += e.answers
+        length += e.length
     share = length / answers if answers else None
     return {
         "param": "regenerate.max_length_share",
@@ -225,6 +243,7 @@ def send(
     tags: dict,
     out: Path,
     move_stale_lines: Callable[[], None],
+    prompt_digests: dict[str, str] | None = None,
 ) -> tuple[Tally | None, list[dict], float, int | None]:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
     preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
@@ -304,6 +323,7 @@ def send(
                 on_tick,
                 cfg.progress_every_s,
                 extra_body,
+                prompt_digests,
             )
         finally:
             await close_pool(pool)
@@ -331,7 +351,7 @@ def send(
                     f"moved: {conversations_path} is as it was)"
                 ) from None
         move_stale_lines()
-        import openai  # noqa: F401  the SDK's import (~1 s) is set-up, not sending time
+        import aiohttp  # noqa: F401  its import is set-up, not sending time
 
         start = time.perf_counter()
         bound = (

@@ -4,15 +4,16 @@
 
 Starts the server of `regenerate.backend` on the target (transformers serve on CPU by default;
 vllm or sglang from params), or uses the `external` endpoints; checks each endpoint before the
-first request (the card's target, not speculative); sends the prompts with the `openai` async
-client, per short/long partition concurrency; stops the server (draftline/regeneration_run.py).
-Output datasets/regenerated/conversations.jsonl is append-only and keyed by prompt id (persist:
-true in dvc.yaml): a rerun after a crash, or after growing `samples`, sends only the prompts not
-yet there; lines made with other settings move to superseded.jsonl beside it, never deleted
-(`python -m draftline.conversation_store restore` brings them back). failures.jsonl has one line
-per conversation that failed in the last run; the report counts everything. The stage fails (its
-conversations kept) when too many prompts failed (regenerate.max_failure_rate) or too many
-answers ended at max_tokens (regenerate.max_length_share).
+first request (the card's target, not speculative); sends the prompts with an aiohttp client
+(draftline/openai_client.py), per short/long partition concurrency; stops the server
+(draftline/regeneration_run.py). Output datasets/regenerated/conversations.jsonl is append-only
+and keyed by prompt id (persist: true in dvc.yaml), with its index beside it
+(draftline/conversation_index.py): a rerun after a crash, or after growing `samples`, sends only
+the prompts not yet there; lines made with other settings move to superseded.jsonl beside it,
+never deleted (`python -m draftline.conversation_store restore` brings them back). failures.jsonl
+has one line per conversation that failed in the last run; the report counts everything. The
+stage fails (its conversations kept) when too many prompts failed (regenerate.max_failure_rate)
+or too many answers ended at max_tokens (regenerate.max_length_share).
 """
 
 import signal

@@ -39,6 +39,12 @@ def test_regen_client_overhead(tmp_path):
         "2",
         "--rounds",
         "2",
+        "--startup-lines",
+        "40",
+        "--startup-tokens",
+        "64",
+        "--startup-new",
+        "3",
     )
     theirs = result["speculators_regenerate_responses"]  # side by side on the same stub
     assert set(result["levels"]) == set(theirs) == {"c1", "c8"}
@@ -49,7 +55,21 @@ def test_regen_client_overhead(tmp_path):
             and level["requests"] in (4, 16)
             and len(level["rounds_ratio"]) == 2  # both clients, alternating rounds
             and level["ratio"] in level["rounds_ratio"]
+            and level["client_cpu_ms_per_request"] > 0
+            and level["stub_cpu_ms_per_request"] > 0
         )
+    assert result["target_ratio"] == 0.98 and result["target_vs_speculators_at"] == "c8"
+    assert result["meets_target"] == (
+        all(v["ratio"] >= 0.98 for v in result["levels"].values())
+        and result["levels"]["c8"]["ratio"] >= theirs["c8"]["ratio"]
+    )
+    startup = result["startup"]  # a rerun's start: the first without an index, the next with it
+    assert startup["conversations"] == 40 and startup["index_mb"] is not None
+    assert (
+        startup["first_start"]["done_before"] == 40 and startup["next_start"]["done_before"] == 43
+    )
+    for start in ("first_start", "next_start"):
+        assert startup[start]["sent"] == 3 and startup[start]["to_first_request_s"] > 0
 
 
 def test_hs_extraction_overhead(tmp_path):
