@@ -380,6 +380,62 @@ def train_loader_steps(r: Reports) -> str:
     )
 
 
+def scale_stages(r: Reports) -> str:
+    f = f"{OVERHEAD}/scale.json"
+    data = r.load(f)
+    sizes = [str(n) for n in data["sizes"]]
+    rows = []
+    for stage, exponent in data["exponents"].items():
+        cells = [f"`{stage}`"]
+        for n in sizes:
+            s = data["runs"][n]["stages"][stage]
+            cells.append(
+                f"{fmt(s['wall_s'], '.1f')} / {fmt(s['cpu_s'], '.1f')} / {fmt(s['peak_rss_mb'], ',.0f')}"
+            )
+        cells.append(f"{fmt(exponent['wall_s'], '.2f')} / {fmt(exponent['cpu_s'], '.2f')}")
+        rows.append(cells)
+    header = [
+        "stage",
+        *[f"{int(n):,} conversations: wall s / CPU s / peak RSS MB" for n in sizes],
+        "exponent (wall / CPU)",
+    ]
+    targets, passed = data["targets"], data["pass"]
+    ratios = ", ".join(
+        f"{int(n):,}: {fmt(data['tokenize_ratio'][n], '.3f')} "
+        f"({fmt(data['tokenize_ratio_cpu'][n], '.3f')} per CPU second)"
+        for n in sizes
+    )
+    grown = []
+    for n in sizes:
+        inc = data["runs"][n]["incremental"]
+        grown.append(
+            f"{int(n):,} -> {fmt(inc['samples'][1], ',d')}: {fmt(inc['conversations_tokenized'], ',d')} "
+            f"tokenized of {fmt(inc['conversations_added'], ',d')} added, "
+            f"{fmt(inc['conversations_kept'], ',d')} kept, {fmt(inc['rows_copied'], ',d')} copied, "
+            f"{fmt(inc['stages']['tokenize']['wall_s'], '.1f')} s"
+        )
+    return "\n".join(
+        [
+            table(header, rows),
+            "",
+            f"~{fmt(data['tokens_per_conversation_calibrated'], ',d')} tokens a conversation. "
+            f"Tokenize over the tokenizer's own batched throughput on the same rows: {ratios} "
+            f"(target >= {fmt(targets['tokenize_ratio_min'], '.1f')} from "
+            f"{fmt(targets['tokenize_ratio_judged_from_conversations'], ',d')} conversations; met: "
+            f"{fmt(passed['tokenize_ratio'], 'yesno')}). Exponents <= "
+            f"{fmt(targets['exponent_max'], '.1f')}: {fmt(passed['exponents'], 'yesno')}; every "
+            f"peak RSS <= {fmt(targets['rss_bound_mb'], ',d')} MB: {fmt(passed['rss_bound'], 'yesno')}. "
+            f"Samples grown by 10%: {'; '.join(grown)}; only the new rows: "
+            f"{fmt(passed['incremental_only_new_rows'], 'yesno')}. {load_text(data)}. "
+            + source(
+                f"`{f}` (`/runs/<size>/stages/<stage>/{{wall_s,cpu_s,peak_rss_mb}}`, "
+                "`/exponents/<stage>`, `/tokenize_ratio`, `/tokenize_ratio_cpu`, "
+                "`/runs/<size>/incremental`, `/targets`, `/pass`)"
+            ),
+        ]
+    )
+
+
 def _hs_extraction_text(hs: dict) -> str:
     text = (
         f"{fmt(hs['ratio_ours_over_bare'], '.3f')} ({fmt(hs['ours_s'], '.2f')} vs "
@@ -800,6 +856,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "recipe_forecast": recipe_forecast,
     "make_exps_example": make_exps_example,
     "dvc_cache_costs": dvc_cache_costs,
+    "scale_stages": scale_stages,
 }
 
 

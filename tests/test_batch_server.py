@@ -543,7 +543,7 @@ def test_an_answer_whose_stream_went_wrong_is_kept_for_the_retry(served, monkeyp
 
 @pytest.fixture(scope="module")
 def slow_target(tmp_path_factory, tiny_tokenizer):
-    """A random Llama deep enough that a batch of 300-token answers decodes for seconds (each
+    """A random Llama deep enough that a batch of 120-token answers decodes for seconds (each
     decode step passes 24 layers) while a prefill stays short, whose end token is never picked
     (its lm_head row is zero: logit 0 against the maximum of the others)."""
     import torch
@@ -584,7 +584,7 @@ def test_a_batch_decoding_past_first_token_timeout_has_no_timeouts(tmp_path, slo
     raw["regenerate"].update(
         backend="hf",
         port=free_port(),
-        max_tokens=300,
+        max_tokens=120,  # each turn's batch decodes for several times timeout_s
         first_token_timeout_s=timeout_s,
         token_timeout_s=30,
         hf={"max_batch": 4, "gather_ms": 50},

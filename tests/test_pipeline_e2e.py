@@ -1,10 +1,11 @@
 """End to end: the DVC workflow on a fresh copy of the repo, with a small override of params.yaml.
 
 One pipeline run is shared by the tests of this module, which run in file order:
-outputs and metrics -> no-op repro -> a params typo then its fix loses and reruns nothing -> the staleness table -> a train.* change reruns exactly train
-and what follows -> an operational change or a forced rerun leaves later stages cached -> the README workflow (experiment with more samples: only the new prompts
-regenerated and extracted; compare; plots; apply; push) -> fresh clone + pull is clean -> queued
-experiments.
+outputs and metrics -> no-op repro -> a params typo then its fix loses and reruns nothing -> the
+staleness table -> an operational change or a forced rerun leaves later stages cached -> a train.*
+change stales train and what follows only -> the README workflow (experiment with more samples,
+the train change included: only the new prompts regenerated and extracted; compare; plots; apply;
+push) -> fresh clone + pull is clean -> queued experiments.
 """
 
 import json
@@ -171,7 +172,7 @@ def test_second_repro_is_a_noop(repo):
 def test_params_typo_in_train_keeps_the_draft(repo):
     """Issue #16.3: `train.epocs: 4` used to reach the train stage, after DVC had removed
     models/draft (and train's persist checkpoints keep the run cache from restoring it). Now
-    check_params stops `dvc repro` first, in seconds, naming the key: every output keeps its
+    check_params stops `dvc repro` first, before any other stage, naming the key: every output keeps its
     bytes and mtime, and after the fix `dvc repro` reruns nothing."""
 
     def stamps() -> dict:
@@ -201,13 +202,11 @@ def test_params_typo_in_train_keeps_the_draft(repo):
     params["train"]["epocs"] = params["train"]["epochs"]
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    start = time.monotonic()
     proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True)
-    took = time.monotonic() - start
     assert proc.returncode != 0 and "train.epocs" in proc.stdout + proc.stderr, (
         proc.stdout[-2000:] + proc.stderr[-2000:]
     )
-    assert stages_run(proc.stdout + proc.stderr) == {"check_params"} and took < 10, took
+    assert stages_run(proc.stdout + proc.stderr) == {"check_params"}
     assert stamps() == before and (repo / "dvc.lock").read_text() == lock
     (repo / "params.yaml").write_text(good)  # the fix
     assert stages_run(run(["dvc", "repro"], repo)) == set()
@@ -253,12 +252,27 @@ def test_staleness_table(repo):
     assert json.loads(run(["dvc", "status", "--json"], repo)) == {}
 
 
+def test_rerun_with_same_data_keeps_later_stages_cached(repo):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["regenerate"]["short"]["concurrency"] += 1  # operational: same conversations
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert stages_run(run(["dvc", "repro"], repo)) == {"check_params", "regenerate"}
+    assert stages_run(run(["dvc", "repro", "-f", "-s", "tokenize"], repo)) == {"tokenize"}
+    assert (
+        stages_run(run(["dvc", "repro"], repo)) == set()
+    )  # byte-identical outputs: nothing after reruns
+    git_commit(repo, "concurrency")
+
+
 def test_train_param_change_stales_only_train_and_after(repo):
+    """A train.* change makes train (and probe, which reads train params) stale and nothing
+    before it. It is not reproduced here: the README workflow's experiment, next, reruns train
+    with it (and evaluate and benchmark after it, DVC's own doing), and checks that it did."""
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["lr"] = params["train"]["lr"] / 2
-    # evaluate reruns here anyway (a new draft): from now on the built-in engine alone measures, as
-    # the README's workflow needs no vLLM start per rerun; the first run had vLLM's parity gate, and
-    # tests/test_vllm.py has the stage through vLLM on its own
+    # from now on the built-in engine alone measures, as the README's workflow needs no vLLM start
+    # per rerun; the first run had vLLM's parity gate, and tests/test_vllm.py has the stage through
+    # vLLM on its own
     params["evaluate"]["engine"] = "hf"
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(["dvc", "status", "--json"], repo))
@@ -270,27 +284,9 @@ def test_train_param_change_stales_only_train_and_after(repo):
         "evaluate_dev",
         "benchmark",
     }
-    assert stages_run(run(["dvc", "repro"], repo)) == {
-        "check_params",
-        "probe",
-        "train",
-        "evaluate",
-        "evaluate_dev",
-        "benchmark",
-    }
+    # what a repro would run first: the stages whose own deps changed
+    assert stages_run(run(["dvc", "repro", "--dry"], repo)) == {"check_params", "probe", "train"}
     git_commit(repo, "lr")
-
-
-def test_rerun_with_same_data_keeps_later_stages_cached(repo):
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["regenerate"]["short"]["concurrency"] += 1  # operational: same conversations
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert stages_run(run(["dvc", "repro"], repo)) == {"check_params", "regenerate"}
-    assert stages_run(run(["dvc", "repro", "-f", "-s", "tokenize"], repo)) == {"tokenize"}
-    assert (
-        stages_run(run(["dvc", "repro"], repo)) == set()
-    )  # byte-identical outputs: nothing after reruns
-    git_commit(repo, "concurrency")
 
 
 def readme_workflow() -> list[str]:
@@ -306,6 +302,7 @@ GROWN_SAMPLES = 240
 def test_readme_workflow_grows_incrementally(repo, tmp_path_factory):
     remote = tmp_path_factory.mktemp("remote")
     rows_before = report(repo, "tokenize.json")["rows"]
+    lr = yaml.safe_load((repo / "params.yaml").read_text())["train"]["lr"]
     commands = readme_workflow()
     assert any(c.startswith("dvc exp run") for c in commands) and "dvc push" in commands
     assert any(re.search(r"-S samples=\d+", c) for c in commands)
@@ -320,6 +317,9 @@ def test_readme_workflow_grows_incrementally(repo, tmp_path_factory):
     assert regen["reused"] == 160 and regen["sent"] == expected_new  # only the new prompts went out
     hs = report(repo, "hidden_states.json")
     assert hs["reused"] == rows_before and hs["extracted_now"] == hs["rows"] - rows_before
+    # the train.lr change committed before (test_train_param_change_...) was trained with
+    trained = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["params"]
+    assert trained["params.yaml"]["train"]["lr"] == lr, trained
     assert (repo / "dvc_plots/index.html").exists()
     assert (
         json.loads((repo / "reports/evaluate/acceptance_vs_samples.json").read_text())[0]["samples"]

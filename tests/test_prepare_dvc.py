@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -187,22 +186,20 @@ TYPOS = [  # (section, a typo in it, the key the error must name)
 def test_a_params_typo_then_its_fix_loses_nothing_and_reruns_nothing(repo):
     """Issue #16.3: DVC deletes a stage's non-persist outputs before its command runs, so a check
     inside the stage came too late (`datasets.sharegpt_sample.max_rowz` deleted the prepared file;
-    `train.epocs` deleted models/draft). check_params runs first and refuses, naming the key, in a
-    second or two, whatever the section; after the fix `dvc repro` reruns nothing that had finished."""
+    `train.epocs` deleted models/draft). check_params runs first and refuses, naming the key, before any
+    other stage, whatever the section; after the fix `dvc repro` reruns nothing that had finished."""
     dvc = str(BIN / "dvc")
     run([dvc, "repro", "mix"], repo)
     good = (repo / "params.yaml").read_text()
     before = stamps(repo)
     for section, typo, key in TYPOS:
         edit_params(repo, typo)
-        start = time.monotonic()
         failed = run([dvc, "repro", "mix"], repo, ok=False)
-        took = time.monotonic() - start
         assert failed.returncode != 0 and key in failed.stdout + failed.stderr, (
             section,
             failed.stderr[-2000:],
         )
-        assert ran(failed) == {"check_params"} and took < 10, (section, took)
+        assert ran(failed) == {"check_params"}, section
         assert stamps(repo) == before, section  # every output in place, untouched
         (repo / "params.yaml").write_text(good)  # the fix
     assert (
