@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -431,6 +432,71 @@ def scale_stages(r: Reports) -> str:
                 f"`{f}` (`/runs/<size>/stages/<stage>/{{wall_s,cpu_s,peak_rss_mb}}`, "
                 "`/exponents/<stage>`, `/tokenize_ratio`, `/tokenize_ratio_cpu`, "
                 "`/runs/<size>/incremental`, `/targets`, `/pass`)"
+            ),
+        ]
+    )
+
+
+SEEDS_RUNS = (25_000, 100_000)  # the seeds' regenerated conversations: the first run, the last
+SEEDS_HIDDEN_SIZE = 7168  # their target's hidden size (a DeepSeek-V3-sized model)
+
+
+def seeds_scale(r: Reports) -> str:
+    """What the measured rates mean for the seeds' runs: the data stages at each run's size (the
+    scale benchmark's nearest measured size, carried by each stage's fitted exponent), the bf16
+    hidden states and DVC's hashing of them at commit, the regeneration client's share."""
+    from draftline.hs_format import bytes_per_token
+
+    scale = r.load(f"{OVERHEAD}/scale.json")
+    hashing = r.load(f"{OVERHEAD}/dvc_hashing.json")
+    loader = r.load(f"{OVERHEAD}/train_loader.json")
+    client = r.load(f"{OVERHEAD}/regen_client.json")
+    sizes = scale["sizes"]
+    per_conversation = scale["tokens_per_conversation_calibrated"]
+    per_token = bytes_per_token(SEEDS_HIDDEN_SIZE, "bf16")
+    rows = []
+    for n in SEEDS_RUNS:
+        near = min(sizes, key=lambda m: abs(math.log(n / m)))
+        run = scale["runs"][str(near)]["stages"]
+        stages = {
+            stage: run[stage]["wall_s"] * (n / near) ** (scale["exponents"][stage]["wall_s"] or 1)
+            for stage in run
+        }
+        tokens = n * per_conversation
+        state_tb = tokens * per_token / 1e12
+        how = "measured" if near == n else f"from {near:,}"
+        rows.append(
+            [
+                f"{n:,} x ~{per_conversation:,} tokens ({tokens / 1e6:,.0f}M)",
+                f"{sum(stages.values()) / 60:.1f} min ({how}; tokenize {stages['tokenize'] / 60:.1f})",
+                f"{state_tb:.1f} TB",
+                f"{state_tb * hashing['dvc_hash_hours_per_tb']:.1f} h",
+            ]
+        )
+    c256 = client["levels"]["c256"]
+    return "\n".join(
+        [
+            table(
+                [
+                    "regenerated conversations",
+                    "prepare + mix + tokenize + vocab, this 2-core machine",
+                    f"bf16 hidden states, H = {SEEDS_HIDDEN_SIZE:,} (4 layers)",
+                    "DVC hashing at commit (ext4 rate)",
+                ],
+                rows,
+            ),
+            "",
+            f"Beside them: the trainer reads packs from disk at {fmt(loader['ratio_read_ahead_over_in_memory'], '.3f')} "
+            f"of its in-memory step time; the regeneration client reaches {fmt(c256['ratio'], '.3f')} of "
+            f"the ideal rate at 256 in flight against a stub answering in {fmt(client['latency_s'], '.1f')} s, "
+            f"{fmt(c256['client_cpu_ms_per_request'], '.2f')} ms of client CPU a request. "
+            + source(
+                f"`{OVERHEAD}/scale.json` (`/runs/<size>/stages/<stage>/wall_s`, `/exponents`, "
+                "`/tokens_per_conversation_calibrated`), "
+                f"`{OVERHEAD}/dvc_hashing.json` (`/dvc_hash_hours_per_tb`), "
+                f"`{OVERHEAD}/train_loader.json` (`/ratio_read_ahead_over_in_memory`), "
+                f"`{OVERHEAD}/regen_client.json` (`/levels/c256`, `/latency_s`); bytes per token: "
+                "`draftline/hs_format.bytes_per_token`"
             ),
         ]
     )
@@ -857,6 +923,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "make_exps_example": make_exps_example,
     "dvc_cache_costs": dvc_cache_costs,
     "scale_stages": scale_stages,
+    "seeds_scale": seeds_scale,
 }
 
 

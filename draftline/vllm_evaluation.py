@@ -46,6 +46,24 @@ class VllmRunError(RuntimeError):
     pass
 
 
+PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def generate_env(job: dict, engine: VllmEngineConfig, base) -> dict[str, str]:
+    """The environment of draftline/vllm_generate.py. Without parallelism (every *_parallel_size
+    1) the engine core runs in the script's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0), not in
+    a process of its own, which on the CPU build spawns a third for its worker: each of them
+    imports vLLM and torch again, which is most of the start-up on a small target. The outputs and
+    spec-decode counters are the same either way (compared on the default run's draft). With
+    tensor, pipeline or data parallelism vLLM's defaults stay; the environment may set it."""
+    env = engine.env(dict(base))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = job.get("engine_args") or {}
+    if all(int(args.get(name) or 1) <= 1 for name in PARALLEL_ARGS):
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return env
+
+
 def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=print) -> dict:
     """draftline/vllm_generate.py on `job` in the vLLM environment; its result, with the wall time
     (engine start-up included). Fails with the tail of its log."""
@@ -60,8 +78,7 @@ def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=pr
     python = engine.resolved_python()
     cmd = [python, str(GENERATE_SCRIPT), str(job_path), str(result_path)]
     say(f"evaluate: vLLM ({python}) on {len(job['prompts'])} prompts; log {log_path}")
-    env = engine.env(dict(os.environ))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env = generate_env(job, engine, os.environ)
     started = time.perf_counter()
     with open(log_path, "w") as log:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode

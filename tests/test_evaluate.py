@@ -338,3 +338,21 @@ def test_near_ties_past_the_share_fail_and_within_it_are_reported(
             tie_tolerance=0.1,
             max_near_tie_share=0.25,
         )
+
+
+def test_vllm_runs_its_engine_in_process_unless_parallel():
+    """evaluate.engine vllm: one process for the engine where nothing is parallel (its start-up is
+    mostly imports, paid once instead of three times on the CPU build); vLLM's defaults with tensor
+    or pipeline parallelism, and what the environment says always wins."""
+    from draftline.config import VllmEngineConfig
+    from draftline.vllm_evaluation import generate_env
+
+    engine = VllmEngineConfig()
+    flag = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    assert generate_env({"engine_args": {"enforce_eager": True}}, engine, {})[flag] == "0"
+    assert generate_env({"engine_args": {"tensor_parallel_size": 1}}, engine, {})[flag] == "0"
+    for parallel in ({"tensor_parallel_size": 8}, {"pipeline_parallel_size": 2}):
+        assert flag not in generate_env({"engine_args": parallel}, engine, {})
+    assert generate_env({"engine_args": {}}, engine, {flag: "1"})[flag] == "1"
+    env = generate_env({"engine_args": {}}, engine, {"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and env["VLLM_CPU_KVCACHE_SPACE"] and env["PYTHONPATH"]
