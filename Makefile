@@ -105,6 +105,7 @@ overhead: setup setup-smollm2 setup-vllm
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/specdec_speedup.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/cpu_load.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/vllm_startup.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/scale.py  # hours: 10k / 30k / 100k conversations
 
 bench: overhead  # the former name

@@ -577,13 +577,20 @@ class VllmEngineConfig(Section):
             return False
         return done.returncode == 0
 
-    def env(self, base: dict[str, str]) -> dict[str, str]:
+    def env(self, base: dict[str, str], one_process: bool = True) -> dict[str, str]:
         """`base` with VLLM_CPU_KVCACHE_SPACE, and this package on PYTHONPATH: the CPU build loads
-        its hidden-states connector from it (draftline/vllm_cpu_connector.py)."""
+        its hidden-states connector from it (draftline/vllm_cpu_connector.py). `one_process`:
+        VLLM_ENABLE_V1_MULTIPROCESSING=0, so that fewer processes each import vLLM and torch
+        again: on the CPU build a server's engine core runs its worker itself instead of spawning
+        one (the same answers and tokens/s, a shorter start-up: reports/overhead/vllm_startup.json),
+        and the offline engine runs in its caller's process; a GPU server is unchanged (its engine
+        core is a process of its own either way). What `base` sets wins."""
         import os
 
         env = dict(base)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kvcache_space_gb:g}")
+        if one_process:
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         package_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]

@@ -56,11 +56,10 @@ def generate_env(job: dict, engine: VllmEngineConfig, base) -> dict[str, str]:
     imports vLLM and torch again, which is most of the start-up on a small target. The outputs and
     spec-decode counters are the same either way (compared on the default run's draft). With
     tensor, pipeline or data parallelism vLLM's defaults stay; the environment may set it."""
-    env = engine.env(dict(base))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = job.get("engine_args") or {}
-    if all(int(args.get(name) or 1) <= 1 for name in PARALLEL_ARGS):
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    alone = all(int(args.get(name) or 1) <= 1 for name in PARALLEL_ARGS)
+    env = engine.env(dict(base), one_process=alone)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
 

@@ -122,12 +122,14 @@ def test_a_hub_id_is_served_with_the_users_hub_cache_and_network(
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     else:
         monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     card = dataclasses.replace(random_target, model=hub_id)
     argv, env = launch_of(monkeypatch, tmp_path, card, backend)
     assert hub_id in argv
     if backend == "vllm":
         assert argv[argv.index("--model") + 1] == hub_id
         assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # engines.vllm.cpu_kvcache_space_gb
+        assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the CPU worker in the engine core
     elif backend == "sglang":
         assert argv[argv.index("--model-path") + 1] == hub_id
     assert {name: env.get(name) for name in user} == user
