@@ -1,16 +1,17 @@
-"""Write the bundled real-chat sample, datasets/samples/chitchat.jsonl, from the chitchat-dataset package.
+"""Write the bundled real-chat sample, datasets/samples/chitchat.jsonl, from chitchat-dataset.
 
     pip download chitchat-dataset==0.9.0 --no-deps -d /tmp/cc
     python scripts/make_chitchat_sample.py /tmp/cc/chitchat_dataset-0.9.0-py3-none-any.whl datasets/samples
 
-SOURCE is the package's wheel, its dataset.json, or `installed` (`pip install chitchat-dataset==0.9.0`;
-not a project dependency: the written file is committed). From a wheel or an installed package the
-package's own licence is copied beside the sample (LICENSE-chitchat); a bare dataset.json has none.
-A third argument sets the number of rows (default ROWS), for small trials.
+SOURCE is the package's wheel, its dataset.json, or `installed` (after `pip install
+chitchat-dataset==0.9.0`; not a project dependency: the written file is committed). From a wheel
+or an installed package the package's own licence is copied beside the sample
+(LICENSE-chitchat); a bare dataset.json has none. A third argument sets the number of rows
+(default ROWS), for small trials.
 
-chitchat-dataset (MIT, BYU PCC lab's Chit-Chat Challenge, 2018) holds 7,168 conversations between two
-people, typed in a chat window: {uuid: {"messages": [[{"text", "sender", "timestamp"}, ...], ...]}},
-each inner list one speaker's consecutive lines (the speakers alternate). Rows are ShareGPT
+chitchat-dataset (MIT, BYU PCC lab's Chit-Chat Challenge, 2018) holds 7,168 conversations between
+two people, typed in a chat window: {uuid: {"messages": [[{"text", "sender", "timestamp"}, ...],
+...]}}, each inner list one speaker's consecutive lines (the speakers alternate). Rows are ShareGPT
 {"id": "chitchat-<uuid>", "conversations": [{"from": "human"|"gpt", "value"}]}, the selection rule:
 
 1. conversations in the order of sha256(f"{SEED}:{uuid}"), the first ROWS that pass are kept;
@@ -18,13 +19,14 @@ each inner list one speaker's consecutive lines (the speakers alternate). Rows a
 3. the row starts at the first substantive turn: at least MIN_WORDS words, MIN_CONTENT_WORDS of them
    not small talk (GREETING_WORDS, letters repeated for emphasis folded: "hellooo" is "hello") -
    most chats open with "hello?" / "hi is anyone there?" / "how are you", which say nothing;
-4. that turn's speaker is the user, the other the assistant, alternating; at most MAX_USER_TURNS user
-   turns; the row ends before a turn over MAX_TURN_CHARS or one that takes it over MAX_ROW_CHARS
-   (the tiny target's tokenizer spends ~1.7 characters a token on such text; answers are
-   regenerated anyway, so a row ending on a user turn is fine: prepare appends the reply to write);
-   a conversation whose first substantive turn is too long is skipped;
-5. near duplicates removed: a row is skipped when its first turn's word set (lower case, digits as 0)
-   is equal to, or has a Jaccard similarity of at least NEAR_JACCARD with, a kept row's (chats
+4. that turn's speaker is the user, the other the assistant, alternating, in whole exchanges (a row
+   ends on the other speaker's reply: regenerate rewrites it, scripts/gpu_check.py trains on it as
+   it is); at most MAX_USER_TURNS exchanges; the row ends before a turn over MAX_TURN_CHARS or one
+   that takes it over MAX_ROW_CHARS (the tiny target's tokenizer, which never saw such text, spends
+   many more tokens a character on it than on its own corpus); a conversation left without one
+   exchange is skipped;
+5. near duplicates removed: a row is skipped when its first turn's word set (lower case, digits
+   as 0) is equal to, or has a Jaccard similarity of at least NEAR_JACCARD with, a kept row's (chats
    often open with the conversation's suggested topic, the same for many of them).
 """
 
@@ -77,7 +79,7 @@ def turn_text(lines: list[dict]) -> str:
 
 
 def conversation_row(uuid: str, conversation: dict) -> dict | None:
-    """The ShareGPT row of one conversation by the rule above, or None when it has no usable start."""
+    """The ShareGPT row of one conversation by the rule above, or None when it gives no exchange."""
     turns = [turn_text(lines) for lines in conversation["messages"]]
     start = next((i for i, t in enumerate(turns) if substantive(t)), None)
     if start is None or len(turns[start]) > MAX_TURN_CHARS:
@@ -95,7 +97,9 @@ def conversation_row(uuid: str, conversation: dict) -> dict | None:
             break
         row.append({"from": role, "value": text})
         chars += len(text)
-    return {"id": f"chitchat-{uuid}", "conversations": row}
+    if len(row) % 2:  # whole exchanges only: a reply stands in where no answer is regenerated
+        row.pop()
+    return {"id": f"chitchat-{uuid}", "conversations": row} if row else None
 
 
 def near_key(row: dict) -> frozenset[str]:
