@@ -14,6 +14,7 @@ SMOLLM2_PARAMS=(
   -S 'target.aux_layer_ids=null'          # the EAGLE-3 rule: [2, 15, 27] for 30 layers
   -S 'samples=500'                        # training conversations: what 60 minutes of this 2-core CPU afford (docs/recipe_smollm2.md)
   -S 'mix.eval_samples=24'
+  -S 'mix.weights.chitchat_sample=0.8'  # real chats half the prompts (0.8 of 1.5): a real model's draft serves real text; 600 rows supply the 1,000-conversation budget at this share
   -S 'regenerate.max_tokens=128'          # a real model answers at length; longer turns are cut (length_share)
   -S 'regenerate.backend=vllm'            # vLLM's CPU build (make setup-vllm): 3.3x the hf backend's tokens/s on SmolLM2, the same answers (docs/performance.md)
   -S '++regenerate.extra_args=["--dtype", "float32"]'  # vLLM's CPU build serves float32 weights as bf16 otherwise

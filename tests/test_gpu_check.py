@@ -65,6 +65,7 @@ def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
         "target",
         "prepare@sharegpt_sample",
         "prepare@messages_sample",
+        "prepare@chitchat_sample",
         "mix",
         "tokenize",
         "vocab",

@@ -8,11 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftline.formats import content_hash, prepare_records
-from draftline.mixing import mix_datasets, mix_splits, shortfall_problems, shortfall_table
+from draftline.mixing import (
+    holdout_problem,
+    mix_datasets,
+    mix_splits,
+    shortfall_problems,
+    shortfall_table,
+)
 from draftline.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +110,35 @@ def test_no_eval_prompt_has_a_twin_in_train(pools):
     train, eval_rows, _ = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 2000)
     twins = {first_turn_text(r) for r in eval_rows} & {first_turn_text(r) for r in train}
     assert not twins, f"{len(twins)} of {len(eval_rows)} eval prompts have a twin in train"
+
+
+def test_default_mix_of_the_bundled_sets_draws_every_split_from_every_set():
+    """params.yaml's datasets, weights and sizes: eval, dev and train each hold prompts of every
+    bundled set (the real chats included), no eval or dev prompt keeps an exact or template twin in
+    train, the real chats lose no row to the hold-out (they repeat no template), the weights hold,
+    and they still hold at the size the README's workflow grows `samples` to."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    pools = {
+        name: prepare_records(read_rows(str(ROOT / spec["path"])), name, spec["format"])[0]
+        for name, spec in params["datasets"].items()
+    }
+    cfg = params["mix"]
+    args = (cfg["eval_samples"], cfg["dev_samples"], cfg["long_threshold_tokens"], params["seed"])
+    splits, report = mix_splits(
+        pools, cfg["weights"], params["samples"], *args, cfg["caps"], cfg["holdout"]
+    )
+    assert "chitchat_sample" in pools
+    for split in ("train", "eval", "dev"):
+        assert set(report[split]["by_source"]) == set(pools), (split, report[split])
+    none = {"exact": 0, "template": 0}
+    holdout = report["holdout"]
+    assert holdout["eval_with_twin_in_train"] == holdout["dev_with_twin_in_train"] == none
+    assert holdout["eval_with_twin_in_dev"] == none
+    assert report["per_dataset"]["chitchat_sample"]["twins"] == 0
+    assert holdout_problem(holdout, cfg["max_template_twin_share"]) is None
+    assert shortfall_problems(report) == [] and report["weights_honoured"]
+    grown = int(re.search(r"-S samples=(\d+)", (ROOT / "README.md").read_text()).group(1))
+    assert report["max_samples_at_weights"] >= grown
 
 
 def test_weights_roughly_honoured(pools):

@@ -122,8 +122,12 @@ def test_outputs_and_metrics(repo):
     card = json.loads((repo / "models/target/card.json").read_text())
     assert card["num_layers"] == 6 and card["aux_layer_ids"] == [1, 3, 4]
     assert card["tiny_training"]["final_train_loss"] < 2.0
-    for name in ("sharegpt_sample", "messages_sample"):
+    samples = {"sharegpt_sample", "messages_sample", "chitchat_sample"}
+    for name in samples:
         assert (repo / f"datasets/prepared/{name}.jsonl").stat().st_size > 0
+    # eval and train hold prompts of every bundled set, the real chats too (params.yaml mix.weights)
+    mix = report(repo, "mix.json")
+    assert set(mix["eval"]["by_source"]) == set(mix["train"]["by_source"]) == samples
     train_prompts = (repo / "datasets/prompts/train.jsonl").read_text().splitlines()
     assert len(train_prompts) == 160
     regenerated = (repo / "datasets/regenerated/conversations.jsonl").read_text().splitlines()
@@ -223,6 +227,7 @@ STALENESS = [
     ("mix.eval_samples", 7, "mix"),
     ("target.tiny.lr", 0.002, "target"),
     ("datasets.sharegpt_sample.max_rows", 500, "prepare@sharegpt_sample"),
+    ("datasets.chitchat_sample.max_rows", 500, "prepare@chitchat_sample"),
     ("regenerate.max_tokens", 65, "regenerate"),
     ("tokenize.max_length", 500, "tokenize"),
     ("vocab.draft_vocab_size", 200, "vocab probe"),

@@ -16,7 +16,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
-STAGES = ["prepare@sharegpt_sample", "prepare@messages_sample", "mix"]
+PREPARES = ["prepare@sharegpt_sample", "prepare@messages_sample", "prepare@chitchat_sample"]
+STAGES = [*PREPARES, "mix"]
 
 
 def run(cmd: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProcess:
@@ -96,11 +97,12 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
         json.loads((repo / "reports/prepare/sharegpt_sample.json").read_text())["rows_read"] == 400
     )
 
-    # Fan-out: both prepare stages at once, each waiting for the repo lock when the other holds it.
+    # Fan-out: every prepare stage at once, each waiting for the repo lock when another holds it.
     edit_params(
         repo,
         lambda p: [
-            p["datasets"][n].update(max_rows=300) for n in ("sharegpt_sample", "messages_sample")
+            p["datasets"][n].update(max_rows=300)
+            for n in ("sharegpt_sample", "messages_sample", "chitchat_sample")
         ],
     )
     procs = [
@@ -112,11 +114,11 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for stage in STAGES[:2]
+        for stage in PREPARES
     ]
     outputs = [p.communicate()[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}
+    assert [p.returncode for p in procs] == [0] * len(PREPARES), outputs
+    assert json.loads(run([dvc, "status", "--json", *PREPARES], repo).stdout) == {}
 
     # A hub dataset id is no file: its stage depends on stages/prepare.py, and its params pin it.
     edit_params(
@@ -144,7 +146,7 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
         deps
     )  # its code (the source dep is stages/prepare.py) and params
     assert (
-        json.loads(run([dvc, "status", "--json", *STAGES[:2]], repo).stdout) == {}
+        json.loads(run([dvc, "status", "--json", *PREPARES], repo).stdout) == {}
     )  # the others untouched
 
 

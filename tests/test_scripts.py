@@ -144,7 +144,7 @@ def smollm2_params() -> list[str]:
 
 def test_smollm2_script_runs_the_experiment_it_defines(tmp_path):
     params = smollm2_params()
-    assert params[:2] == ["-S", "target.model=smollm2"] and len(params) == 32
+    assert params[:2] == ["-S", "target.model=smollm2"] and len(params) == 34
     root, env = stubbed_repo(tmp_path)
     done = subprocess.run(
         ["bash", str(root / "scripts" / "smollm2.sh"), "--force"],
