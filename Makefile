@@ -81,12 +81,18 @@ repro:
 setup-test-envs:
 	MAKEFLAGS= $(MAKE) --no-print-directory setup setup-smollm2 setup-mooncake
 
+# the suite in two workers, whole files each, the longest first (tests/conftest.py's order): on two
+# cores most of a test's time is one process's start-up or a server's wait, not both cores busy.
+# TEST_WORKERS=0 runs it in this process, one test after another.
+TEST_WORKERS ?= 2
+PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test:
 	$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup-test-envs setup-vllm
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test-unit: setup setup-smollm2 setup-mooncake
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # ruff, configured in pyproject.toml (tests/test_lint.py checks the same); `make format` applies it
 lint: setup

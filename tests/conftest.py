@@ -1,7 +1,39 @@
-import pytest
+import os
 
-from draftline.corpus import generate_conversations
-from draftline.tiny import CHAT_TEMPLATE, train_tokenizer
+# Torch in the test process (fixtures, in-process stages) waits for work without spinning: with
+# `make test`'s two workers on two cores a spinning pool would take the other worker's core (the
+# 10x slowdown draftline/threads.py describes). Set before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+
+from draftline.corpus import generate_conversations  # noqa: E402
+from draftline.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
+
+# The longest files first (each about a minute or more on the 2-core machine, longest first):
+# `make test` hands whole files to its two workers in this order (pytest-xdist --dist loadfile
+# --no-loadscope-reorder), so no long file starts last and runs alone at the end. Within a file the
+# order stays as written (the e2e tests build on each other).
+LONGEST_FIRST = [
+    "test_pipeline_e2e.py",
+    "test_vllm.py",
+    "test_overhead.py",
+    "test_gpu_check.py",
+    "test_regenerate.py",
+    "test_batch_server.py",
+    "test_conversation_store.py",
+    "test_prepare_dvc.py",
+    "test_gguf_target.py",
+    "test_engines.py",
+    "test_train.py",
+    "test_deepseek_v3_target.py",
+    "test_hidden.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
 
 
 @pytest.fixture(scope="session")
