@@ -584,18 +584,29 @@ class VllmEngineConfig(Section):
         again: on the CPU build a server's engine core runs its worker itself instead of spawning
         one (the same answers and tokens/s, a shorter start-up: reports/overhead/vllm_startup.json),
         and the offline engine runs in its caller's process; a GPU server is unchanged (its engine
-        core is a process of its own either way). What `base` sets wins."""
+        core is a process of its own either way). vLLM's engine sockets (ZMQ ipc, named
+        TMPDIR/<uuid>) go under /tmp when the temporary directory is too long for a socket path
+        (107 bytes): otherwise the server dies at start-up with a ZMQError. What `base` sets wins."""
         import os
+        import tempfile
 
         env = dict(base)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kvcache_space_gb:g}")
         if one_process:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        socket_dir = env.get("TMPDIR") or tempfile.gettempdir()
+        if len(os.fsencode(socket_dir)) + len("/") + UUID_CHARS > SOCKET_PATH_MAX:
+            env.setdefault("VLLM_RPC_BASE_PATH", "/tmp")
         package_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
         )
         return env
+
+
+# a Unix socket's path: at most 107 bytes (sizeof(sockaddr_un.sun_path) - 1); vLLM's are a uuid4
+SOCKET_PATH_MAX = 107
+UUID_CHARS = 36
 
 
 class EnginesConfig(Section):

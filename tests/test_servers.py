@@ -149,3 +149,17 @@ def test_transformers_serve_of_a_local_directory_keeps_its_offline_settings(
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["HF_HUB_CACHE"] == str(tmp_path / "out/.hf_cache")
     assert (tmp_path / "out/.hf_cache").is_dir()
+
+
+def test_vllm_sockets_leave_a_temporary_directory_too_long_for_a_socket_path(tmp_path):
+    """vLLM names its engine sockets TMPDIR/<uuid4>; past 107 bytes the server dies at start-up
+    (ZMQError: ipc path is longer than 107 characters), as it did under a deep test tmp_path."""
+    from draftline.config import VllmEngineConfig
+
+    engine = VllmEngineConfig()
+    deep = str(tmp_path / ("d" * 80))
+    assert engine.env({"TMPDIR": deep})["VLLM_RPC_BASE_PATH"] == "/tmp"
+    assert "VLLM_RPC_BASE_PATH" not in engine.env({"TMPDIR": "/tmp/short"})
+    # the user's own choice wins
+    chosen = {"TMPDIR": deep, "VLLM_RPC_BASE_PATH": "/run/vllm"}
+    assert engine.env(chosen)["VLLM_RPC_BASE_PATH"] == "/run/vllm"
