@@ -737,9 +737,20 @@ def cpu_load_train_threads(r: Reports) -> str:
     )
 
 
-# The SmolLM2 recipe's runs (scripts/recipe_smollm2.sh), in the order of its tables: which table
-# a run belongs to and what it changes. A run in the JSON without a line here is an error.
+# The SmolLM2 recipe's runs (scripts/recipe_smollm2.sh). RECIPE: on the split held out by content,
+# with a dev split (test and dev figures); RECIPE_BY_ID: the earlier runs, eval held out by id on the
+# templated sets only. Which table a run belongs to and what it changes; a run in a JSON without a
+# line here is an error, a line without a run is a run not measured (yet) on that split.
 RECIPE = "reports/recipe_smollm2/experiments.json"
+RECIPE_BY_ID = "reports/recipe_smollm2/by_id/experiments.json"
+RECIPE_HELDOUT = {
+    "L27-500": ("500", "the recipe (scripts/smollm2.sh)"),
+    "d500-emb": ("500", "train_embeddings"),
+    "d500-head": ("500", "train_lm_head"),
+    "d500-emb-head": ("500", "train_embeddings, train_lm_head"),
+    "L27-250": ("250", "the recipe"),
+    "L27-125": ("125", "the recipe"),
+}
 RECIPE_RUNS = {
     "base-250": ("runs", "250", "4", "random"),
     "ep10-250": ("runs", "250", "10", "random"),
@@ -756,20 +767,57 @@ RECIPE_RUNS = {
 }
 
 
-def _recipe_rows(r: Reports, which: str) -> list[tuple[str, tuple, dict]]:
-    data = r.load(RECIPE)
-    unknown = sorted(set(data) - set(RECIPE_RUNS))
-    missing = sorted(set(RECIPE_RUNS) - set(data))
-    if unknown or missing:
+def _recipe_data(r: Reports, path: str, known: dict) -> dict:
+    data = r.load(path)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
         raise FigureError(
-            f"{RECIPE}: runs {unknown} have no line in RECIPE_RUNS (draftline/docs_figures.py), "
-            f"runs {missing} are not in the file"
+            f"{path}: runs {unknown} have no line in draftline/docs_figures.py's table of runs"
         )
+    return data
+
+
+def _recipe_rows(r: Reports, which: str) -> list[tuple[str, tuple, dict]]:
+    data = _recipe_data(r, RECIPE_BY_ID, RECIPE_RUNS)
     return [
         (name, RECIPE_RUNS[name][1:], data[name])
         for name in RECIPE_RUNS
-        if RECIPE_RUNS[name][0] == which
+        if RECIPE_RUNS[name][0] == which and name in data
     ]
+
+
+def recipe_heldout(r: Reports) -> str:
+    data = _recipe_data(r, RECIPE, RECIPE_HELDOUT)
+    rows = [
+        [
+            name,
+            samples,
+            change,
+            fmt(data[name]["acceptance_length"], ".4f"),
+            fmt(data[name]["tau_sim"], ".4f"),
+            fmt(data[name]["dev_acceptance_length"], ".4f"),
+            fmt(data[name]["dev_tau_sim"], ".4f"),
+            " / ".join(
+                fmt(data[name]["eval_twins_in_train"][k], "d") for k in ("exact", "template")
+            ),
+            fmt(data[name]["speedup"], ".4f") if "speedup" in data[name] else "(not run)",
+        ]
+        for name, (samples, change) in RECIPE_HELDOUT.items()
+        if name in data
+    ]
+    header = ["Experiment", "samples", "change", "test acceptance_length", "test tau_sim"]
+    header += ["dev acceptance_length", "dev tau_sim", "eval twins in train (exact / template)"]
+    header += ["speedup"]
+    return "\n".join(
+        [
+            table(header, rows),
+            "",
+            source(
+                f"`{RECIPE}` (`/<experiment>/{{acceptance_length,tau_sim,dev_acceptance_length,"
+                "dev_tau_sim,eval_twins_in_train,speedup}`)"
+            ),
+        ]
+    )
 
 
 def recipe_runs(r: Reports) -> str:
@@ -800,7 +848,7 @@ def recipe_runs(r: Reports) -> str:
                 rows,
             ),
             "",
-            source(f"`{RECIPE}` (`/<experiment>/{{acceptance_length,tau_sim,speedup}}`)"),
+            source(f"`{RECIPE_BY_ID}` (`/<experiment>/{{acceptance_length,tau_sim,speedup}}`)"),
         ]
     )
 
@@ -814,7 +862,7 @@ def recipe_candidates(r: Reports) -> str:
         [
             table(["Experiment", "change from L27-125", "acceptance_length", "tau_sim"], rows),
             "",
-            source(f"`{RECIPE}` (`/<experiment>/{{acceptance_length,tau_sim}}`)"),
+            source(f"`{RECIPE_BY_ID}` (`/<experiment>/{{acceptance_length,tau_sim}}`)"),
         ]
     )
 
@@ -917,6 +965,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "cpu_load_stages": cpu_load_stages,
     "cpu_load_train_threads": cpu_load_train_threads,
     "train_loader_steps": train_loader_steps,
+    "recipe_heldout": recipe_heldout,
     "recipe_runs": recipe_runs,
     "recipe_candidates": recipe_candidates,
     "recipe_forecast": recipe_forecast,

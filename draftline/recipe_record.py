@@ -4,9 +4,12 @@ files right after its `dvc exp run` (scripts/recipe_smollm2.sh calls it after ea
     python -m draftline.recipe_record reports/recipe_smollm2 L27-500 --samples-point
     python -m draftline.recipe_record reports/recipe_smollm2 c125-emb --no-benchmark
 
-- OUT/experiments.json (DVC metrics): NAME -> the headline figures of reports/acceptance.json, and
-  `speedup` of reports/benchmark.json unless the run stopped before `benchmark` (--no-benchmark:
-  that file is then an earlier run's);
+- OUT/experiments.json (DVC metrics): NAME -> the headline figures of reports/acceptance.json (the
+  reported test split), `dev_acceptance_length` / `dev_tau_sim` of reports/acceptance_dev.json (the
+  dev split that candidates are chosen on), the eval prompts with a twin in train that
+  reports/mix.json counted (`eval_twins_in_train`: exact / template), and `speedup` of
+  reports/benchmark.json unless the run stopped before `benchmark` (--no-benchmark: that file is
+  then an earlier run's);
 - OUT/acceptance_vs_samples.json (DVC plot, with --samples-point): the run's point of
   reports/evaluate/acceptance_vs_samples.json, tagged with NAME, in samples order.
 
@@ -32,6 +35,12 @@ def record(
     """Record experiment `name` from the reports under `reports`; return its experiments.json entry."""
     out_dir, reports = Path(out_dir), Path(reports)
     entry = dict(read_json(reports / "acceptance.json"))
+    dev = read_json(reports / "acceptance_dev.json")
+    entry["dev_acceptance_length"] = dev["acceptance_length"]
+    entry["dev_tau_sim"] = dev["tau_sim"]
+    entry["eval_twins_in_train"] = read_json(reports / "mix.json")["holdout"][
+        "eval_with_twin_in_train"
+    ]
     if benchmark:
         entry["speedup"] = read_json(reports / "benchmark.json")["speedup"]
     experiments_path = out_dir / "experiments.json"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The recipe experiments on the real target (SmolLM2-135M-Instruct), as DVC experiments of the
-# pipeline itself, in the order they were run for docs/recipe_smollm2.md:
+# pipeline itself, in the order they were run for docs/recipe_smollm2.md (the eval split held out
+# by content, a dev split beside it):
 #
 #     bash scripts/recipe_smollm2.sh            # all of them, one after the other, in the workspace
 #     bash scripts/recipe_smollm2.sh L27-500    # one of them
@@ -14,33 +15,40 @@
 # would regenerate and extract everything again. In the workspace each one reuses what is there:
 # growing `samples` regenerates and extracts only the new conversations (prefix-stable mix), a
 # training change reruns train -> evaluate -> benchmark only. Shrinking `samples` drops the
-# conversations past the new count, so the samples runs go up, except the smallest, run last.
+# conversations past the new count, so the runs at 500 come first and the smaller ones last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/smollm2.sh # SMOLLM2_PARAMS: the real target and the recipe found here
 export PATH=$PWD/.venv/bin:$PATH
 
-ORDER=(base-250 ep10-250 L27-250 L27-500 L27-125 c125-lr1e-2 c125-ttt5 c125-head c125-vocab8k c125-lr1e-3 c125-len64 c125-emb)
-# The c125-* candidates start from L27-125 and stop at `evaluate` (no benchmark). Every candidate
-# key is given, so a run does not depend on the one before; three are stacked as they were measured
-# (ttt5 on lr 1e-2, vocab8k and lr1e-3 on the trainable lm_head).
-L27=(-S '++samples=125' -S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux'
-  -S 'train.lr=0.003' -S 'train.ttt_steps=3' -S '++train.speculative_tokens=null'
-  -S '++train.train_lm_head=false' -S 'vocab.draft_vocab_size=4096' -S 'regenerate.max_tokens=128'
-  -S '++train.train_embeddings=false')
+ORDER=(L27-500 d500-emb d500-head d500-emb-head L27-250 L27-125)
+# Candidates are chosen on the dev split (reports/acceptance_dev.json, `evaluate_dev`); the test
+# split (reports/acceptance.json) is what the docs report. The d500-* candidates start from
+# L27-500 and stop at the two evaluate stages (no benchmark); every candidate key is given, so a
+# run does not depend on the one before (a key given twice: the last -S wins). base-250, ep10-250
+# and c125-* are the earlier exploration at 250 / 125 conversations, runnable by name.
+RECIPE=(-S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' -S 'train.lr=0.003'
+  -S 'train.ttt_steps=3' -S '++train.speculative_tokens=null' -S 'vocab.draft_vocab_size=4096'
+  -S 'regenerate.max_tokens=128' -S '++train.train_lm_head=false' -S '++train.train_embeddings=false')
+L27=(-S '++samples=125' "${RECIPE[@]}")
+D500=(-S '++samples=500' "${RECIPE[@]}")
 
 run() { # run NAME: one experiment in the workspace
   local name=$1
   case "$name" in
   # the tiny target's training settings on real data: 4 epochs from a random init
-  base-250) set -- -S '++samples=250' -S 'train.epochs=4' -S '++train.init_layer_from_target=null' ;;
+  base-250) set -- -S '++samples=250' "${RECIPE[@]}" -S 'train.epochs=4' -S '++train.init_layer_from_target=null' ;;
   # more passes over little data
-  ep10-250) set -- -S '++samples=250' -S 'train.epochs=10' -S '++train.init_layer_from_target=null' ;;
+  ep10-250) set -- -S '++samples=250' "${RECIPE[@]}" -S '++train.init_layer_from_target=null' ;;
   # the draft's decoder layer started from target layer 27 (the last aux layer)
-  L27-250) set -- -S '++samples=250' -S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' ;;
+  L27-250) set -- -S '++samples=250' "${RECIPE[@]}" ;;
   # the same recipe on twice the conversations, then on half (acceptance vs samples)
-  L27-500) set -- -S '++samples=500' -S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' ;;
-  L27-125) set -- -S '++samples=125' -S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' ;;
+  L27-500) set -- "${D500[@]}" ;;
+  L27-125) set -- "${L27[@]}" ;;
+  d500-emb) set -- "${D500[@]}" -S '++train.train_embeddings=true' evaluate evaluate_dev ;;
+  # (4,096 draft tokens already cover every trainable token at 500 conversations: no larger vocabulary)
+  d500-head) set -- "${D500[@]}" -S '++train.train_lm_head=true' evaluate evaluate_dev ;;
+  d500-emb-head) set -- "${D500[@]}" -S '++train.train_embeddings=true' -S '++train.train_lm_head=true' evaluate evaluate_dev ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
@@ -57,7 +65,7 @@ run() { # run NAME: one experiment in the workspace
   # the run's own reports -> reports/recipe_smollm2/ (docs/recipe_smollm2.md is generated from it)
   local record=()
   case "$name" in
-  c125-*) record=(--no-benchmark) ;; # stopped at evaluate: reports/benchmark.json is an earlier run's
+  c125-* | d500-*) record=(--no-benchmark) ;; # stopped at evaluate: reports/benchmark.json is an earlier run's
   L27-*) record=(--samples-point) ;; # the recipe at 125 / 250 / 500: the acceptance-vs-samples plot
   esac
   python -m draftline.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"

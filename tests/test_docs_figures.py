@@ -151,3 +151,24 @@ def test_the_hs_formats_row_reads_the_file_once_make_overhead_commits_it(tmp_pat
     )
     row = docs_figures._hs_formats_row(Reports(tmp_path))[1]
     assert "fp8 1.0211 (H = 128)" in row and "fp8 - bf16 -0.0070" in row
+
+
+def test_the_recipe_table_shows_the_runs_measured_and_refuses_an_unknown_one(tmp_path):
+    run_500 = {"acceptance_length": 2.31, "tau_sim": 2.4, "dev_acceptance_length": 2.2}
+    run_500 |= {"dev_tau_sim": 2.3, "eval_twins_in_train": {"exact": 0, "template": 1}}
+    run_500 |= {"speedup": 1.2}
+    candidate = {k: v for k, v in run_500.items() if k != "speedup"}  # stopped at evaluate
+    path = tmp_path / docs_figures.RECIPE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"L27-500": run_500, "d500-emb": candidate}))
+    text = docs_figures.recipe_heldout(Reports(tmp_path))
+    rows = [line for line in text.splitlines() if line.startswith("| L27") or "d500" in line]
+    assert rows == [
+        "| L27-500 | 500 | the recipe (scripts/smollm2.sh) | 2.3100 | 2.4000 | 2.2000 | 2.3000 "
+        "| 0 / 1 | 1.2000 |",
+        "| d500-emb | 500 | train_embeddings | 2.3100 | 2.4000 | 2.2000 | 2.3000 | 0 / 1 "
+        "| (not run) |",
+    ]  # the runs not measured yet have no row
+    path.write_text(json.dumps({"L27-500": run_500, "L27-9000": run_500}))
+    with pytest.raises(FigureError, match="L27-9000"):
+        docs_figures.recipe_heldout(Reports(tmp_path))

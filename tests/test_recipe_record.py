@@ -10,6 +10,10 @@ def test_a_run_is_recorded_from_its_reports(tmp_path):
     write_json(out / "experiments.json", {"base-250": {"acceptance_length": 1.5}})
     write_json(reports / "acceptance.json", {"acceptance_length": 2.9101, "tau_sim": 2.9872})
     write_json(reports / "benchmark.json", {"speedup": 1.4633, "baseline_tokens_per_s": 17.8})
+    write_json(reports / "acceptance_dev.json", {"acceptance_length": 2.4, "tau_sim": 2.5})
+    twins = {"exact": 0, "template": 1}
+    write_json(reports / "mix.json", {"holdout": {"eval_with_twin_in_train": twins}})
+    dev = {"dev_acceptance_length": 2.4, "dev_tau_sim": 2.5, "eval_twins_in_train": twins}
     point = {
         "samples": 500,
         "samples_requested": 500,
@@ -23,8 +27,8 @@ def test_a_run_is_recorded_from_its_reports(tmp_path):
     record(out, "c125-emb", reports, benchmark=False)
     assert read_json(out / "experiments.json") == {
         "base-250": {"acceptance_length": 1.5},
-        "L27-500": {"acceptance_length": 2.9101, "tau_sim": 2.9872, "speedup": 1.4633},
-        "c125-emb": {"acceptance_length": 2.9101, "tau_sim": 2.9872},  # no benchmark of its own
+        "L27-500": {"acceptance_length": 2.9101, "tau_sim": 2.9872, **dev, "speedup": 1.4633},
+        "c125-emb": {"acceptance_length": 2.9101, "tau_sim": 2.9872, **dev},  # no benchmark
     }
     assert [p["experiment"] for p in read_json(out / "acceptance_vs_samples.json")] == [
         "L27-500",
@@ -37,4 +41,5 @@ def test_a_run_is_recorded_from_its_reports(tmp_path):
     assert read_json(out / "experiments.json")["base-250"] == {
         "acceptance_length": 1.6,
         "tau_sim": 1.7,
+        **dev,
     }

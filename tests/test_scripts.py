@@ -169,8 +169,12 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
         text=True,
     )
     assert done.returncode == 0, done.stderr
+    # every key of the recipe given, so the run does not inherit a candidate's from the workspace
     want = ["-S", "++samples=500", "-S", "train.epochs=10"]
-    want += ["-S", "++train.init_layer_from_target=last_aux"]
+    want += ["-S", "++train.init_layer_from_target=last_aux", "-S", "train.lr=0.003"]
+    want += ["-S", "train.ttt_steps=3", "-S", "++train.speculative_tokens=null"]
+    want += ["-S", "vocab.draft_vocab_size=4096", "-S", "regenerate.max_tokens=128"]
+    want += ["-S", "++train.train_lm_head=false", "-S", "++train.train_embeddings=false"]
     record = ["python", "-m", "draftline.recipe_record", "reports/recipe_smollm2", "L27-500"]
     assert calls(root) == [
         ["dvc", "exp", "run", "-n", "L27-500", *smollm2_params(), *want],
