@@ -744,10 +744,14 @@ def cpu_load_train_threads(r: Reports) -> str:
 RECIPE = "reports/recipe_smollm2/experiments.json"
 RECIPE_BY_ID = "reports/recipe_smollm2/by_id/experiments.json"
 RECIPE_HELDOUT = {
-    "L27-500": ("500", "the recipe (scripts/smollm2.sh)"),
+    "L27-500": ("500", "the earlier recipe"),
     "d500-emb": ("500", "train_embeddings"),
     "d500-head": ("500", "train_lm_head"),
-    "d500-emb-head": ("500", "train_embeddings, train_lm_head"),
+    "d500-emb-head": ("500", "train_embeddings, train_lm_head (chosen on dev)"),
+    "d500-emb-head-ep15": ("500", "train_embeddings, train_lm_head, 15 epochs"),
+    "d500-emb-head-len256": ("500", "train_embeddings, train_lm_head, 256-token answers"),
+    "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
+    "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
     "L27-250": ("250", "the recipe"),
     "L27-125": ("125", "the recipe"),
 }
@@ -867,8 +871,7 @@ def recipe_candidates(r: Reports) -> str:
     )
 
 
-def recipe_forecast(r: Reports) -> str:
-    f = "reports/forecast.json"
+def _recipe_forecast(r: Reports, f: str) -> str:
     data = r.load(f)
     fit = data["fits"][data["preferred"]]
     rows = []
@@ -903,6 +906,14 @@ def recipe_forecast(r: Reports) -> str:
             ),
         ]
     )
+
+
+def recipe_forecast(r: Reports) -> str:
+    return _recipe_forecast(r, "reports/forecast.json")
+
+
+def recipe_forecast_by_id(r: Reports) -> str:
+    return _recipe_forecast(r, "reports/recipe_smollm2/by_id/forecast.json")
 
 
 def make_exps_example(r: Reports) -> str:
@@ -969,6 +980,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "recipe_runs": recipe_runs,
     "recipe_candidates": recipe_candidates,
     "recipe_forecast": recipe_forecast,
+    "recipe_forecast_by_id": recipe_forecast_by_id,
     "make_exps_example": make_exps_example,
     "dvc_cache_costs": dvc_cache_costs,
     "scale_stages": scale_stages,

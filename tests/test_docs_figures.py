@@ -164,7 +164,7 @@ def test_the_recipe_table_shows_the_runs_measured_and_refuses_an_unknown_one(tmp
     text = docs_figures.recipe_heldout(Reports(tmp_path))
     rows = [line for line in text.splitlines() if line.startswith("| L27") or "d500" in line]
     assert rows == [
-        "| L27-500 | 500 | the recipe (scripts/smollm2.sh) | 2.3100 | 2.4000 | 2.2000 | 2.3000 "
+        "| L27-500 | 500 | the earlier recipe | 2.3100 | 2.4000 | 2.2000 | 2.3000 "
         "| 0 / 1 | 1.2000 |",
         "| d500-emb | 500 | train_embeddings | 2.3100 | 2.4000 | 2.2000 | 2.3000 | 0 / 1 "
         "| (not run) |",

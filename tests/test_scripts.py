@@ -144,7 +144,7 @@ def smollm2_params() -> list[str]:
 
 def test_smollm2_script_runs_the_experiment_it_defines(tmp_path):
     params = smollm2_params()
-    assert params[:2] == ["-S", "target.model=smollm2"] and len(params) == 34
+    assert params[:2] == ["-S", "target.model=smollm2"] and len(params) == 38
     root, env = stubbed_repo(tmp_path)
     done = subprocess.run(
         ["bash", str(root / "scripts" / "smollm2.sh"), "--force"],
@@ -178,8 +178,25 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
     record = ["python", "-m", "draftline.recipe_record", "reports/recipe_smollm2", "L27-500"]
     assert calls(root) == [
         ["dvc", "exp", "run", "-n", "L27-500", *smollm2_params(), *want],
-        [*record, "--samples-point"],  # its figures, written by the script that ran it
+        record,  # its figures, written by the script that ran it
     ]
+    # the chosen recipe at 250: embeddings and lm_head trained (the last -S wins), stopped at the
+    # two evaluate stages, recorded as a point of the acceptance-vs-samples plot
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "recipe_smollm2.sh"), "d250-emb-head"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    run, rec = calls(root)[-2:]
+    args = run[5:]
+    assert args[: len(smollm2_params())] == smollm2_params()
+    assert args[-2:] == ["evaluate", "evaluate_dev"] and "++samples=250" in args
+    last = {a.split("=")[0]: a for a in args if "=" in a}
+    assert last["++train.train_embeddings"] == "++train.train_embeddings=true"
+    assert last["++train.train_lm_head"] == "++train.train_lm_head=true"
+    assert rec == [*record[:-1], "d250-emb-head", "--no-benchmark", "--samples-point"]
     unknown = subprocess.run(
         ["bash", str(root / "scripts" / "recipe_smollm2.sh"), "nope"],
         env=env,
