@@ -752,8 +752,8 @@ RECIPE_HELDOUT = {
     "d500-emb-head-len256": ("500", "train_embeddings, train_lm_head, 256-token answers"),
     "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
     "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
-    "L27-250": ("250", "the recipe"),
-    "L27-125": ("125", "the recipe"),
+    "L27-250": ("250", "the earlier recipe"),
+    "L27-125": ("125", "the earlier recipe"),
 }
 RECIPE_RUNS = {
     "base-250": ("runs", "250", "4", "random"),

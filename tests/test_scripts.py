@@ -160,14 +160,18 @@ def test_smollm2_script_runs_the_experiment_it_defines(tmp_path):
     ]
 
 
-def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path):
-    root, env = stubbed_repo(tmp_path)
-    done = subprocess.run(
-        ["bash", str(root / "scripts" / "recipe_smollm2.sh"), "L27-500"],
+def recipe_script(root: Path, env: dict, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(root / "scripts" / "recipe_smollm2.sh"), name],
         env=env,
         capture_output=True,
         text=True,
     )
+
+
+def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path):
+    root, env = stubbed_repo(tmp_path)
+    done = recipe_script(root, env, "L27-500")
     assert done.returncode == 0, done.stderr
     # every key of the recipe given, so the run does not inherit a candidate's from the workspace
     want = ["-S", "++samples=500", "-S", "train.epochs=10"]
@@ -182,12 +186,7 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
     ]
     # the chosen recipe at 250: embeddings and lm_head trained (the last -S wins), stopped at the
     # two evaluate stages, recorded as a point of the acceptance-vs-samples plot
-    done = subprocess.run(
-        ["bash", str(root / "scripts" / "recipe_smollm2.sh"), "d250-emb-head"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = recipe_script(root, env, "d250-emb-head")
     assert done.returncode == 0, done.stderr
     run, rec = calls(root)[-2:]
     args = run[5:]
@@ -197,12 +196,7 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
     assert last["++train.train_embeddings"] == "++train.train_embeddings=true"
     assert last["++train.train_lm_head"] == "++train.train_lm_head=true"
     assert rec == [*record[:-1], "d250-emb-head", "--no-benchmark", "--samples-point"]
-    unknown = subprocess.run(
-        ["bash", str(root / "scripts" / "recipe_smollm2.sh"), "nope"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    unknown = recipe_script(root, env, "nope")
     assert unknown.returncode == 2 and "unknown run nope" in unknown.stderr
 
 
