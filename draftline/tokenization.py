@@ -684,18 +684,22 @@ def tokenize_dataset(
             index.write(raw)
         task = progress.add_task("tokenize", total=len(todo))
         # A pipeline: while the worker tokenizes batch k (the tokenizer runs outside the GIL),
-        # this thread writes batch k-1 and reads and renders batch k+1.
+        # this thread writes batch k-1 and reads and renders batch k+1; batch k+1 is handed to
+        # the worker before batch k-1 is written, so the worker never waits on a write.
         running = None  # (batch, future)
         for batch in [*batches, None]:
             planned = read(batch) if batch is not None else None
+            finished = None
             if running is not None:
                 done, future = running
-                write(done, future.result())
-                progress.advance(task, len(done))
+                finished = done, future.result()
             running = None
             if planned is not None:
                 fresh, plans = planned
                 running = batch, worker.submit(tokenize_batch, tokenizer, fresh, plans, card, cfg)
+            if finished is not None:
+                write(*finished)
+                progress.advance(task, len(finished[0]))
         writer.close_shard()
     mapped.clear()
     counts["conversations_kept"] = start
