@@ -401,9 +401,18 @@ def scale_stages(r: Reports) -> str:
         "exponent (wall / CPU)",
     ]
     targets, passed = data["targets"], data["pass"]
+    whole = data.get("tokenize_ratio_whole_process") or {}
+    startup = data.get("tokenize_startup_s") or {}
     ratios = ", ".join(
         f"{int(n):,}: {fmt(data['tokenize_ratio'][n], '.3f')} "
-        f"({fmt(data['tokenize_ratio_cpu'][n], '.3f')} per CPU second)"
+        f"({fmt(data['tokenize_ratio_cpu'][n], '.3f')} per CPU second"
+        + (
+            f"; {fmt(whole[n], '.3f')} over the whole process, its {fmt(startup[n], '.1f')} s "
+            "start-up included"
+            if n in whole and n in startup
+            else ""
+        )
+        + ")"
         for n in sizes
     )
     grown = []
@@ -420,7 +429,8 @@ def scale_stages(r: Reports) -> str:
             table(header, rows),
             "",
             f"~{fmt(data['tokens_per_conversation_calibrated'], ',d')} tokens a conversation. "
-            f"Tokenize over the tokenizer's own batched throughput on the same rows: {ratios} "
+            "Tokenize's throughput once started over the tokenizer's own batched throughput on "
+            f"the same rows: {ratios} "
             f"(target >= {fmt(targets['tokenize_ratio_min'], '.1f')} from "
             f"{fmt(targets['tokenize_ratio_judged_from_conversations'], ',d')} conversations; met: "
             f"{fmt(passed['tokenize_ratio'], 'yesno')}). Exponents <= "
@@ -431,6 +441,7 @@ def scale_stages(r: Reports) -> str:
             + source(
                 f"`{f}` (`/runs/<size>/stages/<stage>/{{wall_s,cpu_s,peak_rss_mb}}`, "
                 "`/exponents/<stage>`, `/tokenize_ratio`, `/tokenize_ratio_cpu`, "
+                "`/tokenize_ratio_whole_process`, `/tokenize_startup_s`, "
                 "`/runs/<size>/incremental`, `/targets`, `/pass`)"
             ),
         ]

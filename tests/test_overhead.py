@@ -204,7 +204,10 @@ def test_scale_bench(tmp_path):
         assert stage["wall_s"] > 0 and stage["cpu_s"] > 0 and stage["peak_rss_mb"] > 0
     assert run["stages"]["tokenize"]["conversations"] == run["conversations"] == 40
     assert run["tokenizer_batched"]["tokens"] == run["stages"]["tokenize"]["tokens"]
-    assert run["tokenize_ratio"] > 0
+    assert run["tokenize_ratio_whole_process"] > 0
+    startup = run["stages"]["tokenize"]["startup"]
+    assert 0 < startup["wall_s"] < run["stages"]["tokenize"]["wall_s"] + 5
+    assert result["tokenize_startup_s"] == {"40": startup["wall_s"]}
     grown = run["incremental"]
     assert grown["conversations_added"] == grown["conversations_tokenized"] == 4
     assert grown["rows_copied"] == 0 and grown["conversations_kept"] == 40
