@@ -174,22 +174,28 @@ def regen_client_levels(r: Reports) -> str:
         value = level.get("client_cpu_ms_per_request")
         return "—" if value is None else fmt(value, ".2f")
 
+    bare = data.get("bare_aiohttp_client") or {}  # an older report has no ceiling
     rows = []
     for level, ours in data["levels"].items():
         theirs = spec[level]
-        rows.append(
-            [
-                level.removeprefix("c"),
-                fmt(ours["requests"], ",d"),
-                fmt(ours["ratio"], ".3f"),
-                fmt(ours["stub_clock_ratio"], ".3f"),
-                fmt(ours["first_wave_dispatch_s"], ".3f"),
-                cpu(ours),
-                fmt(theirs["ratio"], ".3f"),
-                fmt(theirs["stub_clock_ratio"], ".3f"),
-                cpu(theirs),
+        row = [
+            level.removeprefix("c"),
+            fmt(ours["requests"], ",d"),
+            fmt(ours["ratio"], ".3f"),
+            fmt(ours["stub_clock_ratio"], ".3f"),
+            fmt(ours["first_wave_dispatch_s"], ".3f"),
+            cpu(ours),
+            fmt(theirs["ratio"], ".3f"),
+            fmt(theirs["stub_clock_ratio"], ".3f"),
+            cpu(theirs),
+        ]
+        if bare:
+            row += [
+                fmt(bare[level]["ratio"], ".3f"),
+                cpu(bare[level]),
+                fmt(ours["over_bare"], ".3f"),
             ]
-        )
+        rows.append(row)
     return "\n".join(
         [
             table(
@@ -203,6 +209,11 @@ def regen_client_levels(r: Reports) -> str:
                     "speculators: ratio",
                     "speculators: stub clock",
                     "speculators: CPU ms/request",
+                    *(
+                        ["bare aiohttp: ratio", "bare aiohttp: CPU ms/request", "ours / bare"]
+                        if bare
+                        else []
+                    ),
                 ],
                 rows,
             ),
@@ -213,7 +224,8 @@ def regen_client_levels(r: Reports) -> str:
             + " "
             + source(
                 f"`{f}` (`/levels/<level>/{{ratio,stub_clock_ratio,first_wave_dispatch_s,"
-                "client_cpu_ms_per_request}`, `/speculators_regenerate_responses/<level>/...`, "
+                "client_cpu_ms_per_request,over_bare}`, `/speculators_regenerate_responses/<level>/...`, "
+                "`/bare_aiohttp_client/<level>/...`, "
                 "`/target_ratio`, `/target_vs_speculators_at`, `/meets_target`, `/startup`, "
                 "`/rounds`, `/loadavg_at_start`, `/loadavg_at_end`, `/cpus`)"
             ),

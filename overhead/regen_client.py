@@ -16,12 +16,15 @@ exchange. With `c` requests in flight the ideal rate is c / latency.
   line per conversation and its index entry), timed from its start to its end, as the stage runs
   it; `client_cpu_ms_per_request` is its process's CPU time over the requests;
 - speculators: `speculators regenerate-responses` over a local JSONL of the same prompts, its own
-  throughput line (timed from its first request, after loading its tokenizer and dataset).
+  throughput line (timed from its first request, after loading its tokenizer and dataset);
+- bare: the thinnest asyncio client, a ceiling for any client on this stub and these cores
+  (run_bare: one aiohttp session, a prepared body posted, the answer read to its end, nothing
+  parsed or written); `over_bare` on each of our levels is ours over it.
 
 Both are also timed by the stub (first request in to last answer out), the same clock for both,
 and `stub_cpu_ms_per_request` is the stub's CPU time for each side's requests: a streamed answer
 costs the stub more than a whole one, on the same cores as the client.
-At each level the two clients alternate for `rounds` rounds (draftline/ab_timing.py: ours then
+At each level the clients alternate for `rounds` rounds (draftline/ab_timing.py: ours, bare,
 speculators, then the reverse, ...); each side's figures are its median round by ratio, with
 every round's ratios beside them; the load averages and CPU count are recorded.
 Each level runs `waves` x c requests: a fixed latency keeps the requests in lockstep, so the first
@@ -211,6 +214,37 @@ async def run_ours(
         await close_pool(pool)
     assert tally.ok == len(rows), f"{len(rows) - tally.ok} requests failed against the stub"
     return elapsed, cpu
+
+
+async def run_bare(url: str, concurrency: int, n: int) -> tuple[float, float]:
+    """The thinnest client there is, for a ceiling: `concurrency` tasks on one aiohttp session,
+    each posting one prepared streamed request and reading the answer to its end, nothing else
+    (no request built, no stream parsed, nothing written). (wall seconds, CPU seconds)."""
+    import aiohttp
+
+    body = json.dumps(
+        {
+            "model": "stub",
+            "messages": [{"role": "user", "content": "question"}],
+            "max_tokens": 16,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    headers = {"Content-Type": "application/json"}
+    left = iter(range(n))  # shared: each request goes to one task
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(url, connector=connector) as session:
+
+        async def worker() -> None:
+            for _ in left:
+                async with session.post("/v1/chat/completions", data=body, headers=headers) as r:
+                    r.raise_for_status()
+                    await r.read()
+
+        start, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start, time.process_time() - cpu
 
 
 def run_speculators(
@@ -543,7 +577,7 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        ours, theirs, startup = {}, {}, None
+        ours, theirs, bare, startup = {}, {}, {}, None
         stub_seen(url)  # the stub's clock and CPU from here on
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer_dir = Path(tmp) / "tokenizer"
@@ -569,11 +603,20 @@ def main() -> None:
                         rate, cpu = run_speculators(url, c, n, Path(work), tokenizer_dir)
                     return level_result(n, n / rate, ideal, stub_clock(url, c), cpu)
 
-                sides = {"ours": ours_level}
+                def bare_level(c=c, n=n, ideal=ideal) -> dict:
+                    elapsed, cpu = asyncio.run(run_bare(url, c, n))
+                    return level_result(n, elapsed, ideal, stub_clock(url, c), cpu)
+
+                sides = {"ours": ours_level, "bare": bare_level}
                 if not args.no_speculators:
                     sides["speculators"] = speculators_level
                 runs = alternate(sides, args.rounds)  # each its own stub clock, read after it
                 ours[f"c{c}"] = level_summary(runs["ours"])
+                bare[f"c{c}"] = level_summary(runs["bare"])
+                ours[f"c{c}"]["over_bare"] = round(
+                    ours[f"c{c}"]["ratio"] / bare[f"c{c}"]["ratio"], 4
+                )
+                print(f"bare aiohttp c={c}: ratio {bare[f'c{c}']['ratio']:.3f}")
                 print(
                     f"ours         c={c}: ratio {ours[f'c{c}']['ratio']:.3f} of ideal {ideal:.1f} req/s "
                     f"(rounds {ours[f'c{c}']['rounds_ratio']})"
@@ -607,6 +650,8 @@ def main() -> None:
         "meets_target": all(v["ratio"] >= TARGET_RATIO for v in ours.values())
         and (not theirs or ours[top]["ratio"] >= theirs[top]["ratio"]),
         "speculators_regenerate_responses": theirs or "not run (--no-speculators)",
+        # the ceiling of a Python asyncio client on this stub and these cores (run_bare)
+        "bare_aiohttp_client": bare,
         "startup": startup or "not run (--startup-lines 0)",
         **machine_load(at_start),
     }

@@ -47,8 +47,11 @@ def test_regen_client_overhead(tmp_path):
         "3",
     )
     theirs = result["speculators_regenerate_responses"]  # side by side on the same stub
-    assert set(result["levels"]) == set(theirs) == {"c1", "c8"}
-    for level in [*result["levels"].values(), *theirs.values()]:
+    bare = result["bare_aiohttp_client"]  # the thinnest client: the ceiling
+    assert set(result["levels"]) == set(theirs) == set(bare) == {"c1", "c8"}
+    for name, level in result["levels"].items():
+        assert level["over_bare"] == round(level["ratio"] / bare[name]["ratio"], 4)
+    for level in [*result["levels"].values(), *theirs.values(), *bare.values()]:
         assert (
             0 < level["ratio"] <= 1.05
             and 0 < level["stub_clock_ratio"] <= 1.05
