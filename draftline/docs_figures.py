@@ -1,7 +1,7 @@
 """Measured figures in the docs, generated from the committed JSON reports (`make docs-figures`).
 
-    python -m draftline.docs_figures            # rewrite every figure in README.md and docs/*.md
-    python -m draftline.docs_figures --check    # list the figures that differ from their JSON; exit 1
+    draftline docs-figures            # rewrite every figure in README.md and docs/*.md
+    draftline docs-figures --check    # list the figures that differ from their JSON; exit 1
 
 A figure is the text between two HTML comments (invisible once rendered), in two forms:
 

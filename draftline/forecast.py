@@ -1,9 +1,9 @@
 """Acceptance length vs training samples: fit the runs made so far, forecast the samples a
 requested acceptance length needs, with the fit's uncertainty.
 
-    python -m draftline.forecast --dvc-exps                        # every experiment/commit dvc knows
-    python -m draftline.forecast points.json [more.json ...]       # [{"samples": N, "acceptance_length": x}, ...]
-    python -m draftline.forecast --dvc-exps --targets 2.5 3.0 --out reports/forecast
+    draftline forecast --dvc-exps                        # every experiment/commit dvc knows
+    draftline forecast points.json [more.json ...]       # [{"samples": N, "acceptance_length": x}, ...]
+    draftline forecast --dvc-exps --targets 2.5 3.0 --out reports/forecast
 
 Points: `reports/evaluate/acceptance_vs_samples.json` of each run (what `dvc plots` draws), given
 as files, or collected from `dvc exp show --json` (params `samples`, metric `acceptance_length`

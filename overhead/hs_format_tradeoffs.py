@@ -13,7 +13,7 @@ tokenize and vocab stages, in a temporary directory. Minimum bytes per token: 4 
 4 x H x 1 + 4 (fp8: the states and their per-token float32 scale). Targets: argmax agreement
 >= 0.99, online tau_sim within 0.05 of offline bf16, fp8 bytes <= 1.01 x minimum where the 8-byte
 token id and the header are small against 4 x H (H >= ~1000; at the tiny target's H = 128 they
-are ~2%; `python -m draftline.plan` gives any H). Its figures are bytes, agreement and tau_sim, not
+are ~2%; `draftline plan` gives any H). Its figures are bytes, agreement and tau_sim, not
 times (the seconds beside them are for information, one format after the other); the load
 averages and CPU count are recorded.
 """
@@ -196,7 +196,7 @@ def main() -> None:
         )
         result["note"] = (
             "bytes per token include the int64 token id (8 B) and the safetensors header; at H = 7168 "
-            "the fp8 file content is 1.0003 x its minimum (python -m draftline.plan)"
+            "the fp8 file content is 1.0003 x its minimum (draftline plan)"
         )
         result.update(machine_load(at_start))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,54 @@
+"""`draftline COMMAND ...`: the tools beside the pipeline's stages, under one command.
+
+    draftline plan --hidden-size 7168 --samples 25000 --tokens-per-sample 4000
+    draftline forecast --dvc-exps --targets 2.5 3.0
+    draftline export-sglang models/draft models/target/card.json models/draft_sglang
+    draftline conversations restore datasets/regenerated --dry-run
+    draftline COMMAND --help
+
+Each command is one module's `main(argv)`, which `python -m draftline.<module>` runs as well; the
+stages themselves run from `dvc.yaml` (`dvc repro`, `python -m stages.<name>`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> (module whose main(argv) it runs, what it does)
+COMMANDS = {
+    "plan": ("draftline.plan", "disk, DVC cache and hashing plan of the hidden states"),
+    "forecast": ("draftline.forecast", "acceptance length forecast from samples vs acceptance"),
+    "export-sglang": ("draftline.sglang_export", "a copy of the trained draft SGLang can serve"),
+    "conversations": (
+        "draftline.conversation_store",
+        "superseded regenerated conversations: list them, bring them back",
+    ),
+    "batch-server": ("draftline.batch_server", "the greedy batched chat server (backend hf)"),
+    "recipe-record": ("draftline.recipe_record", "one recipe run's figures into its table"),
+    "docs-figures": ("draftline.docs_figures", "README and docs figures from the JSON reports"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    return "usage: draftline COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"draftline: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    module = importlib.import_module(COMMANDS[name][0])
+    sys.argv = [f"draftline {name}", *rest]  # argparse's prog in the commands' own messages
+    module.main(rest)
+
+
+if __name__ == "__main__":
+    main()
