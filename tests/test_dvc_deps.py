@@ -3,7 +3,8 @@
 A stage's code is `stages/<name>.py` and every project module it imports, transitively, including
 imports inside functions (read with ast, nothing is imported). A module missing from the stage's
 deps would leave a stale output that `dvc status` calls clean after an edit; a listed module the
-stage never reaches would rerun it for nothing.
+stage never reaches would rerun it for nothing. An import of a project module that does not
+exist fails too (the walk would otherwise stop short of the files behind it).
 """
 
 import ast
@@ -44,6 +45,26 @@ def imported_modules(path: Path) -> set[str]:
                 base = ".".join([*parent, *([base] if base else [])])
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def required_modules(path: Path, text: str | None = None) -> set[str]:
+    """Dotted names `path` (or `text` as if it were at `path`) imports that must be modules:
+    `import a.b` (a and a.b), and the `a` of `from a import b` (b may be a name in a)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = set()
+    source = path.read_text() if text is None else text
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            names.add(base)
     return names
 
 
@@ -113,3 +134,25 @@ def test_closure_follows_imports_inside_functions():
     assert "draftline.benchmarking" in found  # imported inside main()
     assert "draftline/config.py" in closure("stages.vocab")
     assert "draftline/target.py" in closure("stages.benchmark")
+
+
+def test_every_project_import_resolves():
+    """An import of a project module that does not exist fails here, in every file of draftline/
+    and stages/ (a module only a GPU host imports included), instead of leaving the closure walk
+    short of a file."""
+    broken = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in sorted(required_modules(path))
+        if name.split(".")[0] in PACKAGES and module_file(name) is None
+    ]
+    assert not broken, f"imports of project modules that do not exist: {broken}"
+
+
+def test_an_unresolved_import_is_found():
+    text = "from draftline.no_such_module import x\nimport draftline.chat\nfrom .sibling import y\n"
+    names = required_modules(ROOT / "stages" / "probe.py", text)
+    assert {"draftline.no_such_module", "draftline", "draftline.chat", "stages.sibling"} <= names
+    assert module_file("draftline.no_such_module") is None
+    assert module_file("draftline.chat") is not None
