@@ -544,8 +544,9 @@ def test_an_answer_whose_stream_went_wrong_is_kept_for_the_retry(served, monkeyp
 @pytest.fixture(scope="module")
 def slow_target(tmp_path_factory, tiny_tokenizer):
     """A random Llama deep enough that a batch of 120-token answers decodes for seconds (each
-    decode step passes 24 layers) while a prefill stays short, whose end token is never picked
-    (its lm_head row is zero: logit 0 against the maximum of the others)."""
+    decode step passes 64 layers: with 24, a fast day's batch took 1.7 s, under the test's 2 s)
+    while a prefill stays short, whose end token is never picked (its lm_head row is zero: logit 0
+    against the maximum of the others)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -557,7 +558,7 @@ def slow_target(tmp_path_factory, tiny_tokenizer):
         vocab_size=len(tiny_tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=24,
+        num_hidden_layers=64,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,

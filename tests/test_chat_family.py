@@ -129,7 +129,7 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     regenerate.chat_template_kwargs exactly as the local tokenizer does (the preflight compares the
     prompt token counts), with the switch as a server default and per request."""
     import torch
-    from test_regenerate import free_port
+    from regenerate_support import free_port
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from draftline.chat import chat_prompt_ids

@@ -4,10 +4,10 @@ superseded.jsonl and comes back, by the stage or `python -m draftline.conversati
 restore`, when the settings match again; lines of runs that did not record their settings are
 kept when their fingerprint proves them, else superseded, never deleted.
 
-The stage runs for real, as in test_regenerate.py (its fixtures): a launched `hf` batch server,
+The stage runs for real, as in the test_regenerate_*.py files (regenerate_support.py's fixtures): a launched `hf` batch server,
 then a real `transformers serve` kept running and given as `external`; a `vllm` launch whose
 stand-in is this file run as a script (`python tests/test_conversation_store.py serve MODEL ...`:
-vLLM's wire format from test_regenerate.ScriptedEngine, every chat request logged)."""
+vLLM's wire format from regenerate_support.ScriptedEngine, every chat request logged)."""
 
 import json
 import os
@@ -16,8 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
-import test_regenerate
-from test_regenerate import (
+import regenerate_support
+from regenerate_support import (
     FaultProxy,
     Faults,
     QuietServer,
@@ -44,11 +44,11 @@ from draftline.io import read_json, write_json, write_jsonl
 from draftline.preflight import PROBE_MESSAGES
 
 ROOT = Path(__file__).resolve().parents[1]
-# the fixtures of test_regenerate.py: a random target made chatty, a real transformers serve on
+# the fixtures of regenerate_support.py: a random target made chatty, a real transformers serve on
 # it, vLLM-format stubs
-chatty_target = test_regenerate.chatty_target
-served_chatty = test_regenerate.served_chatty
-stub = test_regenerate.stub
+chatty_target = regenerate_support.chatty_target
+served_chatty = regenerate_support.served_chatty
+stub = regenerate_support.stub
 
 
 def superseded(workdir: Path) -> list[dict]:

@@ -7,8 +7,8 @@ import json
 
 import torch
 from family_targets import build_tiny_deepseek_v3, deepseek_tokenizer
+from regenerate_support import free_port
 from stage_runner import corpus, run_stage, write_params, write_prompts
-from test_regenerate import free_port
 
 AUX = [1, 2, 3]
 

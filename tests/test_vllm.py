@@ -233,7 +233,7 @@ def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, se
     import time
 
     import psutil
-    from test_regenerate import output_rows, prompts, run_stage, stage_cmd, stage_dir, stage_env
+    from regenerate_support import output_rows, prompts, run_stage, stage_cmd, stage_dir, stage_env
 
     rows = prompts(12)
     common = {
