@@ -30,42 +30,36 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Dotted names of every module `path` imports anywhere in it (`from a import b`: a, and a.b
-    when b is a module)."""
+def imports(path: Path, text: str | None = None):
+    """(module, names) of every import in `path` (or `text` as if it were at `path`), anywhere in
+    it: `import a.b` is ("a.b", []), `from .x import y` is ("<package>.x", ["y"])."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([base] if base else [])])
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    return names
-
-
-def required_modules(path: Path, text: str | None = None) -> set[str]:
-    """Dotted names `path` (or `text` as if it were at `path`) imports that must be modules:
-    `import a.b` (a and a.b), and the `a` of `from a import b` (b may be a name in a)."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    names = set()
     source = path.read_text() if text is None else text
     for node in ast.walk(ast.parse(source, filename=str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                yield alias.name, []
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parent, *([base] if base else [])])
-            names.add(base)
-    return names
+            yield base, [alias.name for alias in node.names]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every module `path` imports anywhere in it (`from a import b`: a, and a.b
+    when b is a module)."""
+    return {
+        name for base, names in imports(path) for name in [base, *(f"{base}.{n}" for n in names)]
+    }
+
+
+def required_modules(path: Path, text: str | None = None) -> set[str]:
+    """Dotted names `path` (or `text`) imports that must be modules: `import a.b` (a and a.b), and
+    the `a` of `from a import b` (b may be a name in a)."""
+    parts = [base.split(".") for base, _ in imports(path, text)]
+    return {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)}
 
 
 def has_code(path: Path) -> bool:
