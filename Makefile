@@ -125,9 +125,9 @@ exps:
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
 
 # Every figure between `<!-- fig ... -->` / `<!-- figures:NAME:begin -->` markers, from its JSON
-# (draftline/docs_figures.py); `--check` instead lists the figures that differ and changes nothing.
+# (draftline/tools/docs_figures.py); `--check` instead lists the figures that differ and changes nothing.
 docs-figures: setup
-	$(BIN)/python -m draftline.docs_figures
+	$(BIN)/python -m draftline.tools.docs_figures
 
 # No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
 gpu-check:

@@ -17,16 +17,31 @@ import sys
 
 # command -> (module whose main(argv) it runs, what it does)
 COMMANDS = {
-    "plan": ("draftline.plan", "disk, DVC cache and hashing plan of the hidden states"),
-    "forecast": ("draftline.forecast", "acceptance length forecast from samples vs acceptance"),
-    "export-sglang": ("draftline.sglang_export", "a copy of the trained draft SGLang can serve"),
+    "plan": (
+        "draftline.tools.plan",
+        "disk, DVC cache and hashing plan of the hidden states",
+    ),
+    "forecast": (
+        "draftline.tools.forecast",
+        "acceptance length forecast from samples vs acceptance",
+    ),
+    "export-sglang": (
+        "draftline.draft.sglang_export",
+        "a copy of the trained draft SGLang can serve",
+    ),
     "conversations": (
-        "draftline.conversation_store",
+        "draftline.regenerate.store",
         "superseded regenerated conversations: list them, bring them back",
     ),
-    "batch-server": ("draftline.batch_server", "the greedy batched chat server (backend hf)"),
-    "recipe-record": ("draftline.recipe_record", "one recipe run's figures into its table"),
-    "docs-figures": ("draftline.docs_figures", "README and docs figures from the JSON reports"),
+    "batch-server": (
+        "draftline.engines.batch_server",
+        "the greedy batched chat server (backend hf)",
+    ),
+    "recipe-record": ("draftline.tools.recipe_record", "one recipe run's figures into its table"),
+    "docs-figures": (
+        "draftline.tools.docs_figures",
+        "README and docs figures from the JSON reports",
+    ),
 }
 
 

@@ -14,7 +14,7 @@ loads, as in the stage) on the default run's shapes (params.yaml `target.tiny`, 
 - regenerate: one greedy batched generate of 32 prompts (backend hf's decode);
 - evaluate: batch-1 greedy decoding (the latency-bound shape of speculative decoding).
 
-Configurations: `policy` (draftline/threads.py: the stage's wait policy and thread
+Configurations: `policy` (draftline/core/threads.py: the stage's wait policy and thread
 count), `torch_default` (no OMP settings: torch's default of one spinning thread per core) and,
 with --configs, `passive_all_cores` (the passive wait policy alone) and `passive_one_thread` (the
 passive wait on one thread: what `train` used before it moved to every core,
@@ -23,7 +23,7 @@ passive wait on one thread: what `train` used before it moved to every core,
         --out reports/overhead/cpu_load_train_threads.json
 ).
 Each is timed idle and with one busy-looping process per core started beside it, in alternating
-rounds (--rounds; idle then loaded, then the reverse, ...: draftline/ab_timing.py), median per
+rounds (--rounds; idle then loaded, then the reverse, ...: draftline/tools/ab_timing.py), median per
 side; `ratio` = loaded / idle (the issue's target: <= 3 for the tiny target and train on 2 cores).
 The machine's load averages at the start and end and the CPU count are recorded: on a shared
 machine "idle" is only as idle as the others let it be.
@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from draftline.ab_timing import alternate, loadavg, machine_load, medians  # noqa: E402
+from draftline.tools.ab_timing import alternate, loadavg, machine_load, medians  # noqa: E402
 
 STAGES = ["target", "train", "hidden_states", "regenerate", "evaluate"]
 CONFIGS = ["policy", "torch_default", "passive_all_cores", "passive_one_thread"]
@@ -90,16 +90,16 @@ def work(stage: str, steps: int) -> float:
         import numpy as np
         from speculators.losses import resolve_loss_config
 
-        from draftline.draft_model import build_draft
-        from draftline.target import build_card
+        from draftline.draft.model import build_draft
+        from draftline.target.model import build_card
 
         tmp = Path(tempfile.mkdtemp(prefix="cpu_load_"))
         model = tiny_llama(params)
         model.save_pretrained(tmp / "target")
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        from draftline.corpus import generate_conversations  # a chat template for the card
-        from draftline.tiny import CHAT_TEMPLATE, train_tokenizer
+        from draftline.target.corpus import generate_conversations  # a chat template for the card
+        from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer
 
         convs = generate_conversations(200, 7)
         texts = [
@@ -146,7 +146,7 @@ def work(stage: str, steps: int) -> float:
             with torch.no_grad():
                 model(input_ids=ids, output_hidden_states=True)
     elif stage == "regenerate":
-        from draftline.batch_server import decode_batch
+        from draftline.engines.batch_server import decode_batch
 
         model = tiny_llama(params).eval()
         prompts = [torch.randint(2, t["vocab_size"], (40 + i,)).tolist() for i in range(32)]
@@ -221,7 +221,7 @@ def main() -> None:
     if args.worker:
         threads = None
         if args.config == "policy":
-            from draftline.threads import apply_thread_policy
+            from draftline.core.threads import apply_thread_policy
 
             threads = apply_thread_policy(args.worker)
         elif args.config == "passive_all_cores":  # the wait policy alone, torch's thread count
@@ -241,7 +241,7 @@ def main() -> None:
     at_start = loadavg()
     stages, steps = (["target", "train"], 3) if args.small else (args.stages, args.steps)
     rounds = 1 if args.small else args.rounds
-    from draftline.threads import available_cores
+    from draftline.core.threads import available_cores
 
     cores = available_cores()
     result = {

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftline.ab_timing import loadavg, machine_load
+from draftline.tools.ab_timing import loadavg, machine_load
 
 PRODUCER = """
 import os, sys

@@ -5,13 +5,13 @@
 
 A randomly initialised ~100M-parameter Llama on CPU. Both sides run the same model work: one
 forward per token-budget batch, right-padded, logits of the last position only
-(`logits_to_keep=1`), no KV cache. "ours" is draftline.hidden.extract: forward pre-hooks that keep
+(`logits_to_keep=1`), no KV cache. "ours" is draftline.hidden_states.hidden.extract: forward pre-hooks that keep
 the 3 aux states and the last pre-norm state, stacked to [L, 4, H], cast to bf16 and written as one
 safetensors file per row (atomic rename), plus the extraction plan file; "bare" is the same forward
 with `output_hidden_states=True`, writing nothing: ours minus our code, so the ratio ours / bare
 is what our code adds to the target's forward (capture, copy, cast, files). The sides alternate
-round by round (draftline/ab_timing.py), medians per side, both under the hidden_states stage's
-thread policy (draftline/threads.py); the load averages and CPU count are recorded. Also reports
+round by round (draftline/tools/ab_timing.py), medians per side, both under the hidden_states stage's
+thread policy (draftline/core/threads.py); the load averages and CPU count are recorded. Also reports
 the bytes written per token over the minimum 4 x H x 2 (bf16). Targets: ratio <= 1.10, bytes 1.00.
 """
 
@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftline.ab_timing import alternate, loadavg, machine_load, medians
-from draftline.threads import apply_thread_policy
+from draftline.core.threads import apply_thread_policy
+from draftline.tools.ab_timing import alternate, loadavg, machine_load, medians
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from datasets import Dataset
-    from draftline import hidden
+    from draftline.hidden_states import hidden
 
     torch.manual_seed(0)
     size = (

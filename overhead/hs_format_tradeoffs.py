@@ -27,10 +27,16 @@ from pathlib import Path
 
 import torch
 
-from draftline import draft_data, draft_model, hidden, hs_format, train_state, training
-from draftline.ab_timing import loadavg, machine_load
-from draftline.card import TargetCard
-from draftline.config import TrainConfig, load_params
+from draftline.core.card import TargetCard
+from draftline.draft import model as draft_model
+from draftline.hidden_states import formats as hs_format
+from draftline.hidden_states import hidden
+from draftline.params import load_params
+from draftline.tools.ab_timing import loadavg, machine_load
+from draftline.train import data as draft_data
+from draftline.train import resume as train_state
+from draftline.train import run as training
+from draftline.train.config import TrainConfig
 
 
 def build_small(root: Path, steps: int, rows: int) -> dict:
@@ -38,10 +44,10 @@ def build_small(root: Path, steps: int, rows: int) -> dict:
     vocab stage's draft vocabulary, under root."""
     import yaml
 
-    from draftline.config import TinyTargetConfig
-    from draftline.corpus import generate_conversations
-    from draftline.target import build_card
-    from draftline.tiny import build_tiny_target
+    from draftline.target.config import TinyTargetConfig
+    from draftline.target.corpus import generate_conversations
+    from draftline.target.model import build_card
+    from draftline.target.tiny import build_tiny_target
 
     params = yaml.safe_load(Path("params.yaml").read_text())
     build_tiny_target(
@@ -130,7 +136,7 @@ def main() -> None:
     at_start = loadavg()
     torch.set_num_threads(1)  # see DESIGN: the intra-op pool spins on a shared 2-core machine
     from datasets import load_from_disk
-    from draftline.target import load_target_model
+    from draftline.target.model import load_target_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -12,7 +12,7 @@ token, the usage chunk last) when the request asks for it, as ours does, else on
 on the same cores as the client it times, the stub spends no more per request than the HTTP
 exchange. With `c` requests in flight the ideal rate is c / latency.
 
-- ours: draftline.regeneration.regenerate_all (endpoint pool, retries, partitions, one flushed JSONL
+- ours: draftline.regenerate.replay.regenerate_all (endpoint pool, retries, partitions, one flushed JSONL
   line per conversation and its index entry), timed from its start to its end, as the stage runs
   it; `client_cpu_ms_per_request` is its process's CPU time over the requests;
 - speculators: `speculators regenerate-responses` over a local JSONL of the same prompts, its own
@@ -24,7 +24,7 @@ exchange. With `c` requests in flight the ideal rate is c / latency.
 Both are also timed by the stub (first request in to last answer out), the same clock for both,
 and `stub_cpu_ms_per_request` is the stub's CPU time for each side's requests: a streamed answer
 costs the stub more than a whole one, on the same cores as the client.
-At each level the clients alternate for `rounds` rounds (draftline/ab_timing.py: ours, bare,
+At each level the clients alternate for `rounds` rounds (draftline/tools/ab_timing.py: ours, bare,
 speculators, then the reverse, ...); each side's figures are its median round by ratio, with
 every round's ratios beside them; the load averages and CPU count are recorded.
 Each level runs `waves` x c requests: a fixed latency keeps the requests in lockstep, so the first
@@ -35,7 +35,7 @@ Target: ours achieved / ideal >= 0.98 at c = 1, 64, 256, and at the highest leve
 Start-up (`startup`): a rerun of the stage after `--startup-lines` conversations (default 100,000
 of `--startup-tokens` 4,096 tokens: two user turns and two answers, the answers' token ids recorded
 as vLLM returns them; 3.1 GB, and 1.6 GB of prompts) with `--startup-new` prompts still to send.
-A fresh process runs what the stage runs before its server (draftline.regeneration_run.pending:
+A fresh process runs what the stage runs before its server (draftline.regenerate.run.pending:
 read the prompts, count the conversations that still hold), then sends the missing prompts to the
 stub; `to_first_request_s` is from launching that process to the stub's first request in. The
 first start finds no index beside the conversations (a file of a run before it, or a lost index):
@@ -61,9 +61,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from draftline.ab_timing import alternate, drop_page_cache, loadavg, machine_load, median_run
-from draftline.openai_client import RetryPolicy, close_pool, open_pool
-from draftline.regeneration import Sampling, regenerate_all
+from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
+from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.tools.ab_timing import alternate, drop_page_cache, loadavg, machine_load, median_run
 
 TARGET_RATIO = 0.98  # ours achieved / ideal, at every level
 
@@ -368,14 +368,14 @@ STARTUP_WORDS = (
 
 
 def startup_config(url: str):
-    from draftline.config import RegenerateConfig
+    from draftline.regenerate.config import RegenerateConfig
 
     return RegenerateConfig(backend="external", endpoints=[url], external_engine="vllm")
 
 
 def startup_card():
     """A card as `target` writes it (the fields the settings read; the rest a Llama's)."""
-    from draftline.card import TargetCard
+    from draftline.core.card import TargetCard
 
     return TargetCard(
         model="/models/target",
@@ -403,7 +403,7 @@ def write_startup_files(directory: Path, url: str, lines: int, tokens: int, new:
     settings startup_config gives), and train.jsonl with their prompts and `new` more. A
     conversation: two user turns and two answers of tokens/4 words each, the answers' token ids
     recorded; 16 of them, told apart by their ids (what a rerun reads per line is the same)."""
-    from draftline.conversation_store import engine_record, prompt_sha256, wanted_settings
+    from draftline.regenerate.store import engine_record, prompt_sha256, wanted_settings
 
     cfg = startup_config(url)
     out = directory / "out"
@@ -455,10 +455,10 @@ def write_startup_files(directory: Path, url: str, lines: int, tokens: int, new:
 
 def startup_child(directory: Path, url: str) -> None:
     """One rerun's start (a fresh process, timed by the parent): the stage's own work before its
-    server (draftline.regeneration_run.pending), then the prompts still missing sent to the stub;
+    server (draftline.regenerate.run.pending), then the prompts still missing sent to the stub;
     prints when each phase ended (time.monotonic, as the stub's clock)."""
     main_at = time.monotonic()
-    from draftline.regeneration_run import pending
+    from draftline.regenerate.run import pending
 
     imported_at = time.monotonic()
     todo = pending(
@@ -584,7 +584,7 @@ def main() -> None:
             if (
                 not args.no_speculators
             ):  # speculators decodes the token ids with the served model's tokenizer
-                from draftline.tiny import train_tokenizer
+                from draftline.target.tiny import train_tokenizer
 
                 train_tokenizer([f"question {i} ok" for i in range(200)], 300).save_pretrained(
                     tokenizer_dir

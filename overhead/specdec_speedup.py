@@ -4,7 +4,7 @@
 
 Uses the artifacts of the default pipeline (models/target, models/draft, the eval prompts) and the
 same engine as the `benchmark` stage, with more repeats: greedy and speculative decoding of the same
-prompts, interleaved, medians of tokens/s and their ratio (draftline/benchmark_hf.py); the load
+prompts, interleaved, medians of tokens/s and their ratio (draftline/benchmark/hf.py); the load
 averages and CPU count are recorded.
 """
 
@@ -13,14 +13,14 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from draftline.ab_timing import loadavg, machine_load
-from draftline.benchmark_hf import benchmark_hf
-from draftline.card import TargetCard
-from draftline.chat import first_turn_ids
-from draftline.checkpoint import load_draft
-from draftline.evaluation import eos_ids
-from draftline.io import read_jsonl
-from draftline.target import load_target
+from draftline.benchmark.hf import benchmark_hf
+from draftline.core.card import TargetCard
+from draftline.core.io import read_jsonl
+from draftline.draft.checkpoint import load_draft
+from draftline.evaluate.acceptance import eos_ids
+from draftline.target.model import load_target
+from draftline.tokens.chat import first_turn_ids
+from draftline.tools.ab_timing import loadavg, machine_load
 
 
 def main() -> None:

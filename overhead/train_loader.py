@@ -1,5 +1,5 @@
 """Reading hidden states during training: the builtin loop's step with its packs read from disk by
-the loader (draftline.draft_data.make_loader) against the same step on the same packs already in
+the loader (draftline.train.data.make_loader) against the same step on the same packs already in
 memory, at a large target's hidden size.
 
     python overhead/train_loader.py --out reports/overhead/train_loader.json     # ~3 min on 2 cores
@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from draftline.ab_timing import drop_page_cache, machine_load  # noqa: E402
-from draftline.threads import apply_thread_policy  # noqa: E402
+from draftline.core.threads import apply_thread_policy  # noqa: E402
+from draftline.tools.ab_timing import drop_page_cache, machine_load  # noqa: E402
 
 VARIANTS = ("read_ahead", "in_memory", "synchronous")
 
@@ -57,9 +57,9 @@ def build_target(root: Path, hidden_size: int):
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from draftline.corpus import generate_conversations
-    from draftline.target import build_card
-    from draftline.tiny import CHAT_TEMPLATE, train_tokenizer
+    from draftline.target.corpus import generate_conversations
+    from draftline.target.model import build_card
+    from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer
 
     texts = [
         render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0]
@@ -102,7 +102,7 @@ def write_rows(root: Path, rows: int, row_len: int, hidden_size: int, vocab: int
     import torch
 
     from datasets import Dataset
-    from draftline.hidden import hs_path, save_hidden_states
+    from draftline.hidden_states.hidden import hs_path, save_hidden_states
 
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(3, vocab, (row_len,), generator=g).tolist() for _ in range(rows)]
@@ -141,12 +141,12 @@ def main() -> None:
     import torch
     from speculators.losses import resolve_loss_config
 
-    from draftline.config import TrainConfig
-    from draftline.draft_data import epoch_batches, make_dataset, make_loader
-    from draftline.draft_metrics import run_batch
-    from draftline.draft_model import build_draft
-    from draftline.hidden import hs_path
-    from draftline.train_state import seed_everything
+    from draftline.draft.model import build_draft
+    from draftline.hidden_states.hidden import hs_path
+    from draftline.train.config import TrainConfig
+    from draftline.train.data import epoch_batches, make_dataset, make_loader
+    from draftline.train.metrics import run_batch
+    from draftline.train.resume import seed_everything
 
     cfg = TrainConfig(pack_len=args.pack_len, device="cpu", val_fraction=0.5)
     workers = cfg.loader_workers if args.workers is None else args.workers

@@ -7,7 +7,7 @@ Uses the default pipeline's tokenized rows and hidden states, one epoch of Train
 both are timed per optimizer step the same way: the wall time from the end of the first step to
 the end of the last, over the steps in between (the cold first step is left out of both).
 
-- ours: draftline.training.train_draft with a resume-state directory, as the train stage runs it:
+- ours: draftline.train.run.train_draft with a resume-state directory, as the train stage runs it:
   speculators' ArrowDataset + Multipack plan + CollateFn read from disk each step, the TTT
   forward/loss, backward, clipping, AdamW, schedule, metric sums, and the resume checkpoints it
   writes every `checkpoint_every_steps` steps, which fall between two steps and so are in the time
@@ -16,8 +16,8 @@ the end of the last, over the steps in between (the cold first step is left out 
 - bare: forward + backward + AdamW (the same lr and weight decay) on the same packed batches,
   collated in memory beforehand, nothing written.
 
-The sides alternate round by round (draftline/ab_timing.py), median per side, both under the train
-stage's thread policy (draftline/threads.py); the load averages and CPU count are recorded.
+The sides alternate round by round (draftline/tools/ab_timing.py), median per side, both under the train
+stage's thread policy (draftline/core/threads.py); the load averages and CPU count are recorded.
 `ours_step_median_s` is the median of ours' step-to-step times: a step without a checkpoint.
 Target: ratio <= 1.10.
 """
@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftline.ab_timing import alternate, loadavg, machine_load, medians
-from draftline.threads import apply_thread_policy
+from draftline.core.threads import apply_thread_policy
+from draftline.tools.ab_timing import alternate, loadavg, machine_load, medians
 
 
 def per_step(stamps: list[float]) -> float:
@@ -57,13 +57,13 @@ def main() -> None:
     import torch
     from speculators.losses import resolve_loss_config
 
-    from draftline.card import TargetCard
-    from draftline.config import TrainConfig
-    from draftline.draft_data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
-    from draftline.draft_metrics import run_batch
-    from draftline.draft_model import build_draft
-    from draftline.train_state import seed_everything
-    from draftline.training import train_draft
+    from draftline.core.card import TargetCard
+    from draftline.draft.model import build_draft
+    from draftline.train.config import TrainConfig
+    from draftline.train.data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
+    from draftline.train.metrics import run_batch
+    from draftline.train.resume import seed_everything
+    from draftline.train.run import train_draft
 
     card = TargetCard.load(args.card)
     cfg = TrainConfig(

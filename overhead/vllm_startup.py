@@ -2,7 +2,7 @@
 
     python overhead/vllm_startup.py --out reports/overhead/vllm_startup.json   # after make repro
 
-Two sides, in alternating rounds (draftline/ab_timing.py):
+Two sides, in alternating rounds (draftline/tools/ab_timing.py):
 - `processes`: VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's default: a server is its front end, an
   engine-core process and, on the CPU build, a worker process the engine core spawns; the offline
   engine (`evaluate.engine: vllm`) the same behind the caller's process;
@@ -13,7 +13,7 @@ Two sides, in alternating rounds (draftline/ab_timing.py):
 Each round and side: the api_server on the default run's target (`models/target`), timed from the
 launch to `/health` answering, then `--requests` chat completions of the eval prompts' first turns
 (`--concurrency` in flight, greedy, `--max-tokens` each, end token ignored) for tokens/s; then
-draftline/vllm_generate.py with the default run's EAGLE-3 draft (`models/draft`) on the same
+draftline/evaluate/vllm_generate.py with the default run's EAGLE-3 draft (`models/draft`) on the same
 prompts' ids, as `evaluate` runs it: its wall time and vLLM's own load time. The answers and the
 spec-decode counters of the two sides are compared. The engine runs uncompiled (enforce_eager), as
 the pipeline's CPU defaults have it.
@@ -34,9 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from draftline.ab_timing import alternate, loadavg, machine_load  # noqa: E402
-from draftline.config import VllmEngineConfig  # noqa: E402
-from draftline.vllm_evaluation import GENERATE_SCRIPT  # noqa: E402
+from draftline.engines.config import VllmEngineConfig  # noqa: E402
+from draftline.evaluate.vllm_engine import GENERATE_SCRIPT  # noqa: E402
+from draftline.tools.ab_timing import alternate, loadavg, machine_load  # noqa: E402
 
 SIDES = {"processes": "1", "one_process": "0"}
 FLAG = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -142,7 +142,7 @@ def eval_prompts(n: int) -> tuple[list[list[dict]], list[list[int]]]:
     """The default run's eval prompts: first-turn messages, and their ids as evaluate builds them."""
     from transformers import AutoTokenizer
 
-    from draftline.chat import first_turn_ids
+    from draftline.tokens.chat import first_turn_ids
 
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "models/target")
     rows = [json.loads(line) for line in (ROOT / "datasets/prompts/eval.jsonl").open()][:n]

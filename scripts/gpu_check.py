@@ -502,17 +502,18 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     """The stored last hidden state, read back as the trainer reads it, through the target's norm
     and lm_head gives the target's own argmax. bf16: every disagreement must be a near-tie flip
     (a runner-up of the target's whose logit is within the stored dtype's tie tolerance of the
-    argmax's: draftline.evaluation.near_tie_flip, the rule evaluate applies). fp8 rounds coarser:
+    argmax's: draftline.evaluate.acceptance.near_tie_flip, the rule evaluate applies). fp8 rounds coarser:
     away from such flips the argmax must hold on at least 99% of the positions (as
     tests/test_hidden.py asks)."""
     import torch
     from safetensors.torch import load_file
 
-    from draftline import hidden, hs_format
-    from draftline.card import TargetCard
-    from draftline.config import TIE_TOLERANCE
-    from draftline.evaluation import near_tie_flip
-    from draftline.target import load_target_model
+    from draftline.core.card import TargetCard
+    from draftline.core.config import TIE_TOLERANCE
+    from draftline.evaluate.acceptance import near_tie_flip
+    from draftline.hidden_states import formats as hs_format
+    from draftline.hidden_states import hidden
+    from draftline.target.model import load_target_model
 
     card = TargetCard.load(sub / "models" / "target" / "card.json")
     hs_dir = sub / "datasets" / "hidden_states"
@@ -566,7 +567,7 @@ def check_draft_loads(draft_dir: Path, card_path: Path) -> dict:
     """Eagle3DraftModel.from_pretrained takes the saved draft as it is, for our target's aux layers."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from draftline.card import TargetCard
+    from draftline.core.card import TargetCard
 
     card = TargetCard.load(card_path)
 
@@ -585,7 +586,7 @@ def check_draft_loads(draft_dir: Path, card_path: Path) -> dict:
 def check_lossless(work: Path) -> dict:
     """evaluate fails on any divergence from greedy that is not a near-tie flip, and past
     evaluate.max_near_tie_share of them; its report says how many prompts were equal to greedy
-    token for token and how many were excused as near-ties (draftline.evaluation.lossless_summary)."""
+    token for token and how many were excused as near-ties (draftline.evaluate.acceptance.lossless_summary)."""
     rep = read(work / "reports" / "acceptance.detail.json")
     if not rep:
         raise FileNotFoundError("reports/acceptance.detail.json missing: evaluate did not finish")

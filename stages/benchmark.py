@@ -18,19 +18,20 @@ level, latencies, acceptance length) is in reports/benchmark.detail.json.
 
 import sys
 
-from draftline.card import TargetCard
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.benchmark.config import BenchmarkConfig
+from draftline.core.card import TargetCard
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
 
 
 def main(
     card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str
 ) -> None:
-    params = stage_params()
-    apply_thread_policy("benchmark")  # before torch loads: draftline/threads.py
+    params = stage_sections(benchmark=BenchmarkConfig)
+    apply_thread_policy("benchmark")  # before torch loads: draftline/core/threads.py
     cfg = params.benchmark
-    from draftline.benchmarking import run_benchmark
-    from draftline.io import write_json, write_metrics
+    from draftline.benchmark.run import run_benchmark
+    from draftline.core.io import write_json, write_metrics
 
     card = TargetCard.load(card_path)
     report, deploy = run_benchmark(cfg, card, draft_dir, eval_path, deploy_path)

@@ -19,17 +19,17 @@ inside the draft output that a train run replaces.
 import sys
 from pathlib import Path
 
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.threads import apply_thread_policy
+from draftline.params import stage_params
 
 STAMP = "params.yaml is valid: checked by stages/check_params.py before any other stage runs.\n"
 
 
 def main(sources_yaml: str, draft_dir: str, out_path: str) -> None:
     params = stage_params()  # every section; exits 2 naming each bad key
-    # as every stage does (draftline/threads.py); torch is never loaded here
+    # as every stage does (draftline/core/threads.py); torch is never loaded here
     apply_thread_policy("check_params")
-    from draftline.workspace import params_problems
+    from draftline.data.workspace import params_problems
 
     if problems := params_problems(params, Path(sources_yaml), Path(draft_dir)):
         raise SystemExit(

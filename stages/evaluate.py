@@ -28,7 +28,7 @@ the three headline figures; the whole report (per position, per source, histogra
 acceptance.detail.json beside it.
 
 evaluate.engine vllm: vLLM's offline engine measures the same prompts with the draft
-(draftline/vllm_evaluation.py), its acceptance the headline; with evaluate.vllm.parity (default)
+(draftline/evaluate/vllm_engine.py), its acceptance the headline; with evaluate.vllm.parity (default)
 the built-in engine measures too, both go in the report side by side (`engines`, `parity`), and a
 gap beyond the tolerance fails the stage after writing the report, with what vLLM read. Without
 parity (a target the built-in engine cannot hold) vLLM alone measures: no tau_sim, no lossless
@@ -38,9 +38,11 @@ check against transformers.
 import sys
 from pathlib import Path
 
-from draftline.card import TargetCard
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.engines.config import EnginesConfig
+from draftline.evaluate.config import EvaluateConfig
 
 
 def main(
@@ -54,11 +56,11 @@ def main(
     if unknown := sorted(set(flags) - {"--dev"}):
         raise SystemExit(f"error: unknown options {unknown}; known: --dev")
     dev = "--dev" in flags
-    params = stage_params()
-    apply_thread_policy("evaluate")  # before torch loads: draftline/threads.py
+    params = stage_sections(samples=int, evaluate=EvaluateConfig, engines=EnginesConfig)
+    apply_thread_policy("evaluate")  # before torch loads: draftline/core/threads.py
     cfg = params.evaluate
-    from draftline.evaluation import evaluate_draft
-    from draftline.io import read_jsonl, write_json, write_metrics
+    from draftline.core.io import read_jsonl, write_json, write_metrics
+    from draftline.evaluate.acceptance import evaluate_draft
 
     if dev and not any(True for _ in read_jsonl(eval_path)):
         print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
@@ -69,13 +71,13 @@ def main(
     card = TargetCard.load(card_path)
     failure = None
     if cfg.engine == "vllm" and not cfg.vllm.parity:
-        from draftline.vllm_evaluation import vllm_only_run
+        from draftline.evaluate.vllm_engine import vllm_only_run
 
         run = vllm_only_run(cfg, card, draft_dir, eval_path, params.samples, params.engines.vllm)
     else:
         run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)
         if cfg.engine == "vllm" and not dev:
-            from draftline.vllm_evaluation import with_vllm
+            from draftline.evaluate.vllm_engine import with_vllm
 
             run, failure = with_vllm(run, cfg, card, draft_dir, params.engines.vllm)
     write_metrics(report_path, run.report, ["acceptance_length", "tau_sim", "tokens_per_step"])

@@ -14,17 +14,19 @@ start when free space is below it x `disk_margin`.
 import sys
 from pathlib import Path
 
-from draftline.card import TargetCard
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.hidden_states.config import HiddenStatesConfig
+from draftline.train.config import TrainConfig
 
 
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
-    params = stage_params()
-    apply_thread_policy("hidden_states")  # before torch loads: draftline/threads.py
+    params = stage_sections(hidden_states=HiddenStatesConfig, train=TrainConfig)
+    apply_thread_policy("hidden_states")  # before torch loads: draftline/core/threads.py
     cfg = params.hidden_states
-    from draftline.extraction import extract_hidden_states
-    from draftline.io import write_json
+    from draftline.core.io import write_json
+    from draftline.hidden_states.extract import extract_hidden_states
 
     card = TargetCard.load(card_path)
     report = extract_hidden_states(

@@ -4,27 +4,29 @@
     python -m stages.mix datasets/prepared reports/prepare datasets/prompts reports/mix.json
 
 Reads PREPARED_DIR/<name>.jsonl and PREPARE_REPORTS/<name>.json for every dataset in params.yaml
-and writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl, OUT_DIR/dev.jsonl (records of draftline/formats.py plus
+and writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl, OUT_DIR/dev.jsonl (records of draftline/data/formats.py plus
 "partition": short|long), OUT_DIR/meta.json and a report: rows per source and partition, caps,
 cross-dataset duplicates, and every dataset's drop counts by reason. Uses `samples`, `seed` and
-`mix.*`; the rule is in draftline/mixing.py.
+`mix.*`; the rule is in draftline/data/mixing.py.
 """
 
 import sys
 from pathlib import Path
 
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.data.config import Datasets, MixConfig, check_weights
 
 
 def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str) -> None:
-    params = stage_params()
-    apply_thread_policy("mix")  # before torch loads: draftline/threads.py
-    from draftline.io import write_json, write_jsonl, write_meta
-    from draftline.mixing import full_records, mix_prepared
+    params = stage_sections(samples=int, seed=(int, 0), datasets=Datasets, mix=MixConfig)
+    apply_thread_policy("mix")  # before torch loads: draftline/core/threads.py
+    from draftline.core.io import write_json, write_jsonl, write_meta
+    from draftline.data.mixing import full_records, mix_prepared
 
     cfg = params.mix
     try:
+        check_weights(params.datasets, cfg)
         mixed = mix_prepared(
             list(params.datasets),
             Path(prepared_dir),

@@ -7,7 +7,7 @@ Reads `datasets.<NAME>` (a preset, a local .jsonl/.json/.parquet file or dataset
 hub dataset id; format, split, config name, revision, streaming, field mapping, filters). Rows are
 streamed: read, converted, filtered and written one at a time. Rows that cannot be used are dropped
 and counted by reason; a dataset with no usable row fails and leaves no output. Record and report
-schemas: draftline/formats.py.
+schemas: draftline/data/formats.py.
 
 `--source-dep PATH` (what dvc.yaml passes) is checked against the dataset's source, so a stale
 datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead of tracking the wrong file.
@@ -15,23 +15,24 @@ datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead o
 
 import sys
 
-from draftline.config import DATASET_NAME, stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.data.config import DATASET_NAME, Datasets
 
 
 def write_sources(path: str = "datasets/sources.yaml") -> None:
-    from draftline.workspace import write_sources as write_sources_file
+    from draftline.data.workspace import write_sources as write_sources_file
 
-    params = stage_params()
-    apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
+    params = stage_sections(datasets=Datasets)
+    apply_thread_policy("prepare")  # before torch loads: draftline/core/threads.py
     print(f"{path}: source deps of {write_sources_file(params.datasets, path)} datasets")
 
 
 def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
-    params = stage_params()
+    params = stage_sections(datasets=Datasets)
     if not DATASET_NAME.fullmatch(name):
         raise SystemExit(f"error: {name!r} is not a plain dataset name (letters, digits, _ and -)")
-    apply_thread_policy("prepare")  # before torch loads: draftline/threads.py
+    apply_thread_policy("prepare")  # before torch loads: draftline/core/threads.py
     if name not in params.datasets:
         raise SystemExit(
             f"error: unknown dataset {name!r}; params.yaml datasets: {', '.join(sorted(params.datasets))}"
@@ -41,9 +42,9 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
         raise SystemExit(
             f"error: unknown options {' '.join(options)}; usage: NAME OUT_JSONL REPORT_JSON [--source-dep PATH]"
         )
-    from draftline.io import write_json
-    from draftline.sources import prepare_dataset
-    from draftline.workspace import inside_workspace, source_dep_problem
+    from draftline.core.io import write_json
+    from draftline.data.sources import prepare_dataset
+    from draftline.data.workspace import inside_workspace, source_dep_problem
 
     if options and (problem := source_dep_problem(name, spec, options[1])):
         raise SystemExit(f"error: {problem}")

@@ -17,19 +17,22 @@ file, so `dvc repro` stops here. Its text is the same for every pass, so passing
 import sys
 from pathlib import Path
 
-from draftline.card import TargetCard
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.hidden_states.config import HiddenStatesConfig
+from draftline.tokens.config import VocabConfig
+from draftline.train.config import TrainConfig
 
 STAMP = "train.init and vLLM extraction fit the target: checked by stages/probe.py.\n"
 
 
 def main(card_path: str, report_path: str, stamp_path: str) -> None:
-    params = stage_params()
-    apply_thread_policy("probe")  # before torch loads: draftline/threads.py
-    from draftline.checkpoint import InitMismatch
-    from draftline.io import read_json, write_json
-    from draftline.probe import ProbeFailed, check_init_fits, probe_extraction
+    params = stage_sections(train=TrainConfig, vocab=VocabConfig, hidden_states=HiddenStatesConfig)
+    apply_thread_policy("probe")  # before torch loads: draftline/core/threads.py
+    from draftline.core.io import read_json, write_json
+    from draftline.draft.checkpoint import InitMismatch
+    from draftline.probe.checks import ProbeFailed, check_init_fits, probe_extraction
 
     card = TargetCard.load(card_path)
     report_file = Path(report_path)

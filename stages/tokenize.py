@@ -6,7 +6,7 @@
 Rows are append-only, in the order of the regenerate runs that wrote them, so hidden-state file
 hs_{i} stays row i across reruns; a conversation gives one row or several (columns `id`, `part`,
 `input_ids`, `loss_mask`, `seq_len`). token_freq.pt counts trainable tokens only. The rules:
-draftline/tokenization.py. More rows cut at tokenize.max_length than tokenize.max_truncated_share
+draftline/tokens/tokenize.py. More rows cut at tokenize.max_length than tokenize.max_truncated_share
 fails the stage after its report is written (the report's `check` says how many, and which
 max_length would do).
 
@@ -17,18 +17,19 @@ kept, copied and tokenized); another target, tokenizer or tokenize param tokeniz
 
 import sys
 
-from draftline.card import TargetCard
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.tokens.config import TokenizeConfig
 
 
 def main(
     card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str
 ) -> None:
-    params = stage_params()
-    apply_thread_policy("tokenize")  # before torch loads: draftline/threads.py
-    from draftline.io import write_json
-    from draftline.tokenization import TokenizeError, tokenize_dataset, truncation_error
+    params = stage_sections(tokenize=TokenizeConfig)
+    apply_thread_policy("tokenize")  # before torch loads: draftline/core/threads.py
+    from draftline.core.io import write_json
+    from draftline.tokens.tokenize import TokenizeError, tokenize_dataset, truncation_error
 
     card = TargetCard.load(card_path)
     try:

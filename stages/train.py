@@ -22,9 +22,10 @@ the best validation tau_sim, not the lowest loss.
 import sys
 from pathlib import Path
 
-from draftline.card import TargetCard
-from draftline.config import stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.train.config import TrainConfig
 
 
 def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
@@ -47,15 +48,15 @@ def main(
     report_path: str,
     state_dir: str = "models/draft_checkpoints",
 ) -> None:
-    params = stage_params()
-    apply_thread_policy("train")  # before torch loads: draftline/threads.py
+    params = stage_sections(train=TrainConfig)
+    apply_thread_policy("train")  # before torch loads: draftline/core/threads.py
     cfg = params.train
     refuse_own_output_as_init(cfg.init, Path(out_dir))
-    from draftline.checkpoint import InitMismatch
-    from draftline.draft_data import DataMismatch
-    from draftline.io import write_metrics
-    from draftline.train_state import finish_state
-    from draftline.training import TrainPaths, train
+    from draftline.core.io import write_metrics
+    from draftline.draft.checkpoint import InitMismatch
+    from draftline.train.data import DataMismatch
+    from draftline.train.resume import finish_state
+    from draftline.train.run import TrainPaths, train
 
     card = TargetCard.load(card_path)
     paths = TrainPaths(

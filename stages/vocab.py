@@ -6,23 +6,24 @@ Built by speculators' build_vocab_mappings_from_distribution, in its conventions
 d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
 [target_vocab_size], True for the target ids the draft can emit. Frequencies count trainable
 (loss-masked) tokens only. The report says which share of trainable tokens the draft covers
-(draftline/draft_vocab.py); below vocab.min_coverage the stage fails after writing it, naming
+(draftline/tokens/vocab.py); below vocab.min_coverage the stage fails after writing it, naming
 vocab.draft_vocab_size and the size that would reach the threshold.
 """
 
 import sys
 
-from draftline.card import TargetCard
-from draftline.config import output_shaping, stage_params
-from draftline.threads import apply_thread_policy
+from draftline.core.card import TargetCard
+from draftline.core.config import output_shaping, stage_sections
+from draftline.core.threads import apply_thread_policy
+from draftline.tokens.config import VocabConfig
 
 
 def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None:
-    params = stage_params()
-    apply_thread_policy("vocab")  # before torch loads: draftline/threads.py
+    params = stage_sections(vocab=VocabConfig)
+    apply_thread_policy("vocab")  # before torch loads: draftline/core/threads.py
     cfg = params.vocab
-    from draftline.draft_vocab import VocabSizeError, build_draft_vocab, coverage_error
-    from draftline.io import write_json, write_meta
+    from draftline.core.io import write_json, write_meta
+    from draftline.tokens.vocab import VocabSizeError, build_draft_vocab, coverage_error
 
     card = TargetCard.load(card_path)
     try:

@@ -2,13 +2,13 @@ import os
 
 # Torch in the test process (fixtures, in-process stages) waits for work without spinning: with
 # `make test`'s two workers on two cores a spinning pool would take the other worker's core (the
-# 10x slowdown draftline/threads.py describes). Set before anything imports torch.
+# 10x slowdown draftline/core/threads.py describes). Set before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
-from draftline.corpus import generate_conversations  # noqa: E402
-from draftline.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
+from draftline.target.corpus import generate_conversations  # noqa: E402
+from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
 
 # The longest files first (each about a minute or more on the 2-core machine, longest first):
 # `make test` hands whole files to its two workers in this order (pytest-xdist --dist loadfile
@@ -63,7 +63,7 @@ def random_llama(path, tokenizer, **overrides):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftline.target import build_card
+    from draftline.target.model import build_card
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -106,7 +106,7 @@ def eagle3_draft_dir(tmp_path_factory, random_target, vocab_dir):
     moved off their initialisation, saved in speculators format."""
     import torch
 
-    from draftline.draft_model import build_draft
+    from draftline.draft.model import build_draft
 
     torch.manual_seed(5)
     model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
@@ -123,7 +123,7 @@ def eagle3_draft_dir(tmp_path_factory, random_target, vocab_dir):
 def trained_draft(tmp_path_factory, random_target):
     """A draft that has learned its target: the random target with a sharpened lm_head (the same
     argmax everywhere, peaked distributions to learn; its own card), and a draft over the whole
-    target vocabulary trained by the built-in loop (draftline.training.train_draft, 40 steps, ~10 s)
+    target vocabulary trained by the built-in loop (draftline.train.run.train_draft, 40 steps, ~10 s)
     on that target's 40-token greedy answers to the first turns of `conversations`, so speculative
     decoding of those prompts accepts draft tokens (acceptance length ~1.3-2.6 at k = 1 and 3).
     Returns (card, draft dir, conversations, their first-turn prompt ids)."""
@@ -139,12 +139,15 @@ def train_a_draft(root, random_target):
     import torch
 
     from datasets import Dataset
-    from draftline import draft_model, hidden, train_state, training
-    from draftline.chat import first_turn_ids
-    from draftline.config import TrainConfig
-    from draftline.io import write_json
-    from draftline.specdec import greedy_generate
-    from draftline.target import build_card, load_target
+    from draftline.core.io import write_json
+    from draftline.draft import model as draft_model
+    from draftline.evaluate.specdec import greedy_generate
+    from draftline.hidden_states import hidden
+    from draftline.target.model import build_card, load_target
+    from draftline.tokens.chat import first_turn_ids
+    from draftline.train import resume as train_state
+    from draftline.train import run as training
+    from draftline.train.config import TrainConfig
 
     model, tokenizer = load_target(random_target)
     with torch.no_grad():

@@ -20,15 +20,15 @@ import pytest
 import yaml
 from stubs import StubHandler
 
-from draftline.card import TargetCard
-from draftline.chat import chat_prompt_ids
-from draftline.commands import (
+from draftline.core.card import TargetCard
+from draftline.core.io import write_jsonl
+from draftline.engines.commands import (
     transformers_serve_command,
 )
-from draftline.io import write_jsonl
-from draftline.openai_client import RetryPolicy, close_pool, open_pool
-from draftline.regeneration import Sampling, regenerate_all
-from draftline.servers import ManagedServer, server_env
+from draftline.engines.servers import ManagedServer, server_env
+from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
+from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.tokens.chat import chat_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def port_open(port: int) -> bool:
 
 
 def prompts(n: int, seed: int = 11) -> list[dict]:
-    from draftline.corpus import generate_conversations
+    from draftline.target.corpus import generate_conversations
 
     return [
         {"id": f"p{i}", "source": "t", "partition": "long" if i % 5 == 4 else "short", **c}
@@ -63,7 +63,7 @@ def chatty_target(tmp_path_factory, random_target):
     import torch
     from transformers import LlamaForCausalLM
 
-    from draftline.target import build_card
+    from draftline.target.model import build_card
 
     path = tmp_path_factory.mktemp("chatty_target")
     shutil.copytree(random_target.model, path, dirs_exist_ok=True)

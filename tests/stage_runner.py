@@ -29,7 +29,7 @@ def write_params(root: Path, target: dict, **sections) -> None:
 def run_stage(root: Path, name: str, *args) -> dict | None:
     """stages.<name>.main(*args) with root as the working directory; the report (last arg ending in .json) if any,
     the whole one for a metrics file (its .detail.json beside it)."""
-    from draftline.io import detail_path
+    from draftline.core.io import detail_path
 
     stage = importlib.import_module(f"stages.{name}")
     with contextlib.chdir(root):
@@ -79,7 +79,7 @@ def write_regenerated(path: Path, prompts: list[dict], conversations: list[dict]
 
 
 def corpus(n: int, seed: int) -> list[dict]:
-    from draftline.corpus import arithmetic, tool_call
+    from draftline.target.corpus import arithmetic, tool_call
 
     rng = random.Random(seed)
     return [(arithmetic if k % 2 else tool_call)(rng) for k in range(n)]

@@ -3,8 +3,15 @@ side by its median, and record the machine load."""
 
 import pytest
 
-from draftline import ab_timing
-from draftline.ab_timing import alternate, machine_load, median_run, medians, round_order, timed
+from draftline.tools import ab_timing
+from draftline.tools.ab_timing import (
+    alternate,
+    machine_load,
+    median_run,
+    medians,
+    round_order,
+    timed,
+)
 
 
 def test_sides_alternate_round_by_round():

@@ -1,10 +1,10 @@
-"""Streamed answers put together (draftline/answer_stream.py): reasoning read once whichever field
+"""Streamed answers put together (draftline/regenerate/stream.py): reasoning read once whichever field
 carries it, and the whole-message path reading the same way."""
 
 import pytest
 
-from draftline.answer_stream import StreamedAnswer
-from draftline.regeneration import reply_message
+from draftline.regenerate.replay import reply_message
+from draftline.regenerate.stream import StreamedAnswer
 
 
 def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:

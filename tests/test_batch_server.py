@@ -1,5 +1,5 @@
 """regenerate.backend: hf — greedy batched decoding behind the OpenAI-compatible API
-(draftline/batch_server.py): the step-by-step decode picks what `generate` picks, batched answers
+(draftline/engines/batch_server.py): the step-by-step decode picks what `generate` picks, batched answers
 (rows joining and leaving included) equal batch-1 greedy decodes except at counted near-ties,
 answers stream and put together to the whole answer, a client that goes away leaves the batch,
 and the regenerate stage runs on it with the same records, report and resume, and no timeout
@@ -18,12 +18,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from draftline.batch_server import decode_batch
-from draftline.chat import chat_prompt_ids
-from draftline.config import ParamsError, parse_params
-from draftline.evaluation import compare_to_greedy
-from draftline.io import read_json, write_jsonl
-from draftline.specdec import greedy_generate
+from draftline.core.config import ParamsError
+from draftline.core.io import read_json, write_jsonl
+from draftline.engines.batch_server import decode_batch
+from draftline.evaluate.acceptance import compare_to_greedy
+from draftline.evaluate.specdec import greedy_generate
+from draftline.params import parse_params
+from draftline.tokens.chat import chat_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def free_port() -> int:
 
 
 def conversations(n: int) -> list[dict]:
-    from draftline.corpus import generate_conversations
+    from draftline.target.corpus import generate_conversations
 
     return [
         {"id": f"p{i}", "partition": "short", **c}
@@ -178,9 +179,9 @@ def test_stage_on_backend_hf_writes_the_same_records_and_resumes(tmp_path, rando
     # tokenize compares each turn's re-tokenized span with them, and with assistant_ids: server
     # trains on exactly them
     from datasets import load_from_disk
-    from draftline.chat import trained_runs
-    from draftline.config import TokenizeConfig
-    from draftline.tokenization import tokenize_dataset
+    from draftline.tokens.chat import trained_runs
+    from draftline.tokens.config import TokenizeConfig
+    from draftline.tokens.tokenize import tokenize_dataset
 
     args = (random_target, str(tmp_path / "train.jsonl"), str(tmp_path / "out/conversations.jsonl"))
     report = tokenize_dataset(*args, str(tmp_path / "tok"), TokenizeConfig())["server_token_ids"]
@@ -269,7 +270,7 @@ def test_rows_joining_and_leaving_a_running_batch_decode_as_alone(random_target)
     """Requests join the rows already decoding at the next step (their KV cache left-padded to
     the batch's) and leave when they end: each answer equals its batch-1 decode but at a counted
     near-tie."""
-    from draftline.batch_server import GreedyBatch, Row
+    from draftline.engines.batch_server import GreedyBatch, Row
 
     tokenizer, model = load(random_target)
     prompts = first_turn_ids(tokenizer, 5)
@@ -309,8 +310,8 @@ def test_streamed_chunks_put_together_the_whole_answer_with_reasoning_and_tool_c
 
     from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS
 
-    from draftline.answer_stream import StreamedAnswer, answer_choice
-    from draftline.batch_server import ChunkStream, assistant_message, text_fields
+    from draftline.engines.batch_server import ChunkStream, assistant_message, text_fields
+    from draftline.regenerate.stream import StreamedAnswer, answer_choice
 
     tokenizer = copy.deepcopy(tiny_tokenizer)
     tokenizer.response_template = next(
@@ -355,7 +356,7 @@ def test_streamed_chunks_put_together_the_whole_answer_with_reasoning_and_tool_c
 
 
 def test_a_parse_that_changes_streamed_text_ends_the_stream_instead_of_a_wrong_answer():
-    from draftline.batch_server import ChunkStream, StreamMismatch
+    from draftline.engines.batch_server import ChunkStream, StreamMismatch
 
     chunks = ChunkStream("r", "m", 3, False, False, lambda t: {"content": "draft " * len(t)})
     assert chunks.update([5, 6, 7])[0]["choices"][0]["delta"] == {"content": "draft draft"}
@@ -368,7 +369,7 @@ def test_a_parse_that_changes_streamed_text_ends_the_stream_instead_of_a_wrong_a
 
 @pytest.fixture(scope="module")
 def served(random_target, tmp_path_factory):
-    from draftline.batch_server import BatchServer
+    from draftline.engines.batch_server import BatchServer
 
     stats = tmp_path_factory.mktemp("served") / "server_stats.json"
     return BatchServer(random_target.model, "target", 4, 0.05, 1e-4, stats)
@@ -378,7 +379,7 @@ def serve(server, scenario):
     """`scenario(base_url)` run against `server` listening on a free local port."""
     from aiohttp.test_utils import TestServer
 
-    from draftline.batch_server import make_app
+    from draftline.engines.batch_server import make_app
 
     async def run():
         site = TestServer(make_app(server), host="127.0.0.1")
@@ -403,7 +404,7 @@ async def streamed(session, url: str, body: dict) -> tuple[str, list[dict]]:
 
 
 def put_together(chunks: list[dict]) -> dict:
-    from draftline.answer_stream import StreamedAnswer
+    from draftline.regenerate.stream import StreamedAnswer
 
     answer = StreamedAnswer()
     for chunk in chunks:
@@ -417,7 +418,7 @@ def test_answers_stream_as_generated_and_put_together_to_the_whole_answer(served
     `stream: false` still gets, and the stage's own client reads the same."""
     import aiohttp
 
-    from draftline.openai_client import RetryPolicy, chat_completion, close_pool, open_pool
+    from draftline.regenerate.client import RetryPolicy, chat_completion, close_pool, open_pool
 
     bodies = [first_turn_body(conv, 24) for conv in conversations(3)]
 
@@ -516,7 +517,7 @@ def test_an_answer_whose_stream_went_wrong_is_kept_for_the_retry(served, monkeyp
     retries) rather than a wrong answer; the retry gets the kept answer, not a new decode."""
     import aiohttp
 
-    from draftline import batch_server
+    from draftline.engines import batch_server
 
     body = first_turn_body(conversations(1)[0], 8)
 
@@ -550,7 +551,7 @@ def slow_target(tmp_path_factory, tiny_tokenizer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftline.target import build_card
+    from draftline.target.model import build_card
 
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("slow_target")

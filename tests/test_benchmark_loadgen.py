@@ -3,13 +3,13 @@
 import asyncio
 import socket
 
-from draftline.chat import first_turn_prompt
-from draftline.commands import transformers_serve_command
-from draftline.evaluation import eos_ids
-from draftline.loadgen import LoadTarget, RequestResult, run_load, summarize_load
-from draftline.servers import ManagedServer, server_env
-from draftline.specdec import greedy_generate
-from draftline.target import load_target
+from draftline.benchmark.loadgen import LoadTarget, RequestResult, run_load, summarize_load
+from draftline.engines.commands import transformers_serve_command
+from draftline.engines.servers import ManagedServer, server_env
+from draftline.evaluate.acceptance import eos_ids
+from draftline.evaluate.specdec import greedy_generate
+from draftline.target.model import load_target
+from draftline.tokens.chat import first_turn_prompt
 
 
 def free_port() -> int:
@@ -19,7 +19,7 @@ def free_port() -> int:
 
 
 def test_load_generator_streams_from_transformers_serve(tmp_path, random_target):
-    from draftline.corpus import generate_conversations
+    from draftline.target.corpus import generate_conversations
 
     model, tokenizer = load_target(random_target)
     rows = [{"messages": c["messages"], "tools": c["tools"]} for c in generate_conversations(3, 21)]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.chat import (
+from draftline.target.corpus import arithmetic, multi_turn, tool_call
+from draftline.tokens.chat import (
     ServerTurn,
     TemplateMismatch,
     end_of_turn_tokens,
@@ -22,7 +23,6 @@ from draftline.chat import (
     tokenize_conversation,
     trained_runs,
 )
-from draftline.corpus import arithmetic, multi_turn, tool_call
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 WEATHER = {
@@ -439,7 +439,7 @@ def test_rows_tokenized_at_once_equal_each_row_alone(tiny_tokenizer):
     """tokenize_rows (one batched call for every segment of every row) gives tokenize_row's ids,
     mask and `whole` for each row, and its trained runs; wherever segments_join_exactly says the
     segments join exactly, the row tokenized at once has exactly their ids."""
-    from draftline.chat import (
+    from draftline.tokens.chat import (
         join_rule,
         plan_conversation,
         segments,
@@ -466,7 +466,7 @@ def test_rows_tokenized_at_once_equal_each_row_alone(tiny_tokenizer):
             assert at_once == ids and not whole
     assert joined > 50 and any(whole for *_, whole, _ in batched)  # some differ: found
     # rows as the template renders them: every one joins, no second tokenization
-    from draftline.corpus import generate_conversations
+    from draftline.target.corpus import generate_conversations
 
     for c in generate_conversations(100, 3):
         plan = plan_conversation(tok, c["messages"], c["tools"])

@@ -9,7 +9,7 @@ import pytest
 from family_targets import deepseek_tokenizer, kimi_tokenizer
 from test_chat import WEATHER, assert_rows_are_renders, masked_runs
 
-from draftline.chat import render, tokenize_conversation
+from draftline.tokens.chat import render, tokenize_conversation
 
 
 def kimi_call(index: int, city: str):
@@ -132,12 +132,12 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     from regenerate_support import free_port
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftline.chat import chat_prompt_ids
-    from draftline.commands import regenerate_command
-    from draftline.config import RegenerateConfig
-    from draftline.preflight import PROBE_MESSAGES, PreflightError, preflight_regeneration
-    from draftline.servers import ManagedServer, server_env
-    from draftline.target import build_card
+    from draftline.engines.commands import regenerate_command
+    from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_regeneration
+    from draftline.engines.servers import ManagedServer, server_env
+    from draftline.regenerate.config import RegenerateConfig
+    from draftline.target.model import build_card
+    from draftline.tokens.chat import chat_prompt_ids
 
     torch.manual_seed(0)
     model_dir = tmp_path / "kimi_target"
@@ -164,7 +164,7 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
         return lambda messages, tools: chat_prompt_ids(kimi, messages, tools, chat_template_kwargs)
 
     port = free_port()
-    cfg = RegenerateConfig(port=port, chat_template_kwargs=kwargs)
+    cfg = RegenerateConfig(backend="transformers", port=port, chat_template_kwargs=kwargs)
     command = regenerate_command(cfg, card, card.model)
     assert command[command.index("--chat-template-kwargs") + 1] == '{"thinking": false}'
     with ManagedServer(

@@ -8,9 +8,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from draftline.formats import content_hash, prepare_records
-from draftline.mixing import twin_keys
-from draftline.sources import read_rows
+from draftline.data.formats import content_hash, prepare_records
+from draftline.data.mixing import twin_keys
+from draftline.data.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets/samples/chitchat.jsonl"

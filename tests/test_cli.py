@@ -29,7 +29,7 @@ def test_a_command_prints_what_its_module_prints():
     args = ["--hidden-size", "7168", "--samples", "25000", "--tokens-per-sample", "4000"]
     args += ["--free-gb", "30000"]
     ours = run(str(SCRIPT), "plan", *args)
-    module = run(sys.executable, "-m", "draftline.plan", *args)
+    module = run(sys.executable, "-m", "draftline.tools.plan", *args)
     assert ours.returncode == module.returncode == 0, ours.stderr
     assert ours.stdout == module.stdout and "hidden size 7168" in ours.stdout
 

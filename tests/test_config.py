@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftline.config import ParamsError, load_params, parse_params
+from draftline.core.config import ParamsError
+from draftline.params import load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,20 +46,30 @@ def test_bad_params_name_the_key(mutate, key):
 
 
 def test_stage_refuses_bad_params_before_work(tmp_path):
+    """A stage validates the sections it reads and names each bad key; check_params, before any
+    stage under DVC, validates every section."""
     raw = default_raw()
     raw["samples"] = -1
     raw["train"]["bogus"] = 1
+    raw["train"]["lr"] = "fast"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    proc = subprocess.run(
-        [sys.executable, "-m", "stages.train", "a", "b", "c", "d", "e", "f"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode != 0
-    assert "samples" in proc.stderr and "train.bogus" in proc.stderr
-    assert "Traceback" not in proc.stderr
+
+    def stage(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", *argv],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )
+
+    train = stage("stages.train", "a", "b", "c", "d", "e", "f")
+    assert train.returncode != 0 and "Traceback" not in train.stderr
+    assert "train.bogus" in train.stderr and "train.lr" in train.stderr
+    assert "samples" not in train.stderr  # not a key the train stage reads
+    check = stage("stages.check_params", "sources.yaml", "draft", "stamp.txt")
+    assert check.returncode != 0 and "Traceback" not in check.stderr
+    assert all(key in check.stderr for key in ("samples", "train.bogus", "train.lr"))
 
 
 def test_tie_tolerance_follows_the_dtype_unless_given():
@@ -215,7 +226,7 @@ def test_params_never_reach_a_shell_and_the_trust_boundary_is_documented(tmp_pat
         assert key in section, key
 
     # shell metacharacters in extra_args are one literal argument each
-    from draftline.servers import ManagedServer, server_url
+    from draftline.engines.servers import ManagedServer, server_url
 
     marker = tmp_path / "pwned"
     (tmp_path / "health").write_text("ok")

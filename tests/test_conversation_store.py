@@ -1,6 +1,6 @@
 """Settings changes never delete a finished conversation (issue 24.2): the engine and its launch
 arguments are provenance recorded per line; a line made with other sampling moves to
-superseded.jsonl and comes back, by the stage or `python -m draftline.conversation_store
+superseded.jsonl and comes back, by the stage or `draftline conversations
 restore`, when the settings match again; lines of runs that did not record their settings are
 kept when their fingerprint proves them, else superseded, never deleted.
 
@@ -31,8 +31,11 @@ from regenerate_support import (
     stage_env,
 )
 
-from draftline.config import OPERATIONAL, RegenerateConfig
-from draftline.conversation_store import (
+from draftline.core.config import kind_of
+from draftline.core.io import read_json, write_json, write_jsonl
+from draftline.engines.preflight import PROBE_MESSAGES
+from draftline.regenerate.config import RegenerateConfig
+from draftline.regenerate.store import (
     ENGINE_FIELDS,
     fingerprint,
     load_finished,
@@ -40,8 +43,6 @@ from draftline.conversation_store import (
     restore,
     wanted_settings,
 )
-from draftline.io import read_json, write_json, write_jsonl
-from draftline.preflight import PROBE_MESSAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 # the fixtures of regenerate_support.py: a random target made chatty, a real transformers serve on
@@ -61,7 +62,7 @@ def restore_cmd(workdir: Path, *args: str) -> dict:
         [
             sys.executable,
             "-m",
-            "draftline.conversation_store",
+            "draftline.regenerate.store",
             "restore",
             "out",
             "--card",
@@ -340,7 +341,7 @@ def test_a_sampling_change_supersedes_and_restore_brings_the_lines_back(
 
 
 def test_engine_fields_are_operational_and_answer_shaping_args_are_compared():
-    assert set(ENGINE_FIELDS) <= OPERATIONAL[RegenerateConfig]
+    assert all(kind_of(RegenerateConfig, f) == "operational" for f in ENGINE_FIELDS)
     from types import SimpleNamespace
 
     card = SimpleNamespace(model="m", revision=None, chat_template_sha256="c")
@@ -472,7 +473,7 @@ def test_lines_of_runs_before_settings_were_recorded_are_kept_or_superseded(
 def test_a_kill_between_the_steps_leaves_every_line_somewhere_and_none_twice(tmp_path, monkeypatch):
     """Lines go to superseded.jsonl (synced) before conversations.jsonl is rewritten: killed in
     between, they are in both files; the rerun finishes the move without appending them twice."""
-    import draftline.conversation_store as store
+    import draftline.regenerate.store as store
 
     rows = {r["id"]: r for r in prompts(4)}
     path = tmp_path / "conversations.jsonl"

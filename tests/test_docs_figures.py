@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline import docs_figures
-from draftline.docs_figures import FIGURES, FigureError, Reports, render, run
+from draftline.tools import docs_figures
+from draftline.tools.docs_figures import FIGURES, FigureError, Reports, render, run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftline import checkpoint, draft_init, draft_model, handoff, speculators_states
-from draftline.config import TrainConfig, VllmEngineConfig
-from draftline.target import load_target
+from draftline.draft import checkpoint
+from draftline.draft import model as draft_model
+from draftline.draft import pretrained as draft_init
+from draftline.engines.config import VllmEngineConfig
+from draftline.target.model import load_target
+from draftline.train import speculators as handoff
+from draftline.train import states as speculators_states
+from draftline.train.config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,7 @@ def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_d
 def test_saved_draft_loads_and_carries_what_vllm_reads(saved_draft, random_target):
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from draftline.checkpoint import load_draft
+    from draftline.draft.checkpoint import load_draft
 
     path, model, fields = saved_draft
     loaded = Eagle3DraftModel.from_pretrained(str(path))
@@ -480,7 +485,8 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     [({"grad_accum_steps": 4}, "grad_accum_steps"), ({"train_lm_head": True}, "train_lm_head")],
 )
 def test_speculators_backend_refuses_what_it_cannot_do(setting, key):
-    from draftline.config import ParamsError, load_params, parse_params
+    from draftline.core.config import ParamsError
+    from draftline.params import load_params, parse_params
 
     raw = load_params(Path(__file__).resolve().parents[1] / "params.yaml").model_dump()
     raw["train"].update(backend="speculators", **setting)
@@ -495,7 +501,7 @@ def tied_target(tmp_path_factory, random_target):
     """The random target with lm_head tied to its embeddings: its checkpoint holds no lm_head.weight."""
     from transformers import LlamaForCausalLM
 
-    from draftline.target import build_card
+    from draftline.target.model import build_card
 
     model = LlamaForCausalLM.from_pretrained(random_target.model)
     model.config.tie_word_embeddings = True
@@ -532,8 +538,8 @@ def test_online_speculators_command_and_vllm_server_parse(
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
-    from draftline import commands
-    from draftline.config import HiddenStatesConfig
+    from draftline.engines import commands
+    from draftline.hidden_states.config import HiddenStatesConfig
 
     hs = HiddenStatesConfig(
         mode="online",
@@ -663,7 +669,7 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftline.draft_model import build_draft, init_layer_from_target
+    from draftline.draft.model import build_draft, init_layer_from_target
 
     layer = random_target.aux_layer_ids[-1]
     model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
@@ -705,7 +711,7 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
 
 
 def test_init_layer_from_target_refuses_a_layer_the_target_lacks(random_target, vocab_dir):
-    from draftline.draft_model import build_draft, init_layer_from_target
+    from draftline.draft.model import build_draft, init_layer_from_target
 
     model = build_draft(random_target, vocab_dir, 1, 3)
     with pytest.raises(ValueError, match="not a decoder layer"):
@@ -713,7 +719,7 @@ def test_init_layer_from_target_refuses_a_layer_the_target_lacks(random_target, 
 
 
 def test_init_layer_from_target_takes_a_layer_or_last_aux():
-    from draftline.config import TrainConfig
+    from draftline.train.config import TrainConfig
 
     assert TrainConfig(init_layer_from_target="last_aux").init_layer_from_target == "last_aux"
     assert TrainConfig(init_layer_from_target=3).init_layer_from_target == 3

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.plan import dvc_cache_types, dvc_costs, link_type
+from draftline.hidden_states.plan import dvc_cache_types, dvc_costs, link_type
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

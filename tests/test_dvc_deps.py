@@ -30,12 +30,28 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def imports(path: Path, text: str | None = None):
+def type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """The import nodes inside `if TYPE_CHECKING:` blocks: read by type checkers, never run."""
+    return {
+        node
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+
+
+def imports(path: Path, text: str | None = None, runtime: bool = False):
     """(module, names) of every import in `path` (or `text` as if it were at `path`), anywhere in
-    it: `import a.b` is ("a.b", []), `from .x import y` is ("<package>.x", ["y"])."""
+    it (`runtime`: leaving out those under `if TYPE_CHECKING:`): `import a.b` is ("a.b", []),
+    `from .x import y` is ("<package>.x", ["y"])."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     source = path.read_text() if text is None else text
-    for node in ast.walk(ast.parse(source, filename=str(path))):
+    tree = ast.parse(source, filename=str(path))
+    skip = type_checking_only(tree) if runtime else set()
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, []
@@ -48,10 +64,12 @@ def imports(path: Path, text: str | None = None):
 
 
 def imported_modules(path: Path) -> set[str]:
-    """Dotted names of every module `path` imports anywhere in it (`from a import b`: a, and a.b
-    when b is a module)."""
+    """Dotted names of every module `path` imports when it runs, anywhere in it (`from a import
+    b`: a, and a.b when b is a module); an import for type checkers only runs nothing."""
     return {
-        name for base, names in imports(path) for name in [base, *(f"{base}.{n}" for n in names)]
+        name
+        for base, names in imports(path, runtime=True)
+        for name in [base, *(f"{base}.{n}" for n in names)]
     }
 
 
@@ -125,9 +143,46 @@ def test_stage_lists_its_import_closure(name):
 def test_closure_follows_imports_inside_functions():
     """The walk sees an import inside a function, and follows imports transitively."""
     found = imported_modules(ROOT / "stages" / "benchmark.py")
-    assert "draftline.benchmarking" in found  # imported inside main()
-    assert "draftline/config.py" in closure("stages.vocab")
-    assert "draftline/target.py" in closure("stages.benchmark")
+    assert "draftline.benchmark.run" in found  # imported inside main()
+    assert "draftline/tokens/config.py" in closure("stages.vocab")
+    assert "draftline/target/model.py" in closure("stages.benchmark")
+
+
+def test_an_import_for_type_checkers_only_is_no_dep(tmp_path):
+    text = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from draftline.benchmark.config import BenchmarkConfig\n"
+        "import draftline.core.io\n"
+    )
+    path = ROOT / "stages" / "probe.py"
+    assert "draftline.benchmark.config" in required_modules(path, text)  # it must still exist
+    runtime = {base for base, _ in imports(path, text, runtime=True)}
+    assert "draftline.core.io" in runtime and "draftline.benchmark.config" not in runtime
+
+
+def test_no_import_cycle():
+    """No project module imports itself back, through any chain of the imports that run (at
+    module top or inside a function): each package builds on those below it."""
+    graph = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            deps = {module_file(name) for name in imported_modules(path)} - {None, path}
+            graph[path] = {d for d in deps if d.name != "__init__.py"}
+    done, cycles = set(), []
+
+    def visit(node, trail):
+        if node in trail:
+            cycles.append(" -> ".join(str(p.relative_to(ROOT)) for p in trail[trail.index(node) :]))
+            return
+        if node in done:
+            return
+        for dep in sorted(graph.get(node, ())):
+            visit(dep, [*trail, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
 
 
 def test_every_project_import_resolves():
@@ -145,8 +200,13 @@ def test_every_project_import_resolves():
 
 
 def test_an_unresolved_import_is_found():
-    text = "from draftline.no_such_module import x\nimport draftline.chat\nfrom .sibling import y\n"
+    text = "from draftline.no_such_module import x\nimport draftline.tokens.chat\nfrom .sibling import y\n"
     names = required_modules(ROOT / "stages" / "probe.py", text)
-    assert {"draftline.no_such_module", "draftline", "draftline.chat", "stages.sibling"} <= names
+    assert {
+        "draftline.no_such_module",
+        "draftline",
+        "draftline.tokens.chat",
+        "stages.sibling",
+    } <= names
     assert module_file("draftline.no_such_module") is None
-    assert module_file("draftline.chat") is not None
+    assert module_file("draftline.tokens.chat") is not None

@@ -260,19 +260,19 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from draftline.card import TargetCard  # noqa: E402
-from draftline.checkpoint import read_draft_facts  # noqa: E402
-from draftline.commands import benchmark_serve_command  # noqa: E402
-from draftline.config import BenchmarkConfig  # noqa: E402
-from draftline.io import read_json, write_json, write_jsonl  # noqa: E402
-from draftline.preflight_draft import check_draft, check_engine_settings, preflight_engines  # noqa: E402
-from draftline.sglang_export import export_sglang  # noqa: E402
-from draftline.spec_metrics import (  # noqa: E402
+from draftline.benchmark.config import BenchmarkConfig  # noqa: E402
+from draftline.benchmark.spec_metrics import (  # noqa: E402
     parse_prometheus,
     sglang_acceptance,
     vllm_acceptance,
     vllm_spec_counters,
 )
+from draftline.core.card import TargetCard  # noqa: E402
+from draftline.core.io import read_json, write_json, write_jsonl  # noqa: E402
+from draftline.draft.checkpoint import read_draft_facts  # noqa: E402
+from draftline.draft.preflight import check_draft, check_engine_settings, preflight_engines  # noqa: E402
+from draftline.draft.sglang_export import export_sglang  # noqa: E402
+from draftline.engines.commands import benchmark_serve_command  # noqa: E402
 
 
 def free_port() -> int:
@@ -288,7 +288,7 @@ def draft_dir(tmp_path_factory, random_target, vocab_dir):
     """A freshly built draft for the random target, saved in speculators format."""
     import torch
 
-    from draftline.draft_model import build_draft
+    from draftline.draft.model import build_draft
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("draft")
@@ -357,7 +357,7 @@ def test_preflight_knows_sglangs_aux_id_convention(
 
 
 def test_serve_commands_for_both_engines(random_target, draft_dir):
-    from draftline.config import vllm_engine
+    from draftline.engines.config import vllm_engine
 
     cfg = bench_cfg(
         k=4,
@@ -472,7 +472,7 @@ def run_benchmark_stage(
     tmp_path: Path, card: TargetCard, draft: Path, overrides: dict, conversations=None
 ) -> subprocess.CompletedProcess:
     """The stage on `conversations` as eval prompts (default: 3 generated ones)."""
-    from draftline.corpus import generate_conversations
+    from draftline.target.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["benchmark"].update(overrides)
@@ -633,8 +633,8 @@ def test_benchmark_on_already_running_servers(
     none), and measures them; a baseline URL that points at the speculative server is refused."""
     import httpx
 
-    from draftline.commands import draft_path_for
-    from draftline.sglang_export import export_sglang
+    from draftline.draft.sglang_export import export_sglang
+    from draftline.engines.commands import draft_path_for
 
     draft = draft_dir if engine == "vllm" else eagle3_draft_dir
     cfg = BenchmarkConfig(

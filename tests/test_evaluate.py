@@ -12,16 +12,16 @@ import torch
 import yaml
 from transformers import DynamicCache
 
-from draftline.draft_model import build_draft
-from draftline.evaluation import (
+from draftline.core.io import read_json, write_json, write_jsonl
+from draftline.draft.model import build_draft
+from draftline.evaluate.acceptance import (
     acceptance_summary,
     simulated_acceptance,
     teacher_forced_sample,
     teacher_forced_sums,
 )
-from draftline.io import read_json, write_json, write_jsonl
-from draftline.specdec import DraftRunner, greedy_generate, speculative_generate
-from draftline.target import load_target
+from draftline.evaluate.specdec import DraftRunner, greedy_generate, speculative_generate
+from draftline.target.model import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [1, 40, 41, 42, 2, 1, 50, 51]
@@ -79,7 +79,7 @@ def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vo
     from speculators.models.eagle3 import shift_batch
     from speculators.train.data import CollateFn
 
-    from draftline.draft_metrics import run_batch
+    from draftline.train.metrics import run_batch
 
     model, _ = load_target(random_target)
     torch.manual_seed(3)
@@ -137,10 +137,10 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engi
     figures equal those of the built-in decoder run here on the same prompts. The dev split
     (`--dev`) with engine vllm measures with the built-in engine alone: its vLLM, an interpreter
     that does not exist here, is never started."""
-    from draftline.chat import first_turn_ids
-    from draftline.checkpoint import load_draft
-    from draftline.config import TIE_TOLERANCE
-    from draftline.evaluation import compare_to_greedy, eos_ids
+    from draftline.core.config import TIE_TOLERANCE
+    from draftline.draft.checkpoint import load_draft
+    from draftline.evaluate.acceptance import compare_to_greedy, eos_ids
+    from draftline.tokens.chat import first_turn_ids
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["evaluate"].update(
@@ -246,7 +246,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engi
 
 
 def test_lossless_summary_counts_and_caps_near_ties():
-    from draftline.evaluation import lossless_summary
+    from draftline.evaluate.acceptance import lossless_summary
 
     one_in_four = {"a": "identical", "b": "near_tie", "c": "identical", "d": "identical"}
     assert lossless_summary(one_in_four, 0.5, "bfloat16", 0.25) == {
@@ -264,7 +264,7 @@ def seed_divergence(monkeypatch, pick: str, prompts: int, tie_tolerance: float) 
     """Make the speculative decoder of evaluate diverge from greedy on the first `prompts`
     prompts at their closest near-tie among the first 5 tokens: with greedy's runner-up
     (pick="runner_up") or with the token greedy put last (pick="far"). Returns what was seeded."""
-    from draftline import specdec
+    from draftline.evaluate import specdec
 
     real, seeded = speculative_generate, []  # the decoder itself, not an earlier seeding
 
@@ -290,9 +290,9 @@ def seed_divergence(monkeypatch, pick: str, prompts: int, tie_tolerance: float) 
 
 
 def evaluate_in_process(tmp_path, random_target, vocab_dir, prompts: int, **cfg):
-    from draftline.config import EvaluateConfig
-    from draftline.corpus import generate_conversations
-    from draftline.evaluation import evaluate_draft
+    from draftline.evaluate.acceptance import evaluate_draft
+    from draftline.evaluate.config import EvaluateConfig
+    from draftline.target.corpus import generate_conversations
 
     torch.manual_seed(0)
     build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
@@ -344,8 +344,8 @@ def test_vllm_runs_its_engine_in_process_unless_parallel():
     """evaluate.engine vllm: one process for the engine where nothing is parallel (its start-up is
     mostly imports, paid once instead of three times on the CPU build); vLLM's defaults with tensor
     or pipeline parallelism, and what the environment says always wins."""
-    from draftline.config import VllmEngineConfig
-    from draftline.vllm_evaluation import generate_env
+    from draftline.engines.config import VllmEngineConfig
+    from draftline.evaluate.vllm_engine import generate_env
 
     engine = VllmEngineConfig()
     flag = "VLLM_ENABLE_V1_MULTIPROCESSING"

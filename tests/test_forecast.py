@@ -1,4 +1,4 @@
-"""Acceptance-vs-samples forecast (draftline/forecast.py) on synthetic points with known curves."""
+"""Acceptance-vs-samples forecast (draftline/tools/forecast.py) on synthetic points with known curves."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from draftline.forecast import build_report, main, points_from_dvc_exps
+from draftline.tools.forecast import build_report, main, points_from_dvc_exps
 
 
 def pts(samples, taus):

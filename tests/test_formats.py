@@ -1,4 +1,4 @@
-"""draftline.formats and stages/prepare.py on the bundled samples and small files written per test
+"""draftline.data.formats and stages/prepare.py on the bundled samples and small files written per test
 (the preset schemas are in test_presets.py)."""
 
 import json
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from draftline.formats import (
+from draftline.data.formats import (
     SCRIPT_SAMPLE_LETTERS,
     content_hash,
     detect_format,
     dominant_script,
     prepare_records,
 )
-from draftline.sources import _json_array_rows, read_rows
+from draftline.data.sources import _json_array_rows, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "datasets/samples/sharegpt.jsonl"

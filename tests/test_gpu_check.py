@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.config import parse_params
+from draftline.params import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +132,7 @@ def test_a_failing_stage_is_recorded_and_the_rest_go_on(tmp_path):
     driver = load_driver()
     work = tmp_path / "work"
     (work / "logs").mkdir(parents=True)
-    (work / "params.yaml").write_text("samples: 1\n")  # invalid: no datasets
+    (work / "params.yaml").write_text("vocab:\n  draft_vocab_size: 1\n")  # invalid: at least 2
     stage = driver.Stage("vocab", ["stages.vocab", "card.json", "freq.pt", "vocab", "vocab.json"])
     record = driver.run_stage(
         stage, work, dict(os.environ, PYTHONPATH=str(ROOT)), 120, work / "logs"

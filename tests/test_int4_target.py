@@ -13,10 +13,10 @@ from family_targets import build_tiny_deepseek_v3, deepseek_tokenizer, quantize_
 from safetensors.torch import load_file
 from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 
-from draftline import hidden
-from draftline.card import TargetCard
-from draftline.config import VllmEngineConfig
-from draftline.target import build_card, load_target, read_verifier_tensors
+from draftline.core.card import TargetCard
+from draftline.engines.config import VllmEngineConfig
+from draftline.hidden_states import hidden
+from draftline.target.model import build_card, load_target, read_verifier_tensors
 
 AUX = [1, 2, 3]
 
@@ -121,8 +121,13 @@ def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
 
 
 def test_engine_command_lines_take_the_quantization_from_the_checkpoint(int4_card, tmp_path):
-    from draftline.commands import benchmark_serve_command, regenerate_command, vllm_extract_command
-    from draftline.config import BenchmarkConfig, RegenerateConfig
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.engines.commands import (
+        benchmark_serve_command,
+        regenerate_command,
+        vllm_extract_command,
+    )
+    from draftline.regenerate.config import RegenerateConfig
 
     card = int4_card
     commands = [

@@ -1,4 +1,4 @@
-"""draftline.mixing and stages/mix.py: prefix stability, held-out eval, weights, partitions, dedup."""
+"""draftline.data.mixing and stages/mix.py: prefix stability, held-out eval, weights, partitions, dedup."""
 
 import json
 import os
@@ -12,15 +12,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from draftline.formats import content_hash, prepare_records
-from draftline.mixing import (
+from draftline.data.formats import content_hash, prepare_records
+from draftline.data.mixing import (
     holdout_problem,
     mix_datasets,
     mix_splits,
     shortfall_problems,
     shortfall_table,
 )
-from draftline.sources import read_rows
+from draftline.data.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = {
@@ -268,6 +268,8 @@ def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.Comp
                 }
             )
         )
+    if "dev_samples" not in mix_extra:
+        mix_extra += ", dev_samples: 0"
     (tmp_path / "params.yaml").write_text(
         f"samples: {samples}\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
         f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline import hidden, speculators_states
-from draftline.config import HiddenStatesConfig
+from draftline.hidden_states import hidden
+from draftline.hidden_states.config import HiddenStatesConfig
+from draftline.train import states as speculators_states
 
 
 def mooncake_store_import_error() -> str | None:
@@ -96,8 +97,8 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(
     from hs_connectors.mooncake_store import MooncakeHiddenStatesStore, MooncakeStoreConfig
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
 
-    from draftline.mooncake import publish
-    from draftline.target import load_target_model
+    from draftline.hidden_states.mooncake import publish
+    from draftline.target.model import load_target_model
 
     monkeypatch.setenv("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
     hs = HiddenStatesConfig(

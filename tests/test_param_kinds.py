@@ -1,21 +1,21 @@
-"""Every params field is declared output-shaping or operational (draftline/config.py), and the
-fingerprints follow the declaration: an output-shaping change redoes the work, an operational one
+"""Every params field declares its kind where it is declared (output-shaping or operational), code
+defaults agree with params.yaml, and the fingerprints follow the declaration: an output-shaping change redoes the work, an operational one
 never does."""
 
 import typing
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
+from pydantic_core import PydanticUndefined
 
-from draftline.config import (
-    OPERATIONAL,
-    OUTPUT_SHAPING,
-    Params,
-    RegenerateConfig,
-    Section,
-    TrainConfig,
-    output_shaping,
-)
+from draftline.core.config import KINDS, Section, kind_of, operational, output_shaping, shaping
+from draftline.params import Params
+from draftline.regenerate.config import RegenerateConfig
+from draftline.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sections() -> dict[type[Section], str]:
@@ -35,50 +35,80 @@ def sections() -> dict[type[Section], str]:
     return found
 
 
-def classification_problems() -> list[str]:
+def operational_fields(cls: type[Section]) -> set[str]:
+    return {name for name in cls.model_fields if kind_of(cls, name) == "operational"}
+
+
+def classification_problems(found: dict[type[Section], str] | None = None) -> list[str]:
     problems = []
-    for cls, key in sections().items():
-        shaping, operational = (
-            OUTPUT_SHAPING.get(cls, frozenset()),
-            OPERATIONAL.get(cls, frozenset()),
-        )
+    for cls, key in (sections() if found is None else found).items():
         where = f"{cls.__name__} (params {key or 'top level'})"
-        for name in sorted(set(cls.model_fields) - shaping - operational):
-            problems.append(
-                f"{where}: field {name!r} is neither in OUTPUT_SHAPING nor in OPERATIONAL"
-            )
-        for name in sorted(shaping & operational):
-            problems.append(f"{where}: field {name!r} is in both OUTPUT_SHAPING and OPERATIONAL")
-        for name in sorted((shaping | operational) - set(cls.model_fields)):
-            problems.append(f"{where}: {name!r} is classified but is no field")
+        for name in cls.model_fields:
+            if kind_of(cls, name) not in KINDS:
+                problems.append(f"{where}: field {name!r} declares no kind")
     return problems
 
 
 def test_every_field_is_classified():
     problems = classification_problems()
     assert not problems, (
-        "draftline/config.py: say whether each params field changes its stage's output "
-        "(OUTPUT_SHAPING) or only how the work runs (OPERATIONAL):\n  " + "\n  ".join(problems)
+        "say whether each params field changes its stage's output (`shaping(...)`) or only how "
+        "the work runs (`operational(...)`), where it is declared:\n  " + "\n  ".join(problems)
     )
 
 
-def test_an_unclassified_field_is_reported(monkeypatch):
-    monkeypatch.setitem(
-        OUTPUT_SHAPING, RegenerateConfig, OUTPUT_SHAPING[RegenerateConfig] - {"reasoning_parser"}
-    )
-    monkeypatch.setitem(OPERATIONAL, TrainConfig, OPERATIONAL[TrainConfig] | {"lr"})
-    assert sorted(classification_problems()) == [
-        "RegenerateConfig (params regenerate): field 'reasoning_parser' is neither in OUTPUT_SHAPING nor in OPERATIONAL",
-        "TrainConfig (params train): field 'lr' is in both OUTPUT_SHAPING and OPERATIONAL",
+def test_an_unclassified_field_is_reported():
+    class Section_(Section):
+        kept: int = shaping(1)
+        plain: int = 2
+        fast: bool = operational(False)
+
+    assert classification_problems({Section_: "x"}) == [
+        "Section_ (params x): field 'plain' declares no kind"
     ]
+    assert output_shaping(Section_()) == {"kept": 1, "plain": 2}
+
+
+def test_every_default_equals_params_yaml():
+    """A key params.yaml sets has no code default, or the same one: the code and the file that
+    documents each key never disagree on what a run uses."""
+    with open(ROOT / "params.yaml") as f:
+        raw = yaml.safe_load(f)
+    problems = default_problems(Params, raw, "")
+    assert not problems, "code defaults that differ from params.yaml:\n  " + "\n  ".join(problems)
+
+
+def default_problems(cls: type[Section], raw: dict, key: str, default=None) -> list[str]:
+    """Keys of `raw` whose code default differs: the field's, or that of the section instance a
+    field defaults to (`long: RegeneratePartition(concurrency=4)`)."""
+    problems = []
+    for name, value in raw.items():
+        field = cls.model_fields[name]
+        dotted = f"{key}{name}"
+        if default is not None:
+            code = getattr(default, name)
+        elif field.default is PydanticUndefined:
+            code = PydanticUndefined
+        else:
+            code = field.default
+        if isinstance(value, dict) and isinstance(field.annotation, type):
+            if issubclass(field.annotation, Section):
+                sub = code if isinstance(code, Section) else None
+                problems += default_problems(field.annotation, value, dotted + ".", sub)
+                continue
+        if code is not PydanticUndefined and code != value:
+            problems.append(f"{dotted}: code {code!r}, params.yaml {value!r}")
+    return problems
 
 
 def test_output_shaping_drops_operational_fields_at_every_depth():
     cfg = RegenerateConfig(
-        temperatures=[{"value": 0.7, "weight": 1}], long={"concurrency": 2, "max_context": 64}
+        backend="transformers",
+        temperatures=[{"value": 0.7, "weight": 1}],
+        long={"concurrency": 2, "max_context": 64},
     )
     kept = output_shaping(cfg)
-    assert not set(kept) & OPERATIONAL[RegenerateConfig]
+    assert not set(kept) & operational_fields(RegenerateConfig)
     assert kept["long"] == {"max_context": 64} and kept["temperatures"] == [
         {"value": 0.7, "weight": 1.0}
     ]
@@ -94,7 +124,7 @@ CARD = SimpleNamespace(
 
 
 def regeneration_fingerprint(**changes) -> str:
-    from draftline.conversation_store import fingerprint, regeneration_settings
+    from draftline.regenerate.store import fingerprint, regeneration_settings
 
     return fingerprint(
         regeneration_settings(RegenerateConfig(**{"backend": "vllm", **changes}), CARD)
@@ -152,9 +182,9 @@ def test_an_output_shaping_change_redoes_the_conversations(changes):
 
 
 def test_the_engine_is_recorded_not_fingerprinted():
-    from draftline.conversation_store import ENGINE_FIELDS, engine_record
+    from draftline.regenerate.store import ENGINE_FIELDS, engine_record
 
-    assert set(ENGINE_FIELDS) <= OPERATIONAL[RegenerateConfig]
+    assert set(ENGINE_FIELDS) <= operational_fields(RegenerateConfig)
     record = engine_record(
         RegenerateConfig(backend="vllm", extra_args=["--max-num-seqs", "8"]), "vllm"
     )
@@ -165,9 +195,9 @@ def test_the_engine_is_recorded_not_fingerprinted():
 def test_train_resume_identity_follows_the_declaration():
     from types import SimpleNamespace
 
-    from draftline.train_state import NOT_IN_FINGERPRINT, run_fingerprint
+    from draftline.train.resume import NOT_IN_FINGERPRINT, run_fingerprint
 
-    assert set(NOT_IN_FINGERPRINT) == OPERATIONAL[TrainConfig]
+    assert set(NOT_IN_FINGERPRINT) == operational_fields(TrainConfig)
     card = SimpleNamespace(
         model="m", revision=None
     )  # the two TargetCard fields the fingerprint reads
@@ -180,9 +210,3 @@ def test_train_resume_identity_follows_the_declaration():
         == identity()
     )
     assert identity(lr=1e-4) != identity() and identity(epochs=9) != identity()
-
-
-def test_declaration_names_only_sections_of_params():
-    assert set(OUTPUT_SHAPING) == set(OPERATIONAL) == set(sections()), (
-        "classify each section reached from Params"
-    )

@@ -1,4 +1,4 @@
-"""The disk plan's DVC share (draftline/plan.py): the cache and hashing costs, by formula, and the
+"""The disk plan's DVC share (draftline/hidden_states/plan.py): the cache and hashing costs, by formula, and the
 plan printed at the seeds' figures (100k conversations of ~4k tokens, H = 7168) from the
 committed hashing measurement (reports/overhead/dvc_hashing.json)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.plan import add_dvc, dvc_costs, hashing_rates, hours, make_plan
+from draftline.hidden_states.plan import add_dvc, dvc_costs, hashing_rates, hours, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RATES = {"hash_gbps": 0.25, "copy_gbps": 0.8, "unprotect_gbps": 0.9, "from": "a test"}
@@ -51,8 +51,16 @@ def test_add_dvc_counts_the_cache_against_the_free_disk():
 
 
 def seeds_plan(cache_type: str, *extra: str) -> str:
-    """`python -m draftline.plan` at the seeds' figures, 30 TB free, planned for cache_type."""
-    cmd = [sys.executable, "-m", "draftline.plan", "--hidden-size", "7168", "--samples", "100000"]
+    """`draftline plan` at the seeds' figures, 30 TB free, planned for cache_type."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftline.tools.plan",
+        "--hidden-size",
+        "7168",
+        "--samples",
+        "100000",
+    ]
     cmd += ["--tokens-per-sample", "4000", "--free-gb", "30000", "--cache-type", cache_type, *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout

@@ -11,7 +11,7 @@ import time
 import pytest
 from test_hidden import FAKE_VLLM, free_port
 
-from draftline.preflight import PreflightError, preflight_extraction
+from draftline.engines.preflight import PreflightError, preflight_extraction
 
 
 def start_fake(tmp_path, model: str, layers: list[int], hidden: int):
@@ -94,7 +94,7 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     import yaml
 
     from datasets import Dataset
-    from draftline import hidden
+    from draftline.hidden_states import hidden
     from stages.hidden_states import main
 
     card = random_target

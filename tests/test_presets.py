@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from draftline.config import PRESETS, DatasetSpec
-from draftline.formats import PrepareStats
-from draftline.sources import HUB_DEP, dvc_source_dep, spec_records
+from draftline.data.config import DatasetSpec
+from draftline.data.formats import PrepareStats
+from draftline.data.presets import PRESETS
+from draftline.data.sources import HUB_DEP, dvc_source_dep, spec_records
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures/datasets"
@@ -196,7 +197,7 @@ def test_readme_datasets_example_validates():
 
     import yaml
 
-    from draftline.config import DatasetSpec, MixConfig
+    from draftline.data.config import DatasetSpec, MixConfig
 
     section = (ROOT / "docs" / "datasets.md").read_text().split("# Datasets", 1)[1]
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))

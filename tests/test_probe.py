@@ -12,7 +12,7 @@ import torch
 import yaml
 from test_hidden import fake_vllm_python, free_port
 
-from draftline import draft_model
+from draftline.draft import model as draft_model
 from stages.probe import STAMP, main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftline.config import parse_params
+from draftline.params import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 SET_PARAM = re.compile(r"-S\s+'(\+{0,2})([^'=+][^'=]*)=([^']*)'")
@@ -80,7 +80,7 @@ def test_smollm2_recipe_selects_the_real_target():
 
 
 def test_a_typo_in_a_recipe_is_caught():
-    from draftline.config import ParamsError
+    from draftline.core.config import ParamsError
 
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     with pytest.raises(KeyError, match="train.epocs"):  # dvc exp run refuses a plain unknown key...

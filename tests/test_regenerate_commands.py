@@ -7,11 +7,12 @@ import pytest
 import yaml
 from regenerate_support import ROOT
 
-from draftline.commands import (
+from draftline.core.config import ParamsError
+from draftline.engines.commands import (
     sglang_regenerate_command,
     vllm_regenerate_command,
 )
-from draftline.config import ParamsError, parse_params
+from draftline.params import parse_params
 
 
 def vllm_serve_parser() -> argparse.ArgumentParser:

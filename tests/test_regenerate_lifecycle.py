@@ -21,8 +21,8 @@ from regenerate_support import (
     run_rows,
 )
 
-from draftline.config import parse_params
-from draftline.servers import ManagedServer, server_url
+from draftline.engines.servers import ManagedServer, server_url
+from draftline.params import parse_params
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub
@@ -64,7 +64,7 @@ def test_server_of_a_killed_stage_does_not_outlive_it(tmp_path):
     url = f"http://127.0.0.1:{port}"
     script = (
         f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from pathlib import Path\nfrom draftline.servers import ManagedServer\n"
+        "from pathlib import Path\nfrom draftline.engines.servers import ManagedServer\n"
         f"with ManagedServer({http_server_cmd(port, tmp_path)!r}, None, {url!r}, Path({str(tmp_path / 's.log')!r}), 30):\n"
         "    print('ready', flush=True); time.sleep(60)\n"
     )
@@ -161,7 +161,7 @@ def test_two_servers_started_at_once_get_free_ports_of_their_own(tmp_path):
 def test_a_port_taken_by_another_pipeline_is_noticed_and_another_one_used(tmp_path, monkeypatch):
     """Both pipelines are handed the same "free" port: whichever server loses the race (it cannot
     bind, or what answers its health check is the other one's) moves to another port."""
-    import draftline.servers as servers_module
+    import draftline.engines.servers as servers_module
 
     real, same, lock, calls = servers_module.free_port, free_port(), threading.Lock(), []
 

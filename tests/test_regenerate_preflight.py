@@ -13,10 +13,10 @@ from regenerate_support import (
     stage_dir,
 )
 
-from draftline.chat import chat_prompt_ids
-from draftline.conversation_store import prompt_sha256
-from draftline.io import read_json
-from draftline.preflight import PreflightError, preflight_regeneration
+from draftline.core.io import read_json
+from draftline.engines.preflight import PreflightError, preflight_regeneration
+from draftline.regenerate.store import prompt_sha256
+from draftline.tokens.chat import chat_prompt_ids
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub
@@ -237,7 +237,7 @@ def test_answers_cut_by_max_tokens_fail_the_stage_and_stay(tmp_path, stub, rando
 
 
 def test_length_check_counts_the_conversations_the_next_stages_read(tmp_path):
-    from draftline.regeneration_run import length_check
+    from draftline.regenerate.run import length_check
 
     def line(pid, reasons, fingerprint="f"):
         regen = {"fingerprint": fingerprint, "finish_reasons": reasons}

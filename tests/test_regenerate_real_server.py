@@ -23,8 +23,8 @@ from regenerate_support import (
     stage_env,
 )
 
-from draftline.conversation_store import prompt_sha256
-from draftline.io import read_json, write_jsonl
+from draftline.core.io import read_json, write_jsonl
+from draftline.regenerate.store import prompt_sha256
 
 # shared fixtures (regenerate_support.py)
 chatty_target = regenerate_support.chatty_target

@@ -14,10 +14,10 @@ from regenerate_support import (
     run_rows,
 )
 
-from draftline.chat import chat_prompt_ids
-from draftline.openai_client import close_pool, open_pool
-from draftline.regeneration import Sampling, called_tools, regenerate_all, relink_tool_results
-from draftline.regeneration_run import engine_request_fields
+from draftline.regenerate.client import close_pool, open_pool
+from draftline.regenerate.replay import Sampling, called_tools, regenerate_all, relink_tool_results
+from draftline.regenerate.run import engine_request_fields
+from draftline.tokens.chat import chat_prompt_ids
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub
@@ -126,7 +126,7 @@ VLLM_TOKEN_ID_STREAM = [
 
 
 def test_streamed_token_ids_are_put_together_in_order():
-    from draftline.answer_stream import BadAnswer, StreamedAnswer, add_chunk, answer_choice
+    from draftline.regenerate.stream import BadAnswer, StreamedAnswer, add_chunk, answer_choice
 
     streamed = StreamedAnswer()
     carried = [add_chunk(streamed, line.encode()) for line in VLLM_TOKEN_ID_STREAM]

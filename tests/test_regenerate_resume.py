@@ -10,10 +10,10 @@ from regenerate_support import (
     run_rows,
 )
 
-from draftline.conversation_index import entry as index_entry
-from draftline.conversation_index import index_path, read_index
-from draftline.conversation_store import Wanted, load_finished, prompt_sha256
-from draftline.io import write_jsonl
+from draftline.core.io import write_jsonl
+from draftline.regenerate.index import entry as index_entry
+from draftline.regenerate.index import index_path, read_index
+from draftline.regenerate.store import Wanted, load_finished, prompt_sha256
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub
@@ -104,8 +104,8 @@ def test_resume_reads_the_index_and_the_lines_where_it_is_off(tmp_path, stub, mo
     """A rerun knows the done conversations from the index beside the file, parsing none of
     them; where the index is short of the file, torn, gone, or the file was edited by hand, the
     lines say, and the index is written anew."""
-    from draftline import conversation_store
-    from draftline.regeneration_run import length_check
+    from draftline.regenerate import store as conversation_store
+    from draftline.regenerate.run import length_check
 
     url, _ = stub()
     rows = prompts(24)
@@ -159,8 +159,8 @@ def test_resume_reads_the_index_and_the_lines_where_it_is_off(tmp_path, stub, mo
 def test_a_rerun_reads_and_hashes_only_the_prompts_whose_line_changed(tmp_path, stub, monkeypatch):
     """The prompts of done conversations are neither parsed nor hashed again while their line in
     the prompts file stays as it was checked (its digest in the index); a changed line is."""
-    from draftline import conversation_store
-    from draftline.conversation_store import PromptFile
+    from draftline.regenerate import store as conversation_store
+    from draftline.regenerate.store import PromptFile
 
     url, _ = stub()
     rows = prompts(12)

@@ -9,7 +9,7 @@ from regenerate_support import (
     run_rows,
 )
 
-from draftline.openai_client import Endpoint, EndpointPool
+from draftline.regenerate.client import Endpoint, EndpointPool
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub

@@ -21,10 +21,10 @@ from regenerate_support import (
     stage_dir,
 )
 
-from draftline.config import parse_params
-from draftline.io import read_json
-from draftline.openai_client import RetryPolicy, close_pool, open_pool
-from draftline.regeneration import Sampling, regenerate_all
+from draftline.core.io import read_json
+from draftline.params import parse_params
+from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
+from draftline.regenerate.replay import Sampling, regenerate_all
 
 
 class OneAtATimeEngine(ScriptedEngine):
@@ -216,7 +216,7 @@ def test_stage_with_shipped_defaults_never_queues_on_a_one_at_a_time_server(
 
 
 def test_server_slots_known_for_launched_servers_or_given():
-    from draftline.regeneration_run import server_slots
+    from draftline.regenerate.run import server_slots
 
     def cfg(**raw):
         params = yaml.safe_load((ROOT / "params.yaml").read_text())

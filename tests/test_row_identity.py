@@ -14,10 +14,10 @@ from pathlib import Path
 
 from stubs import StubHandler
 
-from draftline.conversation_store import load_finished
-from draftline.corpus import generate_conversations
-from draftline.openai_client import RetryPolicy, close_pool, open_pool
-from draftline.regeneration import Sampling, regenerate_all
+from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
+from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.regenerate.store import load_finished
+from draftline.target.corpus import generate_conversations
 
 PARAMS = """\
 samples: 10

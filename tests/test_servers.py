@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline import servers
+from draftline.engines import servers
 
 
 def test_startup_limit_grows_with_checkpoint_size_and_params_override(tmp_path):
@@ -72,8 +72,9 @@ def launch_of(monkeypatch, tmp_path, card, backend: str) -> tuple[list[str], dic
     """(argv, environment) the regenerate stage would launch its `backend` server with."""
     import yaml
 
-    from draftline import regeneration_run, target
-    from draftline.config import parse_params
+    from draftline.params import parse_params
+    from draftline.regenerate import run as regeneration_run
+    from draftline.target import model as target
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     raw["regenerate"].update(backend=backend, port=8123, temperature=0)
@@ -154,7 +155,7 @@ def test_transformers_serve_of_a_local_directory_keeps_its_offline_settings(
 def test_vllm_sockets_leave_a_temporary_directory_too_long_for_a_socket_path(tmp_path):
     """vLLM names its engine sockets TMPDIR/<uuid4>; past 107 bytes the server dies at start-up
     (ZMQError: ipc path is longer than 107 characters), as it did under a deep test tmp_path."""
-    from draftline.config import VllmEngineConfig
+    from draftline.engines.config import VllmEngineConfig
 
     engine = VllmEngineConfig()
     deep = str(tmp_path / ("d" * 80))

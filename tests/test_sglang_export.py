@@ -12,13 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftline import draft_init, draft_model
-from draftline.checkpoint import load_draft, read_draft_facts
-from draftline.config import BenchmarkConfig
-from draftline.preflight_draft import check_draft, check_engine_settings
-from draftline.sglang_export import SglangExportError, export_sglang
-from draftline.specdec import speculative_generate
-from draftline.target import load_target
+from draftline.benchmark.config import BenchmarkConfig
+from draftline.draft import model as draft_model
+from draftline.draft import pretrained as draft_init
+from draftline.draft.checkpoint import load_draft, read_draft_facts
+from draftline.draft.preflight import check_draft, check_engine_settings
+from draftline.draft.sglang_export import SglangExportError, export_sglang
+from draftline.evaluate.specdec import speculative_generate
+from draftline.target.model import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def test_cli_exports_or_says_why_not(eagle3_draft_dir, random_target, vocab_dir,
 
     def run(src, dst):
         return subprocess.run(
-            [sys.executable, "-m", "draftline.sglang_export", str(src), str(card), str(dst)],  # noqa: E731
+            [sys.executable, "-m", "draftline.draft.sglang_export", str(src), str(card), str(dst)],  # noqa: E731
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -5,11 +5,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftline.config import TIE_TOLERANCE
-from draftline.draft_model import build_draft
-from draftline.evaluation import acceptance_summary, compare_to_greedy
-from draftline.specdec import DraftRunner, Generation, greedy_generate, speculative_generate
-from draftline.target import load_target
+from draftline.core.config import TIE_TOLERANCE
+from draftline.draft.model import build_draft
+from draftline.evaluate.acceptance import acceptance_summary, compare_to_greedy
+from draftline.evaluate.specdec import (
+    DraftRunner,
+    Generation,
+    greedy_generate,
+    speculative_generate,
+)
+from draftline.target.model import load_target
 
 
 def test_greedy_matches_hf_generate(random_target):
@@ -44,7 +49,7 @@ def test_speculative_equals_greedy_with_untrained_draft(random_target, vocab_dir
 def test_speculative_equals_greedy_with_a_draft_that_accepts(trained_draft):
     """The lossless check where it bites: a trained draft whose tokens the target accepts, often
     several in a round, and still exactly the greedy output (float32: no near-tie excuse)."""
-    from draftline.checkpoint import load_draft
+    from draftline.draft.checkpoint import load_draft
 
     model, _ = load_target(trained_draft.card)
     draft = load_draft(trained_draft.dir, trained_draft.card, "cpu")
@@ -155,7 +160,7 @@ def test_compare_to_greedy_tells_near_ties_from_mismatches():
 
 
 def test_near_tie_flip_is_elementwise_on_tensors():
-    from draftline.evaluation import near_tie_flip
+    from draftline.evaluate.acceptance import near_tie_flip
 
     chosen = torch.tensor([1, 2, 3, 4])
     greedy = torch.tensor([1, 5, 6, 7])
@@ -192,7 +197,7 @@ def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, v
 
 def test_a_target_placed_by_device_map_decodes_the_same(random_target, vocab_dir):
     """The device_map path of the loader (on GPUs: "auto"; here accelerate's "cpu") gives the same decoding."""
-    from draftline.target import load_target_model
+    from draftline.target.model import load_target_model
 
     placed = load_target_model(random_target, device_map="cpu")
     plain, _ = load_target(random_target)

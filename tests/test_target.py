@@ -12,10 +12,15 @@ from safetensors import safe_open
 from stage_runner import corpus, run_stage, write_params, write_prompts, write_regenerated
 from wrapped_target import build_wrapped_target
 
-from draftline import hidden
-from draftline.card import TargetCard
-from draftline.config import VllmEngineConfig
-from draftline.target import RemoteCodeRequired, build_card, load_target, read_verifier_tensors
+from draftline.core.card import TargetCard
+from draftline.engines.config import VllmEngineConfig
+from draftline.hidden_states import hidden
+from draftline.target.model import (
+    RemoteCodeRequired,
+    build_card,
+    load_target,
+    read_verifier_tensors,
+)
 
 AUX = [1, 2, 3]
 
@@ -106,7 +111,7 @@ def test_capture_finds_the_decoder_inside_the_wrapper(wrapped_card):
 
 
 def test_stages_run_on_the_wrapped_target(wrapped_dir, tmp_path):
-    from draftline.checkpoint import load_saved_draft
+    from draftline.draft.checkpoint import load_saved_draft
 
     write_params(
         tmp_path,
@@ -193,8 +198,11 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     from torch.distributed.run import get_args_parser
     from transformers.cli.serve import Serve
 
-    from draftline import commands, handoff
-    from draftline.config import BenchmarkConfig, RegenerateConfig, TrainConfig
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.engines import commands
+    from draftline.regenerate.config import RegenerateConfig
+    from draftline.train import speculators as handoff
+    from draftline.train.config import TrainConfig
 
     card = replace(wrapped_card, architecture="LlamaForCausalLM")
     assert "trust_remote_code" in inspect.signature(Serve.__init__).parameters
@@ -252,7 +260,7 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import create_transformer_layer_config
 
-    from draftline import handoff
+    from draftline.train import speculators as handoff
 
     view = handoff.verifier_for_speculators(wrapped_card, tmp_path / "view")
     assert view != wrapped_card.model
@@ -295,6 +303,6 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
 
 
 def draft_cfg():
-    from draftline.config import TrainConfig
+    from draftline.train.config import TrainConfig
 
     return TrainConfig(backend="speculators")

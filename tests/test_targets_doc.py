@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftline.config import parse_params
-from draftline.plan import human, make_plan
-from draftline.workspace import params_problems
+from draftline.data.workspace import params_problems
+from draftline.hidden_states.plan import human, make_plan
+from draftline.params import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "targets.md"

@@ -1,4 +1,4 @@
-"""The CPU thread policy (draftline/threads.py): per-stage counts, explicit settings win, and a
+"""The CPU thread policy (draftline/core/threads.py): per-stage counts, explicit settings win, and a
 stage's process really runs with the passive wait policy and its count."""
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.threads import STAGE_THREADS, resolve_threads
+from draftline.core.threads import STAGE_THREADS, resolve_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_every_stage_module_has_a_policy_and_applies_it_before_torch():
 
 def test_a_stage_process_gets_the_passive_wait_policy_and_its_count():
     code = (
-        "from draftline.threads import apply_thread_policy; import json, os; s = apply_thread_policy('hidden_states'); "
+        "from draftline.core.threads import apply_thread_policy; import json, os; s = apply_thread_policy('hidden_states'); "
         "import torch; print(json.dumps([s, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads()]))"
     )
     env = {

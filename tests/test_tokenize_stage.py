@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline.card import TargetCard
-from draftline.corpus import arithmetic, multi_turn, tool_call
-from draftline.io import text_sha256
+from draftline.core.card import TargetCard
+from draftline.core.io import text_sha256
+from draftline.target.corpus import arithmetic, multi_turn, tool_call
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
@@ -166,7 +166,7 @@ def test_rows_cut_by_max_length_fail_the_stage_naming_it(tmp_path, random_target
 
 
 def test_truncation_check_counts_rows_before_the_cut():
-    from draftline.tokenization import truncation_check
+    from draftline.tokens.tokenize import truncation_check
 
     lengths = [10] * 90 + [50] * 6 + [200] * 4
     check = truncation_check(lengths, 40, 0.05)
@@ -267,7 +267,7 @@ def test_server_token_ids_are_checked_per_source_and_can_be_used_verbatim(tmp_pa
     from transformers import AutoTokenizer
 
     from datasets import load_from_disk
-    from draftline.chat import tokenize_conversation, trained_runs
+    from draftline.tokens.chat import tokenize_conversation, trained_runs
 
     tok = AutoTokenizer.from_pretrained(random_target.model)
     rng = random.Random(4)
@@ -402,7 +402,7 @@ def test_a_rerun_tokenizes_only_new_or_changed_conversations(tmp_path, random_ta
     from speculators.train.vocab_mapping import save_token_frequency_distribution
 
     from datasets import load_from_disk
-    from draftline import tokenization
+    from draftline.tokens import tokenize as tokenization
 
     monkeypatch.setattr(tokenization, "SHARD_CONVERSATIONS", 8)
     monkeypatch.setattr(tokenization, "BATCH_CONVERSATIONS", 3)
@@ -481,7 +481,7 @@ def test_a_damaged_previous_output_is_tokenized_again_and_strays_removed(
 ):
     """A killed run's partial files go; a shard missing or cut short makes the rerun tokenize
     everything again rather than trust the rest (meta.json names every file at its size)."""
-    from draftline import tokenization
+    from draftline.tokens import tokenize as tokenization
 
     monkeypatch.setattr(tokenization, "SHARD_CONVERSATIONS", 4)
     rng = random.Random(3)

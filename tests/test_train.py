@@ -2,7 +2,7 @@
 fine-tuning starts from a previous run's draft; the stage refuses what it cannot do.
 
 Data: a few dozen token sequences through the random target (conftest), tokenized in speculators'
-Arrow layout and captured with draftline.hidden, as the tokenize and hidden_states stages write them.
+Arrow layout and captured with draftline.hidden_states.hidden, as the tokenize and hidden_states stages write them.
 """
 
 import json
@@ -19,20 +19,18 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from draftline import (
-    checkpoint,
-    draft_data,
-    draft_init,
-    draft_metrics,
-    draft_model,
-    handoff,
-    hidden,
-    train_state,
-    training,
-)
-from draftline.config import TrainConfig
-from draftline.io import write_json
-from draftline.target import load_target
+from draftline.core.io import write_json
+from draftline.draft import checkpoint
+from draftline.draft import model as draft_model
+from draftline.draft import pretrained as draft_init
+from draftline.hidden_states import hidden
+from draftline.target.model import load_target
+from draftline.train import data as draft_data
+from draftline.train import metrics as draft_metrics
+from draftline.train import resume as train_state
+from draftline.train import run as training
+from draftline.train import speculators as handoff
+from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = {
@@ -50,7 +48,7 @@ TRAIN = {
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, random_target, vocab_dir):
     from datasets import Dataset
-    from draftline.target import build_card
+    from draftline.target.model import build_card
 
     root = tmp_path_factory.mktemp("train_data")
     # the random target with a sharpened lm_head: its next-token distribution is peaked, so the
@@ -115,7 +113,7 @@ def test_progress_follows_every_step_with_tokens_and_time(data):
 
 
 def test_step_reporter_prints_steps_tokens_per_s_and_eta():
-    from draftline.train_progress import step_reporter
+    from draftline.train.progress import step_reporter
 
     now, lines = [0.0], []
     progress = step_reporter(
@@ -574,7 +572,7 @@ def test_online_mode_trains_from_the_target_like_offline_and_resumes(reference, 
 def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
     """Our loop's dataset (hs-connectors' FP8Transfer) over fp8 files: the bf16 states within fp8's
     rounding (3 mantissa bits: <= 1/16 of each token's largest value)."""
-    from draftline.hs_format import roundtrip
+    from draftline.hidden_states.formats import roundtrip
 
     fp8_dir = tmp_path / "hs_fp8"
     fp8_dir.mkdir()
@@ -627,8 +625,8 @@ def test_online_mode_refuses_a_target_larger_than_its_device_before_the_spend(
 
     import psutil
 
-    from draftline.draft_data import check_target_fits
-    from draftline.servers import checkpoint_bytes
+    from draftline.engines.servers import checkpoint_bytes
+    from draftline.train.data import check_target_fits
 
     size = checkpoint_bytes(random_target.model)
     check_target_fits(random_target, "cpu", "hidden_states.mode: online")  # fits: no error

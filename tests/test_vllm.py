@@ -21,8 +21,8 @@ import pytest
 import yaml
 from conftest import random_llama, train_a_draft
 
-from draftline.config import VLLM_VENV, VllmEngineConfig
-from draftline.io import read_json, write_json, write_jsonl
+from draftline.core.io import read_json, write_json, write_jsonl
+from draftline.engines.config import VLLM_VENV, VllmEngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / VLLM_VENV / "bin" / "python"
@@ -122,8 +122,9 @@ def test_a_draft_naming_the_wrong_aux_layers_trips_the_parity_gate(tmp_path, ser
 def test_our_server_commands_parse_with_vllms_own_parser(tmp_path, served_draft):
     """Regeneration, extraction and both benchmark servers: vLLM's api_server parser (the one
     `python -m vllm.entrypoints.openai.api_server` runs) takes every command we launch."""
-    from draftline import commands
-    from draftline.config import BenchmarkConfig, RegenerateConfig
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.engines import commands
+    from draftline.regenerate.config import RegenerateConfig
 
     card = served_draft.card
     engine = VllmEngineConfig()
@@ -324,14 +325,14 @@ def extract_in(workdir: Path, served_draft, **hidden_states) -> subprocess.Compl
 
 def test_hidden_states_through_vllm_equal_the_hf_backend(tmp_path, served_draft):
     """hidden_states.backend vllm on the CPU build: the stage launches vLLM with the
-    host-memory connector (draftline/vllm_cpu_connector.py) and feeds it with speculators'
+    host-memory connector (draftline/hidden_states/vllm_cpu_connector.py) and feeds it with speculators'
     generate-offline-data; every row comes back with the hf backend's token ids and, in float32,
     its states to float32 rounding (1e-5 of their scale); rounded to bfloat16 they are the hf
     backend's bf16 files to one bf16 step."""
     import torch
     from safetensors.torch import load_file
 
-    from draftline import hidden
+    from draftline.hidden_states import hidden
 
     rows = len(served_draft.conversations) * 4
     runs, logs = {}, {}
@@ -420,8 +421,8 @@ def test_which_vllm_parsers_read_the_tiny_targets_markup(tmp_path, tiny_tokenize
     llama3_json and mistral refuse the vocabulary (no <|python_tag|> / [TOOL_CALLS] token)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from draftline.corpus import generate_conversations
-    from draftline.tiny import CHAT_TEMPLATE
+    from draftline.target.corpus import generate_conversations
+    from draftline.target.tiny import CHAT_TEMPLATE
 
     def render(messages, tools, prompt=False):
         return render_jinja_template(

@@ -105,7 +105,7 @@ def test_a_draft_vocabulary_that_covers_too_little_fails_naming_its_size(tmp_pat
 
 
 def test_size_for_coverage():
-    from draftline.draft_vocab import size_for_coverage
+    from draftline.tokens.vocab import size_for_coverage
 
     freq = {5: 50, 6: 30, 7: 15, 8: 5}
     assert [size_for_coverage(freq, s) for s in (0.5, 0.8, 0.81, 0.95, 1.0)] == [1, 2, 3, 3, 4]

@@ -1,0 +1,161 @@
+"""params.yaml `datasets` and `mix`: each dataset source and how its rows are read and filtered;
+the weighted mix into train, dev and eval prompts."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, model_validator
+
+from draftline.core.config import Section, operational, shaping
+from draftline.data.presets import PRESETS
+
+# Dataset names become file names (datasets/prepared/<name>.jsonl), DVC stage names (prepare@<name>)
+# and dotted params keys (datasets.<name>): letters, digits, _ and -, nothing that walks a path.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+# ---- dataset presets and the names a dataset spec may use ---------------------------------------
+
+# Names a `fields` mapping may target: the keys the converters read (draftline/data/formats.py).
+CANONICAL_FIELDS = (
+    "id",
+    "conversations",
+    "messages",
+    "instruction",
+    "input",
+    "output",
+    "prompt",
+    "system",
+    "tools",
+)
+
+# Language filter by Unicode script of the user turns (see formats.dominant_script).
+SCRIPTS = (
+    "latin",
+    "cyrillic",
+    "greek",
+    "arabic",
+    "hebrew",
+    "devanagari",
+    "thai",
+    "han",
+    "kana",
+    "hangul",
+)
+
+
+class DatasetSpec(Section):
+    """One source of `datasets`; a `preset` (PRESETS) fills every key not given."""
+
+    # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
+    preset: str | None = shaping(None)
+    path: str = (
+        shaping()
+    )  # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id
+    format: Literal["auto", "sharegpt", "openai", "alpaca", "prompt"] = shaping("auto")
+    split: str = shaping("train")
+    name: str | None = shaping(None)  # hub config name
+    revision: str | None = shaping(
+        None
+    )  # hub revision pin (a commit sha reproduces; a branch moves)
+    # hub / directory sources: stream rows instead of downloading every shard first
+    streaming: bool = operational(False)
+    fields: dict[str, str] = shaping(
+        {}
+    )  # canonical field -> source column, e.g. {prompt: question, id: prompt_id}
+    # inline <think>/<tool_call>/<tool_response>/<tools> -> structured fields
+    parse_markup: bool = shaping(False)
+    max_rows: int | None = shaping(None, ge=1)  # read at most this many rows of the source
+    max_prompt_tokens: int | None = shaping(
+        None, ge=1
+    )  # drop rows whose prompt estimate is longer ("too_long")
+    # language filter by Unicode script of the user turns, e.g. [latin]
+    scripts: list[str] | None = shaping(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, raw):
+        if not isinstance(raw, dict) or raw.get("preset") is None:
+            return raw
+        preset = PRESETS.get(raw["preset"])
+        if preset is None:
+            raise ValueError(f"unknown preset {raw['preset']!r}; presets: {', '.join(PRESETS)}")
+        defaults = {
+            "path": preset.hub_id,
+            "format": preset.format,
+            "split": preset.split,
+            "name": preset.name,
+            "fields": preset.fields,
+            "parse_markup": preset.parse_markup,
+            "streaming": preset.streaming,
+        }
+        return {**defaults, **raw}
+
+    @model_validator(mode="after")
+    def _known_names(self):
+        if bad := sorted(set(self.fields) - set(CANONICAL_FIELDS)):
+            raise ValueError(
+                f"fields: unknown target {bad}; targets: {', '.join(CANONICAL_FIELDS)}"
+            )
+        if bad := sorted(set(self.scripts or ()) - set(SCRIPTS)):
+            raise ValueError(f"scripts: unknown {bad}; supported: {', '.join(SCRIPTS)}")
+        return self
+
+
+class MixConfig(Section):
+    # Fraction of `samples` drawn from each dataset; must name exactly the `datasets` keys.
+    weights: dict[str, float] = shaping()
+    # Most train prompts a dataset may give (its eval rows aside); then the others fill in. Prefix-stable.
+    caps: dict[str, int] = shaping({})
+    eval_samples: int = shaping(24, ge=1)  # held-out prompts for evaluate/benchmark
+    # held-out prompts for choosing (recipes, experiments: `evaluate_dev`), disjoint from eval by
+    # content; 0 = no dev split
+    dev_samples: int = shaping(12, ge=0)
+    long_threshold_tokens: int = shaping(
+        1024, ge=1
+    )  # prompts above this go to the `long` partition
+    # false: fail when the datasets cannot supply `samples` / eval_samples at the weights (numbers per
+    # dataset); true: take what there is, and record the rows drawn and the shares they came out at
+    allow_shortfall: bool = shaping(False)
+    # Eval is held out by first-turn content (draftline/data/mixing.py): exact twins of eval prompts never
+    # reach train; "template" also skips prompts equal to an eval prompt once digits are masked
+    holdout: Literal["exact", "template"] = shaping("template")
+    # fail when more than this share of eval prompts keeps a template twin in train (holdout: exact)
+    max_template_twin_share: float = operational(0.25, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _caps_positive(self):
+        if bad := sorted(name for name, cap in self.caps.items() if cap < 0):
+            raise ValueError(f"caps must be >= 0; negative for {bad}")
+        return self
+
+
+def plain_names(raw):
+    """The dataset names of a `datasets` mapping, refused unless plain (DATASET_NAME)."""
+    for name in raw if isinstance(raw, dict) else ():
+        if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a plain dataset name (letters, digits, _ and -, starting with "
+                "a letter or digit, at most 64): it becomes a file name, a DVC stage name and a "
+                "params key"
+            )
+    return raw
+
+
+# params.yaml `datasets`: name -> source
+Datasets = Annotated[dict[str, DatasetSpec], BeforeValidator(plain_names)]
+
+
+def check_weights(datasets: dict[str, DatasetSpec], mix: MixConfig) -> None:
+    """mix.weights against the datasets: exactly their names, non-negative, not all zero."""
+    if not datasets:
+        raise ValueError("datasets: at least one dataset is required")
+    missing = sorted(set(datasets) - set(mix.weights))
+    unknown = sorted(set(mix.weights) - set(datasets))
+    if missing or unknown:
+        raise ValueError(
+            f"mix.weights must name exactly the datasets; missing {missing}, unknown {unknown}"
+        )
+    if any(w < 0 for w in mix.weights.values()) or sum(mix.weights.values()) <= 0:
+        raise ValueError("mix.weights must be non-negative and not all zero")

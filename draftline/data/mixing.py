@@ -1,0 +1,626 @@
+"""The weighted, prefix-stable mix of prepared datasets into eval and train prompts.
+
+One merged sequence decides both splits. Each dataset's rows are ordered by a seeded hash of their
+id; the j-th row of dataset d gets the key (j + 0.5) / w_d (weights normalized to sum 1), ties
+broken by dataset name, and merging by key interleaves the datasets in proportion to their
+weights; a dataset that runs out just stops contributing. The first `eval_samples` rows of the
+sequence are eval, the next `samples` rows are train. The sequence does not depend on `samples`,
+so train for samples=N is the first N rows of train for samples=M > N, and eval never moves.
+
+A cap stops a dataset from giving more than `cap` train rows: past it, its rows are skipped in the
+sequence and the others fill in. Skipping never reorders what is left, so caps stay prefix-stable
+(and eval, taken before any skipping, does not move).
+
+Weights are relative (normalized); a weight of 0 leaves its dataset out entirely.
+
+Eval is held out by content, not only by id: greedy regeneration gives a train twin of an eval
+prompt the eval prompt's answer, so a twin in train measures recall, not the draft. A prompt's
+first turn (the messages before the first assistant turn, and the tools) is normalized (Unicode
+NFKC, lower case, runs of whitespace collapsed). Prompts whose first-turn user messages are equal
+are *exact twins*, whatever their system prompt or tools; prompts whose whole first turns are equal
+once every run of digits is replaced by 0 are *template twins* ("What is 16 * 6?" and "What is
+23 * 4?"). Train rows are drawn from the sequence after eval, skipping every exact twin
+of an eval prompt and, with `mix.holdout: template` (the default), every template twin too (each
+dataset's next row takes a skipped row's place, so the weights hold); skipped rows are counted in
+the report (`holdout`: over each dataset's whole remainder, whatever `samples` draws), and the mix fails when the share of eval prompts that
+keep a template twin in train exceeds `mix.max_template_twin_share`. The skip depends only on eval,
+which does not depend on `samples`, so train stays prefix-stable.
+
+When the datasets cannot supply `samples` (or `eval_samples`), or a dataset runs out so that the
+others fill in and the shares drift from the weights, the report says so per dataset
+(`per_dataset`, `shortfall`, `weights_honoured`) and `shortfall_problems` words it: the stage fails
+on it unless `mix.allow_shortfall` says to train on what there is.
+
+Rows need only "id", "source" (optionally "source_detail"), "prompt_tokens_est" and either "messages"+"tools" or their
+precomputed content "digest" and hold-out "twin_keys": the mix stage passes such light rows and reads the full records of
+the chosen ones afterwards, so a million prepared rows cost megabytes, not gigabytes
+(``light_rows``, ``full_records``; ``mix_prepared`` runs the whole mix over the prepared files).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import re
+import sys
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftline.core.io import file_sha256, read_json, text_sha256
+from draftline.data.formats import content_hash
+
+HOLDOUT_RULES = ("exact", "template")
+
+if TYPE_CHECKING:
+    from draftline.data.config import MixConfig
+
+
+def drop_cross_duplicates(
+    pools: dict[str, list[dict]],
+) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
+    """Keep each conversation (messages+tools) once, in the first dataset by name.
+
+    Returns the kept rows and, per dataset, how many of its rows were copies of which earlier dataset's
+    ({"sharegpt": {"messages": 72}}: 72 sharegpt rows dropped, already in messages).
+    """
+    first_seen, kept, copies = {}, {}, {}
+    for name in sorted(pools):
+        kept[name], copies[name] = [], Counter()
+        for row in pools[name]:
+            digest = row.get("digest") or content_hash(row["messages"], row["tools"])
+            if digest in first_seen:
+                copies[name][first_seen[digest]] += 1
+            else:
+                first_seen[digest] = name
+                kept[name].append(row)
+    return kept, {name: dict(sorted(c.items())) for name, c in copies.items()}
+
+
+def make_ids_unique(pools: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+    """Rename an id already used by an earlier dataset (name order) to "<source>/<id>"; count renames.
+
+    Ids are unique within a prepared dataset, but two hub datasets can both number their rows 0, 1, ...
+    and downstream stages key their records by id.
+    """
+    taken, out, renamed = set(), {}, 0
+    for name in sorted(pools):
+        out[name] = []
+        for row in pools[name]:
+            if row["id"] in taken:
+                row, renamed = {**row, "id": f"{name}/{row['id']}"}, renamed + 1
+            out[name].append(row)
+        taken |= {row["id"] for row in out[name]}
+    return out, renamed
+
+
+def seeded_order(rows: list[dict], source: str, seed: int) -> list[dict]:
+    """Rows in the order of sha256(seed:source:id): a shuffle that is stable as rows come and go."""
+    return sorted(rows, key=lambda row: text_sha256(f"{seed}:{source}:{row['id']}"))
+
+
+def keyed(rows: list[dict], name: str, share: float, start: int = 0) -> Iterator[tuple]:
+    """(key, name, j, row) for row j of one dataset (counting from `start`); key (j + 0.5) / share
+    rises by 1/share per row."""
+    return (((j + 0.5) / share, name, j, row) for j, row in enumerate(rows, start))
+
+
+def merge_by_weight(
+    ordered: dict[str, list[dict]],
+    weights: dict[str, float],
+    starts: dict[str, int] | None = None,
+) -> Iterator[dict]:
+    """The merged sequence of all datasets' ordered rows, smallest key first, ties by dataset name;
+    `starts` numbers a dataset's rows from where an earlier part of the sequence left it."""
+    total = sum(weights[name] for name in ordered)
+    starts = starts or {}
+    streams = [
+        keyed(ordered[name], name, weights[name] / total, starts.get(name, 0))
+        for name in sorted(ordered)
+        if weights[name] > 0
+    ]
+    for *_, row in heapq.merge(*streams):  # (key, name, j) is unique, so rows are never compared
+        yield row
+
+
+def tag_partition(rows: list[dict], long_threshold_tokens: int) -> list[dict]:
+    """Each row with "partition": "long" when its prompt estimate exceeds the threshold, else "short"."""
+    return [
+        {
+            **row,
+            "partition": "long" if row["prompt_tokens_est"] > long_threshold_tokens else "short",
+        }
+        for row in rows
+    ]
+
+
+def split_counts(rows: list[dict]) -> dict:
+    counts = {
+        "rows": len(rows),
+        "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
+        "by_partition": {p: sum(r["partition"] == p for r in rows) for p in ("short", "long")},
+    }
+    if any(r.get("source_detail") for r in rows):  # a row's own upstream source, inside its dataset
+        counts["by_source_detail"] = {
+            name: dict(
+                sorted(
+                    Counter(
+                        r.get("source_detail") or "?" for r in rows if r["source"] == name
+                    ).items()
+                )
+            )
+            for name in sorted({r["source"] for r in rows if r.get("source_detail")})
+        }
+    return counts
+
+
+def first_assistant(messages: list[dict]) -> int:
+    return next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+
+
+def first_turn_text(messages: list[dict], tools: list | None) -> str:
+    """The normalized first turn: roles and contents before the first assistant turn, and the tools
+    (NFKC, lower case, whitespace runs collapsed to one space)."""
+    canonical = json.dumps(
+        {
+            "turn": [
+                [m["role"], m.get("content") or ""] for m in messages[: first_assistant(messages)]
+            ],
+            "tools": tools,
+        },
+        sort_keys=True,
+        ensure_ascii=False,
+    )
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", canonical).lower()).strip()
+
+
+def twin_keys(messages: list[dict], tools: list | None) -> dict[str, str]:
+    """The hold-out keys of a prompt, 16 hex each: `exact`, its first turn's user messages
+    normalized (a system prompt or a tool list does not make the same question new), and
+    `template`, the whole first turn normalized with every run of digits replaced by 0."""
+    users = [m for m in messages[: first_assistant(messages)] if m["role"] == "user"]
+    return {
+        "exact": text_sha256(first_turn_text(users, None))[:16],
+        "template": text_sha256(re.sub(r"\d+", "0", first_turn_text(messages, tools)))[:16],
+    }
+
+
+def row_twin_keys(row: dict) -> dict:
+    """A row's hold-out keys: precomputed by light_rows (two ints), else computed from its messages
+    and tools."""
+    keys = row.get("twin_keys")
+    if isinstance(keys, tuple):
+        return {"exact": keys[0], "template": keys[1]}
+    return keys or twin_keys(row["messages"], row.get("tools"))
+
+
+def without_eval_twins(
+    rows: Iterator[dict], eval_rows: list[dict], rule: str, counts: Counter
+) -> Iterator[dict]:
+    """The rows, skipping exact twins of eval prompts and, with rule "template", template twins;
+    `counts` gets "exact" / "template" per skipped row (a row that is both counts as exact)."""
+    exact = {row_twin_keys(r)["exact"] for r in eval_rows}
+    template = {row_twin_keys(r)["template"] for r in eval_rows}
+    for row in rows:
+        keys = row_twin_keys(row)
+        if keys["exact"] in exact:
+            counts["exact"] += 1
+        elif rule == "template" and keys["template"] in template:
+            counts["template"] += 1
+        else:
+            yield row
+
+
+def twin_overlap(train: list[dict], eval_rows: list[dict]) -> dict[str, int]:
+    """Eval prompts with an exact / a template twin among the train rows."""
+    exact = {row_twin_keys(r)["exact"] for r in train}
+    template = {row_twin_keys(r)["template"] for r in train}
+    return {
+        "exact": sum(row_twin_keys(r)["exact"] in exact for r in eval_rows),
+        "template": sum(row_twin_keys(r)["template"] in template for r in eval_rows),
+    }
+
+
+def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:
+    """The rows, skipping those of a dataset that already gave its cap (by "source")."""
+    given = Counter()
+    for row in rows:
+        if given[row["source"]] < caps.get(row["source"], math.inf):
+            given[row["source"]] += 1
+            yield row
+
+
+def mix_datasets(
+    pools: dict[str, list[dict]],
+    weights: dict[str, float],
+    samples: int,
+    eval_samples: int,
+    long_threshold_tokens: int,
+    seed: int,
+    caps: dict[str, int] | None = None,
+    holdout: str = "template",
+) -> tuple[list[dict], list[dict], dict]:
+    """(train, eval, report) of a mix without a dev split (mix_splits)."""
+    splits, report = mix_splits(
+        pools, weights, samples, eval_samples, 0, long_threshold_tokens, seed, caps, holdout
+    )
+    return splits["train"], splits["eval"], report
+
+
+def next_rows(
+    ordered: dict[str, list[dict]], weights: dict[str, float], starts: dict[str, int], n: int
+) -> tuple[list[dict], dict[str, int]]:
+    """The next n rows of the merged sequence of `ordered` (numbered from `starts`), and how many
+    of each dataset's rows they took: always a prefix of its list."""
+    rows = list(islice(merge_by_weight(ordered, weights, starts), n))
+    taken = {id(row) for row in rows}
+    return rows, {name: sum(id(row) in taken for row in part) for name, part in ordered.items()}
+
+
+def mix_splits(
+    pools: dict[str, list[dict]],
+    weights: dict[str, float],
+    samples: int,
+    eval_samples: int,
+    dev_samples: int,
+    long_threshold_tokens: int,
+    seed: int,
+    caps: dict[str, int] | None = None,
+    holdout: str = "template",
+) -> tuple[dict[str, list[dict]], dict]:
+    """({"train", "eval", "dev"}: rows, report) from prepared records per dataset; see the module
+    docstring for the rule.
+
+    Fewer rows than requested is not an error here: everything is taken, and the report has the
+    numbers per dataset for the stage to decide (`shortfall_problems`). A train split left empty
+    (every row went to eval and dev) or a cap naming no dataset raises ValueError.
+    """
+    caps = caps or {}
+    if holdout not in HOLDOUT_RULES:
+        raise ValueError(f"mix.holdout must be one of {HOLDOUT_RULES}, not {holdout!r}")
+    if unknown := sorted(set(caps) - set(pools)):
+        raise ValueError(
+            f"mix.caps names unknown datasets {unknown}; datasets: {', '.join(sorted(pools))}"
+        )
+    pools = {name: rows for name, rows in pools.items() if weights[name] > 0}
+    pools, copies = drop_cross_duplicates(pools)
+    pools, renamed = make_ids_unique(pools)
+    ordered = {name: seeded_order(rows, name, seed) for name, rows in pools.items()}
+    # Each split takes a prefix of what is left of every dataset; what follows it is merged on,
+    # numbered from where the split left each dataset, less the twins of the prompts held out so
+    # far: with no twin skipped this is the one merged sequence continued, and a skipped twin's
+    # place goes to its own dataset's next row (shares hold).
+    skipped = {name: Counter() for name in ordered}
+    starts = dict.fromkeys(ordered, 0)
+    held: list[dict] = []
+
+    def take(n: int) -> list[dict]:
+        nonlocal ordered
+        rows, counts = next_rows(ordered, weights, starts, n)
+        held.extend(rows)
+        for name in ordered:
+            starts[name] += counts[name]
+        ordered = {
+            name: list(without_eval_twins(part[counts[name] :], held, holdout, skipped[name]))
+            for name, part in ordered.items()
+        }
+        return rows
+
+    eval_rows = take(eval_samples)
+    dev = take(dev_samples) if dev_samples else []
+    sequence = merge_by_weight(ordered, weights, starts)
+    train = tag_partition(list(islice(under_caps(sequence, caps), samples)), long_threshold_tokens)
+    eval_rows = tag_partition(eval_rows, long_threshold_tokens)
+    dev = tag_partition(dev, long_threshold_tokens)
+    if not train:
+        raise ValueError(
+            f"mix: no rows left for train; {len(eval_rows)} rows went to eval and {len(dev)} to "
+            f"dev (eval_samples={eval_samples}, dev_samples={dev_samples})"
+        )
+    total = sum(weights[name] for name in pools)
+    train_counts = Counter(row["source"] for row in train)
+    per_dataset = dataset_table(
+        pools,
+        {name: weights[name] / total for name in pools},
+        caps,
+        samples,
+        train_counts,
+        Counter(row["source"] for row in eval_rows),
+        Counter(row["source"] for row in dev),
+        {name: sum(c.values()) for name, c in skipped.items()},
+    )
+    skipped_total = sum(skipped.values(), Counter())
+    report = {
+        "requested": {"train": samples, "eval": eval_samples, "dev": dev_samples},
+        "weights": {name: weights[name] / total for name in sorted(pools)},
+        "available": {name: len(rows) for name, rows in sorted(pools.items())},
+        "train": split_counts(train),
+        "eval": split_counts(eval_rows),
+        "dev": split_counts(dev),
+        "caps": {name: caps[name] for name in sorted(caps) if name in pools},
+        "capped": sorted(
+            name for name in pools if name in caps and train_counts.get(name, 0) >= caps[name]
+        ),
+        "duplicates_dropped": {
+            "total": sum(n for c in copies.values() for n in c.values()),
+            "by_source": {name: sum(c.values()) for name, c in copies.items()},
+            "copies_of": {name: c for name, c in copies.items() if c},
+        },
+        "ids_renamed": renamed,
+        "holdout": {
+            "rule": holdout,
+            "train_rows_skipped": {
+                "exact": skipped_total["exact"],
+                "template": skipped_total["template"],
+            },
+            "eval_with_twin_in_train": twin_overlap(train, eval_rows),
+            "dev_with_twin_in_train": twin_overlap(train, dev),
+            "eval_with_twin_in_dev": twin_overlap(dev, eval_rows),
+            "eval": len(eval_rows),
+            "dev": len(dev),
+        },
+        "shortfall": {
+            "train": samples - len(train),
+            "eval": eval_samples - len(eval_rows),
+            "dev": dev_samples - len(dev),
+        },
+        "per_dataset": per_dataset,
+        "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
+        "max_samples_at_weights": max_samples_at_weights(per_dataset),
+    }
+    return {"train": train, "eval": eval_rows, "dev": dev}, report
+
+
+def dataset_table(
+    pools: dict[str, list[dict]],
+    shares: dict[str, float],
+    caps: dict[str, int],
+    samples: int,
+    train_counts: Counter,
+    eval_counts: Counter,
+    dev_counts: Counter,
+    twins: dict[str, int],
+) -> dict[str, dict]:
+    """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
+    cross-dataset duplicates), rows drawn for eval and dev, twins of those kept out of train, rows
+    drawn for train, the realised train share, and whether it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
+    share the rest by weight; one drawn more than one row short of that ran out (the others filled in)."""
+    drawn = sum(train_counts.values())
+    capped_rows = sum(train_counts.get(name, 0) for name in pools if name in caps)
+    open_share = sum(share for name, share in shares.items() if name not in caps)
+
+    def asked(
+        name: str, n: int, capped: int
+    ) -> float:  # train rows the weights ask of `name` out of n
+        if name in caps:
+            return min(caps[name], shares[name] * n)
+        return shares[name] / open_share * (n - capped) if open_share else 0.0
+
+    table = {}
+    for name in sorted(pools):
+        got = train_counts.get(name, 0)
+        table[name] = {
+            "weight": round(shares[name], 4),
+            "wanted_train": round(asked(name, samples, capped_rows)),
+            "available": len(pools[name]),
+            "train": got,
+            "eval": eval_counts.get(name, 0),
+            "dev": dev_counts.get(name, 0),
+            "twins": twins.get(name, 0),
+            "share": round(got / drawn, 4) if drawn else 0.0,
+            "capped": name in caps,
+            # of the rows drawn, it gave less than its weight asks: the others filled in for it
+            "short_of_weight": got < asked(name, drawn, capped_rows) - 1,
+        }
+    return table
+
+
+def max_samples_at_weights(table: dict[str, dict]) -> int:
+    """The largest `samples` the uncapped datasets supply at their weights (eval, dev and their
+    twins aside)."""
+    open_rows = {
+        name: row for name, row in table.items() if not row["capped"] and row["weight"] > 0
+    }
+    if not open_rows:
+        return 0
+    share_sum = sum(row["weight"] for row in open_rows.values())
+    return int(
+        min(
+            (row["available"] - row["eval"] - row["dev"] - row["twins"])
+            / (row["weight"] / share_sum)
+            for row in open_rows.values()
+        )
+    )
+
+
+def shortfall_problems(report: dict) -> list[str]:
+    """What the mix could not honour, in words (empty when it supplied everything at the weights)."""
+    problems = []
+    requested, short = report["requested"], report["shortfall"]
+    if short["train"] > 0:
+        problems.append(
+            f"samples={requested['train']} asks for {requested['train']} train prompts; the datasets "
+            f"supply {report['train']['rows']}"
+        )
+    if short["eval"] > 0:
+        problems.append(
+            f"mix.eval_samples={requested['eval']} asks for {requested['eval']} eval prompts; the "
+            f"datasets supply {report['eval']['rows']}"
+        )
+    drifted = [name for name, row in report["per_dataset"].items() if row["short_of_weight"]]
+    if drifted:
+        problems.append(
+            f"{', '.join(drifted)} ran out before giving {'its' if len(drifted) == 1 else 'their'} "
+            "share of the weights, so the others filled in"
+        )
+    return problems
+
+
+def holdout_problem(holdout: dict, max_template_twin_share: float) -> str | None:
+    """Why the held-out eval or dev split is not held out (twins left in train, or eval twins in
+    dev), or None; records each split's template twin share in `holdout`."""
+    holdout["max_template_twin_share"] = max_template_twin_share
+    problems = []
+    for split, other, key, share_key in (
+        ("eval", "train", "eval_with_twin_in_train", "template_twin_share"),
+        ("dev", "train", "dev_with_twin_in_train", "dev_template_twin_share"),
+        ("eval", "dev", "eval_with_twin_in_dev", "eval_dev_template_twin_share"),
+    ):
+        overlap, n = holdout[key], holdout[split]
+        share = overlap["template"] / n if n else 0.0
+        holdout[share_key] = round(share, 4)
+        if overlap["exact"]:
+            problems.append(
+                f"{overlap['exact']} {split} prompts have an exact twin in {other} (a bug: twins "
+                "are skipped)"
+            )
+        elif share > max_template_twin_share:
+            problems.append(
+                f"{overlap['template']} of {n} {split} prompts ({share:.0%}) share a template "
+                f"(digits masked) with a {other} prompt, above "
+                f"mix.max_template_twin_share={max_template_twin_share}"
+            )
+    if not problems:
+        return None
+    return (
+        f"mix: {'; '.join(problems)}. A held-out split that repeats the templates it is compared "
+        "with measures recall: set mix.holdout: template (skips them) or raise the share."
+    )
+
+
+def shortfall_table(report: dict) -> str:
+    """The per-dataset numbers as an aligned text table."""
+    width = max(len("dataset"), *(len(n) for n in report["per_dataset"]))
+    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  dev  twins  train  share"]
+    for name, row in report["per_dataset"].items():
+        cap = " (capped)" if row["capped"] else ""
+        lines.append(
+            f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
+            f"{row['eval']:>4}  {row['dev']:>3}  {row['twins']:>5}  {row['train']:>5}  "
+            f"{row['share']:>5.0%}{cap}"
+        )
+    return "\n".join(lines)
+
+
+# ---- the prepared files: light rows in, full records of the chosen rows out ----------------------
+
+
+def light_rows(path: Path) -> list[dict]:
+    """What mixing needs of each prepared record, plus the byte offset of its line (the full record
+    is read back only if it is chosen). Hashes as ints and names interned: ~0.6 KB a row (a row
+    per prepared record is what the seeded order over all of them needs)."""
+    rows, offset = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                keys = twin_keys(record["messages"], record["tools"])
+                detail = record.get("source_detail")
+                rows.append(
+                    {
+                        "id": record["id"],
+                        "source": sys.intern(record["source"])
+                        if isinstance(record.get("source"), str)
+                        else record.get("source"),
+                        "offset": offset,
+                        **({"source_detail": sys.intern(str(detail))} if detail else {}),
+                        "prompt_tokens_est": record["prompt_tokens_est"],
+                        "digest": int(content_hash(record["messages"], record["tools"]), 16),
+                        "twin_keys": (int(keys["exact"], 16), int(keys["template"], 16)),
+                    }
+                )
+            offset += len(line)
+    return rows
+
+
+def full_records(rows: list[dict], paths: dict[str, Path]) -> Iterator[dict]:
+    """The chosen light rows as full records, keeping the mixed id (it may have been renamed) and partition."""
+    with ExitStack() as stack:
+        files = {name: stack.enter_context(open(path, "rb")) for name, path in paths.items()}
+        for row in rows:
+            f = files[row["source"]]
+            f.seek(row["offset"])
+            yield {**json.loads(f.readline()), "id": row["id"], "partition": row["partition"]}
+
+
+@dataclass
+class Mixed:
+    """The mix of the prepared files: the chosen light rows, the report, and what the rows came from."""
+
+    train: list[dict]
+    eval: list[dict]
+    dev: list[dict]
+    report: dict
+    paths: dict[str, Path]  # dataset -> its prepared file (full_records reads the chosen rows back)
+    inputs: dict[str, str]  # dataset -> sha256 of its prepared file
+    shortfall: str | None  # the accepted shortfall, worded (mix.allow_shortfall), or None
+
+
+def mix_prepared(
+    names: list[str],
+    prepared_dir: Path,
+    prepare_reports: Path,
+    cfg: MixConfig,
+    samples: int,
+    seed: int,
+) -> Mixed:
+    """Mix the prepared files of the datasets `names` (<prepared_dir>/<name>.jsonl, with the prepare
+    report <prepare_reports>/<name>.json) by `cfg`. ValueError for a missing or mislabelled file, a
+    mix that cannot be drawn, or a shortfall that mix.allow_shortfall does not accept."""
+    pools, paths, inputs, prepared = {}, {}, {}, {}
+    for name in sorted(names):
+        path, report = prepared_dir / f"{name}.jsonl", prepare_reports / f"{name}.json"
+        if not path.is_file() or not report.is_file():
+            raise ValueError(
+                f"{path} or {report} not found; run `python -m stages.prepare {name} ...` first"
+            )
+        pools[name], paths[name] = light_rows(path), path
+        # A file from another dataset (renamed, stale) would silently mislabel the mix.
+        if strays := sorted({row.get("source") for row in pools[name]} - {name}, key=str):
+            raise ValueError(f"{path} holds rows of source {strays}, expected only {name!r}")
+        inputs[name] = file_sha256(path)
+        stats = read_json(report)
+        prepared[name] = {
+            key: stats.get(key)
+            for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")
+        }
+    splits, report = mix_splits(
+        pools,
+        cfg.weights,
+        samples,
+        cfg.eval_samples,
+        cfg.dev_samples,
+        cfg.long_threshold_tokens,
+        seed,
+        cfg.caps,
+        cfg.holdout,
+    )
+    train, eval_rows = splits["train"], splits["eval"]
+    if problem := holdout_problem(report["holdout"], cfg.max_template_twin_share):
+        raise ValueError(problem)
+    report["allow_shortfall"] = cfg.allow_shortfall
+    shortfall = None
+    if problems := shortfall_problems(report):
+        shortfall = (
+            f"{'; '.join(problems)}.\n{shortfall_table(report)}\n"
+            f"(available: rows left after cross-dataset duplicates; eval takes {len(eval_rows)} of them "
+            "first, then dev; twins: rows kept out of train as twins of eval and dev prompts, "
+            "mix.holdout)"
+        )
+        if not cfg.allow_shortfall:
+            raise ValueError(
+                f"mix: {shortfall}\nLower `samples` (at most {report['max_samples_at_weights']} "
+                "keeps the weights), add data or change mix.weights / mix.caps, or set "
+                "mix.allow_shortfall: true to train on the rows there are at the shares above."
+            )
+    reasons = sum((Counter(p["dropped"]) for p in prepared.values()), Counter())
+    reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
+    report["prepare"] = prepared
+    report["dropped_by_reason"] = dict(sorted((+reasons).items(), key=lambda kv: (-kv[1], kv[0])))
+    return Mixed(train, eval_rows, splits["dev"], report, paths, inputs, shortfall)

@@ -1,0 +1,218 @@
+"""The EAGLE-3 draft model: speculators' Eagle3DraftModel built from the target card (or its first
+layer started from a target decoder layer), and saved in the format vLLM serves.
+
+What comes from the target: the draft decoder's shape (create_transformer_layer_config over the
+target's config), the token embeddings, the lm_head rows of the draft vocabulary (t2d), and the
+target's final norm (`verifier_norm`, used to turn the stored last hidden state into the teacher
+logits). Embeddings and lm_head are frozen unless train.train_embeddings / train.train_lm_head;
+the verifier norm and lm_head are always frozen.
+
+Fine-tuning an existing checkpoint (train.init) is draftline/draft/pretrained.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from draftline.draft.checkpoint import ARCHITECTURES, load_verifier_tensors, load_vocab
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+
+
+# ---------------------------------------------------------------- building the draft
+
+
+def draft_layer_config(card: TargetCard, num_layers: int):
+    """Llama decoder config for the draft, shaped from the target (full attention everywhere)."""
+    from speculators.train.cli import create_transformer_layer_config
+
+    return create_transformer_layer_config(
+        verifier_name_or_path=card.model,
+        num_layers=num_layers,
+        draft_arch="llama",
+        hidden_act="silu",
+        sliding_window=4096,
+        full_attention_indices=list(range(num_layers)),
+        trust_remote_code=card.trust_remote_code,
+    )
+
+
+def speculators_config(card: TargetCard, speculative_tokens: int):
+    """Algorithm, greedy proposal with its token count, and the verifier: what vLLM reads."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    return SpeculatorsConfig(
+        algorithm="eagle3",
+        proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=speculative_tokens)],
+        default_proposal_method="greedy",
+        verifier=VerifierConfig.from_pretrained(card.model, revision=card.revision),
+    )
+
+
+def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
+    model.embed_tokens.weight.requires_grad_(train_embeddings)
+    model.lm_head.weight.requires_grad_(train_lm_head)
+    model.verifier_lm_head.weight.requires_grad_(False)
+    model.verifier_norm.weight.requires_grad_(False)
+    model.config.embed_requires_grad = train_embeddings
+
+
+def build_draft(
+    card: TargetCard,
+    vocab_dir: Path,
+    num_layers: int,
+    ttt_steps: int,
+    attn_impl: str = "eager",
+    *,
+    speculative_tokens: int | None = None,
+    train_embeddings: bool = False,
+    train_lm_head: bool = False,
+    architecture: str = "speculators",
+):
+    """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    # what speculators' Eagle3DraftModel.from_training_args builds, with the verifier tensors
+    # taken from the card's names (load_verifier_tensors)
+    d2t, t2d = load_vocab(vocab_dir)
+    layer_config = draft_layer_config(card, num_layers)
+    layer_config._attn_implementation = attn_impl  # noqa: SLF001
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=int(d2t.shape[0]),
+        **ARCHITECTURES[architecture],
+        fc_norm=False,
+        embed_requires_grad=train_embeddings,
+        eagle_aux_hidden_state_layer_ids=card.aux_ids,
+        speculators_config=speculators_config(card, speculative_tokens or ttt_steps),
+    )
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(t2d, d2t)
+    load_verifier_tensors(model, card)
+    set_trainable(model, train_embeddings, train_lm_head)
+    return model
+
+
+LAYER_PARTS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
+
+
+def init_layer_from_target(model, card: TargetCard, layer: int | str) -> str:
+    """Start the draft's first decoder layer from target decoder layer `layer` (train.init_layer_from_target).
+
+    The draft layer reads cat(norm(embedding), norm(hidden)): the target's q/k/v weights go to the
+    hidden half (the embedding half keeps its random init, so the next token still gets in), o_proj,
+    the MLP and both norms are copied (the target's input norm serves both halves). When `layer` is
+    an aux layer, the fc starts as the pass-through of the state entering it. That is a start, not
+    the target's computation: the draft at position p reads that state at position p-1 and predicts
+    token p+1 (the target layer at p-1 works towards token p), the random embedding half adds to
+    q/k/v, the target's later layers have no counterpart, and the draft's own norm before lm_head
+    starts at ones (the target's final norm is verifier_norm, for the teacher logits only).
+    Returns a note for the report."""
+    from safetensors import safe_open
+
+    from draftline.target.model import _checkpoint_file, checkpoint_weight_map
+
+    if layer == "last_aux":
+        layer = card.aux_layer_ids[-1]
+    if not 0 <= layer < card.num_layers:
+        raise ValueError(
+            f"train.init_layer_from_target: {layer} is not a decoder layer of the target (0..{card.num_layers - 1})"
+        )
+    weight_map = checkpoint_weight_map(card.model, card.revision)
+    suffix = f"layers.{layer}.self_attn.q_proj.weight"
+    found = [
+        n for n in weight_map if n.endswith(suffix) and "visual" not in n and "vision" not in n
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"train.init_layer_from_target: no single `{suffix}` in {card.model!r}'s checkpoint ({found})"
+        )
+    prefix = found[0][: -len("self_attn.q_proj.weight")]
+    draft = model.layers[0]
+    H = card.hidden_size
+    with torch.no_grad():
+        for part in LAYER_PARTS:
+            name = f"{prefix}{part}.weight"
+            if name not in weight_map:
+                raise ValueError(
+                    f"train.init_layer_from_target: {name!r} is not in the target checkpoint"
+                )
+            with safe_open(
+                str(_checkpoint_file(card.model, weight_map[name], card.revision)), framework="pt"
+            ) as f:
+                tensor = f.get_tensor(name).float()
+            module = draft.get_submodule(part)
+            if part.endswith(("q_proj", "k_proj", "v_proj")):
+                if module.weight.shape != (tensor.shape[0], 2 * H):
+                    raise ValueError(
+                        f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
+                        f"{tuple(module.weight.shape)}"
+                    )
+                module.weight[:, H:] = tensor
+            else:
+                if module.weight.shape != tensor.shape:
+                    raise ValueError(
+                        f"train.init_layer_from_target: {part} {tuple(tensor.shape)} does not fit the draft's "
+                        f"{tuple(module.weight.shape)}"
+                    )
+                module.weight.copy_(tensor)
+                if part == "input_layernorm":
+                    draft.hidden_norm.weight.copy_(tensor)
+        if layer in card.aux_layer_ids:
+            slot = card.aux_layer_ids.index(layer)
+            model.fc.weight.zero_()
+            model.fc.weight[:, slot * H : (slot + 1) * H] = torch.eye(H)
+            return f"decoder layer from target layer {layer}; fc passes aux slot {slot} through"
+    return f"decoder layer from target layer {layer}; fc random (layer {layer} is not an aux layer)"
+
+
+# ---------------------------------------------------------------- output
+
+
+def vllm_speculator_fields(config: dict) -> dict:
+    """What vLLM's speculators config reader takes from a speculators-format EAGLE-3 config.json
+    (vllm/transformers_utils/configs/speculators: base.py and update_eagle3 in algos.py)."""
+    spec = config["speculators_config"]
+    layer = config["transformer_layer_config"]
+    return {
+        "method": config["speculators_model_type"],
+        "num_speculative_tokens": spec["proposal_methods"][0]["speculative_tokens"],
+        "verifier": spec["verifier"]["name_or_path"],
+        "draft_model_type": layer["model_type"],
+        "target_vocab_size": layer["vocab_size"],
+        "hidden_size": layer["hidden_size"],
+        "draft_vocab_size": config["draft_vocab_size"],
+        "eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
+        "norm_before_residual": config["norm_before_residual"],
+        "norm_before_fc": config["norm_before_fc"],
+        "fc_norm": config["fc_norm"],
+        "norm_output": config["norm_output"],
+    }
+
+
+def save_draft(model, out_dir: Path) -> dict:
+    """Speculators format (config.json + model.safetensors); returns the fields vLLM will read."""
+    out_dir = Path(out_dir)
+    model.to("cpu").save_pretrained(out_dir)
+    fields = vllm_speculator_fields(json.loads((out_dir / "config.json").read_text()))
+    if fields["method"] != "eagle3" or fields["draft_model_type"] not in ("llama", "qwen3"):
+        raise ValueError(
+            f"{out_dir}/config.json is not an EAGLE-3 speculator vLLM can serve: {fields}"
+        )
+    return fields

@@ -1,0 +1,151 @@
+"""Preflight of a saved draft: its static checks against the target card and the benchmark's
+engines (`preflight_engines`, `check_draft`); the problems are listed, with a message that says
+why. The draft's config.json and its d2t/t2d tensors are read (no weights are loaded), and a
+configuration that would run but silently feed the draft the wrong inputs is refused:
+- an EAGLE-3 draft served with another algorithm (plain EAGLE passes one hidden state where the
+  draft's fc expects three; acceptance collapses to ~1 with no error, SGLang PR #21272);
+- aux layer ids or a hidden size that differ from the target card's;
+- a draft vocabulary whose d2t/t2d do not fit the target vocabulary.
+
+Aux layer id conventions differ between engines. vLLM's `eagle_aux_hidden_state_layer_ids` (and
+the card's) name the hidden state that *enters* decoder layer i (`aux_hidden_states.append(...)`
+before `layer(...)` in vllm/model_executor/models/llama.py). SGLang adds one to the ids it reads
+from a draft's `eagle_config` ("for the ith layer, it takes the output of the (i-1)th layer",
+`set_eagle3_layers_to_capture` in sglang/srt/models/llama.py), so card id = SGLang id + 1.
+Without explicit ids both capture the inputs of layers [2, N//2, N-3].
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from draftline.draft.checkpoint import SPECULATORS_EAGLE3, DraftFacts, read_draft_facts
+from draftline.engines.commands import benchmark_serve_command, draft_path_for
+
+if TYPE_CHECKING:
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.core.card import TargetCard
+
+
+def engine_aux_ids_as_card(facts: DraftFacts, engine: str, num_layers: int) -> list[int]:
+    """The aux layer ids the engine will capture, in the card's (decoder-layer input) convention."""
+    if facts.aux_layer_ids is None:
+        return [2, num_layers // 2, num_layers - 3]  # both engines' default
+    if engine == "sglang" and facts.layout == "eagle":
+        return [i + 1 for i in facts.aux_layer_ids]  # SGLang captures the output of layer id
+    return list(facts.aux_layer_ids)
+
+
+def check_draft(card: TargetCard, facts: DraftFacts, engine: str) -> list[str]:
+    """Mismatches between a draft and its target that no engine reports; [] when it fits."""
+    problems = []
+    if facts.algorithm != SPECULATORS_EAGLE3:
+        problems.append(f"{facts.path}: not an EAGLE-3 draft (algorithm {facts.algorithm!r})")
+    aux = engine_aux_ids_as_card(facts, engine, card.num_layers)
+    if sorted(aux) != sorted(card.aux_ids):
+        hint = (
+            " (SGLang reads eagle_config ids as layer outputs: id = card id - 1)"
+            if engine == "sglang"
+            else ""
+        )
+        problems.append(
+            f"aux layer ids: the {engine} engine would capture decoder-layer inputs {aux}, "
+            f"the target card says {card.aux_ids}{hint}"
+        )
+    hidden = card.hidden_size
+    if facts.target_hidden_size is not None and facts.target_hidden_size != hidden:
+        problems.append(
+            f"hidden size: the draft expects a target hidden size of {facts.target_hidden_size}, "
+            f"the target card says {hidden}"
+        )
+    if facts.fc_in_features is not None and facts.fc_in_features != 3 * hidden:
+        problems.append(
+            f"hidden size: the draft's fc takes {facts.fc_in_features} features, EAGLE-3 on this "
+            f"target needs 3 x {hidden} = {3 * hidden}"
+        )
+    problems.extend(check_vocab(card.vocab_size, facts))
+    return problems
+
+
+def check_vocab(target_vocab: int, facts: DraftFacts) -> list[str]:
+    """d2t (offsets: target id = i + d2t[i]) and t2d (mask over the target vocab) must agree and fit."""
+    problems = []
+    if facts.vocab_size is not None and facts.vocab_size != target_vocab:
+        problems.append(
+            f"vocab: the draft embeds a vocabulary of {facts.vocab_size}, the target has {target_vocab}"
+        )
+    if facts.d2t is None:
+        return problems
+    n = len(facts.d2t)
+    if facts.draft_vocab_size is not None and facts.draft_vocab_size != n:
+        problems.append(f"vocab: draft_vocab_size {facts.draft_vocab_size} but d2t has {n} entries")
+    if n > target_vocab:
+        problems.append(
+            f"vocab: draft vocabulary of {n} is larger than the target's {target_vocab}"
+        )
+    mapped = [i + off for i, off in enumerate(facts.d2t)]
+    outside = [t for t in mapped if not 0 <= t < target_vocab]
+    if outside:
+        problems.append(
+            f"vocab: d2t maps {len(outside)} draft ids outside the target vocabulary [0, {target_vocab}), "
+            f"e.g. {outside[:5]}"
+        )
+    if facts.t2d_len is not None:
+        if facts.t2d_len != target_vocab:
+            problems.append(
+                f"vocab: t2d covers {facts.t2d_len} target ids, the target has {target_vocab}"
+            )
+        if facts.t2d_count != n:
+            problems.append(
+                f"vocab: t2d marks {facts.t2d_count} target ids but the draft vocabulary has {n}"
+            )
+        elif facts.t2d_true is not None and set(mapped) != facts.t2d_true:
+            problems.append("vocab: t2d and d2t name different target tokens")
+    return problems
+
+
+def check_engine_settings(engine: str, cfg: BenchmarkConfig, facts: DraftFacts) -> list[str]:
+    """The engine's speculative algorithm and checkpoint layout must suit an EAGLE-3 draft."""
+    problems = []
+    if engine == "vllm":
+        if cfg.vllm.method.lower() != "eagle3":
+            problems.append(
+                f"benchmark.vllm.method: {cfg.vllm.method!r} for an EAGLE-3 draft; it must be 'eagle3' "
+                "(vLLM's 'eagle' feeds the draft one hidden state instead of three)"
+            )
+    elif engine == "sglang":
+        if cfg.sglang.algorithm.upper() != "EAGLE3":
+            problems.append(
+                f"benchmark.sglang.algorithm: {cfg.sglang.algorithm!r} for an EAGLE-3 draft; it must be "
+                "'EAGLE3' (with 'EAGLE' the aux hidden states are not captured and acceptance collapses)"
+            )
+        if facts.layout == "speculators":
+            problems.append(
+                f"{facts.path} is a speculators checkpoint ({', '.join(facts.architectures) or 'no architectures'}); "
+                "SGLang picks the draft class from config.json architectures (LlamaForCausalLMEagle3) and "
+                "loads EAGLE-3 drafts in that layout: the benchmark stage exports a draft trained with "
+                "train.architecture: eagle3 itself (draftline export-sglang makes a lasting copy), "
+                "or set benchmark.sglang.draft_model_path to such a copy"
+            )
+    return problems
+
+
+def preflight_engines(
+    card: TargetCard, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
+) -> dict:
+    """Checks and deployment commands for every benchmark server engine.
+
+    Returns {engine: {"command": str, "problems": [...]}}; the selected engine's problems are
+    fatal for the stage, the others' are reported so the deployment command is known to be safe.
+    """
+    out = {}
+    for engine in ("vllm", "sglang"):
+        path = draft_path_for(engine, cfg, draft_dir, sglang_draft)
+        facts = read_draft_facts(path)
+        problems = check_draft(card, facts, engine) + check_engine_settings(engine, cfg, facts)
+        out[engine] = {
+            "command": shlex.join(benchmark_serve_command(engine, card, cfg, path)),
+            "problems": problems,
+        }
+    return out

@@ -1,0 +1,482 @@
+"""Preflight of live servers: every check an endpoint passes before the stage relies on it; a
+refusal raises PreflightError with a message that says why. The static checks of a saved draft
+against the target card and the engines are in draftline/draft/preflight.py.
+
+Regeneration endpoints (`preflight_regeneration`): the server serves the card's target under the
+expected name, its tokenizer and chat template count the probe prompt as the target's do, and it
+is not speculative. What the server is gets probed whatever params declare: every engine's
+evidence is read (vLLM: `vllm:` metrics and `vllm:spec_decode_*`, which exist only with a
+speculative config; SGLang: /get_server_info and its `speculative_algorithm`; `owned_by` of
+/v1/models), a speculative one is refused, and so is one that answers as another engine than
+declared. A draft attached to the server, or another model, would change the data without any error.
+
+Servers already running elsewhere, for the stages that would otherwise start their own: the vLLM
+extraction server of `hidden_states` (hidden_states.vllm.endpoint, `preflight_extraction`) and the
+baseline and speculative servers of the `vllm` / `sglang` benchmark (benchmark.endpoints,
+`preflight_benchmark`). A giant target then loads once per role, not once per stage run:
+- it serves the card's target: /v1/models lists it (`id` or vLLM's `root`, the path it loaded), or
+  SGLang's /get_server_info `model_path` is it;
+- extraction (vLLM): a probe row comes back as a hidden-state file this machine can read, with the
+  row's token ids and [L, 4, hidden_size] states (3 aux layers + the last); with
+  VLLM_SERVER_DEV_MODE=1 the server's /server_info also shows its speculative_config, whose method
+  must be extract_hidden_states and whose layer ids must be the card's aux ids + [N];
+- benchmark baseline: not speculative, probed whatever the engine is said to be
+  (check_not_speculative);
+- benchmark speculative: SGLang's /get_server_info must say EAGLE3 and name the draft being
+  benchmarked; vLLM must export spec-decode metrics, and where /server_info is on, its
+  speculative_config must be eagle3 with this draft. Without /server_info vLLM does not say which
+  draft it runs: the report says so, and a wrong one shows as an acceptance length of ~1.
+
+Longer than the ~400 lines a module here usually keeps to: the three endpoint preflights share one
+set of probes (what a server is, its models, its tokenizer's count), and this docstring is the
+reference of what each one refuses; split apart, each would restate the others' rules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+
+
+# Varied text (digits, accents, CJK, emoji, code, markup) so that another tokenizer or template
+# is very unlikely to give the same count.
+PROBE_MESSAGES = [
+    {
+        "role": "user",
+        "content": "Preflight probe: 7 × 8 = 56; naïve café, 東京, 🙂, "
+        "`x = [1, 2]`, <b>bold</b> and   spaces.\nDone?",
+    }
+]
+
+
+class PreflightError(RuntimeError):
+    """An endpoint that must not be used; the message says why."""
+
+
+def _request(client, method: str, url: str, attempts: int, **kwargs):
+    """One HTTP call, retried (1 s, 2 s, ...) on connection errors, timeouts, 429 and 5xx."""
+    import httpx
+
+    for attempt in range(attempts):
+        try:
+            resp = client.request(method, url, **kwargs)
+            if resp.status_code != 429 and resp.status_code < 500:
+                return resp
+            error = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as err:
+            error = f"{type(err).__name__}: {err}"
+        if attempt + 1 < attempts:
+            time.sleep(min(2**attempt, 10))
+    raise PreflightError(f"{url}: no answer after {attempts} attempts ({error})")
+
+
+def _answer(client, method: str, url: str, attempts: int):
+    """`_request`, or None when the endpoint never answers (a path this engine does not have)."""
+    try:
+        return _request(client, method, url, attempts)
+    except PreflightError:
+        return None
+
+
+def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
+    """What the server shows of itself, whatever params say it is: the engines it answers as
+    ("vllm", "sglang"), which of them could be checked for speculative decoding, and any sign
+    that it decodes speculatively.
+
+    vLLM: `vllm:` metrics on /metrics, where `vllm:spec_decode_*` exist only with
+    --speculative-config (vllm/v1/spec_decode/metrics.py); a dev-mode /server_info with its
+    vllm_config. SGLang: /get_server_info (newer: /server_info) with `speculative_algorithm`;
+    `sglang:` metrics. Both: `owned_by` of /v1/models. transformers serve has none of these and
+    no speculative mode."""
+    engines, checked, speculative, facts = set(), set(), [], {}
+    resp = _answer(client, "GET", f"{base_url}/metrics", attempts)
+    text = resp.text if resp is not None and resp.status_code == 200 else ""
+    if re.search(r"^vllm:", text, re.M):
+        engines.add("vllm")
+        checked.add("vllm")
+    if re.search(r"^sglang:", text, re.M):
+        engines.add("sglang")
+    if spec := sorted(set(re.findall(r"vllm:spec_decode\w*", text))):
+        speculative.append(
+            f"vLLM metrics {', '.join(spec)} (they exist only with --speculative-config)"
+        )
+    for path in ("/get_server_info", "/server_info"):
+        resp = _answer(client, "GET", f"{base_url}{path}", attempts)
+        try:
+            info = resp.json() if resp is not None and resp.status_code == 200 else None
+        except ValueError:
+            info = None
+        if isinstance(info, dict) and "speculative_algorithm" in info:
+            engines.add("sglang")
+            checked.add("sglang")
+            facts.update(
+                speculative_algorithm=info["speculative_algorithm"],
+                model_path=info.get("model_path"),
+            )
+            if info["speculative_algorithm"]:
+                speculative.append(
+                    f"SGLang speculative_algorithm={info['speculative_algorithm']} "
+                    f"(draft {info.get('speculative_draft_model_path')})"
+                )
+            break
+        if isinstance(info, dict) and "vllm_config" in info:  # vLLM with VLLM_SERVER_DEV_MODE
+            engines.add("vllm")
+            checked.add("vllm")
+            found = re.search(r"speculative_config=([^,)]+)", str(info["vllm_config"]))
+            if found and found.group(1).strip() != "None":
+                speculative.append(f"vLLM /server_info speculative_config={found.group(1).strip()}")
+            break
+    for entry in models:
+        if isinstance(entry, dict) and entry.get("owned_by") in ("vllm", "sglang"):
+            engines.add(entry["owned_by"])
+    return {
+        "engines": sorted(engines),
+        "checked": sorted(checked),
+        "speculative": speculative,
+        **facts,
+    }
+
+
+def check_engine(base_url: str, declared: str, probe: dict) -> None:
+    """Refuse a speculative server whatever was declared; refuse one that answers as another
+    engine than declared, or that cannot be checked for a draft as the engine it is."""
+    if probe["speculative"]:
+        raise PreflightError(
+            f"{base_url}: the server runs speculative decoding ({'; '.join(probe['speculative'])}); "
+            "it must serve the plain target: start it without a draft"
+        )
+    if probe["engines"] and declared not in probe["engines"]:
+        raise PreflightError(
+            f"{base_url} answers as {' and '.join(probe['engines'])}, not {declared} as declared "
+            "(regenerate.external_engine or benchmark.engine; for a launched server, another "
+            "process holds the port); say what it is so the right checks run"
+        )
+    if declared in ("vllm", "sglang") and declared not in probe["checked"]:
+        how = (
+            "/metrics has no vllm: metrics (not vLLM, or started with --disable-log-stats)"
+            if declared == "vllm"
+            else "/get_server_info has no speculative_algorithm"
+        )
+        raise PreflightError(
+            f"{base_url}: {how}, so it cannot be checked for a draft; check regenerate.external_engine"
+        )
+
+
+def listed_models(client, base_url: str, attempts: int) -> list:
+    """The entries of /v1/models ([] when it does not answer with a list)."""
+    try:
+        resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
+        models = resp.json().get("data", []) if resp.status_code == 200 else []
+    except (PreflightError, ValueError, AttributeError):
+        return []
+    return models if isinstance(models, list) else []
+
+
+def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> dict:
+    """What the server says about speculative decoding, probed whatever `engine` declares
+    (probe_engine, check_engine); raises PreflightError when it decodes speculatively, answers as
+    another engine, or cannot be checked. Returns vLLM: spec_decode_metrics False; SGLang:
+    speculative_algorithm None and its model_path."""
+    from draftline.core.config import redact_url
+
+    probe = probe_engine(client, base_url, attempts, listed_models(client, base_url, attempts))
+    check_engine(redact_url(base_url), engine, probe)
+    if engine == "vllm":
+        return {"spec_decode_metrics": False}
+    if engine == "sglang":
+        return {"speculative_algorithm": None, "model_path": probe.get("model_path")}
+    return {}
+
+
+def preflight_regeneration(
+    base_url: str,
+    engine: str,
+    model_name: str,
+    prompt_ids: Callable[[list[dict], list | None], list[int]],
+    chat_template_kwargs: dict,
+    api_key: str | None = None,
+    timeout_s: float = 60,
+    attempts: int = 4,
+) -> dict:
+    """Check one regeneration endpoint before the first request (see the module docstring); returns
+    what it saw. prompt_ids(messages, tools): the token ids the target's tokenizer and chat template
+    (with chat_template_kwargs) give a conversation's prompt."""
+    import httpx
+
+    from draftline.core.config import redact_url
+
+    shown = redact_url(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
+        # transformers serve lists only hub-cached models (none for a local path; HTTP 500 without
+        # an HF_HUB_CACHE); it is pinned to the model it was started with and answers 400 to any
+        # other name: the probe below checks both.
+        models = listed_models(client, base_url, attempts)
+        probe = probe_engine(client, base_url, attempts, models)
+        check_engine(shown, engine, probe)
+        seen = {
+            "url": shown,
+            "engine": engine,
+            "answers_as": probe["engines"] or [engine],
+            **{k: v for k, v in probe.items() if k not in ("engines", "checked", "speculative")},
+            "speculative": False,
+        }
+
+        served = [m.get("id") for m in models if isinstance(m, dict)]
+        if served and model_name not in served:
+            raise PreflightError(
+                f"{shown} serves {served}, not the target {model_name!r} of the card; "
+                "point regenerate at the target's server (or set regenerate.served_model_name)"
+            )
+        seen["served_models"] = served
+
+        expected = prompt_ids(PROBE_MESSAGES, None)
+        body = {
+            "model": model_name,
+            "messages": PROBE_MESSAGES,
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = chat_template_kwargs
+        resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
+        if resp.status_code != 200:
+            raise PreflightError(
+                f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
+                f"{resp.text[:300]}"
+            )
+        counted = (resp.json().get("usage") or {}).get("prompt_tokens")
+        if counted != len(expected):
+            raise PreflightError(
+                f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "
+                f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
+                "chat template than the card's target"
+            )
+        seen["probe_prompt_tokens"] = counted
+
+        if engine == "vllm":  # exact ids through vLLM's /tokenize (chat form)
+            tok = _request(
+                client,
+                "POST",
+                f"{base_url}/tokenize",
+                attempts,
+                json={
+                    "model": model_name,
+                    "messages": PROBE_MESSAGES,
+                    "add_generation_prompt": True,
+                    **(
+                        {"chat_template_kwargs": chat_template_kwargs}
+                        if chat_template_kwargs
+                        else {}
+                    ),
+                },
+            )
+            if tok.status_code == 200:
+                if tok.json().get("tokens") != expected:
+                    raise PreflightError(
+                        f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
+                        "target's tokenizer and chat template"
+                    )
+                seen["probe_token_ids"] = "match"
+    return seen
+
+
+def _json(resp) -> dict | None:
+    try:
+        value = resp.json()
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def served_model(client, base_url: str, card: TargetCard, attempts: int) -> str:
+    """The model id to send in requests; raises unless the endpoint serves the card's target."""
+    resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
+    models = (_json(resp) or {}).get("data") or []
+    target = str(card.model)
+    names = {target, str(Path(target).resolve())} if Path(target).exists() else {target}
+    for m in models:
+        if m.get("id") in names or m.get("root") in names:
+            return m["id"]
+    seen = [(m.get("id"), m.get("root")) for m in models]
+    raise PreflightError(
+        f"{base_url} serves {seen} (id, root), not the target {target!r} of the card"
+    )
+
+
+def vllm_speculative_config(client, base_url: str, attempts: int) -> dict | None:
+    """speculative_config from vLLM's /server_info (only with VLLM_SERVER_DEV_MODE=1); None when unavailable."""
+    try:
+        resp = _request(client, "GET", f"{base_url}/server_info?config_format=json", attempts)
+    except PreflightError:
+        return None
+    info = _json(resp) if resp.status_code == 200 else None
+    if info is None or "vllm_config" not in info:
+        return None
+    config = info["vllm_config"]
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return None
+    spec = config.get("speculative_config") if isinstance(config, dict) else None
+    return spec if isinstance(spec, dict) else {"method": None}
+
+
+def preflight_extraction(
+    base_url: str,
+    card: TargetCard,
+    aux_layer_ids: list[int],
+    probe_ids: list[int],
+    timeout_s: float = 120,
+    attempts: int = 3,
+    probe_file: bool = True,
+) -> dict:
+    """Check an already-running vLLM extraction server (see the module docstring); returns what it saw.
+    probe_file False (a Mooncake transfer: the states go to a store, not a file) checks the model
+    and, where /server_info is on, the speculative config only."""
+    import httpx
+    from safetensors import safe_open
+
+    with httpx.Client(timeout=timeout_s) as client:
+        model = served_model(client, base_url, card, attempts)
+        seen = {"url": base_url, "model": model}
+        spec = vllm_speculative_config(client, base_url, attempts)
+        want = [*aux_layer_ids, card.num_layers]
+        if spec is not None:
+            layers = ((spec.get("draft_model_config") or {}).get("hf_config") or {}).get(
+                "eagle_aux_hidden_state_layer_ids"
+            ) or spec.get("eagle_aux_hidden_state_layer_ids")
+            if spec.get("method") != "extract_hidden_states":
+                raise PreflightError(
+                    f"{base_url}: speculative_config method {spec.get('method')!r}; extraction needs "
+                    "a server started with method extract_hidden_states"
+                )
+            if layers is not None and list(layers) != want:
+                raise PreflightError(
+                    f"{base_url}: extracts layers {list(layers)}, the card needs {want} "
+                    "(aux layer ids + the last layer)"
+                )
+            seen["speculative_config"] = "checked"
+        if not probe_file:
+            return seen
+        body = {"model": model, "prompt": probe_ids, "max_tokens": 1, "return_token_ids": True}
+        resp = _request(client, "POST", f"{base_url}/v1/completions", attempts, json=body)
+        answer = _json(resp) or {}
+        if resp.status_code != 200:
+            raise PreflightError(
+                f"{base_url}: the probe request got HTTP {resp.status_code}: {resp.text[:300]}"
+            )
+        path = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if not path:
+            raise PreflightError(
+                f"{base_url}: the probe's answer has no kv_transfer_params.hidden_states_path: not a "
+                "server started for extraction (speculative method extract_hidden_states with "
+                "speculators' file connector)"
+            )
+        file = Path(path)
+        if not file.is_file():
+            raise PreflightError(
+                f"{base_url}: writes hidden states to {path}, which this machine cannot read; its "
+                "hidden_states_path must be on a filesystem shared with this stage"
+            )
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                token_ids = f.get_tensor("token_ids").tolist()
+                shape = list(f.get_slice("hidden_states").get_shape())
+        finally:
+            file.unlink(missing_ok=True)
+        if token_ids != list(probe_ids):
+            raise PreflightError(
+                f"{base_url}: the probe's hidden-state file holds other token ids than were sent"
+            )
+        if shape != [len(probe_ids), len(want), card.hidden_size]:
+            raise PreflightError(
+                f"{base_url}: the probe's hidden states have shape {shape}, the card needs "
+                f"[{len(probe_ids)}, {len(want)}, {card.hidden_size}] (layers {want})"
+            )
+        seen["probe_shape"] = shape
+    return seen
+
+
+def preflight_benchmark(
+    engine: str,
+    role: str,
+    base_url: str,
+    card: TargetCard,
+    draft_path: str | None,
+    algorithm: str,
+    timeout_s: float = 60,
+    attempts: int = 3,
+) -> dict:
+    """Check an already-running benchmark server: role "baseline" (no draft) or "speculative" (this draft)."""
+    import httpx
+
+    with httpx.Client(timeout=timeout_s) as client:
+        seen = {"url": base_url, "role": role}
+        if engine == "vllm":
+            seen["model"] = served_model(client, base_url, card, attempts)
+        if role == "baseline":
+            seen.update(check_not_speculative(client, base_url, engine, attempts))
+            if engine == "sglang":
+                _check_sglang_model(seen, base_url, card)
+            return seen
+        if engine == "sglang":
+            resp = _request(client, "GET", f"{base_url}/get_server_info", attempts)
+            info = _json(resp) or {}
+            seen["model_path"] = info.get("model_path")
+            _check_sglang_model(seen, base_url, card)
+            if str(info.get("speculative_algorithm") or "").upper() != algorithm.upper():
+                raise PreflightError(
+                    f"{base_url}: SGLang runs speculative_algorithm {info.get('speculative_algorithm')!r}, "
+                    f"the benchmark needs {algorithm} for an EAGLE-3 draft"
+                )
+            if _resolved(info.get("speculative_draft_model_path")) != _resolved(draft_path):
+                raise PreflightError(
+                    f"{base_url}: SGLang runs draft {info.get('speculative_draft_model_path')!r}, "
+                    f"not the one benchmarked ({draft_path})"
+                )
+            seen["draft"] = "checked"
+            return seen
+        text = _request(client, "GET", f"{base_url}/metrics", attempts).text
+        if "vllm:spec_decode" not in text:
+            raise PreflightError(
+                f"{base_url}: no vllm:spec_decode metrics, so it does not run speculative decoding "
+                "(started without --speculative-config?)"
+            )
+        spec = vllm_speculative_config(client, base_url, attempts)
+        if spec is None:
+            seen["draft"] = "unchecked: /server_info needs VLLM_SERVER_DEV_MODE=1"
+            return seen
+        if str(spec.get("method")).lower() != algorithm.lower():
+            raise PreflightError(
+                f"{base_url}: vLLM speculative method {spec.get('method')!r}, the benchmark needs "
+                f"{algorithm!r} for an EAGLE-3 draft"
+            )
+        if _resolved(spec.get("model")) != _resolved(draft_path):
+            raise PreflightError(
+                f"{base_url}: vLLM runs draft {spec.get('model')!r}, not the one benchmarked ({draft_path})"
+            )
+        seen["draft"] = "checked"
+        return seen
+
+
+def _resolved(path) -> str | None:
+    return (
+        str(Path(path).resolve()) if path and Path(path).exists() else (str(path) if path else None)
+    )
+
+
+def _check_sglang_model(seen: dict, base_url: str, card: TargetCard) -> None:
+    model_path = seen.get("model_path")
+    if model_path is not None and _resolved(model_path) != _resolved(card.model):
+        raise PreflightError(
+            f"{base_url}: SGLang serves {model_path!r}, not the target {card.model!r} of the card"
+        )

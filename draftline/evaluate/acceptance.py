@@ -1,0 +1,396 @@
+"""Evaluating the draft: real acceptance of chain speculative decoding checked lossless against
+greedy decoding, simulated acceptance (tau_sim) from teacher-forced accuracy, per source, and the
+evaluate stage's run over the eval prompts that reports both (their token ids: draftline/tokens/chat.py)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.evaluate.config import EvaluateConfig
+
+
+def eos_ids(tokenizer, model) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def near_tie_flip(chosen, greedy, chosen_gap, tie_tolerance):
+    """Whether `chosen` may stand for greedy's token as a 16-bit reordering of a near-tie: it is a
+    runner-up of greedy's whose logit was within tie_tolerance of greedy's top one (chosen_gap:
+    greedy's top logit minus chosen's). Mostly the runner-up itself; where three or more tokens
+    are that close (flat distributions in bf16), any of them. A token further below is a real divergence, however close
+    greedy's own top two were. Elementwise: on ints and floats, or on tensors of one shape
+    (scripts/gpu_check.py's argmax check)."""
+    return (chosen != greedy) & (chosen_gap <= tie_tolerance)
+
+
+def compare_to_greedy(spec_tokens: list[int], plain, tie_tolerance: float) -> str:
+    """ "identical"; "near_tie" when the outputs first differ at a token that is a near-tie flip
+    (near_tie_flip: a runner-up within tie_tolerance of greedy's logit; a 16-bit target can order
+    those either way, and the batched verification rounds differently from one-token steps);
+    else "mismatch", one output stopping before the other included.
+    `plain` is a greedy Generation made with margins at (at least) this tie_tolerance."""
+    if spec_tokens == plain.tokens:
+        return "identical"
+    first = next(
+        (i for i, (a, b) in enumerate(zip(spec_tokens, plain.tokens)) if a != b),
+        min(len(spec_tokens), len(plain.tokens)),
+    )
+    if first >= min(len(spec_tokens), len(plain.tokens), len(plain.runner_ups)):
+        return "mismatch"
+    chosen = spec_tokens[first]
+    gap = plain.runner_ups[first].get(chosen, float("inf"))  # not recorded: beyond the tolerance
+    return (
+        "near_tie" if near_tie_flip(chosen, plain.tokens[first], gap, tie_tolerance) else "mismatch"
+    )
+
+
+def lossless_summary(
+    verdicts: dict[str, str], tie_tolerance: float, dtype: str, max_near_tie_share: float
+) -> dict:
+    """The report's lossless figures from each prompt's compare_to_greedy verdict (prompt id ->
+    verdict). Fails (SystemExit) on any mismatch, and when the share of prompts excused as
+    near-ties is above max_near_tie_share: an excused prompt is checked only up to its first
+    differing token, so past that share the check no longer covers the outputs."""
+    mismatches = [i for i, v in verdicts.items() if v == "mismatch"]
+    near_ties = [i for i, v in verdicts.items() if v == "near_tie"]
+    if mismatches:
+        raise SystemExit(
+            f"error: speculative output differed from greedy target output on {len(mismatches)} "
+            f"prompts (ids {mismatches[:5]}), not by a runner-up of greedy's within tie_tolerance "
+            f"of its logit ({tie_tolerance}, dtype {dtype})"
+        )
+    share = round(len(near_ties) / len(verdicts), 4) if verdicts else 0.0
+    if share > max_near_tie_share:
+        raise SystemExit(
+            f"error: {len(near_ties)} of {len(verdicts)} prompts ({share:.0%}) diverged from "
+            f"greedy at a near-tie (<= {tie_tolerance} in {dtype}; ids {near_ties[:5]}), above "
+            f"evaluate.max_near_tie_share {max_near_tie_share}: each is checked only up to its "
+            "first differing token. Evaluate in float32, with fewer max_new_tokens, or raise "
+            "evaluate.max_near_tie_share"
+        )
+    if near_ties:
+        print(
+            f"evaluate: {len(near_ties)} of {len(verdicts)} prompts diverged from greedy at a "
+            f"near-tie (the speculative token a runner-up of greedy's within {tie_tolerance} of "
+            f"its logit in {dtype}; ids {near_ties[:5]}); counted as near_tie_divergences"
+        )
+    return {
+        # equal to greedy token for token: the prompts the check covers whole
+        "lossless_checked_prompts": sum(v == "identical" for v in verdicts.values()),
+        "near_tie_divergences": len(near_ties),
+        "near_tie_share": share,
+    }
+
+
+# ---- acceptance from decoding rounds ------------------------------------------------------
+
+
+def mean(xs) -> float:
+    return round(sum(xs) / len(xs), 4) if xs else 0.0
+
+
+def _per_position(rounds: list[int], k: int) -> dict[str, float]:
+    n = len(rounds)
+    return {
+        str(i): round(sum(1 for r in rounds if r - 1 >= i) / n, 4) if n else 0.0
+        for i in range(1, k + 1)
+    }
+
+
+def acceptance_summary(rounds: list[int], k: int, emitted: list[int] | None = None) -> dict:
+    """Real acceptance from rounds of chain decoding (a+1 tokens per round, 1..k+1).
+
+    acceptance_length: mean a+1 over the rounds, each counted whole (vLLM's 1 + accepted / drafts);
+    position_acceptance[i]: share of rounds whose draft tokens 1..i were all accepted (vLLM's
+    per-position rate: accepted_per_pos / drafts); histogram[n]: rounds with a+1 = n.
+    emitted (Generation.emitted_per_round, the same rounds): tokens each round actually added,
+    the last round of a prompt cut at eos or max_new_tokens. tokens_per_step = emitted tokens /
+    rounds, at most acceptance_length; emitted_position_acceptance and emitted_histogram count
+    the emitted tokens the same way, so tokens_per_step = 1 + sum of emitted_position_acceptance.
+    """
+    out = {
+        "acceptance_length": mean(rounds),
+        "rounds": len(rounds),
+        "position_acceptance": _per_position(rounds, k),
+        "histogram": {str(t): sum(1 for r in rounds if r == t) for t in range(1, k + 2)},
+    }
+    if emitted is not None:
+        if len(emitted) != len(rounds) or any(not 1 <= e <= r for e, r in zip(emitted, rounds)):
+            raise ValueError("emitted: one count per round, 1 <= emitted <= a+1")
+        out["tokens_per_step"] = mean(emitted)
+        out["emitted_position_acceptance"] = _per_position(emitted, k)
+        out["emitted_histogram"] = {
+            str(t): sum(1 for e in emitted if e == t) for t in range(1, k + 2)
+        }
+    return out
+
+
+# ---- simulated acceptance (tau_sim) from teacher-forced accuracy ----------------------------
+
+
+def teacher_forced_sample(
+    target, aux_layer_ids: list[int], prompt: list[int], completion: list[int], storage=None
+) -> dict:
+    """One sample in speculators' training layout over prompt + the target's own completion.
+
+    Hidden states come from the same capture as the hidden_states stage; loss_mask marks the
+    completion tokens, so after speculators' shift_batch the draft is scored exactly where the
+    speculative decoder drafts: from the first completion token (the prefill's output) onwards.
+    `storage` (torch.bfloat16, torch.float8_e4m3fn): the states take that format's round trip, as
+    the trainer read them (draftline/hidden_states/formats.py); None = as a server hands them to the draft.
+    """
+    import torch
+
+    from draftline.hidden_states.formats import roundtrip
+    from draftline.hidden_states.hidden import capture
+
+    ids = list(prompt) + list(completion)
+    hs = capture(target, [ids], aux_layer_ids)[0].float().cpu()  # (L, 4, H)
+    if storage is not None:
+        hs = roundtrip(hs, storage, torch.float32)
+    return {
+        "hidden_states": hs[:, :-1].flatten(1),  # (L, 3H)
+        "input_ids": torch.tensor(ids, dtype=torch.long),
+        "verifier_last_hidden_states": hs[:, -1],  # (L, H), before the final norm
+        "loss_mask": torch.tensor([0] * len(prompt) + [1] * len(completion), dtype=torch.long),
+        "lengths": torch.tensor([len(ids)], dtype=torch.long),
+        "position_ids": torch.arange(len(ids), dtype=torch.long),
+    }
+
+
+def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, float]:
+    """speculators' TTT forward over one sample; the raw `*_sum`/`*_total` metric counts."""
+    import torch
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3 import shift_batch
+    from speculators.train.data import CollateFn
+
+    from draftline.train.metrics import accumulate, run_batch
+
+    hidden_size = sample["verifier_last_hidden_states"].shape[-1]
+    batch = CollateFn(
+        len(sample["input_ids"]) - 1,
+        hidden_size,
+        num_target_layers=3,
+        dtype=torch.float32,
+        preprocess=shift_batch,
+    )([sample])
+    loss_config = resolve_loss_config(
+        "kl_div", "eager"
+    )  # the loss is not used; eager needs no Triton
+    with torch.no_grad():
+        _, _, metrics = run_batch(draft, batch, device, k, 1.0, loss_config)
+    sums: dict[str, float] = {}
+    accumulate(sums, metrics)
+    return sums
+
+
+def simulated_acceptance(sums: dict[str, float], k: int) -> dict:
+    """tau_sim = 1 + sum_i acc_i with acc_i = P(draft steps 0..i all match the target), as in train."""
+    from draftline.train.metrics import summarize
+
+    s = summarize(sums, k)
+    return {
+        "tau_sim": s["tau_sim"],
+        "position_accuracy": {str(i + 1): a for i, a in enumerate(s["position_accuracy"])},
+    }
+
+
+def add_sums(total: dict[str, float], part: dict[str, float]) -> None:
+    for key, value in part.items():
+        total[key] = total.get(key, 0.0) + value
+
+
+# ---- the evaluate stage's run ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluationRun:
+    """The metrics report, and the rows of each plot file (file name -> rows) under the plots dir."""
+
+    report: dict
+    plots: dict[str, list[dict]]
+    # per prompt id: the first-turn ids decoded and the target's greedy output (the parity check
+    # against vLLM compares them)
+    prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    greedy: dict[str, list[int]] = field(default_factory=dict)
+
+
+def mixed_train_count(eval_path: str | Path, samples: int) -> int:
+    """Train prompts the mix drew, from its meta.json beside the eval prompts; prompts made by hand
+    (no mix meta there) are taken to be `samples`, and the stage says so."""
+    from draftline.core.io import read_json
+
+    meta_path = Path(eval_path).parent / "meta.json"
+    if not meta_path.is_file():
+        print(
+            f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}"
+        )
+        return samples
+    try:
+        return int(read_json(meta_path)["counts"]["train"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(
+            f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
+            "the scaling plot records the train prompts mix drew, so run `mix` again"
+        ) from None
+
+
+def per_source_report(groups, k: int) -> dict:
+    """Acceptance length, tokens per step, tau_sim and prompt count of each (name, group of
+    prompts), in that order."""
+    return {
+        name: {
+            "acceptance_length": mean(s["rounds"]),
+            "tokens_per_step": mean(s["emitted"]),
+            "tau_sim": simulated_acceptance(s["sums"], k)["tau_sim"],
+            "prompts": s["prompts"],
+        }
+        for name, s in groups
+    }
+
+
+def evaluate_draft(
+    cfg: EvaluateConfig,
+    card: TargetCard,
+    draft_dir: str | Path,
+    eval_path: str | Path,
+    samples: int,
+) -> EvaluationRun:
+    """Decode every eval prompt (up to cfg.prompts) speculatively and greedily with the target and
+    the draft in draft_dir, check them lossless, and report real and simulated acceptance;
+    `samples` (the params' training prompts requested) goes beside the scaling point."""
+    import torch
+    from rich.progress import track
+
+    from draftline.core.io import read_json, read_jsonl
+    from draftline.draft.checkpoint import load_draft
+    from draftline.evaluate.specdec import greedy_generate, speculative_generate
+    from draftline.target.model import load_target
+    from draftline.tokens.chat import first_turn_ids
+
+    device = cfg.resolved_device()
+    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
+    tie_tolerance = cfg.resolved_tie_tolerance()
+    draft = load_draft(draft_dir, card, device)
+    stop = eos_ids(tokenizer, target)
+    rows = list(read_jsonl(eval_path))[: cfg.prompts]
+    if not rows:
+        raise SystemExit(f"error: {eval_path} has no eval prompts")
+    train_prompts = mixed_train_count(eval_path, samples)
+
+    # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
+    trained_on = (
+        (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {})
+        if Path(draft_dir, "meta.json").exists()
+        else {}
+    )
+    fp8 = trained_on.get("format") == "fp8"
+    sums_stored = {}
+    rounds_all, emitted_all, sums_all, verdicts = [], [], {}, {}
+    per_source = defaultdict(lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0})
+    per_detail = defaultdict(
+        lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
+    )  # (dataset, its row's own source)
+    generated = 0
+    prompt_ids, greedy = {}, {}
+    for row in track(rows, description="evaluate"):
+        ids = prompt_ids[row["id"]] = first_turn_ids(tokenizer, row)
+        spec = speculative_generate(
+            target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop
+        )
+        plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, tie_tolerance)
+        verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, tie_tolerance)
+        greedy[row["id"]] = list(plain.tokens)
+        sums = teacher_forced_sums(
+            draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device
+        )
+        if fp8:
+            add_sums(
+                sums_stored,
+                teacher_forced_sums(
+                    draft,
+                    teacher_forced_sample(
+                        target, card.aux_ids, ids, plain.tokens, torch.float8_e4m3fn
+                    ),
+                    cfg.k,
+                    device,
+                ),
+            )
+        groups = [per_source[row.get("source", "?")]]
+        if row.get("source_detail"):
+            groups.append(per_detail[(row.get("source", "?"), row["source_detail"])])
+        for src in groups:
+            src["rounds"].extend(spec.accepted_per_round)
+            src["emitted"].extend(spec.emitted_per_round)
+            src["prompts"] += 1
+            add_sums(src["sums"], sums)
+        rounds_all.extend(spec.accepted_per_round)
+        emitted_all.extend(spec.emitted_per_round)
+        add_sums(sums_all, sums)
+        generated += len(plain.tokens)
+    lossless = lossless_summary(verdicts, tie_tolerance, cfg.dtype, cfg.max_near_tie_share)
+
+    real = acceptance_summary(rounds_all, cfg.k, emitted_all)
+    sim = simulated_acceptance(sums_all, cfg.k)
+    report = {
+        "acceptance_length": real["acceptance_length"],
+        "tau_sim": sim["tau_sim"],
+        "tokens_per_step": real["tokens_per_step"],
+        "k": cfg.k,
+        "prompts": len(rows),
+        "generated_tokens": generated,
+        "rounds": real["rounds"],
+        "position_acceptance": real["position_acceptance"],
+        "emitted_position_acceptance": real["emitted_position_acceptance"],
+        "sim_position_accuracy": sim["position_accuracy"],
+        "histogram": real["histogram"],
+        "emitted_histogram": real["emitted_histogram"],
+        "per_source": per_source_report(sorted(per_source.items()), cfg.k),
+        **(
+            {
+                "per_source_detail": per_source_report(
+                    ((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())),
+                    cfg.k,
+                )
+            }
+            if per_detail
+            else {}
+        ),
+        **lossless,
+    }
+    if fp8:
+        report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
+    print(
+        f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
+        f"{report['tokens_per_step']:.3f} tokens emitted per step, "
+        f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}"
+    )
+    return EvaluationRun(
+        report,
+        {
+            "acceptance_vs_samples.json": [
+                {
+                    "samples": train_prompts,
+                    "samples_requested": samples,
+                    "acceptance_length": report["acceptance_length"],
+                    "tau_sim": report["tau_sim"],
+                }
+            ],
+            "position_acceptance.json": [
+                {"position": int(pos), "acceptance": rate}
+                for pos, rate in real["position_acceptance"].items()
+            ],
+        },
+        prompt_ids,
+        greedy,
+    )

@@ -1,0 +1,41 @@
+"""params.yaml `evaluate`: the engine that measures acceptance and what it decodes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from draftline.core.config import TIE_TOLERANCE, Section, TargetPlacement, operational, shaping
+
+
+class EvaluateVllmConfig(Section):
+    """evaluate.engine: vllm (draftline/evaluate/vllm_engine.py)."""
+
+    # keyword arguments of vLLM's LLM(...): its parallelism and memory, e.g.
+    # {tensor_parallel_size: 8, max_model_len: 8192} (how it runs, not what it measures);
+    # enforce_eager: a few dozen prompts cost less uncompiled than compiling takes
+    engine_args: dict[str, int | float | str | bool] = operational({"enforce_eager": True})
+    # the built-in engine evaluates the draft too and the stage fails when the two disagree beyond
+    # parity_tolerance (null = by dtype, vllm_evaluation.PARITY_TOLERANCE); false for a target the
+    # built-in engine cannot hold (then vLLM alone measures, and tau_sim is not computed)
+    parity: bool = shaping(True)
+    parity_tolerance: float | None = operational(None, ge=0)
+
+
+class EvaluateConfig(TargetPlacement):
+    # builtin decoder in this process (hf) | vllm: vLLM's offline engine with the draft, in the
+    # engines.vllm environment, acceptance from its spec-decode counters
+    engine: Literal["hf", "vllm"] = shaping("vllm")
+    vllm: EvaluateVllmConfig = shaping(EvaluateVllmConfig())
+    k: int = shaping(3, ge=1)  # draft tokens per verification step
+    max_new_tokens: int = shaping(64, ge=1)
+    prompts: int | None = shaping(None, ge=1)  # null = every eval prompt
+    tie_tolerance: float | None = shaping(None, ge=0)  # null = by dtype (TIE_TOLERANCE)
+    # Most prompts (a share) whose output may diverge from greedy at a near-tie (greedy's runner-up
+    # taken where its top two were within tie_tolerance) before the stage fails: such a prompt is
+    # checked only up to that token. float32 has no tolerance, so its share is 0; for 16-bit
+    # targets a quarter lets the odd reordered tie of a 64-96-token answer through and fails a
+    # check that covers less than three prompts in four to the end.
+    max_near_tie_share: float = operational(0.25, ge=0, le=1)
+
+    def resolved_tie_tolerance(self) -> float:
+        return TIE_TOLERANCE[self.dtype] if self.tie_tolerance is None else self.tie_tolerance

@@ -1,0 +1,2 @@
+"""Stage `hidden_states`: the target's aux and last hidden states captured for every tokenized
+row (offline to files, or online beside the trainer), their formats and the disk plan."""

@@ -1,0 +1,373 @@
+"""The hidden_states stage's work: capture the target's aux + last hidden states for every tokenized row.
+
+Backend `hf` runs the target here (CPU, one GPU, or several with `device_map`); backend `vllm`
+launches `vllm serve` for extraction (or uses hidden_states.vllm.endpoint, checked first) and hands
+the rows to speculators' `generate-offline-data`. `format: fp8` stores hs-connectors' FP8 layout
+(vLLM: its FP8 connector). `mode: online` stores nothing: meta.json tells the train stage to make
+the states itself, the report gives the estimate. Valid files are kept, missing, truncated or
+corrupt ones (re)done; what is removed is planned, then the disk is checked, and only then are
+files removed (draftline/hidden_states/hidden.py holds the file format, the checks and the capture).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.hidden_states.config import HiddenStatesConfig
+
+
+def run_hf(
+    cfg: HiddenStatesConfig,
+    card: TargetCard,
+    rows,
+    todo: dict[int, int],
+    out: Path,
+    aux_ids: list[int],
+    store_dtype,
+) -> int:
+    """Backend hf: the target runs here, batch by batch; returns the tokens done."""
+    import torch
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from draftline.core.config import resolve_device
+    from draftline.hidden_states import hidden
+    from draftline.target.model import load_target_model
+
+    device = "cuda" if cfg.device_map else resolve_device(cfg.device)
+    compute = (
+        cfg.compute_dtype
+        if cfg.compute_dtype != "auto"
+        else (cfg.dtype if device == "cuda" else "float32")
+    )
+    model = load_target_model(card, device, hidden.DTYPES[compute], cfg.device_map)
+    start = time.perf_counter()
+    columns = (
+        TextColumn("hidden states"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rows {task.fields[tps]:,.0f} tok/s"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns) as bar, torch.inference_mode():
+        task = bar.add_task("hs", total=len(todo), tps=0.0)
+        tokens = 0
+
+        def advance(n_rows: int, n_tokens: int) -> None:
+            nonlocal tokens
+            tokens += n_tokens
+            bar.update(task, advance=n_rows, tps=tokens / (time.perf_counter() - start))
+
+        return hidden.extract(
+            model, rows, todo, aux_ids, out, store_dtype, cfg.token_budget, advance
+        )
+
+
+def run_vllm(
+    cfg: HiddenStatesConfig,
+    card: TargetCard,
+    tokenized_dir: str,
+    rows,
+    todo: dict[int, int],
+    out: Path,
+    aux_ids: list[int],
+    log_path: Path,
+) -> None:
+    """Backend vllm: `vllm serve` for extraction (launched, or hidden_states.vllm.endpoint), fed by
+    speculators' generate-offline-data."""
+    import subprocess
+
+    from draftline.engines.commands import generate_offline_data_command, vllm_extract_command
+    from draftline.engines.config import vllm_engine
+    from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
+    from draftline.hidden_states import hidden
+
+    v = cfg.vllm
+    for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
+        hidden.hs_path(out, i).unlink(missing_ok=True)
+    staging = (
+        out / hidden.VLLM_STAGING
+    )  # same filesystem: speculators' move is then an atomic rename
+    staging.mkdir(parents=True, exist_ok=True)
+    longest = max(rows.with_format(None)["seq_len"])
+
+    def serve(port: int) -> list[str]:
+        return vllm_extract_command(
+            vllm_engine(),
+            card.model,
+            card.revision,
+            aux_ids,
+            card.num_layers,
+            staging,
+            v.host,
+            port,
+            cfg.dtype,
+            v.tensor_parallel_size,
+            v.max_model_len or longest + 1,
+            v.gpu_memory_utilization,
+            v.extra_args,
+            transfer=cfg.format if cfg.format == "fp8" else "file",
+            trust_remote_code=card.trust_remote_code,
+        )
+
+    if v.endpoint:  # already running: checked with one probe row, not started
+        from contextlib import nullcontext
+
+        from draftline.engines.preflight import PreflightError, preflight_extraction
+
+        base_url = v.endpoint.rstrip("/")
+        probe = rows.with_format(None)[min(todo)]["input_ids"]
+        try:
+            seen = preflight_extraction(
+                base_url, card, aux_ids, probe, v.request_timeout_s, v.max_retries + 1
+            )
+        except PreflightError as err:
+            raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
+        print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
+        server = nullcontext(base_url)
+    else:
+        limit, why = startup_timeout_s(v.startup_timeout_s, card.model, card.revision)
+
+        def launch(
+            port: int,
+        ) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
+            cmd = serve(port)
+            print(
+                f"hidden_states: launching {' '.join(cmd)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}"
+            )
+            return cmd
+
+        server = ManagedServer(
+            launch,
+            launch_env("vllm", card.model, out / ".hf_cache"),
+            server_url(v.host, v.port),
+            log_path,
+            limit,
+            say=print,
+        )
+    try:
+        with server as base_url:
+            client = generate_offline_data_command(
+                f"{base_url}/v1",
+                Path(tokenized_dir),
+                out,
+                v.concurrency,
+                v.request_timeout_s,
+                v.max_retries,
+                validate=cfg.format != "fp8",
+            )
+            print("hidden_states: running", " ".join(client))
+            code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
+            if code != 0:
+                where = f"the server at {base_url}" if v.endpoint else f"server log: {log_path}"
+                raise SystemExit(
+                    f"error: speculators generate-offline-data exited with {code}; {where}"
+                )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+LAYOUTS = {
+    "bf16": "hs_{i}.safetensors: token_ids [L], hidden_states [L, 4, H] (inputs of the aux layers, then last layer pre-norm)",
+    "fp8": "hs_{i}.safetensors (hs-connectors fp8): token_ids [L], hidden_states [L, 4, H] float8_e4m3fn, "
+    "hidden_states_scales [L, 1, 1] float32 (inputs of the aux layers, then last layer pre-norm)",
+}
+
+
+def write_online(
+    cfg: HiddenStatesConfig, card: TargetCard, rows, out: Path, fingerprint: str, aux_ids: list[int]
+) -> dict:
+    """mode online: no states are stored. meta.json tells the train stage to make them itself; files
+    an earlier offline run left are kept for a switch back (their fingerprint stays recorded).
+    Returns the report."""
+    from draftline.core.io import read_json, write_meta
+    from draftline.hidden_states import plan
+
+    out.mkdir(parents=True, exist_ok=True)
+    previous = read_json(out / "meta.json") if (out / "meta.json").exists() else {}
+    files_fingerprint = (
+        previous.get("fingerprint")
+        if previous.get("mode", "offline") == "offline"
+        else previous.get("files_fingerprint")
+    )
+    lengths = rows.with_format(None)["seq_len"]
+    the_plan = plan.make_plan(
+        sum(lengths),
+        len(lengths),
+        card.hidden_size,
+        dtype_name=cfg.dtype,
+        free=plan.free_bytes(out),
+        margin=cfg.disk_margin,
+        source="tokenized data",
+    )
+    write_meta(
+        out,
+        "hidden_states",
+        cfg.model_dump(),
+        complete=True,
+        mode="online",
+        format=cfg.format,
+        states_fingerprint=fingerprint,
+        files_fingerprint=files_fingerprint,
+        fingerprint=files_fingerprint,
+        aux_layer_ids=aux_ids,
+        online=cfg.online.model_dump(),
+    )
+    report = {
+        "backend": None,
+        "mode": "online",
+        "format": cfg.format,
+        "rows": len(lengths),
+        "tokens": sum(lengths),
+        "extracted_now": 0,
+        "files_kept_from_offline": len(list(out.glob("hs_*.safetensors"))),
+        "offline_bytes": {
+            name: m["total_bytes"] for name, m in the_plan["modes"].items() if name != "online"
+        },
+        "free_bytes_before": the_plan["free_bytes"],
+        "aux_layer_ids": aux_ids,
+    }
+    print(
+        f"hidden_states: mode online, nothing stored ({sum(lengths):,} tokens would take "
+        f"{report['offline_bytes']['offline_bf16'] / 1e9:.3f} GB in bf16, {report['offline_bytes']['offline_fp8'] / 1e9:.3f} GB in fp8)"
+    )
+    return report
+
+
+def extract_hidden_states(
+    cfg: HiddenStatesConfig,
+    card: TargetCard,
+    card_path: str,
+    tokenized_dir: str,
+    out_dir: str,
+    log_path: Path,
+    pack_len: int,
+) -> dict:
+    """The hidden_states stage's work (see the module docstring); returns its report. card_path names
+    the card in messages; log_path takes the vLLM server's log; pack_len (train.pack_len) sizes the
+    other modes' estimate shown when the disk is short."""
+    from datasets import load_from_disk
+    from draftline.core.io import read_json, write_meta
+    from draftline.hidden_states import formats as hs_format
+    from draftline.hidden_states import hidden, plan
+
+    try:
+        aux_ids = hidden.check_aux_layer_ids(card.aux_ids, card.num_layers)
+    except ValueError as err:
+        raise SystemExit(f"error: {card_path}: {err}") from None
+    tok_meta = Path(tokenized_dir) / "meta.json"
+    if tok_meta.exists() and read_json(tok_meta).get("chat_template_sha256") not in (
+        None,
+        card.chat_template_sha256,
+    ):
+        raise SystemExit(
+            f"error: {tokenized_dir} was tokenized with another chat template than {card_path}'s target"
+        )
+    rows = load_from_disk(tokenized_dir)
+    out = Path(out_dir)
+    H, store_dtype = card.hidden_size, hs_format.storage_dtype(cfg.format, cfg.dtype)
+
+    fingerprint = hidden.fingerprint(card, hs_format.storage_name(cfg.format, cfg.dtype))
+    if cfg.mode == "online":
+        return write_online(cfg, card, rows, out, fingerprint, aux_ids)
+    hidden.remove_temporaries(out)  # *.tmp and vLLM staging of a killed run: never finished files
+    # Plan what to remove and redo, check the disk, and only then remove anything: a refusal
+    # leaves every file in place.
+    stale = hidden.stale_files(
+        out, fingerprint
+    )  # made for another target, aux layers, dtype or format
+    if stale:
+        todo, done, extra = hidden.all_rows(rows), 0, []
+    else:
+        todo, done = hidden.pending_rows(
+            rows, out, H, store_dtype, cfg.verify_existing == "full", remove_extra=False
+        )
+        extra = hidden.extra_files(out, len(rows))  # rows past the end: `samples` shrank
+    cleared = sum(f.name != hidden.PLAN_FILE for f in stale)
+    overwritten = [hidden.hs_path(out, i) for i in todo]
+    reclaimable = sum(f.stat().st_size for f in stale + extra + overwritten if f.exists())
+    needed = hidden.estimate_bytes(list(todo.values()), H, store_dtype)
+    print(
+        f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x "
+        f"{hs_format.bytes_per_token(H, cfg.format, cfg.dtype):,} B ({cfg.format}) = {needed / 1e9:.3f} GB"
+        + (
+            f"; {cleared} files made for another target, aux layers, dtype or format to remove"
+            if cleared
+            else ""
+        )
+    )
+    try:
+        free = hidden.check_disk(out, needed, cfg.disk_margin, reclaimable)
+    except RuntimeError as err:
+        the_plan = plan.make_plan(
+            sum(todo.values()),
+            len(todo),
+            H,
+            dtype_name=cfg.dtype,
+            free=plan.free_bytes(out),
+            margin=cfg.disk_margin,
+            pack_len=pack_len,
+        )
+        fits = plan.cheaper_modes(the_plan, f"offline_{cfg.format}")
+        hint = ("; these would fit: " + "; ".join(fits)) if fits else ""
+        raise SystemExit(f"error: {err}{hint} (`draftline plan` prints the figures)") from None
+    for f in stale + extra:
+        f.unlink()
+    if cleared:
+        print(
+            f"hidden_states: removed {cleared} files made for another target, aux layers, dtype or format"
+        )
+
+    layout = LAYOUTS[cfg.format]
+    meta = dict(
+        mode="offline",
+        format=cfg.format,
+        fingerprint=fingerprint,
+        aux_layer_ids=aux_ids,
+        layout=layout,
+    )
+    write_meta(out, "hidden_states", cfg.model_dump(), complete=False, **meta)
+    start, tokens = time.perf_counter(), sum(todo.values())
+    if todo and cfg.backend == "hf":
+        run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype)
+    elif todo:
+        run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path)
+        missing, _ = hidden.pending_rows(rows, out, H, store_dtype, False)
+        if missing:
+            raise SystemExit(
+                f"error: {len(missing)} rows still have no valid hidden states after generate-offline-data "
+                f"(first: {sorted(missing)[:10]}); rerun to retry them"
+            )
+    elapsed = time.perf_counter() - start
+    (out / hidden.PLAN_FILE).unlink(missing_ok=True)  # complete: the batch plan of this run is done
+    write_meta(out, "hidden_states", cfg.model_dump(), complete=True, **meta)
+    report = {
+        "backend": cfg.backend,
+        "rows": len(rows),
+        "reused": done,
+        "extracted_now": len(todo),
+        "tokens_extracted_now": tokens,
+        "tokens_per_s": round(tokens / elapsed, 1) if todo and elapsed > 0 else None,
+        "removed_for_new_fingerprint": cleared,
+        "bytes_estimate": needed,
+        "free_bytes_before": free,
+        "mode": "offline",
+        "format": cfg.format,
+        "dtype": hs_format.storage_name(cfg.format, cfg.dtype),
+        "bytes_per_token": hs_format.bytes_per_token(H, cfg.format, cfg.dtype),
+        "aux_layer_ids": aux_ids,
+    }
+    print(
+        f"hidden_states: {len(todo)} rows extracted ({report['tokens_per_s']} tok/s), {done} reused"
+    )
+    return report

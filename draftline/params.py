@@ -1,0 +1,79 @@
+"""The whole params.yaml: every phase's section, and the checks across sections (the aux layer
+ids against the target, the mix weights against the datasets). The `check_params` stage validates
+it before any other stage runs; a stage reads only its own sections (core/config.load_sections)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError, model_validator
+
+from draftline.benchmark.config import BenchmarkConfig
+from draftline.core.config import (
+    ParamsError,
+    Section,
+    credential_problems,
+    operational,
+    redact_url,
+    shaping,
+)
+from draftline.data.config import Datasets, MixConfig, check_weights
+from draftline.engines.config import EnginesConfig
+from draftline.evaluate.config import EvaluateConfig
+from draftline.hidden_states.config import HiddenStatesConfig
+from draftline.regenerate.config import RegenerateConfig
+from draftline.target.config import TargetConfig
+from draftline.tokens.config import TokenizeConfig, VocabConfig
+from draftline.train.config import TrainConfig
+
+
+class Params(Section):
+    samples: int = shaping(ge=1)  # training prompts drawn by `mix`
+    seed: int = shaping(0)
+    target: TargetConfig = shaping()
+    datasets: Datasets = shaping()
+    mix: MixConfig = shaping()
+    regenerate: RegenerateConfig = shaping(RegenerateConfig())
+    tokenize: TokenizeConfig = shaping(TokenizeConfig())
+    vocab: VocabConfig = shaping(VocabConfig())
+    hidden_states: HiddenStatesConfig = shaping(HiddenStatesConfig())
+    train: TrainConfig = shaping(TrainConfig())
+    evaluate: EvaluateConfig = shaping(EvaluateConfig())
+    benchmark: BenchmarkConfig = shaping(BenchmarkConfig())
+    engines: EnginesConfig = operational(EnginesConfig())  # where each engine's software is
+
+    @model_validator(mode="after")
+    def _weights_match_datasets(self):
+        check_weights(self.datasets, self.mix)
+        return self
+
+
+def parse_params(raw: dict) -> Params:
+    lines = credential_problems(raw)
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as err:
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"]) or "<top level>"
+            lines.append(f"  {key}: {redact_url(e['msg'])}")
+        params = None
+    if lines:
+        raise ParamsError("invalid params.yaml:\n" + "\n".join(lines)) from None
+    return params
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: top level must be a mapping")
+    return parse_params(raw)
+
+
+def stage_params(path: str | Path = "params.yaml") -> Params:
+    """load_params for a stage's main(): print the error and exit 2 instead of a traceback."""
+    try:
+        return load_params(path)
+    except ParamsError as err:
+        raise SystemExit(f"error: {err}") from None

@@ -1,0 +1,1 @@
+"""Stage `probe`: what would fail only after regeneration, tried before it starts."""

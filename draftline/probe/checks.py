@@ -1,0 +1,313 @@
+"""The probe stage's work: what would fail only after regeneration, tried before it starts.
+
+- **train.init against the card** (`check_init_fits`): the checks the train stage makes when it
+  loads the checkpoint (draftline/draft/pretrained.py: hidden size, target vocabulary, decoder layers vs
+  train.num_layers, aux layer ids unless train.init_remap_aux_layers, its norms vs
+  train.architecture or what the speculators CLI can set), on the config training will see
+  (an EAGLE/SpecForge checkpoint as speculators' converter builds it) without loading weights;
+  its d2t / t2d against the target vocabulary (draftline/draft/preflight.py `check_vocab`); and
+  its draft vocabulary size against vocab.draft_vocab_size when it is not remapped. Seconds.
+- **vLLM extraction of this target** (`probe_extraction`), when a vLLM path is configured:
+  hidden_states.backend vllm (offline) runs the hidden_states stage's own path
+  (draftline/hidden_states/extract.py `run_vllm`: `vllm serve` with extract_hidden_states, or
+  hidden_states.vllm.endpoint after its preflight, then speculators' generate-offline-data) on one
+  short chat prompt and checks the file it leaves: the prompt's token ids and [L, 4, H] states.
+  hidden_states.mode online with train.backend speculators starts the server the train stage
+  would (draftline/train/states.py `online_vllm`, or hidden_states.online.endpoint) and
+  sends it the same probe the trainers' server is checked with (draftline/engines/preflight.py
+  `preflight_extraction`; with the Mooncake transfer only the model and, where shown, the
+  speculative config are checked: the states go to the store). It costs one start of the server
+  (a giant target: its full load), so a pass is recorded under a key of the card and the
+  settings that decide it (`extraction_key`) and not repeated while they stay the same;
+  hidden_states.vllm.probe: false skips it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.hidden_states.config import HiddenStatesConfig
+    from draftline.train.config import TrainConfig
+
+
+class ProbeFailed(RuntimeError):
+    """The configured vLLM path cannot extract this target's states; the message says what failed."""
+
+
+# ---------------------------------------------------------------- train.init against the card
+
+
+def check_init_config(cfg: TrainConfig, card: TargetCard, config) -> tuple[list[str], str | None]:
+    """(remaps allowed, architecture): the checks of a train.init config against the card and
+    train.*: shapes and aux ids (check_init_target), norms vs train.architecture, and norms the
+    speculators CLI can set when that is the backend."""
+    from draftline.draft.checkpoint import InitMismatch, architecture_of
+    from draftline.draft.pretrained import check_architecture, check_init_target
+
+    remaps = check_init_target(config, card, cfg.num_layers, cfg.init_remap_aux_layers)
+    check_architecture(config, cfg.architecture)
+    architecture = cfg.architecture or architecture_of(config)
+    if cfg.backend == "speculators" and architecture is None:
+        raise InitMismatch(
+            "train.init: its norms (fc_norm, or a mix of norm_before_residual / norm_before_fc / "
+            "norm_output) are ones speculators' train CLI cannot set; fine-tune it with "
+            "train.backend: builtin"
+        )
+    return remaps, architecture
+
+
+def check_init_fits(cfg: TrainConfig, card: TargetCard, draft_vocab_size: int) -> dict:
+    """What the train stage would refuse about train.init, found now; raises InitMismatch naming the
+    param to change. A hub id's config is fetched and checked first, its weights (in which d2t
+    lives; train needs them anyway) only once that passes. Returns what was checked."""
+    from draftline.draft.checkpoint import InitMismatch, read_draft_facts
+    from draftline.draft.preflight import check_vocab
+    from draftline.draft.pretrained import fetch_init_config, init_config, resolve_init
+
+    if not Path(cfg.init).is_dir():
+        config_only = fetch_init_config(cfg.init)
+        check_init_config(cfg, card, init_config(config_only, card, cfg.init_convert)[0])
+    path = resolve_init(cfg.init)
+    config, init_d2t = init_config(path, card, cfg.init_convert)
+    remaps, architecture = check_init_config(cfg, card, config)
+    facts = read_draft_facts(path)
+    problems = check_vocab(card.vocab_size, facts)
+    if problems:
+        raise InitMismatch("train.init: " + "; ".join(problems))
+    theirs = len(init_d2t) if init_d2t is not None else card.vocab_size
+    if init_d2t is None and config.draft_vocab_size != card.vocab_size:
+        raise InitMismatch(
+            f"train.init: its config says a draft vocabulary of {config.draft_vocab_size} tokens "
+            "but it has no d2t to map them to target tokens"
+        )
+    warnings = []
+    if not cfg.init_remap_vocab:
+        if theirs != draft_vocab_size:
+            raise InitMismatch(
+                f"train.init: its draft vocabulary has {theirs} tokens, vocab.draft_vocab_size is "
+                f"{draft_vocab_size}; the train stage needs the same vocabulary: set "
+                "train.init_remap_vocab: true (lm_head rows matched by target token id) or "
+                f"vocab.draft_vocab_size: {theirs}"
+            )
+        if theirs < card.vocab_size:
+            warnings.append(
+                f"train.init has its own draft vocabulary ({theirs} of {card.vocab_size} tokens); "
+                "the vocab stage picks ours from the regenerated data, and the train stage stops "
+                "unless they are the same tokens: set train.init_remap_vocab: true to match them"
+            )
+    else:
+        remaps.append(f"vocab remapped at train: {theirs} -> {draft_vocab_size} tokens")
+    return {
+        "path": str(path),
+        "layout": facts.layout,
+        "hidden_size": config.transformer_layer_config.hidden_size,
+        "target_vocab_size": config.transformer_layer_config.vocab_size,
+        "draft_vocab_size": theirs,
+        "num_layers": config.transformer_layer_config.num_hidden_layers,
+        "aux_layer_ids": list(config.eagle_aux_hidden_state_layer_ids or []) or None,
+        "architecture": architecture,
+        "remaps": remaps,
+        "warnings": warnings,
+    }
+
+
+# ---------------------------------------------------------------- vLLM extraction
+
+
+def extraction_path(hs: HiddenStatesConfig, train_backend: str) -> str | None:
+    """Which vLLM path will extract the states: offline (hidden_states.backend vllm), online (mode
+    online with train.backend speculators), or None (none: the target runs in-process)."""
+    if hs.mode == "offline" and hs.backend == "vllm":
+        return "offline"
+    if hs.mode == "online" and train_backend == "speculators":
+        return "online"
+    return None
+
+
+# where and how fast the work runs: a change to one of these never decides whether extraction works
+KEY_SKIPS = {
+    "vllm": {
+        "host",
+        "port",
+        "concurrency",
+        "request_timeout_s",
+        "max_retries",
+        "startup_timeout_s",
+        "probe",
+    },
+    "online": {"request_timeout_s", "max_retries"},
+}
+
+
+def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
+    """sha256 of what decides whether `path` extracts this target: the card, the format and dtype,
+    the vLLM settings (interpreter, endpoint, parallelism, memory, context length, extra arguments)
+    and, online, the transfer."""
+    settings = {
+        "path": path,
+        "format": hs.format,
+        "dtype": hs.dtype,
+        "vllm": {k: v for k, v in hs.vllm.model_dump().items() if k not in KEY_SKIPS["vllm"]},
+    }
+    if path == "online":
+        online = hs.online.model_dump()
+        settings["online"] = {k: v for k, v in online.items() if k not in KEY_SKIPS["online"]}
+    blob = json.dumps({"card": card.to_dict(), "settings": settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def probe_prompt_ids(card: TargetCard) -> list[int]:
+    """A short chat prompt through the target's tokenizer and template (as regeneration renders
+    one), so the probe row is the kind of row extraction will get."""
+    from draftline.engines.preflight import PROBE_MESSAGES
+    from draftline.target.model import card_tokenizer
+    from draftline.tokens.chat import chat_prompt_ids
+
+    return chat_prompt_ids(card_tokenizer(card), PROBE_MESSAGES, None, {})
+
+
+def describe_file(path: Path, ids: list[int], hidden_size: int, store_dtype) -> str:
+    """Why the probe row's file is not the states asked for."""
+    from safetensors import safe_open
+
+    if not path.exists():
+        return "no hidden-state file came back for the probe row"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = sorted(f.keys())
+            if "hidden_states" not in keys or "token_ids" not in keys:
+                return f"the probe row's file holds {keys}, not token_ids and hidden_states"
+            hs = f.get_slice("hidden_states")
+            shape, dtype = list(hs.get_shape()), hs.get_dtype()
+            same_ids = f.get_tensor("token_ids").tolist() == list(ids)
+    except Exception as err:  # noqa: BLE001 - unreadable: say so
+        return f"the probe row's file cannot be read ({type(err).__name__}: {err})"
+    want = [len(ids), 4, hidden_size]
+    if shape != want:
+        return (
+            f"the probe row's states have shape {shape}, the card needs {want} "
+            "(3 aux layers + the last layer, hidden size)"
+        )
+    if not same_ids:
+        return "the probe row's file holds other token ids than were sent"
+    return f"the probe row's states ({dtype}) are not {store_dtype} or not finite"
+
+
+def probe_offline(
+    hs: HiddenStatesConfig, card: TargetCard, ids: list[int], work: Path, log_path: Path
+) -> dict:
+    """One row through the hidden_states stage's vLLM path (run_vllm), its file checked as that
+    stage checks its files."""
+    from datasets import Dataset, load_from_disk
+    from draftline.hidden_states import formats as hs_format
+    from draftline.hidden_states import hidden
+    from draftline.hidden_states.extract import run_vllm
+
+    tokenized = work / "tokenized"
+    rows = Dataset.from_dict(
+        {"input_ids": [ids], "loss_mask": [[1] * len(ids)], "seq_len": [len(ids)]}
+    )
+    rows.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])
+    rows.save_to_disk(str(tokenized))
+    rows = load_from_disk(str(tokenized))
+    out = work / "hidden_states"
+    out.mkdir()
+    aux = hidden.check_aux_layer_ids(list(card.aux_ids), card.num_layers)
+    try:
+        run_vllm(hs, card, str(tokenized), rows, {0: len(ids)}, out, aux, log_path)
+    except SystemExit as err:  # the client failed, or the endpoint's preflight refused it
+        raise ProbeFailed(str(err.code).removeprefix("error: ")) from None
+    except RuntimeError as err:  # the server did not start (its log's last lines are in it)
+        raise ProbeFailed(str(err)) from None
+    store = hs_format.storage_dtype(hs.format, hs.dtype)
+    file = hidden.hs_path(out, 0)
+    if not hidden.is_valid_file(file, ids, card.hidden_size, store, full=True):
+        raise ProbeFailed(describe_file(file, ids, card.hidden_size, store))
+    return {"tokens": len(ids), "shape": [len(ids), 4, card.hidden_size]}
+
+
+def probe_online(
+    hs: HiddenStatesConfig, card: TargetCard, ids: list[int], work: Path, log_path: Path
+) -> dict:
+    """The server the train stage would start for speculators' trainers (or the running one of
+    hidden_states.online.endpoint), asked for the probe row as the train stage checks it."""
+    from draftline.engines.preflight import PreflightError, preflight_extraction
+    from draftline.engines.servers import ManagedServer, startup_timeout_s
+    from draftline.train.run import TrainPaths
+    from draftline.train.states import online_vllm
+
+    # the train stage's paths and hidden_states meta.json, as online_vllm reads them
+    paths = TrainPaths(vocab=work, tokenized=work / "tokenized", hs=work, state=work)
+    source = {
+        "mode": "online",
+        "format": hs.format,
+        "online": hs.online.model_dump(),
+        "params": hs.model_dump(),
+    }
+    from datasets import Dataset
+
+    Dataset.from_dict({"seq_len": [len(ids)]}).save_to_disk(str(paths.tokenized))
+    serve, endpoint, staging = online_vllm(card, paths, source)
+    transfer = hs.online.resolved_transfer(hs.format)
+
+    def ask(base_url: str) -> dict:
+        try:
+            return preflight_extraction(
+                base_url,
+                card,
+                list(card.aux_ids),
+                ids,
+                hs.online.request_timeout_s,
+                hs.online.max_retries + 1,
+                probe_file=transfer != "mooncake",
+            )
+        except PreflightError as err:
+            raise ProbeFailed(str(err)) from None
+
+    if serve is None:
+        return ask(endpoint.removesuffix("/v1"))
+    if staging is not None:
+        staging.mkdir(parents=True, exist_ok=True)
+    limit, why = startup_timeout_s(hs.vllm.startup_timeout_s, card.model, card.revision)
+    print(f"probe: extraction server start-up limit {limit:.0f}s ({why}); log {log_path}")
+    try:
+        with ManagedServer(serve, dict(os.environ), endpoint, log_path, limit, say=print) as url:
+            return ask(url)
+    except ProbeFailed:
+        raise
+    except RuntimeError as err:  # the server did not start (its log's last lines are in it)
+        raise ProbeFailed(str(err)) from None
+
+
+def probe_extraction(
+    hs: HiddenStatesConfig,
+    train: TrainConfig,
+    card: TargetCard,
+    previous: dict | None,
+    log_path: Path,
+) -> dict:
+    """The extraction part of the report: skipped (no vLLM path, or hidden_states.vllm.probe
+    false), passed before under the same key (previous: the last report's extraction part), or
+    probed now. Raises ProbeFailed."""
+    path = extraction_path(hs, train.backend)
+    if path is None:
+        return {"path": None, "probed": False, "why": "no vLLM extraction configured"}
+    if not hs.vllm.probe:
+        return {"path": path, "probed": False, "why": "hidden_states.vllm.probe: false"}
+    key = extraction_key(card, hs, path)
+    if previous and previous.get("key") == key and previous.get("passed"):
+        print(f"probe: vLLM extraction ({path}) passed before for this card and these settings")
+        return {**previous, "probed": False, "why": "passed before with the same key"}
+    ids = probe_prompt_ids(card)
+    print(f"probe: one {len(ids)}-token row through the {path} vLLM extraction path")
+    with tempfile.TemporaryDirectory(prefix="draftline_probe_") as tmp:
+        run = probe_offline if path == "offline" else probe_online
+        seen = run(hs, card, ids, Path(tmp), log_path)
+    return {"path": path, "probed": True, "key": key, "passed": True, "seen": seen}

@@ -1,0 +1,469 @@
+"""One run of the regenerate stage, from its prompts to its report.
+
+Checks first that the backend can answer as asked; counts the conversations already made that
+still hold (draftline/regenerate/store.py); starts the server of `regenerate.backend` on the
+target (draftline/engines/servers.py, command lines in draftline/engines/commands.py), or takes the `external`
+endpoints; checks each endpoint before the first request (draftline/engines/preflight.py: the card's
+target, not speculative); only then moves the stale lines to superseded.jsonl (and the
+superseded ones that hold again back), and sends the missing prompts (draftline/regenerate/replay.py)
+with a progress bar, or a plain progress line every tick in a log file. The report counts
+everything; too many failures come back as an error that says, per failure reason, what to change
+(draftline/regenerate/progress.py), and so does a run whose answers mostly ended at max_tokens
+(regenerate.max_length_share, over every conversation kept: this run's and earlier ones').
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from draftline.regenerate.index import all_entries
+from draftline.regenerate.progress import failure_error, progress_bar
+from draftline.regenerate.store import (
+    SUPERSEDED,
+    PromptFile,
+    cut_last_line,
+    engine_record,
+    load_finished,
+    wanted_settings,
+)
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.regenerate.config import RegenerateConfig
+    from draftline.regenerate.replay import Tally
+    from draftline.regenerate.store import Wanted
+
+
+class Pending(NamedTuple):
+    """What a run has to do, known before it starts any server."""
+
+    by_id: PromptFile  # the prompts by id, in order
+    digests: dict[str, str]  # id -> prompt_line of its raw line (regenerate/index.py)
+    wanted: Wanted
+    tags: dict  # the regeneration record's settings, engine and run, on every line of this run
+    resume: dict  # load_finished's counts
+    todo: list[dict]  # the prompts to send
+    to_rewrite: bool  # lines to move to superseded.jsonl or back, or a cut line to set aside
+
+
+def pending(
+    cfg: RegenerateConfig, engine: str, card: TargetCard, prompts_path: str | Path, out: Path
+) -> Pending:
+    """Reads the prompts and counts the conversations already made that still hold, moving
+    nothing yet: lines made with other settings (or cut by a kill) move to superseded.jsonl, and
+    superseded lines that hold again come back, only once every endpoint passed its preflight, so
+    a refused server (wrong endpoint, a draft attached...) leaves conversations.jsonl exactly as
+    it was. This is the whole of a rerun's start-up before its server: on a conversations file of
+    gigabytes it reads the index beside it (draftline/regenerate/index.py)."""
+    by_id = PromptFile(prompts_path)  # rows read when asked for: the ones to send, mostly
+    digests = by_id.digests
+    out.mkdir(parents=True, exist_ok=True)
+    # what shaped the answers (compared) and what answered them (provenance), on every line
+    wanted = wanted_settings(cfg, card, out)
+    tags = {
+        "fingerprint": wanted.fingerprint,
+        "settings": wanted.settings,
+        "engine": engine_record(cfg, engine),
+    }
+    conversations_path = out / "conversations.jsonl"
+    done, resume = load_finished(conversations_path, by_id, wanted, False, digests)
+    tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
+    to_rewrite = (
+        bool(moved_counts(resume))
+        or bool(resume["restored"] or resume["upgraded"])
+        or cut_last_line(conversations_path)
+    )
+    todo = [by_id[pid] for pid in by_id if pid not in done]
+    return Pending(by_id, digests, wanted, tags, resume, todo, to_rewrite)
+
+
+def moved_counts(resume: dict) -> dict:
+    """Of load_finished's counts, the lines that move to superseded.jsonl."""
+    return {
+        k: v
+        for k, v in resume.items()
+        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded")
+    }
+
+
+class Regenerated(NamedTuple):
+    report: dict
+    fingerprint: str  # of the settings that shaped the conversations (regeneration_settings)
+    error: str | None  # more failures than regenerate.max_failure_rate: by cause, what to change
+
+
+def regenerate(
+    cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path
+) -> Regenerated:
+    """Regenerates the prompts of `prompts_path` not yet in out/conversations.jsonl (append-only,
+    keyed by prompt id); failures.jsonl gets one line per conversation that failed in this run."""
+    model_name = cfg.served_model_name or card.model
+    engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
+    check_backend(cfg, card, engine)
+    api_key = endpoint_api_key(cfg)
+
+    by_id, digests, wanted, tags, resume, todo, to_rewrite = pending(
+        cfg, engine, card, prompts_path, out
+    )
+    conversations_path = out / "conversations.jsonl"
+    moving = moved_counts(resume)
+    print(
+        f"regenerate: {len(by_id) - len(todo)} of {len(by_id)} conversations already done, {len(todo)} to send"
+        + "".join(f", {v} {k.replace('_', ' ')} to move to {SUPERSEDED}" for k, v in moving.items())
+        + (f", {resume['restored']} back from {SUPERSEDED}" if resume["restored"] else "")
+    )
+
+    def move_stale_lines() -> None:
+        if to_rewrite:
+            load_finished(conversations_path, by_id, wanted, True, digests)
+
+    tally, seen, start, slots = None, [], time.perf_counter(), None
+    if todo:
+        tally, seen, start, slots = send(
+            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines, digests
+        )
+    else:
+        move_stale_lines()  # nothing to send: lines to move or bring back, or a cut line
+    report = run_report(
+        cfg, len(by_id), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
+    )
+    # over every conversation the next stages will read, so a rerun that sends nothing checks too
+    report["check"] = length_check(
+        conversations_path, by_id, tags["fingerprint"], cfg.max_length_share
+    )
+    errors = [length_error(cfg, report["check"], conversations_path)]
+    if tally is not None:
+        print(
+            f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
+            f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(by_id)} still missing"
+        )
+        errors.insert(0, failure_error(cfg, tally, len(todo), out))
+    return Regenerated(report, tags["fingerprint"], "\n".join(e for e in errors if e) or None)
+
+
+def length_check(
+    path: Path, prompts: dict[str, dict], tags_fingerprint: str, max_share: float
+) -> dict:
+    """reports/regenerate.json's `check`: of the answers (assistant turns) of the conversations
+    kept for these prompts (the first line of each id made with these settings), the share that
+    ended at max_tokens (finish_reason "length"), against regenerate.max_length_share."""
+    answers, length, conversations, seen = 0, 0, 0, set()
+    for e in all_entries(path):  # the index of the file, and the lines past it
+        if e.answers is None or e.id in seen or e.id not in prompts:
+            continue  # a cut or foreign line: the resume already counted it
+        if e.fingerprint != tags_fingerprint:
+            continue
+        seen.add(e.id)
+        conversations += 1
+        answers += e.answers
+        length += e.length
+    share = length / answers if answers else None
+    return {
+        "param": "regenerate.max_length_share",
+        "conversations": conversations,
+        "answers": answers,
+        "length": length,
+        "share": round(share, 4) if share is not None else None,
+        "threshold": max_share,
+        "verdict": "skipped" if share is None else ("fail" if share > max_share else "pass"),
+    }
+
+
+def length_error(cfg: RegenerateConfig, check: dict, path: Path) -> str | None:
+    """The stage's error when more answers ended at max_tokens than regenerate.max_length_share."""
+    if check["verdict"] != "fail":
+        return None
+    return (
+        f"error: {check['length']} of {check['answers']} answers ({check['share']:.1%}) ended at "
+        f"regenerate.max_tokens {cfg.max_tokens} (finish_reason length), more than "
+        f"regenerate.max_length_share {check['threshold']}: the data would hold the beginnings of "
+        "answers and few endings. Raise regenerate.max_tokens (a thinking model's answers run to "
+        "thousands of tokens), and regenerate.short/long.max_context where that is what cut them; "
+        "or raise regenerate.max_length_share (1.0 turns the check off). The conversations stay in "
+        f"{path}: a new max_tokens regenerates them, a new max_length_share reuses them."
+    )
+
+
+def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
+    """Stops before any work where `transformers serve` would not answer as asked."""
+    if cfg.backend == "transformers":
+        from draftline.engines.commands import transformers_serve_loads
+
+        if not transformers_serve_loads(
+            card.architecture, card.config_model_type or card.model_type
+        ):
+            raise SystemExit(
+                f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
+                f"the target's {card.architecture} is the checkpoint's own code. Use backend vllm or "
+                "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints"
+            )
+    if (
+        engine == "transformers"
+        and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0
+    ):
+        from transformers import GenerationConfig
+
+        try:
+            do_sample = GenerationConfig.from_pretrained(
+                card.model, revision=card.revision
+            ).do_sample
+        except OSError:
+            do_sample = False
+        if not do_sample:  # transformers serve would silently answer a temperature > 0 greedily
+            raise SystemExit(
+                "error: regenerate.temperature > 0 but the target's generation_config has no "
+                "do_sample: true, so `transformers serve` would decode greedily"
+            )
+
+
+def endpoint_api_key(cfg: RegenerateConfig) -> str | None:
+    """The API key of the endpoints, from the environment variable regenerate.api_key_env names."""
+    if not cfg.api_key_env:
+        return None
+    api_key = os.environ.get(cfg.api_key_env)
+    if not api_key:
+        raise SystemExit(f"error: regenerate.api_key_env names {cfg.api_key_env}, which is not set")
+    return api_key
+
+
+def send(
+    cfg: RegenerateConfig,
+    card: TargetCard,
+    engine: str,
+    model_name: str,
+    api_key: str | None,
+    todo: list[dict],
+    tags: dict,
+    out: Path,
+    move_stale_lines: Callable[[], None],
+    prompt_digests: dict[str, str] | None = None,
+) -> tuple[Tally | None, list[dict], float, int | None]:
+    """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
+    preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
+    endpoint's preflight saw, when sending started, server slots)."""
+    from draftline.engines import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
+    from draftline.engines.commands import regenerate_command
+    from draftline.engines.preflight import PreflightError, preflight_regeneration
+    from draftline.engines.servers import ManagedServer, launch_env, server_url
+    from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
+    from draftline.regenerate.replay import Sampling, regenerate_all
+    from draftline.target.model import card_tokenizer
+    from draftline.tokens.chat import chat_prompt_ids
+
+    conversations_path = out / "conversations.jsonl"
+    tokenizer = card_tokenizer(card)
+    if cfg.backend == "external":
+        server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
+    else:
+        from draftline.engines.servers import startup_timeout_s
+
+        limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
+        print(
+            f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}"
+        )
+        server, urls = (
+            ManagedServer(
+                lambda port: regenerate_command(cfg, card, model_name, out, port),
+                launch_env(cfg.backend, card.model, out / ".hf_cache"),
+                server_url(cfg.host, cfg.port),
+                out / "server.log",
+                limit,
+                say=print,
+            ),
+            [],
+        )
+    sampling = Sampling(
+        cfg.max_tokens,
+        cfg.temperature,
+        cfg.top_p,
+        cfg.seed,
+        tuple((t.value, t.weight) for t in cfg.temperatures),
+        dict(cfg.chat_template_kwargs),
+    )
+    policy = RetryPolicy(
+        cfg.max_retries,
+        cfg.retry_backoff_s,
+        cfg.retry_backoff_max_s,
+        cfg.first_token_timeout_s,
+        cfg.token_timeout_s,
+    )
+    slots = server_slots(cfg, engine)
+    extra_body = engine_request_fields(engine, cfg.tool_call_parser)
+    partitions = {
+        "short": (cfg.short.concurrency, cfg.short.max_context),
+        "long": (cfg.long.concurrency, cfg.long.max_context),
+    }
+
+    def count_ids(messages, tools):
+        return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
+
+    async def run(on_done, on_tick):
+        pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
+        try:
+            return await regenerate_all(
+                pool,
+                model_name,
+                todo,
+                sampling,
+                policy,
+                partitions,
+                conversations_path,
+                out / "failures.jsonl",
+                tags,
+                count_ids,
+                math.floor(cfg.max_failure_rate * len(todo)),
+                on_done,
+                on_tick,
+                cfg.progress_every_s,
+                extra_body,
+                prompt_digests,
+            )
+        finally:
+            await close_pool(pool)
+
+    seen = []
+    with server as launched:
+        urls = urls or [launched]
+        for url in urls:
+            try:
+                seen.append(
+                    preflight_regeneration(
+                        url,
+                        engine,
+                        model_name,
+                        count_ids,
+                        dict(cfg.chat_template_kwargs),
+                        api_key,
+                        timeout_s=cfg.first_token_timeout_s,
+                        attempts=cfg.max_retries + 1,
+                    )
+                )
+            except PreflightError as err:
+                raise SystemExit(
+                    f"error: preflight refused the endpoint: {err} (nothing was sent or "
+                    f"moved: {conversations_path} is as it was)"
+                ) from None
+        move_stale_lines()
+        import aiohttp  # noqa: F401  its import is set-up, not sending time
+
+        start = time.perf_counter()
+        bound = (
+            f", at most {slots * len(urls)} requests in flight (regenerate.server_slots {slots})"
+            if slots
+            else ""
+        )
+        print(
+            f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}",
+            flush=True,
+        )
+        with progress_bar(len(todo), slots and slots * len(urls)) as (on_done, on_tick):
+            try:
+                tally = asyncio.run(run(on_done, on_tick))
+            except KeyboardInterrupt:
+                raise SystemExit(
+                    "regenerate: interrupted; finished conversations are kept, a rerun sends the rest"
+                ) from None
+    return tally, seen, start, slots
+
+
+def run_report(
+    cfg: RegenerateConfig,
+    prompts: int,
+    todo: int,
+    resume: dict,
+    tally: Tally | None,
+    seen: list[dict],
+    slots: int | None,
+    elapsed: float,
+    out: Path,
+) -> dict:
+    """reports/regenerate.json: `prompts` prompted, `todo` of them sent in this run."""
+    from draftline.core.io import read_json
+
+    turns = sum(tally.finish_reasons.values()) if tally else 0
+    server_stats = None
+    if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():
+        server_stats = read_json(
+            out / "server_stats.json"
+        )  # batches, near-tie tokens (draftline/engines/batch_server.py)
+    return {
+        "backend": cfg.backend,
+        "endpoints": seen,
+        "prompts": prompts,
+        "reused": prompts - todo,
+        "resume": resume,
+        "sent": tally.done if tally else 0,
+        "ok": tally.ok if tally else 0,
+        "failed": tally.failed if tally else 0,
+        "cancelled": tally.cancelled if tally else 0,
+        "server_slots": slots if tally else None,
+        "failure_reasons": dict(tally.failure_reasons) if tally else {},
+        "retries": dict(tally.retries) if tally else {},
+        "truncated": tally.truncated if tally else 0,
+        # answers that came with the server's token ids (tokenize compares them with its own)
+        "turns_with_token_ids": tally.turns_with_token_ids if tally else 0,
+        "finish_reasons": dict(tally.finish_reasons) if tally else {},
+        "length_share": round(tally.finish_reasons["length"] / turns, 4) if turns else None,
+        "stopped": dict(tally.stopped) if tally else {},
+        "requests": tally.requests if tally else 0,
+        "prompt_tokens": tally.prompt_tokens if tally else 0,
+        "completion_tokens": tally.completion_tokens if tally else 0,
+        "seconds": round(elapsed, 2),
+        "requests_per_s": round(tally.requests / elapsed, 2) if tally else None,
+        "completion_tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
+        "partitions": {name: p.summary() for name, p in tally.partitions.items()} if tally else {},
+        "server": server_stats,
+        "conversations": prompts - todo + (tally.ok if tally else 0),
+        "missing": todo - (tally.ok if tally else 0),
+    }
+
+
+def engine_request_fields(engine: str, tool_call_parser: str | None = None) -> dict:
+    """Fields beyond the chat completion basics that every request to `engine` carries. vLLM and
+    SGLang send the usage of a streamed answer only when asked (stream_options); `return_token_ids`
+    makes vLLM, SGLang and the built-in hf server return the completion's token ids (vLLM in each
+    streamed chunk, SGLang and hf in a whole answer), which tokenize compares with its own tokens.
+    Neither changes what the model generates. transformers serve answers 422 to a field it does
+    not know (and sends the usage anyway), so it gets neither. `with_tools` goes only into requests
+    that carry tools: vLLM without a tool-call parser refuses the default tool_choice "auto" (HTTP
+    400 "auto" tool choice requires --enable-auto-tool-choice), so those ask "none", which keeps the
+    tools in the prompt (vLLM drops them only with --exclude-tools-when-tool-choice-none) and
+    leaves tool-call markup inline in the content, as no parser means everywhere."""
+    if engine == "transformers":
+        return {}
+    # backend hf puts the usage on every chunk when asked, so its tokens count as they come even
+    # where their text is held back (a tool call, say)
+    usage = {"include_usage": True, **({"continuous_usage_stats": True} if engine == "hf" else {})}
+    fields = {"stream_options": usage, "return_token_ids": True}
+    if engine == "vllm" and tool_call_parser is None:
+        fields["with_tools"] = {"tool_choice": "none"}
+    return fields
+
+
+def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
+    """Requests one endpoint runs at once: given, or known for the server (None: no bound beyond the
+    partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
+    if cfg.server_slots is not None:
+        return cfg.server_slots
+    if engine == "hf":  # draftline.engines.batch_server decodes up to max_batch requests together
+        return cfg.hf.max_batch
+    if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
+        return None if cfg.continuous_batching else 1
+    flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]
+    args = list(cfg.extra_args) if cfg.backend != "external" else []
+    for i, arg in enumerate(args):
+        value = (
+            arg.split("=", 1)[1]
+            if arg.startswith(flag + "=")
+            else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+        )
+        if value is not None and value.isdigit():
+            return int(value)
+    return None

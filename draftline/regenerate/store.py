@@ -1,0 +1,733 @@
+"""The regenerated conversations file and its prompts: what each line records, which lines a
+rerun keeps, where the others go, and the order rows take downstream.
+
+Output is append-only JSONL keyed by prompt id, one flushed line per finished conversation. Each
+line carries a `regeneration` record: the `settings` that shaped its answers (target, chat
+template, the output-shaping regenerate params) with their `fingerprint`, the `engine` that
+answered (backend, engine, launch arguments: provenance, never compared) and the hash of its
+prompt. A rerun keeps the lines whose settings still match, field by field, and sends only the
+missing prompts. Nothing finished is deleted: a line made with other settings, for a changed
+prompt, a duplicate of an id or an unreadable line moves to superseded.jsonl beside it
+(append-only, with the reason and when), and a superseded line that matches the settings again
+comes back instead of being sent again. By hand:
+
+    draftline conversations restore datasets/regenerated [--dry-run]
+    draftline conversations restore datasets/regenerated --reason stale_settings [--id p1 ...]
+
+The first does what the stage does before sending (moves stale lines out, matching ones back);
+the second brings the chosen lines back whatever settings made them, accepted for the current
+ones (`regeneration.accepted_for`), in place of the line that holds their id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftline.core.config import output_shaping, stage_sections
+from draftline.core.io import atomic_path, read_json
+from draftline.regenerate.config import RegenerateConfig
+from draftline.regenerate.index import entry as index_entry
+from draftline.regenerate.index import (
+    prompt_line,
+    read_index,
+    remove_index,
+    run_of,
+    write_index,
+)
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+
+SUPERSEDED = "superseded.jsonl"  # beside conversations.jsonl; nothing downstream reads it
+
+# Regenerate params recorded per line as the engine's provenance (all operational in regenerate/config.py):
+# which engine answered and how it was launched or scheduled. Never compared.
+ENGINE_FIELDS = (
+    "backend",
+    "external_engine",
+    "extra_args",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "max_model_len",
+    "continuous_batching",
+    "cb_num_blocks",
+    "hf",
+    "server_slots",
+    "served_model_name",
+)
+# Launch arguments (vLLM, SGLang) that change how the server samples or renders a prompt when a
+# request leaves it unset: the one part of `extra_args` that is compared (`answer_shaping_args`).
+ANSWER_SHAPING_ARGS = (
+    "--generation-config",
+    "--override-generation-config",
+    "--logits-processors",
+    "--default-chat-template-kwargs",
+    "--preferred-sampling-params",
+    "--sampling-defaults",
+)
+# Output-shaping before the engine became provenance: lines of those runs have a fingerprint of
+# the settings with these fields in it, and no `settings` record.
+LEGACY_ENGINE_SHAPING = ("backend", "external_engine", "extra_args")
+
+
+def _sha256(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def prompt_sha256(row: dict) -> str:
+    """Hash of what the target is asked (messages and tools): a changed prompt is regenerated."""
+    return _sha256({"messages": row["messages"], "tools": row.get("tools")})[:16]
+
+
+def fingerprint(settings: dict) -> str:
+    """Hash of everything that shapes the answers (target, chat template, sampling)."""
+    return _sha256(settings)[:16]
+
+
+def answer_shaping_args(extra_args: list[str]) -> list[list[str]]:
+    """The ANSWER_SHAPING_ARGS of a launch command's extra arguments, each [flag, values...]."""
+    found, current = [], None
+    for arg in extra_args:
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("--"):
+            current = [flag, *([value] if eq else [])] if flag in ANSWER_SHAPING_ARGS else None
+            if current is not None:
+                found.append(current)
+        elif current is not None:
+            current.append(arg)
+    return found
+
+
+def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
+    """Everything that shapes the answers: the target, its chat template, the output-shaping
+    regenerate params (draftline/config.py) and the answer-shaping launch arguments. A line made
+    under other settings is superseded and its conversation sent again."""
+    return {
+        "model": card.model,
+        "revision": card.revision,
+        "chat_template_sha256": card.chat_template_sha256,
+        **output_shaping(cfg),
+        "answer_shaping_args": answer_shaping_args(cfg.extra_args),
+    }
+
+
+def engine_record(cfg: RegenerateConfig, engine: str) -> dict:
+    """What answered, recorded per line (`regeneration.engine`) and never compared: switching
+    backend, pointing `external` at a server kept running, or new launch arguments keep every
+    finished line."""
+    return {"engine": engine, **cfg.model_dump(include=set(ENGINE_FIELDS))}
+
+
+def _plain(obj):
+    return json.loads(json.dumps(obj))
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """The settings the kept lines must have been made with. `known`: fingerprint -> (settings,
+    where they come from) of lines written before settings were recorded per line."""
+
+    fingerprint: str
+    settings: dict
+    known: dict[str, tuple[dict, str]] = field(default_factory=dict)
+    defaults: dict = field(default_factory=dict)  # a field a line does not record: its default
+
+
+def wanted_settings(cfg: RegenerateConfig, card: TargetCard, directory: Path) -> Wanted:
+    """The current settings, and how to read the lines of runs that did not record theirs: a
+    fingerprint the current params give with the engine fields still in it, or the one of the
+    meta.json beside them (its params, hashed again, must give its fingerprint)."""
+    settings = _plain(regeneration_settings(cfg, card))
+    legacy = {k: v for k, v in settings.items() if k != "answer_shaping_args"}
+    legacy.update(_plain(cfg.model_dump(include=set(LEGACY_ENGINE_SHAPING))))
+    known = {fingerprint(legacy): ({**settings, **legacy}, "params")}
+    meta_path = Path(directory) / "meta.json"
+    try:
+        meta = read_json(meta_path) if meta_path.is_file() else {}
+    except (OSError, ValueError):
+        meta = {}
+    params = meta.get("params") if isinstance(meta, dict) else None
+    if isinstance(params, dict) and isinstance(meta.get("fingerprint"), str):
+        old = {
+            "model": meta.get("target"),
+            "revision": card.revision,
+            "chat_template_sha256": meta.get("chat_template_sha256"),
+            **params,
+        }
+        if fingerprint(old) == meta["fingerprint"]:
+            old["answer_shaping_args"] = answer_shaping_args(old.get("extra_args") or [])
+            known.setdefault(meta["fingerprint"], (old, "meta.json"))
+    defaults = _plain(output_shaping(RegenerateConfig()))
+    defaults["answer_shaping_args"] = []
+    return Wanted(fingerprint(settings), settings, known, defaults)
+
+
+def changed_fields(regen: dict, recorded: dict, wanted: Wanted) -> list[str]:
+    """The current settings a line was made without: each compared with what the line records
+    (its settings, else its engine record, else the field's default)."""
+    engine = regen.get("engine") if isinstance(regen.get("engine"), dict) else {}
+    changed = []
+    for key, value in wanted.settings.items():
+        for source in (recorded, engine, wanted.defaults):
+            if key in source:
+                if source[key] != value:
+                    changed.append(key)
+                break
+        else:
+            changed.append(key)
+    return changed
+
+
+def _verdict(row: dict, prompts: dict, wanted: Wanted) -> tuple[str | None, list[str], dict]:
+    """(why the line does not hold, or None; the settings that changed; what to add to its record:
+    the settings recovered for a line of a run that did not record them)."""
+    regen = row.get("regeneration")
+    if not isinstance(regen, dict):
+        return "unrecorded_settings", [], {}
+    made_with, addition, changed = regen.get("fingerprint"), {}, []
+    if made_with == wanted.fingerprint or regen.get("accepted_for") == wanted.fingerprint:
+        pass  # the same settings, or accepted for them by hand (restore --reason/--id)
+    elif isinstance(regen.get("settings"), dict) and wanted.settings:
+        changed = changed_fields(regen, regen["settings"], wanted)
+    elif made_with in wanted.known:
+        recorded, source = wanted.known[made_with]
+        addition = {
+            "settings": {k: recorded[k] for k in wanted.settings if k in recorded},
+            "engine": {k: recorded[k] for k in LEGACY_ENGINE_SHAPING if k in recorded},
+            "settings_from": source,
+        }
+        changed = changed_fields({**regen, **addition}, recorded, wanted)
+    else:
+        return "unrecorded_settings", [], {}
+    if changed:
+        return "stale_settings", changed, addition
+    pid = row["id"]
+    if pid in prompts and regen.get("prompt_sha256") != prompt_sha256(prompts[pid]):
+        return "stale_prompt", [], addition
+    return None, [], addition
+
+
+def _with(row: dict, addition: dict) -> dict:
+    if not addition:
+        return row
+    return {**row, "regeneration": {**row["regeneration"], **addition}}
+
+
+def _parse(line: bytes) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("id"), str) else None
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    """The prompt rows, each with a string `id` (unique) and a `messages` list; else the stage stops."""
+    return list(PromptFile(path).values())
+
+
+LEADING_ID = re.compile(rb'\{"id": ("(?:[^"\\]|\\.)*")')  # the start of a row json.dumps wrote
+
+
+class PromptFile(Mapping):
+    """The prompt rows of a prompts file by id, in the file's order, each read and parsed when
+    first asked for: a rerun asks only for the prompts it sends and those whose line changed since
+    it was last checked (`digests`), not for the 100,000 whose conversations are done (parsing
+    them was seconds of a rerun's start). The scan reads each line's id (from its start, as
+    json.dumps writes a row whose first key is `id`; other lines are parsed) and its prompt_line
+    digest (draftline/regenerate/index.py); a row that is parsed is checked as read_prompts
+    checks it (a string `id`, the one the scan read, unique; a `messages` list), and a prompt
+    never parsed is one whose raw line was checked before."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.digests: dict[str, str] = {}  # id -> prompt_line of its raw line
+        self._where: dict[str, tuple[int, int, int]] = {}  # id -> (line number, offset, length)
+        self._rows: dict[str, dict] = {}
+        offset, n = 0, 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                start, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                n += 1
+                match = LEADING_ID.match(line)
+                if match:
+                    pid = json.loads(match.group(1))
+                else:
+                    row = self._checked(json.loads(line), n, None)
+                    pid = row["id"]
+                    self._rows[pid] = row
+                if pid in self._where:
+                    raise SystemExit(f"error: {self.path} line {n}: duplicate prompt id {pid!r}")
+                self._where[pid] = (n, start, len(line))
+                self.digests[pid] = prompt_line(line)
+
+    def _checked(self, row, n: int, pid: str | None) -> dict:
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("messages"), list)
+        ):
+            raise SystemExit(
+                f"error: {self.path} line {n}: a prompt needs a string `id` and a `messages` list"
+            )
+        if pid is not None and row["id"] != pid:
+            raise SystemExit(
+                f"error: {self.path} line {n}: the line starts with id {pid!r} and has {row['id']!r}"
+            )
+        return row
+
+    def __getitem__(self, pid: str) -> dict:
+        row = self._rows.get(pid)
+        if row is None:
+            n, start, length = self._where[pid]
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                row = self._rows[pid] = self._checked(json.loads(f.read(length)), n, pid)
+        return row
+
+    def __contains__(self, pid) -> bool:
+        return pid in self._where
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def cut_last_line(path: Path) -> bool:
+    """The file ends in a line a kill cut short (no final newline)."""
+    if not path.exists() or not path.stat().st_size:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def superseded_path(conversations_path: Path) -> Path:
+    return Path(conversations_path).with_name(SUPERSEDED)
+
+
+# ---- the plan: what stays, what moves out, what comes back ---------------------------------------
+
+
+@dataclass
+class _Plan:
+    # per line of conversations.jsonl: None = kept as is; ("keep", addition) = kept, record
+    # completed; (reason, changed, addition) = moved to superseded.jsonl; "blank" = dropped
+    actions: list = field(default_factory=list)
+    restore: dict[int, dict] = field(default_factory=dict)  # superseded line -> record additions
+    held: set[bytes] | None = None  # digests of what superseded.jsonl holds (read by _apply)
+    # per whole line of conversations.jsonl, its index entry (draftline/regenerate/index.py);
+    # `indexed`: the index covered every whole line before the plan (else it is written anew)
+    entries: list = field(default_factory=list)
+    indexed: bool = False
+    refreshed: bool = False  # entries learnt the prompt lines they were checked against
+    done: set[str] = field(default_factory=set)
+    counts: Counter = field(default_factory=Counter)
+    last_run: int = 0
+    cut_last_line: bool = False
+
+    def changes(self) -> bool:
+        return (
+            self.cut_last_line
+            or bool(self.restore)
+            or any(a not in (None, "blank") for a in self.actions)
+        )
+
+
+def _digest(obj) -> bytes:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).digest()[
+        :16
+    ]
+
+
+def _lines(path: Path):
+    if path.exists():
+        with open(path, "rb") as f:
+            yield from f
+
+
+def _indexed_lines(path: Path, plan: _Plan):
+    """(line bytes or None, its index entry or None, whether the entry is the index's, the parsed
+    row or None) per line of conversations.jsonl: the lines the index covers come with their
+    entry, unread (draftline/regenerate/index.py), the others read and parsed, with an entry
+    made from them where whole.
+    plan.entries gets every whole line's entry (the last one yielded, when there is one),
+    plan.indexed whether the index had them all, plan.cut_last_line whether the file ends in a
+    cut line."""
+    if not path.exists():
+        plan.indexed = True
+        return
+    entries = read_index(path)
+    start = 0
+    for e in entries or ():
+        plan.entries.append(e)
+        yield None, e, True, None
+        start = e.end
+    with open(path, "rb") as f:
+        f.seek(start)
+        tail = False
+        for line in f:
+            tail = True
+            plan.cut_last_line = not line.endswith(b"\n")
+            row = _parse(line) if line.strip() else None
+            e = None
+            if not plan.cut_last_line:
+                e = index_entry(start, line, row)
+                plan.entries.append(e)
+            start += len(line)
+            yield line, e, False, row
+    plan.indexed = entries is not None and not tail
+
+
+def _read_at(path: Path, e) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(e.start)
+        return f.read(e.end - e.start)
+
+
+def _superseded_entries(path: Path):
+    """(index, entry or None when unreadable) of each line of superseded.jsonl."""
+    for i, line in enumerate(_lines(path)):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        yield i, entry if isinstance(entry, dict) else None
+
+
+def _plan_stage(
+    path: Path, prompts: dict, wanted: Wanted, prompt_digests: dict[str, str] | None = None
+) -> _Plan:
+    """What the stage does: keep the lines that hold (first of their id, made with the wanted
+    settings, for the same prompt), move the others out, and bring back a superseded line for each
+    id left without one when it holds."""
+    plan = _Plan()
+    digests = prompt_digests or {}
+
+    def same_prompt(e, pid: str, checked: bool = False) -> bool:
+        """The line's recorded prompt hash (in its index entry `e`, the last of plan.entries) is
+        the prompt's: known from the entry when the prompt's raw line is the one last checked,
+        else hashed (unless `checked` already), and the entry told the line."""
+        if e.prompt_line is not None and e.prompt_line == digests.get(pid):
+            return True
+        if not checked and e.prompt_sha256 != prompt_sha256(prompts[pid]):
+            return False
+        if pid in digests:
+            plan.entries[-1] = e._replace(prompt_line=digests[pid])
+            plan.refreshed = True
+        return True
+
+    for line, indexed, from_index, row in _indexed_lines(path, plan):
+        if from_index and indexed.id is not None and indexed.id not in plan.done:
+            if wanted.fingerprint in (indexed.fingerprint, indexed.accepted_for):
+                # made with these settings: what else the verdict reads is in the entry
+                pid = indexed.id
+                if pid in prompts and not same_prompt(indexed, pid):
+                    plan.counts["stale_prompt"] += 1
+                    plan.actions.append(("stale_prompt", [], {}))
+                    continue
+                plan.done.add(pid)
+                plan.counts["not_in_prompts"] += pid not in prompts
+                plan.last_run = max(plan.last_run, indexed.run)
+                plan.actions.append(None)
+                continue
+        if line is None:
+            line = _read_at(path, indexed)
+            row = _parse(line)
+        if not line.strip():
+            plan.actions.append("blank")
+            continue
+        if row is None:
+            plan.counts["bad_lines"] += 1
+            plan.actions.append(("bad_line", [], {}))
+            continue
+        if row["id"] in plan.done:
+            plan.counts["duplicates"] += 1
+            plan.actions.append(("duplicate", [], {}))
+            continue
+        reason, changed, addition = _verdict(row, prompts, wanted)
+        if reason:
+            plan.counts[reason] += 1
+            plan.actions.append((reason, changed, addition))
+            continue
+        plan.done.add(row["id"])
+        plan.counts["not_in_prompts"] += row["id"] not in prompts
+        plan.counts["upgraded"] += bool(addition)
+        plan.last_run = max(plan.last_run, run_of(row))
+        plan.actions.append(("keep", addition) if addition else None)
+        if indexed is not None and not addition and row["id"] in prompts:
+            same_prompt(indexed, row["id"], checked=True)  # the entry learns the prompt line
+    for i, entry in _superseded_entries(superseded_path(path)):
+        if entry is None:
+            continue
+        row = entry.get("line")
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            continue
+        if row["id"] in plan.done:
+            continue
+        reason, _, addition = _verdict(row, prompts, wanted)
+        if reason is not None:
+            continue
+        plan.restore[i] = addition
+        plan.done.add(row["id"])
+        plan.counts["restored"] += 1
+        plan.last_run = max(plan.last_run, run_of(row))
+    return plan
+
+
+def _plan_chosen(
+    path: Path, prompts: dict, wanted: Wanted, chosen: Callable[[dict], bool]
+) -> tuple[_Plan, Counter]:
+    """Restoring by hand: the first `chosen` superseded line of each id comes back (accepted for
+    the current settings when made with others), in place of every line that holds its id now.
+    Lines for a prompt that has changed since, or unreadable ones, stay; skipped counts them."""
+    plan, skipped = _Plan(), Counter()
+    for i, entry in _superseded_entries(superseded_path(path)):
+        if entry is None or not chosen(entry):
+            continue
+        row = entry.get("line")
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            skipped["unreadable"] += 1
+            continue
+        pid = row["id"]
+        if pid in plan.done:
+            skipped["another_line_of_the_id_chosen"] += 1
+            continue
+        regen = row.get("regeneration")
+        if pid in prompts and (
+            not isinstance(regen, dict) or regen.get("prompt_sha256") != prompt_sha256(prompts[pid])
+        ):
+            skipped["prompt_changed"] += 1
+            continue
+        reason, _, addition = _verdict(row, prompts, wanted)
+        plan.restore[i] = (
+            addition if reason is None else {**addition, "accepted_for": wanted.fingerprint}
+        )
+        plan.done.add(pid)
+        plan.counts["restored"] += 1
+    for line in _lines(path):
+        plan.cut_last_line = not line.endswith(b"\n")
+        row = _parse(line) if line.strip() else None
+        if row is not None and row["id"] in plan.done:
+            plan.counts["replaced"] += 1
+            plan.actions.append(("replaced", [], {}))
+        else:
+            plan.actions.append(None if line.strip() else "blank")
+    return plan, skipped
+
+
+def _apply(plan: _Plan, path: Path, by: str) -> None:
+    """Moves the lines out first (appended to superseded.jsonl, flushed to disk), then rewrites
+    conversations.jsonl atomically with the kept and restored lines, then superseded.jsonl without
+    the restored ones: a kill between two steps leaves a line in both files, never in neither.
+    The index of conversations.jsonl goes before the rewrite and comes back after it."""
+    spath = superseded_path(path)
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out = [a for a in plan.actions if isinstance(a, tuple) and a[0] != "keep"]
+    if out:
+        if plan.held is None:
+            plan.held = {
+                _digest(entry.get("line", entry.get("text")))
+                for _, entry in _superseded_entries(spath)
+                if entry is not None
+            }
+        newline = cut_last_line(spath)
+        with open(spath, "ab") as dst:
+            if newline:
+                dst.write(b"\n")
+            for line, action in zip(_lines(path), plan.actions):
+                if not isinstance(action, tuple) or action[0] == "keep":
+                    continue
+                reason, changed, addition = action
+                row = _parse(line)
+                entry = {"reason": reason, "superseded_at": at, "by": by}
+                if changed:
+                    entry["changed"] = changed
+                if row is None:
+                    content = entry["text"] = line.decode("utf-8", "replace").rstrip("\n")
+                else:
+                    content = entry["line"] = _with(row, addition)
+                if _digest(content) in plan.held:  # already there (a kill between two steps)
+                    continue
+                plan.held.add(_digest(content))
+                dst.write((json.dumps(entry, ensure_ascii=False) + "\n").encode())
+            dst.flush()
+            os.fsync(dst.fileno())
+    known = {e.start: e for e in plan.entries}  # the index entries of the lines as they are
+    entries, start, end = [], 0, 0
+    remove_index(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as dst:
+        for line, action in zip(_lines(path), plan.actions):
+            old, end = end, end + len(line)
+            row, data = None, None
+            if action is None:
+                data = line if line.endswith(b"\n") else line + b"\n"
+                if old not in known or data != line:
+                    row = _parse(data)
+            elif isinstance(action, tuple) and action[0] == "keep":
+                row = _with(_parse(line), action[1])
+                data = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+            if data is None:
+                continue
+            dst.write(data)
+            kept = known.get(old) if row is None else None
+            entries.append(
+                kept._replace(start=start, end=start + len(data))
+                if kept
+                else index_entry(start, data, row)
+            )
+            start += len(data)
+        for i, entry in _superseded_entries(spath):
+            if i in plan.restore:
+                row = _with(entry["line"], plan.restore[i])
+                data = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+                dst.write(data)
+                entries.append(index_entry(start, data, row))
+                start += len(data)
+        dst.flush()
+        os.fsync(dst.fileno())
+    write_index(path, entries)
+    if plan.restore:
+        with atomic_path(spath) as tmp, open(tmp, "wb") as dst:
+            for i, line in enumerate(_lines(spath)):
+                if i not in plan.restore:
+                    dst.write(line if line.endswith(b"\n") else line + b"\n")
+
+
+COUNTS = (
+    "bad_lines",
+    "duplicates",
+    "stale_settings",
+    "unrecorded_settings",
+    "stale_prompt",
+    "not_in_prompts",
+    "restored",
+    "upgraded",
+)
+
+
+def load_finished(
+    path: Path,
+    prompts: dict[str, dict],
+    wanted: Wanted | str,
+    rewrite: bool = True,
+    prompt_digests: dict[str, str] | None = None,
+) -> tuple[set[str], dict]:
+    """Ids of the conversations a run need not send: the lines of previous runs that still hold
+    (well-formed, first of their id, made with the wanted settings and, for ids still prompted,
+    from the same prompt) and the superseded lines that hold again; with counts of each kind and
+    `last_run`, the highest run number kept (see run_of). Lines of ids no longer prompted stay
+    (shrinking `samples` and growing it back loses nothing). With `rewrite` (the stage first
+    counts, and moves lines only once the servers passed their preflight), the lines that do not
+    hold move to superseded.jsonl and the ones that hold again come back; both files are streamed,
+    never held in memory (they reach gigabytes). `wanted` as a bare fingerprint: lines match by it."""
+    if isinstance(wanted, str):
+        wanted = Wanted(wanted, {})
+    plan = _plan_stage(path, prompts, wanted, prompt_digests)
+    if rewrite and plan.changes():
+        _apply(plan, path, "regenerate")
+    elif not plan.indexed or plan.refreshed:
+        write_index(path, plan.entries)  # a cache beside the file: the next start reads it
+    return plan.done, {**{k: plan.counts[k] for k in COUNTS}, "last_run": plan.last_run}
+
+
+def restore(
+    directory: Path,
+    prompts: dict[str, dict],
+    wanted: Wanted,
+    reasons: list[str] | None = None,
+    ids: list[str] | None = None,
+    dry_run: bool = False,
+) -> dict:
+    """Superseded lines back into conversations.jsonl, never two lines of one id. Without reasons
+    or ids: what the stage does before sending (see load_finished). With them: the chosen lines,
+    whatever made them (see _plan_chosen). Returns the counts."""
+    path = Path(directory) / "conversations.jsonl"
+    skipped = Counter()
+    if reasons or ids:
+        wanted_ids, wanted_reasons = set(ids or ()), set(reasons or ())
+
+        def chosen(entry: dict) -> bool:
+            row = entry.get("line") if isinstance(entry.get("line"), dict) else {}
+            return (not wanted_reasons or entry.get("reason") in wanted_reasons) and (
+                not wanted_ids or row.get("id") in wanted_ids
+            )
+
+        plan, skipped = _plan_chosen(path, prompts, wanted, chosen)
+    else:
+        plan = _plan_stage(path, prompts, wanted)
+    if not dry_run and plan.changes():
+        _apply(plan, path, "restore")
+    counts = {k: v for k, v in plan.counts.items() if v and k != "not_in_prompts"}
+    return {
+        **counts,
+        "accepted": sum("accepted_for" in a for a in plan.restore.values()),
+        "skipped": dict(skipped),
+        "dry_run": dry_run,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="draftline conversations",
+        description="Bring superseded conversations back (datasets/regenerated/superseded.jsonl).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser(
+        "restore",
+        help="without --reason/--id: the lines that match the current settings; with them: "
+        "the chosen lines, accepted for the current settings",
+    )
+    cmd.add_argument("directory", nargs="?", default="datasets/regenerated")
+    cmd.add_argument("--params", default="params.yaml")
+    cmd.add_argument("--card", default="models/target/card.json")
+    cmd.add_argument("--prompts", default="datasets/prompts/train.jsonl")
+    cmd.add_argument(
+        "--reason",
+        action="append",
+        choices=(
+            "stale_settings",
+            "unrecorded_settings",
+            "stale_prompt",
+            "duplicate",
+            "replaced",
+            "bad_line",
+        ),
+    )
+    cmd.add_argument("--id", action="append", dest="ids")
+    cmd.add_argument("--dry-run", action="store_true", help="count, move nothing")
+    args = parser.parse_args(argv)
+
+    from draftline.core.card import TargetCard
+
+    cfg = stage_sections(args.params, regenerate=RegenerateConfig).regenerate
+    card = TargetCard.load(args.card)
+    prompts = {row["id"]: row for row in read_prompts(args.prompts)}
+    directory = Path(args.directory)
+    result = restore(
+        directory,
+        prompts,
+        wanted_settings(cfg, card, directory),
+        args.reason,
+        args.ids,
+        args.dry_run,
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

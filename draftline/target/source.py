@@ -1,0 +1,64 @@
+"""Where the target comes from: target.model resolved into a model directory and its card.
+
+`tiny` is built here (draftline/target/tiny.py), a GGUF target such as `smollm2` converted once
+(draftline/target/gguf.py), both into the stage's output directory; a hub id or a local path is
+only read. The card itself is draftline/target/model.py's `build_card`. Only the `target` stage imports
+this module, so the builders are code deps of that stage alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftline.target.model import RemoteCodeRequired, build_card
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.target.config import TargetConfig
+
+
+class TargetUnavailable(Exception):
+    """A GGUF target that cannot be converted, or a hub / local target that cannot be read into a card."""
+
+
+def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
+    """The card of target.model: `tiny` is built and `smollm2` (GGUF_TARGETS) converted into `out`
+    first; a hub id or a local path is only read. TargetUnavailable says why a target cannot be had."""
+    from draftline.target.gguf import GGUF_TARGETS
+
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.model == "tiny":
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        from draftline.target.tiny import build_tiny_target
+
+        with Progress(
+            TextColumn("tiny target"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
+            TimeRemainingColumn(),
+        ) as bar:
+            task = bar.add_task("train", total=cfg.tiny.train_steps, loss=float("nan"))
+            stats = build_tiny_target(
+                cfg.tiny, out, lambda step, total, loss: bar.update(task, completed=step, loss=loss)
+            )
+        return build_card(str(out), "tiny", None, cfg.aux_layer_ids, {"tiny_training": stats})
+    if cfg.model in GGUF_TARGETS:
+        from draftline.target.gguf import convert
+
+        try:
+            gguf = convert(cfg.model, out)
+        except RuntimeError as err:
+            raise TargetUnavailable(str(err)) from None
+        print(
+            f"target: {cfg.model} converted; greedy check answer {gguf['check']['greedy_answer']!r}, "
+            f"logits max |diff| vs the GGUF-loaded model {gguf['check']['logits_max_abs_diff']:.3g}"
+        )
+        return build_card(str(out), f"gguf:{cfg.model}", None, cfg.aux_layer_ids, {"gguf": gguf})
+    try:
+        return build_card(
+            cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code
+        )
+    except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
+        raise TargetUnavailable(str(err)) from None

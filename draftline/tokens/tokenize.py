@@ -1,0 +1,897 @@
+"""Tokenizing regenerated conversations into the speculators Arrow layout, with token frequencies.
+
+Rows are append-only: conversations come ordered by the regenerate run that wrote them, then by
+prompt order within a run (draftline.regenerate.index.run_of), restricted to the prompts of
+train.jsonl. A rerun that fills prompts which failed before, or that grows `samples`, appends their
+rows after every existing one, so hidden-state file hs_{i} stays row i and only the new rows are
+extracted (ordering by prompt alone would shift every row after a filled gap; by finish order, two
+runs of the same data would differ). A conversation gives one row, or several when the chat
+template rewrites earlier turns (see draftline/tokens/chat.py). Columns: `id` (prompt id), `part` (row
+within the conversation), `input_ids`, `loss_mask`, `seq_len`. token_freq.pt counts trainable
+tokens only (speculators' save_token_frequency_distribution).
+
+Rows longer than tokenize.max_length are cut (their tails lost). When more than
+tokenize.max_truncated_share of them were, the report says so and the stage fails naming
+tokenize.max_length: cut rows look small, so the hidden-state disk estimate and every row after
+this stage would describe the cut data, not the answers the target gave.
+Each assistant turn's tokens are compared with the server's own: the token ids regenerate recorded
+for it (vLLM, SGLang and the hf server return them) and its usage.completion_tokens; the report
+counts per dataset source how many turns re-tokenize to exactly the ids the target generated.
+`tokenize.assistant_ids: server` trains on the server's ids instead (draftline/tokens/chat.py splices
+them between the template's tokens); turns without recorded ids keep their re-tokenized span.
+
+Streamed, and incremental. The regenerated file is read twice, a line at a time: once for each
+conversation's id, run, place and a hash of its line, once (by seeking) for the conversations to
+tokenize, BATCH_CONVERSATIONS at a time through one batched tokenizer call (draftline/tokens/chat.py,
+tokenize_rows). Rows go to Arrow shards of SHARD_CONVERSATIONS conversations as they come; each
+shard carries the frequencies of its trainable tokens, and conversations.jsonl (named by its
+hash) what each conversation gave, so the report and token_freq.pt are rebuilt from them without
+reading a row. What a run holds in memory: one batch, the shard being written (frequency arrays
+of the vocabulary's size), and per conversation its id and hash (~150 bytes): 100k conversations
+of 4k tokens (6 GB of rows) need the same memory as 1k, bar ~15 MB. The output persists: see
+tokenize_dataset for what a rerun keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import math
+import os
+import shutil
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftline.core.config import output_shaping
+from draftline.core.io import atomic_path, file_sha256, read_json, write_json
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.tokens.config import TokenizeConfig
+
+
+class TokenizeError(Exception):
+    """The conversations cannot become a dataset (no row left, a token id outside the vocabulary)."""
+
+
+def generation_eos_ids(card: TargetCard):
+    """The eos ids generation stops on (a list for Llama 3.x), or None without a generation config."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(card.model, revision=card.revision).eos_token_id
+    except OSError:
+        return None
+
+
+def server_turns(regeneration: dict) -> list | None:
+    """What the server said of each assistant turn of a line (draftline/regenerate/replay.py records
+    `completion_token_ids` and `turn_completion_tokens` per turn); None for a line written before
+    they were recorded."""
+    from draftline.tokens.chat import ServerTurn
+
+    ids = regeneration.get("completion_token_ids")
+    counts = regeneration.get("turn_completion_tokens")
+    if not isinstance(ids, list) and not isinstance(counts, list):
+        return None
+    ids = ids if isinstance(ids, list) else []
+    counts = counts if isinstance(counts, list) else []
+    return [
+        ServerTurn(
+            ids[k] if k < len(ids) and isinstance(ids[k], list) else None,
+            counts[k] if k < len(counts) and isinstance(counts[k], int) else None,
+        )
+        for k in range(max(len(ids), len(counts)))
+    ]
+
+
+TURN_COUNTS = (
+    "assistant_turns",
+    "no_server_ids",  # the line records no ids for the turn (an older line, or an engine without)
+    "server_ids",
+    "retokenized_equal_server_ids",
+    "retokenized_differ_from_server_ids",
+    "server_ids_without_end_of_turn",  # completed with the template's end-of-turn token
+    "prefilled",  # span starts inside a pre-filled generation prompt: never spliced
+    "spliced",  # assistant_ids: server, the server's ids are the turn's tokens
+    "with_usage",
+    "retokenized_count_differs_from_usage",
+    "server_ids_count_differs_from_usage",
+)
+
+
+def count_turn(counts: dict, check: dict) -> None:
+    """Adds one check_turn result (draftline/tokens/chat.py) to `counts` (keys: TURN_COUNTS)."""
+    counts["assistant_turns"] += 1
+    counts["prefilled"] += check["prefilled"]
+    counts["spliced"] += check["spliced"]
+    if check["server_ids"]:
+        counts["server_ids"] += 1
+        counts["retokenized_equal_server_ids"] += check["equal"]
+        counts["retokenized_differ_from_server_ids"] += not check["equal"]
+        counts["server_ids_without_end_of_turn"] += check["end_of_turn_added"]
+    else:
+        counts["no_server_ids"] += 1
+    usage = check["usage_completion_tokens"]
+    if usage is not None:
+        counts["with_usage"] += 1
+        counts["retokenized_count_differs_from_usage"] += check["retokenized_tokens"] != usage
+        if check["server_ids"]:
+            counts["server_ids_count_differs_from_usage"] += check["server_tokens"] != usage
+
+
+# ---- the conversations to tokenize, in row order ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One regenerated conversation to tokenize: where its line lies, and a hash of its bytes."""
+
+    id: str
+    offset: int
+    size: int
+    sha256: str  # of the line without its newline: any change to it tokenizes it again
+
+
+def regenerated_lines(prompts_path: str, regenerated_path: str) -> tuple[list[Line], int, int]:
+    """(the conversations to tokenize in row order, prompts in train.jsonl, unreadable regenerated
+    lines). Both files are streamed: what is kept of each line is its id, place and hash."""
+    from draftline.regenerate.index import run_of
+
+    position: dict[str, int] = {}
+    with open(prompts_path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                position.setdefault(json.loads(raw)["id"], len(position))
+    found, seen, bad, offset = [], set(), 0, 0
+    path = Path(regenerated_path)
+    with open(path, "rb") if path.exists() else contextlib.nullcontext(()) as f:
+        for raw in f:
+            at, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                bad += 1
+                continue
+            pid = row.get("id") if isinstance(row, dict) else None
+            if not isinstance(pid, str):
+                bad += 1
+                continue
+            if pid in seen:  # a prompt's first line holds (conversation_store keeps one)
+                continue
+            seen.add(pid)
+            if pid in position:
+                body = raw.rstrip(b"\r\n")
+                line = Line(pid, at, len(body), hashlib.sha256(body).hexdigest()[:32])
+                found.append((run_of(row), position[pid], line))
+    found.sort(key=lambda entry: entry[:2])
+    return [line for *_, line in found], len(position), bad
+
+
+# ---- what the rows depend on ------------------------------------------------------------------
+
+ROW_FORMAT = (
+    1  # raise when the rows a conversation gives change here (draftline/tokens/chat.py is hashed)
+)
+SHARD_CONVERSATIONS = 2048  # conversations per Arrow file (~130 MB at 4k tokens a row)
+BATCH_CONVERSATIONS = 64  # conversations tokenized in one batched call
+INDEX = "conversations.jsonl"  # per conversation, in row order: its hash and what it gave
+FEATURES = {
+    "id": "string",
+    "part": "int64",
+    "input_ids": ["int64"],
+    "loss_mask": ["int64"],
+    "seq_len": "int64",
+}
+
+
+def features():
+    from datasets import Features, List, Value
+
+    return Features(
+        {
+            name: List(Value(kind[0])) if isinstance(kind, list) else Value(kind)
+            for name, kind in FEATURES.items()
+        }
+    )
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """The tokenizer's whole definition (vocabulary, merges, added tokens, pipeline)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = (
+        backend.to_str()
+        if backend is not None
+        else json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rows_key(
+    card: TargetCard, tokenizer, cfg: TokenizeConfig, template_kwargs: dict, stops: list[str]
+) -> dict:
+    """Everything the rows of a conversation depend on besides its line: a previous output made
+    under another key is tokenized again whole."""
+    import importlib.metadata as md
+
+    from draftline.core.config import output_shaping
+    from draftline.tokens import chat
+
+    shaping = output_shaping(cfg)
+    shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
+    return {
+        "row_format": ROW_FORMAT,
+        "chat_code_sha256": file_sha256(chat.__file__),
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+        "chat_template_sha256": card.chat_template_sha256,
+        "vocab_size": card.vocab_size,
+        "params": shaping,
+        "chat_template_kwargs": template_kwargs,
+        "end_of_turn_tokens": stops,
+        "versions": {pkg: md.version(pkg) for pkg in ("transformers", "tokenizers", "jinja2")},
+    }
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- the previous output: what a rerun keeps ----------------------------------------------------
+
+
+@dataclass
+class Previous:
+    """A previous output made under the same key (meta.json, its index and shards checked)."""
+
+    shards: list[dict]  # meta.json's: file, conversations, rows, bytes, freq
+    keys: list[tuple[str, str]]  # (id, sha256) of each conversation, in row order
+    lines: list[bytes]  # its index line
+    row_start: list[int]  # its first row within its shard
+    shard_of: list[int]
+
+
+def previous_output(out: Path, key: dict) -> tuple[Previous | None, str]:
+    """(the previous output, "") when meta.json was made under `key` and every file it names is
+    there at its size; else (None, why the rows are all tokenized again)."""
+    meta_path = out / "meta.json"
+    if not meta_path.is_file():
+        return None, "no previous output"
+    try:
+        meta = read_json(meta_path)
+        shards, index = meta["shards"], out / meta["index"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "previous output without an index"
+    if meta.get("key_sha256") != _sha(key):
+        old = meta.get("key") if isinstance(meta.get("key"), dict) else {}
+        changed = sorted(k for k in key if old.get(k) != key[k])
+        return None, f"made under another key ({', '.join(changed) or 'unrecorded'})"
+    for shard in shards:
+        for name, size in ((shard["file"], shard["bytes"]), (shard["freq"], None)):
+            path = out / name
+            if not path.is_file() or (size is not None and path.stat().st_size != size):
+                return None, f"previous output incomplete ({name})"
+    if not index.is_file():
+        return None, f"previous output incomplete ({index.name})"
+    prev = Previous(shards, [], [], [], [])
+    with open(index, "rb") as f:
+        bounds = iter(enumerate(shards))
+        k, shard = next(bounds, (None, None))
+        left, row = (shard["conversations"] if shard else 0), 0
+        for raw in f:
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                return None, f"previous index unreadable ({index.name})"
+            while shard is not None and left == 0:
+                k, shard = next(bounds, (None, None))
+                left, row = (shard["conversations"] if shard else 0), 0
+            if shard is None:
+                return None, "previous index longer than its shards"
+            prev.keys.append((entry["id"], entry["sha256"]))
+            prev.lines.append(raw)
+            prev.row_start.append(row)
+            prev.shard_of.append(k)
+            row += entry["rows"]
+            left -= 1
+    if len(prev.keys) != sum(s["conversations"] for s in shards):
+        return None, "previous index shorter than its shards"
+    return prev, ""
+
+
+def kept_prefix(prev: Previous | None, lines: list[Line]) -> int:
+    """How many shards of the previous output stay as they are: those whose conversations are the
+    first ones of the new order, unchanged."""
+    if prev is None:
+        return 0
+    same = 0
+    for old, line in zip(prev.keys, lines):
+        if old != (line.id, line.sha256):
+            break
+        same += 1
+    kept, covered = 0, 0
+    for shard in prev.shards:
+        if covered + shard["conversations"] > same:
+            break
+        covered += shard["conversations"]
+        kept += 1
+    return kept
+
+
+# ---- writing shards ---------------------------------------------------------------------------
+
+
+class ShardWriter:
+    """Arrow files of at most SHARD_CONVERSATIONS conversations, each with the frequencies of its
+    trainable tokens (.freq.npy: token ids, counts and first row, [3, n] int64), named by what they
+    hold; written beside the output under a temporary name, renamed once complete."""
+
+    def __init__(self, out: Path, key_sha: str, vocab_size: int):
+        self.out, self.key_sha, self.vocab_size = out, key_sha, vocab_size
+        self.schema = features().arrow_schema
+        self.shards: list[dict] = []
+        self.pending: list = []  # tables not yet written (one record batch per flush)
+        self.pending_conversations = 0
+        self.writer = None
+
+    def _open(self):
+        import numpy as np
+        import pyarrow as pa
+
+        self.tmp = self.out / f".shard-{len(self.shards):05d}.arrow.tmp"
+        self.sink = pa.OSFile(str(self.tmp), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, self.schema)
+        self.digest = hashlib.sha256(self.key_sha.encode())
+        self.conversations = self.rows = 0
+        self.counts = np.zeros(self.vocab_size, dtype=np.int64)
+        self.first = np.full(self.vocab_size, -1, dtype=np.int64)
+
+    def add(self, key: tuple[str, str], table) -> None:
+        """One conversation's rows (a table of the schema, possibly empty)."""
+        if self.writer is None:
+            self._open()
+        self.digest.update(f"{key[0]}\0{key[1]}\n".encode())
+        self.conversations += 1
+        if table.num_rows:
+            self.pending.append(table)
+        self.pending_conversations += 1
+        if self.pending_conversations >= BATCH_CONVERSATIONS:
+            self.flush()
+        if self.conversations >= SHARD_CONVERSATIONS:
+            self.close_shard()
+
+    def flush(self) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.pending_conversations = 0
+        if not self.pending:
+            return
+        table = pa.concat_tables(self.pending).combine_chunks()
+        self.pending = []
+        self.writer.write_table(table)
+        ids = table.column("input_ids").chunk(0)
+        mask = table.column("loss_mask").chunk(0).flatten().to_numpy().astype(bool)
+        tokens = ids.flatten().to_numpy()[mask]
+        self.counts += np.bincount(tokens, minlength=self.vocab_size)
+        unseen = self.first[tokens] < 0
+        if unseen.any():  # tokens are in row order: a token's first index is in its first row
+            rows = pc.list_parent_indices(ids).to_numpy()[mask][unseen] + self.rows
+            found, first = np.unique(tokens[unseen], return_index=True)
+            self.first[found] = rows[first]
+        self.rows += table.num_rows
+
+    def close_shard(self) -> None:
+        import numpy as np
+
+        if self.writer is None:
+            return
+        self.flush()
+        self.writer.close()
+        self.sink.close()
+        tag = self.digest.hexdigest()[:12]
+        name = f"data-{len(self.shards):05d}-{tag}"
+        os.replace(self.tmp, self.out / f"{name}.arrow")
+        ids = np.flatnonzero(self.counts)
+        freq = np.stack([ids, self.counts[ids], self.first[ids]])
+        with atomic_path(self.out / f"{name}.freq.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, freq)
+        self.shards.append(
+            {
+                "file": f"{name}.arrow",
+                "conversations": self.conversations,
+                "rows": self.rows,
+                "bytes": (self.out / f"{name}.arrow").stat().st_size,
+                "freq": f"{name}.freq.npy",
+            }
+        )
+        self.writer = None
+
+    def keep(self, shard: dict) -> None:
+        """A shard of the previous output, unchanged."""
+        self.shards.append(shard)
+
+
+def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
+    """Trainable-token counts over every shard, keyed in the order speculators'
+    save_token_frequency_distribution inserts them (by first row, then id): the same file."""
+    import numpy as np
+
+    ids, counts, first, base = [], [], [], 0
+    for shard in shards:
+        found, n, row = np.load(out / shard["freq"])
+        ids.append(found)
+        counts.append(n)
+        first.append(row + base)
+        base += shard["rows"]
+    if not ids:
+        return {}
+    ids, counts, first = np.concatenate(ids), np.concatenate(counts), np.concatenate(first)
+    order = np.lexsort((first, ids))  # by id, then first row: a unique id's first row is first
+    ids, counts, first = ids[order], counts[order], first[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    total = np.add.reduceat(counts, starts)
+    unique, earliest = ids[starts], first[starts]
+    order = np.lexsort((unique, earliest))
+    return dict(zip(unique[order].tolist(), total[order].tolist()))
+
+
+# ---- one batch of conversations ---------------------------------------------------------------
+
+
+def rows_table(rows: list[dict], schema, vocab_size: int):
+    """The rows as one Arrow table (ids through numpy: a nested list converts 4x slower).
+    TokenizeError for a token id outside the target vocabulary."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = np.fromiter((len(row["input_ids"]) for row in rows), dtype=np.int64, count=len(rows))
+    ends = np.cumsum(lengths)
+    offsets = pa.array(np.concatenate([[0], ends]).astype(np.int32))
+
+    def lists(name: str):
+        flat = np.fromiter(
+            itertools.chain.from_iterable(row[name] for row in rows),
+            dtype=np.int64,
+            count=int(lengths.sum()),
+        )
+        if name == "input_ids" and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
+            at = int(np.flatnonzero((flat >= vocab_size) | (flat < 0))[0])
+            raise TokenizeError(
+                f"conversation {rows[int(np.searchsorted(ends, at, side='right'))]['id']}: token "
+                f"id {flat[at]} is outside the target vocabulary ({vocab_size}); tokenizer and "
+                "model disagree"
+            )
+        return pa.ListArray.from_arrays(offsets, pa.array(flat), type=schema.field(name).type)
+
+    return pa.table(
+        {
+            "id": pa.array([row["id"] for row in rows], pa.string()),
+            "part": pa.array([row["part"] for row in rows], pa.int64()),
+            "input_ids": lists("input_ids"),
+            "loss_mask": lists("loss_mask"),
+            "seq_len": pa.array(lengths),
+        },
+        schema=schema,
+    )
+
+
+def plan_batch(
+    tokenizer, batch: list[tuple[Line, dict]], stops: list[str], template_kwargs: dict
+) -> list:
+    """Each conversation's plan (draftline/tokens/chat.py, plan_conversation), or why it has none."""
+    from jinja2 import TemplateError
+
+    from draftline.tokens.chat import TemplateMismatch, mark_length_cut, plan_conversation
+
+    plans = []
+    for _, row in batch:
+        regeneration = row.get("regeneration") or {}
+        messages = mark_length_cut(row["messages"], regeneration.get("finish_reasons"))
+        try:
+            plans.append(
+                plan_conversation(tokenizer, messages, row.get("tools"), stops, template_kwargs)
+            )
+        except TemplateMismatch:
+            plans.append("template_mismatch")
+        except (
+            TemplateError
+        ):  # the template refuses the conversation (e.g. two parallel tool calls)
+            plans.append("template_error")
+    return plans
+
+
+def tokenize_batch(
+    tokenizer,
+    batch: list[tuple[Line, dict]],
+    plans: list,
+    card: TargetCard,
+    cfg: TokenizeConfig,
+) -> list[tuple[dict, list[dict]]]:
+    """(index entry, rows) of each planned conversation: one tokenize_rows call for all their rows."""
+    from draftline.tokens.chat import conversation_rows, tokenize_rows
+
+    spans = [s for plan in plans if not isinstance(plan, str) for s in plan.row_spans()]
+    tokenized = iter(tokenize_rows(tokenizer, spans))
+    out = []
+    for (line, row), plan in zip(batch, plans):
+        entry = {"id": line.id, "sha256": line.sha256, "source": str(row.get("source") or "?")}
+        if isinstance(plan, str):
+            out.append(({**entry, "rows": 0, "skipped": plan}, []))
+            continue
+        regeneration = row.get("regeneration") or {}
+        parts = conversation_rows(
+            tokenizer,
+            plan,
+            [next(tokenized) for _ in plan.rows],
+            cfg.max_length,
+            server_turns(regeneration),
+            cfg.assistant_ids == "server",
+        )
+        turns, differences = Counter(), []
+        for check in (c for p in parts for c in p["checks"]):
+            count_turn(turns, check)
+            if check.get("first_difference") is not None and len(differences) < 5:
+                differences.append(
+                    {
+                        "id": line.id,
+                        "message": check["message"],
+                        "first_difference": check["first_difference"],
+                        "retokenized": tokenizer.convert_ids_to_tokens(check["retokenized_around"]),
+                        "server": tokenizer.convert_ids_to_tokens(check["server_around"]),
+                    }
+                )
+        kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
+        rows = []
+        for k, p in enumerate(kept):  # ids outside the vocabulary: rows_table
+            rows.append(
+                {
+                    "id": line.id,
+                    "part": k,
+                    "input_ids": p["input_ids"],
+                    "loss_mask": p["loss_mask"],
+                    "seq_len": len(p["input_ids"]),
+                }
+            )
+        entry.update(
+            rows=len(kept),
+            untrained=len(parts) - len(kept),
+            lengths=[p["length"] for p in parts],  # rows dropped as untrained included
+            tokens=sum(len(p["input_ids"]) for p in kept),
+            trainable=sum(sum(p["loss_mask"]) for p in kept),
+            truncated=sum(p["truncated"] for p in kept),
+            whole=sum(p["whole"] for p in kept),
+            longest=max((len(p["input_ids"]) for p in kept), default=0),
+            turns={k: v for k, v in turns.items() if v},
+        )
+        if differences:
+            entry["differences"] = differences
+        out.append((entry, rows))
+    return out
+
+
+# ---- the stage's work -------------------------------------------------------------------------
+
+
+def tokenize_dataset(
+    card: TargetCard, prompts_path: str, regenerated_path: str, out_dir: str, cfg: TokenizeConfig
+) -> dict:
+    """Tokenize the regenerated conversations into `out_dir` (Arrow shards in the layout
+    `datasets.load_from_disk` reads, token_freq.pt, conversations.jsonl, meta.json); the report.
+    TokenizeError when no row comes out or a token id falls outside the target vocabulary.
+
+    The output persists across runs: a conversation whose line is unchanged, under the same key
+    (rows_key), keeps its rows. The shards that hold only the first conversations of the new
+    order stay untouched (growing `samples` appends shards of the new rows); the rows of later
+    unchanged conversations are copied into new shards; only new or changed lines are tokenized.
+    meta.json is written last and names the files of the output: a killed run leaves the
+    previous one whole (its files are removed only after the new meta.json is in place)."""
+    import pyarrow as pa
+    from rich.progress import Progress
+
+    from draftline.core.io import write_meta
+    from draftline.target.model import card_tokenizer
+    from draftline.tokens.chat import end_of_turn_tokens
+
+    # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
+    regen_meta = Path(regenerated_path).parent / "meta.json"
+    regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
+    template_kwargs = regen_params.get("chat_template_kwargs") or {}
+    tokenizer = card_tokenizer(card)
+    stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
+    lines, prompts, bad_lines = regenerated_lines(prompts_path, regenerated_path)
+    key = rows_key(card, tokenizer, cfg, template_kwargs, stops)
+    key_sha = _sha(key)
+
+    out = Path(out_dir)
+    prev, why_all = previous_output(out, key)
+    if prev is None and out.exists():  # nothing to keep: no stale shard survives
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob(".*.tmp"):  # a killed run's partial files
+        stray.unlink()
+    writer = ShardWriter(out, key_sha, card.vocab_size)
+    kept = kept_prefix(prev, lines)
+    for shard in prev.shards[:kept] if prev else []:
+        writer.keep(shard)
+    start = sum(s["conversations"] for s in writer.shards)
+    reusable = {}  # (id, sha256) -> its position in the previous output
+    if prev is not None:
+        reusable = {key: i for i, key in enumerate(prev.keys) if i >= start}
+    mapped: dict[int, pa.Table] = {}  # the previous shard rows are copied from (one at a time:
+    # its pages count in this process's memory while mapped)
+
+    def previous_rows(i: int):
+        k = prev.shard_of[i]
+        if k not in mapped:
+            mapped.clear()
+            mapped[k] = pa.ipc.open_stream(pa.memory_map(str(out / prev.shards[k]["file"])))
+            mapped[k] = mapped[k].read_all()
+        return mapped[k].slice(prev.row_start[i], json.loads(prev.lines[i])["rows"])
+
+    counts = Counter()
+    todo = lines[start:]
+    batches = [
+        todo[at : at + BATCH_CONVERSATIONS] for at in range(0, len(todo), BATCH_CONVERSATIONS)
+    ]
+
+    def write(batch: list[Line], made: list[tuple[dict, list[dict]]]) -> None:
+        made = iter(made)
+        fresh = []
+        for line in batch:
+            if (line.id, line.sha256) not in reusable:
+                fresh.append(next(made))
+        table = rows_table(
+            [row for _, rows in fresh for row in rows], writer.schema, card.vocab_size
+        )
+        fresh, at = iter(fresh), 0
+        for line in batch:
+            i = reusable.get((line.id, line.sha256))
+            if i is not None:
+                rows, raw = previous_rows(i), prev.lines[i]
+                counts["conversations_copied"] += 1
+                counts["rows_copied"] += rows.num_rows
+            else:
+                entry, made_rows = next(fresh)
+                rows, at = table.slice(at, len(made_rows)), at + len(made_rows)
+                raw = (json.dumps(entry, ensure_ascii=False) + "\n").encode()
+                counts["conversations_tokenized"] += 1
+                counts["rows_tokenized"] += len(made_rows)
+            writer.add((line.id, line.sha256), rows)
+            index.write(raw)
+
+    def read(batch: list[Line]) -> tuple[list, list]:
+        fresh = []
+        for line in batch:
+            if (line.id, line.sha256) not in reusable:
+                source.seek(line.offset)
+                fresh.append((line, json.loads(source.read(line.size))))
+        return fresh, plan_batch(tokenizer, fresh, stops, template_kwargs)
+
+    index_tmp = out / f".{INDEX}.tmp"
+    with (
+        open(index_tmp, "wb") as index,
+        open(regenerated_path, "rb") as source,
+        ThreadPoolExecutor(1) as worker,
+        Progress(transient=True) as progress,
+    ):
+        for raw in prev.lines[:start] if prev else []:
+            index.write(raw)
+        task = progress.add_task("tokenize", total=len(todo))
+        # A pipeline: while the worker tokenizes batch k (the tokenizer runs outside the GIL),
+        # this thread writes batch k-1 and reads and renders batch k+1; batch k+1 is handed to
+        # the worker before batch k-1 is written, so the worker never waits on a write.
+        running = None  # (batch, future)
+        for batch in [*batches, None]:
+            planned = read(batch) if batch is not None else None
+            finished = None
+            if running is not None:
+                done, future = running
+                finished = done, future.result()
+            running = None
+            if planned is not None:
+                fresh, plans = planned
+                running = batch, worker.submit(tokenize_batch, tokenizer, fresh, plans, card, cfg)
+            if finished is not None:
+                write(*finished)
+                progress.advance(task, len(finished[0]))
+        writer.close_shard()
+    mapped.clear()
+    counts["conversations_kept"] = start
+    counts["rows_kept"] = sum(s["rows"] for s in writer.shards[:kept])
+    report = index_report(index_tmp, cfg, prompts - len(lines), bad_lines, stops)
+    lengths = report.pop("_lengths")
+    if not report["rows"]:
+        raise TokenizeError(no_rows_message(report, lengths, regenerated_path, cfg.max_length))
+
+    digest = file_sha256(index_tmp)[:16]
+    index_name = f"conversations-{digest}.jsonl"
+    os.replace(index_tmp, out / index_name)
+    write_dataset_files(out, writer.shards, digest)
+    freq = token_frequencies(out, writer.shards)
+    save_frequencies(freq, out / "token_freq.pt")
+    write_meta(
+        out,
+        "tokenize",
+        output_shaping(cfg),  # max_truncated_share decides whether the stage passes, not the rows
+        chat_template_sha256=card.chat_template_sha256,
+        end_of_turn_tokens=stops,
+        chat_template_kwargs=template_kwargs,
+        key_sha256=key_sha,
+        key=key,
+        index=index_name,
+        shards=writer.shards,
+    )
+    named = {"meta.json", "state.json", "dataset_info.json", "token_freq.pt", index_name}
+    named |= {name for s in writer.shards for name in (s["file"], s["freq"])}
+    for path in out.iterdir():  # the previous output's files no longer named
+        if path.name not in named and path.is_file():
+            path.unlink()
+    report["incremental"] = {
+        "all_tokenized_because": why_all or None,
+        # kept: in shards left as they were; copied: into new shards from the previous output's
+        **{
+            f"{what}_{how}": counts[f"{what}_{how}"]
+            for how in ("kept", "copied", "tokenized")
+            for what in ("conversations", "rows")
+        },
+        "shards_kept": kept,
+        "shards_written": len(writer.shards) - kept,
+    }
+    return report
+
+
+def save_frequencies(freq: dict[int, int], path: Path) -> None:
+    """torch.save under the file's own name (torch names the archive inside after it: the bytes
+    equal speculators' file), through a temporary directory and a rename."""
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".freq-") as tmp:
+        torch.save(freq, Path(tmp) / path.name)
+        os.replace(Path(tmp) / path.name, path)
+
+
+def write_dataset_files(out: Path, shards: list[dict], fingerprint: str) -> None:
+    """state.json and dataset_info.json as Dataset.save_to_disk writes them, torch format set
+    (input_ids, loss_mask, seq_len as tensors, id and part as they are)."""
+    write_json(
+        out / "dataset_info.json",
+        {
+            "citation": "",
+            "description": "",
+            "features": features().to_dict(),
+            "homepage": "",
+            "license": "",
+        },
+    )
+    write_json(
+        out / "state.json",
+        {
+            "_data_files": [{"filename": s["file"]} for s in shards],
+            "_fingerprint": fingerprint,  # of the index: identical rows, identical fingerprint
+            "_format_columns": ["input_ids", "loss_mask", "seq_len"],
+            "_format_kwargs": {},
+            "_format_type": "torch",
+            "_output_all_columns": True,
+            "_split": None,
+        },
+    )
+
+
+def index_report(index: Path, cfg: TokenizeConfig, missing: int, bad_lines: int, stops) -> dict:
+    """The report, from the index of every conversation (streamed): the same whether a row was
+    tokenized in this run or kept from an earlier one."""
+    from array import array
+
+    skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
+    conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
+    lengths = array("q")  # every row's tokens before the cut (rows dropped as untrained included)
+    turn_counts: dict[str, Counter] = {}  # source -> TURN_COUNTS
+    differing = []  # the first few turns whose re-tokenized span differs from the server's ids
+    with open(index, "rb") as f:
+        for raw in f:
+            entry = json.loads(raw)
+            if entry.get("skipped"):
+                skipped[entry["skipped"]] += 1
+                continue
+            skipped["no_trainable_tokens"] += entry["untrained"]
+            lengths.extend(entry["lengths"])
+            turn_counts.setdefault(entry["source"], Counter()).update(entry["turns"])
+            differing += entry.get("differences", [])[: 5 - len(differing)]
+            conversations += bool(entry["rows"])
+            split += entry["rows"] > 1
+            rows += entry["rows"]
+            truncated += entry["truncated"]
+            whole += entry["whole"]
+            tokens += entry["tokens"]
+            trainable += entry["trainable"]
+            longest = max(longest, entry["longest"])
+    totals = Counter()
+    for counts in turn_counts.values():
+        totals.update(counts)
+    return {
+        "conversations": conversations,
+        "rows": rows,
+        "split_conversations": split,  # the template rewrote earlier turns: more than one row
+        "missing_regenerations": missing,
+        "unreadable_regenerated_lines": bad_lines,
+        "skipped": skipped,
+        "tokens": tokens,
+        "trainable_tokens": trainable,
+        "trainable_fraction": round(trainable / tokens, 4) if tokens else 0.0,
+        "truncated": truncated,
+        # rows whose segment-wise tokens differed from the row tokenized at once (see draftline/tokens/chat.py)
+        "rows_tokenized_whole": whole,
+        "max_length": cfg.max_length,
+        "longest_row": longest,
+        "end_of_turn_tokens": stops,
+        "check": truncation_check(lengths, cfg.max_length, cfg.max_truncated_share),
+        # each assistant turn's re-tokenized span against the server's own token ids and
+        # usage.completion_tokens, as regenerate recorded them (docs/regeneration.md)
+        "server_token_ids": {
+            "assistant_ids": cfg.assistant_ids,
+            **{k: totals[k] for k in TURN_COUNTS},
+            "by_source": {
+                source: {k: counts[k] for k in TURN_COUNTS}
+                for source, counts in sorted(turn_counts.items())
+            },
+            "first_differences": differing,
+        },
+        "_lengths": lengths,
+    }
+
+
+def no_rows_message(report: dict, lengths, regenerated_path: str, max_length: int) -> str:
+    cut = sum(n > max_length for n in lengths)
+    return f"tokenize produced no rows from {regenerated_path} (skipped: {report['skipped']})" + (
+        f"; {cut} of {len(lengths)} rows were longer than tokenize.max_length "
+        f"{max_length}, which left them no trainable token: raise it"
+        if cut
+        else ""
+    )
+
+
+def truncation_check(lengths: list[int], max_length: int, max_share: float) -> dict:
+    """reports/tokenize.json's `check`: the share of rows cut at max_length (`lengths`: each row's
+    tokens before the cut) against tokenize.max_truncated_share, the longest row before the cut,
+    and the max_length that would cut at most that share."""
+    cut = sum(n > max_length for n in lengths)
+    share = cut / len(lengths) if lengths else 0.0
+    ordered = sorted(lengths)
+    keep = min(len(ordered) - 1, math.ceil((1 - max_share) * len(ordered)) - 1)
+    return {
+        "param": "tokenize.max_truncated_share",
+        "rows": len(lengths),
+        "truncated": cut,
+        "share": round(share, 4),
+        "threshold": max_share,
+        "verdict": "fail" if share > max_share else "pass",
+        "longest_before_cut": ordered[-1] if ordered else 0,
+        "max_length_for_threshold": ordered[max(keep, 0)] if ordered else max_length,
+    }
+
+
+def truncation_error(report: dict) -> str | None:
+    """The stage's error when more rows were cut than tokenize.max_truncated_share."""
+    check = report["check"]
+    if check["verdict"] != "fail":
+        return None
+    return (
+        f"error: {check['truncated']} of {check['rows']} rows ({check['share']:.1%}) were longer "
+        f"than tokenize.max_length {report['max_length']} and cut (the longest had "
+        f"{check['longest_before_cut']} tokens), more than tokenize.max_truncated_share "
+        f"{check['threshold']}: their tails are lost and the hidden-state disk estimate counts "
+        f"only what is left. Raise tokenize.max_length (to at least the longest context "
+        f"regenerate allows, regenerate.short/long.max_context; {check['max_length_for_threshold']} "
+        f"would cut at most {check['threshold']:.0%} of these rows), or raise "
+        "tokenize.max_truncated_share (1.0 turns the check off)."
+    )

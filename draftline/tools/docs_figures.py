@@ -1,0 +1,1092 @@
+"""Measured figures in the docs, generated from the committed JSON reports (`make docs-figures`).
+
+    draftline docs-figures            # rewrite every figure in README.md and docs/*.md
+    draftline docs-figures --check    # list the figures that differ from their JSON; exit 1
+
+A figure is the text between two HTML comments (invisible once rendered), in two forms:
+
+- a value inside a sentence: `<!-- fig FILE#POINTER FORMAT -->3.62<!-- /fig -->`. FILE is a JSON
+  file from the repository root, POINTER a JSON pointer into it (RFC 6901: `/levels/c256/ratio`;
+  `~1` stands for `/`), FORMAT the rule that prints it: a Python format spec (`.2f` two decimals,
+  `,d` an integer with a thousands separator, `.0%` a percentage), `yesno` for a boolean, `s` for
+  text. Nothing is rounded by hand.
+- a table: `<!-- figures:NAME:begin -->` ... `<!-- figures:NAME:end -->`, NAME one of FIGURES
+  below, which renders it from its JSON files (each column with its own format spec) and ends it
+  with a line naming those files and key paths.
+
+`--check` (tests/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
+edited without regenerating, a number edited by hand inside a figure, a key that is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC_GLOBS = ("README.md", "docs/*.md")
+
+VALUE = re.compile(
+    r"<!-- fig (?P<file>\S+)#(?P<pointer>\S*) (?P<fmt>\S+) -->(?P<body>[^\n]*?)<!-- /fig -->"
+)
+BLOCK = re.compile(
+    r"<!-- figures:(?P<name>[a-z0-9_]+):begin -->(?P<body>.*?)<!-- figures:(?P=name):end -->",
+    re.S,
+)
+STRAY = re.compile(r"<!-- (?:fig |/fig|figures:)")
+
+
+class FigureError(ValueError):
+    pass
+
+
+class Reports:
+    """The committed JSON files under root, read once each."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._cache: dict[str, object] = {}
+
+    def exists(self, file: str) -> bool:
+        return (self.root / file).is_file()
+
+    def load(self, file: str):
+        if file not in self._cache:
+            path = self.root / file
+            if not path.is_file():
+                raise FigureError(f"{file}: no such file")
+            self._cache[file] = json.loads(path.read_text())
+        return self._cache[file]
+
+    def get(self, file: str, pointer: str):
+        value = self.load(file)
+        if pointer == "":
+            return value
+        if not pointer.startswith("/"):
+            raise FigureError(f"{file}#{pointer}: a JSON pointer starts with /")
+        for part in pointer[1:].split("/"):
+            key = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            else:
+                raise FigureError(f"{file}#{pointer}: no {key!r} there")
+        return value
+
+    def params(self) -> dict:
+        """params.yaml (the settings a figure is compared against)."""
+        import yaml
+
+        return yaml.safe_load((self.root / "params.yaml").read_text())
+
+
+def fmt(value, spec: str) -> str:
+    """One value by its declared rule (module docstring)."""
+    if spec == "yesno":
+        if not isinstance(value, bool):
+            raise FigureError(f"format yesno wants a boolean, got {value!r}")
+        return "yes" if value else "no"
+    if spec == "s":
+        return str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FigureError(f"format {spec!r} wants a number, got {value!r}")
+    try:
+        return format(value, spec)
+    except ValueError as err:
+        raise FigureError(f"format {spec!r}: {err}") from None
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def source(*parts: str) -> str:
+    return "Source: " + "; ".join(parts) + "."
+
+
+# ---- the tables ---------------------------------------------------------------------------------
+
+OVERHEAD = "reports/overhead"
+
+
+def rounds_text(data: dict) -> str:
+    """How a report's sides were timed: alternating rounds (draftline/tools/ab_timing.py), or, in a file
+    written before the overhead scripts alternated, one after the other."""
+    if "rounds" in data:
+        return f"each side its median of {fmt(data['rounds'], 'd')} alternating rounds"
+    return "the sides one after the other (a file from before the scripts alternated: rerun it)"
+
+
+def load_text(data: dict) -> str:
+    """The load a report ran under, as far as its file records it."""
+    if "loadavg_at_start" not in data:
+        return "load not recorded"
+    text = "load average " + ", ".join(fmt(x, ".2f") for x in data["loadavg_at_start"])
+    text += " at the start"
+    if "loadavg_at_end" in data:
+        text += ", " + ", ".join(fmt(x, ".2f") for x in data["loadavg_at_end"]) + " at the end"
+    if "cpus" in data:
+        text += f", {fmt(data['cpus'], 'd')} CPUs"
+    return text
+
+
+def regen_client_target(data: dict) -> str:
+    """The regeneration client's target as its report states it (an older report: the ratio alone)."""
+    text = f">= {fmt(data['target_ratio'], '.2f')} at every level"
+    if "target_vs_speculators_at" in data:
+        at = data["target_vs_speculators_at"].removeprefix("c")
+        text += f", and >= speculators' at {at} in flight"
+    return text
+
+
+def regen_client_startup(data: dict) -> str:
+    """A rerun's start-up on a large conversations file, when the report measured it."""
+    startup = data.get("startup")
+    if not isinstance(startup, dict):
+        return "Start-up: not in this report (rerun `overhead/regen_client.py`)."
+    first, then = startup["first_start"], startup["next_start"]
+    return (
+        f"Start-up of a rerun on {fmt(startup['conversations'], ',d')} conversations of "
+        f"{fmt(startup['tokens_per_conversation'], ',d')} tokens "
+        f"({fmt(startup['conversations_mb'], ',.0f')} MB, prompts {fmt(startup['prompts_mb'], ',.0f')} MB; "
+        f"page cache dropped), launch to first request: {fmt(first['to_first_request_s'], '.1f')} s "
+        f"without an index (every line parsed, the index written; prompts and resume "
+        f"{fmt(first['prompts_and_resume_s'], '.1f')} s), {fmt(then['to_first_request_s'], '.1f')} s "
+        f"with it (prompts and resume {fmt(then['prompts_and_resume_s'], '.1f')} s; index "
+        f"{fmt(startup['index_mb'], '.1f')} MB)."
+    )
+
+
+def regen_client_levels(r: Reports) -> str:
+    f = f"{OVERHEAD}/regen_client.json"
+    data = r.load(f)
+    spec = data["speculators_regenerate_responses"]
+
+    def cpu(level: dict) -> str:
+        value = level.get("client_cpu_ms_per_request")
+        return "—" if value is None else fmt(value, ".2f")
+
+    bare = data.get("bare_aiohttp_client") or {}  # an older report has no ceiling
+    rows = []
+    for level, ours in data["levels"].items():
+        theirs = spec[level]
+        row = [
+            level.removeprefix("c"),
+            fmt(ours["requests"], ",d"),
+            fmt(ours["ratio"], ".3f"),
+            fmt(ours["stub_clock_ratio"], ".3f"),
+            fmt(ours["first_wave_dispatch_s"], ".3f"),
+            cpu(ours),
+            fmt(theirs["ratio"], ".3f"),
+            fmt(theirs["stub_clock_ratio"], ".3f"),
+            cpu(theirs),
+        ]
+        if bare:
+            row += [
+                fmt(bare[level]["ratio"], ".3f"),
+                cpu(bare[level]),
+                fmt(ours["over_bare"], ".3f"),
+            ]
+        rows.append(row)
+    return "\n".join(
+        [
+            table(
+                [
+                    "in flight",
+                    "requests",
+                    "ours: ratio",
+                    "ours: stub clock",
+                    "ours: first wave out (s)",
+                    "ours: CPU ms/request",
+                    "speculators: ratio",
+                    "speculators: stub clock",
+                    "speculators: CPU ms/request",
+                    *(
+                        ["bare aiohttp: ratio", "bare aiohttp: CPU ms/request", "ours / bare"]
+                        if bare
+                        else []
+                    ),
+                ],
+                rows,
+            ),
+            "",
+            f"Target: ratio {regen_client_target(data)}; met: "
+            f"{fmt(data['meets_target'], 'yesno')}. Timing: {rounds_text(data)}; {load_text(data)}. "
+            + regen_client_startup(data)
+            + " "
+            + source(
+                f"`{f}` (`/levels/<level>/{{ratio,stub_clock_ratio,first_wave_dispatch_s,"
+                "client_cpu_ms_per_request,over_bare}`, `/speculators_regenerate_responses/<level>/...`, "
+                "`/bare_aiohttp_client/<level>/...`, "
+                "`/target_ratio`, `/target_vs_speculators_at`, `/meets_target`, `/startup`, "
+                "`/rounds`, `/loadavg_at_start`, `/loadavg_at_end`, `/cpus`)"
+            ),
+        ]
+    )
+
+
+def _specdec_row(r: Reports) -> list[str]:
+    """The speedup row; stale when its run, on the evaluate stage's prompts, k and max_new_tokens,
+    no longer gives the committed evaluate report's acceptance length (the same decoder: it must)."""
+    f = f"{OVERHEAD}/specdec_speedup.json"
+    data = r.load(f)
+    ours = r.load("reports/acceptance.detail.json")
+    evaluate = r.params()["evaluate"]
+    same_setup = (data["prompts"], data["k"], data["max_new_tokens"]) == (
+        ours["prompts"],
+        ours["k"],
+        evaluate["max_new_tokens"],
+    )
+    text = (
+        f"{fmt(data['speedup'], '.2f')}x, acceptance length "
+        f"{fmt(data['acceptance_length'], '.4f')} ({fmt(data['prompts'], 'd')} prompts, "
+        f"k = {fmt(data['k'], 'd')}, {fmt(data['max_new_tokens'], 'd')} new tokens)"
+    )
+    if same_setup and data["acceptance_length"] != ours["acceptance_length"]:
+        text += (
+            f"; **stale**: the committed evaluate report gives "
+            f"{fmt(ours['acceptance_length'], '.4f')} for the same prompts, k and max_new_tokens, "
+            "so it was measured on an older run of the pipeline (rerun `overhead/specdec_speedup.py`)"
+        )
+    elif not same_setup:
+        text += "; not the evaluate stage's prompts and settings"
+    return ["speculative vs. greedy decoding, default target (`specdec_speedup.json`)", text, "—"]
+
+
+def _hs_formats_row(r: Reports) -> list[str]:
+    f = f"{OVERHEAD}/hs_format_tradeoffs.json"
+    part = "hidden-state formats: bytes per token over the minimum, fp8 argmax vs the target, val tau_sim (`hs_format_tradeoffs.json`)"
+    target = "argmax >= 0.99, online within 0.05"
+    if not r.exists(f):
+        return [part, f"not in a committed file (`make overhead` writes `{f}`)", target]
+    data = r.load(f)
+    formats = data["formats"]
+    text = (
+        f"bytes: bf16 {fmt(formats['bf16']['ratio_to_minimum'], '.4f')}, fp8 "
+        f"{fmt(formats['fp8']['ratio_to_minimum'], '.4f')} (H = {fmt(data['hidden_size'], 'd')}); "
+        f"argmax bf16 {fmt(formats['bf16']['argmax_agreement'], '.4f')}, fp8 "
+        f"{fmt(formats['fp8']['argmax_agreement'], '.4f')}; tau_sim fp8 - bf16 "
+        f"{fmt(data['tau_sim_fp8_minus_bf16'], '+.4f')}, online - bf16 "
+        f"{fmt(data['tau_sim_online_minus_offline_bf16'], '+.4f')}"
+    )
+    return [part, text, target]
+
+
+def _dvc_hashing_row(r: Reports) -> list[str]:
+    h = r.load(f"{OVERHEAD}/dvc_hashing.json")
+    text = (
+        f"{fmt(h['dvc_hash_cold_gbps'], '.3f')} GB/s, {fmt(h['dvc_hash_hours_per_tb'], '.2f')} h per TB "
+        f"({fmt(h['files'], 'd')} files of {fmt(h['file_bytes'] / 1e6, '.0f')} MB, not in the page cache; "
+        f"one-thread md5 {fmt(h['md5_one_thread_cold_gbps'], '.3f')} GB/s); copy into the cache "
+        f"{fmt(h['copy']['commit_gbps'], '.3f')} GB/s"
+    )
+    return [
+        "DVC hashing hidden-state files at commit (`dvc_hashing.json`; the table in hidden-states.md)",
+        text,
+        "—",
+    ]
+
+
+def dvc_cache_costs(r: Reports) -> str:
+    """Per TB of hidden states, what each DVC cache type costs: cache disk, commit, each rerun."""
+    f = f"{OVERHEAD}/dvc_hashing.json"
+    h = r.load(f)
+
+    def per_tb(gbps: float) -> float:
+        return 1e12 / (gbps * 1e9) / 3600
+
+    hash_h, copy_h = h["dvc_hash_hours_per_tb"], per_tb(h["copy"]["commit_gbps"])
+    rerun_h = per_tb(h["hardlink"]["unprotect_gbps"]) + hash_h  # copied back, hashed from disk
+    rows = [
+        ["reflink (XFS with reflink=1, Btrfs)", "0", f"{fmt(hash_h, '.2f')} h (hashing)", "0"],
+        [
+            "copy (`reflink,copy` without reflink: ext4)",
+            f"{fmt(h['copy']['cache_over_states'], '.2f')} TB",
+            f"{fmt(hash_h + copy_h, '.2f')} h (hashing, then {fmt(copy_h, '.2f')} h copying)",
+            "0",
+        ],
+        [
+            "hardlink / symlink",
+            "0",
+            f"{fmt(hash_h, '.2f')} h (hashing)",
+            f"{fmt(rerun_h, '.2f')} h and 1 TB more disk (copied back, hashed again)",
+        ],
+    ]
+    return "\n".join(
+        [
+            table(["cache.type", "DVC cache", "commit", "each rerun of the stage"], rows),
+            "",
+            f"Measured on {fmt(h['cpu_count'], 'd')} cores, {fmt(h['filesystem'], 's')}, load average "
+            f"{fmt(h['loadavg_before'][0], '.1f')} at the start, {fmt(h['files'], 'd')} files of "
+            f"{fmt(h['file_bytes'] / 1e6, '.0f')} MB evicted from the page cache before hashing.",
+            source(
+                f"`{f}` (`/dvc_hash_hours_per_tb`, `/copy/commit_gbps`, `/copy/cache_over_states`, "
+                "`/hardlink/unprotect_gbps`: `dvc unprotect`, the copy back before the hashing again)"
+            ),
+        ]
+    )
+
+
+def _train_loader_row(r: Reports) -> list[str]:
+    f = f"{OVERHEAD}/train_loader.json"
+    part = "train step, hidden states read from disk vs. already in memory (`train_loader.json`)"
+    target = "<= 1.05"
+    if not r.exists(f):
+        return [part, f"not in a committed file (`make overhead` writes `{f}`)", target]
+    data = r.load(f)
+    text = (
+        f"{fmt(data['ratio_read_ahead_over_in_memory'], '.3f')} read ahead by "
+        f"{fmt(data['loader_workers'], 'd')} threads, "
+        f"{fmt(data['ratio_synchronous_over_in_memory'], '.3f')} read between steps "
+        f"(H = {fmt(data['hidden_size'], ',d')}, pack_len {fmt(data['pack_len'], 'd')}); "
+        f"target met: {fmt(data['meets_target'], 'yesno')}"
+    )
+    return [part, text, target]
+
+
+def train_loader_steps(r: Reports) -> str:
+    f = f"{OVERHEAD}/train_loader.json"
+    data = r.load(f)
+    names = {
+        "in_memory": "packs already in memory",
+        "read_ahead": f"read from disk, {fmt(data['loader_workers'], 'd')} threads ahead (the default)",
+        "synchronous": "read from disk between steps (`loader_workers: 0`)",
+    }
+    memory = data["step_s"]["in_memory"]
+    rows = [
+        [
+            name,
+            fmt(data["step_s"][key], ".3f"),
+            fmt(data["step_s"][key] / memory, ".3f"),
+            fmt(data["wait_for_pack_s"][key] * 1000, ".1f"),
+            fmt(data["process_cpu_s"][key], ".3f"),
+        ]
+        for key, name in names.items()
+    ]
+    load = ", ".join(fmt(x, ".2f") for x in data["loadavg_before"])
+    after = ", ".join(fmt(x, ".2f") for x in data["loadavg_after"])
+    return "\n".join(
+        [
+            table(
+                ["packs", "step (s)", "vs in memory", "wait for the pack (ms)", "CPU per step (s)"],
+                rows,
+            ),
+            "",
+            f"Medians of {fmt(data['timed_steps_per_variant'], 'd')} steps each, interleaved; "
+            f"H = {fmt(data['hidden_size'], ',d')}, {fmt(data['pack_len'], 'd')} tokens "
+            f"({fmt(data['pack_bytes_on_disk'] / 1e6, '.1f')} MB on disk) a pack, "
+            f"{fmt(data['threads'], 'd')} compute thread(s); load average before: {load}, after: "
+            f"{after}. "
+            + source(
+                f"`{f}` (`/step_s/<packs>`, `/wait_for_pack_s/<packs>`, `/process_cpu_s/<packs>`, "
+                "`/loader_workers`, `/loadavg_before`, `/loadavg_after`)"
+            ),
+        ]
+    )
+
+
+def scale_stages(r: Reports) -> str:
+    f = f"{OVERHEAD}/scale.json"
+    data = r.load(f)
+    sizes = [str(n) for n in data["sizes"]]
+    rows = []
+    for stage, exponent in data["exponents"].items():
+        cells = [f"`{stage}`"]
+        for n in sizes:
+            s = data["runs"][n]["stages"][stage]
+            cells.append(
+                f"{fmt(s['wall_s'], '.1f')} / {fmt(s['cpu_s'], '.1f')} / {fmt(s['peak_rss_mb'], ',.0f')}"
+            )
+        cells.append(f"{fmt(exponent['wall_s'], '.2f')} / {fmt(exponent['cpu_s'], '.2f')}")
+        rows.append(cells)
+    header = [
+        "stage",
+        *[f"{int(n):,} conversations: wall s / CPU s / peak RSS MB" for n in sizes],
+        "exponent (wall / CPU)",
+    ]
+    targets, passed = data["targets"], data["pass"]
+    whole = data.get("tokenize_ratio_whole_process") or {}
+    startup = data.get("tokenize_startup_s") or {}
+    ratios = ", ".join(
+        f"{int(n):,}: {fmt(data['tokenize_ratio'][n], '.3f')} "
+        f"({fmt(data['tokenize_ratio_cpu'][n], '.3f')} per CPU second"
+        + (
+            f"; {fmt(whole[n], '.3f')} over the whole process, its {fmt(startup[n], '.1f')} s "
+            "start-up included"
+            if n in whole and n in startup
+            else ""
+        )
+        + ")"
+        for n in sizes
+    )
+    grown = []
+    for n in sizes:
+        inc = data["runs"][n]["incremental"]
+        grown.append(
+            f"{int(n):,} -> {fmt(inc['samples'][1], ',d')}: {fmt(inc['conversations_tokenized'], ',d')} "
+            f"tokenized of {fmt(inc['conversations_added'], ',d')} added, "
+            f"{fmt(inc['conversations_kept'], ',d')} kept, {fmt(inc['rows_copied'], ',d')} copied, "
+            f"{fmt(inc['stages']['tokenize']['wall_s'], '.1f')} s"
+        )
+    return "\n".join(
+        [
+            table(header, rows),
+            "",
+            f"~{fmt(data['tokens_per_conversation_calibrated'], ',d')} tokens a conversation. "
+            "Tokenize's throughput once started over the tokenizer's own batched throughput on "
+            f"the same rows: {ratios} "
+            f"(target >= {fmt(targets['tokenize_ratio_min'], '.1f')} from "
+            f"{fmt(targets['tokenize_ratio_judged_from_conversations'], ',d')} conversations; met: "
+            f"{fmt(passed['tokenize_ratio'], 'yesno')}). Exponents <= "
+            f"{fmt(targets['exponent_max'], '.1f')}: {fmt(passed['exponents'], 'yesno')}; every "
+            f"peak RSS <= {fmt(targets['rss_bound_mb'], ',d')} MB: {fmt(passed['rss_bound'], 'yesno')}. "
+            f"Samples grown by 10%: {'; '.join(grown)}; only the new rows: "
+            f"{fmt(passed['incremental_only_new_rows'], 'yesno')}. {load_text(data)}. "
+            + source(
+                f"`{f}` (`/runs/<size>/stages/<stage>/{{wall_s,cpu_s,peak_rss_mb}}`, "
+                "`/exponents/<stage>`, `/tokenize_ratio`, `/tokenize_ratio_cpu`, "
+                "`/tokenize_ratio_whole_process`, `/tokenize_startup_s`, "
+                "`/runs/<size>/incremental`, `/targets`, `/pass`)"
+            ),
+        ]
+    )
+
+
+SEEDS_RUNS = (25_000, 100_000)  # the seeds' regenerated conversations: the first run, the last
+SEEDS_HIDDEN_SIZE = 7168  # their target's hidden size (a DeepSeek-V3-sized model)
+
+
+def seeds_scale(r: Reports) -> str:
+    """What the measured rates mean for the seeds' runs: the data stages at each run's size (the
+    scale benchmark's nearest measured size, carried by each stage's fitted exponent), the bf16
+    hidden states and DVC's hashing of them at commit, the regeneration client's share."""
+    from draftline.hidden_states.formats import bytes_per_token
+
+    scale = r.load(f"{OVERHEAD}/scale.json")
+    hashing = r.load(f"{OVERHEAD}/dvc_hashing.json")
+    loader = r.load(f"{OVERHEAD}/train_loader.json")
+    client = r.load(f"{OVERHEAD}/regen_client.json")
+    sizes = scale["sizes"]
+    per_conversation = scale["tokens_per_conversation_calibrated"]
+    per_token = bytes_per_token(SEEDS_HIDDEN_SIZE, "bf16")
+    rows = []
+    for n in SEEDS_RUNS:
+        near = min(sizes, key=lambda m: abs(math.log(n / m)))
+        run = scale["runs"][str(near)]["stages"]
+        stages = {
+            stage: run[stage]["wall_s"] * (n / near) ** (scale["exponents"][stage]["wall_s"] or 1)
+            for stage in run
+        }
+        tokens = n * per_conversation
+        state_tb = tokens * per_token / 1e12
+        how = "measured" if near == n else f"from {near:,}"
+        rows.append(
+            [
+                f"{n:,} x ~{per_conversation:,} tokens ({tokens / 1e6:,.0f}M)",
+                f"{sum(stages.values()) / 60:.1f} min ({how}; tokenize {stages['tokenize'] / 60:.1f})",
+                f"{state_tb:.1f} TB",
+                f"{state_tb * hashing['dvc_hash_hours_per_tb']:.1f} h",
+            ]
+        )
+    c256 = client["levels"]["c256"]
+    return "\n".join(
+        [
+            table(
+                [
+                    "regenerated conversations",
+                    "prepare + mix + tokenize + vocab, this 2-core machine",
+                    f"bf16 hidden states, H = {SEEDS_HIDDEN_SIZE:,} (4 layers)",
+                    "DVC hashing at commit (ext4 rate)",
+                ],
+                rows,
+            ),
+            "",
+            f"Beside them: the trainer reads packs from disk at {fmt(loader['ratio_read_ahead_over_in_memory'], '.3f')} "
+            f"of its in-memory step time; the regeneration client reaches {fmt(c256['ratio'], '.3f')} of "
+            f"the ideal rate at 256 in flight against a stub answering in {fmt(client['latency_s'], '.1f')} s, "
+            f"{fmt(c256['client_cpu_ms_per_request'], '.2f')} ms of client CPU a request. "
+            + source(
+                f"`{OVERHEAD}/scale.json` (`/runs/<size>/stages/<stage>/wall_s`, `/exponents`, "
+                "`/tokens_per_conversation_calibrated`), "
+                f"`{OVERHEAD}/dvc_hashing.json` (`/dvc_hash_hours_per_tb`), "
+                f"`{OVERHEAD}/train_loader.json` (`/ratio_read_ahead_over_in_memory`), "
+                f"`{OVERHEAD}/regen_client.json` (`/levels/c256`, `/latency_s`); bytes per token: "
+                "`draftline/hs_format.bytes_per_token`"
+            ),
+        ]
+    )
+
+
+def _hs_extraction_text(hs: dict) -> str:
+    text = (
+        f"{fmt(hs['ratio_ours_over_bare'], '.3f')} ({fmt(hs['ours_s'], '.2f')} vs "
+        f"{fmt(hs['bare_s'], '.2f')} s, {fmt(hs['model_parameters'] / 1e6, '.0f')}M-param Llama, "
+        f"{fmt(hs['tokens'], ',d')} tokens"
+    )
+    if "bare_work" not in hs:  # a file from before the bare side ran our forward
+        return text + (
+            "; **not like with like**: its bare side computed the logits of every position, "
+            "ours of the last only (rerun `overhead/hs_extraction.py`))"
+        )
+    return text + f"; both last-position logits only, no cache; {rounds_text(hs)}; {load_text(hs)})"
+
+
+def _train_step_text(step: dict) -> str:
+    text = (
+        f"{fmt(step['ratio_ours_over_bare'], '.3f')} ({fmt(step['ours_step_s'], '.3f')} vs "
+        f"{fmt(step['bare_step_s'], '.3f')} s, pack_len {fmt(step['pack_len'], 'd')}"
+    )
+    if "checkpoints_timed" not in step:
+        return text + (
+            "; **stale**: ours' time left out its resume checkpoints and the sides ran one after "
+            "the other (rerun `overhead/train_step.py`))"
+        )
+    return (
+        text + f"; ours includes the {fmt(step['checkpoints_timed'], 'd')} resume checkpoints "
+        f"written between its steps; {rounds_text(step)}; {load_text(step)})"
+    )
+
+
+def overhead_parts(r: Reports) -> str:
+    client = r.load(f"{OVERHEAD}/regen_client.json")
+    hs = r.load(f"{OVERHEAD}/hs_extraction.json")
+    step = r.load(f"{OVERHEAD}/train_step.json")
+    dvc = r.load(f"{OVERHEAD}/dvc_bookkeeping.json")
+    tp = r.load(f"{OVERHEAD}/regen_throughput.json")
+    cpu = r.load(f"{OVERHEAD}/cpu_load.json")
+    c256, spec256 = client["levels"]["c256"], client["speculators_regenerate_responses"]["c256"]
+    throughput = "; ".join(
+        f"{name} {fmt(t['ratio'], '.3f')} ({fmt(tp['prompts'][name], 'd')} prompts x "
+        f"{fmt(tp['max_tokens'], 'd')} tokens: {fmt(t['ours']['tokens_per_s'], ',.0f')} vs "
+        f"{fmt(t['bare_generate']['tokens_per_s'], ',.0f')} tok/s, answers equal "
+        f"{fmt(t['answers_equal'], '.0%')})"
+        for name, t in tp["targets"].items()
+    )
+    policy = [s["policy"]["ratio"] for s in cpu["stages"].values()]
+    default = [s["torch_default"]["ratio"] for s in cpu["stages"].values()]
+    rows = [
+        [
+            "regeneration client vs. the ideal rate at 256 in flight (`regen_client.json`; every level below)",
+            f"{fmt(c256['ratio'], '.3f')} (speculators' `regenerate-responses` "
+            f"{fmt(spec256['ratio'], '.3f')}); target met: {fmt(client['meets_target'], 'yesno')}",
+            regen_client_target(client),
+        ],
+        [
+            "hidden-state extraction (capture, bf16 files) vs. the same forward with "
+            "`output_hidden_states`, writing nothing (`hs_extraction.json`)",
+            _hs_extraction_text(hs),
+            f"<= {fmt(hs['target_ratio'], '.2f')}",
+        ],
+        [
+            "bytes written per token vs. 4 x H x 2 (`hs_extraction.json`)",
+            f"{fmt(hs['bytes_ratio'], '.4f')} (token ids and header)",
+            "1 + ids and header",
+        ],
+        [
+            "train step vs. bare Eagle3DraftModel forward + backward + AdamW (`train_step.json`)",
+            _train_step_text(step),
+            f"<= {fmt(step['target_ratio'], '.2f')}",
+        ],
+        _train_loader_row(r),
+        _hs_formats_row(r),
+        [
+            f"no-op `dvc repro` / `dvc status`, {fmt(dvc['files'], ',d')} hidden-state files of "
+            "128 bytes, DVC's per-file work (`dvc_bookkeeping.json`; per byte: the next row)",
+            f"{fmt(dvc['noop_repro_s'], '.1f')} s / {fmt(dvc['status_s'], '.1f')} s; target met: "
+            f"{fmt(dvc['meets_target'], 'yesno')}",
+            f"<= {fmt(dvc['target_noop_repro_s'], 'd')} s",
+        ],
+        _dvc_hashing_row(r),
+        _specdec_row(r),
+        [
+            "regenerate stage (backend hf) vs. bare batched `generate`, same prompts and max_tokens (`regen_throughput.json`)",
+            throughput,
+            ">= 0.5",
+        ],
+        [
+            f"stage work next to {fmt(cpu['hogs'], 'd')} busy processes / idle, {fmt(cpu['steps'], 'd')} steps (`cpu_load.json`; every stage below)",
+            f"thread policy {fmt(min(policy), '.2f')}-{fmt(max(policy), '.2f')}, torch's default "
+            f"{fmt(min(default), '.2f')}-{fmt(max(default), '.2f')}",
+            "<= 3",
+        ],
+    ]
+    return "\n".join(
+        [
+            table(["part", "ours vs baseline", "target"], rows),
+            "",
+            source(
+                f"`{OVERHEAD}/*.json` as named in each row (key paths: the tables below, and "
+                "`/ratio_ours_over_bare`, `/bytes_ratio`, `/noop_repro_s`, `/status_s`, "
+                "`/dvc_hash_cold_gbps`, `/dvc_hash_hours_per_tb`, `/copy/commit_gbps`, `/speedup`, "
+                "`/acceptance_length`, `/targets/<target>/ratio`, `/ratio_read_ahead_over_in_memory`, "
+                "`/ratio_synchronous_over_in_memory`); the stale check reads "
+                "`reports/acceptance.detail.json` (`/acceptance_length`, `/prompts`, `/k`) and "
+                "`params.yaml` (`evaluate.max_new_tokens`)"
+            ),
+        ]
+    )
+
+
+def regen_throughput_targets(r: Reports) -> str:
+    f = f"{OVERHEAD}/regen_throughput.json"
+    data = r.load(f)
+    rows = []
+    for name, t in data["targets"].items():
+        server = t["ours"]["server"]
+        rows.append(
+            [
+                name,
+                f"{fmt(data['prompts'][name], 'd')} x {fmt(data['max_tokens'], 'd')}",
+                fmt(t["bare_generate"]["tokens_per_s"], ",.1f"),
+                fmt(t["ours"]["tokens_per_s"], ",.1f"),
+                fmt(t["ratio"], ".3f"),
+                fmt(t["answers_equal"], ".0%"),
+                fmt(server["mean_batch"], ".1f"),
+                fmt(server["near_tie_tokens"], "d"),
+                fmt(t["vllm"]["tokens_per_s"], ",.1f") if "vllm" in t else "not run",
+                fmt(t["vllm_vs_hf"], ".2f") + "x" if "vllm" in t else "—",
+                fmt(t["vllm_answers_equal"], ".0%") if "vllm" in t else "—",
+            ]
+        )
+    return "\n".join(
+        [
+            table(
+                [
+                    "target",
+                    "prompts x max_tokens",
+                    "bare generate (tok/s)",
+                    "regenerate stage (tok/s)",
+                    "ratio",
+                    "answers equal",
+                    "mean batch",
+                    "near-tie tokens",
+                    "vLLM CPU (tok/s)",
+                    "vLLM / regenerate hf",
+                    "vLLM answers equal to hf",
+                ],
+                rows,
+            ),
+            "",
+            f"Timing: {rounds_text(data)}; {load_text(data)}; "
+            f"{fmt(data['threads']['threads'], 'd')} threads, {data['threads']['wait_policy']} wait. "
+            + source(
+                f"`{f}` (`/targets/<target>/{{bare_generate,ours}}/tokens_per_s`, `/ratio`, "
+                "`/answers_equal`, `/ours/server/{mean_batch,near_tie_tokens}`, "
+                "`/vllm/tokens_per_s`, `/vllm_vs_hf`, `/vllm_answers_equal`, `/rounds`, "
+                "`/loadavg_at_start`, `/loadavg_at_end`, `/cpus`)"
+            ),
+        ]
+    )
+
+
+def cpu_load_stages(r: Reports) -> str:
+    f = f"{OVERHEAD}/cpu_load.json"
+    data = r.load(f)
+    rows = []
+    for stage, s in data["stages"].items():
+        p, d = s["policy"], s["torch_default"]
+        rows.append(
+            [
+                f"`{stage}`",
+                fmt(p["idle_s"], ".1f"),
+                fmt(p["loaded_s"], ".1f"),
+                fmt(p["ratio"], ".2f"),
+                fmt(d["idle_s"], ".1f"),
+                fmt(d["loaded_s"], ".1f"),
+                fmt(d["ratio"], ".2f"),
+            ]
+        )
+    return "\n".join(
+        [
+            table(
+                [
+                    "stage",
+                    "policy: idle (s)",
+                    "policy: loaded (s)",
+                    "policy: ratio",
+                    "torch default: idle (s)",
+                    "torch default: loaded (s)",
+                    "torch default: ratio",
+                ],
+                rows,
+            ),
+            "",
+            f"{fmt(data['steps'], 'd')} steps of each stage's work, alone and next to "
+            f"{fmt(data['hogs'], 'd')} busy-looping processes on {fmt(data['cores'], 'd')} cores; "
+            f"timing: {rounds_text(data)}; {load_text(data)}. "
+            + source(
+                f"`{f}` (`/stages/<stage>/{{policy,torch_default}}/{{idle_s,loaded_s,ratio}}`, "
+                "`/rounds`, `/loadavg_at_start`, `/loadavg_at_end`)"
+            ),
+        ]
+    )
+
+
+def cpu_load_train_threads(r: Reports) -> str:
+    f = f"{OVERHEAD}/cpu_load_train_threads.json"
+    data = r.load(f)
+    train = data["stages"]["train"]
+    names = {
+        "policy": "every core, passive wait (the policy)",
+        "passive_one_thread": "one thread, passive wait",
+    }
+    rows = [
+        [
+            names.get(key, key),
+            fmt(c["idle_s"], ".1f"),
+            fmt(c["loaded_s"], ".1f"),
+            fmt(c["ratio"], ".2f"),
+        ]
+        for key, c in train.items()
+    ]
+    return "\n".join(
+        [
+            table(["`train`", "idle (s)", "loaded (s)", "ratio"], rows),
+            "",
+            f"{fmt(data['steps'], 'd')} steps; timing: {rounds_text(data)}; {load_text(data)}. "
+            + source(
+                f"`{f}` (`/stages/train/<configuration>/{{idle_s,loaded_s,ratio}}`, `/rounds`, "
+                "`/loadavg_at_start`, `/loadavg_at_end`)"
+            ),
+        ]
+    )
+
+
+# The SmolLM2 recipe's runs (scripts/recipe_smollm2.sh). RECIPE: on the split held out by content,
+# with a dev split (test and dev figures); RECIPE_BY_ID: the earlier runs, eval held out by id on the
+# templated sets only. Which table a run belongs to and what it changes; a run in a JSON without a
+# line here is an error, a line without a run is a run not measured (yet) on that split.
+RECIPE = "reports/recipe_smollm2/experiments.json"
+RECIPE_BY_ID = "reports/recipe_smollm2/by_id/experiments.json"
+RECIPE_HELDOUT = {
+    "L27-500": ("500", "the earlier recipe"),
+    "d500-emb": ("500", "train_embeddings"),
+    "d500-head": ("500", "train_lm_head"),
+    "d500-emb-head": ("500", "train_embeddings, train_lm_head (chosen on dev)"),
+    "d500-emb-head-ep15": ("500", "train_embeddings, train_lm_head, 15 epochs"),
+    "d500-emb-head-len256": ("500", "train_embeddings, train_lm_head, 256-token answers"),
+    "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
+    "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
+    "L27-250": ("250", "the earlier recipe"),
+    "L27-125": ("125", "the earlier recipe"),
+}
+RECIPE_RUNS = {
+    "base-250": ("runs", "250", "4", "random"),
+    "ep10-250": ("runs", "250", "10", "random"),
+    "L27-250": ("runs", "250", "10", "target layer 27"),
+    "L27-125": ("runs", "125", "10", "target layer 27"),
+    "L27-500": ("runs", "500", "10", "target layer 27"),
+    "c125-lr1e-2": ("c125", "lr 1e-2"),
+    "c125-ttt5": ("c125", "lr 1e-2, ttt_steps 5 (speculative_tokens 3)"),
+    "c125-head": ("c125", "train_lm_head"),
+    "c125-vocab8k": ("c125", "train_lm_head, draft vocabulary 8,192"),
+    "c125-lr1e-3": ("c125", "train_lm_head, lr 1e-3"),
+    "c125-len64": ("c125", "regenerate.max_tokens 64 (every conversation regenerated)"),
+    "c125-emb": ("c125", "train_embeddings"),
+}
+
+
+def _recipe_data(r: Reports, path: str, known: dict) -> dict:
+    data = r.load(path)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise FigureError(
+            f"{path}: runs {unknown} have no line in draftline/tools/docs_figures.py's table of runs"
+        )
+    return data
+
+
+def _recipe_rows(r: Reports, which: str) -> list[tuple[str, tuple, dict]]:
+    data = _recipe_data(r, RECIPE_BY_ID, RECIPE_RUNS)
+    return [
+        (name, RECIPE_RUNS[name][1:], data[name])
+        for name in RECIPE_RUNS
+        if RECIPE_RUNS[name][0] == which and name in data
+    ]
+
+
+def recipe_heldout(r: Reports) -> str:
+    data = _recipe_data(r, RECIPE, RECIPE_HELDOUT)
+    rows = [
+        [
+            name,
+            samples,
+            change,
+            fmt(data[name]["acceptance_length"], ".4f"),
+            fmt(data[name]["tau_sim"], ".4f"),
+            fmt(data[name]["dev_acceptance_length"], ".4f"),
+            fmt(data[name]["dev_tau_sim"], ".4f"),
+            " / ".join(
+                fmt(data[name]["eval_twins_in_train"][k], "d") for k in ("exact", "template")
+            ),
+            fmt(data[name]["speedup"], ".4f") if "speedup" in data[name] else "(not run)",
+        ]
+        for name, (samples, change) in RECIPE_HELDOUT.items()
+        if name in data
+    ]
+    header = ["Experiment", "samples", "change", "test acceptance_length", "test tau_sim"]
+    header += ["dev acceptance_length", "dev tau_sim", "eval twins in train (exact / template)"]
+    header += ["speedup"]
+    return "\n".join(
+        [
+            table(header, rows),
+            "",
+            source(
+                f"`{RECIPE}` (`/<experiment>/{{acceptance_length,tau_sim,dev_acceptance_length,"
+                "dev_tau_sim,eval_twins_in_train,speedup}`)"
+            ),
+        ]
+    )
+
+
+def recipe_runs(r: Reports) -> str:
+    rows = [
+        [
+            name,
+            samples,
+            epochs,
+            layer,
+            fmt(m["acceptance_length"], ".4f"),
+            fmt(m["tau_sim"], ".4f"),
+            fmt(m["speedup"], ".4f"),
+        ]
+        for name, (samples, epochs, layer), m in _recipe_rows(r, "runs")
+    ]
+    return "\n".join(
+        [
+            table(
+                [
+                    "Experiment",
+                    "samples",
+                    "train.epochs",
+                    "draft layer from",
+                    "acceptance_length",
+                    "tau_sim",
+                    "speedup",
+                ],
+                rows,
+            ),
+            "",
+            source(f"`{RECIPE_BY_ID}` (`/<experiment>/{{acceptance_length,tau_sim,speedup}}`)"),
+        ]
+    )
+
+
+def recipe_candidates(r: Reports) -> str:
+    rows = [
+        [name, change, fmt(m["acceptance_length"], ".4f"), fmt(m["tau_sim"], ".4f")]
+        for name, (change,), m in _recipe_rows(r, "c125")
+    ]
+    return "\n".join(
+        [
+            table(["Experiment", "change from L27-125", "acceptance_length", "tau_sim"], rows),
+            "",
+            source(f"`{RECIPE_BY_ID}` (`/<experiment>/{{acceptance_length,tau_sim}}`)"),
+        ]
+    )
+
+
+def _recipe_forecast(r: Reports, f: str) -> str:
+    data = r.load(f)
+    fit = data["fits"][data["preferred"]]
+    rows = []
+    for target, by_fit in data["forecasts"].items():
+        one = by_fit[data["preferred"]]
+        low, high = one["interval_10_90"]
+        rows.append(
+            [
+                target,
+                fmt(one["samples"], ",d"),
+                f"{fmt(low, ',d')} - {fmt(high, ',d')}",
+                one["trust"],
+            ]
+        )
+    params = ", ".join(f"{k} = {fmt(v, '.3f')}" for k, v in fit["params"].items())
+    return "\n".join(
+        [
+            table(
+                [
+                    "target acceptance length",
+                    f"samples needed ({data['preferred']} fit)",
+                    "10-90%",
+                    "trust",
+                ],
+                rows,
+            ),
+            "",
+            f"The fit: {fit['form']} with {params} (rmse {fmt(fit['rmse'], '.3f')} over "
+            f"{fmt(len(data['points']), 'd')} points; residual degrees of freedom: {fmt(fit['residual_dof'], 'd')}). "
+            + source(
+                f"`{f}` (`/forecasts/<target>/{data['preferred']}/{{samples,interval_10_90,trust}}`, `/fits/{data['preferred']}`, `/points`)"
+            ),
+        ]
+    )
+
+
+def recipe_forecast(r: Reports) -> str:
+    return _recipe_forecast(r, "reports/forecast.json")
+
+
+def recipe_forecast_by_id(r: Reports) -> str:
+    return _recipe_forecast(r, "reports/recipe_smollm2/by_id/forecast.json")
+
+
+def make_exps_example(r: Reports) -> str:
+    """The first rows of `make exps` on the committed default run, padded as DVC prints them."""
+    acc, train, bench = (
+        r.load("reports/acceptance.json"),
+        r.load("reports/train.json"),
+        r.load("reports/benchmark.json"),
+    )
+    params = r.params()
+    header = [
+        "Experiment",
+        "acceptance_length",
+        "tau_sim",
+        "val_loss",
+        "speedup",
+        "samples",
+        "train.lr",
+    ]
+    values = [
+        fmt(acc["acceptance_length"], "s"),
+        fmt(acc["tau_sim"], "s"),
+        fmt(train["val_loss"], "s"),
+        fmt(bench["speedup"], "s"),
+        fmt(params["samples"], "s"),
+        fmt(params["train"]["lr"], "s"),
+    ]
+    rows = [
+        ["workspace", *values],
+        ["main", *values],
+        ["├── 5b92787 [lr-0.01]", "…", "…", "…", "…", values[4], "0.01"],
+        ["└── 7883c21 [more-data]", "…", "…", "…", "…", "1000", values[5]],
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join(
+        [
+            "```",
+            line(header),
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+            *(line(row) for row in rows),
+            "```",
+            "",
+            source(
+                "`reports/acceptance.json` (`/acceptance_length`, `/tau_sim`), `reports/train.json` "
+                "(`/val_loss`), `reports/benchmark.json` (`/speedup`), `params.yaml` (`samples`, "
+                "`train.lr`); the two experiment rows are made up"
+            ),
+        ]
+    )
+
+
+FIGURES: dict[str, Callable[[Reports], str]] = {
+    "overhead_parts": overhead_parts,
+    "regen_client_levels": regen_client_levels,
+    "regen_throughput_targets": regen_throughput_targets,
+    "cpu_load_stages": cpu_load_stages,
+    "cpu_load_train_threads": cpu_load_train_threads,
+    "train_loader_steps": train_loader_steps,
+    "recipe_heldout": recipe_heldout,
+    "recipe_runs": recipe_runs,
+    "recipe_candidates": recipe_candidates,
+    "recipe_forecast": recipe_forecast,
+    "recipe_forecast_by_id": recipe_forecast_by_id,
+    "make_exps_example": make_exps_example,
+    "dvc_cache_costs": dvc_cache_costs,
+    "scale_stages": scale_stages,
+    "seeds_scale": seeds_scale,
+}
+
+
+# ---- rewriting the docs -------------------------------------------------------------------------
+
+
+def render(text: str, reports: Reports, where: str = "") -> tuple[str, list[str]]:
+    """(the text with every figure regenerated, the figures whose text changed)."""
+    changed: list[str] = []
+
+    def block(m: re.Match) -> str:
+        name = m["name"]
+        if name not in FIGURES:
+            raise FigureError(f"{where}: unknown figure {name!r} (known: {sorted(FIGURES)})")
+        try:
+            body = "\n" + FIGURES[name](reports) + "\n"
+        except FigureError as err:
+            raise FigureError(f"{where}: figure {name}: {err}") from None
+        if body != m["body"]:
+            changed.append(f"{where}: figure {name}")
+        return f"<!-- figures:{name}:begin -->{body}<!-- figures:{name}:end -->"
+
+    def value(m: re.Match) -> str:
+        try:
+            body = fmt(reports.get(m["file"], m["pointer"]), m["fmt"])
+        except FigureError as err:
+            raise FigureError(f"{where}: {err}") from None
+        if body != m["body"]:
+            changed.append(
+                f"{where}: {m['file']}#{m['pointer']} is {body}, the doc says {m['body']!r}"
+            )
+        return m[0][: m.start("body") - m.start()] + body + "<!-- /fig -->"
+
+    out = VALUE.sub(value, BLOCK.sub(block, text))
+    rest = VALUE.sub("", BLOCK.sub("", out))
+    leftover = STRAY.search(rest)
+    if leftover:
+        snippet = rest[leftover.start() : leftover.start() + 60].split("\n")[0]
+        raise FigureError(f"{where}: a figure marker without its pair: {snippet!r}")
+    return out, changed
+
+
+def doc_paths(root: Path) -> list[Path]:
+    return sorted(p for pattern in DOC_GLOBS for p in Path(root).glob(pattern))
+
+
+def run(root: Path = ROOT, write: bool = True) -> list[str]:
+    """Regenerate the figures of every doc under root; return those that changed (or would)."""
+    reports = Reports(root)
+    changed: list[str] = []
+    for path in doc_paths(root):
+        text = path.read_text()
+        new, diffs = render(text, reports, str(path.relative_to(root)))
+        changed += diffs
+        if write and new != text:
+            path.write_text(new)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a figure differs"
+    )
+    ap.add_argument("--root", default=str(ROOT))
+    args = ap.parse_args(argv)
+    try:
+        changed = run(Path(args.root), write=not args.check)
+    except FigureError as err:
+        raise SystemExit(f"error: {err}") from None
+    for line in changed:
+        print(line)
+    if args.check and changed:
+        raise SystemExit(
+            f"{len(changed)} figure(s) differ from their JSON: run `make docs-figures`"
+        )
+    if not args.check:
+        print(f"docs figures: {len(changed)} rewritten")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

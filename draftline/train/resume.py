@@ -1,0 +1,131 @@
+"""Resume state of the builtin training loop: what a run saves, and when a rerun may continue it.
+
+Every `checkpoint_every_steps` optimizer steps and at each epoch end, one file (state.pt, written
+atomically) holds the trainable weights, optimizer, scheduler, step, epoch, position in the
+epoch's packing plan, RNG states, partial-epoch metric sums, the history and the best epoch so
+far, plus a fingerprint of params, data and init. A rerun with the same fingerprint continues
+from it; any other fingerprint starts fresh. A finished run leaves only last_run.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from draftline.core.config import kind_of
+from draftline.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+
+STATE_FILE = "state.pt"
+LAST_RUN_FILE = "last_run.json"
+# Params that change how often state is saved or how the speculators hand-off is launched,
+# never the weights the builtin loop produces: a resume may differ in them (train/config.py).
+NOT_IN_FINGERPRINT = tuple(
+    sorted(n for n in TrainConfig.model_fields if kind_of(TrainConfig, n) == "operational")
+)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def run_fingerprint(
+    params: dict, card: TargetCard, data_sha256: str, init_sha256: str | None, device: str
+) -> str:
+    """What a resume state must match: every param that shapes the weights, target, data, init."""
+    kept = {k: v for k, v in params.items() if k not in NOT_IN_FINGERPRINT}
+    facts = {
+        "params": kept,
+        "target": card.model,
+        "revision": card.revision,
+        "data": data_sha256,
+        "init": init_sha256,
+        "device": device,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def rng_states() -> dict:
+    """RNG states as tensors, ints, strings and tuples only: what torch.load(weights_only=True) reads."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": (
+            str(name),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state(
+        (name, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached)
+    )
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_state(state_dir: Path, state: dict) -> None:
+    """Write atomically: a kill during the write leaves the previous state intact."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / f".{STATE_FILE}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, state_dir / STATE_FILE)
+
+
+def load_state(state_dir: Path, fingerprint: str, say=print) -> dict | None:
+    path = Path(state_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    # weights_only: tensors and plain containers, no pickled code. The file may come from a shared
+    # DVC remote (`dvc pull`); a full unpickle would run whatever a tampered copy carries.
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - UnpicklingError, or anything a damaged file raises
+        say(
+            f"{path}: not loadable as plain tensors and containers (tampered, damaged, or from an older version: "
+            f"{type(err).__name__}); ignored, starting fresh"
+        )
+        return None
+    if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
+        say(f"{path}: made with other params, data or init; starting fresh")
+        return None
+    return state
+
+
+def finish_state(state_dir: Path, summary: dict) -> None:
+    """The run is complete: drop the resume state, keep a small record of the finished run."""
+    from draftline.core.io import write_json
+
+    state_dir = Path(state_dir)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    write_json(state_dir / LAST_RUN_FILE, summary)
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    return {
+        n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+    }

@@ -1,0 +1,419 @@
+"""Training the draft: the builtin loop (CPU float32, or one GPU with bf16 autocast) and the train
+stage's run around it: checks of the data and train.init, the backend (this loop, or the
+speculators hand-off in draftline/train/speculators.py), and the swap of the new draft into models/draft;
+its logging, progress lines and report are in draftline/train/progress.py.
+
+The loop reuses speculators' data path (draftline/train/data.py) and the model's own TTT
+forward/loss; CPU runs eager attention and the eager loss, a GPU flex attention and the fused
+loss, as speculators does. It saves resume state as it goes (draftline/train/resume.py). The epoch
+kept is the one with the best validation tau_sim, not the lowest loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from draftline.draft.checkpoint import dir_sha256
+from draftline.draft.model import build_draft, init_layer_from_target, save_draft
+from draftline.draft.pretrained import load_init_draft, prepare_init, resolve_init
+from draftline.train.data import (
+    OnlineStates,
+    VllmOnline,
+    autocast,
+    check_hidden_states,
+    epoch_batches,
+    hidden_states_dtype,
+    hidden_states_source,
+    make_dataset,
+    make_loader,
+    online_states,
+    training_data_sha256,
+)
+from draftline.train.metrics import accumulate, run_batch, summarize, validate
+from draftline.train.progress import epoch_logger, step_reporter, train_report
+from draftline.train.resume import (
+    load_state,
+    rng_states,
+    run_fingerprint,
+    save_state,
+    seed_everything,
+    set_rng_states,
+    trainable_state,
+)
+from draftline.train.speculators import run_speculators
+from draftline.train.states import extraction_server
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    """The train stage's inputs and its resume-state directory (models/draft_checkpoints)."""
+
+    vocab: Path
+    tokenized: Path
+    hs: Path
+    state: Path
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """What a finished train run hands back: the metrics report, and for the builtin loop the small
+    record finish_state keeps once the report is written (None for the speculators backend)."""
+
+    report: dict
+    last_run: dict | None
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
+    """speculators' schedules (transformers' warmup + cosine / linear decay to 0)."""
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    make = get_cosine_schedule_with_warmup if kind == "cosine" else get_linear_schedule_with_warmup
+    return make(
+        opt, num_warmup_steps=min(warmup_steps, total_steps), num_training_steps=total_steps
+    )
+
+
+def train_draft(
+    model,
+    cfg: TrainConfig,
+    tokenized_dir: Path,
+    hs_dir: Path,
+    device: str,
+    *,
+    state_dir: Path | None = None,
+    fingerprint: str = "",
+    log=None,
+    say=print,
+    online: OnlineStates | VllmOnline | None = None,
+    progress=None,
+) -> dict:
+    """Train in place; returns the best epoch's validation summary and restores its weights.
+
+    With state_dir, resumes from a matching state there and saves state as it goes; every epoch
+    record (including those restored) is passed to `log` in order. With `online`, the target makes
+    each packed batch's states (no files are read), or a vLLM extraction server each row's. progress(p) follows every optimizer step: p has
+    epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this
+    run's steps so far (for tokens/s and an ETA)."""
+    from speculators.losses import resolve_loss_config
+
+    dtype = hidden_states_dtype(device)
+    hidden_size = model.config.transformer_layer_config.hidden_size
+    train_ratio = 1 - cfg.val_fraction
+    train_set = make_dataset(
+        tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online
+    )
+    val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype, online)
+    plan = [epoch_batches(train_set, cfg.pack_len, cfg.seed, e) for e in range(cfg.epochs)]
+    val_batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
+    accum = cfg.grad_accum_steps
+    total_steps = sum(math.ceil(len(b) / accum) for b in plan)
+    loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
+    # online: the target computes each pack on the train device, nothing to read ahead of the
+    # step; a vLLM server's answers are read ahead as files are (the threads' requests overlap)
+    workers = 0 if isinstance(online, OnlineStates) else cfg.loader_workers
+    pin = torch.device(device).type == "cuda"
+
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = make_scheduler(opt, cfg.scheduler, cfg.warmup_steps, total_steps)
+    pos = {
+        "epoch": 0,
+        "batch": 0,
+        "step": 0,
+        "train_sums": {},
+        "history": [],
+        "best": None,
+        "best_state": None,
+    }
+
+    state = load_state(state_dir, fingerprint, say) if state_dir is not None else None
+    resumed_at = None
+    if state is not None:
+        model.load_state_dict({k: v.to(device) for k, v in state["model"].items()}, strict=False)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        set_rng_states(state["rng"])
+        pos = {k: state[k] for k in pos}
+        resumed_at = {k: pos[k] for k in ("epoch", "batch", "step")}
+        say(
+            f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {total_steps}"
+        )
+    for record in pos["history"]:
+        if log:
+            log(record)
+
+    def checkpoint(epoch: int, batch: int, sums: dict) -> None:
+        if state_dir is None:
+            return
+        save_state(
+            state_dir,
+            {
+                "fingerprint": fingerprint,
+                "epoch": epoch,
+                "batch": batch,
+                "step": pos["step"],
+                "train_sums": dict(sums),
+                "history": pos["history"],
+                "best": pos["best"],
+                "best_state": pos["best_state"],
+                "model": trainable_state(model),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "rng": rng_states(),
+            },
+        )
+
+    step_seconds = []
+    run_tokens, run_seconds = 0, 0.0
+    for epoch in range(pos["epoch"], cfg.epochs):
+        batches = plan[epoch]
+        epoch_steps = math.ceil(len(batches) / accum)
+        first = pos["batch"] if epoch == pos["epoch"] else 0
+        sums = dict(pos["train_sums"]) if epoch == pos["epoch"] else {}
+        model.train()
+        loader = iter(
+            make_loader(train_set, batches[first:], cfg.pack_len, hidden_size, dtype, workers, pin)
+        )
+        for start in range(first, len(batches), accum):
+            began = time.perf_counter()
+            n = min(accum, len(batches) - start)  # the last group of an epoch may be short
+            opt.zero_grad(set_to_none=True)
+            for _ in range(n):
+                with autocast(device):
+                    _, loss, metrics = run_batch(
+                        model,
+                        next(loader),
+                        device,
+                        cfg.ttt_steps,
+                        cfg.ttt_step_loss_decay,
+                        loss_config,
+                    )
+                (loss / n).backward()
+                accumulate(sums, metrics)
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            sched.step()
+            pos["step"] += 1
+            step_seconds.append(time.perf_counter() - began)
+            run_tokens += sum(
+                train_set.approx_lengths[i] for batch in batches[start : start + n] for i in batch
+            )
+            run_seconds += step_seconds[-1]
+            if progress:
+                progress(
+                    {
+                        "epoch": epoch,
+                        "epochs": cfg.epochs,
+                        "epoch_step": (start + n + accum - 1) // accum,
+                        "epoch_steps": epoch_steps,
+                        "step": pos["step"],
+                        "total_steps": total_steps,
+                        "tokens": run_tokens,
+                        "seconds": run_seconds,
+                    }
+                )
+            if pos["step"] % cfg.checkpoint_every_steps == 0 and start + n < len(batches):
+                checkpoint(epoch, start + n, sums)
+        val = validate(
+            model,
+            val_set,
+            val_batches,
+            cfg.pack_len,
+            device,
+            cfg.ttt_steps,
+            cfg.ttt_step_loss_decay,
+            loss_config,
+            workers,
+        )
+        record = {
+            "epoch": epoch,
+            "step": pos["step"],
+            "lr": sched.get_last_lr()[0],
+            "train": summarize(sums, cfg.ttt_steps),
+            "val": val,
+        }
+        pos["history"].append(record)
+        if log:
+            log(record)
+        # The epoch kept is the one with the best simulated acceptance length, not the lowest loss.
+        if pos["best"] is None or val["tau_sim"] > pos["best"]["val"]["tau_sim"]:
+            pos["best"], pos["best_state"] = record, trainable_state(model)
+        checkpoint(epoch + 1, 0, {})
+    model.load_state_dict({k: v.to(device) for k, v in pos["best_state"].items()}, strict=False)
+    return {
+        "best": pos["best"],
+        "history": pos["history"],
+        "steps": pos["step"],
+        "resumed_at": resumed_at,
+        "step_seconds": round(float(np.median(step_seconds)), 4) if step_seconds else None,
+        # online: one target forward per packed batch, train and validation (a vLLM server's
+        # work is counted in its own log)
+        "target_forwards_per_epoch": len(plan[0]) + len(val_batches)
+        if isinstance(online, OnlineStates)
+        else 0,
+        "target_forwards_this_run": train_set.forwards + val_set.forwards
+        if isinstance(online, OnlineStates)
+        else 0,
+    }
+
+
+# ---------------------------------------------------------------- the train stage's run
+
+
+def run_builtin(
+    cfg: TrainConfig,
+    card: TargetCard,
+    paths: TrainPaths,
+    init_dir: Path | None,
+    data_sha: str,
+    init_sha: str | None,
+    log,
+    source: dict,
+):
+    """(model, result, init remap notes) of the builtin loop, resumed from paths.state when it matches."""
+    from draftline.core.config import resolve_device
+
+    device = resolve_device(cfg.device)
+    fingerprint = run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
+    attn = "eager" if device == "cpu" else "simple_flex_attention"
+    shape = dict(
+        speculative_tokens=cfg.speculative_tokens,
+        train_embeddings=cfg.train_embeddings,
+        train_lm_head=cfg.train_lm_head,
+    )
+    online_cfg = source.get("online") or {}
+    vllm_online = source["mode"] == "online" and online_cfg.get("engine", "hf") == "vllm"
+    # before seeding: loading the target must not move the RNG the draft is built and trained with
+    online = (
+        online_states(card, source, device)
+        if source["mode"] == "online" and not vllm_online
+        else None
+    )
+    seed_everything(cfg.seed)
+    if init_dir is None:
+        model = build_draft(
+            card,
+            paths.vocab,
+            cfg.num_layers,
+            cfg.ttt_steps,
+            attn,
+            **shape,
+            architecture=cfg.architecture or "speculators",
+        )
+        notes = []
+        if cfg.init_layer_from_target is not None:
+            notes.append(init_layer_from_target(model, card, cfg.init_layer_from_target))
+            print(f"train: {notes[-1]}")
+    else:
+        model, notes = load_init_draft(
+            init_dir,
+            card,
+            paths.vocab,
+            cfg.num_layers,
+            cfg.ttt_steps,
+            attn,
+            **shape,
+            remap_aux=cfg.init_remap_aux_layers,
+            remap_vocab=cfg.init_remap_vocab,
+            architecture=cfg.architecture,
+        )
+        for note in notes:
+            print(f"train.init remap: {note}")
+    with contextlib.ExitStack() as stack:
+        if vllm_online:  # the server the loop asks for each row's states, stopped after
+            endpoint, staging, _ = stack.enter_context(
+                extraction_server(card, paths, source, paths.state / "online_vllm")
+            )
+            online = VllmOnline.of(online_cfg, endpoint, staging)
+        result = train_draft(
+            model,
+            cfg,
+            paths.tokenized,
+            paths.hs,
+            device,
+            state_dir=paths.state,
+            fingerprint=fingerprint,
+            log=log,
+            online=online,
+            progress=step_reporter(),
+        )
+    return model, result, notes
+
+
+def train(
+    cfg: TrainConfig, card: TargetCard, paths: TrainPaths, out_dir: Path, live_dir: Path
+) -> TrainRun:
+    """Train the draft with cfg.backend, per-epoch metrics to dvclive in live_dir, and replace
+    out_dir with it. Raises InitMismatch / DataMismatch when train.init or the data do not fit.
+
+    out_dir is a persist output: the last draft stays until this one is written and checked
+    beside it, then replaces it whole (a failed or refused run leaves it in place)."""
+    from dvclive import Live
+
+    from draftline.core.io import write_meta
+
+    paths.state.mkdir(parents=True, exist_ok=True)
+    check_hidden_states(paths.hs, card)
+    init_source = resolve_init(cfg.init) if cfg.init else None  # a hub id: its cached snapshot
+    init_dir = (
+        prepare_init(init_source, card, cfg.init_convert, paths.state) if init_source else None
+    )
+    source = hidden_states_source(paths.hs)
+    data_sha = training_data_sha256(paths.tokenized, paths.hs)
+    init_sha = dir_sha256(init_source) if init_source else None
+
+    with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
+        if cfg.backend == "speculators":
+            model, result, notes = run_speculators(
+                cfg, card, paths, init_dir, epoch_logger(live), live_dir, source
+            )
+        else:
+            model, result, notes = run_builtin(
+                cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source
+            )
+
+    out = Path(out_dir)
+    staged = out.with_name(f".{out.name}.new")
+    shutil.rmtree(staged, ignore_errors=True)
+    vllm_fields = save_draft(model, staged)
+    best = result["best"]
+    write_meta(
+        staged,
+        "train",
+        cfg.model_dump(),
+        target=card.model,
+        target_revision=card.revision,
+        data_sha256=data_sha,
+        init=cfg.init,
+        init_sha256=init_sha,
+        init_remaps=notes,
+        best_epoch=best["epoch"],
+        vllm_speculator=vllm_fields,
+        hidden_states={"mode": source["mode"], "format": source["format"]},
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staged, out)
+    last_run = (
+        {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]}
+        if cfg.backend == "builtin"
+        else None
+    )
+    return TrainRun(train_report(cfg, result, source), last_run)
