@@ -11,7 +11,7 @@
 #                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
 #   make docs-figures   rewrite the measured figures in README.md and docs/*.md from the committed
-#                       JSON reports (after make repro / make overhead; tests/test_docs_figures.py)
+#                       JSON reports (after make repro / make overhead; tests/tools/test_docs_figures.py)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -48,7 +48,7 @@ $(SMOLLM2): $(STAMP)
 # hidden_states.online.transfer: mooncake. The CPU build of the transfer engine (~46 MB wheel) also
 # needs the RDMA user-space libraries (Debian: libibverbs1 librdmacm1): scripts/rdma_libs.sh
 # installs them with apt-get when they are missing and it runs as root, else says why the engine
-# does not import; then tests/test_mooncake.py skips with that import error as its reason. Checked
+# does not import; then tests/hidden_states/test_mooncake.py skips with that import error as its reason. Checked
 # on every run (not stamped): a library installed later is picked up.
 setup-mooncake: $(MOONCAKE)
 	@bash scripts/rdma_libs.sh $(BIN)/python

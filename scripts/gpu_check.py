@@ -3,8 +3,8 @@
     bash scripts/gpu_check.sh                                  # CUDA host: install what is missing, then this
     python scripts/gpu_check.py --device cpu --out /tmp/gpu_check.json   # the CPU dry run (tests/test_gpu_check.py)
 
-Runs the stages directly (`python -m stages.<name> <paths>`, no DVC) in a work directory with its
-own params.yaml (the repository's, with the overrides of PROFILES for the device):
+Runs the stages directly, each with its command in dvc.yaml (`python -m stages.<name> <paths>`,
+no DVC), in a work directory with its own params.yaml (the repository's, with the overrides of PROFILES for the device):
 
   target (tiny, trained on the device; or a copy of models/target when present) -> prepare, mix
   (the bundled samples) -> tokenize -> vocab -> hidden_states (hf, bf16) -> train (builtin: bf16
@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -37,12 +38,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
-
-if TYPE_CHECKING:
-    pass
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checks use the library of this checkout, as the stages do
@@ -149,146 +146,78 @@ class Stage:
     cuda_only: bool = False
 
 
-def pipeline(datasets: list[str]) -> list[Stage]:
-    """Every stage the check runs, in order: the one place to change an invocation. The variants
-    come last: when the time budget runs short, they are what is skipped."""
-    card, vocab, tok, hs = (
-        "models/target/card.json",
-        "models/vocab",
-        "datasets/tokenized",
-        "datasets/hidden_states",
-    )
-    prepared = [
-        Stage(
-            f"prepare@{name}",
-            [
-                "stages.prepare",
-                name,
-                f"datasets/prepared/{name}.jsonl",
-                f"reports/prepare/{name}.json",
-            ],
+# The stages of dvc.yaml the check runs, in order, each with dvc.yaml's own command. Not run:
+# check_params (the check's params are validated before: test_the_check_params_validate), probe
+# and regenerate (they need a server) and evaluate_dev (evaluate's path again).
+DVC_STAGES = (
+    "target",
+    "prepare",
+    "mix",
+    "tokenize",
+    "vocab",
+    "hidden_states",
+    "train",
+    "evaluate",
+    "benchmark",
+)
+# What the check writes itself instead of a stage: the regenerated conversations (stand_in_regenerated).
+STAND_INS = ("datasets/regenerated",)
+# The variants' runs: (name, the dvc.yaml stage, the variant's directory, CUDA only).
+VARIANT_RUNS = (
+    ("train_speculators", "train", "speculators", True),
+    ("hidden_states_fp8", "hidden_states", "fp8", False),
+    ("train_fp8", "train", "fp8", False),
+    ("hidden_states_online", "hidden_states", "online", False),
+    ("train_online", "train", "online", False),
+)
+
+
+def dvc_command(spec: dict, key: str | None = None) -> list[str]:
+    """A dvc.yaml stage's `python -m stages.<name> ...` as argv after `-m`; a foreach stage for
+    the item `key`, without DVC's wiring of the dataset's source (`--source-dep`, optional)."""
+    cmd = spec["cmd"] if key is None else spec["cmd"].replace("${key}", key)
+    argv = shlex.split(cmd)
+    if "--source-dep" in argv:
+        del argv[argv.index("--source-dep") : argv.index("--source-dep") + 2]
+    if argv[:2] != ["python", "-m"] or "${" in cmd.split("--source-dep")[0]:
+        raise ValueError(f"dvc.yaml: not a `python -m stages.<name>` command: {spec['cmd']!r}")
+    return argv[2:]
+
+
+def dvc_paths(entries: list, key: str | None) -> list[str]:
+    paths = [e if isinstance(e, str) else next(iter(e)) for e in entries]
+    return [p if key is None else p.replace("${key}", key) for p in paths]
+
+
+def pipeline(datasets: list[str], repo: Path = REPO) -> list[Stage]:
+    """Every stage the check runs, in order, from dvc.yaml: its command, and as `needs` the deps
+    an earlier stage of the check writes. The variants come last: when the time budget runs
+    short, they are what is skipped."""
+    specs = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    written, stages = list(STAND_INS), []
+    for name in DVC_STAGES:
+        spec = specs[name]
+        runs = (
+            [(f"{name}@{d}", spec["do"], d) for d in datasets]
+            if "foreach" in spec
+            else [(name, spec, None)]
         )
-        for name in datasets
+        for label, stage, key in runs:
+            needs = [
+                dep
+                for dep in dvc_paths(stage.get("deps", []), key)
+                if any(
+                    dep == w or w.startswith(dep + "/") or dep.startswith(w + "/") for w in written
+                )
+            ]
+            stages.append(Stage(label, dvc_command(stage, key), needs))
+            written += dvc_paths(stage.get("outs", []) + stage.get("metrics", []), key)
+    by_name = {stage.name: stage for stage in stages}
+    stages += [
+        Stage(label, by_name[name].argv, by_name[name].needs, cwd=cwd, cuda_only=cuda)
+        for label, name, cwd, cuda in VARIANT_RUNS
     ]
-    return [
-        Stage("target", ["stages.target", "models/target"]),
-        *prepared,
-        Stage(
-            "mix",
-            [
-                "stages.mix",
-                "datasets/prepared",
-                "reports/prepare",
-                "datasets/prompts",
-                "reports/mix.json",
-            ],
-            needs=[f"datasets/prepared/{name}.jsonl" for name in datasets],
-        ),
-        Stage(
-            "tokenize",
-            [
-                "stages.tokenize",
-                card,
-                "datasets/prompts/train.jsonl",
-                "datasets/regenerated/conversations.jsonl",
-                tok,
-                "reports/tokenize.json",
-            ],
-            needs=[card, "datasets/regenerated/conversations.jsonl"],
-        ),
-        Stage(
-            "vocab",
-            ["stages.vocab", card, f"{tok}/token_freq.pt", vocab, "reports/vocab.json"],
-            needs=[f"{tok}/token_freq.pt"],
-        ),
-        Stage(
-            "hidden_states",
-            ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
-            needs=[f"{tok}/token_freq.pt"],
-        ),
-        Stage(
-            "train",
-            [
-                "stages.train",
-                card,
-                vocab,
-                tok,
-                hs,
-                "models/draft",
-                "reports/train.json",
-                "models/draft_checkpoints",
-            ],
-            needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
-        ),
-        Stage(
-            "evaluate",
-            [
-                "stages.evaluate",
-                card,
-                "models/draft",
-                "datasets/prompts/eval.jsonl",
-                "reports/acceptance.json",
-                "reports/evaluate",
-            ],
-            needs=["models/draft/config.json"],
-        ),
-        Stage(
-            "benchmark",
-            [
-                "stages.benchmark",
-                card,
-                "models/draft",
-                "datasets/prompts/eval.jsonl",
-                "reports/benchmark.json",
-                "reports/deploy.json",
-            ],
-            needs=["models/draft/config.json"],
-        ),
-        # the variants (VARIANTS), each in its own directory, which links the main run's inputs
-        Stage(
-            "train_speculators",
-            [
-                "stages.train",
-                card,
-                vocab,
-                tok,
-                hs,
-                "models/draft",
-                "reports/train.json",
-                "models/draft_checkpoints",
-            ],
-            needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
-            cwd="speculators",
-            cuda_only=True,
-        ),
-        *[
-            stage
-            for variant in ("fp8", "online")
-            for stage in (
-                Stage(
-                    f"hidden_states_{variant}",
-                    ["stages.hidden_states", card, tok, hs, "reports/hidden_states.json"],
-                    needs=[f"{tok}/token_freq.pt"],
-                    cwd=variant,
-                ),
-                Stage(
-                    f"train_{variant}",
-                    [
-                        "stages.train",
-                        card,
-                        vocab,
-                        tok,
-                        hs,
-                        "models/draft",
-                        "reports/train.json",
-                        "models/draft_checkpoints",
-                    ],
-                    needs=[f"{vocab}/d2t.npy", f"{hs}/meta.json"],
-                    cwd=variant,
-                ),
-            )
-        ],
-    ]
+    return stages
 
 
 # ---------------------------------------------------------------- the work directory
@@ -504,7 +433,7 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     (a runner-up of the target's whose logit is within the stored dtype's tie tolerance of the
     argmax's: draftline.evaluate.acceptance.near_tie_flip, the rule evaluate applies). fp8 rounds coarser:
     away from such flips the argmax must hold on at least 99% of the positions (as
-    tests/test_hidden.py asks)."""
+    tests/hidden_states/test_hidden.py asks)."""
     import torch
     from safetensors.torch import load_file
 

@@ -6,7 +6,7 @@
 #
 # Best effort, never fails the set-up: when `import mooncake.store` fails and this runs as root on
 # a host with apt-get, it installs libibverbs1 and librdmacm1 (Debian/Ubuntu names); otherwise it
-# prints why the engine does not import, and tests/test_mooncake.py skips with that reason.
+# prints why the engine does not import, and tests/hidden_states/test_mooncake.py skips with that reason.
 set -uo pipefail
 python=${1:-python3}
 
@@ -25,5 +25,5 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     [[ -z $why ]] && exit 0
 fi
 echo "setup-mooncake: warning: the Mooncake transfer engine does not import ($why);" \
-    "tests/test_mooncake.py will skip. As root: apt-get install libibverbs1 librdmacm1" >&2
+    "tests/hidden_states/test_mooncake.py will skip. As root: apt-get install libibverbs1 librdmacm1" >&2
 exit 0

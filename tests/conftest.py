@@ -131,7 +131,7 @@ def trained_draft(tmp_path_factory, random_target):
 
 
 def train_a_draft(root, random_target):
-    """trained_draft's recipe in `root` for any random target card (tests/test_vllm.py uses one
+    """trained_draft's recipe in `root` for any random target card (tests/evaluate/test_vllm.py uses one
     whose attention vLLM's CPU build runs)."""
     from types import SimpleNamespace
 

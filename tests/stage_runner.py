@@ -19,7 +19,7 @@ def write_params(root: Path, target: dict, **sections) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["target"] = target
     # the built-in engine evaluates: these random targets' head sizes are not among those vLLM's
-    # CPU attention runs (tests/test_vllm.py covers evaluate.engine vllm)
+    # CPU attention runs (tests/evaluate/test_vllm.py covers evaluate.engine vllm)
     params["evaluate"]["engine"] = "hf"
     for name, value in sections.items():
         params[name] = {**params.get(name, {}), **value} if isinstance(value, dict) else value

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from draftline.params import parse_params
 
@@ -231,3 +232,18 @@ def test_each_variant_sees_the_inputs_of_the_work_directory(tmp_path):
         assert stages[name].argv == stages["train"].argv and stages[name].cwd == name.removeprefix(
             "train_"
         )
+
+
+def test_the_stages_run_with_dvc_yaml_s_own_commands(tmp_path):
+    """The check has no copy of the stages' command lines: each comes from dvc.yaml, so a
+    changed command there is the command the check runs."""
+    driver = load_driver()
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = {s.name: s for s in driver.pipeline(["a"])}
+    assert "python -m " + " ".join(stages["tokenize"].argv) == spec["tokenize"]["cmd"]
+    assert stages["prepare@a"].argv[:2] == ["stages.prepare", "a"]
+    assert stages["vocab"].needs == ["models/target/card.json", "datasets/tokenized/token_freq.pt"]
+    spec["vocab"]["cmd"] += " --extra"
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": spec}))
+    changed = {s.name: s for s in driver.pipeline(["a"], tmp_path)}
+    assert changed["vocab"].argv == [*stages["vocab"].argv, "--extra"]

@@ -281,7 +281,7 @@ def test_train_param_change_stales_only_train_and_after(repo):
     # what a repro would run first: the stages whose own deps changed
     assert stages_run(run(["dvc", "repro", "--dry"], repo)) == {"check_params", "probe", "train"}
     # from now on the built-in engine alone measures, as the README's workflow needs no vLLM start
-    # per rerun; the first run had vLLM's parity gate, and tests/test_vllm.py has the stage through
+    # per rerun; the first run had vLLM's parity gate, and tests/evaluate/test_vllm.py has the stage through
     # vLLM on its own. That param is evaluate's own: it stales the two evaluate stages, no more.
     params["evaluate"]["engine"] = "hf"
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

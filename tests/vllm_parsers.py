@@ -1,4 +1,4 @@
-"""Run by vLLM's python (tests/test_vllm.py): answer texts through vLLM's own reasoning and
+"""Run by vLLM's python (tests/evaluate/test_vllm.py): answer texts through vLLM's own reasoning and
 tool-call parsers, reasoning first and tool calls in what is left, as its chat server applies
 them. argv: tokenizer dir, cases.json ([{"text", "tools"}]), out.json; every pair of
 REASONING x TOOL_CALLS, a parser that refuses the tokenizer recorded with its error."""

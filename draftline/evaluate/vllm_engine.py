@@ -16,7 +16,7 @@ say, so a checkpoint that loads in vLLM but is read differently from training sh
 after deployment. Tolerance (evaluate.vllm.parity_tolerance, null = by dtype): in float32 both
 engines verify the same greedy chain, so their counts agree but for a rare kernel-rounding flip at
 a near-tie (the default run: identical); 0.02 lets about one flip in fifty steps through, while a
-checkpoint naming the wrong aux layers trips it (tests/test_vllm.py). 16-bit targets round the k+1-token
+checkpoint naming the wrong aux layers trips it (tests/evaluate/test_vllm.py). 16-bit targets round the k+1-token
 verification differently from one-token steps, so 0.1.
 """
 

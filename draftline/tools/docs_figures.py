@@ -14,7 +14,7 @@ A figure is the text between two HTML comments (invisible once rendered), in two
   below, which renders it from its JSON files (each column with its own format spec) and ends it
   with a line naming those files and key paths.
 
-`--check` (tests/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
+`--check` (tests/tools/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
 edited without regenerating, a number edited by hand inside a figure, a key that is gone.
 """
 

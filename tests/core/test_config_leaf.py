@@ -1,0 +1,36 @@
+"""The params schema imports nothing of the stages' work: core/config.py no project module, and a
+phase's config.py only core/ and its own package. So reading params pulls in no stage's code, no
+import cycle runs through the configs, and an edit to one phase's config reruns only that phase's
+stages (with check_params)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_imports(path: Path) -> set[str]:
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    return {n for n in imported if n.split(".")[0] in ("draftline", "stages") or n.startswith(".")}
+
+
+def test_core_config_imports_no_project_module():
+    assert not project_imports(ROOT / "draftline/core/config.py")
+
+
+def test_a_phase_config_imports_only_core_and_its_own_package():
+    configs = sorted((ROOT / "draftline").glob("*/config.py"))
+    assert len(configs) >= 9
+    for path in configs:
+        package = f"draftline.{path.parent.name}"
+        foreign = sorted(
+            name
+            for name in project_imports(path)
+            if not name.startswith(("draftline.core.", f"{package}."))
+        )
+        assert not foreign, f"{path.relative_to(ROOT)} imports {foreign}: only core/ and {package}"

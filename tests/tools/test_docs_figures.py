@@ -1,0 +1,174 @@
+"""The measured figures in README.md and docs/*.md are what their committed JSON says: regenerating
+them (`make docs-figures`) changes nothing. A JSON edited without regenerating, a number edited by
+hand inside a figure, or a key that is gone fails here."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from draftline.tools import docs_figures
+from draftline.tools.docs_figures import FIGURES, FigureError, Reports, render, run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_doc_figure_matches_its_json():
+    stale = run(ROOT, write=False)
+    assert not stale, "figures differ from their JSON (run `make docs-figures`):\n" + "\n".join(
+        stale
+    )
+
+
+def test_every_table_figure_is_used_in_a_doc():
+    text = "".join(p.read_text() for p in docs_figures.doc_paths(ROOT))
+    unused = [name for name in FIGURES if f"<!-- figures:{name}:begin -->" not in text]
+    assert not unused, f"figures no doc shows: {unused}"
+
+
+def doc_root(tmp_path: Path, doc: str, reports: dict) -> Path:
+    for name, data in reports.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(doc)
+    return tmp_path
+
+
+VALUE_DOC = (
+    "Acceptance length "
+    "<!-- fig reports/acceptance.json#/acceptance_length .2f -->3.62<!-- /fig --> at "
+    "<!-- fig reports/levels.json#/levels/c256~1x/ratio .3f -->0.945<!-- /fig --> in flight.\n"
+)
+VALUE_REPORTS = {
+    "reports/acceptance.json": {"acceptance_length": 3.6195},
+    "reports/levels.json": {"levels": {"c256/x": {"ratio": 0.9454}}},
+}
+
+
+def test_a_hand_edited_number_fails(tmp_path):
+    root = doc_root(tmp_path, VALUE_DOC.replace("3.62", "3.64"), VALUE_REPORTS)
+    assert run(root, write=False) == [
+        "docs/page.md: reports/acceptance.json#/acceptance_length is 3.62, the doc says '3.64'"
+    ]
+    run(root)  # make docs-figures puts the JSON's figure back
+    assert (root / "docs" / "page.md").read_text() == VALUE_DOC
+    assert run(root, write=False) == []
+
+
+def test_a_json_edited_without_regenerating_fails(tmp_path):
+    root = doc_root(tmp_path, VALUE_DOC, VALUE_REPORTS)
+    assert run(root, write=False) == []
+    (root / "reports" / "acceptance.json").write_text(json.dumps({"acceptance_length": 3.7297}))
+    assert len(run(root, write=False)) == 1
+    with pytest.raises(SystemExit, match="make docs-figures"):
+        docs_figures.main(["--check", "--root", str(root)])
+
+
+def test_a_table_is_regenerated_from_its_json(tmp_path):
+    src = ROOT / "reports" / "overhead" / "cpu_load_train_threads.json"
+    data = json.loads(src.read_text())
+    doc = (
+        "<!-- figures:cpu_load_train_threads:begin -->\nold table\n"
+        "<!-- figures:cpu_load_train_threads:end -->\n"
+    )
+    root = doc_root(tmp_path, doc, {"reports/overhead/cpu_load_train_threads.json": data})
+    assert run(root) == ["docs/page.md: figure cpu_load_train_threads"]
+    text = (root / "docs" / "page.md").read_text()
+    idle = data["stages"]["train"]["policy"]["idle_s"]
+    assert f"| {idle:.1f} |" in text and "cpu_load_train_threads.json" in text
+    assert run(root, write=False) == []
+    data["stages"]["train"]["policy"]["idle_s"] = idle + 1
+    (root / "reports/overhead/cpu_load_train_threads.json").write_text(json.dumps(data))
+    assert run(root, write=False) == ["docs/page.md: figure cpu_load_train_threads"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ("<!-- fig reports/acceptance.json#/gone .2f -->1<!-- /fig -->", "no 'gone' there"),
+        ("<!-- fig reports/missing.json#/x .2f -->1<!-- /fig -->", "no such file"),
+        ("<!-- fig reports/acceptance.json#/acceptance_length yesno -->1<!-- /fig -->", "boolean"),
+        ("<!-- figures:nothing:begin -->\n<!-- figures:nothing:end -->", "unknown figure"),
+        ("<!-- fig reports/acceptance.json#/acceptance_length .2f -->3.62", "without its pair"),
+        ("<!-- figures:recipe_runs:begin -->\n", "without its pair"),
+    ],
+)
+def test_a_broken_figure_is_refused(tmp_path, doc, message):
+    root = doc_root(tmp_path, doc, VALUE_REPORTS)
+    with pytest.raises(FigureError, match=message):
+        run(root, write=False)
+
+
+def specdec_root(tmp_path: Path, speedup_acceptance: float) -> Reports:
+    for name in ("acceptance.detail.json", "overhead/specdec_speedup.json"):
+        (tmp_path / "reports" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "reports" / name, tmp_path / "reports" / name)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    path = tmp_path / "reports" / "overhead" / "specdec_speedup.json"
+    data = json.loads(path.read_text())
+    ours = json.loads((tmp_path / "reports" / "acceptance.detail.json").read_text())
+    data.update(prompts=ours["prompts"], k=ours["k"], acceptance_length=speedup_acceptance)
+    path.write_text(json.dumps(data))
+    return Reports(tmp_path)
+
+
+def test_the_speedup_row_says_stale_when_the_evaluate_report_moved_on(tmp_path):
+    ours = json.loads((ROOT / "reports" / "acceptance.detail.json").read_text())
+    same = docs_figures._specdec_row(specdec_root(tmp_path, ours["acceptance_length"]))[1]
+    assert "stale" not in same
+    older = docs_figures._specdec_row(specdec_root(tmp_path, ours["acceptance_length"] + 0.11))[1]
+    assert "**stale**" in older
+
+
+def test_render_keeps_everything_outside_the_figures(tmp_path):
+    doc = "# Title\n\n" + VALUE_DOC + "\n<!-- workflow:begin -->\nkept\n<!-- workflow:end -->\n"
+    root = doc_root(tmp_path, doc, VALUE_REPORTS)
+    out, changed = render(doc, Reports(root))
+    assert out == doc and changed == []
+
+
+def test_the_hs_formats_row_reads_the_file_once_make_overhead_commits_it(tmp_path):
+    reports = Reports(tmp_path)
+    assert "not in a committed file" in docs_figures._hs_formats_row(reports)[1]
+    formats = {
+        fmt: {"ratio_to_minimum": ratio, "argmax_agreement": 0.9998}
+        for fmt, ratio in (("bf16", 1.0096), ("fp8", 1.0211))
+    }
+    path = tmp_path / "reports" / "overhead" / "hs_format_tradeoffs.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps(
+            {
+                "hidden_size": 128,
+                "formats": formats,
+                "tau_sim_fp8_minus_bf16": -0.007,
+                "tau_sim_online_minus_offline_bf16": 0.0,
+            }
+        )
+    )
+    row = docs_figures._hs_formats_row(Reports(tmp_path))[1]
+    assert "fp8 1.0211 (H = 128)" in row and "fp8 - bf16 -0.0070" in row
+
+
+def test_the_recipe_table_shows_the_runs_measured_and_refuses_an_unknown_one(tmp_path):
+    run_500 = {"acceptance_length": 2.31, "tau_sim": 2.4, "dev_acceptance_length": 2.2}
+    run_500 |= {"dev_tau_sim": 2.3, "eval_twins_in_train": {"exact": 0, "template": 1}}
+    run_500 |= {"speedup": 1.2}
+    candidate = {k: v for k, v in run_500.items() if k != "speedup"}  # stopped at evaluate
+    path = tmp_path / docs_figures.RECIPE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"L27-500": run_500, "d500-emb": candidate}))
+    text = docs_figures.recipe_heldout(Reports(tmp_path))
+    rows = [line for line in text.splitlines() if line.startswith("| L27") or "d500" in line]
+    assert rows == [
+        "| L27-500 | 500 | the earlier recipe | 2.3100 | 2.4000 | 2.2000 | 2.3000 "
+        "| 0 / 1 | 1.2000 |",
+        "| d500-emb | 500 | train_embeddings | 2.3100 | 2.4000 | 2.2000 | 2.3000 | 0 / 1 "
+        "| (not run) |",
+    ]  # the runs not measured yet have no row
+    path.write_text(json.dumps({"L27-500": run_500, "L27-9000": run_500}))
+    with pytest.raises(FigureError, match="L27-9000"):
+        docs_figures.recipe_heldout(Reports(tmp_path))
