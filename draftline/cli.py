@@ -30,7 +30,7 @@ COMMANDS = {
         "a copy of the trained draft SGLang can serve",
     ),
     "conversations": (
-        "draftline.regenerate.store",
+        "draftline.tools.conversations",
         "superseded regenerated conversations: list them, bring them back",
     ),
     "batch-server": (

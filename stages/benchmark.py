@@ -17,9 +17,9 @@ level, latencies, acceptance length) is in reports/benchmark.detail.json.
 """
 
 import sys
+from pathlib import Path
 
 from draftline.benchmark.config import BenchmarkConfig
-from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 
@@ -30,12 +30,11 @@ def main(
     params = stage_sections(benchmark=BenchmarkConfig)
     apply_thread_policy("benchmark")  # before torch loads: draftline/core/threads.py
     cfg = params.benchmark
-    from draftline.benchmark.run import run_benchmark
-    from draftline.core.io import write_json, write_metrics
+    from draftline.benchmark.run import Paths, run
+    from draftline.core.io import write_metrics
 
-    card = TargetCard.load(card_path)
-    report, deploy = run_benchmark(cfg, card, draft_dir, eval_path, deploy_path)
-    write_json(deploy_path, deploy)
+    paths = Paths(Path(card_path), Path(draft_dir), Path(eval_path), Path(deploy_path))
+    report = run(params, paths)
     headline = ["speedup", "baseline_tokens_per_s", "speculative_tokens_per_s"]
     write_metrics(
         report_path,

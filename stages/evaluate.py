@@ -38,7 +38,6 @@ check against transformers.
 import sys
 from pathlib import Path
 
-from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.engines.config import EnginesConfig
@@ -55,34 +54,18 @@ def main(
 ) -> None:
     if unknown := sorted(set(flags) - {"--dev"}):
         raise SystemExit(f"error: unknown options {unknown}; known: --dev")
-    dev = "--dev" in flags
     params = stage_sections(samples=int, evaluate=EvaluateConfig, engines=EnginesConfig)
     apply_thread_policy("evaluate")  # before torch loads: draftline/core/threads.py
-    cfg = params.evaluate
-    from draftline.core.io import read_jsonl, write_json, write_metrics
-    from draftline.evaluate.acceptance import evaluate_draft
+    from draftline.core.io import write_metrics
+    from draftline.evaluate.run import Paths, run
 
-    if dev and not any(True for _ in read_jsonl(eval_path)):
+    paths = Paths(*map(Path, (card_path, draft_dir, eval_path, plots_dir)), dev="--dev" in flags)
+    done, failure = run(params, paths)
+    if done.report == {"prompts": 0}:
         print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
-        write_metrics(report_path, {"prompts": 0}, ["prompts"])
-        Path(plots_dir).mkdir(parents=True, exist_ok=True)
+        write_metrics(report_path, done.report, ["prompts"])
         return
-
-    card = TargetCard.load(card_path)
-    failure = None
-    if cfg.engine == "vllm" and not cfg.vllm.parity:
-        from draftline.evaluate.vllm_engine import vllm_only_run
-
-        run = vllm_only_run(cfg, card, draft_dir, eval_path, params.samples, params.engines.vllm)
-    else:
-        run = evaluate_draft(cfg, card, draft_dir, eval_path, params.samples)
-        if cfg.engine == "vllm" and not dev:
-            from draftline.evaluate.vllm_engine import with_vllm
-
-            run, failure = with_vllm(run, cfg, card, draft_dir, params.engines.vllm)
-    write_metrics(report_path, run.report, ["acceptance_length", "tau_sim", "tokens_per_step"])
-    for name, rows in run.plots.items():
-        write_json(Path(plots_dir) / name, rows)
+    write_metrics(report_path, done.report, ["acceptance_length", "tau_sim", "tokens_per_step"])
     if failure:  # the report shows both engines; the stage fails (DVC keeps nothing of it)
         raise SystemExit(f"error: {failure}")
 

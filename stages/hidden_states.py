@@ -14,7 +14,6 @@ start when free space is below it x `disk_margin`.
 import sys
 from pathlib import Path
 
-from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.hidden_states.config import HiddenStatesConfig
@@ -24,20 +23,11 @@ from draftline.train.config import TrainConfig
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
     params = stage_sections(hidden_states=HiddenStatesConfig, train=TrainConfig)
     apply_thread_policy("hidden_states")  # before torch loads: draftline/core/threads.py
-    cfg = params.hidden_states
     from draftline.core.io import write_json
-    from draftline.hidden_states.extract import extract_hidden_states
+    from draftline.hidden_states.extract import Paths, run
 
-    card = TargetCard.load(card_path)
-    report = extract_hidden_states(
-        cfg,
-        card,
-        card_path,
-        tokenized_dir,
-        out_dir,
-        Path(report_path).with_suffix(".vllm.log"),
-        params.train.pack_len,
-    )
+    log = Path(report_path).with_suffix(".vllm.log")
+    report = run(params, Paths(Path(card_path), Path(tokenized_dir), Path(out_dir), log))
     write_json(report_path, report)
 
 

@@ -15,26 +15,17 @@ from pathlib import Path
 
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
-from draftline.data.config import Datasets, MixConfig, check_weights
+from draftline.data.config import Datasets, MixConfig
 
 
 def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str) -> None:
     params = stage_sections(samples=int, seed=(int, 0), datasets=Datasets, mix=MixConfig)
     apply_thread_policy("mix")  # before torch loads: draftline/core/threads.py
-    from draftline.core.io import write_json, write_jsonl, write_meta
-    from draftline.data.mixing import full_records, mix_prepared
+    from draftline.core.io import write_json
+    from draftline.data.mixing import Paths, run
 
-    cfg = params.mix
     try:
-        check_weights(params.datasets, cfg)
-        mixed = mix_prepared(
-            list(params.datasets),
-            Path(prepared_dir),
-            Path(prepare_reports),
-            cfg,
-            params.samples,
-            params.seed,
-        )
+        mixed = run(params, Paths(Path(prepared_dir), Path(prepare_reports), Path(out_dir)))
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     if mixed.shortfall:
@@ -42,18 +33,8 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
             f"mix: SHORTFALL accepted (mix.allow_shortfall: true): {mixed.shortfall}",
             file=sys.stderr,
         )
-    report, out = mixed.report, Path(out_dir)
-    write_jsonl(out / "train.jsonl", full_records(mixed.train, mixed.paths))
-    write_jsonl(out / "eval.jsonl", full_records(mixed.eval, mixed.paths))
-    write_jsonl(out / "dev.jsonl", full_records(mixed.dev, mixed.paths))
+    report = mixed.report
     write_json(report_json, report)
-    write_meta(
-        out,
-        "mix",
-        {"samples": params.samples, "seed": params.seed, "mix": cfg.model_dump()},
-        inputs=mixed.inputs,
-        counts={"train": len(mixed.train), "eval": len(mixed.eval), "dev": len(mixed.dev)},
-    )
     print(
         f"mix: train {len(mixed.train)} {report['train']['by_source']}, eval {len(mixed.eval)}, "
         f"dev {len(mixed.dev)}; twins of them kept out of train "

@@ -14,6 +14,7 @@ datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead o
 """
 
 import sys
+from pathlib import Path
 
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
@@ -43,14 +44,14 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
             f"error: unknown options {' '.join(options)}; usage: NAME OUT_JSONL REPORT_JSON [--source-dep PATH]"
         )
     from draftline.core.io import write_json
-    from draftline.data.sources import prepare_dataset
+    from draftline.data.sources import Paths, run
     from draftline.data.workspace import inside_workspace, source_dep_problem
 
     if options and (problem := source_dep_problem(name, spec, options[1])):
         raise SystemExit(f"error: {problem}")
     try:
         out_path, report_path = inside_workspace(out_jsonl, report_json)
-        report = prepare_dataset(name, spec, out_jsonl)
+        report = run(params, Paths(name, Path(out_jsonl)))
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     write_json(report_json, report)

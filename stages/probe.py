@@ -17,56 +17,21 @@ file, so `dvc repro` stops here. Its text is the same for every pass, so passing
 import sys
 from pathlib import Path
 
-from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.hidden_states.config import HiddenStatesConfig
 from draftline.tokens.config import VocabConfig
 from draftline.train.config import TrainConfig
 
-STAMP = "train.init and vLLM extraction fit the target: checked by stages/probe.py.\n"
-
 
 def main(card_path: str, report_path: str, stamp_path: str) -> None:
     params = stage_sections(train=TrainConfig, vocab=VocabConfig, hidden_states=HiddenStatesConfig)
     apply_thread_policy("probe")  # before torch loads: draftline/core/threads.py
-    from draftline.core.io import read_json, write_json
-    from draftline.draft.checkpoint import InitMismatch
-    from draftline.probe.checks import ProbeFailed, check_init_fits, probe_extraction
+    from draftline.probe.checks import Paths, run
 
-    card = TargetCard.load(card_path)
-    report_file = Path(report_path)
-    previous = read_json(report_file) if report_file.exists() else {}
-    # a refusal of train.init keeps the last extraction pass: fixing it must not re-probe vLLM
-    report = {"init": None, "extraction": previous.get("extraction"), "error": None}
-    try:
-        if params.train.init:
-            report["init"] = check_init_fits(params.train, card, params.vocab.draft_vocab_size)
-            for warning in report["init"]["warnings"]:
-                print(f"probe: warning: {warning}")
-        report["extraction"] = probe_extraction(
-            params.hidden_states,
-            params.train,
-            card,
-            previous.get("extraction"),
-            report_file.with_suffix(".vllm.log"),
-        )
-    except InitMismatch as err:
-        report["error"] = str(err)
-    except ProbeFailed as err:
-        report["extraction"] = None
-        report["error"] = (
-            f"hidden_states: vLLM could not extract this target's states: {err}\n(the server "
-            "command and its log are above; a GPU held by another server, e.g. a kept-running "
-            "regeneration server, fails this too; hidden_states.vllm.probe: false skips the probe)"
-        )
-    write_json(report_file, report)
+    report = run(params, Paths(Path(card_path), Path(report_path), Path(stamp_path)))
     if report["error"]:
         raise SystemExit(f"error: {report['error']}")
-    stamp = Path(stamp_path)
-    if not stamp.exists() or stamp.read_text() != STAMP:  # same bytes for every pass
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(STAMP)
     extraction = report["extraction"]
     print(
         f"probe: train.init {'fits' if report['init'] else 'not set'}; vLLM extraction "

@@ -20,8 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from draftline.core.card import TargetCard
-from draftline.core.config import output_shaping, stage_sections
+from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.regenerate.config import RegenerateConfig
 
@@ -33,26 +32,12 @@ def _exit_on_sigterm(signum, frame):
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
     params = stage_sections(regenerate=RegenerateConfig)
     apply_thread_policy("regenerate")  # before torch loads: draftline/core/threads.py
-    cfg = params.regenerate
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    from draftline.core.io import write_json, write_meta
-    from draftline.regenerate.run import regenerate
+    from draftline.core.io import write_json
+    from draftline.regenerate.run import Paths, run
 
-    card = TargetCard.load(card_path)
-    out = Path(out_dir)
-    result = regenerate(cfg, card, prompts_path, out)
+    result = run(params, Paths(Path(card_path), Path(prompts_path), Path(out_dir)))
     write_json(report_path, result.report)
-    # meta.json holds only what shapes the conversations: operational settings (ports, endpoints,
-    # concurrency, timeouts, the engine and its launch arguments: operational in draftline/regenerate/config.py)
-    # go to the report and each line's engine record, so changing them keeps every conversation.
-    write_meta(
-        out,
-        "regenerate",
-        output_shaping(cfg),
-        target=card.model,
-        chat_template_sha256=card.chat_template_sha256,
-        fingerprint=result.fingerprint,
-    )
     if result.error:
         raise SystemExit(result.error)
 

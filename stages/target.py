@@ -21,17 +21,12 @@ from draftline.target.config import TargetConfig
 def main(out_dir: str) -> None:
     params = stage_sections(target=TargetConfig)
     apply_thread_policy("target")  # before torch loads: draftline/core/threads.py
-    cfg = params.target
-    from draftline.core.io import write_meta
-    from draftline.target.source import TargetUnavailable, resolve_target
+    from draftline.target.source import Paths, TargetUnavailable, run
 
-    out = Path(out_dir)
     try:
-        card = resolve_target(cfg, out)
+        card = run(params, Paths(Path(out_dir)))
     except TargetUnavailable as err:
         raise SystemExit(f"error: {err}") from None
-    card.write(out / "card.json")
-    write_meta(out, "target", cfg.model_dump())
     print(
         f"target: {card.architecture} {card.num_layers} layers, hidden {card.hidden_size}, "
         f"vocab {card.vocab_size}, aux layers {card.aux_ids}; verifier tensors {card.verifier_tensors}"

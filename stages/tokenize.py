@@ -16,8 +16,8 @@ kept, copied and tokenized); another target, tokenizer or tokenize param tokeniz
 """
 
 import sys
+from pathlib import Path
 
-from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.tokens.config import TokenizeConfig
@@ -29,11 +29,11 @@ def main(
     params = stage_sections(tokenize=TokenizeConfig)
     apply_thread_policy("tokenize")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
-    from draftline.tokens.tokenize import TokenizeError, tokenize_dataset, truncation_error
+    from draftline.tokens.tokenize import Paths, TokenizeError, run, truncation_error
 
-    card = TargetCard.load(card_path)
+    paths = Paths(Path(card_path), Path(prompts_path), Path(regenerated_path), Path(out_dir))
     try:
-        report = tokenize_dataset(card, prompts_path, regenerated_path, out_dir, params.tokenize)
+        report = run(params, paths)
     except TokenizeError as err:
         raise SystemExit(f"error: {err}") from None
     write_json(report_path, report)

@@ -22,7 +22,6 @@ the best validation tau_sim, not the lowest loss.
 import sys
 from pathlib import Path
 
-from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.train.config import TrainConfig
@@ -50,25 +49,24 @@ def main(
 ) -> None:
     params = stage_sections(train=TrainConfig)
     apply_thread_policy("train")  # before torch loads: draftline/core/threads.py
-    cfg = params.train
-    refuse_own_output_as_init(cfg.init, Path(out_dir))
+    refuse_own_output_as_init(params.train.init, Path(out_dir))
     from draftline.core.io import write_metrics
     from draftline.draft.checkpoint import InitMismatch
     from draftline.train.data import DataMismatch
     from draftline.train.resume import finish_state
-    from draftline.train.run import TrainPaths, train
+    from draftline.train.run import Paths, run
 
-    card = TargetCard.load(card_path)
-    paths = TrainPaths(
-        vocab=Path(vocab_dir), tokenized=Path(tokenized_dir), hs=Path(hs_dir), state=Path(state_dir)
+    live = Path(report_path).with_suffix("")
+    paths = Paths(
+        *map(Path, (card_path, vocab_dir, tokenized_dir, hs_dir, out_dir)), live, Path(state_dir)
     )
     try:
-        run = train(cfg, card, paths, Path(out_dir), Path(report_path).with_suffix(""))
+        done = run(params, paths)
     except (InitMismatch, DataMismatch) as err:
         raise SystemExit(f"error: {err}") from None
-    write_metrics(report_path, run.report, ["val_tau_sim", "val_loss"])
-    if run.last_run is not None:
-        finish_state(paths.state, run.last_run)
+    write_metrics(report_path, done.report, ["val_tau_sim", "val_loss"])
+    if done.last_run is not None:
+        finish_state(paths.state, done.last_run)
 
 
 if __name__ == "__main__":

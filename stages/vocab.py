@@ -11,9 +11,9 @@ vocab.draft_vocab_size and the size that would reach the threshold.
 """
 
 import sys
+from pathlib import Path
 
-from draftline.core.card import TargetCard
-from draftline.core.config import output_shaping, stage_sections
+from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.tokens.config import VocabConfig
 
@@ -21,22 +21,16 @@ from draftline.tokens.config import VocabConfig
 def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None:
     params = stage_sections(vocab=VocabConfig)
     apply_thread_policy("vocab")  # before torch loads: draftline/core/threads.py
-    cfg = params.vocab
-    from draftline.core.io import write_json, write_meta
-    from draftline.tokens.vocab import VocabSizeError, build_draft_vocab, coverage_error
+    from draftline.core.io import write_json
+    from draftline.tokens.vocab import Paths, VocabSizeError, coverage_error, run
 
-    card = TargetCard.load(card_path)
     try:
-        report = build_draft_vocab(
-            freq_path, cfg.draft_vocab_size, card.vocab_size, out_dir, cfg.min_coverage
-        )
+        report = run(params, Paths(Path(card_path), Path(freq_path), Path(out_dir)))
     except VocabSizeError as err:
         raise SystemExit(f"error: {err}") from None
     write_json(report_path, report)
-    # the threshold is operational: it decides whether the stage passes, not what it writes
-    write_meta(out_dir, "vocab", output_shaping(cfg))
     print(
-        f"vocab: {cfg.draft_vocab_size} draft tokens cover {report['coverage']:.2%} of trainable tokens "
+        f"vocab: {params.vocab.draft_vocab_size} draft tokens cover {report['coverage']:.2%} of trainable tokens "
         f"({report['distinct_trainable_tokens']} distinct)"
     )
     if error := coverage_error(report):

@@ -12,42 +12,50 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from draftline.benchmark.hf import benchmark_hf
+from draftline.core.io import read_jsonl
+from draftline.draft.checkpoint import load_draft, read_draft_facts
+from draftline.draft.preflight import check_draft, preflight_engines
+from draftline.draft.sglang_export import SglangExportError, export_sglang
+from draftline.engines.commands import draft_path_for
+from draftline.engines.preflight import PreflightError
+from draftline.evaluate.acceptance import eos_ids
+from draftline.target.model import card_tokenizer, load_target
+from draftline.tokens.chat import first_turn_ids
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
 
 
-def run_benchmark(
-    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_path: str, deploy_path: str
-) -> tuple[dict, dict]:
-    """(report, deploy): the benchmark report and, per engine, its deployment command and preflight
-    findings (plus the launched servers' commands and warnings for a server engine). deploy_path is
-    named in the messages only."""
-    from draftline.core.io import read_jsonl
-    from draftline.draft.checkpoint import read_draft_facts
-    from draftline.draft.preflight import check_draft, preflight_engines
-    from draftline.tokens.chat import first_turn_ids
+def export_for_sglang(
+    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, log_dir: Path | None
+) -> str | None:
+    """The draft in SGLang's own layout, made under log_dir when SGLang serves it and
+    benchmark.sglang.draft_model_path names none; else None."""
+    if cfg.engine != "sglang" or cfg.sglang.draft_model_path is not None:
+        return None
+    try:
+        sglang_draft = str(export_sglang(draft_dir, card, log_dir / "draft_sglang"))
+    except SglangExportError as err:
+        raise SystemExit(
+            f"error: benchmark.engine sglang: {draft_dir} cannot be served by SGLang: {err}"
+        ) from None
+    print(f"benchmark: exported the draft for SGLang to {sglang_draft}")
+    return sglang_draft
 
-    log_dir = (
-        Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
-        if cfg.engine != "hf"
-        else None
-    )
-    sglang_draft = None
-    if (
-        cfg.engine == "sglang" and cfg.sglang.draft_model_path is None
-    ):  # SGLang's own layout, made here
-        from draftline.draft.sglang_export import SglangExportError, export_sglang
 
-        try:
-            sglang_draft = str(export_sglang(draft_dir, card, log_dir / "draft_sglang"))
-        except SglangExportError as err:
-            raise SystemExit(
-                f"error: benchmark.engine sglang: {draft_dir} cannot be served by SGLang: {err}"
-            ) from None
-        print(f"benchmark: exported the draft for SGLang to {sglang_draft}")
+def preflight_deploy(
+    cfg: BenchmarkConfig,
+    card: TargetCard,
+    draft_dir: str,
+    sglang_draft: str | None,
+    deploy_path: str,
+) -> dict:
+    """Every engine's deployment command and preflight findings, printed; stops the run
+    (SystemExit) on a finding that concerns the selected engine."""
     deploy = preflight_engines(card, cfg, draft_dir, sglang_draft)
     for engine, info in deploy.items():
         print(f"benchmark: deploy with {engine}:\n  {info['command']}")
@@ -67,6 +75,86 @@ def run_benchmark(
         problems = check_draft(card, read_draft_facts(draft_dir), "hf")
         if problems:
             raise SystemExit("error: preflight for the draft:\n  " + "\n  ".join(problems))
+    return deploy
+
+
+def benchmark_with_hf(
+    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list, report: dict
+) -> None:
+    """Engine hf: the built-in baseline and speculative decoders, their figures added to report."""
+    import torch
+
+    device = cfg.resolved_device()
+    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
+    draft = load_draft(draft_dir, card, device)
+    prompts = [first_turn_ids(tokenizer, row) for row in rows]
+    report.update(
+        benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, device)
+    )
+    print(
+        f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
+        f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
+        f"acceptance length {report['acceptance_length']:.2f}"
+    )
+
+
+def benchmark_with_servers(
+    cfg: BenchmarkConfig,
+    card: TargetCard,
+    draft_dir: str,
+    sglang_draft: str | None,
+    rows: list,
+    log_dir: Path,
+    report: dict,
+    deploy: dict,
+) -> None:
+    """Engines vllm / sglang: a baseline and a speculative server, their figures added to report
+    and their commands, warnings and logs to deploy["benchmark"]."""
+    from draftline.benchmark.server import benchmark_server
+
+    # Only the tokenizer here: the target itself may need a whole GPU host.
+    tokenizer = card_tokenizer(card)
+    prompts = [first_turn_ids(tokenizer, row) for row in rows]
+    try:
+        result = benchmark_server(
+            cfg.engine,
+            cfg,
+            card,
+            draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft),
+            prompts,
+            log_dir,
+        )
+    except PreflightError as err:
+        raise SystemExit(f"error: benchmark.endpoints: {err}") from None
+    deploy["benchmark"] = {
+        "engine": cfg.engine,
+        "serve_commands": result.pop("serve_commands"),
+        "warnings": result.pop("warnings"),
+        "server_logs": str(log_dir),
+    }
+    report.update(result)
+    for warning in deploy["benchmark"]["warnings"]:
+        print(f"benchmark: warning: {warning}")
+    print(
+        f"benchmark: {cfg.engine} speedup "
+        + ", ".join(f"c={c}: {report[f'speedup_c{c}']}x" for c in cfg.concurrency)
+        + f"; acceptance length {report['acceptance_length']} (server logs in {log_dir})"
+    )
+
+
+def run_benchmark(
+    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_path: str, deploy_path: str
+) -> tuple[dict, dict]:
+    """(report, deploy): the benchmark report and, per engine, its deployment command and preflight
+    findings (plus the launched servers' commands and warnings for a server engine). deploy_path is
+    named in the messages only."""
+    log_dir = (
+        Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
+        if cfg.engine != "hf"
+        else None
+    )
+    sglang_draft = export_for_sglang(cfg, card, draft_dir, log_dir)
+    deploy = preflight_deploy(cfg, card, draft_dir, sglang_draft, deploy_path)
 
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
@@ -77,61 +165,29 @@ def run_benchmark(
         "max_new_tokens": cfg.max_new_tokens,
         "prompts": len(rows),
     }
-
     if cfg.engine == "hf":
-        import torch
-
-        from draftline.benchmark.hf import benchmark_hf
-        from draftline.draft.checkpoint import load_draft
-        from draftline.evaluate.acceptance import eos_ids
-        from draftline.target.model import load_target
-
-        device = cfg.resolved_device()
-        target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
-        draft = load_draft(draft_dir, card, device)
-        prompts = [first_turn_ids(tokenizer, row) for row in rows]
-        report.update(
-            benchmark_hf(
-                target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, device
-            )
-        )
-        print(
-            f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
-            f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
-            f"acceptance length {report['acceptance_length']:.2f}"
-        )
+        benchmark_with_hf(cfg, card, draft_dir, rows, report)
     else:
-        from draftline.benchmark.server import benchmark_server
-        from draftline.engines.commands import draft_path_for
-        from draftline.engines.preflight import PreflightError
-        from draftline.target.model import card_tokenizer
-
-        # Only the tokenizer here: the target itself may need a whole GPU host.
-        tokenizer = card_tokenizer(card)
-        prompts = [first_turn_ids(tokenizer, row) for row in rows]
-        try:
-            result = benchmark_server(
-                cfg.engine,
-                cfg,
-                card,
-                draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft),
-                prompts,
-                log_dir,
-            )
-        except PreflightError as err:
-            raise SystemExit(f"error: benchmark.endpoints: {err}") from None
-        deploy["benchmark"] = {
-            "engine": cfg.engine,
-            "serve_commands": result.pop("serve_commands"),
-            "warnings": result.pop("warnings"),
-            "server_logs": str(log_dir),
-        }
-        report.update(result)
-        for warning in deploy["benchmark"]["warnings"]:
-            print(f"benchmark: warning: {warning}")
-        print(
-            f"benchmark: {cfg.engine} speedup "
-            + ", ".join(f"c={c}: {report[f'speedup_c{c}']}x" for c in cfg.concurrency)
-            + f"; acceptance length {report['acceptance_length']} (server logs in {log_dir})"
-        )
+        benchmark_with_servers(cfg, card, draft_dir, sglang_draft, rows, log_dir, report, deploy)
     return report, deploy
+
+
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    draft: Path  # models/draft
+    prompts: Path  # datasets/prompts/eval.jsonl
+    deploy: Path  # reports/deploy.json: each engine's deployment command and findings
+
+
+def run(params, paths: Paths) -> dict:
+    """Stage `benchmark`: baseline against speculative decoding by params.benchmark; the
+    report, with reports/deploy.json written."""
+    from draftline.core.card import TargetCard
+    from draftline.core.io import write_json
+
+    card = TargetCard.load(paths.card)
+    report, deploy = run_benchmark(
+        params.benchmark, card, str(paths.draft), str(paths.prompts), str(paths.deploy)
+    )
+    write_json(paths.deploy, deploy)
+    return report

@@ -14,6 +14,7 @@ import contextlib
 import shlex
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,99 @@ def first_texts(results) -> dict[int, str]:
     return texts
 
 
+def mode_server(
+    engine: str,
+    cfg: BenchmarkConfig,
+    card: TargetCard,
+    draft_path: str | None,
+    mode: str,
+    commands: list[list[str]],
+    log_path: Path,
+    say,
+):
+    """The server of one mode, as a context manager giving its base URL: benchmark.endpoints'
+    running one (preflight-checked), else a launched one whose commands are appended to `commands`."""
+    if mode in cfg.endpoints:  # already running: checked, not started
+        base_url = cfg.endpoints[mode].rstrip("/")
+        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
+        seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
+        say(
+            f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
+            f"`{shlex.join(commands[0])}` would be"
+        )
+        return contextlib.nullcontext(base_url)
+    limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
+
+    def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
+        commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port))
+        say(
+            f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})"
+        )
+        return commands[-1]
+
+    return ManagedServer(
+        command,
+        launch_env(engine, card.model, log_path.parent / ".hf_cache"),
+        server_url(cfg.host, cfg.port),
+        log_path,
+        limit,
+        say=say,
+    )
+
+
+@dataclass(frozen=True)
+class LevelLoad:
+    """One load run against a server: the benchmark's prompts at a request count and concurrency,
+    with its own task on the shared progress bar; returns run_load's (results, wall seconds)."""
+
+    endpoint: LoadTarget
+    prompts: list
+    cfg: BenchmarkConfig
+    bar: Progress
+
+    def __call__(self, description: str, requests: int, concurrency: int):
+        task = self.bar.add_task(description, total=requests)
+        return asyncio.run(
+            run_load(
+                self.endpoint,
+                self.prompts,
+                requests,
+                concurrency,
+                self.cfg.max_new_tokens,
+                self.cfg.request_timeout_s,
+                on_done=lambda _r: self.bar.advance(task),
+            )
+        )
+
+
+def measure_level(
+    engine: str, cfg: BenchmarkConfig, mode: str, c: int, load: LevelLoad, base_url: str, say
+) -> tuple:
+    """One concurrency level c: (load summary, acceptance or None, first text per prompt,
+    (counters before, counters after)); raises when every request failed."""
+    requests = cfg.requests_per_level or max(len(load.prompts), 4 * c)
+    before = metrics_snapshot(engine, base_url)
+    results, wall = load(f"{mode} c={c}", requests, c)
+    if engine == "vllm":
+        time.sleep(1.0)  # the frontend records a step's stats after handing its tokens out
+    after = metrics_snapshot(engine, base_url)
+    summary = summarize_load(results, wall)
+    if engine == "vllm":
+        acceptance = vllm_acceptance(before, after)
+    else:
+        acceptance = sglang_acceptance([r.meta_info for r in results if r.ok])
+    failures = [r.error for r in results if not r.ok]
+    if failures and len(failures) == len(results):
+        raise RuntimeError(f"every request at concurrency {c} failed, e.g. {failures[0]}")
+    say(
+        f"benchmark: {mode} c={c}: "
+        f"{summary['output_tokens_per_s']:.1f} tok/s, ttft p50 {summary['ttft_ms_p50']} ms, "
+        f"{summary['failed']} failed"
+        + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else "")
+    )
+    return (summary, acceptance, first_texts(results), (before, after))
+
+
 def run_mode(
     engine: str,
     cfg: BenchmarkConfig,
@@ -75,33 +169,7 @@ def run_mode(
     ]  # as deployed (no port: the engine's default)
     levels = {}
     mode = "speculative" if draft_path else "baseline"
-    if mode in cfg.endpoints:  # already running: checked, not started
-        base_url = cfg.endpoints[mode].rstrip("/")
-        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
-        seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
-        say(
-            f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
-            f"`{shlex.join(commands[0])}` would be"
-        )
-        server = contextlib.nullcontext(base_url)
-    else:
-        limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
-
-        def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
-            commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port))
-            say(
-                f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})"
-            )
-            return commands[-1]
-
-        server = ManagedServer(
-            command,
-            launch_env(engine, card.model, log_path.parent / ".hf_cache"),
-            server_url(cfg.host, cfg.port),
-            log_path,
-            limit,
-            say=say,
-        )
+    server = mode_server(engine, cfg, card, draft_path, mode, commands, log_path, say)
     with (
         server as base_url,
         Progress(
@@ -111,46 +179,11 @@ def run_mode(
             TimeRemainingColumn(),
         ) as bar,
     ):
-        endpoint = engine_endpoint(engine, base_url)
-
-        def load(description: str, requests: int, concurrency: int):
-            task = bar.add_task(description, total=requests)
-            return asyncio.run(
-                run_load(
-                    endpoint,
-                    prompts,
-                    requests,
-                    concurrency,
-                    cfg.max_new_tokens,
-                    cfg.request_timeout_s,
-                    on_done=lambda _r: bar.advance(task),
-                )
-            )
-
+        load = LevelLoad(engine_endpoint(engine, base_url), prompts, cfg, bar)
         for i in range(cfg.warmup):
             load(f"{mode} warm-up {i + 1}", len(prompts), max(cfg.concurrency))
         for c in cfg.concurrency:
-            requests = cfg.requests_per_level or max(len(prompts), 4 * c)
-            before = metrics_snapshot(engine, base_url)
-            results, wall = load(f"{mode} c={c}", requests, c)
-            if engine == "vllm":
-                time.sleep(1.0)  # the frontend records a step's stats after handing its tokens out
-            after = metrics_snapshot(engine, base_url)
-            summary = summarize_load(results, wall)
-            if engine == "vllm":
-                acceptance = vllm_acceptance(before, after)
-            else:
-                acceptance = sglang_acceptance([r.meta_info for r in results if r.ok])
-            failures = [r.error for r in results if not r.ok]
-            if failures and len(failures) == len(results):
-                raise RuntimeError(f"every request at concurrency {c} failed, e.g. {failures[0]}")
-            say(
-                f"benchmark: {mode} c={c}: "
-                f"{summary['output_tokens_per_s']:.1f} tok/s, ttft p50 {summary['ttft_ms_p50']} ms, "
-                f"{summary['failed']} failed"
-                + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else "")
-            )
-            levels[c] = (summary, acceptance, first_texts(results), (before, after))
+            levels[c] = measure_level(engine, cfg, mode, c, load, base_url, say)
     return {"command": shlex.join(commands[-1]), "levels": levels}
 
 

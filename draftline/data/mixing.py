@@ -51,9 +51,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from draftline.core.io import file_sha256, read_json, text_sha256
+from draftline.core.io import file_sha256, read_json, text_sha256, write_jsonl, write_meta
+from draftline.data.config import check_weights
 from draftline.data.formats import content_hash
 
 HOLDOUT_RULES = ("exact", "template")
@@ -263,6 +264,51 @@ def next_rows(
     return rows, {name: sum(id(row) in taken for row in part) for name, part in ordered.items()}
 
 
+@dataclass
+class HeldOut:
+    """Eval and dev, drawn off the front of the merged sequence, and what they left for train."""
+
+    eval: list[dict]
+    dev: list[dict]
+    ordered: dict[str, list[dict]]  # each dataset's rows after eval and dev, their twins skipped
+    starts: dict[str, int]  # rows each dataset gave eval and dev: train's numbering goes on from it
+    skipped: dict[str, Counter]  # per dataset, its rows skipped as twins ("exact" / "template")
+
+
+def hold_out(
+    ordered: dict[str, list[dict]],
+    weights: dict[str, float],
+    eval_samples: int,
+    dev_samples: int,
+    holdout: str,
+) -> HeldOut:
+    """Eval, then dev (when dev_samples), from the seeded-order rows of each dataset, skipping in
+    what is left every twin (rule `holdout`) of the prompts held out so far."""
+    # Each split takes a prefix of what is left of every dataset; what follows it is merged on,
+    # numbered from where the split left each dataset, less the twins of the prompts held out so
+    # far: with no twin skipped this is the one merged sequence continued, and a skipped twin's
+    # place goes to its own dataset's next row (shares hold).
+    skipped = {name: Counter() for name in ordered}
+    starts = dict.fromkeys(ordered, 0)
+    held: list[dict] = []
+
+    def take(n: int) -> list[dict]:
+        nonlocal ordered
+        rows, counts = next_rows(ordered, weights, starts, n)
+        held.extend(rows)
+        for name in ordered:
+            starts[name] += counts[name]
+        ordered = {
+            name: list(without_eval_twins(part[counts[name] :], held, holdout, skipped[name]))
+            for name, part in ordered.items()
+        }
+        return rows
+
+    eval_rows = take(eval_samples)
+    dev = take(dev_samples) if dev_samples else []
+    return HeldOut(eval_rows, dev, ordered, starts, skipped)
+
+
 def mix_splits(
     pools: dict[str, list[dict]],
     weights: dict[str, float],
@@ -292,52 +338,52 @@ def mix_splits(
     pools, copies = drop_cross_duplicates(pools)
     pools, renamed = make_ids_unique(pools)
     ordered = {name: seeded_order(rows, name, seed) for name, rows in pools.items()}
-    # Each split takes a prefix of what is left of every dataset; what follows it is merged on,
-    # numbered from where the split left each dataset, less the twins of the prompts held out so
-    # far: with no twin skipped this is the one merged sequence continued, and a skipped twin's
-    # place goes to its own dataset's next row (shares hold).
-    skipped = {name: Counter() for name in ordered}
-    starts = dict.fromkeys(ordered, 0)
-    held: list[dict] = []
-
-    def take(n: int) -> list[dict]:
-        nonlocal ordered
-        rows, counts = next_rows(ordered, weights, starts, n)
-        held.extend(rows)
-        for name in ordered:
-            starts[name] += counts[name]
-        ordered = {
-            name: list(without_eval_twins(part[counts[name] :], held, holdout, skipped[name]))
-            for name, part in ordered.items()
-        }
-        return rows
-
-    eval_rows = take(eval_samples)
-    dev = take(dev_samples) if dev_samples else []
-    sequence = merge_by_weight(ordered, weights, starts)
+    held = hold_out(ordered, weights, eval_samples, dev_samples, holdout)
+    sequence = merge_by_weight(held.ordered, weights, held.starts)
     train = tag_partition(list(islice(under_caps(sequence, caps), samples)), long_threshold_tokens)
-    eval_rows = tag_partition(eval_rows, long_threshold_tokens)
-    dev = tag_partition(dev, long_threshold_tokens)
+    eval_rows = tag_partition(held.eval, long_threshold_tokens)
+    dev = tag_partition(held.dev, long_threshold_tokens)
     if not train:
         raise ValueError(
             f"mix: no rows left for train; {len(eval_rows)} rows went to eval and {len(dev)} to "
             f"dev (eval_samples={eval_samples}, dev_samples={dev_samples})"
         )
+    splits = {"train": train, "eval": eval_rows, "dev": dev}
+    requested = {"train": samples, "eval": eval_samples, "dev": dev_samples}
+    report = mix_report(
+        pools, weights, caps, holdout, requested, splits, held.skipped, copies, renamed
+    )
+    return splits, report
+
+
+def mix_report(
+    pools: dict[str, list[dict]],
+    weights: dict[str, float],
+    caps: dict[str, int],
+    holdout: str,
+    requested: dict[str, int],
+    splits: dict[str, list[dict]],
+    skipped: dict[str, Counter],
+    copies: dict[str, dict[str, int]],
+    renamed: int,
+) -> dict:
+    """mix_splits' report: what was asked (`requested`, per split) and drawn (`splits`), per
+    dataset, the duplicates dropped (`copies`), ids renamed and the hold-out's twins (`skipped`)."""
+    train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
     total = sum(weights[name] for name in pools)
     train_counts = Counter(row["source"] for row in train)
     per_dataset = dataset_table(
         pools,
         {name: weights[name] / total for name in pools},
         caps,
-        samples,
+        requested["train"],
         train_counts,
         Counter(row["source"] for row in eval_rows),
         Counter(row["source"] for row in dev),
         {name: sum(c.values()) for name, c in skipped.items()},
     )
-    skipped_total = sum(skipped.values(), Counter())
-    report = {
-        "requested": {"train": samples, "eval": eval_samples, "dev": dev_samples},
+    return {
+        "requested": requested,
         "weights": {name: weights[name] / total for name in sorted(pools)},
         "available": {name: len(rows) for name, rows in sorted(pools.items())},
         "train": split_counts(train),
@@ -353,28 +399,31 @@ def mix_splits(
             "copies_of": {name: c for name, c in copies.items() if c},
         },
         "ids_renamed": renamed,
-        "holdout": {
-            "rule": holdout,
-            "train_rows_skipped": {
-                "exact": skipped_total["exact"],
-                "template": skipped_total["template"],
-            },
-            "eval_with_twin_in_train": twin_overlap(train, eval_rows),
-            "dev_with_twin_in_train": twin_overlap(train, dev),
-            "eval_with_twin_in_dev": twin_overlap(dev, eval_rows),
-            "eval": len(eval_rows),
-            "dev": len(dev),
-        },
-        "shortfall": {
-            "train": samples - len(train),
-            "eval": eval_samples - len(eval_rows),
-            "dev": dev_samples - len(dev),
-        },
+        "holdout": holdout_report(holdout, splits, skipped),
+        "shortfall": {split: requested[split] - len(splits[split]) for split in requested},
         "per_dataset": per_dataset,
         "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
         "max_samples_at_weights": max_samples_at_weights(per_dataset),
     }
-    return {"train": train, "eval": eval_rows, "dev": dev}, report
+
+
+def holdout_report(rule: str, splits: dict[str, list[dict]], skipped: dict[str, Counter]) -> dict:
+    """The report's `holdout`: the rule, the train rows skipped as twins, and the eval and dev
+    prompts that keep a twin in train (or eval in dev)."""
+    train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
+    skipped_total = sum(skipped.values(), Counter())
+    return {
+        "rule": rule,
+        "train_rows_skipped": {
+            "exact": skipped_total["exact"],
+            "template": skipped_total["template"],
+        },
+        "eval_with_twin_in_train": twin_overlap(train, eval_rows),
+        "dev_with_twin_in_train": twin_overlap(train, dev),
+        "eval_with_twin_in_dev": twin_overlap(dev, eval_rows),
+        "eval": len(eval_rows),
+        "dev": len(dev),
+    }
 
 
 def dataset_table(
@@ -624,3 +673,34 @@ def mix_prepared(
     report["prepare"] = prepared
     report["dropped_by_reason"] = dict(sorted((+reasons).items(), key=lambda kv: (-kv[1], kv[0])))
     return Mixed(train, eval_rows, splits["dev"], report, paths, inputs, shortfall)
+
+
+class Paths(NamedTuple):
+    prepared: Path  # datasets/prepared: <name>.jsonl of each dataset
+    prepare_reports: Path  # reports/prepare: <name>.json of each dataset (its drop counts)
+    out: Path  # datasets/prompts: train.jsonl, eval.jsonl, dev.jsonl, meta.json
+
+
+def run(params, paths: Paths) -> Mixed:
+    """Stage `mix`: the prepared datasets mixed by params.mix into paths.out (train, eval and dev
+    prompts as full records, meta.json); the mix, whose report the stage writes. ValueError as
+    mix_prepared, or for mix.weights that do not name the datasets."""
+    check_weights(params.datasets, params.mix)
+    mixed = mix_prepared(
+        list(params.datasets),
+        paths.prepared,
+        paths.prepare_reports,
+        params.mix,
+        params.samples,
+        params.seed,
+    )
+    for split in ("train", "eval", "dev"):
+        write_jsonl(paths.out / f"{split}.jsonl", full_records(getattr(mixed, split), mixed.paths))
+    write_meta(
+        paths.out,
+        "mix",
+        {"samples": params.samples, "seed": params.seed, "mix": params.mix.model_dump()},
+        inputs=mixed.inputs,
+        counts={"train": len(mixed.train), "eval": len(mixed.eval), "dev": len(mixed.dev)},
+    )
+    return mixed

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.data.formats import PrepareStats, iter_records
 
@@ -175,3 +175,14 @@ def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
         else hub_revision(spec.path, spec.name, spec.revision),
         **stats.as_dict(),
     }
+
+
+class Paths(NamedTuple):
+    dataset: str  # the dataset's name in params.yaml `datasets`: where its rows are addressed
+    out: Path  # datasets/prepared/<name>.jsonl
+
+
+def run(params, paths: Paths) -> dict:
+    """Stage `prepare`: the dataset paths.dataset of params.datasets normalized into paths.out;
+    its report. FileNotFoundError / ValueError as prepare_dataset."""
+    return prepare_dataset(paths.dataset, params.datasets[paths.dataset], str(paths.out))

@@ -195,6 +195,86 @@ def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> 
     return {}
 
 
+def _check_served_name(shown: str, models: list, model_name: str) -> list:
+    """The model ids /v1/models lists; raises PreflightError when they do not include model_name
+    (an empty list passes: transformers serve may list none)."""
+    served = [m.get("id") for m in models if isinstance(m, dict)]
+    if served and model_name not in served:
+        raise PreflightError(
+            f"{shown} serves {served}, not the target {model_name!r} of the card; "
+            "point regenerate at the target's server (or set regenerate.served_model_name)"
+        )
+    return served
+
+
+def _check_probe_count(
+    client,
+    base_url: str,
+    shown: str,
+    model_name: str,
+    expected: list[int],
+    chat_template_kwargs: dict,
+    attempts: int,
+) -> int:
+    """The prompt tokens the server counts for the probe chat request; raises PreflightError unless
+    the request succeeds and the count is that of `expected`, the target's own ids."""
+    body = {
+        "model": model_name,
+        "messages": PROBE_MESSAGES,
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
+    if chat_template_kwargs:
+        body["chat_template_kwargs"] = chat_template_kwargs
+    resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
+    if resp.status_code != 200:
+        raise PreflightError(
+            f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
+            f"{resp.text[:300]}"
+        )
+    counted = (resp.json().get("usage") or {}).get("prompt_tokens")
+    if counted != len(expected):
+        raise PreflightError(
+            f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "
+            f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
+            "chat template than the card's target"
+        )
+    return counted
+
+
+def _vllm_probe_ids_match(
+    client,
+    base_url: str,
+    shown: str,
+    model_name: str,
+    expected: list[int],
+    chat_template_kwargs: dict,
+    attempts: int,
+) -> bool:
+    """Exact ids through vLLM's /tokenize (chat form): True when they are `expected`, False when
+    /tokenize does not answer 200; raises PreflightError when they differ."""
+    tok = _request(
+        client,
+        "POST",
+        f"{base_url}/tokenize",
+        attempts,
+        json={
+            "model": model_name,
+            "messages": PROBE_MESSAGES,
+            "add_generation_prompt": True,
+            **({"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}),
+        },
+    )
+    if tok.status_code != 200:
+        return False
+    if tok.json().get("tokens") != expected:
+        raise PreflightError(
+            f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
+            "target's tokenizer and chat template"
+        )
+    return True
+
+
 def preflight_regeneration(
     base_url: str,
     engine: str,
@@ -228,63 +308,15 @@ def preflight_regeneration(
             **{k: v for k, v in probe.items() if k not in ("engines", "checked", "speculative")},
             "speculative": False,
         }
-
-        served = [m.get("id") for m in models if isinstance(m, dict)]
-        if served and model_name not in served:
-            raise PreflightError(
-                f"{shown} serves {served}, not the target {model_name!r} of the card; "
-                "point regenerate at the target's server (or set regenerate.served_model_name)"
-            )
-        seen["served_models"] = served
-
+        seen["served_models"] = _check_served_name(shown, models, model_name)
         expected = prompt_ids(PROBE_MESSAGES, None)
-        body = {
-            "model": model_name,
-            "messages": PROBE_MESSAGES,
-            "max_tokens": 1,
-            "temperature": 0.0,
-        }
-        if chat_template_kwargs:
-            body["chat_template_kwargs"] = chat_template_kwargs
-        resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
-        if resp.status_code != 200:
-            raise PreflightError(
-                f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
-                f"{resp.text[:300]}"
-            )
-        counted = (resp.json().get("usage") or {}).get("prompt_tokens")
-        if counted != len(expected):
-            raise PreflightError(
-                f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "
-                f"tokenizer and chat template {len(expected)}: it serves another model, tokenizer or "
-                "chat template than the card's target"
-            )
-        seen["probe_prompt_tokens"] = counted
-
-        if engine == "vllm":  # exact ids through vLLM's /tokenize (chat form)
-            tok = _request(
-                client,
-                "POST",
-                f"{base_url}/tokenize",
-                attempts,
-                json={
-                    "model": model_name,
-                    "messages": PROBE_MESSAGES,
-                    "add_generation_prompt": True,
-                    **(
-                        {"chat_template_kwargs": chat_template_kwargs}
-                        if chat_template_kwargs
-                        else {}
-                    ),
-                },
-            )
-            if tok.status_code == 200:
-                if tok.json().get("tokens") != expected:
-                    raise PreflightError(
-                        f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
-                        "target's tokenizer and chat template"
-                    )
-                seen["probe_token_ids"] = "match"
+        seen["probe_prompt_tokens"] = _check_probe_count(
+            client, base_url, shown, model_name, expected, chat_template_kwargs, attempts
+        )
+        if engine == "vllm" and _vllm_probe_ids_match(
+            client, base_url, shown, model_name, expected, chat_template_kwargs, attempts
+        ):
+            seen["probe_token_ids"] = "match"
     return seen
 
 

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.io import read_json, read_jsonl
+from draftline.draft.checkpoint import load_draft
+from draftline.target.model import load_target
+from draftline.tokens.chat import first_turn_ids
+
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.evaluate.config import EvaluateConfig
@@ -259,6 +264,181 @@ def per_source_report(groups, k: int) -> dict:
     }
 
 
+def _new_group() -> dict:
+    """An empty tally of one group of prompts, as per_source_report reads it."""
+    return {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
+
+
+@dataclass
+class EvaluationTally:
+    """What evaluate_draft gathers over the prompts: rounds, emitted tokens and teacher-forced
+    sums, overall and per group, with each prompt's verdict, first-turn ids and greedy output."""
+
+    rounds: list[int] = field(default_factory=list)
+    emitted: list[int] = field(default_factory=list)
+    sums: dict[str, float] = field(default_factory=dict)
+    sums_stored: dict[str, float] = field(default_factory=dict)  # over fp8 round-tripped states
+    verdicts: dict[str, str] = field(default_factory=dict)
+    per_source: defaultdict = field(default_factory=lambda: defaultdict(_new_group))
+    # (dataset, its row's own source)
+    per_detail: defaultdict = field(default_factory=lambda: defaultdict(_new_group))
+    generated: int = 0
+    prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    greedy: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, row: dict, spec, sums: dict[str, float]) -> None:
+        """Count one prompt's speculative rounds and teacher-forced sums in its groups and overall."""
+        groups = [self.per_source[row.get("source", "?")]]
+        if row.get("source_detail"):
+            groups.append(self.per_detail[(row.get("source", "?"), row["source_detail"])])
+        for src in groups:
+            src["rounds"].extend(spec.accepted_per_round)
+            src["emitted"].extend(spec.emitted_per_round)
+            src["prompts"] += 1
+            add_sums(src["sums"], sums)
+        self.rounds.extend(spec.accepted_per_round)
+        self.emitted.extend(spec.emitted_per_round)
+        add_sums(self.sums, sums)
+
+
+@dataclass(frozen=True)
+class EvaluationModels:
+    """The loaded target, its tokenizer and the draft, with what decoding every prompt shares."""
+
+    target: object
+    tokenizer: object
+    draft: object
+    device: str
+    stop: set[int]
+    tie_tolerance: float
+
+
+def load_models(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path) -> EvaluationModels:
+    """The target (cfg's device, dtype and device_map) and the draft in draft_dir."""
+    import torch
+
+    device = cfg.resolved_device()
+    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
+    tie_tolerance = cfg.resolved_tie_tolerance()
+    draft = load_draft(draft_dir, card, device)
+    return EvaluationModels(
+        target, tokenizer, draft, device, eos_ids(tokenizer, target), tie_tolerance
+    )
+
+
+def trained_on_fp8(draft_dir: str | Path) -> bool:
+    """Whether the draft's meta.json records fp8 hidden states as what it was trained on."""
+    trained_on = (
+        (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {})
+        if Path(draft_dir, "meta.json").exists()
+        else {}
+    )
+    return trained_on.get("format") == "fp8"
+
+
+def evaluate_prompt(
+    models: EvaluationModels,
+    cfg: EvaluateConfig,
+    aux_ids: list[int],
+    row: dict,
+    fp8: bool,
+    tally: EvaluationTally,
+) -> None:
+    """Decode one eval prompt speculatively and greedily, judge it against greedy, and add its
+    rounds and teacher-forced sums (with fp8: also over fp8 round-tripped states) to tally."""
+    import torch
+
+    from draftline.evaluate.specdec import greedy_generate, speculative_generate
+
+    target, draft, stop = models.target, models.draft, models.stop
+    ids = tally.prompt_ids[row["id"]] = first_turn_ids(models.tokenizer, row)
+    spec = speculative_generate(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+    plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, models.tie_tolerance)
+    tally.verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, models.tie_tolerance)
+    tally.greedy[row["id"]] = list(plain.tokens)
+    sums = teacher_forced_sums(
+        draft, teacher_forced_sample(target, aux_ids, ids, plain.tokens), cfg.k, models.device
+    )
+    if fp8:
+        add_sums(
+            tally.sums_stored,
+            teacher_forced_sums(
+                draft,
+                teacher_forced_sample(target, aux_ids, ids, plain.tokens, torch.float8_e4m3fn),
+                cfg.k,
+                models.device,
+            ),
+        )
+    tally.add(row, spec, sums)
+    tally.generated += len(plain.tokens)
+
+
+def evaluation_report(
+    cfg: EvaluateConfig,
+    prompts: int,
+    tally: EvaluationTally,
+    real: dict,
+    sim: dict,
+    lossless: dict,
+    fp8: bool,
+) -> dict:
+    """The metrics report: real (acceptance_summary) and simulated acceptance overall, per source
+    and per row source where rows name one, the lossless figures, and tau_sim over fp8 states."""
+    report = {
+        "acceptance_length": real["acceptance_length"],
+        "tau_sim": sim["tau_sim"],
+        "tokens_per_step": real["tokens_per_step"],
+        "k": cfg.k,
+        "prompts": prompts,
+        "generated_tokens": tally.generated,
+        "rounds": real["rounds"],
+        "position_acceptance": real["position_acceptance"],
+        "emitted_position_acceptance": real["emitted_position_acceptance"],
+        "sim_position_accuracy": sim["position_accuracy"],
+        "histogram": real["histogram"],
+        "emitted_histogram": real["emitted_histogram"],
+        "per_source": per_source_report(sorted(tally.per_source.items()), cfg.k),
+        **(
+            {
+                "per_source_detail": per_source_report(
+                    (
+                        (f"{name}/{detail}", s)
+                        for (name, detail), s in sorted(tally.per_detail.items())
+                    ),
+                    cfg.k,
+                )
+            }
+            if tally.per_detail
+            else {}
+        ),
+        **lossless,
+    }
+    if fp8:
+        report["tau_sim_fp8_states"] = simulated_acceptance(tally.sums_stored, cfg.k)["tau_sim"]
+    return report
+
+
+def evaluation_plots(
+    train_prompts: int, samples: int, report: dict, real: dict
+) -> dict[str, list[dict]]:
+    """The plot files' rows: the scaling point (train prompts drawn, and requested) and the
+    acceptance at each draft position."""
+    return {
+        "acceptance_vs_samples.json": [
+            {
+                "samples": train_prompts,
+                "samples_requested": samples,
+                "acceptance_length": report["acceptance_length"],
+                "tau_sim": report["tau_sim"],
+            }
+        ],
+        "position_acceptance.json": [
+            {"position": int(pos), "acceptance": rate}
+            for pos, rate in real["position_acceptance"].items()
+        ],
+    }
+
+
 def evaluate_draft(
     cfg: EvaluateConfig,
     card: TargetCard,
@@ -269,107 +449,26 @@ def evaluate_draft(
     """Decode every eval prompt (up to cfg.prompts) speculatively and greedily with the target and
     the draft in draft_dir, check them lossless, and report real and simulated acceptance;
     `samples` (the params' training prompts requested) goes beside the scaling point."""
-    import torch
     from rich.progress import track
 
-    from draftline.core.io import read_json, read_jsonl
-    from draftline.draft.checkpoint import load_draft
-    from draftline.evaluate.specdec import greedy_generate, speculative_generate
-    from draftline.target.model import load_target
-    from draftline.tokens.chat import first_turn_ids
-
-    device = cfg.resolved_device()
-    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
-    tie_tolerance = cfg.resolved_tie_tolerance()
-    draft = load_draft(draft_dir, card, device)
-    stop = eos_ids(tokenizer, target)
+    models = load_models(cfg, card, draft_dir)
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise SystemExit(f"error: {eval_path} has no eval prompts")
     train_prompts = mixed_train_count(eval_path, samples)
 
     # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
-    trained_on = (
-        (read_json(f"{draft_dir}/meta.json").get("hidden_states") or {})
-        if Path(draft_dir, "meta.json").exists()
-        else {}
-    )
-    fp8 = trained_on.get("format") == "fp8"
-    sums_stored = {}
-    rounds_all, emitted_all, sums_all, verdicts = [], [], {}, {}
-    per_source = defaultdict(lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0})
-    per_detail = defaultdict(
-        lambda: {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
-    )  # (dataset, its row's own source)
-    generated = 0
-    prompt_ids, greedy = {}, {}
+    fp8 = trained_on_fp8(draft_dir)
+    tally = EvaluationTally()
     for row in track(rows, description="evaluate"):
-        ids = prompt_ids[row["id"]] = first_turn_ids(tokenizer, row)
-        spec = speculative_generate(
-            target, draft, card.aux_ids, ids, cfg.max_new_tokens, cfg.k, stop
-        )
-        plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, tie_tolerance)
-        verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, tie_tolerance)
-        greedy[row["id"]] = list(plain.tokens)
-        sums = teacher_forced_sums(
-            draft, teacher_forced_sample(target, card.aux_ids, ids, plain.tokens), cfg.k, device
-        )
-        if fp8:
-            add_sums(
-                sums_stored,
-                teacher_forced_sums(
-                    draft,
-                    teacher_forced_sample(
-                        target, card.aux_ids, ids, plain.tokens, torch.float8_e4m3fn
-                    ),
-                    cfg.k,
-                    device,
-                ),
-            )
-        groups = [per_source[row.get("source", "?")]]
-        if row.get("source_detail"):
-            groups.append(per_detail[(row.get("source", "?"), row["source_detail"])])
-        for src in groups:
-            src["rounds"].extend(spec.accepted_per_round)
-            src["emitted"].extend(spec.emitted_per_round)
-            src["prompts"] += 1
-            add_sums(src["sums"], sums)
-        rounds_all.extend(spec.accepted_per_round)
-        emitted_all.extend(spec.emitted_per_round)
-        add_sums(sums_all, sums)
-        generated += len(plain.tokens)
-    lossless = lossless_summary(verdicts, tie_tolerance, cfg.dtype, cfg.max_near_tie_share)
+        evaluate_prompt(models, cfg, card.aux_ids, row, fp8, tally)
+    lossless = lossless_summary(
+        tally.verdicts, models.tie_tolerance, cfg.dtype, cfg.max_near_tie_share
+    )
 
-    real = acceptance_summary(rounds_all, cfg.k, emitted_all)
-    sim = simulated_acceptance(sums_all, cfg.k)
-    report = {
-        "acceptance_length": real["acceptance_length"],
-        "tau_sim": sim["tau_sim"],
-        "tokens_per_step": real["tokens_per_step"],
-        "k": cfg.k,
-        "prompts": len(rows),
-        "generated_tokens": generated,
-        "rounds": real["rounds"],
-        "position_acceptance": real["position_acceptance"],
-        "emitted_position_acceptance": real["emitted_position_acceptance"],
-        "sim_position_accuracy": sim["position_accuracy"],
-        "histogram": real["histogram"],
-        "emitted_histogram": real["emitted_histogram"],
-        "per_source": per_source_report(sorted(per_source.items()), cfg.k),
-        **(
-            {
-                "per_source_detail": per_source_report(
-                    ((f"{name}/{detail}", s) for (name, detail), s in sorted(per_detail.items())),
-                    cfg.k,
-                )
-            }
-            if per_detail
-            else {}
-        ),
-        **lossless,
-    }
-    if fp8:
-        report["tau_sim_fp8_states"] = simulated_acceptance(sums_stored, cfg.k)["tau_sim"]
+    real = acceptance_summary(tally.rounds, cfg.k, tally.emitted)
+    sim = simulated_acceptance(tally.sums, cfg.k)
+    report = evaluation_report(cfg, len(rows), tally, real, sim, lossless, fp8)
     print(
         f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
         f"{report['tokens_per_step']:.3f} tokens emitted per step, "
@@ -377,20 +476,7 @@ def evaluate_draft(
     )
     return EvaluationRun(
         report,
-        {
-            "acceptance_vs_samples.json": [
-                {
-                    "samples": train_prompts,
-                    "samples_requested": samples,
-                    "acceptance_length": report["acceptance_length"],
-                    "tau_sim": report["tau_sim"],
-                }
-            ],
-            "position_acceptance.json": [
-                {"position": int(pos), "acceptance": rate}
-                for pos, rate in real["position_acceptance"].items()
-            ],
-        },
-        prompt_ids,
-        greedy,
+        evaluation_plots(train_prompts, samples, report, real),
+        tally.prompt_ids,
+        tally.greedy,
     )

@@ -29,10 +29,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from draftline.core.card import TargetCard
+from draftline.core.io import read_json, write_json
 
 if TYPE_CHECKING:
-    from draftline.core.card import TargetCard
     from draftline.hidden_states.config import HiddenStatesConfig
     from draftline.train.config import TrainConfig
 
@@ -311,3 +313,50 @@ def probe_extraction(
         run = probe_offline if path == "offline" else probe_online
         seen = run(hs, card, ids, Path(tmp), log_path)
     return {"path": path, "probed": True, "key": key, "passed": True, "seen": seen}
+
+
+STAMP = "train.init and vLLM extraction fit the target: checked by stages/probe.py.\n"
+
+
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    report: Path  # reports/probe.json: what was checked; the extraction pass's key
+    stamp: Path  # reports/probe_passed.txt: the same text for every pass
+
+
+def run(params, paths: Paths) -> dict:
+    """Stage `probe`: train.init checked against the card, and one row extracted through the
+    configured vLLM path (once per card and settings); the report, written to paths.report, whose
+    `error` says what failed. The stamp is written when nothing did."""
+    from draftline.draft.checkpoint import InitMismatch
+
+    card = TargetCard.load(paths.card)
+    previous = read_json(paths.report) if paths.report.exists() else {}
+    # a refusal of train.init keeps the last extraction pass: fixing it must not re-probe vLLM
+    report = {"init": None, "extraction": previous.get("extraction"), "error": None}
+    try:
+        if params.train.init:
+            report["init"] = check_init_fits(params.train, card, params.vocab.draft_vocab_size)
+            for warning in report["init"]["warnings"]:
+                print(f"probe: warning: {warning}")
+        report["extraction"] = probe_extraction(
+            params.hidden_states,
+            params.train,
+            card,
+            previous.get("extraction"),
+            paths.report.with_suffix(".vllm.log"),
+        )
+    except InitMismatch as err:
+        report["error"] = str(err)
+    except ProbeFailed as err:
+        report["extraction"] = None
+        report["error"] = (
+            f"hidden_states: vLLM could not extract this target's states: {err}\n(the server "
+            "command and its log are above; a GPU held by another server, e.g. a kept-running "
+            "regeneration server, fails this too; hidden_states.vllm.probe: false skips the probe)"
+        )
+    write_json(paths.report, report)
+    if not report["error"] and (not paths.stamp.exists() or paths.stamp.read_text() != STAMP):
+        paths.stamp.parent.mkdir(parents=True, exist_ok=True)
+        paths.stamp.write_text(STAMP)
+    return report

@@ -230,32 +230,17 @@ async def chat_completion(
                 whole = True
                 raise HTTPError(response.status, text[:500], _retry_after(response.headers))
             if not response.content_type.startswith("text/event-stream"):
-                try:  # a server that ignores `stream` and answers whole
-                    answer = loads(await response.read())
-                except ValueError as err:  # a body that is not JSON
-                    raise BadAnswer(f"not JSON: {err}") from None
+                answer = await _read_whole(response)  # a server that ignores `stream`
                 whole = True
-                tokens = (
-                    (answer.get("usage") or {}).get("completion_tokens")
-                    if isinstance(answer, dict)
-                    else None
-                )
-                if on_token and isinstance(tokens, int):
+                tokens = _completion_tokens(answer)
+                if on_token and tokens is not None:
                     on_token(tokens)  # the progress line's tok/s counts whole answers too
                 return answer
             streamed = StreamedAnswer()
             pending, done = b"", False
             async for data in response.content.iter_any():  # lines split here, as bytes
                 *lines, pending = (pending + data).split(b"\n")
-                output = 0
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue  # blank separators, ": keep-alive" comments, "event:" names
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        break
-                    output += add_chunk(streamed, payload)
+                output, done = _add_events(streamed, lines)
                 if output:
                     phase = "token_timeout"
                     deadline.reschedule(loop.time() + gap)
@@ -266,26 +251,59 @@ async def chat_completion(
             if not done and pending.startswith(b"data:") and pending[5:].strip() != b"[DONE]":
                 add_chunk(streamed, pending[5:].strip())  # a last event without its newline
             answer = streamed.answer()
-        if on_token and isinstance((answer.get("usage") or {}).get("completion_tokens"), int):
-            on_token(
-                answer["usage"]["completion_tokens"] - streamed.chunks
-            )  # a chunk may hold several tokens
+        if on_token and (tokens := _completion_tokens(answer)) is not None:
+            on_token(tokens - streamed.chunks)  # a chunk may hold several tokens
         whole = await _read_to_end(response)
         return answer
     except TimeoutError:
-        if phase == "first_token_timeout":
-            raise AnswerTimeout(
-                phase, f"no token within {first:g} s of sending (regenerate.first_token_timeout_s)"
-            ) from None
-        raise AnswerTimeout(
-            phase, f"no next token within {gap:g} s (regenerate.token_timeout_s)"
-        ) from None
+        raise _answer_timeout(phase, first, gap) from None
     finally:
         if response is not None:
             if whole:
                 response.release()  # read to its end: the connection serves the next request
             else:
                 response.close()  # given up or cut: the server sees the connection close
+
+
+async def _read_whole(response):
+    """The body of a server that ignores `stream` and answers one JSON object; BadAnswer when
+    it is not JSON."""
+    try:
+        return loads(await response.read())
+    except ValueError as err:  # a body that is not JSON
+        raise BadAnswer(f"not JSON: {err}") from None
+
+
+def _completion_tokens(answer) -> int | None:
+    """An answer's usage.completion_tokens where it is an integer (None otherwise): the tokens
+    on_token counts for it."""
+    tokens = (
+        (answer.get("usage") or {}).get("completion_tokens") if isinstance(answer, dict) else None
+    )
+    return tokens if isinstance(tokens, int) else None
+
+
+def _add_events(streamed: StreamedAnswer, lines: list[bytes]) -> tuple[int, bool]:
+    """The `data:` events of whole stream lines added to the answer: (chunks carrying output,
+    whether [DONE] came; the lines after it are not read)."""
+    output = 0
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue  # blank separators, ": keep-alive" comments, "event:" names
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return output, True
+        output += add_chunk(streamed, payload)
+    return output, False
+
+
+def _answer_timeout(phase: str, first: float, gap: float) -> AnswerTimeout:
+    """The error of a request whose clock ran out in `phase` (first token, or next token)."""
+    if phase == "first_token_timeout":
+        return AnswerTimeout(
+            phase, f"no token within {first:g} s of sending (regenerate.first_token_timeout_s)"
+        )
+    return AnswerTimeout(phase, f"no next token within {gap:g} s (regenerate.token_timeout_s)")
 
 
 async def _read_to_end(response) -> bool:

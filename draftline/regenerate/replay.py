@@ -25,9 +25,11 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from draftline.regenerate.client import ConversationFailed, EndpointPool, RetryPolicy, complete
 from draftline.regenerate.index import IndexWriter
@@ -112,6 +114,86 @@ def trim_to_assistant(messages: list[dict]) -> list[dict]:
     return messages[: last + 1]
 
 
+def conversation_stats(temperature: float, seed: int | None) -> dict:
+    """A conversation's stats before its first answer (its `regeneration` record, in this order);
+    add_answer counts each answer in them."""
+    return {
+        "temperature": temperature,
+        "seed": seed,
+        "finish_reasons": [],
+        "stopped": "end",
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        # per assistant turn, like finish_reasons: the server's usage.completion_tokens (None when
+        # it sent none) and the token ids it generated (None when it returned none; see
+        # docs/regeneration.md "Token-exact answers")
+        "turn_completion_tokens": [],
+        "completion_token_ids": [],
+    }
+
+
+async def answer_budget(
+    max_tokens: int, max_context: int, count_tokens, messages: list[dict], tools, stats: dict
+) -> int | None:
+    """max_tokens of the next answer, cut to what max_context leaves of it; None when the prompt
+    fills max_context after an answer (stats stopped "context_full"), ConversationFailed when it
+    does before the first, or when the chat template rejects the conversation."""
+    try:
+        used = await count_tokens(messages, tools)
+    except Exception as err:  # noqa: BLE001 - a template that rejects this conversation
+        raise ConversationFailed("template_error", f"{type(err).__name__}: {err}") from None
+    if used >= max_context:
+        if not stats["finish_reasons"]:
+            raise ConversationFailed(
+                "prompt_too_long", f"{used} prompt tokens >= max_context {max_context}"
+            )
+        stats["stopped"] = "context_full"
+        return None
+    return min(max_tokens, max_context - used)
+
+
+def chat_request(
+    model: str,
+    messages: list[dict],
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    sampling: Sampling,
+    tools,
+    extra_body: dict | None,
+) -> dict:
+    """The request body of the next answer to `messages` (regenerate_conversation's docstring
+    says where extra_body goes)."""
+    request = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": sampling.top_p,
+    }
+    if seed is not None:
+        request["seed"] = seed
+    if sampling.chat_template_kwargs:
+        request["chat_template_kwargs"] = sampling.chat_template_kwargs
+    extras = dict(extra_body or {})
+    with_tools = extras.pop("with_tools", {})  # only beside tools (engine_request_fields)
+    request.update(extras)
+    if tools:
+        request.update(tools=tools, **with_tools)
+    return request
+
+
+def add_answer(stats: dict, choice: dict, usage: dict) -> str:
+    """Counts one answer (its choice and usage) in the conversation's stats; its finish_reason."""
+    finish_reason = choice.get("finish_reason") or "unknown"
+    stats["finish_reasons"].append(finish_reason)
+    for key in ("prompt_tokens", "completion_tokens"):
+        stats[key] += usage.get(key) or 0
+    stats["turn_completion_tokens"].append(usage.get("completion_tokens"))
+    stats["completion_token_ids"].append(choice.get("token_ids"))
+    return finish_reason
+
+
 async def regenerate_conversation(
     pool: EndpointPool,
     model: str,
@@ -134,19 +216,7 @@ async def regenerate_conversation(
     original, tools = row["messages"], row.get("tools")
     temperature, seed = sampling.for_conversation(row["id"])
     messages: list[dict] = []
-    stats = {
-        "temperature": temperature,
-        "seed": seed,
-        "finish_reasons": [],
-        "stopped": "end",
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        # per assistant turn, like finish_reasons: the server's usage.completion_tokens (None when
-        # it sent none) and the token ids it generated (None when it returned none; see
-        # docs/regeneration.md "Token-exact answers")
-        "turn_completion_tokens": [],
-        "completion_token_ids": [],
-    }
+    stats = conversation_stats(temperature, seed)
     i = 0
     while i < len(original):
         turn = original[i]
@@ -156,44 +226,18 @@ async def regenerate_conversation(
             continue
         max_tokens = sampling.max_tokens
         if max_context:
-            try:
-                used = await count_tokens(messages, tools)
-            except Exception as err:  # noqa: BLE001 - a template that rejects this conversation
-                raise ConversationFailed("template_error", f"{type(err).__name__}: {err}") from None
-            if used >= max_context:
-                if not stats["finish_reasons"]:
-                    raise ConversationFailed(
-                        "prompt_too_long", f"{used} prompt tokens >= max_context {max_context}"
-                    )
-                stats["stopped"] = "context_full"
+            max_tokens = await answer_budget(
+                max_tokens, max_context, count_tokens, messages, tools, stats
+            )
+            if max_tokens is None:
                 break
-            max_tokens = min(max_tokens, max_context - used)
-        request = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": sampling.top_p,
-        }
-        if seed is not None:
-            request["seed"] = seed
-        if sampling.chat_template_kwargs:
-            request["chat_template_kwargs"] = sampling.chat_template_kwargs
-        extras = dict(extra_body or {})
-        with_tools = extras.pop("with_tools", {})  # only beside tools (engine_request_fields)
-        request.update(extras)
-        if tools:
-            request.update(tools=tools, **with_tools)
+        request = chat_request(
+            model, messages, max_tokens, temperature, seed, sampling, tools, extra_body
+        )
         choice, usage = await complete(pool, request, policy, retries, on_token)
         reply = reply_message(choice)
         messages = messages + [reply]  # a new list: the request above keeps its own
-        finish_reason = choice.get("finish_reason") or "unknown"
-        stats["finish_reasons"].append(finish_reason)
-        for key in ("prompt_tokens", "completion_tokens"):
-            stats[key] += usage.get(key) or 0
-        stats["turn_completion_tokens"].append(usage.get("completion_tokens"))
-        stats["completion_token_ids"].append(choice.get("token_ids"))
-        if finish_reason == "length":
+        if add_answer(stats, choice, usage) == "length":
             stats["stopped"] = "length"
             break
         j = i + 1
@@ -330,6 +374,46 @@ async def regenerate_all(
     prompt_digests: id -> the prompt_line of its raw prompt line, for the index entries.
     """
     tally = Tally(partitions={name: PartitionTally() for name in partitions})
+    queues = partition_queues(rows, partitions)
+    counting = (
+        ThreadPoolExecutor(1, thread_name_prefix="count-ids")
+        if count_ids and any(max_context for _, max_context in partitions.values())
+        else None
+    )
+    with (
+        long_lived_heap(),
+        open(out_path, "ab") as out,
+        open(failures_path, "w") as failures,
+    ):
+        runner = ConversationRunner(
+            pool=pool,
+            model=model,
+            sampling=sampling,
+            policy=policy,
+            partitions=partitions,
+            tally=tally,
+            count_ids=count_ids,
+            counting=counting,
+            out=out,
+            failures=failures,
+            index=IndexWriter(out_path, out),
+            tags=tags,
+            prompt_digests=prompt_digests,
+            max_failures=max_failures,
+            on_done=on_done,
+            extra_body=extra_body,
+        )
+        await run_partitions(runner, queues, on_tick, tick_s)
+    tally.in_flight = pool.in_flight
+    tally.aborted = runner.stop.is_set()
+    return tally
+
+
+def partition_queues(
+    rows: list[dict], partitions: dict[str, tuple[int, int | None]]
+) -> dict[str, list[dict]]:
+    """The rows of each partition (a row's `partition`, "short" by default), in order;
+    ValueError for a partition `partitions` does not have."""
     queues: dict[str, list[dict]] = {name: [] for name in partitions}
     for row in rows:
         name = row.get("partition", "short")
@@ -338,132 +422,166 @@ async def regenerate_all(
                 f"prompt {row['id']}: unknown partition {name!r} (expected one of {sorted(queues)})"
             )
         queues[name].append(row)
-    stop = asyncio.Event()
+    return queues
 
-    def on_token(n: int) -> None:
-        tally.streamed_tokens += n
 
-    loop = asyncio.get_running_loop()
-    counting = (
-        ThreadPoolExecutor(1, thread_name_prefix="count-ids")
-        if count_ids and any(max_context for _, max_context in partitions.values())
-        else None
-    )
+@dataclass
+class ConversationRunner:
+    """What regenerate_all's workers share: each conversation sent, then its flushed line (in
+    out, or in failures) and its counts; `stop` is set past max_failures failures."""
 
-    async def count_tokens(messages: list[dict], tools) -> int:
-        return len(await loop.run_in_executor(counting, count_ids, messages, tools))
+    pool: EndpointPool
+    model: str
+    sampling: Sampling
+    policy: RetryPolicy
+    partitions: dict[str, tuple[int, int | None]]
+    tally: Tally
+    count_ids: Callable | None
+    counting: ThreadPoolExecutor | None  # the thread count_ids runs in
+    out: IO[bytes]
+    failures: IO[str]
+    index: IndexWriter
+    tags: dict
+    prompt_digests: dict[str, str] | None
+    max_failures: int | None
+    on_done: Callable | None
+    extra_body: dict | None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    with (
-        long_lived_heap(),
-        open(out_path, "ab") as out,
-        open(failures_path, "w") as failures,
-    ):
-        index = IndexWriter(out_path, out)
+    def on_token(self, n: int) -> None:
+        """Counts tokens as they stream in (the live tokens/s)."""
+        self.tally.streamed_tokens += n
 
-        async def one(name: str, row: dict) -> None:
-            part = tally.partitions[name]
-            part.sent += 1
-            part.first_start = part.first_start or time.monotonic()
-            max_context = partitions[name][1]
-            tally.conversations_in_flight += 1
-            try:
-                messages, stats = await regenerate_conversation(
-                    pool,
-                    model,
-                    row,
-                    sampling,
-                    policy,
-                    max_context,
-                    count_tokens,
-                    tally.retries,
-                    extra_body,
-                    on_token,
-                )
-            except ConversationFailed as err:
-                tally.failed += 1
-                part.failed += 1
-                tally.failure_reasons[err.reason] += 1
-                failures.write(
-                    json.dumps(
-                        {
-                            "id": row["id"],
-                            "partition": name,
-                            "reason": err.reason,
-                            "attempts": err.attempts,
-                            "detail": err.detail[:500],
-                        }
-                    )
-                    + "\n"
-                )
-                failures.flush()
-                if max_failures is not None and tally.failed > max_failures:
-                    stop.set()
-            except asyncio.CancelledError:
-                tally.cancelled += 1
-                raise
-            else:
-                record = {k: v for k, v in row.items() if k != "messages"}
-                record["messages"] = messages
-                record["regeneration"] = {**tags, "prompt_sha256": prompt_sha256(row), **stats}
-                line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-                out.write(line)
-                out.flush()  # the conversation is done once its line is out, then its index entry
-                index.add(line, record, (prompt_digests or {}).get(row["id"]))
-                turns = len(stats["finish_reasons"])
-                tally.ok += 1
-                part.ok += 1
-                tally.requests += turns
-                part.requests += turns
-                tally.truncated += "length" in stats["finish_reasons"]
-                tally.turns_with_token_ids += sum(
-                    ids is not None for ids in stats["completion_token_ids"]
-                )
-                tally.finish_reasons.update(stats["finish_reasons"])
-                tally.stopped[stats["stopped"]] += 1
-                for t in (tally, part):
-                    t.prompt_tokens += stats["prompt_tokens"]
-                    t.completion_tokens += stats["completion_tokens"]
-            finally:
-                tally.conversations_in_flight -= 1
-            part.last_end = time.monotonic()
-            tally.in_flight = pool.in_flight
-            if on_done:
-                on_done(tally)
+    async def count_tokens(self, messages: list[dict], tools) -> int:
+        """The prompt's token count: count_ids run in the counting thread, off the loop."""
+        loop = asyncio.get_running_loop()
+        return len(await loop.run_in_executor(self.counting, self.count_ids, messages, tools))
 
-        async def worker(name: str, queue) -> None:
-            for row in queue:  # one shared iterator per partition: each row goes to one worker
-                if stop.is_set():
-                    return
-                await one(name, row)
+    async def worker(self, name: str, queue) -> None:
+        """Regenerates rows of a partition's queue, one at a time, until it is empty or `stop`."""
+        for row in queue:  # one shared iterator per partition: each row goes to one worker
+            if self.stop.is_set():
+                return
+            await self.regenerate_one(name, row)
 
-        async def ticker() -> None:
-            while True:
-                await asyncio.sleep(tick_s)
-                tally.in_flight = pool.in_flight
-                on_tick(tally)
-
-        workers = []
-        slots = pool.slots * len(pool.endpoints) if pool.slots else None
-        for name, (concurrency, _) in partitions.items():
-            queue = iter(queues[name])
-            n = min(concurrency, len(queues[name]), slots or concurrency)
-            workers += [asyncio.create_task(worker(name, queue)) for _ in range(n)]
-        background = [asyncio.create_task(ticker())] if on_tick else []
-        stopping = asyncio.create_task(stop.wait())
+    async def regenerate_one(self, name: str, row: dict) -> None:
+        """One conversation of partition `name`, regenerated and recorded; then on_done(tally)."""
+        tally = self.tally
+        part = tally.partitions[name]
+        part.sent += 1
+        part.first_start = part.first_start or time.monotonic()
+        max_context = self.partitions[name][1]
+        tally.conversations_in_flight += 1
         try:
-            pending = {*workers, stopping}
-            while stopping in pending and pending - {stopping}:
-                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished - {stopping}:
-                    if task.exception():
-                        raise task.exception()  # a bug, not a failed conversation: stop everything
-        finally:  # stopped early, or done: the conversations still in flight are given up now
-            for task in [*workers, *background, stopping]:
-                task.cancel()
-            await asyncio.gather(*workers, *background, stopping, return_exceptions=True)
-            if counting:
-                counting.shutdown(wait=False, cancel_futures=True)
-            index.close()
-    tally.in_flight = pool.in_flight
-    tally.aborted = stop.is_set()
-    return tally
+            messages, stats = await regenerate_conversation(
+                self.pool,
+                self.model,
+                row,
+                self.sampling,
+                self.policy,
+                max_context,
+                self.count_tokens,
+                tally.retries,
+                self.extra_body,
+                self.on_token,
+            )
+        except ConversationFailed as err:
+            self.record_failure(name, row, err)
+        except asyncio.CancelledError:
+            tally.cancelled += 1
+            raise
+        else:
+            self.record_conversation(name, row, messages, stats)
+        finally:
+            tally.conversations_in_flight -= 1
+        part.last_end = time.monotonic()
+        tally.in_flight = self.pool.in_flight
+        if self.on_done:
+            self.on_done(tally)
+
+    def record_failure(self, name: str, row: dict, err: ConversationFailed) -> None:
+        """Counts a failed conversation and writes its flushed line of failures; sets `stop` once
+        there are more than max_failures."""
+        tally, part = self.tally, self.tally.partitions[name]
+        tally.failed += 1
+        part.failed += 1
+        tally.failure_reasons[err.reason] += 1
+        self.failures.write(
+            json.dumps(
+                {
+                    "id": row["id"],
+                    "partition": name,
+                    "reason": err.reason,
+                    "attempts": err.attempts,
+                    "detail": err.detail[:500],
+                }
+            )
+            + "\n"
+        )
+        self.failures.flush()
+        if self.max_failures is not None and tally.failed > self.max_failures:
+            self.stop.set()
+
+    def record_conversation(self, name: str, row: dict, messages: list[dict], stats: dict) -> None:
+        """Writes a regenerated conversation's flushed line, then its index entry, and counts it."""
+        record = {k: v for k, v in row.items() if k != "messages"}
+        record["messages"] = messages
+        record["regeneration"] = {**self.tags, "prompt_sha256": prompt_sha256(row), **stats}
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        self.out.write(line)
+        self.out.flush()  # the conversation is done once its line is out, then its index entry
+        self.index.add(line, record, (self.prompt_digests or {}).get(row["id"]))
+        tally, part = self.tally, self.tally.partitions[name]
+        turns = len(stats["finish_reasons"])
+        tally.ok += 1
+        part.ok += 1
+        tally.requests += turns
+        part.requests += turns
+        tally.truncated += "length" in stats["finish_reasons"]
+        tally.turns_with_token_ids += sum(ids is not None for ids in stats["completion_token_ids"])
+        tally.finish_reasons.update(stats["finish_reasons"])
+        tally.stopped[stats["stopped"]] += 1
+        for t in (tally, part):
+            t.prompt_tokens += stats["prompt_tokens"]
+            t.completion_tokens += stats["completion_tokens"]
+
+
+async def tick_every(pool: EndpointPool, tally: Tally, on_tick, tick_s: float) -> None:
+    """on_tick(tally) every tick_s, with the requests at the servers now, until cancelled."""
+    while True:
+        await asyncio.sleep(tick_s)
+        tally.in_flight = pool.in_flight
+        on_tick(tally)
+
+
+async def run_partitions(
+    runner: ConversationRunner, queues: dict[str, list[dict]], on_tick, tick_s: float
+) -> None:
+    """Each partition's workers (its concurrency, the rows and the pool's slots permitting) and
+    the ticker, until the queues are done or `stop`; then what is in flight is cancelled, the
+    counting thread let go and the index closed. A worker's exception comes out here."""
+    pool, stop = runner.pool, runner.stop
+    workers = []
+    slots = pool.slots * len(pool.endpoints) if pool.slots else None
+    for name, (concurrency, _) in runner.partitions.items():
+        queue = iter(queues[name])
+        n = min(concurrency, len(queues[name]), slots or concurrency)
+        workers += [asyncio.create_task(runner.worker(name, queue)) for _ in range(n)]
+    background = (
+        [asyncio.create_task(tick_every(pool, runner.tally, on_tick, tick_s))] if on_tick else []
+    )
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        pending = {*workers, stopping}
+        while stopping in pending and pending - {stopping}:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished - {stopping}:
+                if task.exception():
+                    raise task.exception()  # a bug, not a failed conversation: stop everything
+    finally:  # stopped early, or done: the conversations still in flight are given up now
+        for task in [*workers, *background, stopping]:
+            task.cancel()
+        await asyncio.gather(*workers, *background, stopping, return_exceptions=True)
+        if runner.counting:
+            runner.counting.shutdown(wait=False, cancel_futures=True)
+        runner.index.close()

@@ -36,8 +36,9 @@ from draftline.regenerate.store import (
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
+    from draftline.regenerate.client import RetryPolicy
     from draftline.regenerate.config import RegenerateConfig
-    from draftline.regenerate.replay import Tally
+    from draftline.regenerate.replay import Sampling, Tally
     from draftline.regenerate.store import Wanted
 
 
@@ -249,107 +250,21 @@ def send(
     preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
     endpoint's preflight saw, when sending started, server slots)."""
     from draftline.engines import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
-    from draftline.engines.commands import regenerate_command
-    from draftline.engines.preflight import PreflightError, preflight_regeneration
-    from draftline.engines.servers import ManagedServer, launch_env, server_url
-    from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
-    from draftline.regenerate.replay import Sampling, regenerate_all
     from draftline.target.model import card_tokenizer
     from draftline.tokens.chat import chat_prompt_ids
 
-    conversations_path = out / "conversations.jsonl"
     tokenizer = card_tokenizer(card)
-    if cfg.backend == "external":
-        server, urls = contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
-    else:
-        from draftline.engines.servers import startup_timeout_s
-
-        limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
-        print(
-            f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}"
-        )
-        server, urls = (
-            ManagedServer(
-                lambda port: regenerate_command(cfg, card, model_name, out, port),
-                launch_env(cfg.backend, card.model, out / ".hf_cache"),
-                server_url(cfg.host, cfg.port),
-                out / "server.log",
-                limit,
-                say=print,
-            ),
-            [],
-        )
-    sampling = Sampling(
-        cfg.max_tokens,
-        cfg.temperature,
-        cfg.top_p,
-        cfg.seed,
-        tuple((t.value, t.weight) for t in cfg.temperatures),
-        dict(cfg.chat_template_kwargs),
-    )
-    policy = RetryPolicy(
-        cfg.max_retries,
-        cfg.retry_backoff_s,
-        cfg.retry_backoff_max_s,
-        cfg.first_token_timeout_s,
-        cfg.token_timeout_s,
-    )
+    server, urls = server_or_endpoints(cfg, card, model_name, out)
+    sampling, policy = request_settings(cfg)
     slots = server_slots(cfg, engine)
     extra_body = engine_request_fields(engine, cfg.tool_call_parser)
-    partitions = {
-        "short": (cfg.short.concurrency, cfg.short.max_context),
-        "long": (cfg.long.concurrency, cfg.long.max_context),
-    }
 
     def count_ids(messages, tools):
         return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
 
-    async def run(on_done, on_tick):
-        pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
-        try:
-            return await regenerate_all(
-                pool,
-                model_name,
-                todo,
-                sampling,
-                policy,
-                partitions,
-                conversations_path,
-                out / "failures.jsonl",
-                tags,
-                count_ids,
-                math.floor(cfg.max_failure_rate * len(todo)),
-                on_done,
-                on_tick,
-                cfg.progress_every_s,
-                extra_body,
-                prompt_digests,
-            )
-        finally:
-            await close_pool(pool)
-
-    seen = []
     with server as launched:
         urls = urls or [launched]
-        for url in urls:
-            try:
-                seen.append(
-                    preflight_regeneration(
-                        url,
-                        engine,
-                        model_name,
-                        count_ids,
-                        dict(cfg.chat_template_kwargs),
-                        api_key,
-                        timeout_s=cfg.first_token_timeout_s,
-                        attempts=cfg.max_retries + 1,
-                    )
-                )
-            except PreflightError as err:
-                raise SystemExit(
-                    f"error: preflight refused the endpoint: {err} (nothing was sent or "
-                    f"moved: {conversations_path} is as it was)"
-                ) from None
+        seen = preflight_endpoints(cfg, engine, model_name, api_key, urls, count_ids, out)
         move_stale_lines()
         import aiohttp  # noqa: F401  its import is set-up, not sending time
 
@@ -365,12 +280,164 @@ def send(
         )
         with progress_bar(len(todo), slots and slots * len(urls)) as (on_done, on_tick):
             try:
-                tally = asyncio.run(run(on_done, on_tick))
+                tally = asyncio.run(
+                    send_over_pool(
+                        cfg,
+                        model_name,
+                        api_key,
+                        urls,
+                        slots,
+                        todo,
+                        tags,
+                        out,
+                        sampling,
+                        policy,
+                        extra_body,
+                        count_ids,
+                        prompt_digests,
+                        on_done,
+                        on_tick,
+                    )
+                )
             except KeyboardInterrupt:
                 raise SystemExit(
                     "regenerate: interrupted; finished conversations are kept, a rerun sends the rest"
                 ) from None
     return tally, seen, start, slots
+
+
+def server_or_endpoints(
+    cfg: RegenerateConfig, card: TargetCard, model_name: str, out: Path
+) -> tuple[contextlib.AbstractContextManager, list[str]]:
+    """(the server to enter, no URLs: entering it gives its URL), or for regenerate.backend
+    external (a null context, the endpoints' URLs). Nothing starts before it is entered."""
+    from draftline.engines.commands import regenerate_command
+    from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
+
+    if cfg.backend == "external":
+        return contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
+    limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
+    print(
+        f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}"
+    )
+    server = ManagedServer(
+        lambda port: regenerate_command(cfg, card, model_name, out, port),
+        launch_env(cfg.backend, card.model, out / ".hf_cache"),
+        server_url(cfg.host, cfg.port),
+        out / "server.log",
+        limit,
+        say=print,
+    )
+    return server, []
+
+
+def request_settings(cfg: RegenerateConfig) -> tuple[Sampling, RetryPolicy]:
+    """The sampling of every conversation and the timeouts and retries of every request."""
+    from draftline.regenerate.client import RetryPolicy
+    from draftline.regenerate.replay import Sampling
+
+    sampling = Sampling(
+        cfg.max_tokens,
+        cfg.temperature,
+        cfg.top_p,
+        cfg.seed,
+        tuple((t.value, t.weight) for t in cfg.temperatures),
+        dict(cfg.chat_template_kwargs),
+    )
+    policy = RetryPolicy(
+        cfg.max_retries,
+        cfg.retry_backoff_s,
+        cfg.retry_backoff_max_s,
+        cfg.first_token_timeout_s,
+        cfg.token_timeout_s,
+    )
+    return sampling, policy
+
+
+def preflight_endpoints(
+    cfg: RegenerateConfig,
+    engine: str,
+    model_name: str,
+    api_key: str | None,
+    urls: list[str],
+    count_ids: Callable,
+    out: Path,
+) -> list[dict]:
+    """What each endpoint's preflight saw, in order; the first endpoint refused stops the run
+    before anything is sent or moved."""
+    from draftline.engines.preflight import PreflightError, preflight_regeneration
+
+    seen = []
+    for url in urls:
+        try:
+            seen.append(
+                preflight_regeneration(
+                    url,
+                    engine,
+                    model_name,
+                    count_ids,
+                    dict(cfg.chat_template_kwargs),
+                    api_key,
+                    timeout_s=cfg.first_token_timeout_s,
+                    attempts=cfg.max_retries + 1,
+                )
+            )
+        except PreflightError as err:
+            raise SystemExit(
+                f"error: preflight refused the endpoint: {err} (nothing was sent or "
+                f"moved: {out / 'conversations.jsonl'} is as it was)"
+            ) from None
+    return seen
+
+
+async def send_over_pool(
+    cfg: RegenerateConfig,
+    model_name: str,
+    api_key: str | None,
+    urls: list[str],
+    slots: int | None,
+    todo: list[dict],
+    tags: dict,
+    out: Path,
+    sampling: Sampling,
+    policy: RetryPolicy,
+    extra_body: dict,
+    count_ids: Callable,
+    prompt_digests: dict[str, str] | None,
+    on_done,
+    on_tick,
+) -> Tally:
+    """Sends `todo` (regenerate_all) through a pool of the endpoints opened in the running loop,
+    and closes the pool however the run ends."""
+    from draftline.regenerate.client import close_pool, open_pool
+    from draftline.regenerate.replay import regenerate_all
+
+    partitions = {
+        "short": (cfg.short.concurrency, cfg.short.max_context),
+        "long": (cfg.long.concurrency, cfg.long.max_context),
+    }
+    pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
+    try:
+        return await regenerate_all(
+            pool,
+            model_name,
+            todo,
+            sampling,
+            policy,
+            partitions,
+            out / "conversations.jsonl",
+            out / "failures.jsonl",
+            tags,
+            count_ids,
+            math.floor(cfg.max_failure_rate * len(todo)),
+            on_done,
+            on_tick,
+            cfg.progress_every_s,
+            extra_body,
+            prompt_digests,
+        )
+    finally:
+        await close_pool(pool)
 
 
 def run_report(
@@ -467,3 +534,33 @@ def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
         if value is not None and value.isdigit():
             return int(value)
     return None
+
+
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    prompts: Path  # datasets/prompts/train.jsonl
+    out: Path  # datasets/regenerated: conversations.jsonl, its index, superseded.jsonl, meta.json
+
+
+def run(params, paths: Paths) -> Regenerated:
+    """Stage `regenerate`: the prompts not yet answered, answered into paths.out, and meta.json;
+    the result, whose report the stage writes and whose `error` fails it."""
+    from draftline.core.card import TargetCard
+    from draftline.core.config import output_shaping
+    from draftline.core.io import write_meta
+
+    cfg = params.regenerate
+    card = TargetCard.load(paths.card)
+    result = regenerate(cfg, card, str(paths.prompts), paths.out)
+    # meta.json holds only what shapes the conversations: the operational settings (ports,
+    # endpoints, concurrency, timeouts, the engine and its launch arguments) go to the report and
+    # each line's engine record, so changing them keeps every conversation
+    write_meta(
+        paths.out,
+        "regenerate",
+        output_shaping(cfg),
+        target=card.model,
+        chat_template_sha256=card.chat_template_sha256,
+        fingerprint=result.fingerprint,
+    )
+    return result

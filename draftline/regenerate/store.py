@@ -9,19 +9,14 @@ prompt. A rerun keeps the lines whose settings still match, field by field, and 
 missing prompts. Nothing finished is deleted: a line made with other settings, for a changed
 prompt, a duplicate of an id or an unreadable line moves to superseded.jsonl beside it
 (append-only, with the reason and when), and a superseded line that matches the settings again
-comes back instead of being sent again. By hand:
-
-    draftline conversations restore datasets/regenerated [--dry-run]
-    draftline conversations restore datasets/regenerated --reason stale_settings [--id p1 ...]
-
-The first does what the stage does before sending (moves stale lines out, matching ones back);
+comes back instead of being sent again. By hand, `draftline conversations restore` (draftline/tools/conversations.py) does what the
+stage does before sending (moves stale lines out, matching ones back);
 the second brings the chosen lines back whatever settings made them, accepted for the current
 ones (`regeneration.accepted_for`), in place of the line that holds their id.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -33,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.config import output_shaping, stage_sections
+from draftline.core.config import output_shaping
 from draftline.core.io import atomic_path, read_json
 from draftline.regenerate.config import RegenerateConfig
 from draftline.regenerate.index import entry as index_entry
@@ -679,55 +674,3 @@ def restore(
         "skipped": dict(skipped),
         "dry_run": dry_run,
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="draftline conversations",
-        description="Bring superseded conversations back (datasets/regenerated/superseded.jsonl).",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser(
-        "restore",
-        help="without --reason/--id: the lines that match the current settings; with them: "
-        "the chosen lines, accepted for the current settings",
-    )
-    cmd.add_argument("directory", nargs="?", default="datasets/regenerated")
-    cmd.add_argument("--params", default="params.yaml")
-    cmd.add_argument("--card", default="models/target/card.json")
-    cmd.add_argument("--prompts", default="datasets/prompts/train.jsonl")
-    cmd.add_argument(
-        "--reason",
-        action="append",
-        choices=(
-            "stale_settings",
-            "unrecorded_settings",
-            "stale_prompt",
-            "duplicate",
-            "replaced",
-            "bad_line",
-        ),
-    )
-    cmd.add_argument("--id", action="append", dest="ids")
-    cmd.add_argument("--dry-run", action="store_true", help="count, move nothing")
-    args = parser.parse_args(argv)
-
-    from draftline.core.card import TargetCard
-
-    cfg = stage_sections(args.params, regenerate=RegenerateConfig).regenerate
-    card = TargetCard.load(args.card)
-    prompts = {row["id"]: row for row in read_prompts(args.prompts)}
-    directory = Path(args.directory)
-    result = restore(
-        directory,
-        prompts,
-        wanted_settings(cfg, card, directory),
-        args.reason,
-        args.ids,
-        args.dry_run,
-    )
-    print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()

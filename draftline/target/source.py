@@ -9,8 +9,9 @@ this module, so the builders are code deps of that stage alone.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.core.io import write_meta
 from draftline.target.model import RemoteCodeRequired, build_card
 
 if TYPE_CHECKING:
@@ -62,3 +63,16 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
         )
     except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
         raise TargetUnavailable(str(err)) from None
+
+
+class Paths(NamedTuple):
+    out: Path  # models/target: the model directory, with card.json and meta.json
+
+
+def run(params, paths: Paths) -> TargetCard:
+    """Stage `target`: the target of params.target resolved into paths.out, its card and
+    meta.json written beside it; the card. TargetUnavailable when it cannot be had."""
+    card = resolve_target(params.target, paths.out)
+    card.write(paths.out / "card.json")
+    write_meta(paths.out, "target", params.target.model_dump())
+    return card

@@ -102,32 +102,28 @@ def _batches(token_stream: list[int], seq_len: int, batch_size: int, rng: random
         yield torch.stack([data[s : s + seq_len + 1] for s in starts])  # (B, T+1)
 
 
-def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> dict:
-    """Generate the corpus, train tokenizer and model (on cfg.device), save both to out_dir.
-    Returns training stats."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+def _corpus_stream(conversations: list[dict], vocab_size: int):
+    """(tokenizer, token stream): the tokenizer trained on the rendered conversations, and their
+    tokens concatenated in order (what the model trains on)."""
     from transformers.utils.chat_template_utils import render_jinja_template
-
-    from draftline.core.config import resolve_device
-
-    device = resolve_device(cfg.device)
-
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    conversations = generate_conversations(cfg.corpus_conversations, cfg.seed)
 
     # The tokenizer learns its merges from the rendered text, markup included.
     rendered = [
         render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0]
         for c in conversations
     ]
-    tokenizer = train_tokenizer(rendered, cfg.vocab_size)
+    tokenizer = train_tokenizer(rendered, vocab_size)
     stream: list[int] = []
     for text in rendered:
         stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return tokenizer, stream
 
-    config = LlamaConfig(
+
+def _llama_config(cfg: TinyTargetConfig, tokenizer):
+    """The tiny model's LlamaConfig: cfg's sizes, the tokenizer's vocabulary and eos/pad ids."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -141,7 +137,15 @@ def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> di
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config).to(device)
+
+
+def _train_model(
+    model, stream: list[int], cfg: TinyTargetConfig, device, rng: random.Random, progress
+) -> float:
+    """Train `model` in place on random windows of `stream` (AdamW, warmup then cosine decay);
+    the exponential moving average of the loss at the last step."""
+    import torch
+
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     warmup = max(1, cfg.train_steps // 20)
@@ -168,6 +172,13 @@ def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> di
         ema_loss = loss if ema_loss is None else 0.95 * ema_loss + 0.05 * loss
         if progress:
             progress(step + 1, cfg.train_steps, ema_loss)
+    return ema_loss
+
+
+def _save_target(model, tokenizer, out_dir: Path) -> None:
+    """Move the model to the CPU in eval mode, give it its sampling generation config, and save
+    model and tokenizer to out_dir."""
+    from transformers import GenerationConfig
 
     model.to("cpu").eval()
     model.generation_config = GenerationConfig(
@@ -180,6 +191,25 @@ def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> dict:
+    """Generate the corpus, train tokenizer and model (on cfg.device), save both to out_dir.
+    Returns training stats."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from draftline.core.config import resolve_device
+
+    device = resolve_device(cfg.device)
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    conversations = generate_conversations(cfg.corpus_conversations, cfg.seed)
+    tokenizer, stream = _corpus_stream(conversations, cfg.vocab_size)
+    model = LlamaForCausalLM(_llama_config(cfg, tokenizer)).to(device)
+    ema_loss = _train_model(model, stream, cfg, device, rng, progress)
+    _save_target(model, tokenizer, out_dir)
     return {
         "final_train_loss": round(ema_loss, 4),
         "train_steps": cfg.train_steps,

@@ -45,7 +45,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from draftline.core.config import output_shaping
 from draftline.core.io import atomic_path, file_sha256, read_json, write_json
@@ -580,6 +580,140 @@ def tokenize_batch(
 # ---- the stage's work -------------------------------------------------------------------------
 
 
+def recorded_template_kwargs(regenerated_path: str) -> dict:
+    """The chat template arguments the server got (enable_thinking...), as regenerate recorded
+    them in its meta.json: the conversations are rendered with them."""
+    regen_meta = Path(regenerated_path).parent / "meta.json"
+    regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
+    return regen_params.get("chat_template_kwargs") or {}
+
+
+def start_output(
+    out: Path, key: dict, key_sha: str, lines: list[Line], vocab_size: int
+) -> tuple[Previous | None, str, ShardWriter, int]:
+    """(the previous output, why none, a ShardWriter holding its kept shards, how many): the
+    output directory made ready, a previous output with nothing to keep and partial files gone."""
+    prev, why_all = previous_output(out, key)
+    if prev is None and out.exists():  # nothing to keep: no stale shard survives
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob(".*.tmp"):  # a killed run's partial files
+        stray.unlink()
+    writer = ShardWriter(out, key_sha, vocab_size)
+    kept = kept_prefix(prev, lines)
+    for shard in prev.shards[:kept] if prev else []:
+        writer.keep(shard)
+    return prev, why_all, writer, kept
+
+
+class Reuse:
+    """The previous output's conversations after the first `start` (those of its kept shards), by
+    (id, sha256): an unchanged one's rows are copied from the previous shards, not tokenized again."""
+
+    def __init__(self, out: Path, prev: Previous | None, start: int):
+        self.out, self.prev = out, prev
+        self.reusable = {}  # (id, sha256) -> its position in the previous output
+        if prev is not None:
+            self.reusable = {key: i for i, key in enumerate(prev.keys) if i >= start}
+        self.mapped: dict = {}  # the previous shard rows are copied from (one at a time:
+        # its pages count in this process's memory while mapped)
+
+    def rows(self, i: int):
+        """The rows of the previous output's i-th conversation (a slice of its shard's table)."""
+        import pyarrow as pa
+
+        prev, mapped = self.prev, self.mapped
+        k = prev.shard_of[i]
+        if k not in mapped:
+            mapped.clear()
+            mapped[k] = pa.ipc.open_stream(pa.memory_map(str(self.out / prev.shards[k]["file"])))
+            mapped[k] = mapped[k].read_all()
+        return mapped[k].slice(prev.row_start[i], json.loads(prev.lines[i])["rows"])
+
+
+@dataclass
+class BatchFiles:
+    """What a batch of conversations passes through: the lines to tokenize read from the
+    regenerated file, then every conversation's rows (tokenized or copied) written to the shards
+    and its entry to the index, in line order."""
+
+    source: BinaryIO  # the regenerated file
+    index: BinaryIO  # the new index, being written
+    writer: ShardWriter
+    reuse: Reuse
+    counts: Counter  # conversations_ and rows_ copied and tokenized
+    tokenizer: object
+    stops: list[str]
+    template_kwargs: dict
+    vocab_size: int
+
+    def read(self, batch: list[Line]) -> tuple[list, list]:
+        """(line, row) of each conversation of the batch to tokenize, and their plans."""
+        fresh = []
+        for line in batch:
+            if (line.id, line.sha256) not in self.reuse.reusable:
+                self.source.seek(line.offset)
+                fresh.append((line, json.loads(self.source.read(line.size))))
+        return fresh, plan_batch(self.tokenizer, fresh, self.stops, self.template_kwargs)
+
+    def write(self, batch: list[Line], made: list[tuple[dict, list[dict]]]) -> None:
+        """The batch's rows and index entries: tokenize_batch's (`made`) for the lines read, the
+        previous output's for the others."""
+        reusable, counts = self.reuse.reusable, self.counts
+        made = iter(made)
+        fresh = []
+        for line in batch:
+            if (line.id, line.sha256) not in reusable:
+                fresh.append(next(made))
+        table = rows_table(
+            [row for _, rows in fresh for row in rows], self.writer.schema, self.vocab_size
+        )
+        fresh, at = iter(fresh), 0
+        for line in batch:
+            i = reusable.get((line.id, line.sha256))
+            if i is not None:
+                rows, raw = self.reuse.rows(i), self.reuse.prev.lines[i]
+                counts["conversations_copied"] += 1
+                counts["rows_copied"] += rows.num_rows
+            else:
+                entry, made_rows = next(fresh)
+                rows, at = table.slice(at, len(made_rows)), at + len(made_rows)
+                raw = (json.dumps(entry, ensure_ascii=False) + "\n").encode()
+                counts["conversations_tokenized"] += 1
+                counts["rows_tokenized"] += len(made_rows)
+            self.writer.add((line.id, line.sha256), rows)
+            self.index.write(raw)
+
+
+def run_batches(
+    batches: list[list[Line]],
+    files: BatchFiles,
+    worker: ThreadPoolExecutor,
+    card: TargetCard,
+    cfg: TokenizeConfig,
+    advance,
+) -> None:
+    """Every batch read, tokenized on `worker` (tokenize_batch) and written, in order; `advance`
+    gets the conversations of each batch written."""
+    # A pipeline: while the worker tokenizes batch k (the tokenizer runs outside the GIL),
+    # this thread writes batch k-1 and reads and renders batch k+1; batch k+1 is handed to
+    # the worker before batch k-1 is written, so the worker never waits on a write.
+    running = None  # (batch, future)
+    for batch in [*batches, None]:
+        planned = files.read(batch) if batch is not None else None
+        finished = None
+        if running is not None:
+            done, future = running
+            finished = done, future.result()
+        running = None
+        if planned is not None:
+            fresh, plans = planned
+            running = batch, worker.submit(tokenize_batch, files.tokenizer, fresh, plans, card, cfg)
+        if finished is not None:
+            files.write(*finished)
+            advance(len(finished[0]))
+
+
 def tokenize_dataset(
     card: TargetCard, prompts_path: str, regenerated_path: str, out_dir: str, cfg: TokenizeConfig
 ) -> dict:
@@ -593,17 +727,12 @@ def tokenize_dataset(
     unchanged conversations are copied into new shards; only new or changed lines are tokenized.
     meta.json is written last and names the files of the output: a killed run leaves the
     previous one whole (its files are removed only after the new meta.json is in place)."""
-    import pyarrow as pa
     from rich.progress import Progress
 
-    from draftline.core.io import write_meta
     from draftline.target.model import card_tokenizer
     from draftline.tokens.chat import end_of_turn_tokens
 
-    # render with the template arguments the server got (enable_thinking...), as regenerate recorded them
-    regen_meta = Path(regenerated_path).parent / "meta.json"
-    regen_params = read_json(regen_meta).get("params") or {} if regen_meta.exists() else {}
-    template_kwargs = regen_params.get("chat_template_kwargs") or {}
+    template_kwargs = recorded_template_kwargs(regenerated_path)
     tokenizer = card_tokenizer(card)
     stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
     lines, prompts, bad_lines = regenerated_lines(prompts_path, regenerated_path)
@@ -611,70 +740,14 @@ def tokenize_dataset(
     key_sha = _sha(key)
 
     out = Path(out_dir)
-    prev, why_all = previous_output(out, key)
-    if prev is None and out.exists():  # nothing to keep: no stale shard survives
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stray in out.glob(".*.tmp"):  # a killed run's partial files
-        stray.unlink()
-    writer = ShardWriter(out, key_sha, card.vocab_size)
-    kept = kept_prefix(prev, lines)
-    for shard in prev.shards[:kept] if prev else []:
-        writer.keep(shard)
+    prev, why_all, writer, kept = start_output(out, key, key_sha, lines, card.vocab_size)
     start = sum(s["conversations"] for s in writer.shards)
-    reusable = {}  # (id, sha256) -> its position in the previous output
-    if prev is not None:
-        reusable = {key: i for i, key in enumerate(prev.keys) if i >= start}
-    mapped: dict[int, pa.Table] = {}  # the previous shard rows are copied from (one at a time:
-    # its pages count in this process's memory while mapped)
-
-    def previous_rows(i: int):
-        k = prev.shard_of[i]
-        if k not in mapped:
-            mapped.clear()
-            mapped[k] = pa.ipc.open_stream(pa.memory_map(str(out / prev.shards[k]["file"])))
-            mapped[k] = mapped[k].read_all()
-        return mapped[k].slice(prev.row_start[i], json.loads(prev.lines[i])["rows"])
-
+    reuse = Reuse(out, prev, start)
     counts = Counter()
     todo = lines[start:]
     batches = [
         todo[at : at + BATCH_CONVERSATIONS] for at in range(0, len(todo), BATCH_CONVERSATIONS)
     ]
-
-    def write(batch: list[Line], made: list[tuple[dict, list[dict]]]) -> None:
-        made = iter(made)
-        fresh = []
-        for line in batch:
-            if (line.id, line.sha256) not in reusable:
-                fresh.append(next(made))
-        table = rows_table(
-            [row for _, rows in fresh for row in rows], writer.schema, card.vocab_size
-        )
-        fresh, at = iter(fresh), 0
-        for line in batch:
-            i = reusable.get((line.id, line.sha256))
-            if i is not None:
-                rows, raw = previous_rows(i), prev.lines[i]
-                counts["conversations_copied"] += 1
-                counts["rows_copied"] += rows.num_rows
-            else:
-                entry, made_rows = next(fresh)
-                rows, at = table.slice(at, len(made_rows)), at + len(made_rows)
-                raw = (json.dumps(entry, ensure_ascii=False) + "\n").encode()
-                counts["conversations_tokenized"] += 1
-                counts["rows_tokenized"] += len(made_rows)
-            writer.add((line.id, line.sha256), rows)
-            index.write(raw)
-
-    def read(batch: list[Line]) -> tuple[list, list]:
-        fresh = []
-        for line in batch:
-            if (line.id, line.sha256) not in reusable:
-                source.seek(line.offset)
-                fresh.append((line, json.loads(source.read(line.size))))
-        return fresh, plan_batch(tokenizer, fresh, stops, template_kwargs)
-
     index_tmp = out / f".{INDEX}.tmp"
     with (
         open(index_tmp, "wb") as index,
@@ -685,25 +758,12 @@ def tokenize_dataset(
         for raw in prev.lines[:start] if prev else []:
             index.write(raw)
         task = progress.add_task("tokenize", total=len(todo))
-        # A pipeline: while the worker tokenizes batch k (the tokenizer runs outside the GIL),
-        # this thread writes batch k-1 and reads and renders batch k+1; batch k+1 is handed to
-        # the worker before batch k-1 is written, so the worker never waits on a write.
-        running = None  # (batch, future)
-        for batch in [*batches, None]:
-            planned = read(batch) if batch is not None else None
-            finished = None
-            if running is not None:
-                done, future = running
-                finished = done, future.result()
-            running = None
-            if planned is not None:
-                fresh, plans = planned
-                running = batch, worker.submit(tokenize_batch, tokenizer, fresh, plans, card, cfg)
-            if finished is not None:
-                write(*finished)
-                progress.advance(task, len(finished[0]))
+        files = BatchFiles(
+            source, index, writer, reuse, counts, tokenizer, stops, template_kwargs, card.vocab_size
+        )
+        run_batches(batches, files, worker, card, cfg, lambda n: progress.advance(task, n))
         writer.close_shard()
-    mapped.clear()
+    reuse.mapped.clear()
     counts["conversations_kept"] = start
     counts["rows_kept"] = sum(s["rows"] for s in writer.shards[:kept])
     report = index_report(index_tmp, cfg, prompts - len(lines), bad_lines, stops)
@@ -711,30 +771,54 @@ def tokenize_dataset(
     if not report["rows"]:
         raise TokenizeError(no_rows_message(report, lengths, regenerated_path, cfg.max_length))
 
-    digest = file_sha256(index_tmp)[:16]
-    index_name = f"conversations-{digest}.jsonl"
-    os.replace(index_tmp, out / index_name)
-    write_dataset_files(out, writer.shards, digest)
-    freq = token_frequencies(out, writer.shards)
-    save_frequencies(freq, out / "token_freq.pt")
-    write_meta(
+    publish_output(
         out,
-        "tokenize",
-        output_shaping(cfg),  # max_truncated_share decides whether the stage passes, not the rows
+        index_tmp,
+        writer.shards,
+        cfg,
         chat_template_sha256=card.chat_template_sha256,
         end_of_turn_tokens=stops,
         chat_template_kwargs=template_kwargs,
         key_sha256=key_sha,
         key=key,
+    )
+    report["incremental"] = incremental_report(why_all, counts, kept, len(writer.shards))
+    return report
+
+
+def publish_output(
+    out: Path, index_tmp: Path, shards: list[dict], cfg: TokenizeConfig, **meta
+) -> None:
+    """The index named by its hash, the dataset files, token_freq.pt, then meta.json (`meta`:
+    write_meta's fields besides the index and shards), and only then the previous output's files
+    no longer named removed: a killed run leaves the previous output whole."""
+    from draftline.core.io import write_meta
+
+    digest = file_sha256(index_tmp)[:16]
+    index_name = f"conversations-{digest}.jsonl"
+    os.replace(index_tmp, out / index_name)
+    write_dataset_files(out, shards, digest)
+    freq = token_frequencies(out, shards)
+    save_frequencies(freq, out / "token_freq.pt")
+    write_meta(
+        out,
+        "tokenize",
+        output_shaping(cfg),  # max_truncated_share decides whether the stage passes, not the rows
+        **meta,
         index=index_name,
-        shards=writer.shards,
+        shards=shards,
     )
     named = {"meta.json", "state.json", "dataset_info.json", "token_freq.pt", index_name}
-    named |= {name for s in writer.shards for name in (s["file"], s["freq"])}
+    named |= {name for s in shards for name in (s["file"], s["freq"])}
     for path in out.iterdir():  # the previous output's files no longer named
         if path.name not in named and path.is_file():
             path.unlink()
-    report["incremental"] = {
+
+
+def incremental_report(why_all: str, counts: Counter, kept: int, shards: int) -> dict:
+    """The report's `incremental`: why every row was tokenized again (None when some were kept),
+    the conversations and rows kept, copied and tokenized, the shards kept and written."""
+    return {
         "all_tokenized_because": why_all or None,
         # kept: in shards left as they were; copied: into new shards from the previous output's
         **{
@@ -743,9 +827,8 @@ def tokenize_dataset(
             for what in ("conversations", "rows")
         },
         "shards_kept": kept,
-        "shards_written": len(writer.shards) - kept,
+        "shards_written": shards - kept,
     }
-    return report
 
 
 def save_frequencies(freq: dict[int, int], path: Path) -> None:
@@ -894,4 +977,23 @@ def truncation_error(report: dict) -> str | None:
         f"regenerate allows, regenerate.short/long.max_context; {check['max_length_for_threshold']} "
         f"would cut at most {check['threshold']:.0%} of these rows), or raise "
         "tokenize.max_truncated_share (1.0 turns the check off)."
+    )
+
+
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    prompts: Path  # datasets/prompts/train.jsonl: which conversations, in which order
+    regenerated: Path  # datasets/regenerated/conversations.jsonl
+    out: Path  # datasets/tokenized
+
+
+def run(params, paths: Paths) -> dict:
+    """Stage `tokenize`: the regenerated conversations tokenized by params.tokenize into
+    paths.out; the report (truncation_error says whether it fails). TokenizeError as
+    tokenize_dataset."""
+    from draftline.core.card import TargetCard
+
+    card = TargetCard.load(paths.card)
+    return tokenize_dataset(
+        card, str(paths.prompts), str(paths.regenerated), str(paths.out), params.tokenize
     )

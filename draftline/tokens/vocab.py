@@ -13,6 +13,11 @@ it would buy a draft capped below what its size allows (256 tokens of a 160k voc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
+
+from draftline.core.card import TargetCard
+from draftline.core.config import output_shaping
+from draftline.core.io import write_meta
 
 
 class VocabSizeError(ValueError):
@@ -111,3 +116,23 @@ def coverage_error(report: dict) -> str | None:
         f"Raise vocab.draft_vocab_size (the {check['size_for_threshold']} most frequent tokens "
         f"reach {check['threshold']:.0%}), or lower vocab.min_coverage (0 turns the check off)."
     )
+
+
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    freq: Path  # datasets/tokenized/token_freq.pt
+    out: Path  # models/vocab: d2t.npy, t2d.npy, meta.json
+
+
+def run(params, paths: Paths) -> dict:
+    """Stage `vocab`: the draft vocabulary of params.vocab written to paths.out, with meta.json;
+    the coverage report (coverage_error says whether it fails). VocabSizeError for a size that
+    cannot be built."""
+    cfg = params.vocab
+    card = TargetCard.load(paths.card)
+    report = build_draft_vocab(
+        str(paths.freq), cfg.draft_vocab_size, card.vocab_size, str(paths.out), cfg.min_coverage
+    )
+    # the threshold is operational: it decides whether the stage passes, not what it writes
+    write_meta(str(paths.out), "vocab", output_shaping(cfg))
+    return report

@@ -16,9 +16,9 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -111,10 +111,52 @@ def train_draft(
     each packed batch's states (no files are read), or a vLLM extraction server each row's. progress(p) follows every optimizer step: p has
     epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this
     run's steps so far (for tokens/s and an ETA)."""
-    from speculators.losses import resolve_loss_config
+    loop = _setup_loop(model, cfg, tokenized_dir, hs_dir, device, online, state_dir, fingerprint)
+    resumed_at = _resume(loop, say)
+    for record in loop.pos["history"]:
+        if log:
+            log(record)
+    for epoch in range(loop.pos["epoch"], cfg.epochs):
+        sums = _train_epoch(loop, epoch, progress)
+        _end_epoch(loop, epoch, sums, log)
+    model.load_state_dict(
+        {k: v.to(device) for k, v in loop.pos["best_state"].items()}, strict=False
+    )
+    return _train_result(loop, resumed_at, online)
 
-    dtype = hidden_states_dtype(device)
-    hidden_size = model.config.transformer_layer_config.hidden_size
+
+@dataclass
+class _Loop:
+    """One train_draft run: its data, model, optimizer and schedule, and where it stands (pos: what
+    the resume state saves and restores; the step times and tokens of this run's steps)."""
+
+    model: torch.nn.Module
+    cfg: TrainConfig
+    device: str
+    dtype: torch.dtype
+    hidden_size: int
+    train_set: Any  # make_dataset's ArrowDataset
+    val_set: Any
+    plan: list[list[list[int]]]  # per epoch, its packed batches of row indices
+    val_batches: list[list[int]]
+    total_steps: int
+    loss_config: Any
+    workers: int
+    pin: bool
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: Any
+    pos: dict
+    state_dir: Path | None
+    fingerprint: str
+    step_seconds: list[float] = field(default_factory=list)
+    run_tokens: int = 0
+    run_seconds: float = 0.0
+
+
+def _training_data(cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, dtype, online):
+    """(train set, val set, each epoch's packed train batches, the val batches): the split and its
+    packing plan, fixed by the seed before the first step."""
     train_ratio = 1 - cfg.val_fraction
     train_set = make_dataset(
         tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online
@@ -122,6 +164,28 @@ def train_draft(
     val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype, online)
     plan = [epoch_batches(train_set, cfg.pack_len, cfg.seed, e) for e in range(cfg.epochs)]
     val_batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
+    return train_set, val_set, plan, val_batches
+
+
+def _setup_loop(
+    model,
+    cfg: TrainConfig,
+    tokenized_dir: Path,
+    hs_dir: Path,
+    device: str,
+    online: OnlineStates | VllmOnline | None,
+    state_dir: Path | None,
+    fingerprint: str,
+) -> _Loop:
+    """train_draft's run at its start: the data, the loss, the model moved to `device`, its
+    optimizer and schedule over the whole run's steps."""
+    from speculators.losses import resolve_loss_config
+
+    dtype = hidden_states_dtype(device)
+    hidden_size = model.config.transformer_layer_config.hidden_size
+    train_set, val_set, plan, val_batches = _training_data(
+        cfg, tokenized_dir, hs_dir, dtype, online
+    )
     accum = cfg.grad_accum_steps
     total_steps = sum(math.ceil(len(b) / accum) for b in plan)
     loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
@@ -143,121 +207,181 @@ def train_draft(
         "best": None,
         "best_state": None,
     }
+    return _Loop(
+        model=model,
+        cfg=cfg,
+        device=device,
+        dtype=dtype,
+        hidden_size=hidden_size,
+        train_set=train_set,
+        val_set=val_set,
+        plan=plan,
+        val_batches=val_batches,
+        total_steps=total_steps,
+        loss_config=loss_config,
+        workers=workers,
+        pin=pin,
+        params=params,
+        opt=opt,
+        sched=sched,
+        pos=pos,
+        state_dir=state_dir,
+        fingerprint=fingerprint,
+    )
 
-    state = load_state(state_dir, fingerprint, say) if state_dir is not None else None
-    resumed_at = None
-    if state is not None:
-        model.load_state_dict({k: v.to(device) for k, v in state["model"].items()}, strict=False)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        set_rng_states(state["rng"])
-        pos = {k: state[k] for k in pos}
-        resumed_at = {k: pos[k] for k in ("epoch", "batch", "step")}
-        say(
-            f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {total_steps}"
-        )
-    for record in pos["history"]:
-        if log:
-            log(record)
 
-    def checkpoint(epoch: int, batch: int, sums: dict) -> None:
-        if state_dir is None:
-            return
-        save_state(
-            state_dir,
-            {
-                "fingerprint": fingerprint,
-                "epoch": epoch,
-                "batch": batch,
-                "step": pos["step"],
-                "train_sums": dict(sums),
-                "history": pos["history"],
-                "best": pos["best"],
-                "best_state": pos["best_state"],
-                "model": trainable_state(model),
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-                "rng": rng_states(),
-            },
-        )
+def _resume(loop: _Loop, say) -> dict | None:
+    """With a matching state in loop.state_dir, restore the weights, optimizer, schedule, RNG and
+    position from it; returns where the run resumes (None when it starts fresh)."""
+    if loop.state_dir is None:
+        return None
+    state = load_state(loop.state_dir, loop.fingerprint, say)
+    if state is None:
+        return None
+    loop.model.load_state_dict(
+        {k: v.to(loop.device) for k, v in state["model"].items()}, strict=False
+    )
+    loop.opt.load_state_dict(state["optimizer"])
+    loop.sched.load_state_dict(state["scheduler"])
+    set_rng_states(state["rng"])
+    loop.pos = {k: state[k] for k in loop.pos}
+    pos = loop.pos
+    say(
+        f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {loop.total_steps}"
+    )
+    return {k: pos[k] for k in ("epoch", "batch", "step")}
 
-    step_seconds = []
-    run_tokens, run_seconds = 0, 0.0
-    for epoch in range(pos["epoch"], cfg.epochs):
-        batches = plan[epoch]
-        epoch_steps = math.ceil(len(batches) / accum)
-        first = pos["batch"] if epoch == pos["epoch"] else 0
-        sums = dict(pos["train_sums"]) if epoch == pos["epoch"] else {}
-        model.train()
-        loader = iter(
-            make_loader(train_set, batches[first:], cfg.pack_len, hidden_size, dtype, workers, pin)
-        )
-        for start in range(first, len(batches), accum):
-            began = time.perf_counter()
-            n = min(accum, len(batches) - start)  # the last group of an epoch may be short
-            opt.zero_grad(set_to_none=True)
-            for _ in range(n):
-                with autocast(device):
-                    _, loss, metrics = run_batch(
-                        model,
-                        next(loader),
-                        device,
-                        cfg.ttt_steps,
-                        cfg.ttt_step_loss_decay,
-                        loss_config,
-                    )
-                (loss / n).backward()
-                accumulate(sums, metrics)
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            sched.step()
-            pos["step"] += 1
-            step_seconds.append(time.perf_counter() - began)
-            run_tokens += sum(
-                train_set.approx_lengths[i] for batch in batches[start : start + n] for i in batch
-            )
-            run_seconds += step_seconds[-1]
-            if progress:
-                progress(
-                    {
-                        "epoch": epoch,
-                        "epochs": cfg.epochs,
-                        "epoch_step": (start + n + accum - 1) // accum,
-                        "epoch_steps": epoch_steps,
-                        "step": pos["step"],
-                        "total_steps": total_steps,
-                        "tokens": run_tokens,
-                        "seconds": run_seconds,
-                    }
-                )
-            if pos["step"] % cfg.checkpoint_every_steps == 0 and start + n < len(batches):
-                checkpoint(epoch, start + n, sums)
-        val = validate(
-            model,
-            val_set,
-            val_batches,
-            cfg.pack_len,
-            device,
-            cfg.ttt_steps,
-            cfg.ttt_step_loss_decay,
-            loss_config,
-            workers,
-        )
-        record = {
+
+def _save_checkpoint(loop: _Loop, epoch: int, batch: int, sums: dict) -> None:
+    """Save the resume state (when the run has a state_dir): the run resumes at `batch` of `epoch`
+    with these train metric sums."""
+    if loop.state_dir is None:
+        return
+    save_state(
+        loop.state_dir,
+        {
+            "fingerprint": loop.fingerprint,
             "epoch": epoch,
-            "step": pos["step"],
-            "lr": sched.get_last_lr()[0],
-            "train": summarize(sums, cfg.ttt_steps),
-            "val": val,
-        }
-        pos["history"].append(record)
-        if log:
-            log(record)
-        # The epoch kept is the one with the best simulated acceptance length, not the lowest loss.
-        if pos["best"] is None or val["tau_sim"] > pos["best"]["val"]["tau_sim"]:
-            pos["best"], pos["best_state"] = record, trainable_state(model)
-        checkpoint(epoch + 1, 0, {})
-    model.load_state_dict({k: v.to(device) for k, v in pos["best_state"].items()}, strict=False)
+            "batch": batch,
+            "step": loop.pos["step"],
+            "train_sums": dict(sums),
+            "history": loop.pos["history"],
+            "best": loop.pos["best"],
+            "best_state": loop.pos["best_state"],
+            "model": trainable_state(loop.model),
+            "optimizer": loop.opt.state_dict(),
+            "scheduler": loop.sched.state_dict(),
+            "rng": rng_states(),
+        },
+    )
+
+
+def _optimizer_step(loop: _Loop, loader, n: int, sums: dict) -> None:
+    """One optimizer step over the loader's next n packed batches (their losses averaged, the
+    gradient clipped); their metrics are added to sums."""
+    cfg = loop.cfg
+    loop.opt.zero_grad(set_to_none=True)
+    for _ in range(n):
+        with autocast(loop.device):
+            _, loss, metrics = run_batch(
+                loop.model,
+                next(loader),
+                loop.device,
+                cfg.ttt_steps,
+                cfg.ttt_step_loss_decay,
+                loop.loss_config,
+            )
+        (loss / n).backward()
+        accumulate(sums, metrics)
+    torch.nn.utils.clip_grad_norm_(loop.params, cfg.max_grad_norm)
+    loop.opt.step()
+    loop.sched.step()
+
+
+def _train_epoch(loop: _Loop, epoch: int, progress) -> dict:
+    """One epoch's optimizer steps (the resumed epoch from its saved batch and sums), each followed
+    by progress and, every train.checkpoint_every_steps, the resume state; returns the epoch's
+    train metric sums."""
+    cfg, pos, batches = loop.cfg, loop.pos, loop.plan[epoch]
+    accum = cfg.grad_accum_steps
+    epoch_steps = math.ceil(len(batches) / accum)
+    first = pos["batch"] if epoch == pos["epoch"] else 0
+    sums = dict(pos["train_sums"]) if epoch == pos["epoch"] else {}
+    loop.model.train()
+    loader = iter(
+        make_loader(
+            loop.train_set,
+            batches[first:],
+            cfg.pack_len,
+            loop.hidden_size,
+            loop.dtype,
+            loop.workers,
+            loop.pin,
+        )
+    )
+    for start in range(first, len(batches), accum):
+        began = time.perf_counter()
+        n = min(accum, len(batches) - start)  # the last group of an epoch may be short
+        _optimizer_step(loop, loader, n, sums)
+        pos["step"] += 1
+        loop.step_seconds.append(time.perf_counter() - began)
+        loop.run_tokens += sum(
+            loop.train_set.approx_lengths[i] for batch in batches[start : start + n] for i in batch
+        )
+        loop.run_seconds += loop.step_seconds[-1]
+        if progress:
+            progress(
+                {
+                    "epoch": epoch,
+                    "epochs": cfg.epochs,
+                    "epoch_step": (start + n + accum - 1) // accum,
+                    "epoch_steps": epoch_steps,
+                    "step": pos["step"],
+                    "total_steps": loop.total_steps,
+                    "tokens": loop.run_tokens,
+                    "seconds": loop.run_seconds,
+                }
+            )
+        if pos["step"] % cfg.checkpoint_every_steps == 0 and start + n < len(batches):
+            _save_checkpoint(loop, epoch, start + n, sums)
+    return sums
+
+
+def _end_epoch(loop: _Loop, epoch: int, sums: dict, log) -> None:
+    """Validate the epoch's draft, record and log the epoch, keep its weights when it is the best so
+    far, and save the resume state at the next epoch's start."""
+    cfg, pos = loop.cfg, loop.pos
+    val = validate(
+        loop.model,
+        loop.val_set,
+        loop.val_batches,
+        cfg.pack_len,
+        loop.device,
+        cfg.ttt_steps,
+        cfg.ttt_step_loss_decay,
+        loop.loss_config,
+        loop.workers,
+    )
+    record = {
+        "epoch": epoch,
+        "step": pos["step"],
+        "lr": loop.sched.get_last_lr()[0],
+        "train": summarize(sums, cfg.ttt_steps),
+        "val": val,
+    }
+    pos["history"].append(record)
+    if log:
+        log(record)
+    # The epoch kept is the one with the best simulated acceptance length, not the lowest loss.
+    if pos["best"] is None or val["tau_sim"] > pos["best"]["val"]["tau_sim"]:
+        pos["best"], pos["best_state"] = record, trainable_state(loop.model)
+    _save_checkpoint(loop, epoch + 1, 0, {})
+
+
+def _train_result(loop: _Loop, resumed_at: dict | None, online) -> dict:
+    """train_draft's result: the best epoch's record, every epoch's, the steps, where the run
+    resumed, the median step time, and the target forwards of the online mode."""
+    pos, step_seconds = loop.pos, loop.step_seconds
     return {
         "best": pos["best"],
         "history": pos["history"],
@@ -266,10 +390,10 @@ def train_draft(
         "step_seconds": round(float(np.median(step_seconds)), 4) if step_seconds else None,
         # online: one target forward per packed batch, train and validation (a vLLM server's
         # work is counted in its own log)
-        "target_forwards_per_epoch": len(plan[0]) + len(val_batches)
+        "target_forwards_per_epoch": len(loop.plan[0]) + len(loop.val_batches)
         if isinstance(online, OnlineStates)
         else 0,
-        "target_forwards_this_run": train_set.forwards + val_set.forwards
+        "target_forwards_this_run": loop.train_set.forwards + loop.val_set.forwards
         if isinstance(online, OnlineStates)
         else 0,
     }
@@ -417,3 +541,23 @@ def train(
         else None
     )
     return TrainRun(train_report(cfg, result, source), last_run)
+
+
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    vocab: Path  # models/vocab
+    tokenized: Path  # datasets/tokenized
+    hs: Path  # datasets/hidden_states
+    out: Path  # models/draft
+    live: Path  # reports/train: dvclive's per-epoch metrics and plots
+    state: Path  # models/draft_checkpoints: resume state
+
+
+def run(params, paths: Paths) -> TrainRun:
+    """Stage `train`: the draft trained by params.train into paths.out; the run, whose report
+    the stage writes and whose last_run finishes the resume state."""
+    from draftline.core.card import TargetCard
+
+    card = TargetCard.load(paths.card)
+    data = TrainPaths(vocab=paths.vocab, tokenized=paths.tokenized, hs=paths.hs, state=paths.state)
+    return train(params.train, card, data, paths.out, paths.live)

@@ -117,10 +117,38 @@ def speculators_train_command(
     clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
     epoch under save_path and resumes from the last one on rerun. verifier: what it loads the
     verifier from (verifier_for_speculators), the card's model when None."""
-    d2t, _ = load_vocab(vocab_dir)
     torchrun = ["torchrun", f"--nproc-per-node={nproc}"]
     torchrun += list(cfg.torchrun_args) or ["--standalone", "--nnodes=1"]
     args = [
+        *_speculators_data_args(
+            cfg, card, vocab_dir, tokenized_dir, hs_dir, architecture, hidden_states_args, verifier
+        ),
+        *_speculators_training_args(cfg),
+        "--save-path",
+        str(save_path),
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-freq",
+        "1",
+        *_speculators_shape_args(cfg, card, init_dir),
+    ]
+    return torchrun + ["-m", "speculators.train"] + args
+
+
+def _speculators_data_args(
+    cfg: TrainConfig,
+    card: TargetCard,
+    vocab_dir: Path,
+    tokenized_dir: Path,
+    hs_dir: Path,
+    architecture: str,
+    hidden_states_args: list[str] | None,
+    verifier: str | None,
+) -> list[str]:
+    """speculators_train_command's verifier, data, draft vocabulary, aux layers, norm flags and
+    packing arguments."""
+    d2t, _ = load_vocab(vocab_dir)
+    return [
         "--speculator-type",
         "eagle3",
         "--verifier-name-or-path",
@@ -146,6 +174,13 @@ def speculators_train_command(
         str(1 - cfg.val_fraction),
         "--hidden-states-dtype",
         "bfloat16",
+    ]
+
+
+def _speculators_training_args(cfg: TrainConfig) -> list[str]:
+    """speculators_train_command's optimizer, schedule, TTT loss, seed and loader arguments: the
+    builtin loop's train params."""
+    return [
         "--epochs",
         str(cfg.epochs),
         "--lr",
@@ -168,17 +203,16 @@ def speculators_train_command(
         str(cfg.seed),
         "--num-workers",
         str(cfg.num_workers),
-        "--save-path",
-        str(save_path),
-        "--log-dir",
-        str(log_dir),
-        "--checkpoint-freq",
-        "1",
     ]
+
+
+def _speculators_shape_args(cfg: TrainConfig, card: TargetCard, init_dir: Path | None) -> list[str]:
+    """speculators_train_command's draft decoder (train.init's checkpoint, or num_layers llama
+    layers) and its switches: trained embeddings, the target's remote code, FSDP."""
     if init_dir is not None:  # the checkpoint defines the decoder; shaping flags would conflict
-        args += ["--from-pretrained", str(init_dir)]
+        args = ["--from-pretrained", str(init_dir)]
     else:
-        args += [
+        args = [
             "--num-layers",
             str(cfg.num_layers),
             "--draft-arch",
@@ -192,7 +226,7 @@ def speculators_train_command(
         args.append("--trust-remote-code")
     if cfg.fsdp:
         args.append("--fsdp-shard")
-    return torchrun + ["-m", "speculators.train"] + args
+    return args
 
 
 RETARGETED_INIT_DIR = "init_retargeted"  # under models/draft_checkpoints
@@ -357,31 +391,12 @@ def run_speculators(
 ):
     """(model, result, init remap notes): speculators trains on the visible GPUs, then the epoch with
     the best validation tau_sim is loaded."""
-    import torch
-
-    nproc = cfg.gpus or torch.cuda.device_count()
-    if nproc < 1:
-        raise SystemExit(
-            "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
-        )
+    nproc = _speculators_gpus(cfg)
     online_cfg = source.get("online") or {}
     mooncake = source["mode"] == "online" and online_cfg.get("transfer") == "mooncake"
     if mooncake:  # best-epoch selection then loads it after training: check first
         check_target_fits(card, "cuda", "best-epoch selection of the online mode with mooncake")
-    try:
-        verifier = verifier_for_speculators(card, paths.state / "verifier_view")
-    except InitMismatch as err:
-        raise SystemExit(f"error: {err}") from None
-    notes, architecture = [], cfg.architecture or "speculators"
-    if init_dir is not None:
-        init_dir, notes, architecture = retarget_init(
-            cfg, card, paths.vocab, init_dir, paths.state / RETARGETED_INIT_DIR, verifier
-        )
-    if architecture is None:
-        raise SystemExit(
-            "error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
-            f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin"
-        )
+    verifier, init_dir, notes, architecture = _speculators_init(cfg, card, paths, init_dir)
     save_path = paths.state / "speculators"
     with contextlib.ExitStack() as stack:
         endpoint = staging = launched = None
@@ -410,24 +425,8 @@ def run_speculators(
             hs_args,
             verifier,
         )
-        live_dir.mkdir(parents=True, exist_ok=True)
-        (live_dir / "command.txt").write_text(
-            "\n".join(" ".join(c) for c in ([launched] if launched else []) + [cmd]) + "\n"
-        )
-        print(" ".join(cmd), flush=True)
-        if subprocess.run(cmd).returncode != 0:
-            raise SystemExit(
-                f"error: speculators train failed; command in {live_dir / 'command.txt'}"
-            )
-        # best epoch: the validation rows' states from the same server (the target is never
-        # loaded here), except through Mooncake, whose store the builtin loop does not read
-        online = None
-        if source["mode"] == "online":
-            online = (
-                online_states(card, source, "cuda")
-                if mooncake
-                else VllmOnline.of(online_cfg, endpoint, staging)
-            )
+        _launch_speculators(cmd, launched, live_dir)
+        online = _selection_states(card, source, online_cfg, mooncake, endpoint, staging)
         model, result = best_speculators_epoch(
             save_path, cfg, card, paths.tokenized, paths.hs, "cuda", log, online
         )
@@ -435,3 +434,65 @@ def run_speculators(
         card, cfg.speculative_tokens or cfg.ttt_steps
     )  # the target, not the view
     return model, result, notes
+
+
+def _speculators_gpus(cfg: TrainConfig) -> int:
+    """How many GPUs speculators trains on: train.gpus, or every visible one (none: an error)."""
+    import torch
+
+    nproc = cfg.gpus or torch.cuda.device_count()
+    if nproc < 1:
+        raise SystemExit(
+            "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
+        )
+    return nproc
+
+
+def _speculators_init(
+    cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_dir: Path | None
+) -> tuple[str, Path | None, list[str], str]:
+    """(verifier, init_dir, remap notes, architecture) of the train command: the verifier view
+    (verifier_for_speculators) and train.init re-targeted (retarget_init); an init whose norms
+    the train CLI cannot set, or a target it cannot load, is an error."""
+    try:
+        verifier = verifier_for_speculators(card, paths.state / "verifier_view")
+    except InitMismatch as err:
+        raise SystemExit(f"error: {err}") from None
+    notes, architecture = [], cfg.architecture or "speculators"
+    if init_dir is not None:
+        init_dir, notes, architecture = retarget_init(
+            cfg, card, paths.vocab, init_dir, paths.state / RETARGETED_INIT_DIR, verifier
+        )
+    if architecture is None:
+        raise SystemExit(
+            "error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
+            f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin"
+        )
+    return verifier, init_dir, notes, architecture
+
+
+def _launch_speculators(cmd: list[str], launched: list[str] | None, live_dir: Path) -> None:
+    """Run speculators' train command, first written to live_dir/command.txt (after the command of
+    the extraction server launched for it, if any) and printed; its failure is an error."""
+    live_dir.mkdir(parents=True, exist_ok=True)
+    (live_dir / "command.txt").write_text(
+        "\n".join(" ".join(c) for c in ([launched] if launched else []) + [cmd]) + "\n"
+    )
+    print(" ".join(cmd), flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
+
+
+def _selection_states(
+    card: TargetCard, source: dict, online_cfg: dict, mooncake: bool, endpoint, staging
+) -> OnlineStates | VllmOnline | None:
+    """Where best-epoch selection gets the validation rows' states, online: from the same server
+    (the target is never loaded here), except through Mooncake, whose store the builtin loop does
+    not read (then the target); None when they are files."""
+    if source["mode"] != "online":
+        return None
+    return (
+        online_states(card, source, "cuda")
+        if mooncake
+        else VllmOnline.of(online_cfg, endpoint, staging)
+    )

@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from draftline.draft import model as draft_model
-from stages.probe import STAMP, main
+from draftline.probe.checks import STAMP
+from stages.probe import main
 from tests.hidden_states.test_hidden import fake_vllm_python, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

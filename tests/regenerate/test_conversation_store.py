@@ -65,7 +65,7 @@ def restore_cmd(workdir: Path, *args: str) -> dict:
         [
             sys.executable,
             "-m",
-            "draftline.regenerate.store",
+            "draftline.tools.conversations",
             "restore",
             "out",
             "--card",
