@@ -29,7 +29,8 @@ def main(
     params = stage_sections(tokenize=TokenizeConfig)
     apply_thread_policy("tokenize")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
-    from draftline.tokens.tokenize import Paths, TokenizeError, run, truncation_error
+    from draftline.tokens.report import truncation_error
+    from draftline.tokens.tokenize import Paths, TokenizeError, run
 
     paths = Paths(Path(card_path), Path(prompts_path), Path(regenerated_path), Path(out_dir))
     try:

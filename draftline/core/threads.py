@@ -1,31 +1,18 @@
 """CPU thread policy of the stages: how many intra-op threads torch uses, and how they wait.
 
-On a small shared machine torch's OpenMP pool spins at every barrier: with another process busy on
-both cores of the 2-core machine, one tiny-target training step took 11.5 s with 2 threads and
-1.3 s with 1. A spinning thread that loses its core holds up every other thread of the op until it
-gets the core back, so the stage slows far more than the CPU it lost. Two measures:
+On a small shared machine torch's OpenMP pool spins at every barrier, and a spinning thread that
+loses its core holds up every other thread of the op: next to another busy process a tiny step
+runs many times slower. So every stage calls `apply_thread_policy` first thing in main(), before
+torch loads (libgomp reads the environment once), and the servers and subprocesses it starts
+inherit the result:
 
-- `OMP_WAIT_POLICY=PASSIVE`: threads sleep at a barrier instead of spinning, so a descheduled
-  thread costs the others its own share of CPU, not a spin for its time slice. It must be in the
-  environment before torch is imported (libgomp reads it once, at load): every stage calls
-  `apply_thread_policy` first thing in main(), before any torch import. Servers and subprocesses a
-  stage starts inherit it (and OMP_NUM_THREADS). It has an idle cost where barriers are
-  microseconds apart: the tiny target's batched decode (regenerate's server) takes 4.2-4.6 s
-  passive vs 2.1-2.2 s spinning, idle. Spinning was measured and rejected there: next to a hog on
-  every core the same decode took 5.6-16 s spinning (the collapse above, at random) vs 4.0-8.0 s
-  passive, and a short spin (GOMP_SPINCOUNT 10,000) kept both the idle gain and the collapse.
-- per-stage thread counts (STAGE_THREADS): stages whose ops are small and latency-bound (the tiny
-  target's training, batch-1 speculative decoding) gain little from a second thread even when idle
-  and lose most under load, so they use one; stages with larger matmuls (hidden-state extraction,
-  batched regeneration, the draft's training step over pack_len tokens) use every core the process
-  may run on: with the passive wait, two threads train the draft faster than one both idle (11.7 s
-  vs 19.3 s for 10 steps of the default shapes) and next to a hog (23.5 s vs 29.9 s;
-  reports/overhead/cpu_load_train_threads.json).
+- `OMP_WAIT_POLICY=PASSIVE`: threads sleep at a barrier instead of spinning.
+- a thread count per stage (STAGE_THREADS): one for small, latency-bound ops (the tiny target's
+  training, batch-1 speculative decoding), every core the process may run on for larger matmuls.
 
-Explicit choices win: OMP_NUM_THREADS or DRAFTLINE_THREADS in the environment sets the count for
-every stage (e.g. a 64-core host where the CPU stages should spread), and an explicit
-OMP_WAIT_POLICY is kept. `overhead/cpu_load.py` measures the policy: stage work idle vs with a CPU
-hog on every core.
+Explicit choices win: OMP_NUM_THREADS or DRAFTLINE_THREADS sets the count for every stage, and an
+explicit OMP_WAIT_POLICY is kept. The measurements behind the policy (`overhead/cpu_load.py`):
+docs/performance.md, "CPU threads under load".
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ class MixConfig(Section):
     # false: fail when the datasets cannot supply `samples` / eval_samples at the weights (numbers per
     # dataset); true: take what there is, and record the rows drawn and the shares they came out at
     allow_shortfall: bool = shaping(False)
-    # Eval is held out by first-turn content (draftline/data/mixing.py): exact twins of eval prompts never
+    # Eval is held out by first-turn content (draftline/data/holdout.py): exact twins of eval prompts never
     # reach train; "template" also skips prompts equal to an eval prompt once digits are masked
     holdout: Literal["exact", "template"] = shaping("template")
     # fail when more than this share of eval prompts keeps a template twin in train (holdout: exact)

@@ -42,9 +42,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import re
 import sys
-import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -56,8 +54,19 @@ from typing import TYPE_CHECKING, NamedTuple
 from draftline.core.io import file_sha256, read_json, text_sha256, write_jsonl, write_meta
 from draftline.data.config import check_weights
 from draftline.data.formats import content_hash
-
-HOLDOUT_RULES = ("exact", "template")
+from draftline.data.holdout import (
+    HOLDOUT_RULES,
+    holdout_problem,
+    holdout_report,
+    twin_keys,
+    without_eval_twins,
+)
+from draftline.data.shortfall import (
+    dataset_table,
+    max_samples_at_weights,
+    shortfall_problems,
+    shortfall_table,
+)
 
 if TYPE_CHECKING:
     from draftline.data.config import MixConfig
@@ -159,73 +168,6 @@ def split_counts(rows: list[dict]) -> dict:
             for name in sorted({r["source"] for r in rows if r.get("source_detail")})
         }
     return counts
-
-
-def first_assistant(messages: list[dict]) -> int:
-    return next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-
-
-def first_turn_text(messages: list[dict], tools: list | None) -> str:
-    """The normalized first turn: roles and contents before the first assistant turn, and the tools
-    (NFKC, lower case, whitespace runs collapsed to one space)."""
-    canonical = json.dumps(
-        {
-            "turn": [
-                [m["role"], m.get("content") or ""] for m in messages[: first_assistant(messages)]
-            ],
-            "tools": tools,
-        },
-        sort_keys=True,
-        ensure_ascii=False,
-    )
-    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", canonical).lower()).strip()
-
-
-def twin_keys(messages: list[dict], tools: list | None) -> dict[str, str]:
-    """The hold-out keys of a prompt, 16 hex each: `exact`, its first turn's user messages
-    normalized (a system prompt or a tool list does not make the same question new), and
-    `template`, the whole first turn normalized with every run of digits replaced by 0."""
-    users = [m for m in messages[: first_assistant(messages)] if m["role"] == "user"]
-    return {
-        "exact": text_sha256(first_turn_text(users, None))[:16],
-        "template": text_sha256(re.sub(r"\d+", "0", first_turn_text(messages, tools)))[:16],
-    }
-
-
-def row_twin_keys(row: dict) -> dict:
-    """A row's hold-out keys: precomputed by light_rows (two ints), else computed from its messages
-    and tools."""
-    keys = row.get("twin_keys")
-    if isinstance(keys, tuple):
-        return {"exact": keys[0], "template": keys[1]}
-    return keys or twin_keys(row["messages"], row.get("tools"))
-
-
-def without_eval_twins(
-    rows: Iterator[dict], eval_rows: list[dict], rule: str, counts: Counter
-) -> Iterator[dict]:
-    """The rows, skipping exact twins of eval prompts and, with rule "template", template twins;
-    `counts` gets "exact" / "template" per skipped row (a row that is both counts as exact)."""
-    exact = {row_twin_keys(r)["exact"] for r in eval_rows}
-    template = {row_twin_keys(r)["template"] for r in eval_rows}
-    for row in rows:
-        keys = row_twin_keys(row)
-        if keys["exact"] in exact:
-            counts["exact"] += 1
-        elif rule == "template" and keys["template"] in template:
-            counts["template"] += 1
-        else:
-            yield row
-
-
-def twin_overlap(train: list[dict], eval_rows: list[dict]) -> dict[str, int]:
-    """Eval prompts with an exact / a template twin among the train rows."""
-    exact = {row_twin_keys(r)["exact"] for r in train}
-    template = {row_twin_keys(r)["template"] for r in train}
-    return {
-        "exact": sum(row_twin_keys(r)["exact"] in exact for r in eval_rows),
-        "template": sum(row_twin_keys(r)["template"] in template for r in eval_rows),
-    }
 
 
 def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:
@@ -405,156 +347,6 @@ def mix_report(
         "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
         "max_samples_at_weights": max_samples_at_weights(per_dataset),
     }
-
-
-def holdout_report(rule: str, splits: dict[str, list[dict]], skipped: dict[str, Counter]) -> dict:
-    """The report's `holdout`: the rule, the train rows skipped as twins, and the eval and dev
-    prompts that keep a twin in train (or eval in dev)."""
-    train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
-    skipped_total = sum(skipped.values(), Counter())
-    return {
-        "rule": rule,
-        "train_rows_skipped": {
-            "exact": skipped_total["exact"],
-            "template": skipped_total["template"],
-        },
-        "eval_with_twin_in_train": twin_overlap(train, eval_rows),
-        "dev_with_twin_in_train": twin_overlap(train, dev),
-        "eval_with_twin_in_dev": twin_overlap(dev, eval_rows),
-        "eval": len(eval_rows),
-        "dev": len(dev),
-    }
-
-
-def dataset_table(
-    pools: dict[str, list[dict]],
-    shares: dict[str, float],
-    caps: dict[str, int],
-    samples: int,
-    train_counts: Counter,
-    eval_counts: Counter,
-    dev_counts: Counter,
-    twins: dict[str, int],
-) -> dict[str, dict]:
-    """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
-    cross-dataset duplicates), rows drawn for eval and dev, twins of those kept out of train, rows
-    drawn for train, the realised train share, and whether it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
-    share the rest by weight; one drawn more than one row short of that ran out (the others filled in)."""
-    drawn = sum(train_counts.values())
-    capped_rows = sum(train_counts.get(name, 0) for name in pools if name in caps)
-    open_share = sum(share for name, share in shares.items() if name not in caps)
-
-    def asked(
-        name: str, n: int, capped: int
-    ) -> float:  # train rows the weights ask of `name` out of n
-        if name in caps:
-            return min(caps[name], shares[name] * n)
-        return shares[name] / open_share * (n - capped) if open_share else 0.0
-
-    table = {}
-    for name in sorted(pools):
-        got = train_counts.get(name, 0)
-        table[name] = {
-            "weight": round(shares[name], 4),
-            "wanted_train": round(asked(name, samples, capped_rows)),
-            "available": len(pools[name]),
-            "train": got,
-            "eval": eval_counts.get(name, 0),
-            "dev": dev_counts.get(name, 0),
-            "twins": twins.get(name, 0),
-            "share": round(got / drawn, 4) if drawn else 0.0,
-            "capped": name in caps,
-            # of the rows drawn, it gave less than its weight asks: the others filled in for it
-            "short_of_weight": got < asked(name, drawn, capped_rows) - 1,
-        }
-    return table
-
-
-def max_samples_at_weights(table: dict[str, dict]) -> int:
-    """The largest `samples` the uncapped datasets supply at their weights (eval, dev and their
-    twins aside)."""
-    open_rows = {
-        name: row for name, row in table.items() if not row["capped"] and row["weight"] > 0
-    }
-    if not open_rows:
-        return 0
-    share_sum = sum(row["weight"] for row in open_rows.values())
-    return int(
-        min(
-            (row["available"] - row["eval"] - row["dev"] - row["twins"])
-            / (row["weight"] / share_sum)
-            for row in open_rows.values()
-        )
-    )
-
-
-def shortfall_problems(report: dict) -> list[str]:
-    """What the mix could not honour, in words (empty when it supplied everything at the weights)."""
-    problems = []
-    requested, short = report["requested"], report["shortfall"]
-    if short["train"] > 0:
-        problems.append(
-            f"samples={requested['train']} asks for {requested['train']} train prompts; the datasets "
-            f"supply {report['train']['rows']}"
-        )
-    if short["eval"] > 0:
-        problems.append(
-            f"mix.eval_samples={requested['eval']} asks for {requested['eval']} eval prompts; the "
-            f"datasets supply {report['eval']['rows']}"
-        )
-    drifted = [name for name, row in report["per_dataset"].items() if row["short_of_weight"]]
-    if drifted:
-        problems.append(
-            f"{', '.join(drifted)} ran out before giving {'its' if len(drifted) == 1 else 'their'} "
-            "share of the weights, so the others filled in"
-        )
-    return problems
-
-
-def holdout_problem(holdout: dict, max_template_twin_share: float) -> str | None:
-    """Why the held-out eval or dev split is not held out (twins left in train, or eval twins in
-    dev), or None; records each split's template twin share in `holdout`."""
-    holdout["max_template_twin_share"] = max_template_twin_share
-    problems = []
-    for split, other, key, share_key in (
-        ("eval", "train", "eval_with_twin_in_train", "template_twin_share"),
-        ("dev", "train", "dev_with_twin_in_train", "dev_template_twin_share"),
-        ("eval", "dev", "eval_with_twin_in_dev", "eval_dev_template_twin_share"),
-    ):
-        overlap, n = holdout[key], holdout[split]
-        share = overlap["template"] / n if n else 0.0
-        holdout[share_key] = round(share, 4)
-        if overlap["exact"]:
-            problems.append(
-                f"{overlap['exact']} {split} prompts have an exact twin in {other} (a bug: twins "
-                "are skipped)"
-            )
-        elif share > max_template_twin_share:
-            problems.append(
-                f"{overlap['template']} of {n} {split} prompts ({share:.0%}) share a template "
-                f"(digits masked) with a {other} prompt, above "
-                f"mix.max_template_twin_share={max_template_twin_share}"
-            )
-    if not problems:
-        return None
-    return (
-        f"mix: {'; '.join(problems)}. A held-out split that repeats the templates it is compared "
-        "with measures recall: set mix.holdout: template (skips them) or raise the share."
-    )
-
-
-def shortfall_table(report: dict) -> str:
-    """The per-dataset numbers as an aligned text table."""
-    width = max(len("dataset"), *(len(n) for n in report["per_dataset"]))
-    lines = [f"  {'dataset':<{width}}  weight  wanted  available  eval  dev  twins  train  share"]
-    for name, row in report["per_dataset"].items():
-        cap = " (capped)" if row["capped"] else ""
-        lines.append(
-            f"  {name:<{width}}  {row['weight']:>6.0%}  {row['wanted_train']:>6}  {row['available']:>9}  "
-            f"{row['eval']:>4}  {row['dev']:>3}  {row['twins']:>5}  {row['train']:>5}  "
-            f"{row['share']:>5.0%}{cap}"
-        )
-    return "\n".join(lines)
 
 
 # ---- the prepared files: light rows in, full records of the chosen rows out ----------------------

@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
-import math
 import os
 import shutil
 from collections import Counter
@@ -48,15 +46,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from draftline.core.config import output_shaping
-from draftline.core.io import atomic_path, file_sha256, read_json, write_json
+from draftline.core.io import atomic_path, file_sha256, read_json
+from draftline.tokens.output import (
+    INDEX,
+    ROW_FORMAT,
+    SHARD_CONVERSATIONS,
+    Previous,
+    TokenizeError,
+    features,
+    kept_prefix,
+    previous_output,
+    rows_table,
+    save_frequencies,
+    short_sha,
+    token_frequencies,
+    write_dataset_files,
+)
+from draftline.tokens.report import count_turn, index_report, no_rows_message
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.tokens.config import TokenizeConfig
-
-
-class TokenizeError(Exception):
-    """The conversations cannot become a dataset (no row left, a token id outside the vocabulary)."""
 
 
 def generation_eos_ids(card: TargetCard):
@@ -88,41 +98,6 @@ def server_turns(regeneration: dict) -> list | None:
         )
         for k in range(max(len(ids), len(counts)))
     ]
-
-
-TURN_COUNTS = (
-    "assistant_turns",
-    "no_server_ids",  # the line records no ids for the turn (an older line, or an engine without)
-    "server_ids",
-    "retokenized_equal_server_ids",
-    "retokenized_differ_from_server_ids",
-    "server_ids_without_end_of_turn",  # completed with the template's end-of-turn token
-    "prefilled",  # span starts inside a pre-filled generation prompt: never spliced
-    "spliced",  # assistant_ids: server, the server's ids are the turn's tokens
-    "with_usage",
-    "retokenized_count_differs_from_usage",
-    "server_ids_count_differs_from_usage",
-)
-
-
-def count_turn(counts: dict, check: dict) -> None:
-    """Adds one check_turn result (draftline/tokens/chat.py) to `counts` (keys: TURN_COUNTS)."""
-    counts["assistant_turns"] += 1
-    counts["prefilled"] += check["prefilled"]
-    counts["spliced"] += check["spliced"]
-    if check["server_ids"]:
-        counts["server_ids"] += 1
-        counts["retokenized_equal_server_ids"] += check["equal"]
-        counts["retokenized_differ_from_server_ids"] += not check["equal"]
-        counts["server_ids_without_end_of_turn"] += check["end_of_turn_added"]
-    else:
-        counts["no_server_ids"] += 1
-    usage = check["usage_completion_tokens"]
-    if usage is not None:
-        counts["with_usage"] += 1
-        counts["retokenized_count_differs_from_usage"] += check["retokenized_tokens"] != usage
-        if check["server_ids"]:
-            counts["server_ids_count_differs_from_usage"] += check["server_tokens"] != usage
 
 
 # ---- the conversations to tokenize, in row order ------------------------------------------------
@@ -175,32 +150,7 @@ def regenerated_lines(prompts_path: str, regenerated_path: str) -> tuple[list[Li
     return [line for *_, line in found], len(position), bad
 
 
-# ---- what the rows depend on ------------------------------------------------------------------
-
-ROW_FORMAT = (
-    1  # raise when the rows a conversation gives change here (draftline/tokens/chat.py is hashed)
-)
-SHARD_CONVERSATIONS = 2048  # conversations per Arrow file (~130 MB at 4k tokens a row)
 BATCH_CONVERSATIONS = 64  # conversations tokenized in one batched call
-INDEX = "conversations.jsonl"  # per conversation, in row order: its hash and what it gave
-FEATURES = {
-    "id": "string",
-    "part": "int64",
-    "input_ids": ["int64"],
-    "loss_mask": ["int64"],
-    "seq_len": "int64",
-}
-
-
-def features():
-    from datasets import Features, List, Value
-
-    return Features(
-        {
-            name: List(Value(kind[0])) if isinstance(kind, list) else Value(kind)
-            for name, kind in FEATURES.items()
-        }
-    )
 
 
 def tokenizer_sha256(tokenizer) -> str:
@@ -237,91 +187,6 @@ def rows_key(
         "end_of_turn_tokens": stops,
         "versions": {pkg: md.version(pkg) for pkg in ("transformers", "tokenizers", "jinja2")},
     }
-
-
-def _sha(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# ---- the previous output: what a rerun keeps ----------------------------------------------------
-
-
-@dataclass
-class Previous:
-    """A previous output made under the same key (meta.json, its index and shards checked)."""
-
-    shards: list[dict]  # meta.json's: file, conversations, rows, bytes, freq
-    keys: list[tuple[str, str]]  # (id, sha256) of each conversation, in row order
-    lines: list[bytes]  # its index line
-    row_start: list[int]  # its first row within its shard
-    shard_of: list[int]
-
-
-def previous_output(out: Path, key: dict) -> tuple[Previous | None, str]:
-    """(the previous output, "") when meta.json was made under `key` and every file it names is
-    there at its size; else (None, why the rows are all tokenized again)."""
-    meta_path = out / "meta.json"
-    if not meta_path.is_file():
-        return None, "no previous output"
-    try:
-        meta = read_json(meta_path)
-        shards, index = meta["shards"], out / meta["index"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, "previous output without an index"
-    if meta.get("key_sha256") != _sha(key):
-        old = meta.get("key") if isinstance(meta.get("key"), dict) else {}
-        changed = sorted(k for k in key if old.get(k) != key[k])
-        return None, f"made under another key ({', '.join(changed) or 'unrecorded'})"
-    for shard in shards:
-        for name, size in ((shard["file"], shard["bytes"]), (shard["freq"], None)):
-            path = out / name
-            if not path.is_file() or (size is not None and path.stat().st_size != size):
-                return None, f"previous output incomplete ({name})"
-    if not index.is_file():
-        return None, f"previous output incomplete ({index.name})"
-    prev = Previous(shards, [], [], [], [])
-    with open(index, "rb") as f:
-        bounds = iter(enumerate(shards))
-        k, shard = next(bounds, (None, None))
-        left, row = (shard["conversations"] if shard else 0), 0
-        for raw in f:
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                return None, f"previous index unreadable ({index.name})"
-            while shard is not None and left == 0:
-                k, shard = next(bounds, (None, None))
-                left, row = (shard["conversations"] if shard else 0), 0
-            if shard is None:
-                return None, "previous index longer than its shards"
-            prev.keys.append((entry["id"], entry["sha256"]))
-            prev.lines.append(raw)
-            prev.row_start.append(row)
-            prev.shard_of.append(k)
-            row += entry["rows"]
-            left -= 1
-    if len(prev.keys) != sum(s["conversations"] for s in shards):
-        return None, "previous index shorter than its shards"
-    return prev, ""
-
-
-def kept_prefix(prev: Previous | None, lines: list[Line]) -> int:
-    """How many shards of the previous output stay as they are: those whose conversations are the
-    first ones of the new order, unchanged."""
-    if prev is None:
-        return 0
-    same = 0
-    for old, line in zip(prev.keys, lines):
-        if old != (line.id, line.sha256):
-            break
-        same += 1
-    kept, covered = 0, 0
-    for shard in prev.shards:
-        if covered + shard["conversations"] > same:
-            break
-        covered += shard["conversations"]
-        kept += 1
-    return kept
 
 
 # ---- writing shards ---------------------------------------------------------------------------
@@ -417,70 +282,6 @@ class ShardWriter:
     def keep(self, shard: dict) -> None:
         """A shard of the previous output, unchanged."""
         self.shards.append(shard)
-
-
-def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
-    """Trainable-token counts over every shard, keyed in the order speculators'
-    save_token_frequency_distribution inserts them (by first row, then id): the same file."""
-    import numpy as np
-
-    ids, counts, first, base = [], [], [], 0
-    for shard in shards:
-        found, n, row = np.load(out / shard["freq"])
-        ids.append(found)
-        counts.append(n)
-        first.append(row + base)
-        base += shard["rows"]
-    if not ids:
-        return {}
-    ids, counts, first = np.concatenate(ids), np.concatenate(counts), np.concatenate(first)
-    order = np.lexsort((first, ids))  # by id, then first row: a unique id's first row is first
-    ids, counts, first = ids[order], counts[order], first[order]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    total = np.add.reduceat(counts, starts)
-    unique, earliest = ids[starts], first[starts]
-    order = np.lexsort((unique, earliest))
-    return dict(zip(unique[order].tolist(), total[order].tolist()))
-
-
-# ---- one batch of conversations ---------------------------------------------------------------
-
-
-def rows_table(rows: list[dict], schema, vocab_size: int):
-    """The rows as one Arrow table (ids through numpy: a nested list converts 4x slower).
-    TokenizeError for a token id outside the target vocabulary."""
-    import numpy as np
-    import pyarrow as pa
-
-    lengths = np.fromiter((len(row["input_ids"]) for row in rows), dtype=np.int64, count=len(rows))
-    ends = np.cumsum(lengths)
-    offsets = pa.array(np.concatenate([[0], ends]).astype(np.int32))
-
-    def lists(name: str):
-        flat = np.fromiter(
-            itertools.chain.from_iterable(row[name] for row in rows),
-            dtype=np.int64,
-            count=int(lengths.sum()),
-        )
-        if name == "input_ids" and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
-            at = int(np.flatnonzero((flat >= vocab_size) | (flat < 0))[0])
-            raise TokenizeError(
-                f"conversation {rows[int(np.searchsorted(ends, at, side='right'))]['id']}: token "
-                f"id {flat[at]} is outside the target vocabulary ({vocab_size}); tokenizer and "
-                "model disagree"
-            )
-        return pa.ListArray.from_arrays(offsets, pa.array(flat), type=schema.field(name).type)
-
-    return pa.table(
-        {
-            "id": pa.array([row["id"] for row in rows], pa.string()),
-            "part": pa.array([row["part"] for row in rows], pa.int64()),
-            "input_ids": lists("input_ids"),
-            "loss_mask": lists("loss_mask"),
-            "seq_len": pa.array(lengths),
-        },
-        schema=schema,
-    )
 
 
 def plan_batch(
@@ -737,7 +538,7 @@ def tokenize_dataset(
     stops = end_of_turn_tokens(tokenizer, generation_eos_ids(card))
     lines, prompts, bad_lines = regenerated_lines(prompts_path, regenerated_path)
     key = rows_key(card, tokenizer, cfg, template_kwargs, stops)
-    key_sha = _sha(key)
+    key_sha = short_sha(key)
 
     out = Path(out_dir)
     prev, why_all, writer, kept = start_output(out, key, key_sha, lines, card.vocab_size)
@@ -829,155 +630,6 @@ def incremental_report(why_all: str, counts: Counter, kept: int, shards: int) ->
         "shards_kept": kept,
         "shards_written": shards - kept,
     }
-
-
-def save_frequencies(freq: dict[int, int], path: Path) -> None:
-    """torch.save under the file's own name (torch names the archive inside after it: the bytes
-    equal speculators' file), through a temporary directory and a rename."""
-    import tempfile
-
-    import torch
-
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".freq-") as tmp:
-        torch.save(freq, Path(tmp) / path.name)
-        os.replace(Path(tmp) / path.name, path)
-
-
-def write_dataset_files(out: Path, shards: list[dict], fingerprint: str) -> None:
-    """state.json and dataset_info.json as Dataset.save_to_disk writes them, torch format set
-    (input_ids, loss_mask, seq_len as tensors, id and part as they are)."""
-    write_json(
-        out / "dataset_info.json",
-        {
-            "citation": "",
-            "description": "",
-            "features": features().to_dict(),
-            "homepage": "",
-            "license": "",
-        },
-    )
-    write_json(
-        out / "state.json",
-        {
-            "_data_files": [{"filename": s["file"]} for s in shards],
-            "_fingerprint": fingerprint,  # of the index: identical rows, identical fingerprint
-            "_format_columns": ["input_ids", "loss_mask", "seq_len"],
-            "_format_kwargs": {},
-            "_format_type": "torch",
-            "_output_all_columns": True,
-            "_split": None,
-        },
-    )
-
-
-def index_report(index: Path, cfg: TokenizeConfig, missing: int, bad_lines: int, stops) -> dict:
-    """The report, from the index of every conversation (streamed): the same whether a row was
-    tokenized in this run or kept from an earlier one."""
-    from array import array
-
-    skipped = {"template_mismatch": 0, "template_error": 0, "no_trainable_tokens": 0}
-    conversations = rows = split = truncated = tokens = trainable = longest = whole = 0
-    lengths = array("q")  # every row's tokens before the cut (rows dropped as untrained included)
-    turn_counts: dict[str, Counter] = {}  # source -> TURN_COUNTS
-    differing = []  # the first few turns whose re-tokenized span differs from the server's ids
-    with open(index, "rb") as f:
-        for raw in f:
-            entry = json.loads(raw)
-            if entry.get("skipped"):
-                skipped[entry["skipped"]] += 1
-                continue
-            skipped["no_trainable_tokens"] += entry["untrained"]
-            lengths.extend(entry["lengths"])
-            turn_counts.setdefault(entry["source"], Counter()).update(entry["turns"])
-            differing += entry.get("differences", [])[: 5 - len(differing)]
-            conversations += bool(entry["rows"])
-            split += entry["rows"] > 1
-            rows += entry["rows"]
-            truncated += entry["truncated"]
-            whole += entry["whole"]
-            tokens += entry["tokens"]
-            trainable += entry["trainable"]
-            longest = max(longest, entry["longest"])
-    totals = Counter()
-    for counts in turn_counts.values():
-        totals.update(counts)
-    return {
-        "conversations": conversations,
-        "rows": rows,
-        "split_conversations": split,  # the template rewrote earlier turns: more than one row
-        "missing_regenerations": missing,
-        "unreadable_regenerated_lines": bad_lines,
-        "skipped": skipped,
-        "tokens": tokens,
-        "trainable_tokens": trainable,
-        "trainable_fraction": round(trainable / tokens, 4) if tokens else 0.0,
-        "truncated": truncated,
-        # rows whose segment-wise tokens differed from the row tokenized at once (see draftline/tokens/chat.py)
-        "rows_tokenized_whole": whole,
-        "max_length": cfg.max_length,
-        "longest_row": longest,
-        "end_of_turn_tokens": stops,
-        "check": truncation_check(lengths, cfg.max_length, cfg.max_truncated_share),
-        # each assistant turn's re-tokenized span against the server's own token ids and
-        # usage.completion_tokens, as regenerate recorded them (docs/regeneration.md)
-        "server_token_ids": {
-            "assistant_ids": cfg.assistant_ids,
-            **{k: totals[k] for k in TURN_COUNTS},
-            "by_source": {
-                source: {k: counts[k] for k in TURN_COUNTS}
-                for source, counts in sorted(turn_counts.items())
-            },
-            "first_differences": differing,
-        },
-        "_lengths": lengths,
-    }
-
-
-def no_rows_message(report: dict, lengths, regenerated_path: str, max_length: int) -> str:
-    cut = sum(n > max_length for n in lengths)
-    return f"tokenize produced no rows from {regenerated_path} (skipped: {report['skipped']})" + (
-        f"; {cut} of {len(lengths)} rows were longer than tokenize.max_length "
-        f"{max_length}, which left them no trainable token: raise it"
-        if cut
-        else ""
-    )
-
-
-def truncation_check(lengths: list[int], max_length: int, max_share: float) -> dict:
-    """reports/tokenize.json's `check`: the share of rows cut at max_length (`lengths`: each row's
-    tokens before the cut) against tokenize.max_truncated_share, the longest row before the cut,
-    and the max_length that would cut at most that share."""
-    cut = sum(n > max_length for n in lengths)
-    share = cut / len(lengths) if lengths else 0.0
-    ordered = sorted(lengths)
-    keep = min(len(ordered) - 1, math.ceil((1 - max_share) * len(ordered)) - 1)
-    return {
-        "param": "tokenize.max_truncated_share",
-        "rows": len(lengths),
-        "truncated": cut,
-        "share": round(share, 4),
-        "threshold": max_share,
-        "verdict": "fail" if share > max_share else "pass",
-        "longest_before_cut": ordered[-1] if ordered else 0,
-        "max_length_for_threshold": ordered[max(keep, 0)] if ordered else max_length,
-    }
-
-
-def truncation_error(report: dict) -> str | None:
-    """The stage's error when more rows were cut than tokenize.max_truncated_share."""
-    check = report["check"]
-    if check["verdict"] != "fail":
-        return None
-    return (
-        f"error: {check['truncated']} of {check['rows']} rows ({check['share']:.1%}) were longer "
-        f"than tokenize.max_length {report['max_length']} and cut (the longest had "
-        f"{check['longest_before_cut']} tokens), more than tokenize.max_truncated_share "
-        f"{check['threshold']}: their tails are lost and the hidden-state disk estimate counts "
-        f"only what is left. Raise tokenize.max_length (to at least the longest context "
-        f"regenerate allows, regenerate.short/long.max_context; {check['max_length_for_threshold']} "
-        f"would cut at most {check['threshold']:.0%} of these rows), or raise "
-        "tokenize.max_truncated_share (1.0 turns the check off)."
-    )
 
 
 class Paths(NamedTuple):

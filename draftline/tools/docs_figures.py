@@ -519,7 +519,7 @@ def seeds_scale(r: Reports) -> str:
                 f"`{OVERHEAD}/dvc_hashing.json` (`/dvc_hash_hours_per_tb`), "
                 f"`{OVERHEAD}/train_loader.json` (`/ratio_read_ahead_over_in_memory`), "
                 f"`{OVERHEAD}/regen_client.json` (`/levels/c256`, `/latency_s`); bytes per token: "
-                "`draftline/hs_format.bytes_per_token`"
+                "`draftline/hidden_states/formats.bytes_per_token`"
             ),
         ]
     )

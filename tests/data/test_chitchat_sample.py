@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 from draftline.data.formats import content_hash, prepare_records
-from draftline.data.mixing import twin_keys
+from draftline.data.holdout import twin_keys
 from draftline.data.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,13 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftline.data.formats import content_hash, prepare_records
-from draftline.data.mixing import (
-    holdout_problem,
-    mix_datasets,
-    mix_splits,
-    shortfall_problems,
-    shortfall_table,
-)
+from draftline.data.holdout import holdout_problem
+from draftline.data.mixing import mix_datasets, mix_splits
+from draftline.data.shortfall import shortfall_problems, shortfall_table
 from draftline.data.sources import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -166,7 +166,7 @@ def test_rows_cut_by_max_length_fail_the_stage_naming_it(tmp_path, random_target
 
 
 def test_truncation_check_counts_rows_before_the_cut():
-    from draftline.tokens.tokenize import truncation_check
+    from draftline.tokens.report import truncation_check
 
     lengths = [10] * 90 + [50] * 6 + [200] * 4
     check = truncation_check(lengths, 40, 0.05)
