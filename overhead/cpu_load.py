@@ -146,7 +146,7 @@ def work(stage: str, steps: int) -> float:
             with torch.no_grad():
                 model(input_ids=ids, output_hidden_states=True)
     elif stage == "regenerate":
-        from draftline.engines.batch_server import decode_batch
+        from draftline.engines.greedy_batch import decode_batch
 
         model = tiny_llama(params).eval()
         prompts = [torch.randint(2, t["vocab_size"], (40 + i,)).tolist() for i in range(32)]

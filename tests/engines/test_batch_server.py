@@ -20,7 +20,7 @@ import yaml
 
 from draftline.core.config import ParamsError
 from draftline.core.io import read_json, write_jsonl
-from draftline.engines.batch_server import decode_batch
+from draftline.engines.greedy_batch import decode_batch
 from draftline.evaluate.acceptance import compare_to_greedy
 from draftline.evaluate.specdec import greedy_generate
 from draftline.params import parse_params
@@ -270,7 +270,7 @@ def test_rows_joining_and_leaving_a_running_batch_decode_as_alone(random_target)
     """Requests join the rows already decoding at the next step (their KV cache left-padded to
     the batch's) and leave when they end: each answer equals its batch-1 decode but at a counted
     near-tie."""
-    from draftline.engines.batch_server import GreedyBatch, Row
+    from draftline.engines.greedy_batch import GreedyBatch, Row
 
     tokenizer, model = load(random_target)
     prompts = first_turn_ids(tokenizer, 5)
