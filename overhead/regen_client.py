@@ -403,7 +403,7 @@ def write_startup_files(directory: Path, url: str, lines: int, tokens: int, new:
     settings startup_config gives), and train.jsonl with their prompts and `new` more. A
     conversation: two user turns and two answers of tokens/4 words each, the answers' token ids
     recorded; 16 of them, told apart by their ids (what a rerun reads per line is the same)."""
-    from draftline.regenerate.store import engine_record, prompt_sha256, wanted_settings
+    from draftline.regenerate.settings import engine_record, prompt_sha256, wanted_settings
 
     cfg = startup_config(url)
     out = directory / "out"

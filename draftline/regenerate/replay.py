@@ -33,7 +33,7 @@ from typing import IO
 
 from draftline.regenerate.client import ConversationFailed, EndpointPool, RetryPolicy, complete
 from draftline.regenerate.index import IndexWriter
-from draftline.regenerate.store import prompt_sha256
+from draftline.regenerate.settings import prompt_sha256
 from draftline.regenerate.stream import REASONING_KEYS
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)

@@ -25,21 +25,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.regenerate.index import all_entries
 from draftline.regenerate.progress import failure_error, progress_bar
-from draftline.regenerate.store import (
-    SUPERSEDED,
-    PromptFile,
-    cut_last_line,
-    engine_record,
-    load_finished,
-    wanted_settings,
-)
+from draftline.regenerate.settings import engine_record, wanted_settings
+from draftline.regenerate.store import SUPERSEDED, PromptFile, cut_last_line, load_finished
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.regenerate.client import RetryPolicy
     from draftline.regenerate.config import RegenerateConfig
     from draftline.regenerate.replay import Sampling, Tally
-    from draftline.regenerate.store import Wanted
+    from draftline.regenerate.settings import Wanted
 
 
 class Pending(NamedTuple):

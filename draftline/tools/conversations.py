@@ -19,7 +19,8 @@ from pathlib import Path
 from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.regenerate.config import RegenerateConfig
-from draftline.regenerate.store import read_prompts, restore, wanted_settings
+from draftline.regenerate.settings import wanted_settings
+from draftline.regenerate.store import read_prompts, restore
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -124,7 +124,7 @@ CARD = SimpleNamespace(
 
 
 def regeneration_fingerprint(**changes) -> str:
-    from draftline.regenerate.store import fingerprint, regeneration_settings
+    from draftline.regenerate.settings import fingerprint, regeneration_settings
 
     return fingerprint(
         regeneration_settings(RegenerateConfig(**{"backend": "vllm", **changes}), CARD)
@@ -182,7 +182,7 @@ def test_an_output_shaping_change_redoes_the_conversations(changes):
 
 
 def test_the_engine_is_recorded_not_fingerprinted():
-    from draftline.regenerate.store import ENGINE_FIELDS, engine_record
+    from draftline.regenerate.settings import ENGINE_FIELDS, engine_record
 
     assert set(ENGINE_FIELDS) <= operational_fields(RegenerateConfig)
     record = engine_record(

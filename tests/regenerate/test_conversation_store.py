@@ -38,14 +38,8 @@ from draftline.core.config import kind_of
 from draftline.core.io import read_json, write_json, write_jsonl
 from draftline.engines.preflight import PROBE_MESSAGES
 from draftline.regenerate.config import RegenerateConfig
-from draftline.regenerate.store import (
-    ENGINE_FIELDS,
-    fingerprint,
-    load_finished,
-    prompt_sha256,
-    restore,
-    wanted_settings,
-)
+from draftline.regenerate.settings import ENGINE_FIELDS, fingerprint, prompt_sha256, wanted_settings
+from draftline.regenerate.store import load_finished, restore
 
 ROOT = Path(__file__).resolve().parents[2]
 # the fixtures of regenerate_support.py: a random target made chatty, a real transformers serve on

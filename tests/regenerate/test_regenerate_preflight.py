@@ -15,7 +15,7 @@ from regenerate_support import (
 
 from draftline.core.io import read_json
 from draftline.engines.preflight import PreflightError, preflight_regeneration
-from draftline.regenerate.store import prompt_sha256
+from draftline.regenerate.settings import prompt_sha256
 from draftline.tokens.chat import chat_prompt_ids
 
 # shared fixtures (regenerate_support.py)

@@ -24,7 +24,7 @@ from regenerate_support import (
 )
 
 from draftline.core.io import read_json, write_jsonl
-from draftline.regenerate.store import prompt_sha256
+from draftline.regenerate.settings import prompt_sha256
 
 # shared fixtures (regenerate_support.py)
 chatty_target = regenerate_support.chatty_target

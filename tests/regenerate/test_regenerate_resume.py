@@ -13,7 +13,8 @@ from regenerate_support import (
 from draftline.core.io import write_jsonl
 from draftline.regenerate.index import entry as index_entry
 from draftline.regenerate.index import index_path, read_index
-from draftline.regenerate.store import Wanted, load_finished, prompt_sha256
+from draftline.regenerate.settings import Wanted, prompt_sha256
+from draftline.regenerate.store import load_finished
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub

@@ -1,0 +1,158 @@
+"""What shaped a regenerated line: the settings recorded with it and their fingerprint, the engine
+that answered (provenance, never compared), and how a rerun reads the settings of lines made by
+runs that did not record them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftline.core.config import output_shaping
+from draftline.core.io import read_json
+from draftline.regenerate.config import RegenerateConfig
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+
+
+# Regenerate params recorded per line as the engine's provenance (all operational in regenerate/config.py):
+# which engine answered and how it was launched or scheduled. Never compared.
+ENGINE_FIELDS = (
+    "backend",
+    "external_engine",
+    "extra_args",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "max_model_len",
+    "continuous_batching",
+    "cb_num_blocks",
+    "hf",
+    "server_slots",
+    "served_model_name",
+)
+
+# Launch arguments (vLLM, SGLang) that change how the server samples or renders a prompt when a
+# request leaves it unset: the one part of `extra_args` that is compared (`answer_shaping_args`).
+ANSWER_SHAPING_ARGS = (
+    "--generation-config",
+    "--override-generation-config",
+    "--logits-processors",
+    "--default-chat-template-kwargs",
+    "--preferred-sampling-params",
+    "--sampling-defaults",
+)
+
+# Output-shaping before the engine became provenance: lines of those runs have a fingerprint of
+# the settings with these fields in it, and no `settings` record.
+LEGACY_ENGINE_SHAPING = ("backend", "external_engine", "extra_args")
+
+
+def _sha256(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def prompt_sha256(row: dict) -> str:
+    """Hash of what the target is asked (messages and tools): a changed prompt is regenerated."""
+    return _sha256({"messages": row["messages"], "tools": row.get("tools")})[:16]
+
+
+def fingerprint(settings: dict) -> str:
+    """Hash of everything that shapes the answers (target, chat template, sampling)."""
+    return _sha256(settings)[:16]
+
+
+def answer_shaping_args(extra_args: list[str]) -> list[list[str]]:
+    """The ANSWER_SHAPING_ARGS of a launch command's extra arguments, each [flag, values...]."""
+    found, current = [], None
+    for arg in extra_args:
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("--"):
+            current = [flag, *([value] if eq else [])] if flag in ANSWER_SHAPING_ARGS else None
+            if current is not None:
+                found.append(current)
+        elif current is not None:
+            current.append(arg)
+    return found
+
+
+def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
+    """Everything that shapes the answers: the target, its chat template, the output-shaping
+    regenerate params (draftline/config.py) and the answer-shaping launch arguments. A line made
+    under other settings is superseded and its conversation sent again."""
+    return {
+        "model": card.model,
+        "revision": card.revision,
+        "chat_template_sha256": card.chat_template_sha256,
+        **output_shaping(cfg),
+        "answer_shaping_args": answer_shaping_args(cfg.extra_args),
+    }
+
+
+def engine_record(cfg: RegenerateConfig, engine: str) -> dict:
+    """What answered, recorded per line (`regeneration.engine`) and never compared: switching
+    backend, pointing `external` at a server kept running, or new launch arguments keep every
+    finished line."""
+    return {"engine": engine, **cfg.model_dump(include=set(ENGINE_FIELDS))}
+
+
+def _plain(obj):
+    return json.loads(json.dumps(obj))
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """The settings the kept lines must have been made with. `known`: fingerprint -> (settings,
+    where they come from) of lines written before settings were recorded per line."""
+
+    fingerprint: str
+    settings: dict
+    known: dict[str, tuple[dict, str]] = field(default_factory=dict)
+    defaults: dict = field(default_factory=dict)  # a field a line does not record: its default
+
+
+def wanted_settings(cfg: RegenerateConfig, card: TargetCard, directory: Path) -> Wanted:
+    """The current settings, and how to read the lines of runs that did not record theirs: a
+    fingerprint the current params give with the engine fields still in it, or the one of the
+    meta.json beside them (its params, hashed again, must give its fingerprint)."""
+    settings = _plain(regeneration_settings(cfg, card))
+    legacy = {k: v for k, v in settings.items() if k != "answer_shaping_args"}
+    legacy.update(_plain(cfg.model_dump(include=set(LEGACY_ENGINE_SHAPING))))
+    known = {fingerprint(legacy): ({**settings, **legacy}, "params")}
+    meta_path = Path(directory) / "meta.json"
+    try:
+        meta = read_json(meta_path) if meta_path.is_file() else {}
+    except (OSError, ValueError):
+        meta = {}
+    params = meta.get("params") if isinstance(meta, dict) else None
+    if isinstance(params, dict) and isinstance(meta.get("fingerprint"), str):
+        old = {
+            "model": meta.get("target"),
+            "revision": card.revision,
+            "chat_template_sha256": meta.get("chat_template_sha256"),
+            **params,
+        }
+        if fingerprint(old) == meta["fingerprint"]:
+            old["answer_shaping_args"] = answer_shaping_args(old.get("extra_args") or [])
+            known.setdefault(meta["fingerprint"], (old, "meta.json"))
+    defaults = _plain(output_shaping(RegenerateConfig()))
+    defaults["answer_shaping_args"] = []
+    return Wanted(fingerprint(settings), settings, known, defaults)
+
+
+def changed_fields(regen: dict, recorded: dict, wanted: Wanted) -> list[str]:
+    """The current settings a line was made without: each compared with what the line records
+    (its settings, else its engine record, else the field's default)."""
+    engine = regen.get("engine") if isinstance(regen.get("engine"), dict) else {}
+    changed = []
+    for key, value in wanted.settings.items():
+        for source in (recorded, engine, wanted.defaults):
+            if key in source:
+                if source[key] != value:
+                    changed.append(key)
+                break
+        else:
+            changed.append(key)
+    return changed
