@@ -285,7 +285,7 @@ def write_params(ws: Path, samples: int, seed: int) -> None:
     (ws / "params.yaml").write_text(
         f"samples: {samples}\nseed: {seed}\n"
         "datasets:\n  synthetic: {path: datasets/synthetic.jsonl, format: openai}\n"
-        f"mix:\n  weights: {{synthetic: 1.0}}\n  eval_samples: {EVAL_SAMPLES}\n"
+        f"mix:\n  weights: {{synthetic: 1.0}}\n  eval_samples: {EVAL_SAMPLES}\n  dev_samples: 0\n"
         "tokenize: {max_length: 16384, max_truncated_share: 1.0}\n"
         "vocab: {min_coverage: 0.0}\n"
     )

@@ -46,7 +46,10 @@ def main() -> None:
     ap.add_argument("--hidden-states", default="datasets/hidden_states")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
     ap.add_argument(
-        "--pack-len", type=int, help="instead of TrainConfig's (small data: more steps)"
+        "--pack-len",
+        type=int,
+        default=1024,
+        help="tokens per packed batch (small data: more steps)",
     )
     ap.add_argument("--out", default="reports/overhead/train_step.json")
     args = ap.parse_args()

@@ -22,6 +22,7 @@ def benchmark_hf(
     cfg: BenchmarkConfig,
     device: str,
 ) -> dict:
+    # torch and the decoders load on first use: benchmark.run imports this module for every engine
     import torch
 
     from draftline.evaluate.specdec import greedy_generate, speculative_generate

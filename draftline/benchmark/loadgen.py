@@ -201,6 +201,7 @@ async def run_load(
     on_done=None,
 ) -> tuple[list[RequestResult], float]:
     """`requests` requests cycling over `prompts`, at most `concurrency` in flight; (results, wall seconds)."""
+    # httpx loads on first use: importing this module stays light
     import httpx
 
     limit = asyncio.Semaphore(concurrency)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.benchmark.hf import benchmark_hf
-from draftline.core.io import read_jsonl
+from draftline.core.card import TargetCard
+from draftline.core.io import read_jsonl, write_json
 from draftline.draft.checkpoint import load_draft, read_draft_facts
 from draftline.draft.preflight import check_draft, preflight_engines
 from draftline.draft.sglang_export import SglangExportError, export_sglang
@@ -27,7 +28,6 @@ from draftline.tokens.chat import first_turn_ids
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
-    from draftline.core.card import TargetCard
 
 
 def export_for_sglang(
@@ -82,6 +82,7 @@ def benchmark_with_hf(
     cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list, report: dict
 ) -> None:
     """Engine hf: the built-in baseline and speculative decoders, their figures added to report."""
+    # each engine's code loads only when it runs: torch for hf, numpy and rich for the servers
     import torch
 
     device = cfg.resolved_device()
@@ -182,9 +183,6 @@ class Paths(NamedTuple):
 def run(params, paths: Paths) -> dict:
     """Stage `benchmark`: baseline against speculative decoding by params.benchmark; the
     report, with reports/deploy.json written."""
-    from draftline.core.card import TargetCard
-    from draftline.core.io import write_json
-
     card = TargetCard.load(paths.card)
     report, deploy = run_benchmark(
         params.benchmark, card, str(paths.draft), str(paths.prompts), str(paths.deploy)

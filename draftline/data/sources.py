@@ -17,6 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.core.io import write_jsonl
 from draftline.data.formats import PrepareStats, iter_records
 
 if TYPE_CHECKING:
@@ -157,8 +158,6 @@ def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
     what made it (the resolved spec, the hub commit), then what came of it (PrepareStats).
     FileNotFoundError / ValueError when the source is missing or gives no usable row."""
     from rich.progress import Progress
-
-    from draftline.core.io import write_jsonl
 
     stats = PrepareStats()
     with Progress(transient=True) as progress:

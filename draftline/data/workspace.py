@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.io import atomic_path
 from draftline.data.sources import dvc_source_dep
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ SOURCES_HEADER = f"""\
 def write_sources(datasets: dict[str, DatasetSpec], path: str) -> int:
     """Write the sources file of `datasets` to `path`; the number of datasets it lists."""
     import yaml
-
-    from draftline.core.io import atomic_path
 
     deps = {
         name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(datasets.items())

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.io import file_sha256
+from draftline.target.model import read_verifier_tensors
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,6 +40,7 @@ class InitMismatch(ValueError):
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, or the shards its index names."""
+    # safetensors / torch load on first use: the probe and preflight read draft facts without them
     from safetensors.torch import load_file
 
     directory = Path(directory)
@@ -64,8 +68,6 @@ def load_vocab(vocab_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dir_sha256(directory: Path, patterns=("*.json", "*.safetensors")) -> str:
     """Hash of a checkpoint directory's config and weight files (names and contents)."""
-    from draftline.core.io import file_sha256
-
     h = hashlib.sha256()
     for pattern in patterns:
         for path in sorted(Path(directory).glob(pattern)):
@@ -193,8 +195,6 @@ def load_verifier_tensors(
     the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
     (trained) ones; verifier_lm_head and verifier_norm always come from the target."""
     import torch
-
-    from draftline.target.model import read_verifier_tensors
 
     tensors = read_verifier_tensors(card)
     H = model.hidden_size

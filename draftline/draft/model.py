@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftline.draft.checkpoint import ARCHITECTURES, load_verifier_tensors, load_vocab
+from draftline.target.model import _checkpoint_file, checkpoint_weight_map
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 def draft_layer_config(card: TargetCard, num_layers: int):
     """Llama decoder config for the draft, shaped from the target (full attention everywhere)."""
+    # speculators (with transformers) loads on first use: importing the draft model needs only torch
     from speculators.train.cli import create_transformer_layer_config
 
     return create_transformer_layer_config(
@@ -125,8 +127,6 @@ def init_layer_from_target(model, card: TargetCard, layer: int | str) -> str:
     starts at ones (the target's final norm is verifier_norm, for the teacher logits only).
     Returns a note for the report."""
     from safetensors import safe_open
-
-    from draftline.target.model import _checkpoint_file, checkpoint_weight_map
 
     if layer == "last_aux":
         layer = card.aux_layer_ids[-1]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from draftline.core.aux_layers import eagle3_default_aux_ids
 from draftline.draft.checkpoint import (
     ARCHITECTURES,
     InitMismatch,
@@ -52,6 +53,7 @@ def resolve_init(init: str | Path) -> Path:
     path = Path(init)
     if path.is_dir():
         return path
+    # speculators loads on first use: only a train.init draft needs it
     from speculators.convert.utils import ensure_checkpoint_is_local
 
     try:
@@ -141,8 +143,6 @@ def check_init_target(config, card: TargetCard, num_layers: int, remap_aux: bool
     """Refuse a checkpoint whose shapes cannot serve the card's target (hidden size, target
     vocabulary, decoder layers vs train.num_layers, aux layer ids unless remapped); return the
     remaps that were allowed."""
-    from draftline.core.aux_layers import eagle3_default_aux_ids
-
     tl = config.transformer_layer_config
     if tl.hidden_size != card.hidden_size:
         raise InitMismatch(

@@ -145,6 +145,7 @@ def sglang_weights(weights: dict) -> dict:
 
 def export_sglang(draft_dir: str | Path, card: TargetCard, out_dir: str | Path) -> Path:
     """Write the SGLang copy of the draft in draft_dir to out_dir (replaced whole); returns out_dir."""
+    # safetensors / torch load on first use: benchmark.run imports this module for every engine
     from safetensors.torch import save_file
 
     draft_dir, out_dir = Path(draft_dir), Path(out_dir)

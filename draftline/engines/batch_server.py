@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.engines.greedy_batch import GreedyBatch, Row
+from draftline.tokens.chat import chat_prompt_ids
 
 # not streamed before the answer ends: trailing whitespace, and U+FFFD (a character whose bytes
 # are still being generated)
@@ -117,6 +118,7 @@ class Stats:
 
 def parse_answer(tokenizer, model, prompt_ids: list[int], tokens: list[int]):
     """(content, reasoning, tool calls) of generated `tokens`, as transformers serve parses them."""
+    # transformers / torch load on first use: regenerate.run imports this module, its server runs it
     from transformers.cli.serving.utils import parse_assistant_message
 
     cleaned = tokenizer.decode(tokens, skip_special_tokens=True)
@@ -429,8 +431,6 @@ class BatchServer:
 
     async def chat_completions(self, request):
         from aiohttp import web
-
-        from draftline.tokens.chat import chat_prompt_ids
 
         try:
             body = await request.json()

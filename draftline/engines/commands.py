@@ -30,7 +30,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.engines.config import VllmEngineConfig
+from draftline.engines.config import VllmEngineConfig, vllm_engine
+from draftline.engines.servers import has_cuda
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
@@ -120,6 +121,7 @@ def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
     cli/serving/model_manager.py `_load_model`) takes AutoModelForMultimodalLM for the model types
     registered there and otherwise `getattr(transformers, architectures[0])`, so an architecture
     that ships as the checkpoint's own code cannot be served by it, with or without --trust-remote-code."""
+    # transformers loads on first use: command lines are built without it
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES
 
@@ -221,8 +223,6 @@ def regenerate_command(
 ) -> list[str]:
     """The server command of a launched regenerate.backend on `port` (else regenerate.port; with
     neither, no --port: a command to show); `out` (the stage's output dir) takes backend hf's stats."""
-    from draftline.engines.servers import has_cuda
-
     port = port if port is not None else cfg.port
     trust = card.trust_remote_code
     if cfg.backend == "hf":
@@ -254,8 +254,6 @@ def regenerate_command(
             cfg.chat_template_kwargs,
         )
     if cfg.backend == "vllm":
-        from draftline.engines.config import vllm_engine
-
         build = partial(vllm_regenerate_command, engine=vllm_engine())
     else:
         build = sglang_regenerate_command
@@ -454,8 +452,6 @@ def benchmark_serve_command(
         if cfg.vllm.launcher is not None:
             server = [*cfg.vllm.launcher, model]
         else:
-            from draftline.engines.config import vllm_engine
-
             server = vllm_engine().server_argv(model)
         cmd = [*server, *revision, *where, *cfg.vllm.args]
         if draft_path:

@@ -38,6 +38,7 @@ def near_tie_mask(scores, tie_tolerance: float):
 def greedy_generation_config(model, pad_id: int, eos_ids: set[int]):
     """The generation config `generate(do_sample=False)` runs with, or None when it adds no logits
     processor (the usual case: then the scores are the logits)."""
+    # torch loads on first use: batch_server (imported by regenerate.run) stays light
     import torch
 
     config, _ = model._prepare_generation_config(

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.config import redact_url
+
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
@@ -62,6 +64,7 @@ class PreflightError(RuntimeError):
 
 def _request(client, method: str, url: str, attempts: int, **kwargs):
     """One HTTP call, retried (1 s, 2 s, ...) on connection errors, timeouts, 429 and 5xx."""
+    # httpx loads on first use: importing this module stays light
     import httpx
 
     for attempt in range(attempts):
@@ -184,8 +187,6 @@ def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> 
     (probe_engine, check_engine); raises PreflightError when it decodes speculatively, answers as
     another engine, or cannot be checked. Returns vLLM: spec_decode_metrics False; SGLang:
     speculative_algorithm None and its model_path."""
-    from draftline.core.config import redact_url
-
     probe = probe_engine(client, base_url, attempts, listed_models(client, base_url, attempts))
     check_engine(redact_url(base_url), engine, probe)
     if engine == "vllm":
@@ -289,8 +290,6 @@ def preflight_regeneration(
     what it saw. prompt_ids(messages, tools): the token ids the target's tokenizer and chat template
     (with chat_template_kwargs) give a conversation's prompt."""
     import httpx
-
-    from draftline.core.config import redact_url
 
     shown = redact_url(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

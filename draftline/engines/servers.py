@@ -21,9 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from draftline.engines.config import vllm_engine
+
 
 def has_cuda() -> bool:
     try:
+        # torch loads only to ask for CUDA: launching and stopping servers need none
         import torch
 
         return torch.cuda.is_available()
@@ -53,8 +56,6 @@ def launch_env(engine: str, model: str, cache_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if engine == "vllm":  # VLLM_CPU_KVCACHE_SPACE for the CPU build (engines.vllm)
-        from draftline.engines.config import vllm_engine
-
         env = vllm_engine().env(env)
     return env
 

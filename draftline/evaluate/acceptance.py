@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from draftline.core.io import read_json, read_jsonl
 from draftline.draft.checkpoint import load_draft
+from draftline.hidden_states.formats import roundtrip
 from draftline.target.model import load_target
 from draftline.tokens.chat import first_turn_ids
 
@@ -153,9 +154,9 @@ def teacher_forced_sample(
     `storage` (torch.bfloat16, torch.float8_e4m3fn): the states take that format's round trip, as
     the trainer read them (draftline/hidden_states/formats.py); None = as a server hands them to the draft.
     """
+    # torch, hidden states and decoders load on first use: vLLM alone (parity false) needs none
     import torch
 
-    from draftline.hidden_states.formats import roundtrip
     from draftline.hidden_states.hidden import capture
 
     ids = list(prompt) + list(completion)
@@ -233,8 +234,6 @@ class EvaluationRun:
 def mixed_train_count(eval_path: str | Path, samples: int) -> int:
     """Train prompts the mix drew, from its meta.json beside the eval prompts; prompts made by hand
     (no mix meta there) are taken to be `samples`, and the stage says so."""
-    from draftline.core.io import read_json
-
     meta_path = Path(eval_path).parent / "meta.json"
     if not meta_path.is_file():
         print(

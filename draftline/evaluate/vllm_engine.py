@@ -29,8 +29,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.io import read_jsonl
+from draftline.engines.servers import log_tail
 from draftline.evaluate import vllm_generate
-from draftline.evaluate.acceptance import EvaluationRun
+from draftline.evaluate.acceptance import EvaluationRun, mixed_train_count
+from draftline.tokens.chat import first_turn_ids
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -83,8 +86,6 @@ def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=pr
     with open(log_path, "w") as log:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0 or not result_path.is_file():
-        from draftline.engines.servers import log_tail
-
         raise VllmRunError(
             f"vLLM exited with {code} ({' '.join(cmd)}; engines.vllm.python {python}: `make "
             f"setup-vllm` builds the project's vLLM environment); the end of {log_path}:\n"
@@ -317,10 +318,8 @@ def with_vllm(
 def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, samples, engine):
     """evaluate.vllm.parity false: vLLM alone (the target is never loaded here); tau_sim and the
     lossless check need the target in transformers, so they are left out (null)."""
-    from draftline.core.io import read_jsonl
-    from draftline.evaluate.acceptance import mixed_train_count
+    # bound at call time: tests replace target.card_tokenizer
     from draftline.target.model import card_tokenizer
-    from draftline.tokens.chat import first_turn_ids
 
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:

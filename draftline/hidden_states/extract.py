@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.core.card import TargetCard
+from draftline.core.config import resolve_device
 from draftline.core.io import read_json, write_meta
 from draftline.engines.commands import generate_offline_data_command, vllm_extract_command
 from draftline.engines.config import vllm_engine
@@ -26,9 +28,9 @@ from draftline.engines.preflight import PreflightError, preflight_extraction
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states import plan
+from draftline.target.model import load_target_model
 
 if TYPE_CHECKING:
-    from draftline.core.card import TargetCard
     from draftline.hidden_states.config import HiddenStatesConfig
 
 
@@ -42,6 +44,7 @@ def run_hf(
     store_dtype,
 ) -> int:
     """Backend hf: the target runs here, batch by batch; returns the tokens done."""
+    # torch (and hidden.py) load on first use: backend vllm and the probe run without them
     import torch
     from rich.progress import (
         BarColumn,
@@ -51,9 +54,7 @@ def run_hf(
         TimeRemainingColumn,
     )
 
-    from draftline.core.config import resolve_device
     from draftline.hidden_states import hidden
-    from draftline.target.model import load_target_model
 
     device = "cuda" if cfg.device_map else resolve_device(cfg.device)
     compute = (
@@ -222,9 +223,6 @@ def write_online(
     """mode online: no states are stored. meta.json tells the train stage to make them itself; files
     an earlier offline run left are kept for a switch back (their fingerprint stays recorded).
     Returns the report."""
-    from draftline.core.io import read_json, write_meta
-    from draftline.hidden_states import plan
-
     out.mkdir(parents=True, exist_ok=True)
     previous = read_json(out / "meta.json") if (out / "meta.json").exists() else {}
     files_fingerprint = (
@@ -471,8 +469,6 @@ def run(params, paths: Paths) -> dict:
     """Stage `hidden_states`: the states of every tokenized row by params.hidden_states, into
     paths.out (offline) or only its meta.json (online); the report. train.pack_len sizes the
     online mode's forwards in the report's plan."""
-    from draftline.core.card import TargetCard
-
     card = TargetCard.load(paths.card)
     return extract_hidden_states(
         params.hidden_states,

@@ -38,6 +38,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from draftline.core.aux_layers import resolve_aux_layer_ids
+from draftline.hidden_states.formats import bytes_per_token, decode, encode
+
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
@@ -61,8 +64,6 @@ def hs_path(directory: Path, index: int) -> Path:
 
 def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     """Re-check the card's ids (it may have been edited) with the rule the target stage applies."""
-    from draftline.core.aux_layers import resolve_aux_layer_ids
-
     return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)
 
 
@@ -96,8 +97,6 @@ def is_valid_file(
             if f.get_tensor("token_ids").tolist() != list(token_ids):
                 return False
             if full:
-                from draftline.hidden_states.formats import decode
-
                 values = decode(
                     {k: f.get_tensor(k) for k in f.keys() if k != "token_ids"}, torch.float32
                 )
@@ -111,8 +110,6 @@ def is_valid_file(
 def estimate_bytes(seq_lens: list[int], hidden_size: int, dtype: torch.dtype) -> int:
     """tokens x the format's true bytes per token: 4 states x H x bytes per value, the int64 token
     id, and the fp8 scale (draftline/hidden_states/formats.py; safetensors headers are negligible)."""
-    from draftline.hidden_states.formats import bytes_per_token
-
     fmt, name = (
         ("fp8", "bfloat16")
         if dtype == torch.float8_e4m3fn
@@ -218,8 +215,6 @@ def save_hidden_states(
     path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: torch.dtype
 ) -> None:
     """Write atomically: a killed run never leaves a file that looks finished."""
-    from draftline.hidden_states.formats import encode
-
     tensors = encode(hidden, dtype)  # fp8: hs-connectors' quantization, with per-token scales
     stored = hidden if dtype == torch.float8_e4m3fn else tensors["hidden_states"]
     if not bool(torch.isfinite(stored).all()):

@@ -20,6 +20,7 @@ import torch
 
 def manifest(handle: str, token_ids: torch.Tensor, hidden: torch.Tensor) -> dict[str, Any]:
     """The transfer manifest of one row, built as MooncakeHiddenStatesConnector builds it."""
+    # hs-connectors loads on first use: only the mooncake transfer needs it
     from hs_connectors.mooncake_store import VERSION, packed_layout
 
     specs, total = packed_layout(

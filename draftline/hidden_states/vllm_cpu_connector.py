@@ -58,6 +58,7 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
 @cache
 def _fp8_connector():
     """hs-connectors' FP8 connector (it changes only the file write) on the host-memory copy."""
+    # hs-connectors loads on first use: only the fp8 format needs its connector
     from hs_connectors.fp8_hidden_states_connector import FP8HiddenStatesConnector
 
     class CpuFP8HiddenStatesConnector(CpuHiddenStatesConnector):

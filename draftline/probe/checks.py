@@ -33,6 +33,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, write_json
+from draftline.draft.checkpoint import InitMismatch, architecture_of, read_draft_facts
+from draftline.draft.preflight import check_vocab
+from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_extraction
+from draftline.engines.servers import startup_timeout_s
+from draftline.hidden_states import formats as hs_format
+from draftline.hidden_states.extract import run_vllm
+from draftline.tokens.chat import chat_prompt_ids
+from draftline.train.states import online_vllm
 
 if TYPE_CHECKING:
     from draftline.hidden_states.config import HiddenStatesConfig
@@ -50,7 +58,7 @@ def check_init_config(cfg: TrainConfig, card: TargetCard, config) -> tuple[list[
     """(remaps allowed, architecture): the checks of a train.init config against the card and
     train.*: shapes and aux ids (check_init_target), norms vs train.architecture, and norms the
     speculators CLI can set when that is the backend."""
-    from draftline.draft.checkpoint import InitMismatch, architecture_of
+    # these load torch on first use: the probe stays light until a check needs them
     from draftline.draft.pretrained import check_architecture, check_init_target
 
     remaps = check_init_target(config, card, cfg.num_layers, cfg.init_remap_aux_layers)
@@ -69,8 +77,6 @@ def check_init_fits(cfg: TrainConfig, card: TargetCard, draft_vocab_size: int) -
     """What the train stage would refuse about train.init, found now; raises InitMismatch naming the
     param to change. A hub id's config is fetched and checked first, its weights (in which d2t
     lives; train needs them anyway) only once that passes. Returns what was checked."""
-    from draftline.draft.checkpoint import InitMismatch, read_draft_facts
-    from draftline.draft.preflight import check_vocab
     from draftline.draft.pretrained import fetch_init_config, init_config, resolve_init
 
     if not Path(cfg.init).is_dir():
@@ -168,9 +174,8 @@ def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
 def probe_prompt_ids(card: TargetCard) -> list[int]:
     """A short chat prompt through the target's tokenizer and template (as regeneration renders
     one), so the probe row is the kind of row extraction will get."""
-    from draftline.engines.preflight import PROBE_MESSAGES
+    # bound at call time: tests replace target.card_tokenizer
     from draftline.target.model import card_tokenizer
-    from draftline.tokens.chat import chat_prompt_ids
 
     return chat_prompt_ids(card_tokenizer(card), PROBE_MESSAGES, None, {})
 
@@ -208,9 +213,7 @@ def probe_offline(
     """One row through the hidden_states stage's vLLM path (run_vllm), its file checked as that
     stage checks its files."""
     from datasets import Dataset, load_from_disk
-    from draftline.hidden_states import formats as hs_format
     from draftline.hidden_states import hidden
-    from draftline.hidden_states.extract import run_vllm
 
     tokenized = work / "tokenized"
     rows = Dataset.from_dict(
@@ -240,10 +243,9 @@ def probe_online(
 ) -> dict:
     """The server the train stage would start for speculators' trainers (or the running one of
     hidden_states.online.endpoint), asked for the probe row as the train stage checks it."""
-    from draftline.engines.preflight import PreflightError, preflight_extraction
-    from draftline.engines.servers import ManagedServer, startup_timeout_s
+    # bound at call time: tests replace servers.ManagedServer
+    from draftline.engines.servers import ManagedServer
     from draftline.train.run import TrainPaths
-    from draftline.train.states import online_vllm
 
     # the train stage's paths and hidden_states meta.json, as online_vllm reads them
     paths = TrainPaths(vocab=work, tokenized=work / "tokenized", hs=work, state=work)
@@ -328,8 +330,6 @@ def run(params, paths: Paths) -> dict:
     """Stage `probe`: train.init checked against the card, and one row extracted through the
     configured vLLM path (once per card and settings); the report, written to paths.report, whose
     `error` says what failed. The stamp is written when nothing did."""
-    from draftline.draft.checkpoint import InitMismatch
-
     card = TargetCard.load(paths.card)
     previous = read_json(paths.report) if paths.report.exists() else {}
     # a refusal of train.init keeps the last extraction pass: fixing it must not re-probe vLLM

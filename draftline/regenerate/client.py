@@ -72,6 +72,7 @@ class ChatClient:
         self._session = None
 
     def session(self):
+        # aiohttp loads on first use: importing this module stays light
         import aiohttp
 
         if self._session is None:

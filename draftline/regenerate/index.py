@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 import orjson
 
+from draftline.core.io import atomic_path
+
 FIELDS = (
     "start",  # byte offset of the line in conversations.jsonl
     "end",  # one past its newline
@@ -178,8 +180,6 @@ def all_entries(conversations: Path):
 
 def write_index(conversations: Path, entries: list[Entry]) -> None:
     """The index of `entries` (every whole line of the file, in order), written atomically."""
-    from draftline.core.io import atomic_path
-
     with atomic_path(index_path(conversations)) as tmp, open(tmp, "wb") as f:
         f.write(header(conversations))
         for e in entries:

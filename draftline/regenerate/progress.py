@@ -44,6 +44,7 @@ def progress_line(t: Tally, total: int, elapsed: float, slots: int | None) -> st
 def progress_bar(total: int, slots: int | None):
     """(on_done, on_tick) for regenerate_all: a rich bar on a terminal; a plain line every tick
     otherwise (a log file), even while no conversation finishes."""
+    # rich loads on first use: importing this module stays light
     from rich.console import Console
     from rich.progress import (
         BarColumn,

@@ -23,16 +23,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.core.card import TargetCard
+from draftline.core.config import output_shaping
+from draftline.core.io import read_json, write_meta
+from draftline.engines import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
+from draftline.engines.commands import regenerate_command, transformers_serve_loads
+from draftline.engines.preflight import PreflightError, preflight_regeneration
+from draftline.engines.servers import launch_env, server_url, startup_timeout_s
+from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
 from draftline.regenerate.index import all_entries
 from draftline.regenerate.progress import failure_error, progress_bar
+from draftline.regenerate.replay import Sampling, regenerate_all
 from draftline.regenerate.settings import engine_record, wanted_settings
 from draftline.regenerate.store import SUPERSEDED, PromptFile, cut_last_line, load_finished
+from draftline.tokens.chat import chat_prompt_ids
 
 if TYPE_CHECKING:
-    from draftline.core.card import TargetCard
-    from draftline.regenerate.client import RetryPolicy
     from draftline.regenerate.config import RegenerateConfig
-    from draftline.regenerate.replay import Sampling, Tally
+    from draftline.regenerate.replay import Tally
     from draftline.regenerate.settings import Wanted
 
 
@@ -189,8 +197,6 @@ def length_error(cfg: RegenerateConfig, check: dict, path: Path) -> str | None:
 def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
     """Stops before any work where `transformers serve` would not answer as asked."""
     if cfg.backend == "transformers":
-        from draftline.engines.commands import transformers_serve_loads
-
         if not transformers_serve_loads(
             card.architecture, card.config_model_type or card.model_type
         ):
@@ -203,6 +209,7 @@ def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
         engine == "transformers"
         and max([cfg.temperature] + [t.value for t in cfg.temperatures]) > 0
     ):
+        # transformers loads on first use: this stage itself never loads a model
         from transformers import GenerationConfig
 
         try:
@@ -243,9 +250,8 @@ def send(
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
     preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
     endpoint's preflight saw, when sending started, server slots)."""
-    from draftline.engines import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
+    # bound at call time: tests replace target.card_tokenizer
     from draftline.target.model import card_tokenizer
-    from draftline.tokens.chat import chat_prompt_ids
 
     tokenizer = card_tokenizer(card)
     server, urls = server_or_endpoints(cfg, card, model_name, out)
@@ -305,8 +311,8 @@ def server_or_endpoints(
 ) -> tuple[contextlib.AbstractContextManager, list[str]]:
     """(the server to enter, no URLs: entering it gives its URL), or for regenerate.backend
     external (a null context, the endpoints' URLs). Nothing starts before it is entered."""
-    from draftline.engines.commands import regenerate_command
-    from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
+    # bound at call time: tests replace servers.ManagedServer
+    from draftline.engines.servers import ManagedServer
 
     if cfg.backend == "external":
         return contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
@@ -327,9 +333,6 @@ def server_or_endpoints(
 
 def request_settings(cfg: RegenerateConfig) -> tuple[Sampling, RetryPolicy]:
     """The sampling of every conversation and the timeouts and retries of every request."""
-    from draftline.regenerate.client import RetryPolicy
-    from draftline.regenerate.replay import Sampling
-
     sampling = Sampling(
         cfg.max_tokens,
         cfg.temperature,
@@ -359,8 +362,6 @@ def preflight_endpoints(
 ) -> list[dict]:
     """What each endpoint's preflight saw, in order; the first endpoint refused stops the run
     before anything is sent or moved."""
-    from draftline.engines.preflight import PreflightError, preflight_regeneration
-
     seen = []
     for url in urls:
         try:
@@ -403,9 +404,6 @@ async def send_over_pool(
 ) -> Tally:
     """Sends `todo` (regenerate_all) through a pool of the endpoints opened in the running loop,
     and closes the pool however the run ends."""
-    from draftline.regenerate.client import close_pool, open_pool
-    from draftline.regenerate.replay import regenerate_all
-
     partitions = {
         "short": (cfg.short.concurrency, cfg.short.max_context),
         "long": (cfg.long.concurrency, cfg.long.max_context),
@@ -446,8 +444,6 @@ def run_report(
     out: Path,
 ) -> dict:
     """reports/regenerate.json: `prompts` prompted, `todo` of them sent in this run."""
-    from draftline.core.io import read_json
-
     turns = sum(tally.finish_reasons.values()) if tally else 0
     server_stats = None
     if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():
@@ -539,10 +535,6 @@ class Paths(NamedTuple):
 def run(params, paths: Paths) -> Regenerated:
     """Stage `regenerate`: the prompts not yet answered, answered into paths.out, and meta.json;
     the result, whose report the stage writes and whose `error` fails it."""
-    from draftline.core.card import TargetCard
-    from draftline.core.config import output_shaping
-    from draftline.core.io import write_meta
-
     cfg = params.regenerate
     card = TargetCard.load(paths.card)
     result = regenerate(cfg, card, str(paths.prompts), paths.out)

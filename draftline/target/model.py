@@ -52,6 +52,7 @@ def _remote_code_guard(what: str, model: str, trust_remote_code: bool, load):
 
 def load_config(model: str, revision: str | None = None, trust_remote_code: bool = False):
     """The target's top-level config (a multimodal wrapper's, for those)."""
+    # transformers loads on first use: the card and checkpoint maps are read without it
     from transformers import AutoConfig
 
     return _remote_code_guard(

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.io import write_meta
+from draftline.target.gguf import GGUF_TARGETS, convert
 from draftline.target.model import RemoteCodeRequired, build_card
+from draftline.target.tiny import build_tiny_target
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -26,13 +28,10 @@ class TargetUnavailable(Exception):
 def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
     """The card of target.model: `tiny` is built and `smollm2` (GGUF_TARGETS) converted into `out`
     first; a hub id or a local path is only read. TargetUnavailable says why a target cannot be had."""
-    from draftline.target.gguf import GGUF_TARGETS
-
     out.mkdir(parents=True, exist_ok=True)
     if cfg.model == "tiny":
+        # rich loads only to show the tiny target's training
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        from draftline.target.tiny import build_tiny_target
 
         with Progress(
             TextColumn("tiny target"),
@@ -46,8 +45,6 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
             )
         return build_card(str(out), "tiny", None, cfg.aux_layer_ids, {"tiny_training": stats})
     if cfg.model in GGUF_TARGETS:
-        from draftline.target.gguf import convert
-
         try:
             gguf = convert(cfg.model, out)
         except RuntimeError as err:

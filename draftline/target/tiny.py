@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.config import resolve_device
 from draftline.target.corpus import generate_conversations
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ CHAT_TEMPLATE = (
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE over `texts`, wrapped as a transformers fast tokenizer with the chat template."""
+    # tokenizers / torch / transformers load on first use: target.source imports this module
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -198,8 +200,6 @@ def build_tiny_target(cfg: TinyTargetConfig, out_dir: Path, progress=None) -> di
     Returns training stats."""
     import torch
     from transformers import LlamaForCausalLM
-
-    from draftline.core.config import resolve_device
 
     device = resolve_device(cfg.device)
 

@@ -313,6 +313,7 @@ def join_rule(tokenizer) -> SegmentJoin | None:
         return _JOIN_RULES[tokenizer]
     except (KeyError, TypeError):
         pass
+    # tokenizers loads on first use: rendering needs only the tokenizer it is given
     from tokenizers import models, pre_tokenizers
 
     rule = None

@@ -43,6 +43,7 @@ FEATURES = {
 
 
 def features():
+    # datasets loads on first use: importing this module stays light
     from datasets import Features, List, Value
 
     return Features(

@@ -45,8 +45,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
+from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
-from draftline.core.io import atomic_path, file_sha256, read_json
+from draftline.core.io import atomic_path, file_sha256, read_json, write_meta
+from draftline.regenerate.index import run_of
+from draftline.tokens import chat
+from draftline.tokens.chat import (
+    ServerTurn,
+    TemplateMismatch,
+    conversation_rows,
+    end_of_turn_tokens,
+    mark_length_cut,
+    plan_conversation,
+    tokenize_rows,
+)
 from draftline.tokens.output import (
     INDEX,
     ROW_FORMAT,
@@ -65,12 +77,12 @@ from draftline.tokens.output import (
 from draftline.tokens.report import count_turn, index_report, no_rows_message
 
 if TYPE_CHECKING:
-    from draftline.core.card import TargetCard
     from draftline.tokens.config import TokenizeConfig
 
 
 def generation_eos_ids(card: TargetCard):
     """The eos ids generation stops on (a list for Llama 3.x), or None without a generation config."""
+    # transformers, rich and jinja2 load on first use: importing this module stays light
     from transformers import GenerationConfig
 
     try:
@@ -83,8 +95,6 @@ def server_turns(regeneration: dict) -> list | None:
     """What the server said of each assistant turn of a line (draftline/regenerate/replay.py records
     `completion_token_ids` and `turn_completion_tokens` per turn); None for a line written before
     they were recorded."""
-    from draftline.tokens.chat import ServerTurn
-
     ids = regeneration.get("completion_token_ids")
     counts = regeneration.get("turn_completion_tokens")
     if not isinstance(ids, list) and not isinstance(counts, list):
@@ -116,8 +126,6 @@ class Line:
 def regenerated_lines(prompts_path: str, regenerated_path: str) -> tuple[list[Line], int, int]:
     """(the conversations to tokenize in row order, prompts in train.jsonl, unreadable regenerated
     lines). Both files are streamed: what is kept of each line is its id, place and hash."""
-    from draftline.regenerate.index import run_of
-
     position: dict[str, int] = {}
     with open(prompts_path, "rb") as f:
         for raw in f:
@@ -170,9 +178,6 @@ def rows_key(
     """Everything the rows of a conversation depend on besides its line: a previous output made
     under another key is tokenized again whole."""
     import importlib.metadata as md
-
-    from draftline.core.config import output_shaping
-    from draftline.tokens import chat
 
     shaping = output_shaping(cfg)
     shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
@@ -290,8 +295,6 @@ def plan_batch(
     """Each conversation's plan (draftline/tokens/chat.py, plan_conversation), or why it has none."""
     from jinja2 import TemplateError
 
-    from draftline.tokens.chat import TemplateMismatch, mark_length_cut, plan_conversation
-
     plans = []
     for _, row in batch:
         regeneration = row.get("regeneration") or {}
@@ -317,8 +320,6 @@ def tokenize_batch(
     cfg: TokenizeConfig,
 ) -> list[tuple[dict, list[dict]]]:
     """(index entry, rows) of each planned conversation: one tokenize_rows call for all their rows."""
-    from draftline.tokens.chat import conversation_rows, tokenize_rows
-
     spans = [s for plan in plans if not isinstance(plan, str) for s in plan.row_spans()]
     tokenized = iter(tokenize_rows(tokenizer, spans))
     out = []
@@ -530,8 +531,8 @@ def tokenize_dataset(
     previous one whole (its files are removed only after the new meta.json is in place)."""
     from rich.progress import Progress
 
+    # bound at call time: tests replace target.card_tokenizer
     from draftline.target.model import card_tokenizer
-    from draftline.tokens.chat import end_of_turn_tokens
 
     template_kwargs = recorded_template_kwargs(regenerated_path)
     tokenizer = card_tokenizer(card)
@@ -593,8 +594,6 @@ def publish_output(
     """The index named by its hash, the dataset files, token_freq.pt, then meta.json (`meta`:
     write_meta's fields besides the index and shards), and only then the previous output's files
     no longer named removed: a killed run leaves the previous output whole."""
-    from draftline.core.io import write_meta
-
     digest = file_sha256(index_tmp)[:16]
     index_name = f"conversations-{digest}.jsonl"
     os.replace(index_tmp, out / index_name)
@@ -643,8 +642,6 @@ def run(params, paths: Paths) -> dict:
     """Stage `tokenize`: the regenerated conversations tokenized by params.tokenize into
     paths.out; the report (truncation_error says whether it fails). TokenizeError as
     tokenize_dataset."""
-    from draftline.core.card import TargetCard
-
     card = TargetCard.load(paths.card)
     return tokenize_dataset(
         card, str(paths.prompts), str(paths.regenerated), str(paths.out), params.tokenize

@@ -65,6 +65,7 @@ def build_draft_vocab(
     """d2t.npy and t2d.npy of the `draft_vocab_size` most frequent tokens of token_freq.pt, written
     to `out_dir`; the coverage report with its check against `min_coverage` (coverage_error says
     whether the stage fails). VocabSizeError when the sizes do not fit."""
+    # numpy / torch load on first use: importing this module stays light
     import numpy as np
     import torch
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution

@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from draftline.hidden_states.formats import bytes_per_token
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC_GLOBS = ("README.md", "docs/*.md")
 
@@ -468,8 +470,6 @@ def seeds_scale(r: Reports) -> str:
     """What the measured rates mean for the seeds' runs: the data stages at each run's size (the
     scale benchmark's nearest measured size, carried by each stage's fitted exponent), the bf16
     hidden states and DVC's hashing of them at commit, the regeneration client's share."""
-    from draftline.hidden_states.formats import bytes_per_token
-
     scale = r.load(f"{OVERHEAD}/scale.json")
     hashing = r.load(f"{OVERHEAD}/dvc_hashing.json")
     loader = r.load(f"{OVERHEAD}/train_loader.json")

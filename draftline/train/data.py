@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from draftline.core.io import file_sha256
+from draftline.engines.servers import checkpoint_bytes
+from draftline.hidden_states import formats as hs_format
+from draftline.target.model import load_target_model
+
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
@@ -32,8 +37,6 @@ def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     """The tokenized rows (file contents) and the hidden-state files (names and sizes: hashing
     terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream);
     in online mode (no files are read) the mode, format and target fingerprint instead."""
-    from draftline.core.io import file_sha256
-
     h = hashlib.sha256()
     for path in sorted(Path(tokenized_dir).glob("*.arrow")):
         h.update(f"{path.name}:{file_sha256(path)}\n".encode())
@@ -107,8 +110,6 @@ def check_target_fits(card: TargetCard, device: str, what: str) -> None:
     GPU's, or the RAM free now on CPU), naming the bound and the ways out. Unknown sizes pass."""
     import psutil
 
-    from draftline.engines.servers import checkpoint_bytes
-
     size = checkpoint_bytes(card.model, card.revision)
     if size is None:
         return
@@ -130,9 +131,6 @@ def check_target_fits(card: TargetCard, device: str, what: str) -> None:
 def online_states(card: TargetCard, source: dict, device: str) -> OnlineStates:
     """hidden_states.mode online: the target on the train device (float32 on CPU, bf16 on a GPU, as
     extraction computes), the aux ids and the storage dtype of the format the states would have."""
-    from draftline.hidden_states import formats as hs_format
-    from draftline.target.model import load_target_model
-
     check_target_fits(card, device, "hidden_states.mode: online")
     target = load_target_model(card, device, torch.float32 if device == "cpu" else torch.bfloat16)
     target.eval()
@@ -173,6 +171,7 @@ def make_dataset(
         split=split,
         hidden_states_dtype=dtype,
     )
+    # hs-connectors and hidden_states.online (speculators) load only for the modes needing them
     from hs_connectors import FP8Transfer
     from speculators.train.data import ArrowDataset
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from draftline.core.config import kind_of
+from draftline.core.io import write_json
 from draftline.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -118,8 +119,6 @@ def load_state(state_dir: Path, fingerprint: str, say=print) -> dict | None:
 
 def finish_state(state_dir: Path, summary: dict) -> None:
     """The run is complete: drop the resume state, keep a small record of the finished run."""
-    from draftline.core.io import write_json
-
     state_dir = Path(state_dir)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     write_json(state_dir / LAST_RUN_FILE, summary)

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from draftline.core.card import TargetCard
+from draftline.core.config import resolve_device
+from draftline.core.io import write_meta
 from draftline.draft.checkpoint import dir_sha256
 from draftline.draft.model import build_draft, init_layer_from_target, save_draft
 from draftline.draft.pretrained import load_init_draft, prepare_init, resolve_init
@@ -54,7 +57,6 @@ from draftline.train.speculators import run_speculators
 from draftline.train.states import extraction_server
 
 if TYPE_CHECKING:
-    from draftline.core.card import TargetCard
     from draftline.train.config import TrainConfig
 
 
@@ -82,6 +84,7 @@ class TrainRun:
 
 def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
     """speculators' schedules (transformers' warmup + cosine / linear decay to 0)."""
+    # transformers and dvclive load on first use: importing the train modules loads torch only
     from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
     make = get_cosine_schedule_with_warmup if kind == "cosine" else get_linear_schedule_with_warmup
@@ -413,8 +416,6 @@ def run_builtin(
     source: dict,
 ):
     """(model, result, init remap notes) of the builtin loop, resumed from paths.state when it matches."""
-    from draftline.core.config import resolve_device
-
     device = resolve_device(cfg.device)
     fingerprint = run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
     attn = "eager" if device == "cpu" else "simple_flex_attention"
@@ -492,8 +493,6 @@ def train(
     beside it, then replaces it whole (a failed or refused run leaves it in place)."""
     from dvclive import Live
 
-    from draftline.core.io import write_meta
-
     paths.state.mkdir(parents=True, exist_ok=True)
     check_hidden_states(paths.hs, card)
     init_source = resolve_init(cfg.init) if cfg.init else None  # a hub id: its cached snapshot
@@ -556,8 +555,6 @@ class Paths(NamedTuple):
 def run(params, paths: Paths) -> TrainRun:
     """Stage `train`: the draft trained by params.train into paths.out; the run, whose report
     the stage writes and whose last_run finishes the resume state."""
-    from draftline.core.card import TargetCard
-
     card = TargetCard.load(paths.card)
     data = TrainPaths(vocab=paths.vocab, tokenized=paths.tokenized, hs=paths.hs, state=paths.state)
     return train(params.train, card, data, paths.out, paths.live)

@@ -25,6 +25,12 @@ from draftline.draft.checkpoint import (
 )
 from draftline.draft.model import speculators_config
 from draftline.draft.pretrained import load_init_draft
+from draftline.target.model import (
+    _checkpoint_file,
+    checkpoint_weight_map,
+    load_config,
+    text_config_of,
+)
 from draftline.train.data import (
     OnlineStates,
     VllmOnline,
@@ -58,15 +64,9 @@ def verifier_for_speculators(card: TargetCard, directory: Path) -> str:
         and (card.config_model_type or card.model_type) == card.model_type
     ):
         return card.model
+    # transformers loads on first use: only the speculators backend needs it
     import transformers
     from transformers import CONFIG_MAPPING
-
-    from draftline.target.model import (
-        _checkpoint_file,
-        checkpoint_weight_map,
-        load_config,
-        text_config_of,
-    )
 
     model_type = card.model_type
     if model_type not in CONFIG_MAPPING:

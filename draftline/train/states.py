@@ -10,6 +10,11 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.engines.commands import vllm_extract_command
+from draftline.engines.config import vllm_engine
+from draftline.engines.preflight import PreflightError, preflight_extraction
+from draftline.engines.servers import launch_env, server_url, startup_timeout_s
+
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.train.run import TrainPaths
@@ -76,10 +81,6 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     command to launch, or None for an external endpoint; the /v1 endpoint of an external server,
     or the base URL to launch on, port 0 = a free one chosen at start; the staging directory of
     the file/fp8 transfer)."""
-    from draftline.engines.commands import vllm_extract_command
-    from draftline.engines.config import vllm_engine
-    from draftline.engines.servers import server_url
-
     online, params = source["online"], source.get("params") or {}
     transfer = online.get("transfer") or ("fp8" if source["format"] == "fp8" else "file")
     # default staging in the train stage's own state dir: files under datasets/hidden_states would
@@ -91,6 +92,7 @@ def online_vllm(card: TargetCard, paths: TrainPaths, source: dict) -> tuple:
     )
     if online.get("endpoint"):
         return None, online["endpoint"], staging
+    # datasets loads on first use: the probe imports online_vllm without it
     from datasets import load_from_disk
 
     v = params.get("vllm") or {}
@@ -126,7 +128,6 @@ def check_extraction_endpoint(
     """The external extraction server of hidden_states.online.endpoint, checked with a probe row
     before the trainers ask it for states (draftline/engines/preflight.py); exits with the refusal."""
     from datasets import load_from_disk
-    from draftline.engines.preflight import PreflightError, preflight_extraction
 
     online = source["online"]
     probe = load_from_disk(str(paths.tokenized)).with_format(None)[0]["input_ids"]
@@ -152,7 +153,8 @@ def extraction_server(card: TargetCard, paths: TrainPaths, source: dict, log_dir
     launched command or None). An external server (hidden_states.online.endpoint) is checked
     with a probe row first; otherwise one is launched with hidden_states.vllm.* and stopped at
     the end (its log: log_dir/vllm.log)."""
-    from draftline.engines.servers import ManagedServer, launch_env, startup_timeout_s
+    # bound at call time: tests replace servers.ManagedServer
+    from draftline.engines.servers import ManagedServer
 
     serve, endpoint, staging = online_vllm(card, paths, source)
     if staging is not None:
