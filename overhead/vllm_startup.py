@@ -6,7 +6,7 @@ Two sides, in alternating rounds (draftline/tools/ab_timing.py):
 - `processes`: VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's default: a server is its front end, an
   engine-core process and, on the CPU build, a worker process the engine core spawns; the offline
   engine (`evaluate.engine: vllm`) the same behind the caller's process;
-- `one_process`: =0, what engines.vllm sets (draftline/config.py, VllmEngineConfig.env): on the
+- `one_process`: =0, what engines.vllm sets (draftline/engines/config.py, VllmEngineConfig.env): on the
   CPU build the engine core runs its worker itself; offline, the engine core runs in the caller's
   process. Every one of those processes imports vLLM and torch again.
 

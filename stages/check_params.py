@@ -10,7 +10,7 @@ bad key stops the run here, in about a second, naming it, before any output is t
 is the same text for every valid params.yaml, so passing never makes another stage stale: a typo
 and then its fix reruns only this stage.
 
-Checks: every section (draftline/config.py: unknown keys, bad values, plain dataset names, aux
+Checks: every section (draftline/params.py and each phase's config.py: unknown keys, bad values, plain dataset names, aux
 layer ids against the target's layer count when it is known offline, credentials in URLs, ports);
 datasets/sources.yaml in step with `datasets` (the prepare@<name> deps in dvc.yaml); train.init not
 inside the draft output that a train run replaces.

@@ -17,7 +17,7 @@ SET_PARAM = re.compile(r"-S\s+'(\+{0,2})([^'=+][^'=]*)=([^']*)'")
 def apply_set_params(params: dict, script: str) -> tuple[dict, int]:
     """params with every -S '[+|++]dotted.key=yaml value' of the script applied, as `dvc exp run -S`
     (Hydra's override grammar) does: a plain key must already be in params.yaml, `+key` must not be,
-    `++key` is either (a key that only has a default in draftline/config.py needs `++`)."""
+    `++key` is either (a key that only has a default in its phase's config.py needs `++`)."""
     count = 0
     for plus, key, value in SET_PARAM.findall(script):
         node = params

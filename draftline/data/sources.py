@@ -2,7 +2,7 @@
 
 A source is a local .jsonl/.json/.parquet file, a local dataset directory, or a hub dataset id
 (``datasets.load_dataset``, optionally streaming and pinned to a revision); the presets that name
-the usual ones are dataset params (``draftline.config.PRESETS``). This module reads raw rows
+the usual ones are dataset params (``draftline.data.presets.PRESETS``). This module reads raw rows
 (``read_rows``), tells which commit a hub id resolves to, says what a `prepare@<name>` stage
 depends on in DVC (the local source, or the stage script for a hub id) and streams one dataset
 spec into prepared records (``prepare_dataset``); the conversion of each row is draftline/data/formats.py.

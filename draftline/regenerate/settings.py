@@ -80,7 +80,7 @@ def answer_shaping_args(extra_args: list[str]) -> list[list[str]]:
 
 def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
     """Everything that shapes the answers: the target, its chat template, the output-shaping
-    regenerate params (draftline/config.py) and the answer-shaping launch arguments. A line made
+    regenerate params (draftline/regenerate/config.py) and the answer-shaping launch arguments. A line made
     under other settings is superseded and its conversation sent again."""
     return {
         "model": card.model,
