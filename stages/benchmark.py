@@ -1,19 +1,14 @@
-"""Stage `benchmark`: tokens/s of the non-speculative baseline vs speculative decoding, same prompts.
+"""Stage `benchmark`: does the draft pay off? The non-speculative baseline against speculative
+decoding at each k and load, same prompts, and the verdict at the user's load.
 
-    python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json reports/deploy.json
+    python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json reports/deploy.json reports/benchmark reports/evaluate/acceptance_vs_samples.json
 
-Engine `hf` (default; CPU or one GPU): the built-in greedy and speculative decoders, warm-up and
-repeats, medians. Engines `vllm` / `sglang` (GPU hosts): a baseline server and a speculative
-server started from params, driven by the async load generator at every `concurrency` level:
-output tokens/s, TTFT / inter-token latency percentiles, acceptance length read from the server.
-A GPU variant:  dvc exp run -S benchmark.engine=vllm -S 'benchmark.concurrency=[1,8,32,128]'
-
-Preflight runs first for every engine: a non-EAGLE3 algorithm, aux layer ids or a hidden size that
-differ from the target card, or a draft vocabulary that does not fit the target stops the stage
-when it concerns the selected engine. The deployment command of each engine is printed and written
-to reports/deploy.json with the preflight findings. reports/benchmark.json keeps the headline
-figures only, for `dvc metrics diff` / `dvc exp show`; the whole report (per repeat, per load
-level, latencies, acceptance length) is in reports/benchmark.detail.json.
+Engine `vllm` (default; vLLM's CPU build here, .venv-vllm) or `sglang`: a baseline server and one
+speculative server per benchmark.k, each driven at every benchmark.concurrency level
+(draftline/benchmark/server.py); engine `hf`: the built-in decoders, one request at a time. The
+verdict (draftline/benchmark/verdict.py) is the headline of reports/benchmark.json; the lossless
+gate (draftline/benchmark/lossless.py) fails the stage after the reports are written. The last
+argument (optional) is the acceptance-vs-samples points the verdict forecasts samples from.
 """
 
 import sys
@@ -25,22 +20,40 @@ from draftline.core.threads import apply_thread_policy
 
 
 def main(
-    card_path: str, draft_dir: str, eval_path: str, report_path: str, deploy_path: str
+    card_path: str,
+    draft_dir: str,
+    eval_path: str,
+    report_path: str,
+    deploy_path: str,
+    plots_dir: str,
+    points_path: str | None = None,
 ) -> None:
     params = stage_sections(benchmark=BenchmarkConfig)
     apply_thread_policy("benchmark")  # before torch loads: draftline/core/threads.py
-    cfg = params.benchmark
-    from draftline.benchmark.run import Paths, run
+    from draftline.benchmark.run import HEADLINE, Paths, run
     from draftline.core.io import write_metrics
 
-    paths = Paths(Path(card_path), Path(draft_dir), Path(eval_path), Path(deploy_path))
-    report = run(params, paths)
-    headline = ["speedup", "baseline_tokens_per_s", "speculative_tokens_per_s"]
-    write_metrics(
-        report_path,
-        report,
-        headline + [f"speedup_c{c}" for c in cfg.concurrency if cfg.engine != "hf"],
+    paths = Paths(
+        Path(card_path),
+        Path(draft_dir),
+        Path(eval_path),
+        Path(deploy_path),
+        Path(plots_dir),
+        Path(points_path) if points_path else None,
     )
+    report = run(params, paths)
+    concurrency = [f"speedup_c{c}" for c in report["concurrency"]]
+    write_metrics(report_path, report, HEADLINE + concurrency)
+    gate = report["lossless"]
+    if not gate["passed"]:
+        raise SystemExit(
+            f"error: benchmark: {gate['mismatch']} of {gate['compared_outputs']} speculative "
+            f"outputs ({gate['mismatch_share']:.1%}) differ from the baseline's greedy output, "
+            f"not at a near-tie (<= {gate['tie_tolerance']}): above "
+            f"benchmark.max_output_mismatch_share {gate['max_output_mismatch_share']} "
+            f"({'; '.join(gate['mismatches_at'][:4])}). The draft is served wrongly (method, "
+            f"aux layers, vocabulary) or the engine is not lossless here; {report_path} has the detail"
+        )
 
 
 if __name__ == "__main__":

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
-from draftline.core.config import Port, Section, TargetPlacement, operational, shaping
+from draftline.core.config import (
+    TIE_TOLERANCE,
+    Port,
+    Section,
+    TargetPlacement,
+    operational,
+    shaping,
+)
 
 
 class VllmBenchConfig(Section):
@@ -19,9 +26,9 @@ class VllmBenchConfig(Section):
     speculative_config: dict[str, int | float | str | bool] = shaping(
         {}
     )  # merged in, e.g. draft_tensor_parallel_size
-    args: list[str] = shaping(
-        []
-    )  # extra server arguments for both servers, e.g. ["--tensor-parallel-size", "8"]
+    # extra arguments of every server, e.g. ["--tensor-parallel-size", "8"]; the default is the CPU
+    # default run's (float32 as evaluate; no torch.compile, which costs more than a few requests)
+    args: list[str] = shaping(["--dtype", "float32", "--enforce-eager"])
 
 
 class SglangBenchConfig(Section):
@@ -53,8 +60,10 @@ class SglangBenchConfig(Section):
 class BenchmarkConfig(TargetPlacement):
     # hf: built-in decoder, CPU or GPUs. vllm / sglang: a baseline server and a speculative
     # server, started one after the other, driven by the async load generator.
-    engine: Literal["hf", "vllm", "sglang"] = shaping("hf")
-    k: int = shaping(3, ge=1)  # draft tokens per step (vLLM num_speculative_tokens)
+    engine: Literal["hf", "vllm", "sglang"] = shaping("vllm")
+    # draft tokens per step (vLLM num_speculative_tokens, SGLang num_steps): one speculative
+    # server per k (a single int is a list of one); the verdict picks the best k at each load
+    k: list[int] = shaping([1, 2, 3])
     max_new_tokens: int = shaping(64, ge=1)
     prompts: int = shaping(12, ge=1)  # eval prompts used
     warmup: int = shaping(
@@ -62,9 +71,20 @@ class BenchmarkConfig(TargetPlacement):
     )  # hf: untimed passes; servers: passes over the prompts before measuring
     repeats: int = shaping(3, ge=1)  # hf only: timed passes, medians reported
     # device, device_map, dtype (TargetPlacement): hf only
-    concurrency: list[int] = shaping(
-        [1, 8, 32, 128]
-    )  # servers: requests in flight, one load level each
+    concurrency: list[int] = shaping([1, 4, 16])  # servers: requests in flight, one load level each
+    # the load the draft will be served at (requests in flight): the verdict's headline is the
+    # speedup there; one of `concurrency` (engine hf decodes one request at a time: its verdict is
+    # for 1 request in flight and says so)
+    serve_concurrency: int = shaping(4, ge=1)
+    # lossless gate: the share of speculative outputs (every request at every k and load) that may
+    # differ from the baseline's greedy output, other than at a near-tie, before the stage fails
+    # (after writing its report)
+    max_output_mismatch_share: float = shaping(0.0, ge=0, le=1)
+    # logit gap under which a divergence at the baseline's top-two is a near-tie, not a mismatch;
+    # null = by the servers' dtype (benchmark.dtype, core/config.TIE_TOLERANCE)
+    tie_tolerance: float | None = shaping(None, ge=0)
+    # the speedups the verdict says what it would take to reach (1.0 = break-even)
+    speedup_goals: list[float] = shaping([1.0, 1.2])
     requests_per_level: int | None = shaping(None, ge=1)  # null = max(prompts, 4 x concurrency)
     host: str = operational("127.0.0.1")
     port: Port = operational(
@@ -80,13 +100,43 @@ class BenchmarkConfig(TargetPlacement):
     # launching them (each preflighted: the card's target; no draft / this draft with EAGLE3)
     endpoints: dict[Literal["baseline", "speculative"], str] = operational({})
 
+    @field_validator("k", mode="before")
+    @classmethod
+    def _k_list(cls, value):
+        return [value] if isinstance(value, int) else value
+
     @model_validator(mode="after")
     def _levels(self):
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency: give at least one level, each >= 1")
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise ValueError(f"concurrency: {self.concurrency} repeats a level")
+        if not self.k or min(self.k) < 1 or len(set(self.k)) != len(self.k):
+            raise ValueError(f"k: give distinct draft token counts, each >= 1 (got {self.k})")
+        if self.engine != "hf" and self.serve_concurrency not in self.concurrency:
+            raise ValueError(
+                f"serve_concurrency {self.serve_concurrency} is not one of concurrency "
+                f"{self.concurrency}: the verdict's headline is measured, not interpolated; "
+                "add it to concurrency"
+            )
+        if "speculative" in self.endpoints and len(self.k) != 1:
+            raise ValueError(
+                f"k: a running speculative server (endpoints.speculative) serves one k; give the "
+                f"one it was started with, not {self.k}"
+            )
+        if not self.speedup_goals or min(self.speedup_goals) <= 0:
+            raise ValueError("speedup_goals: give at least one speedup, each > 0")
         if self.endpoints and self.engine == "hf":
             raise ValueError("endpoints: only for engine vllm or sglang")
         for url in self.endpoints.values():
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"endpoints: {url!r} is not an http(s) base URL")
         return self
+
+    @property
+    def ks(self) -> list[int]:
+        """The k values in increasing order."""
+        return sorted(self.k)
+
+    def resolved_tie_tolerance(self) -> float:
+        return TIE_TOLERANCE[self.dtype] if self.tie_tolerance is None else self.tie_tolerance

@@ -1,13 +1,17 @@
 """Benchmark engine `hf`: the built-in greedy and speculative decoders on the same prompts (batch 1).
 
-Warm-up passes, then `repeats` timed passes per mode, interleaved so that drift in machine load
-hits both alike; the median tokens/s of each mode and their ratio are reported.
+Warm-up passes, then `repeats` timed passes of the baseline and of each k, interleaved so that
+drift in machine load hits them alike; the median tokens/s of each and their ratio are reported.
+Every speculative output is judged against an untimed greedy reference with its logit margins
+(the near-tie rule of draftline/evaluate/acceptance.py), for the lossless gate.
 """
 
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING
+
+from draftline.evaluate.acceptance import compare_to_greedy
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
@@ -20,57 +24,64 @@ def benchmark_hf(
     prompts: list[list[int]],
     stop: set[int],
     cfg: BenchmarkConfig,
-    device: str,
 ) -> dict:
+    """One load level (1 request in flight) in the shape draftline/benchmark/server.py gives each
+    level: {"baseline": summary, "speculative": {k: summary with acceptance}, "verdicts": {k:
+    [compare_to_greedy verdict per prompt and timed pass]}}."""
     # torch and the decoders load on first use: benchmark.run imports this module for every engine
     import torch
 
     from draftline.evaluate.specdec import greedy_generate, speculative_generate
 
-    def run(mode: str):
+    def run(k: int | None):
         gens = []
         for ids in prompts:
-            if mode == "baseline":
+            if k is None:
                 gens.append(greedy_generate(target, ids, cfg.max_new_tokens, stop))
             else:
                 gens.append(
                     speculative_generate(
-                        target, draft, aux_layer_ids, ids, cfg.max_new_tokens, cfg.k, stop
+                        target, draft, aux_layer_ids, ids, cfg.max_new_tokens, k, stop
                     )
                 )
-        if device == "cuda":
+        if torch.cuda.is_available():
             torch.cuda.synchronize()
         return gens
 
+    modes = [None, *cfg.ks]
     for _ in range(cfg.warmup):
-        run("baseline")
-        run("speculative")
-    timed = {"baseline": [], "speculative": []}
+        for k in modes:
+            run(k)
+    timed = {k: [] for k in modes}
     for _ in range(cfg.repeats):
-        for mode in timed:
-            timed[mode].append(run(mode))
+        for k in modes:
+            timed[k].append(run(k))
+    tolerance = cfg.resolved_tie_tolerance()
+    reference = [
+        greedy_generate(target, ids, cfg.max_new_tokens, stop, True, tolerance) for ids in prompts
+    ]
 
-    def tokens_per_s(gens):
-        return sum(len(g.tokens) for g in gens) / sum(g.seconds for g in gens)
+    def summary(runs) -> dict:
+        tps = [sum(len(g.tokens) for g in gens) / sum(g.seconds for g in gens) for gens in runs]
+        return {
+            "requests": len(prompts),
+            "failed": 0,
+            "output_tokens": sum(len(g.tokens) for g in runs[0]),
+            "output_tokens_per_s": round(statistics.median(tps), 2),
+            "runs": {str(i + 1): round(t, 2) for i, t in enumerate(tps)},
+        }
 
-    tps = {mode: [tokens_per_s(g) for g in runs] for mode, runs in timed.items()}
-    base, spec = statistics.median(tps["baseline"]), statistics.median(tps["speculative"])
-    rounds = [r for g in timed["speculative"][0] for r in g.accepted_per_round]
-    identical = all(
-        s.tokens == b.tokens
-        for s, b in zip(timed["speculative"][0], timed["baseline"][0], strict=True)
-    )
-    return {
-        "speedup": round(spec / base, 4),
-        "acceptance_length": round(sum(rounds) / len(rounds), 4) if rounds else 0.0,
-        "baseline_tokens_per_s": round(base, 2),
-        "speculative_tokens_per_s": round(spec, 2),
-        "outputs_identical": identical,
-        "output_tokens": sum(len(g.tokens) for g in timed["baseline"][0]),
-        "device": device,
-        "repeats": cfg.repeats,
-        "runs": {
-            mode: {str(i + 1): round(t, 2) for i, t in enumerate(values)}
-            for mode, values in tps.items()
-        },
-    }
+    speculative, verdicts = {}, {}
+    for k in cfg.ks:
+        rounds = [r for g in timed[k][0] for r in g.accepted_per_round]
+        speculative[k] = {
+            **summary(timed[k]),
+            "acceptance_length": round(sum(rounds) / len(rounds), 4) if rounds else None,
+            "drafts": len(rounds),
+        }
+        verdicts[k] = [
+            compare_to_greedy(g.tokens, ref, tolerance)
+            for gens in timed[k]
+            for g, ref in zip(gens, reference, strict=True)
+        ]
+    return {"baseline": summary(timed[None]), "speculative": speculative, "verdicts": verdicts}

@@ -38,6 +38,10 @@ class LoadTarget:
     protocol: Protocol
     model: str | None = None  # the `model` field of openai requests
     stream_options: bool = False  # send include_usage + continuous_usage_stats (vLLM)
+    token_ids: bool = (
+        False  # ask for the output's token ids (vLLM return_token_ids; SGLang sends them)
+    )
+    top_logprobs: int = 0  # ask for this many top logprobs per output token (untimed passes only)
 
 
 @dataclass
@@ -52,6 +56,11 @@ class RequestResult:
     text: str = ""
     finish_reason: str | None = None
     meta_info: dict = field(default_factory=dict)  # SGLang's final meta_info (speculative counters)
+    token_ids: list[int] = field(
+        default_factory=list
+    )  # the output's ids, when the server sends them
+    # per output token, its top logprobs by token id (asked with LoadTarget.top_logprobs)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def tpot_s(self) -> float | None:
@@ -66,11 +75,14 @@ def request_body(
     """(path, JSON body) of one greedy streaming request."""
     if endpoint.protocol == "sglang-generate":
         key = "text" if isinstance(prompt, str) else "input_ids"
-        return "/generate", {
+        body = {
             key: prompt,
             "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens},
             "stream": True,
         }
+        if endpoint.top_logprobs:
+            body.update(return_logprob=True, top_logprobs_num=endpoint.top_logprobs)
+        return "/generate", body
     body = {
         "model": endpoint.model,
         "prompt": prompt,
@@ -80,7 +92,19 @@ def request_body(
     }
     if endpoint.stream_options:
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if endpoint.token_ids:
+        body["return_token_ids"] = True
+    if endpoint.top_logprobs:  # keyed "token_id:<id>", so that they are read by id
+        body.update(logprobs=endpoint.top_logprobs, return_tokens_as_token_ids=True)
     return "/v1/completions", body
+
+
+def _logprobs_by_id(entries) -> dict[int, float]:
+    """{token id: logprob} of one token's top logprobs: vLLM's {"token_id:<id>": lp} or SGLang's
+    [[lp, id, text], ...]."""
+    if isinstance(entries, dict):
+        return {int(key.rsplit(":", 1)[1]): lp for key, lp in entries.items()}
+    return {int(entry[1]): entry[0] for entry in entries or []}
 
 
 class ChunkTimer:
@@ -121,6 +145,11 @@ def parse_openai_chunk(
     text = "".join(c.get("text") or "" for c in choices)
     for c in choices:
         result.finish_reason = c.get("finish_reason") or result.finish_reason
+        result.token_ids.extend(c.get("token_ids") or [])
+        result.top_logprobs.extend(
+            _logprobs_by_id(entries)
+            for entries in (c.get("logprobs") or {}).get("top_logprobs") or []
+        )
     new_tokens = cumulative - seen_tokens if per_chunk_usage and cumulative is not None else None
     if text or (new_tokens and choices):
         timer.output(now, new_tokens)
@@ -148,6 +177,10 @@ def parse_sglang_chunk(
     result.text = data.get("text", result.text)  # cumulative unless --incremental-streaming-output
     result.output_tokens = cumulative
     result.meta_info = meta
+    if data.get("output_ids"):  # cumulative, like the text
+        result.token_ids = list(data["output_ids"])
+    if meta.get("output_top_logprobs"):
+        result.top_logprobs = [_logprobs_by_id(e) for e in meta["output_top_logprobs"]]
     finish = meta.get("finish_reason")
     if isinstance(finish, dict):
         result.finish_reason = finish.get("type")

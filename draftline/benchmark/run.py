@@ -10,17 +10,19 @@ each engine is printed and returned with the findings. Engine `hf` then runs the
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.benchmark import lossless, verdict
 from draftline.benchmark.hf import benchmark_hf
 from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
 from draftline.draft.checkpoint import load_draft, read_draft_facts
 from draftline.draft.preflight import check_draft, preflight_engines
 from draftline.draft.sglang_export import SglangExportError, export_sglang
-from draftline.engines.commands import draft_path_for
+from draftline.engines.commands import benchmark_serve_command, draft_path_for
 from draftline.engines.preflight import PreflightError
 from draftline.evaluate.acceptance import eos_ids
 from draftline.target.model import card_tokenizer, load_target
@@ -48,11 +50,7 @@ def export_for_sglang(
 
 
 def preflight_deploy(
-    cfg: BenchmarkConfig,
-    card: TargetCard,
-    draft_dir: str,
-    sglang_draft: str | None,
-    deploy_path: str,
+    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, sglang_draft: str | None
 ) -> dict:
     """Every engine's deployment command and preflight findings, printed; stops the run
     (SystemExit) on a finding that concerns the selected engine."""
@@ -65,7 +63,7 @@ def preflight_deploy(
     if later := sorted(
         engine for engine, info in deploy.items() if engine != cfg.engine and info["problems"]
     ):
-        print(f"benchmark: {deploy_path} notes what deploying with {' / '.join(later)} needs")
+        print(f"benchmark: deploy.json notes what deploying with {' / '.join(later)} needs")
     if cfg.engine in deploy and deploy[cfg.engine]["problems"]:
         raise SystemExit(
             f"error: preflight for benchmark.engine {cfg.engine}:\n  "
@@ -78,10 +76,9 @@ def preflight_deploy(
     return deploy
 
 
-def benchmark_with_hf(
-    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list, report: dict
-) -> None:
-    """Engine hf: the built-in baseline and speculative decoders, their figures added to report."""
+def benchmark_with_hf(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list) -> dict:
+    """Engine hf: the built-in baseline and speculative decoders at each k, one request at a time;
+    {1: the level} in the shape of benchmark_with_servers' levels."""
     # each engine's code loads only when it runs: torch for hf, numpy and rich for the servers
     import torch
 
@@ -89,87 +86,167 @@ def benchmark_with_hf(
     target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
     draft = load_draft(draft_dir, card, device)
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
-    report.update(
-        benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, device)
-    )
-    print(
-        f"benchmark: baseline {report['baseline_tokens_per_s']:.1f} tok/s, speculative "
-        f"{report['speculative_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
-        f"acceptance length {report['acceptance_length']:.2f}"
-    )
+    return {1: benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg)}
 
 
 def benchmark_with_servers(
-    cfg: BenchmarkConfig,
-    card: TargetCard,
-    draft_dir: str,
-    sglang_draft: str | None,
-    rows: list,
-    log_dir: Path,
-    report: dict,
-    deploy: dict,
-) -> None:
-    """Engines vllm / sglang: a baseline and a speculative server, their figures added to report
-    and their commands, warnings and logs to deploy["benchmark"]."""
-    from draftline.benchmark.server import benchmark_server
+    cfg: BenchmarkConfig, card: TargetCard, draft_path: str, rows: list, deploy: dict, log_dir: Path
+) -> tuple[dict, dict]:
+    """Engines vllm / sglang: a baseline server and a speculative server per k; (levels,
+    acceptance per k), their commands, warnings and logs in deploy["benchmark"]."""
+    from draftline.benchmark.server import ServerBench, benchmark_server
 
     # Only the tokenizer here: the target itself may need a whole GPU host.
     tokenizer = card_tokenizer(card)
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
     try:
-        result = benchmark_server(
-            cfg.engine,
-            cfg,
-            card,
-            draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft),
-            prompts,
-            log_dir,
-        )
+        result = benchmark_server(ServerBench(cfg.engine, cfg, card, prompts, log_dir), draft_path)
     except PreflightError as err:
         raise SystemExit(f"error: benchmark.endpoints: {err}") from None
     deploy["benchmark"] = {
         "engine": cfg.engine,
-        "serve_commands": result.pop("serve_commands"),
-        "warnings": result.pop("warnings"),
+        "serve_commands": result["serve_commands"],
+        "warnings": result["warnings"],
         "server_logs": str(log_dir),
     }
-    report.update(result)
-    for warning in deploy["benchmark"]["warnings"]:
+    for warning in result["warnings"]:
         print(f"benchmark: warning: {warning}")
-    print(
-        f"benchmark: {cfg.engine} speedup "
-        + ", ".join(f"c={c}: {report[f'speedup_c{c}']}x" for c in cfg.concurrency)
-        + f"; acceptance length {report['acceptance_length']} (server logs in {log_dir})"
-    )
+    return result["levels"], result["acceptance_by_k"]
+
+
+def level_report(level: dict, speedups: dict) -> dict:
+    """One load level as the detail report keeps it: the baseline, then each k with its speedup
+    and the lossless verdicts of its outputs."""
+    out = {"baseline": level["baseline"]}
+    for k, spec in level["speculative"].items():
+        out[f"k{k}"] = {
+            "speedup": speedups[k],
+            **spec,
+            "output_verdicts": lossless.tally(level["verdicts"][k]),
+        }
+    return out
+
+
+def benchmark_report(cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, points) -> dict:
+    """The report: the verdict's headline first, then every level, the acceptance per k, the
+    lossless gate and the whole verdict."""
+    v = verdict.decide(levels, cfg, cfg.engine, points)
+    table = verdict.speedups(levels)
+    gate = lossless.gate(levels, cfg.max_output_mismatch_share, cfg.resolved_tie_tolerance())
+    return {
+        "engine": cfg.engine,
+        "serve_concurrency": v["serve_concurrency"],
+        "k": v["k"],
+        "speedup": v["speedup"],
+        "pays_off": v["pays_off"],
+        "baseline_tokens_per_s": v["baseline_tokens_per_s"],
+        "speculative_tokens_per_s": v["speculative_tokens_per_s"],
+        "acceptance_length": v["acceptance_length"],
+        "lossless_share": gate["lossless_share"],
+        "break_even_concurrency": v["break_even"]["break_even_concurrency"],
+        "cost_model_held_out_error": (v["cost_model"] or {}).get("held_out_mean_abs_error"),
+        **{f"speedup_c{c}": v["best_per_load"][str(c)]["speedup"] for c in sorted(levels)},
+        "ks": cfg.ks,
+        "concurrency": sorted(levels),
+        "max_new_tokens": cfg.max_new_tokens,
+        "acceptance_by_k": {str(k): a for k, a in sorted(acceptance_by_k.items())},
+        "levels": {f"c{c}": level_report(levels[c], table[c]) for c in sorted(levels)},
+        "lossless": gate,
+        "verdict": v,
+    }
+
+
+HEADLINE = [
+    "engine",
+    "serve_concurrency",
+    "k",
+    "speedup",
+    "pays_off",
+    "baseline_tokens_per_s",
+    "speculative_tokens_per_s",
+    "acceptance_length",
+    "lossless_share",
+    "break_even_concurrency",
+    "cost_model_held_out_error",
+]
+
+
+def benchmark_plots(report: dict) -> dict[str, list[dict]]:
+    """The plot files' rows: speedup against load, one line per k, and the baseline's tokens/s."""
+    speedup_rows, baseline_rows = [], []
+    for name, level in report["levels"].items():
+        c = int(name[1:])
+        baseline_rows.append(
+            {"concurrency": c, "tokens_per_s": level["baseline"]["output_tokens_per_s"]}
+        )
+        for key, spec in level.items():
+            if key != "baseline":
+                speedup_rows.append({"concurrency": c, "k": key[1:], "speedup": spec["speedup"]})
+    return {"speedup_vs_load.json": speedup_rows, "baseline_tokens_per_s.json": baseline_rows}
+
+
+def deploy_commands(
+    cfg: BenchmarkConfig, card: TargetCard, deploy: dict, v: dict, paths: dict
+) -> None:
+    """Every engine's command at the verdict's k; for vLLM also the one choosing k per batch size
+    from the sweep (num_speculative_tokens_per_batch_size, in vLLM's speculative config), and a
+    recommendation when the draft does not pay off at the serve load."""
+    for engine, info in deploy.items():
+        if engine in ("vllm", "sglang"):
+            info["command"] = shlex.join(
+                benchmark_serve_command(engine, card, cfg, paths[engine], k=v["k"])
+            )
+            info["k"] = v["k"]
+    schedule = v["k_per_batch_size"]
+    if cfg.engine != "hf" and len(schedule) > 1 and any(k for _, _, k in schedule):
+        top = max(k for _, _, k in schedule)
+        deploy["vllm"]["command_k_per_batch_size"] = shlex.join(
+            benchmark_serve_command(
+                "vllm", card, cfg, paths["vllm"], k=top, k_per_batch_size=schedule
+            )
+        )
+        deploy["vllm"]["k_per_batch_size"] = schedule
+    deploy["verdict"] = {
+        "serve_concurrency": v["serve_concurrency"],
+        "k": v["k"],
+        "speedup": v["speedup"],
+        "pays_off": v["pays_off"],
+        "recommendation": (
+            f"serve with the draft at k={v['k']}"
+            if v["pays_off"]
+            else f"serve without speculation at {v['serve_concurrency']} requests in flight"
+        ),
+    }
 
 
 def run_benchmark(
-    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_path: str, deploy_path: str
+    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, eval_path: str, points: list
 ) -> tuple[dict, dict]:
-    """(report, deploy): the benchmark report and, per engine, its deployment command and preflight
-    findings (plus the launched servers' commands and warnings for a server engine). deploy_path is
-    named in the messages only."""
+    """(report, deploy): the benchmark report and, per engine, its deployment command at the
+    verdict's k and preflight findings (plus the launched servers' commands and warnings for a
+    server engine)."""
     log_dir = (
         Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
         if cfg.engine != "hf"
         else None
     )
     sglang_draft = export_for_sglang(cfg, card, draft_dir, log_dir)
-    deploy = preflight_deploy(cfg, card, draft_dir, sglang_draft, deploy_path)
+    deploy = preflight_deploy(cfg, card, draft_dir, sglang_draft)
 
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise SystemExit(f"error: {eval_path} has no eval prompts")
-    report = {
-        "engine": cfg.engine,
-        "k": cfg.k,
-        "max_new_tokens": cfg.max_new_tokens,
-        "prompts": len(rows),
-    }
     if cfg.engine == "hf":
-        benchmark_with_hf(cfg, card, draft_dir, rows, report)
+        levels = benchmark_with_hf(cfg, card, draft_dir, rows)
+        acceptance_by_k = {k: s["acceptance_length"] for k, s in levels[1]["speculative"].items()}
     else:
-        benchmark_with_servers(cfg, card, draft_dir, sglang_draft, rows, log_dir, report, deploy)
+        draft_path = draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft)
+        levels, acceptance_by_k = benchmark_with_servers(
+            cfg, card, draft_path, rows, deploy, log_dir
+        )
+    report = {**benchmark_report(cfg, levels, acceptance_by_k, points), "prompts": len(rows)}
+    paths = {e: draft_path_for(e, cfg, draft_dir, sglang_draft) for e in ("vllm", "sglang")}
+    deploy_commands(cfg, card, deploy, report["verdict"], paths)
     return report, deploy
 
 
@@ -178,14 +255,33 @@ class Paths(NamedTuple):
     draft: Path  # models/draft
     prompts: Path  # datasets/prompts/eval.jsonl
     deploy: Path  # reports/deploy.json: each engine's deployment command and findings
+    plots: Path  # reports/benchmark/: speedup against load per k, the baseline's tokens/s
+    forecast_points: (
+        Path | None
+    )  # acceptance vs samples (the evaluate stage's plot), for the verdict
+
+
+def read_points(path: Path | None) -> list[dict]:
+    """The acceptance-vs-samples points the verdict forecasts from; [] without a file."""
+    if path is None or not path.is_file():
+        return []
+    from draftline.tools.forecast import read_points as read
+
+    return read([str(path)])
 
 
 def run(params, paths: Paths) -> dict:
     """Stage `benchmark`: baseline against speculative decoding by params.benchmark; the
-    report, with reports/deploy.json written."""
+    report, with reports/deploy.json and the plots written. Raises LosslessError after writing
+    them when the speculative outputs differ from the baseline's beyond the gate."""
+    cfg = params.benchmark
     card = TargetCard.load(paths.card)
     report, deploy = run_benchmark(
-        params.benchmark, card, str(paths.draft), str(paths.prompts), str(paths.deploy)
+        cfg, card, str(paths.draft), str(paths.prompts), read_points(paths.forecast_points)
     )
     write_json(paths.deploy, deploy)
+    for name, rows in benchmark_plots(report).items():
+        write_json(paths.plots / name, rows)
+    print(f"benchmark: {report['verdict']['words']}")
+    print(f"benchmark: deploy ({paths.deploy}): {deploy['verdict']['recommendation']}")
     return report

@@ -1,7 +1,7 @@
-"""Benchmark engines `vllm` and `sglang`: a baseline server, then a speculative server, same load.
+"""Benchmark engines `vllm` and `sglang`: a baseline server, then a speculative server per k, same load.
 
-Each server is started from the same command (the speculative one adds the draft), warmed up,
-then driven at every concurrency level with the same prompts and max_new_tokens. Acceptance comes
+Each server is started from the same command (the speculative ones add the draft and their k),
+warmed up, then driven at every concurrency level with the same prompts and max_new_tokens. Acceptance comes
 from the server itself: vLLM's spec-decode counters on /metrics (difference across each level),
 SGLang's per-request meta_info. The servers run one after the other on the same GPUs, on
 benchmark.port or, by default, a free port chosen at each start.
@@ -14,12 +14,14 @@ import contextlib
 import shlex
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from draftline.benchmark import lossless
 from draftline.benchmark.loadgen import LoadTarget, run_load, summarize_load
 from draftline.benchmark.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.engines.commands import benchmark_serve_command
@@ -36,39 +38,71 @@ def http_get(url: str, timeout: float = 10) -> str:
         return resp.read().decode()
 
 
-def engine_endpoint(engine: str, base_url: str) -> LoadTarget:
+def engine_endpoint(engine: str, base_url: str, top_logprobs: int = 0) -> LoadTarget:
     if engine == "sglang":
-        return LoadTarget(base_url, "sglang-generate")
+        return LoadTarget(base_url, "sglang-generate", top_logprobs=top_logprobs)
     import json
 
     models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
-    return LoadTarget(base_url, "openai-completions", model=models[0]["id"], stream_options=True)
+    return LoadTarget(
+        base_url,
+        "openai-completions",
+        model=models[0]["id"],
+        stream_options=True,
+        token_ids=True,
+        top_logprobs=top_logprobs,
+    )
 
 
 def metrics_snapshot(engine: str, base_url: str) -> dict | None:
     return vllm_spec_counters(http_get(f"{base_url}/metrics")) if engine == "vllm" else None
 
 
-def first_texts(results) -> dict[int, str]:
-    texts = {}
-    for r in results:
-        if r.ok and r.prompt_index not in texts:
-            texts[r.prompt_index] = r.text
-    return texts
+REFERENCE_LOGPROBS = 5  # top logprobs per token of the baseline's reference outputs (near-ties)
+
+
+@dataclass(frozen=True)
+class ServerBench:
+    """What every server of one benchmark shares: the engine, its params, the target, the prompts'
+    token ids and where the servers' logs go."""
+
+    engine: str
+    cfg: BenchmarkConfig
+    card: TargetCard
+    prompts: list
+    log_dir: Path
+    say: Callable[[str], None] = print
+
+
+@dataclass
+class Level:
+    """One load level against one server: the load summary, the server's acceptance (None for
+    the baseline) and every request's result."""
+
+    summary: dict
+    acceptance: dict | None
+    results: list
+    counters: tuple  # (before, after): vLLM's spec-decode counters around the level
+
+
+@dataclass
+class ModeRun:
+    command: str
+    levels: dict[int, Level]
+    reference: list | None = None  # the baseline's untimed outputs with their top logprobs
 
 
 def mode_server(
-    engine: str,
-    cfg: BenchmarkConfig,
-    card: TargetCard,
+    bench: ServerBench,
     draft_path: str | None,
-    mode: str,
+    k: int | None,
     commands: list[list[str]],
     log_path: Path,
-    say,
 ):
     """The server of one mode, as a context manager giving its base URL: benchmark.endpoints'
     running one (preflight-checked), else a launched one whose commands are appended to `commands`."""
+    engine, cfg, card, say = bench.engine, bench.cfg, bench.card, bench.say
+    mode = "speculative" if draft_path else "baseline"
     if mode in cfg.endpoints:  # already running: checked, not started
         base_url = cfg.endpoints[mode].rstrip("/")
         algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
@@ -81,7 +115,7 @@ def mode_server(
     limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
 
     def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
-        commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port))
+        commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port, k=k))
         say(
             f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})"
         )
@@ -122,11 +156,9 @@ class LevelLoad:
         )
 
 
-def measure_level(
-    engine: str, cfg: BenchmarkConfig, mode: str, c: int, load: LevelLoad, base_url: str, say
-) -> tuple:
-    """One concurrency level c: (load summary, acceptance or None, first text per prompt,
-    (counters before, counters after)); raises when every request failed."""
+def measure_level(bench: ServerBench, mode: str, c: int, load: LevelLoad, base_url: str) -> Level:
+    """One concurrency level c; raises when every request failed."""
+    engine, cfg = bench.engine, bench.cfg
     requests = cfg.requests_per_level or max(len(load.prompts), 4 * c)
     before = metrics_snapshot(engine, base_url)
     results, wall = load(f"{mode} c={c}", requests, c)
@@ -141,35 +173,25 @@ def measure_level(
     failures = [r.error for r in results if not r.ok]
     if failures and len(failures) == len(results):
         raise RuntimeError(f"every request at concurrency {c} failed, e.g. {failures[0]}")
-    say(
+    bench.say(
         f"benchmark: {mode} c={c}: "
         f"{summary['output_tokens_per_s']:.1f} tok/s, ttft p50 {summary['ttft_ms_p50']} ms, "
         f"{summary['failed']} failed"
         + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else "")
     )
-    return (summary, acceptance, first_texts(results), (before, after))
+    return Level(summary, acceptance, results, (before, after))
 
 
-def run_mode(
-    engine: str,
-    cfg: BenchmarkConfig,
-    card: TargetCard,
-    draft_path: str | None,
-    prompts: list,
-    log_path: Path,
-    say,
-) -> dict:
-    """Start one server, warm it up, run every level.
-
-    Returns {"command": str, "levels": {c: (load summary, acceptance or None, first text per prompt,
-    (counters before, counters after))}}.
-    """
-    commands = [
-        benchmark_serve_command(engine, card, cfg, draft_path)
-    ]  # as deployed (no port: the engine's default)
-    levels = {}
-    mode = "speculative" if draft_path else "baseline"
-    server = mode_server(engine, cfg, card, draft_path, mode, commands, log_path, say)
+def run_mode(bench: ServerBench, draft_path: str | None, k: int | None) -> ModeRun:
+    """Start one server (the baseline: draft_path None), warm it up, run every level; the
+    baseline then answers every prompt once more, untimed, with its top logprobs: the reference
+    the speculative outputs are judged against."""
+    engine, cfg = bench.engine, bench.cfg
+    mode = f"k={k}" if draft_path else "baseline"
+    log_path = bench.log_dir / f"{engine}_{'baseline' if draft_path is None else f'k{k}'}.log"
+    # as deployed (no port: the engine's default)
+    commands = [benchmark_serve_command(engine, bench.card, cfg, draft_path, k=k)]
+    server = mode_server(bench, draft_path, k, commands, log_path)
     with (
         server as base_url,
         Progress(
@@ -179,94 +201,99 @@ def run_mode(
             TimeRemainingColumn(),
         ) as bar,
     ):
-        load = LevelLoad(engine_endpoint(engine, base_url), prompts, cfg, bar)
+        load = LevelLoad(engine_endpoint(engine, base_url), bench.prompts, cfg, bar)
         for i in range(cfg.warmup):
-            load(f"{mode} warm-up {i + 1}", len(prompts), max(cfg.concurrency))
-        for c in cfg.concurrency:
-            levels[c] = measure_level(engine, cfg, mode, c, load, base_url, say)
-    return {"command": shlex.join(commands[-1]), "levels": levels}
+            load(f"{mode} warm-up {i + 1}", len(bench.prompts), max(cfg.concurrency))
+        levels = {c: measure_level(bench, mode, c, load, base_url) for c in cfg.concurrency}
+        reference = None
+        if draft_path is None:
+            ask = LevelLoad(
+                engine_endpoint(engine, base_url, REFERENCE_LOGPROBS), bench.prompts, cfg, bar
+            )
+            reference, _ = ask("baseline reference", len(bench.prompts), max(cfg.concurrency))
+    return ModeRun(shlex.join(commands[-1]), levels, reference)
 
 
-def benchmark_server(
-    engine: str,
-    cfg: BenchmarkConfig,
-    card: TargetCard,
-    draft_path: str,
-    prompts: list,
-    log_dir: Path,
-    say=print,
-) -> dict:
-    baseline = run_mode(engine, cfg, card, None, prompts, log_dir / f"{engine}_baseline.log", say)
-    speculative = run_mode(
-        engine, cfg, card, draft_path, prompts, log_dir / f"{engine}_speculative.log", say
-    )
+def check_counters(engine: str, c: int, k: int, baseline: Level, spec: Level) -> None:
+    """The baseline must not speculate and the speculative server must."""
+    if baseline.acceptance and baseline.acceptance.get("drafts"):
+        raise RuntimeError(
+            f"the baseline server reported speculative decoding at concurrency {c}: "
+            "it must run without a draft"
+        )
+    if not spec.acceptance or not spec.acceptance.get("drafts"):
+        raise RuntimeError(
+            f"the speculative server (k={k}) reported no speculative steps at concurrency {c} "
+            f"({'no spec_decode counters on /metrics' if engine == 'vllm' else 'no spec_verify_ct in meta_info'})"
+        )
 
+
+def benchmark_server(bench: ServerBench, draft_path: str) -> dict:
+    """The baseline server, then one speculative server per k, each at every load level.
+
+    Returns {"levels": {c: {"baseline": summary, "speculative": {k: summary + acceptance},
+    "verdicts": {k: [verdict per request]}}}, "serve_commands", "warnings"}: the shape
+    draftline/benchmark/hf.py gives its one level, judged by draftline/benchmark/lossless.py."""
+    cfg = bench.cfg
+    baseline = run_mode(bench, None, None)
+    speculative = {k: run_mode(bench, draft_path, k) for k in cfg.ks}
+    references = lossless.references(baseline.reference, len(bench.prompts))
+    tolerance = cfg.resolved_tie_tolerance()
     warnings, levels = [], {}
     for c in cfg.concurrency:
-        base, base_acc, base_texts, _ = baseline["levels"][c]
-        spec, spec_acc, spec_texts, _ = speculative["levels"][c]
-        if base_acc and base_acc.get("drafts"):
-            raise RuntimeError(
-                f"the baseline server reported speculative decoding at concurrency {c}: "
-                "it must run without a draft"
-            )
-        if not spec_acc or not spec_acc.get("drafts"):
-            raise RuntimeError(
-                f"the speculative server reported no speculative steps at concurrency {c} "
-                f"({'no spec_decode counters on /metrics' if engine == 'vllm' else 'no spec_verify_ct in meta_info'})"
-            )
-        common = sorted(set(base_texts) & set(spec_texts))
-        same = sum(base_texts[i] == spec_texts[i] for i in common)
-        speedup = (
-            round(spec["output_tokens_per_s"] / base["output_tokens_per_s"], 4)
-            if base["output_tokens_per_s"]
-            else None
-        )
-        levels[f"c{c}"] = {
-            "speedup": speedup,
-            "acceptance_length": spec_acc.get("acceptance_length"),
-            "identical_output_share": round(same / len(common), 4) if common else None,
-            "baseline": base,
-            "speculative": {
-                **spec,
-                **{k: v for k, v in spec_acc.items() if k != "drafts"},
-                "drafts": spec_acc["drafts"],
+        base = baseline.levels[c]
+        level = {
+            "baseline": {
+                **base.summary,
+                "output_verdicts": lossless.tally(
+                    lossless.judge_all(base.results, references, tolerance)
+                ),
             },
+            "speculative": {},
+            "verdicts": {},
         }
-        if spec_acc.get("acceptance_length", 0) < 1.1:
-            warnings.append(
-                f"c{c}: acceptance length {spec_acc.get('acceptance_length')} is ~1: the draft is not "
-                "helping (wrong algorithm, aux layers or vocabulary in the server?)"
-            )
-
-    first = levels[f"c{cfg.concurrency[0]}"]
-    report = {
-        "engine": engine,
-        "speedup": first["speedup"],  # at the first concurrency level
-        "acceptance_length": overall_acceptance(engine, speculative["levels"], cfg.concurrency),
-        "baseline_tokens_per_s": first["baseline"]["output_tokens_per_s"],
-        "speculative_tokens_per_s": first["speculative"]["output_tokens_per_s"],
-        **{f"speedup_c{c}": levels[f"c{c}"]["speedup"] for c in cfg.concurrency},
+        for k, run in speculative.items():
+            spec = run.levels[c]
+            check_counters(bench.engine, c, k, base, spec)
+            level["speculative"][k] = {
+                **spec.summary,
+                **{name: v for name, v in spec.acceptance.items() if name != "drafts"},
+                "drafts": spec.acceptance["drafts"],
+            }
+            level["verdicts"][k] = lossless.judge_all(spec.results, references, tolerance)
+            if spec.acceptance.get("acceptance_length", 0) < 1.1:
+                warnings.append(
+                    f"c{c} k={k}: acceptance length {spec.acceptance.get('acceptance_length')} is "
+                    "~1: the draft is not helping (wrong algorithm, aux layers or vocabulary in the "
+                    "server?)"
+                )
+        levels[c] = level
+    return {
         "levels": levels,
-        "serve_commands": {"baseline": baseline["command"], "speculative": speculative["command"]},
+        "acceptance_by_k": {
+            k: overall_acceptance(bench.engine, run.levels, cfg.concurrency)
+            for k, run in speculative.items()
+        },
+        "serve_commands": {
+            "baseline": baseline.command,
+            **{f"k{k}": run.command for k, run in speculative.items()},
+        },
         "warnings": warnings,
     }
-    return report
 
 
 def overall_acceptance(engine: str, spec_levels: dict, concurrency: list[int]) -> float | None:
-    """Acceptance length over every measured request (warm-up excluded)."""
+    """Acceptance length over every measured request of one server (warm-up excluded)."""
     if engine == "vllm":
-        first, last = spec_levels[concurrency[0]][3][0], spec_levels[concurrency[-1]][3][1]
+        first, last = (
+            spec_levels[concurrency[0]].counters[0],
+            spec_levels[concurrency[-1]].counters[1],
+        )
         # the counters only grow; warm-up happened before the first snapshot
         acc = vllm_acceptance(first, last)
         return acc.get("acceptance_length") if acc else None
-    drafts = sum(spec_levels[c][1]["drafts"] for c in concurrency if spec_levels[c][1])
+    measured = [spec_levels[c].acceptance for c in concurrency if spec_levels[c].acceptance]
+    drafts = sum(a["drafts"] for a in measured)
     if not drafts:
         return None
-    weighted = sum(
-        spec_levels[c][1]["acceptance_length"] * spec_levels[c][1]["drafts"]
-        for c in concurrency
-        if spec_levels[c][1]
-    )
-    return round(weighted / drafts, 4)
+    return round(sum(a["acceptance_length"] * a["drafts"] for a in measured) / drafts, 4)

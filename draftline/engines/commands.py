@@ -424,9 +424,10 @@ def generate_offline_data_command(
 # ---- benchmark: baseline and speculative servers ----------------------------------------------
 
 
-def sglang_steps(cfg: BenchmarkConfig) -> tuple[int, int, int]:
-    """(num_steps, eagle_topk, num_draft_tokens); a chain (topk 1) verifies num_steps + 1 tokens."""
-    steps = cfg.sglang.num_steps or cfg.k
+def sglang_steps(cfg: BenchmarkConfig, k: int) -> tuple[int, int, int]:
+    """(num_steps, eagle_topk, num_draft_tokens) at draft length k (benchmark.sglang.num_steps, when
+    set, wins); a chain (topk 1) verifies num_steps + 1 tokens."""
+    steps = cfg.sglang.num_steps or k
     topk = cfg.sglang.eagle_topk
     draft_tokens = cfg.sglang.num_draft_tokens or (steps + 1 if topk == 1 else steps * topk + 1)
     return steps, topk, draft_tokens
@@ -438,9 +439,15 @@ def benchmark_serve_command(
     cfg: BenchmarkConfig,
     draft_path: str | None,
     port: int | None = None,
+    *,
+    k: int | None = None,
+    k_per_batch_size: list[list[int]] | None = None,
 ) -> list[str]:
     """The server command line; draft_path None gives the non-speculative baseline. `port` (else
-    benchmark.port); with neither, no --port: the engine's default (the deployment command)."""
+    benchmark.port); with neither, no --port: the engine's default (the deployment command).
+    k: draft tokens per step (None: the largest of benchmark.k); k_per_batch_size: vLLM's
+    num_speculative_tokens_per_batch_size schedule, [[first batch size, last, k], ...]."""
+    k = max(cfg.k) if k is None else k
     host, port = cfg.host, cfg.port if port is None else port
     revision = ["--revision", card.revision] if card.revision else []
     revision += ["--trust-remote-code"] if card.trust_remote_code else []
@@ -458,7 +465,12 @@ def benchmark_serve_command(
             spec = {
                 "method": cfg.vllm.method,
                 "model": draft_path,
-                "num_speculative_tokens": cfg.k,
+                "num_speculative_tokens": k,
+                **(
+                    {"num_speculative_tokens_per_batch_size": k_per_batch_size}
+                    if k_per_batch_size
+                    else {}
+                ),
                 **cfg.vllm.speculative_config,
             }
             cmd += ["--speculative-config", json.dumps(spec)]
@@ -466,7 +478,7 @@ def benchmark_serve_command(
     if engine == "sglang":
         cmd = [*cfg.sglang.launcher, "--model-path", model, *revision, *where, *cfg.sglang.args]
         if draft_path:
-            steps, topk, draft_tokens = sglang_steps(cfg)
+            steps, topk, draft_tokens = sglang_steps(cfg, k)
             cmd += [
                 "--speculative-algorithm",
                 cfg.sglang.algorithm,

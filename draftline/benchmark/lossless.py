@@ -1,0 +1,89 @@
+"""The benchmark's lossless gate: at temperature 0 a speculative server must give the baseline's
+greedy output, request for request.
+
+Each speculative output is judged against the baseline's reference output of its prompt (token ids
+where the server sends them, else the text): "identical"; "near_tie" where they first differ at a
+token the baseline ranked within tie_tolerance of its own choice (its top logprobs; logprob gaps are
+logit gaps), the rule draftline/evaluate/acceptance.py applies to 16-bit targets; else "mismatch".
+The stage fails above benchmark.max_output_mismatch_share, after writing its report.
+"""
+
+from __future__ import annotations
+
+VERDICTS = ("identical", "near_tie", "mismatch")
+
+
+class LosslessError(RuntimeError):
+    """Speculative outputs differed from the baseline's beyond benchmark.max_output_mismatch_share."""
+
+
+def references(results, prompts: int) -> dict:
+    """prompt index -> the baseline's first answered reference request of it."""
+    refs = {}
+    for r in results or []:
+        if r.ok and r.prompt_index not in refs:
+            refs[r.prompt_index] = r
+    missing = sorted(set(range(prompts)) - set(refs))
+    if missing:
+        raise RuntimeError(
+            f"the baseline answered no reference request for prompts {missing[:5]}: the lossless "
+            "gate has nothing to compare them to"
+        )
+    return refs
+
+
+def judge(result, ref, tie_tolerance: float) -> str:
+    """One speculative output against its prompt's reference: a VERDICTS entry."""
+    if result.token_ids and ref.token_ids:
+        ours, theirs = result.token_ids, ref.token_ids
+    else:
+        ours, theirs = result.text, ref.text
+    if ours == theirs:
+        return "identical"
+    if not (result.token_ids and ref.token_ids):
+        return "mismatch"  # text alone cannot tell a near-tie
+    first = next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs))
+    )
+    if first >= min(len(ours), len(theirs), len(ref.top_logprobs)):
+        return "mismatch"  # one stopped before the other, or no logprobs there
+    top = ref.top_logprobs[first]
+    chosen, greedy = ours[first], theirs[first]
+    if chosen in top and greedy in top and top[greedy] - top[chosen] <= tie_tolerance:
+        return "near_tie"
+    return "mismatch"
+
+
+def judge_all(results, refs: dict, tie_tolerance: float) -> list[str]:
+    """The verdict of every answered request (failed ones are counted by the load summary)."""
+    return [judge(r, refs[r.prompt_index], tie_tolerance) for r in results if r.ok]
+
+
+def tally(verdicts: list[str]) -> dict[str, int]:
+    return {v: verdicts.count(v) for v in VERDICTS}
+
+
+def gate(levels: dict, max_mismatch_share: float, tie_tolerance: float) -> dict:
+    """The gate's figures over every speculative output of every k and load level (levels: the
+    shape draftline/benchmark/server.py returns); `passed` False above max_mismatch_share."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    where = []
+    for c, level in levels.items():
+        for k, verdicts in level["verdicts"].items():
+            for name, n in tally(verdicts).items():
+                counts[name] += n
+            if "mismatch" in verdicts:
+                where.append(f"c{c} k={k}: {verdicts.count('mismatch')} of {len(verdicts)}")
+    compared = sum(counts.values())
+    share = round(counts["mismatch"] / compared, 4) if compared else 0.0
+    return {
+        "compared_outputs": compared,
+        **counts,
+        "identical_output_share": round(counts["identical"] / compared, 4) if compared else None,
+        "lossless_share": round(1 - share, 4),
+        "mismatch_share": share,
+        "max_output_mismatch_share": max_mismatch_share,
+        "tie_tolerance": tie_tolerance,
+        "mismatches_at": where,
+        "passed": share <= max_mismatch_share,
+    }

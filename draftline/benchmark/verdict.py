@@ -1,0 +1,354 @@
+"""The benchmark's decision: at each load the best k and its speedup, the break-even load, the
+verdict at the user's load (benchmark.serve_concurrency) and, when the draft does not pay off
+there, what would: the acceptance length each speedup goal needs and the training samples the
+acceptance-vs-samples forecast says that takes.
+
+Cost model. Over a run of requests at load c, the baseline emits one token per target step per
+request, the speculative server tau(c, k) tokens per verification step (its acceptance length).
+So speedup = tau / r, where r(c, k) = tau(c, k) * baseline tokens/s / speculative tokens/s is the
+cost of one speculative step (the target verifying k + 1 tokens, plus k draft steps) relative to
+one plain decoding step at that load. r is measured at every (c, k) of the sweep and fitted as
+    r(c, k) = a + b k + (d + e k) log2 c
+(terms dropped where the sweep has one k or one load). A speedup goal g at (c, k) then needs
+tau >= g r(c, k); a chain of k draft tokens emits at most k + 1 tokens per step, so where
+g r(c, k) > k + 1 for every k, no draft pays off at that load (the verify cost alone is too high).
+The fit's error is reported on each sweep point left out of it (the speedup it predicts there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def speedups(levels: dict) -> dict[int, dict[int, float | None]]:
+    """{c: {k: speculative tokens/s / baseline tokens/s}}."""
+    out = {}
+    for c, level in levels.items():
+        base = level["baseline"]["output_tokens_per_s"]
+        out[c] = {
+            k: round(spec["output_tokens_per_s"] / base, 4) if base else None
+            for k, spec in level["speculative"].items()
+        }
+    return out
+
+
+def best_per_load(table: dict) -> dict[int, dict]:
+    """{c: {"k": best k, "speedup": its speedup}} (the smaller k on a tie)."""
+    best = {}
+    for c, by_k in table.items():
+        k = max(sorted(by_k), key=lambda k: by_k[k] or 0.0)
+        best[c] = {"k": k, "speedup": by_k[k]}
+    return best
+
+
+def break_even(best: dict) -> dict:
+    """Where the best speedup falls below 1 as the load grows: the last measured load that pays,
+    the first that does not, and the load between them where the line between their speedups
+    (in log2 load) crosses 1."""
+    loads = sorted(best)
+    paying = [c for c in loads if (best[c]["speedup"] or 0) >= 1]
+    losing = [c for c in loads if (best[c]["speedup"] or 0) < 1]
+    out = {
+        "pays_at": paying,
+        "loses_at": losing,
+        "last_paying_concurrency": max(paying) if paying else None,
+        "first_losing_concurrency": min(losing) if losing else None,
+        "break_even_concurrency": None,
+    }
+    for lo, hi in zip(loads, loads[1:]):
+        s_lo, s_hi = best[lo]["speedup"] or 0, best[hi]["speedup"] or 0
+        if s_lo >= 1 > s_hi:
+            x_lo, x_hi = math.log2(lo), math.log2(hi)
+            x = x_lo + (s_lo - 1) / (s_lo - s_hi) * (x_hi - x_lo)
+            out["break_even_concurrency"] = round(2**x, 1)
+            break
+    return out
+
+
+# ---- cost model -------------------------------------------------------------------------------
+
+
+def step_costs(levels: dict) -> list[dict]:
+    """Every sweep point: {c, k, tau, speedup, r} with r the relative step cost (module docstring)."""
+    points = []
+    for c, level in sorted(levels.items()):
+        base = level["baseline"]["output_tokens_per_s"]
+        for k, spec in sorted(level["speculative"].items()):
+            tau, tps = spec.get("acceptance_length"), spec["output_tokens_per_s"]
+            if not (base and tps and tau):
+                continue
+            points.append(
+                {"c": c, "k": k, "tau": tau, "speedup": tps / base, "r": tau * base / tps}
+            )
+    return points
+
+
+def _features(c, k, terms: list[str]) -> np.ndarray:
+    x = np.log2(np.asarray(c, dtype=float))
+    k = np.asarray(k, dtype=float)
+    columns = {"1": np.ones_like(x), "k": k, "log2c": x, "k*log2c": k * x}
+    return np.stack([columns[t] for t in terms], axis=-1)
+
+
+def model_terms(points: list[dict]) -> list[str]:
+    """The terms a sweep can fit with one point left out: a k slope needs two k values, a load
+    slope two loads, their product both and five points."""
+    ks, loads = {p["k"] for p in points}, {p["c"] for p in points}
+    terms = ["1"]
+    if len(ks) > 1:
+        terms.append("k")
+    if len(loads) > 1:
+        terms.append("log2c")
+    if len(ks) > 1 and len(loads) > 1 and len(points) >= 6:
+        terms.append("k*log2c")
+    while len(terms) > 1 and len(points) < len(terms) + 1:
+        terms.pop()
+    return terms
+
+
+def fit(points: list[dict], terms: list[str]) -> np.ndarray:
+    X = _features([p["c"] for p in points], [p["k"] for p in points], terms)
+    coef, *_ = np.linalg.lstsq(X, np.array([p["r"] for p in points]), rcond=None)
+    return coef
+
+
+def predict_r(coef: np.ndarray, terms: list[str], c: float, k: float) -> float:
+    return float(_features([c], [k], terms)[0] @ coef)
+
+
+def cost_model(points: list[dict]) -> dict | None:
+    """The fitted relative step cost and its error on each sweep point left out of the fit
+    (predicted speedup tau / r against the measured one); None without two points."""
+    if len(points) < 2:
+        return None
+    terms = model_terms(points)
+    coef = fit(points, terms)
+    held_out = []
+    if len(points) > len(terms):
+        for i, p in enumerate(points):
+            rest = points[:i] + points[i + 1 :]
+            r = predict_r(fit(rest, terms), terms, p["c"], p["k"])
+            predicted = p["tau"] / r if r > 0 else float("inf")
+            held_out.append(
+                {
+                    "c": p["c"],
+                    "k": p["k"],
+                    "measured_speedup": round(p["speedup"], 4),
+                    "predicted_speedup": round(predicted, 4),
+                    "relative_error": round(predicted / p["speedup"] - 1, 4),
+                }
+            )
+    errors = [abs(h["relative_error"]) for h in held_out]
+    return {
+        "form": " + ".join(f"{c:.4g}*{t}" if t != "1" else f"{c:.4g}" for c, t in zip(coef, terms)),
+        "terms": terms,
+        "coefficients": [round(float(c), 6) for c in coef],
+        "points": [
+            {
+                "c": p["c"],
+                "k": p["k"],
+                "r": round(p["r"], 4),
+                "fitted_r": round(predict_r(coef, terms, p["c"], p["k"]), 4),
+            }
+            for p in points
+        ],
+        "held_out": held_out,
+        "held_out_mean_abs_error": round(float(np.mean(errors)), 4) if errors else None,
+        "held_out_max_abs_error": round(float(np.max(errors)), 4) if errors else None,
+        "_coef": coef,
+    }
+
+
+def needs(model: dict, c: int, ks: list[int], goals: list[float]) -> dict:
+    """{goal: {k: acceptance length needed at load c, or None where k + 1 tokens a step cannot
+    reach it}}."""
+    out = {}
+    for goal in goals:
+        row = {}
+        for k in ks:
+            tau = goal * predict_r(model["_coef"], model["terms"], c, k)
+            row[k] = round(tau, 3) if tau <= k + 1 else None
+        out[goal] = row
+    return out
+
+
+# ---- the forecast of samples ------------------------------------------------------------------
+
+
+def samples_for(points: list[dict], tau: float, k: int) -> dict:
+    """The training samples the acceptance-vs-samples forecast (draftline forecast) gives for an
+    acceptance length tau at k; or why it cannot say."""
+    from draftline.tools.forecast import build_report
+
+    try:
+        report = build_report(points, [tau], k)
+    except ValueError as err:
+        return {
+            "samples": None,
+            "why_not": f"{err}: run the pipeline at another `samples` (dvc exp run -S "
+            "samples=N), then `draftline forecast --dvc-exps`",
+        }
+    preferred = report["preferred"]
+    f = report["forecasts"][str(tau)][preferred]
+    return {
+        "samples": f.get("samples"),
+        "interval_10_90": f.get("interval_10_90"),
+        "trust": f.get("trust"),
+        "fit": preferred,
+        "measured_samples": report["measured_samples"],
+    }
+
+
+# ---- the decision -----------------------------------------------------------------------------
+
+
+def k_schedule(best: dict) -> list[list[int]]:
+    """vLLM's num_speculative_tokens_per_batch_size from the best k at each measured load (0
+    where no k pays off): each load's range reaches half-way (in log2) to the next; the last
+    range ends at the largest load measured (vLLM carries it on past that)."""
+    loads = sorted(best)
+    schedule = []
+    for i, c in enumerate(loads):
+        lo = 1 if i == 0 else schedule[-1][1] + 1
+        hi = c if i == len(loads) - 1 else max(lo, math.floor(math.sqrt(c * loads[i + 1])))
+        k = best[c]["k"] if (best[c]["speedup"] or 0) >= 1 else 0
+        if schedule and schedule[-1][2] == k:
+            schedule[-1][1] = hi
+        else:
+            schedule.append([lo, hi, k])
+    return schedule
+
+
+def verdict_words(v: dict) -> str:
+    """The verdict in a few sentences, as the console prints it."""
+    c, k, s = v["serve_concurrency"], v["k"], v["speedup"]
+    head = f"at {c} request{'s' if c != 1 else ''} in flight ({v['engine']}), k={k} gives {s:.2f}x"
+    if v["pays_off"]:
+        text = f"the draft pays off: {head}."
+    else:
+        text = f"the draft does not pay off: {head}."
+    be = v["break_even"]
+    if be["pays_at"] and be["loses_at"]:
+        text += (
+            f" It pays at {be['pays_at']} requests in flight and loses at {be['loses_at']}"
+            + (
+                f" (break-even near {be['break_even_concurrency']})"
+                if be["break_even_concurrency"]
+                else ""
+            )
+            + f"; serve without speculation above {be['last_paying_concurrency']}."
+        )
+    elif not be["pays_at"]:
+        text += " It loses at every load measured."
+    for goal, need in v.get("needs", {}).items():
+        if need.get("met"):
+            continue
+        if need.get("acceptance_length") is None:
+            text += (
+                f" No draft reaches {goal}x at this load with k <= {need['max_k']}: verifying "
+                "costs more than k + 1 tokens a step can repay."
+            )
+        else:
+            text += (
+                f" {goal}x needs an acceptance length of {need['acceptance_length']} at "
+                f"k={need['k']} (measured {need['measured_acceptance_length']})"
+            )
+            forecast = need.get("forecast")
+            if forecast and forecast.get("samples"):
+                text += (
+                    f", which the samples forecast puts at about {forecast['samples']:,} samples."
+                )
+            elif forecast and forecast.get("why_not"):
+                text += f"; samples: {forecast['why_not']}."
+            else:
+                text += "."
+    return text
+
+
+def decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict:
+    v = _decide(levels, cfg, engine, forecast_points)
+    v["words"] = verdict_words(v)
+    return v
+
+
+def _decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict:
+    """The verdict at benchmark.serve_concurrency (engine hf: 1 request in flight) from the
+    sweep's levels ({c: {"baseline": summary, "speculative": {k: summary + acceptance}}})."""
+    table = speedups(levels)
+    best = best_per_load(table)
+    serve = cfg.serve_concurrency if cfg.serve_concurrency in best else min(best)
+    chosen = best[serve]
+    measured = levels[serve]["speculative"][chosen["k"]]
+    v = {
+        "engine": engine,
+        "serve_concurrency": serve,
+        "k": chosen["k"],
+        "speedup": chosen["speedup"],
+        "pays_off": (chosen["speedup"] or 0) >= 1,
+        "baseline_tokens_per_s": levels[serve]["baseline"]["output_tokens_per_s"],
+        "speculative_tokens_per_s": measured["output_tokens_per_s"],
+        "acceptance_length": measured.get("acceptance_length"),
+        "best_per_load": {str(c): b for c, b in sorted(best.items())},
+        "break_even": break_even(best),
+        "k_per_batch_size": k_schedule(best),
+    }
+    if serve != cfg.serve_concurrency:
+        v["note"] = (
+            f"engine {engine} decodes one request at a time: the verdict is for 1 request in "
+            f"flight, not serve_concurrency {cfg.serve_concurrency}"
+        )
+    model = cost_model(step_costs(levels))
+    if model is None:
+        v["cost_model"] = None
+        return v
+    v["cost_model"] = {name: x for name, x in model.items() if name != "_coef"}
+    ks = sorted(levels[serve]["speculative"])
+    per_goal = needs(model, serve, ks, cfg.speedup_goals)
+    v["needs"] = {}
+    for goal, by_k in per_goal.items():
+        feasible = {k: tau for k, tau in by_k.items() if tau is not None}
+        entry = {
+            "by_k": {str(k): tau for k, tau in by_k.items()},
+            "max_k": max(ks),
+            "met": (chosen["speedup"] or 0) >= goal,  # measured at the serve load
+        }
+        if feasible:
+            # the k of the verdict when it can reach the goal, else the k needing least over k + 1
+            k = (
+                chosen["k"]
+                if chosen["k"] in feasible
+                else min(feasible, key=lambda k: feasible[k] / (k + 1))
+            )
+            entry.update(
+                k=k,
+                acceptance_length=feasible[k],
+                measured_acceptance_length=levels[serve]["speculative"][k].get("acceptance_length"),
+            )
+            if feasible[k] > (entry["measured_acceptance_length"] or 0):
+                entry["forecast"] = forecast_need(model, serve, goal, forecast_points, k)
+        else:
+            entry["acceptance_length"] = None
+        v["needs"][str(goal)] = entry
+    return v
+
+
+def forecast_need(model: dict, c: int, goal: float, points: list[dict], k: int) -> dict:
+    """The samples a goal needs at load c, by the forecast over points: at the k the points were
+    measured at (their `k`; else k), the acceptance the goal needs there."""
+    if not points:
+        return {
+            "samples": None,
+            "why_not": "no acceptance-vs-samples points were given to the stage",
+        }
+    at_k = int(points[0].get("k") or k)
+    tau = round(goal * predict_r(model["_coef"], model["terms"], c, at_k), 3)
+    if tau > at_k + 1:
+        return {
+            "k": at_k,
+            "acceptance_length": tau,
+            "samples": None,
+            "why_not": f"beyond k + 1 at k={at_k}",
+        }
+    return {"k": at_k, "acceptance_length": tau, **samples_for(points, tau, at_k)}
