@@ -265,7 +265,16 @@ def per_source_report(groups, k: int) -> dict:
 
 def _new_group() -> dict:
     """An empty tally of one group of prompts, as per_source_report reads it."""
-    return {"rounds": [], "emitted": [], "sums": {}, "prompts": 0}
+    return {"rounds": [], "emitted": [], "sums": {}, "prompts": 0, "rounds_by_k": defaultdict(list)}
+
+
+def acceptance_vs_k(groups) -> dict:
+    """{group name: {k: acceptance length}} from each group's rounds walked at every k <= the
+    evaluated one (draftline/evaluate/specdec.walk_rounds)."""
+    return {
+        name: {str(k): mean(rounds) for k, rounds in sorted(s["rounds_by_k"].items())}
+        for name, s in groups
+    }
 
 
 @dataclass
@@ -284,6 +293,17 @@ class EvaluationTally:
     generated: int = 0
     prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     greedy: dict[str, list[int]] = field(default_factory=dict)
+    rounds_by_k: defaultdict = field(default_factory=lambda: defaultdict(list))
+    # prompts whose one-pass rounds at the evaluated k equal the direct run's (a rounding flip
+    # between one full forward and the incremental ones can make one differ)
+    sweep_agrees: int = 0
+
+    def add_sweep(self, row: dict, by_k: dict[int, list[int]], agrees: bool) -> None:
+        """One prompt's rounds at every k <= the evaluated one, overall and in its source."""
+        for k, rounds in by_k.items():
+            self.rounds_by_k[k].extend(rounds)
+            self.per_source[row.get("source", "?")]["rounds_by_k"][k].extend(rounds)
+        self.sweep_agrees += agrees
 
     def add(self, row: dict, spec, sums: dict[str, float]) -> None:
         """Count one prompt's speculative rounds and teacher-forced sums in its groups and overall."""
@@ -347,11 +367,20 @@ def evaluate_prompt(
     rounds and teacher-forced sums (with fp8: also over fp8 round-tripped states) to tally."""
     import torch
 
-    from draftline.evaluate.specdec import greedy_generate, speculative_generate
+    from draftline.evaluate.specdec import (
+        acceptance_runs,
+        greedy_generate,
+        speculative_generate,
+        walk_rounds,
+    )
 
     target, draft, stop = models.target, models.draft, models.stop
     ids = tally.prompt_ids[row["id"]] = first_turn_ids(models.tokenizer, row)
     spec = speculative_generate(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+    # acceptance at every k <= cfg.k from one pass over the greedy output
+    output, runs = acceptance_runs(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+    by_k = {k: walk_rounds(runs, len(output), k) for k in range(1, cfg.k + 1)}
+    tally.add_sweep(row, by_k, by_k[cfg.k] == spec.accepted_per_round)
     plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, models.tie_tolerance)
     tally.verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, models.tie_tolerance)
     tally.greedy[row["id"]] = list(plain.tokens)
@@ -410,6 +439,13 @@ def evaluation_report(
             if tally.per_detail
             else {}
         ),
+        "acceptance_vs_k": {
+            "all": {str(k): mean(r) for k, r in sorted(tally.rounds_by_k.items())},
+            **acceptance_vs_k(sorted(tally.per_source.items())),
+        },
+        # the one-pass rounds at k equal the direct run's on this many prompts (the rest: a
+        # rounding flip of the draft between one full forward of the target and incremental ones)
+        "acceptance_vs_k_agreeing_prompts": tally.sweep_agrees,
         **lossless,
     }
     if fp8:
@@ -427,6 +463,7 @@ def evaluation_plots(
             {
                 "samples": train_prompts,
                 "samples_requested": samples,
+                "k": report["k"],
                 "acceptance_length": report["acceptance_length"],
                 "tau_sim": report["tau_sim"],
             }
@@ -434,6 +471,11 @@ def evaluation_plots(
         "position_acceptance.json": [
             {"position": int(pos), "acceptance": rate}
             for pos, rate in real["position_acceptance"].items()
+        ],
+        "acceptance_vs_k.json": [
+            {"k": int(k), "source": source, "acceptance_length": tau}
+            for source, curve in report["acceptance_vs_k"].items()
+            for k, tau in curve.items()
         ],
     }
 

@@ -242,3 +242,50 @@ def speculative_generate(
         pending_from = n + 1
     gen.seconds = time.perf_counter() - start
     return gen
+
+
+@torch.no_grad()
+def acceptance_runs(
+    target,
+    draft,
+    aux_layer_ids: list[int],
+    prompt: list[int],
+    max_new_tokens: int,
+    k: int,
+    eos_ids: set[int],
+) -> tuple[list[int], list[int]]:
+    """(greedy output, runs): runs[s] is how many of k draft tokens the target would accept in a
+    round that starts with output[:s + 1] fixed (output[s] the pending token), for every s.
+
+    Greedy output is the same whatever k, and a chain draft's proposal from a position depends
+    only on the context before it, so these runs give the exact rounds of speculative decoding at
+    every k' <= k (walk_rounds), from one pass. The target's greedy continuation is taken k tokens
+    past the cut (eos or max_new_tokens): a last round verifies tokens beyond it too."""
+    runner, drafter = TargetRunner(target, aux_layer_ids), DraftRunner(draft)
+    full = greedy_generate(target, prompt, max_new_tokens + k, set()).tokens
+    tokens, _ = _finish(full, eos_ids, max_new_tokens)
+    _, aux = runner.forward(list(prompt) + full, DynamicCache(), want_aux=True)  # (1, P+F, 3H)
+    seq, cache, runs = list(prompt) + full, DynamicCache(), []
+    pending_from = 0  # as in speculative_generate: first position not yet in the draft's cache
+    for s in range(len(tokens)):
+        n = len(prompt) + s - 1  # last position the target has processed
+        proposal = drafter.propose(
+            cache, seq[pending_from + 1 : n + 2], aux[:, pending_from : n + 1], pending_from, k
+        )
+        a = 0
+        while a < k and proposal[a] == full[s + 1 + a]:
+            a += 1
+        runs.append(a)
+        pending_from = n + 1
+    return tokens, runs
+
+
+def walk_rounds(runs: list[int], output_length: int, k: int) -> list[int]:
+    """The rounds (a+1 each, as Generation.accepted_per_round) of chain speculative decoding at
+    k from acceptance_runs' runs: each round starts where the previous one ended."""
+    rounds, emitted = [], 1  # the prefill's token
+    while emitted < output_length:
+        a = min(runs[emitted - 1], k)
+        rounds.append(a + 1)
+        emitted += a + 1
+    return rounds

@@ -346,6 +346,7 @@ def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, s
             {
                 "samples": train_prompts,
                 "samples_requested": samples,
+                "k": cfg.k,
                 "acceptance_length": vllm["acceptance_length"],
                 "tau_sim": None,
             }

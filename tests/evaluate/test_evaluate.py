@@ -234,6 +234,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engi
         {
             "samples": 1092,
             "samples_requested": raw["samples"],
+            "k": 2,  # the acceptance's k: the benchmark's samples forecast reads it
             "acceptance_length": report["acceptance_length"],
             "tau_sim": report["tau_sim"],
         }

@@ -211,3 +211,26 @@ def test_a_target_placed_by_device_map_decodes_the_same(random_target, vocab_dir
             plain, draft, random_target.aux_ids, prompt, 20, 3, eos_ids={-1}
         ).accepted_per_round
     )
+
+
+def test_acceptance_at_every_k_from_one_pass_equals_direct_runs(trained_draft):
+    """acceptance_runs at k = 4, walked at k' = 1, 2, 3, 4, gives exactly the rounds that
+    speculative decoding at k' takes (a run of a draft that accepts, cut by max_new_tokens and by
+    eos alike)."""
+    from draftline.draft.checkpoint import load_draft
+    from draftline.evaluate.specdec import acceptance_runs, walk_rounds
+
+    model, _ = load_target(trained_draft.card)
+    draft = load_draft(trained_draft.dir, trained_draft.card, "cpu")
+    aux, compared, accepted = trained_draft.card.aux_ids, 0, 0
+    for prompt in trained_draft.prompts:
+        plain = greedy_generate(model, prompt, 30, eos_ids={-1})
+        for stop in ({-1}, {plain.tokens[17]}):  # cut at max_new_tokens, then at an "eos" midway
+            tokens, runs = acceptance_runs(model, draft, aux, prompt, 30, 4, stop)
+            for k in (1, 2, 3, 4):
+                direct = speculative_generate(model, draft, aux, prompt, 30, k, stop)
+                assert tokens == direct.tokens
+                assert walk_rounds(runs, len(tokens), k) == direct.accepted_per_round, (k, stop)
+                compared += 1
+            accepted += sum(runs)
+    assert compared >= 8 and accepted >= 10  # the draft accepts: the walk is not all ones
