@@ -33,6 +33,10 @@ OVERRIDE = {
     "regenerate.max_tokens": 64,
     "train.epochs": 2,
     "evaluate.max_new_tokens": 32,
+    # the built-in engine here (the vLLM sweep starts a server per k: tests/evaluate/test_vllm.py
+    # runs it on real vLLM), two k values so that the verdict chooses between them
+    "benchmark.engine": "hf",
+    "benchmark.k": [1, 3],
     "benchmark.prompts": 3,
     "benchmark.repeats": 1,
     "benchmark.warmup": 0,
@@ -152,7 +156,18 @@ def test_outputs_and_metrics(repo):
     # above what an untrained or miswired draft reaches.
     assert acceptance["acceptance_length"] >= 1.25, acceptance
     assert bench["baseline_tokens_per_s"] > 0 and bench["speculative_tokens_per_s"] > 0
-    assert report(repo, "benchmark.detail.json")["outputs_identical"] is True
+    detail = report(repo, "benchmark.detail.json")
+    assert detail["lossless"]["passed"] and detail["lossless"]["mismatch"] == 0
+    assert bench["engine"] == "hf" and bench["serve_concurrency"] == 1 and bench["k"] in (1, 3)
+    assert bench["pays_off"] == (bench["speedup"] >= 1) and set(detail["levels"]["c1"]) == {
+        "baseline",
+        "k1",
+        "k3",
+    }
+    assert (
+        "words" in detail["verdict"]
+        and json.loads((repo / "reports/deploy.json").read_text())["verdict"]["k"] == bench["k"]
+    )
     # the default's evaluate: real vLLM served the draft and the parity gate held; the dev split
     # was measured by the built-in engine alone (the gate runs once per checkpoint)
     detail = report(repo, "acceptance.detail.json")
