@@ -3,14 +3,25 @@ benchmark stage end to end against stand-ins for vLLM and SGLang (GPU-only engin
 
 The stand-ins are this file run as a script (`python tests/engines/test_engines.py vllm serve ...` /
 `... sglang --model-path ...`): they parse the flags the benchmark passes with the engines' flag
-names, and speak the engines' wire formats as their sources define them (vLLM:
-serving_completion.py stream chunks with continuous usage, spec_decode Prometheus counters of
-vllm/v1/spec_decode/metrics.py; SGLang: /generate stream with cumulative text and meta_info,
-spec_verify_ct / spec_accept_histogram from TokenizerManager). They "decode" deterministically:
-token j of every answer is `w{j}`, and speculative step n accepts n mod (k+1) draft tokens.
+names, and speak the engines' wire formats as their sources define them (vLLM 0.32:
+entrypoints/openai/completion/serving.py stream chunks with continuous usage, `token_ids` per chunk
+for `return_token_ids`, `logprobs.top_logprobs` keyed "token_id:<id>" for `logprobs` +
+`return_tokens_as_token_ids`; spec_decode Prometheus counters of vllm/v1/spec_decode/metrics.py;
+SGLang: /generate stream with cumulative text and meta_info, spec_verify_ct /
+spec_accept_histogram from TokenizerManager). They "decode" deterministically: token j of every
+answer is the word `w{j}`, token id j, and speculative step n accepts n mod (k+1) draft tokens.
+
+A speculative stand-in's step costs more with more requests in flight, the more so the larger its
+k (a compute-bound verify): STEP_S x (1 + k x (requests in flight - 1)); the baseline's step is
+STEP_S at any load. So speculation pays at 1 request in flight (k=3 most) and loses at 4.
+Environment of the stand-ins (for the lossless gate): STAND_IN_DIVERGE_AT=p makes a speculative
+server answer token id ALT + p (the word `x{p}`) at position p instead of the baseline's p;
+STAND_IN_TIE_GAP (default 5.0) is how far below the greedy token's logprob the baseline ranks that
+token in its top logprobs.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -27,7 +38,8 @@ if __name__ == "__main__":  # run as a stand-in server: the helpers beside the t
 from stubs import StubHandler
 
 ROOT = Path(__file__).resolve().parents[2]
-STEP_S = 0.002  # one decoding step of the stand-ins
+STEP_S = 0.004  # one decoding step of the stand-ins (the baseline's at any load)
+ALT = 1000  # the token id a diverging speculative stand-in answers at STAND_IN_DIVERGE_AT: ALT + p
 
 
 def steps_for(max_tokens: int, k: int | None) -> list[int]:
@@ -40,6 +52,32 @@ def steps_for(max_tokens: int, k: int | None) -> list[int]:
     return steps
 
 
+def answer_ids(k: int | None, first: int, n: int) -> list[int]:
+    """Token ids first .. first + n - 1 of an answer: j, or ALT + j at STAND_IN_DIVERGE_AT for a
+    speculative server."""
+    diverge = os.environ.get("STAND_IN_DIVERGE_AT")
+    at = int(diverge) if diverge and k is not None else None
+    return [ALT + j if j == at else j for j in range(first, first + n)]
+
+
+def word(token_id: int) -> str:
+    return f"x{token_id - ALT} " if token_id >= ALT else f"w{token_id} "
+
+
+def top_logprobs(token_ids: list[int]) -> dict:
+    """vLLM's completion `logprobs` of these greedy tokens with return_tokens_as_token_ids: each
+    token's top logprobs keyed "token_id:<id>", the runner-up (ALT + j) STAND_IN_TIE_GAP below."""
+    gap = float(os.environ.get("STAND_IN_TIE_GAP", "5.0"))
+    return {
+        "text_offset": [0] * len(token_ids),
+        "token_logprobs": [-0.25] * len(token_ids),
+        "tokens": [f"token_id:{t}" for t in token_ids],
+        "top_logprobs": [
+            {f"token_id:{t}": -0.25, f"token_id:{ALT + t}": -0.25 - gap} for t in token_ids
+        ],
+    }
+
+
 class StandIn(StubHandler):
     engine = "vllm"
     model = ""
@@ -47,6 +85,22 @@ class StandIn(StubHandler):
     server_info: dict = {}  # SGLang's /get_server_info
     lock = threading.Lock()
     counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    active = 0  # requests in flight
+
+    @contextlib.contextmanager
+    def in_flight(self):
+        with self.lock:
+            StandIn.active += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                StandIn.active -= 1
+
+    def step(self) -> None:
+        """One decoding step: dearer with more requests in flight for a speculative server."""
+        load = 0 if self.k is None else self.k * max(0, StandIn.active - 1)
+        time.sleep(STEP_S * (1 + load))
 
     def do_GET(self):
         if self.path == "/health":
@@ -111,6 +165,15 @@ class StandIn(StubHandler):
             return self.sglang_stream(body)
         self._json({"detail": "Not Found"}, 404)
 
+    def count_step(self, accepted: int) -> None:
+        if self.k is not None:
+            with self.lock:
+                self.counters["drafts"] += 1
+                self.counters["draft_tokens"] += self.k
+                self.counters["accepted"] += accepted
+                for p in range(accepted):
+                    self.counters["per_pos"][p] += 1
+
     def vllm_stream(self, body):
         assert (
             body["model"] == self.model
@@ -118,47 +181,49 @@ class StandIn(StubHandler):
             and isinstance(body["prompt"], list)
         )
         continuous = (body.get("stream_options") or {}).get("continuous_usage_stats", False)
+        want_ids = body.get("return_token_ids", False)
+        want_logprobs = body.get("logprobs") is not None
+        # the benchmark reads logprobs by token id: vLLM keys them by the decoded token otherwise
+        assert not want_logprobs or body.get("return_tokens_as_token_ids") is True
         max_tokens, prompt_tokens = body["max_tokens"], len(body["prompt"])
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         produced = 0
-        for accepted in steps_for(max_tokens, self.k):
-            time.sleep(STEP_S)
-            if self.k is not None:
-                with self.lock:
-                    self.counters["drafts"] += 1
-                    self.counters["draft_tokens"] += self.k
-                    self.counters["accepted"] += accepted
-                    for p in range(accepted):
-                        self.counters["per_pos"][p] += 1
-            n = min(accepted + 1, max_tokens - produced)
-            text = "".join(f"w{j} " for j in range(produced, produced + n))
-            produced += n
-            chunk = {
-                "id": "cmpl-0",
-                "object": "text_completion",
-                "created": 0,
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": text,
-                        "logprobs": None,
-                        "finish_reason": "length" if produced == max_tokens else None,
-                        "stop_reason": None,
-                        "prompt_token_ids": None,
-                        "token_ids": None,
-                    }
-                ],
-            }
-            if continuous:
-                chunk["usage"] = {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": produced,
-                    "total_tokens": prompt_tokens + produced,
+        with self.in_flight():
+            for accepted in steps_for(max_tokens, self.k):
+                self.step()
+                self.count_step(accepted)
+                n = min(accepted + 1, max_tokens - produced)
+                ids = answer_ids(self.k, produced, n)
+                chunk = {
+                    "id": "cmpl-0",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": self.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "".join(word(t) for t in ids),
+                            "logprobs": top_logprobs(ids) if want_logprobs else None,
+                            "finish_reason": "length" if produced + n == max_tokens else None,
+                            "stop_reason": None,
+                            # the first chunk carries the prompt's ids with return_token_ids
+                            "prompt_token_ids": body["prompt"]
+                            if want_ids and not produced
+                            else None,
+                            "token_ids": ids if want_ids else None,
+                        }
+                    ],
                 }
-            self._sse(chunk)
+                produced += n
+                if continuous:
+                    chunk["usage"] = {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": produced,
+                        "total_tokens": prompt_tokens + produced,
+                    }
+                self._sse(chunk)
         if body.get("stream_options", {}).get("include_usage"):
             self._sse(
                 {
@@ -177,35 +242,37 @@ class StandIn(StubHandler):
         self._sse("[DONE]")
 
     def sglang_stream(self, body):
+        """Text only (output_ids empty): the lossless gate compares texts."""
         assert body["stream"] is True and isinstance(body["input_ids"], list)
         max_tokens = body["sampling_params"]["max_new_tokens"]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         steps, produced, text = steps_for(max_tokens, self.k), 0, ""
-        for i, accepted in enumerate(steps):
-            time.sleep(STEP_S)
-            n = min(accepted + 1, max_tokens - produced)
-            text += "".join(f"w{j} " for j in range(produced, produced + n))
-            produced += n
-            meta = {
-                "id": "0",
-                "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": produced,
-                "cached_tokens": 0,
-                "finish_reason": {"type": "length", "length": max_tokens}
-                if i == len(steps) - 1
-                else None,
-            }
-            if i == len(steps) - 1 and self.k is not None:  # set when the request finishes
-                hist = [steps.count(a) for a in range(self.k + 1)]
-                meta.update(
-                    spec_verify_ct=len(steps),
-                    spec_accept_length=produced / len(steps),
-                    spec_accept_rate=sum(steps) / (len(steps) * self.k),
-                    spec_accept_histogram=hist,
-                )
-            self._sse({"text": text, "output_ids": [], "meta_info": meta})
+        with self.in_flight():
+            for i, accepted in enumerate(steps):
+                self.step()
+                n = min(accepted + 1, max_tokens - produced)
+                text += "".join(word(t) for t in answer_ids(self.k, produced, n))
+                produced += n
+                meta = {
+                    "id": "0",
+                    "prompt_tokens": len(body["input_ids"]),
+                    "completion_tokens": produced,
+                    "cached_tokens": 0,
+                    "finish_reason": {"type": "length", "length": max_tokens}
+                    if i == len(steps) - 1
+                    else None,
+                }
+                if i == len(steps) - 1 and self.k is not None:  # set when the request finishes
+                    hist = [steps.count(a) for a in range(self.k + 1)]
+                    meta.update(
+                        spec_verify_ct=len(steps),
+                        spec_accept_length=produced / len(steps),
+                        spec_accept_rate=sum(steps) / (len(steps) * self.k),
+                        spec_accept_histogram=hist,
+                    )
+                self._sse({"text": text, "output_ids": [], "meta_info": meta})
         self._sse("[DONE]")
 
 
@@ -216,6 +283,8 @@ def stand_in_main(argv: list[str]) -> None:
         parser.add_argument("subcommand", choices=["serve"])
         parser.add_argument("model")
         parser.add_argument("--speculative-config", type=json.loads)
+        parser.add_argument("--dtype")  # benchmark.vllm.args' default
+        parser.add_argument("--enforce-eager", action="store_true")
     else:
         parser.add_argument("--model-path", required=True)
         parser.add_argument(
@@ -417,6 +486,43 @@ def test_serve_commands_for_both_engines(random_target, draft_dir):
     assert deploy["sglang"]["problems"]  # a speculators checkpoint: SGLang needs the other layout
 
 
+def test_serve_commands_at_each_k_and_k_per_batch_size(random_target):
+    """One server per k of the sweep (no k: the largest); vLLM's k per batch size rides in its
+    speculative config; benchmark.sglang.num_steps, when set, wins over k."""
+    cfg = bench_cfg(k=[1, 3, 2], port=9000)
+
+    def spec(**kw) -> dict:
+        cmd = benchmark_serve_command("vllm", random_target, cfg, "/d", **kw)
+        return json.loads(cmd[cmd.index("--speculative-config") + 1])
+
+    assert spec()["num_speculative_tokens"] == 3 and cfg.ks == [1, 2, 3]
+    assert spec(k=1) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 1}
+    schedule = [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
+    assert spec(k=3, k_per_batch_size=schedule) == {
+        "method": "eagle3",
+        "model": "/d",
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": schedule,
+    }
+    baseline = benchmark_serve_command("vllm", random_target, cfg, None, k=2)
+    assert "--speculative-config" not in baseline
+
+    def sglang_steps(cfg, k) -> list[str]:
+        cmd = benchmark_serve_command("sglang", random_target, cfg, "/d", k=k)
+        return cmd[cmd.index("--speculative-num-steps") :]
+
+    assert sglang_steps(cfg, 2) == [
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "3",
+    ]
+    fixed = bench_cfg(k=[1, 3], sglang={"num_steps": 5})
+    assert sglang_steps(fixed, 1)[:2] == ["--speculative-num-steps", "5"]
+
+
 def test_benchmark_params_refuse_a_chain_with_other_draft_token_counts():
     from pydantic import ValidationError
 
@@ -430,6 +536,29 @@ def test_benchmark_params_refuse_a_chain_with_other_draft_token_counts():
         ).sglang.num_draft_tokens
         == 8
     )
+
+
+def test_benchmark_params_k_list_loads_and_goals():
+    """k: a list of distinct counts (an int is a list of one); the serve load one of the measured
+    loads (engine hf measures 1 request in flight and ignores it); the tie tolerance by dtype."""
+    from pydantic import ValidationError
+
+    assert bench_cfg(k=3).k == [3] and bench_cfg(k=[3, 1]).ks == [1, 3]
+    for k in ([], [0, 1], [2, 2]):
+        with pytest.raises(ValidationError, match="k: give distinct draft token counts"):
+            bench_cfg(k=k)
+    with pytest.raises(ValidationError, match="repeats a level"):
+        bench_cfg(concurrency=[1, 4, 4])
+    with pytest.raises(ValidationError, match="serve_concurrency 8 is not one of concurrency"):
+        bench_cfg(concurrency=[1, 4], serve_concurrency=8)
+    assert bench_cfg(engine="hf", concurrency=[1, 4], serve_concurrency=8).serve_concurrency == 8
+    with pytest.raises(ValidationError, match="speedup_goals"):
+        bench_cfg(speedup_goals=[])
+    with pytest.raises(ValidationError):
+        bench_cfg(max_output_mismatch_share=1.5)
+    assert bench_cfg().resolved_tie_tolerance() == 0.0  # float32
+    assert bench_cfg(dtype="bfloat16").resolved_tie_tolerance() == 0.5
+    assert bench_cfg(dtype="bfloat16", tie_tolerance=0.2).resolved_tie_tolerance() == 0.2
 
 
 # -- server-side acceptance --------------------------------------------------------------------
@@ -472,9 +601,16 @@ def test_sglang_meta_info_gives_acceptance():
 
 
 def run_benchmark_stage(
-    tmp_path: Path, card: TargetCard, draft: Path, overrides: dict, conversations=None
+    tmp_path: Path,
+    card: TargetCard,
+    draft: Path,
+    overrides: dict,
+    conversations=None,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """The stage on `conversations` as eval prompts (default: 3 generated ones)."""
+    """The stage on `conversations` as eval prompts (default: 3 generated ones), as dvc.yaml runs
+    it but without the acceptance-vs-samples points; `env` added to its environment (and its
+    servers')."""
     from draftline.target.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -487,18 +623,11 @@ def run_benchmark_stage(
         [{"id": f"e{i}", "source": "s", **c} for i, c in enumerate(conversations)],
     )
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.benchmark",
-            "card.json",
-            str(draft),
-            "eval.jsonl",
-            "bench.json",
-            "deploy.json",
-        ],
+        [sys.executable, "-m", "stages.benchmark", "card.json", str(draft), "eval.jsonl"]
+        + ["bench.json", "deploy.json", "plots"],
         cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path)),  # server logs
+        # TMPDIR: the server logs
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path), **(env or {})),
         capture_output=True,
         text=True,
         timeout=300,
@@ -507,83 +636,244 @@ def run_benchmark_stage(
 
 STAND_IN = [sys.executable, str(Path(__file__).resolve())]
 LOAD = {
-    "k": 3,
+    "k": [1, 3],
     "max_new_tokens": 10,
     "prompts": 3,
     "warmup": 1,
     "concurrency": [1, 4],
+    "serve_concurrency": 4,
     "requests_per_level": 6,
     "startup_timeout_s": 60,
     "request_timeout_s": 30,
 }
+# 10 tokens per answer in steps accepting 0, 1, ..., k, 0, ... drafts: k=1 7 steps (3 accepted),
+# k=3 4 steps (6 accepted)
+ACCEPTANCE = {1: round(10 / 7, 4), 3: 2.5}
+POSITIONS = {1: {"1": round(3 / 7, 4)}, 3: {"1": 0.75, "2": 0.5, "3": 0.25}}
+
+
+def stand_ins(engine: str) -> dict:
+    return {
+        "engine": engine,
+        "port": free_port(),
+        "vllm": {"launcher": STAND_IN + ["vllm", "serve"]},
+        "sglang": {"launcher": STAND_IN + ["sglang"]},
+    }
+
+
+def spec_k(engine: str, command: str) -> int | None:
+    """The k a server command line serves (None: no draft)."""
+    import shlex
+
+    argv = shlex.split(command)
+    if engine == "vllm":
+        if "--speculative-config" not in argv:
+            return None
+        return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+    if "--speculative-num-steps" not in argv:
+        return None
+    draft_tokens = int(argv[argv.index("--speculative-num-draft-tokens") + 1])
+    steps = int(argv[argv.index("--speculative-num-steps") + 1])
+    assert draft_tokens == steps + 1  # a chain verifies k + 1 tokens
+    return steps
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_benchmark_stage_drives_baseline_and_speculative_servers(
     tmp_path, random_target, draft_dir, eagle3_draft_dir, engine
 ):
-    """vLLM serves the speculators checkpoint as it is; for SGLang the stage exports the draft
-    (train.architecture: eagle3) to SGLang's layout and serves that copy."""
-    overrides = {
-        **LOAD,
-        "engine": engine,
-        "port": free_port(),
-        "vllm": {"launcher": STAND_IN + ["vllm", "serve"]},
-        "sglang": {"launcher": STAND_IN + ["sglang"]},
-    }
+    """A baseline server and one speculative server per k (1 and 3), each at 1 and 4 requests in
+    flight: acceptance per k from each server, the outputs judged against the baseline's, the
+    verdict (speculation pays at 1 request in flight and loses at 4, by the stand-ins' cost), the
+    plots, deploy.json's commands at the verdict's k and vLLM's k per batch size. vLLM serves the
+    speculators checkpoint as it is; for SGLang the stage exports the draft (train.architecture:
+    eagle3) to SGLang's layout and serves that copy."""
+    from draftline.benchmark.run import HEADLINE
+
     proc = run_benchmark_stage(
-        tmp_path, random_target, draft_dir if engine == "vllm" else eagle3_draft_dir, overrides
+        tmp_path,
+        random_target,
+        draft_dir if engine == "vllm" else eagle3_draft_dir,
+        {**LOAD, **stand_ins(engine)},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = read_json(tmp_path / "bench.detail.json")
-    headline = {
-        "speedup",
-        "baseline_tokens_per_s",
-        "speculative_tokens_per_s",
-        "speedup_c1",
-        "speedup_c4",
-    }
-    assert set(read_json(tmp_path / "bench.json")) == headline  # the rest is in the detail file
-    # 10 tokens per answer in steps accepting 0, 1, 2, 3 drafts: 4 steps, 1 + 6/4 = 2.5
-    assert report["acceptance_length"] == 2.5
-    for c in ("c1", "c4"):
-        level = report["levels"][c]
-        assert level["acceptance_length"] == 2.5
-        assert level["speculative"]["position_acceptance"] == {"1": 0.75, "2": 0.5, "3": 0.25}
-        for mode in ("baseline", "speculative"):
-            assert (
-                level[mode]["requests"] == 6
-                and level[mode]["failed"] == 0
-                and level[mode]["output_tokens"] == 60
+    bench = read_json(tmp_path / "bench.json")  # the headline; the rest is in the detail file
+    assert list(bench) == HEADLINE + ["speedup_c1", "speedup_c4"]
+    assert bench == {key: report[key] for key in bench}
+    assert report["ks"] == [1, 3] and report["concurrency"] == [1, 4] and report["prompts"] == 3
+    assert report["acceptance_by_k"] == {str(k): a for k, a in ACCEPTANCE.items()}
+
+    # every level: the baseline and each k, acceptance from that k's server, identical outputs
+    for c in (1, 4):
+        level = report["levels"][f"c{c}"]
+        assert list(level) == ["baseline", "k1", "k3"]
+        for mode, figures in level.items():
+            assert figures["requests"] == 6 and figures["failed"] == 0
+            assert figures["output_tokens"] == 60
+            assert figures["ttft_ms_p50"] > 0 and figures["itl_ms_p99"] > 0
+            assert figures["tpot_ms_p50"] > 0
+            assert figures["output_verdicts"] == {"identical": 6, "near_tie": 0, "mismatch": 0}
+            if mode == "baseline":
+                assert "acceptance_length" not in figures and "speedup" not in figures
+                continue
+            k = int(mode[1:])
+            assert figures["acceptance_length"] == ACCEPTANCE[k]
+            assert figures["position_acceptance"] == POSITIONS[k]
+            assert figures["speedup"] == round(
+                figures["output_tokens_per_s"] / level["baseline"]["output_tokens_per_s"], 4
             )
-            assert (
-                level[mode]["ttft_ms_p50"] > 0
-                and level[mode]["itl_ms_p99"] > 0
-                and level[mode]["tpot_ms_p50"] > 0
-            )
-        assert level["identical_output_share"] == 1.0 and level["speedup"] > 0
-    assert set(report) >= {
-        "speedup",
-        "speedup_c1",
-        "speedup_c4",
-        "baseline_tokens_per_s",
-        "speculative_tokens_per_s",
-    }
+    gate = report["lossless"]
+    assert gate["passed"] and gate["compared_outputs"] == 2 * 2 * 6 == gate["identical"]
+    assert gate["mismatch"] == gate["near_tie"] == 0 and gate["lossless_share"] == 1.0
+    assert gate["tie_tolerance"] == 0.0  # float32 servers: no near-ties
+
+    # the verdict: k=3 pays most at 1 request in flight; at 4 every k loses (verify cost)
+    v = report["verdict"]
+    best = v["best_per_load"]
+    assert best["1"]["k"] == 3 and best["1"]["speedup"] > 1.2
+    assert best["1"]["speedup"] > report["levels"]["c1"]["k1"]["speedup"]
+    assert best["4"]["speedup"] < 0.8
+    assert best["4"]["k"] in (1, 3) and best["4"]["speedup"] == max(
+        report["levels"]["c4"][f"k{k}"]["speedup"] for k in (1, 3)
+    )
+    assert v["serve_concurrency"] == 4 and v["k"] == best["4"]["k"] and v["pays_off"] is False
+    assert (bench["k"], bench["speedup"], bench["pays_off"]) == (
+        v["k"],
+        best["4"]["speedup"],
+        False,
+    )
+    assert bench["speedup_c1"] == best["1"]["speedup"]
+    assert bench["speedup_c4"] == best["4"]["speedup"]
+    assert bench["acceptance_length"] == report["levels"]["c4"][f"k{v['k']}"]["acceptance_length"]
+    assert bench["lossless_share"] == 1.0
+    be = v["break_even"]
+    assert be["pays_at"] == [1] and be["loses_at"] == [4]
+    assert (
+        1 < be["break_even_concurrency"] < 4
+        and bench["break_even_concurrency"] == be["break_even_concurrency"]
+    )
+    assert v["k_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    model = v["cost_model"]
+    assert model["terms"] == ["1", "k", "log2c"] and len(model["held_out"]) == 4
+    assert bench["cost_model_held_out_error"] == model["held_out_mean_abs_error"] is not None
+    assert v["words"].startswith("the draft does not pay off: at 4 requests in flight")
+    assert "serve without speculation above 1" in v["words"] and v["words"] in proc.stdout
+
+    # the plots: speedup against load, one line per k; the baseline's tokens/s
+    assert read_json(tmp_path / "plots/speedup_vs_load.json") == [
+        {"concurrency": c, "k": str(k), "speedup": report["levels"][f"c{c}"][f"k{k}"]["speedup"]}
+        for c in (1, 4)
+        for k in (1, 3)
+    ]
+    assert [r["concurrency"] for r in read_json(tmp_path / "plots/baseline_tokens_per_s.json")] == [
+        1,
+        4,
+    ]
+
+    # one server per k, each started with its own k; deploy.json's commands at the verdict's k
     deploy = read_json(tmp_path / "deploy.json")
-    assert deploy["benchmark"]["serve_commands"]["speculative"] == deploy[engine]["command"]
-    assert deploy[engine]["problems"] == [] and deploy[engine]["command"] in proc.stdout
-    assert deploy["benchmark"]["warnings"] == []
+    served = deploy["benchmark"]["serve_commands"]
+    assert {mode: spec_k(engine, cmd) for mode, cmd in served.items()} == {
+        "baseline": None,
+        "k1": 1,
+        "k3": 3,
+    }
+    for cmd in served.values():
+        assert f"starting {cmd}" in proc.stdout
+    assert deploy[engine]["problems"] == [] and deploy["benchmark"]["warnings"] == []
+    # benchmark.port set: the server benchmarked at the verdict's k is the deployment command
+    assert deploy[engine]["command"] == served[f"k{v['k']}"]
+    for name in ("vllm", "sglang"):
+        assert deploy[name]["k"] == v["k"] and spec_k(name, deploy[name]["command"]) == v["k"]
+    # vLLM: k per batch size from the sweep, under the largest k it schedules
+    assert deploy["vllm"]["k_per_batch_size"] == v["k_per_batch_size"]
+    import shlex
+
+    argv = shlex.split(deploy["vllm"]["command_k_per_batch_size"])
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 3
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    assert deploy["verdict"] == {
+        "serve_concurrency": 4,
+        "k": v["k"],
+        "speedup": v["speedup"],
+        "pays_off": False,
+        "recommendation": "serve without speculation at 4 requests in flight",
+    }
     if engine == "sglang":
         exported = Path(deploy["benchmark"]["server_logs"]) / "draft_sglang"
         assert f"--speculative-draft-model-path {exported}" in deploy["sglang"]["command"]
         assert read_json(exported / "config.json")["architectures"] == ["LlamaForCausalLMEagle3"]
 
 
+@pytest.mark.parametrize(
+    "gap, tolerance, max_share, verdict",
+    [
+        (5.0, None, 0.0, "mismatch"),  # float32 servers: tie tolerance 0
+        (0.05, 0.1, 0.0, "near_tie"),  # the baseline's runner-up, within tie_tolerance
+        (0.5, 0.1, 0.0, "mismatch"),  # its runner-up, but beyond tie_tolerance
+        (5.0, None, 1.0, "mismatch"),  # counted, allowed by max_output_mismatch_share
+    ],
+)
+def test_benchmark_stage_gates_on_the_baselines_greedy_outputs(
+    tmp_path, random_target, draft_dir, gap, tolerance, max_share, verdict
+):
+    """A speculative server answering another token than the baseline at position 4: a near-tie
+    where the baseline ranked that token within benchmark.tie_tolerance of its own choice (its top
+    logprobs), else a mismatch that fails the stage (benchmark.max_output_mismatch_share) after
+    the reports are written."""
+    overrides = {
+        **LOAD,
+        **stand_ins("vllm"),
+        "k": [3],
+        "concurrency": [1, 2],
+        "serve_concurrency": 1,
+        "tie_tolerance": tolerance,
+        "max_output_mismatch_share": max_share,
+    }
+    env = {"STAND_IN_DIVERGE_AT": "4", "STAND_IN_TIE_GAP": str(gap)}
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides, env=env)
+    fails = verdict == "mismatch" and max_share < 1
+    # the reports first, whatever the gate says
+    for name in ("bench.json", "bench.detail.json", "deploy.json", "plots/speedup_vs_load.json"):
+        assert (tmp_path / name).is_file(), name
+    report = read_json(tmp_path / "bench.detail.json")
+    gate = report["lossless"]
+    assert gate["compared_outputs"] == 2 * 6 == gate[verdict]
+    assert gate["identical"] == 0 and gate["identical_output_share"] == 0.0
+    assert gate["tie_tolerance"] == (0.0 if tolerance is None else tolerance)
+    assert gate["max_output_mismatch_share"] == max_share
+    for c in (1, 2):
+        level = report["levels"][f"c{c}"]
+        assert level["baseline"]["output_verdicts"]["identical"] == 6  # its own reference
+        assert level["k3"]["output_verdicts"][verdict] == 6
+    assert read_json(tmp_path / "bench.json")["lossless_share"] == gate["lossless_share"]
+    if verdict == "near_tie":
+        assert gate["passed"] and gate["mismatch"] == 0 and gate["lossless_share"] == 1.0
+        assert gate["mismatches_at"] == []
+    else:
+        assert gate["mismatch"] == 12 and gate["mismatch_share"] == 1.0
+        assert gate["lossless_share"] == 0.0
+        assert gate["mismatches_at"] == ["c1 k=3: 6 of 6", "c2 k=3: 6 of 6"]
+        assert gate["passed"] is not fails
+    if fails:
+        assert proc.returncode != 0
+        assert "benchmark.max_output_mismatch_share 0.0" in proc.stderr
+        assert "12 of 12 speculative outputs (100.0%) differ" in proc.stderr
+        assert "c1 k=3: 6 of 6" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def test_hf_benchmark_prints_no_warning_about_engines_not_in_use(
     tmp_path, random_target, draft_dir
 ):
     """The default draft has speculators' norms, which SGLang cannot serve: deploy.json says so for
-    whoever deploys with SGLang, but the hf benchmark prints no warning about it."""
+    whoever deploys with SGLang, but the hf benchmark prints no warning about it. A single k is a
+    list of one; the built-in engine's verdict is for 1 request in flight and says so."""
+    from draftline.benchmark.run import HEADLINE
+
     overrides = {
         "engine": "hf",
         "k": 2,
@@ -599,11 +889,13 @@ def test_hf_benchmark_prints_no_warning_about_engines_not_in_use(
         "warning" not in (proc.stdout + proc.stderr).lower()
         and "deploy.json notes what deploying with sglang" in proc.stdout
     )
-    assert set(read_json(tmp_path / "bench.json")) == {
-        "speedup",
-        "baseline_tokens_per_s",
-        "speculative_tokens_per_s",
-    }
+    bench = read_json(tmp_path / "bench.json")
+    assert list(bench) == HEADLINE + ["speedup_c1"]
+    assert bench["engine"] == "hf" and bench["serve_concurrency"] == 1 and bench["k"] == 2
+    detail = read_json(tmp_path / "bench.detail.json")
+    assert detail["ks"] == [2] and list(detail["levels"]["c1"]) == ["baseline", "k2"]
+    assert detail["lossless"]["passed"] and "1 request in flight" in detail["verdict"]["note"]
+    assert "command_k_per_batch_size" not in read_json(tmp_path / "deploy.json")["vllm"]
 
 
 def test_benchmark_stage_stops_before_launching_on_a_preflight_error(
@@ -633,21 +925,17 @@ def test_benchmark_on_already_running_servers(
     tmp_path, random_target, draft_dir, eagle3_draft_dir, engine
 ):
     """benchmark.endpoints: the stage starts nothing, checks each running server (target, draft or
-    none), and measures them; a baseline URL that points at the speculative server is refused."""
+    none), and measures them at the one k the speculative server was started with (a list of k is
+    refused); a baseline URL that points at the speculative server is refused."""
     import httpx
+    from pydantic import ValidationError
 
     from draftline.draft.sglang_export import export_sglang
     from draftline.engines.commands import draft_path_for
 
     draft = draft_dir if engine == "vllm" else eagle3_draft_dir
-    cfg = BenchmarkConfig(
-        **{
-            **LOAD,
-            "engine": engine,
-            "vllm": {"launcher": STAND_IN + ["vllm", "serve"]},
-            "sglang": {"launcher": STAND_IN + ["sglang"]},
-        }
-    )
+    load = {**LOAD, "k": 3}
+    cfg = BenchmarkConfig(**load, **stand_ins(engine))
     served = (
         export_sglang(draft, random_target, tmp_path / "draft_sglang")
         if engine == "sglang"
@@ -672,8 +960,10 @@ def test_benchmark_on_already_running_servers(
                 except httpx.HTTPError:
                     time.sleep(0.1)
         urls = {mode: f"http://127.0.0.1:{port}" for mode, port in ports.items()}
+        with pytest.raises(ValidationError, match="a running speculative server"):
+            BenchmarkConfig(**{**LOAD, "engine": engine, "endpoints": urls})
         overrides = {
-            **LOAD,
+            **load,
             "engine": engine,
             "port": free_port(),
             "endpoints": urls,
@@ -683,7 +973,13 @@ def test_benchmark_on_already_running_servers(
         proc = run_benchmark_stage(tmp_path, random_target, draft, overrides)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "starting" not in proc.stdout and "preflight" in proc.stdout
-        assert read_json(tmp_path / "bench.detail.json")["acceptance_length"] == 2.5
+        report = read_json(tmp_path / "bench.detail.json")
+        assert report["acceptance_by_k"] == {"3": 2.5} and report["k"] == 3
+        assert list(report["levels"]["c1"]) == ["baseline", "k3"]
+        assert report["levels"]["c4"]["k3"]["acceptance_length"] == 2.5
+        assert report["lossless"]["passed"] and report["lossless"]["identical"] == 12
+        refused = run_benchmark_stage(tmp_path, random_target, draft, {**overrides, "k": [1, 3]})
+        assert refused.returncode != 0 and "a running speculative server" in refused.stderr
         swapped = {
             **overrides,
             "endpoints": {"baseline": urls["speculative"], "speculative": urls["speculative"]},
