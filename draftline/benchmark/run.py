@@ -262,12 +262,20 @@ class Paths(NamedTuple):
 
 
 def read_points(path: Path | None) -> list[dict]:
-    """The acceptance-vs-samples points the verdict forecasts from; [] without a file."""
+    """The acceptance-vs-samples points the verdict forecasts from, each with the k its acceptance
+    was measured at where the file gives it (the verdict forecasts at that k); [] without a file."""
     if path is None or not path.is_file():
         return []
+    import json
+
     from draftline.tools.forecast import read_points as read
 
-    return read([str(path)])
+    points = read([str(path)])  # checked, one per row; it keeps samples and acceptance only
+    rows = json.loads(path.read_text())
+    for point, row in zip(points, rows if isinstance(rows, list) else [rows], strict=True):
+        if row.get("k") is not None:
+            point["k"] = int(row["k"])
+    return points
 
 
 def run(params, paths: Paths) -> dict:
