@@ -197,12 +197,16 @@ print(json.dumps(out))
 
 
 def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
-    """benchmark.engine vllm launched by the stage: the baseline and the EAGLE-3 server with our
-    checkpoint, the same outputs, acceptance per position from /metrics, tokens/s at each level."""
+    """benchmark.engine vllm launched by the stage: the baseline and an EAGLE-3 server with our
+    checkpoint at each k (1 and 3), the baseline's greedy outputs given back by every one of them
+    (the lossless gate on token ids, the baseline's top logprobs read by id), acceptance per
+    position from each server's /metrics, tokens/s at each level, the verdict."""
+    import shlex
+
     from tests.engines.test_engines import LOAD, run_benchmark_stage
 
     overrides = {
-        **LOAD,
+        **LOAD,  # k [1, 3] at 1 and 4 requests in flight, 6 requests of 10 tokens each
         "prompts": 4,
         "engine": "vllm",
         "startup_timeout_s": 600,
@@ -214,16 +218,35 @@ def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = read_json(tmp_path / "bench.detail.json")
-    assert report["acceptance_length"] > 1.0
+    gate = report["lossless"]
+    assert gate["passed"] and gate["lossless_share"] == 1.0 and gate["mismatch"] == 0
+    assert gate["compared_outputs"] == 2 * 2 * 6  # levels x k x requests
+    assert set(report["acceptance_by_k"]) == {"1", "3"}
+    for k, acceptance in report["acceptance_by_k"].items():
+        assert 1.0 < acceptance <= int(k) + 1
     for c in ("c1", "c4"):
         level = report["levels"][c]
-        assert level["identical_output_share"] == 1.0
-        assert set(level["speculative"]["position_acceptance"]) == {"1", "2", "3"}
-        for mode in ("baseline", "speculative"):
-            assert level[mode]["requests"] == 6 and level[mode]["failed"] == 0
-            assert level[mode]["output_tokens_per_s"] > 0
+        assert list(level) == ["baseline", "k1", "k3"]
+        assert set(level["k1"]["position_acceptance"]) == {"1"}
+        assert set(level["k3"]["position_acceptance"]) == {"1", "2", "3"}
+        for figures in level.values():
+            assert figures["requests"] == 6 and figures["failed"] == 0
+            assert figures["output_tokens_per_s"] > 0
+            assert figures["output_verdicts"]["mismatch"] == 0
+    v = report["verdict"]
+    assert v["serve_concurrency"] == 4 and v["k"] in (1, 3) and v["words"] in proc.stdout
+    assert set(v["best_per_load"]) == {"1", "4"} and v["k_per_batch_size"][0][0] == 1
+    assert v["pays_off"] == (v["speedup"] >= 1) and v["cost_model"]["held_out"]
     deploy = read_json(tmp_path / "deploy.json")
-    assert "vllm.entrypoints.openai.api_server" in json.dumps(deploy)
+    served = deploy["benchmark"]["serve_commands"]
+    assert set(served) == {"baseline", "k1", "k3"}
+    for mode in ("k1", "k3"):
+        argv = shlex.split(served[mode])
+        assert "vllm.entrypoints.openai.api_server" in argv
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert spec["num_speculative_tokens"] == int(mode[1:])
+    assert "--speculative-config" not in served["baseline"]
+    assert deploy["vllm"]["k"] == v["k"] and deploy["verdict"]["k"] == v["k"]
 
 
 def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, served_draft):
