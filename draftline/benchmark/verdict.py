@@ -130,17 +130,20 @@ def cost_model(points: list[dict]) -> dict | None:
         for i, p in enumerate(points):
             rest = points[:i] + points[i + 1 :]
             r = predict_r(fit(rest, terms), terms, p["c"], p["k"])
-            predicted = p["tau"] / r if r > 0 else float("inf")
+            # a fit that predicts no cost at all there cannot give a speedup: counted apart
+            predicted = p["tau"] / r if r > 0 else None
             held_out.append(
                 {
                     "c": p["c"],
                     "k": p["k"],
                     "measured_speedup": round(p["speedup"], 4),
-                    "predicted_speedup": round(predicted, 4),
-                    "relative_error": round(predicted / p["speedup"] - 1, 4),
+                    "predicted_speedup": None if predicted is None else round(predicted, 4),
+                    "relative_error": None
+                    if predicted is None
+                    else round(predicted / p["speedup"] - 1, 4),
                 }
             )
-    errors = [abs(h["relative_error"]) for h in held_out]
+    errors = [abs(h["relative_error"]) for h in held_out if h["relative_error"] is not None]
     return {
         "form": " + ".join(f"{c:.4g}*{t}" if t != "1" else f"{c:.4g}" for c, t in zip(coef, terms)),
         "terms": terms,
@@ -157,6 +160,8 @@ def cost_model(points: list[dict]) -> dict | None:
         "held_out": held_out,
         "held_out_mean_abs_error": round(float(np.mean(errors)), 4) if errors else None,
         "held_out_max_abs_error": round(float(np.max(errors)), 4) if errors else None,
+        # points where the fit without them predicts a step cost <= 0 (too few points for its terms)
+        "held_out_unpredicted": sum(h["relative_error"] is None for h in held_out),
         "_coef": coef,
     }
 

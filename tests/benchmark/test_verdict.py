@@ -140,6 +140,21 @@ def test_cost_model_reports_its_error_on_each_point_left_out():
     assert 0.01 < model["held_out_mean_abs_error"] < 0.2
 
 
+def test_a_point_the_fit_without_it_cannot_price_is_counted_not_infinite():
+    """2 k x 2 loads: the fit left without one point can predict a step cost <= 0 there; that point
+    gets no predicted speedup (None, counted in held_out_unpredicted), and the errors stay finite
+    JSON numbers."""
+    r = {(1, 1): 1.0, (1, 3): 1.2, (4, 1): 0.05, (4, 3): 3.0}
+    levels = sweep(loads=[1, 4], ks=[1, 3], r=lambda c, k: r[(c, k)])
+    model = verdict.cost_model(verdict.step_costs(levels))
+    unpredicted = [h for h in model["held_out"] if h["predicted_speedup"] is None]
+    assert unpredicted and model["held_out_unpredicted"] == len(unpredicted)
+    assert all(h["relative_error"] is None for h in unpredicted)
+    for key in ("held_out_mean_abs_error", "held_out_max_abs_error"):
+        assert model[key] is None or math.isfinite(model[key])
+    json.dumps({k: v for k, v in model.items() if k != "_coef"}, allow_nan=False)
+
+
 def test_cost_model_terms_follow_what_the_sweep_varies():
     def terms(loads, ks):
         return verdict.model_terms(verdict.step_costs(sweep(loads, ks)))
