@@ -9,7 +9,8 @@ files right after its `dvc exp run` (scripts/recipe_smollm2.sh calls it after ea
   dev split that candidates are chosen on), the eval prompts with a twin in train that
   reports/mix.json counted (`eval_twins_in_train`: exact / template), and `speedup` of
   reports/benchmark.json unless the run stopped before `benchmark` (--no-benchmark: that file is
-  then an earlier run's);
+  then an earlier run's), with the serving verdict's headline (`verdict`) where the run made one;
+- OUT/verdict_NAME.json: that verdict whole (every load and k, the cost model, what a goal needs);
 - OUT/acceptance_vs_samples.json (DVC plot, with --samples-point): the run's point of
   reports/evaluate/acceptance_vs_samples.json, tagged with NAME, in samples order.
 
@@ -23,6 +24,19 @@ import sys
 from pathlib import Path
 
 from draftline.core.io import read_json, write_json
+
+# the serving verdict's headline kept per experiment (reports/benchmark.json)
+VERDICT_KEYS = (
+    "engine",
+    "serve_concurrency",
+    "k",
+    "pays_off",
+    "break_even_concurrency",
+    "baseline_tokens_per_s",
+    "speculative_tokens_per_s",
+    "acceptance_length",
+    "lossless_share",
+)
 
 
 def record(
@@ -42,7 +56,20 @@ def record(
         "eval_with_twin_in_train"
     ]
     if benchmark:
-        entry["speedup"] = read_json(reports / "benchmark.json")["speedup"]
+        bench = read_json(reports / "benchmark.json")
+        entry["speedup"] = bench["speedup"]
+        if "pays_off" in bench:  # a serving verdict: its headline, and the whole of it beside
+            entry["verdict"] = {key: bench.get(key) for key in VERDICT_KEYS}
+            detail = read_json(reports / "benchmark.detail.json")
+            write_json(
+                out_dir / f"verdict_{name}.json",
+                {
+                    "verdict": detail["verdict"],
+                    "acceptance_by_k": detail["acceptance_by_k"],
+                    "levels": detail["levels"],
+                    "lossless": detail["lossless"],
+                },
+            )
     experiments_path = out_dir / "experiments.json"
     experiments = read_json(experiments_path) if experiments_path.is_file() else {}
     experiments[name] = entry  # an existing key keeps its place

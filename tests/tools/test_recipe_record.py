@@ -43,3 +43,20 @@ def test_a_run_is_recorded_from_its_reports(tmp_path):
         "tau_sim": 1.7,
         **dev,
     }
+
+
+def test_a_serving_verdict_is_recorded_with_its_detail(tmp_path):
+    reports, out = tmp_path / "reports", tmp_path / "recipe"
+    write_json(reports / "acceptance.json", {"acceptance_length": 2.2, "tau_sim": 2.3})
+    write_json(reports / "acceptance_dev.json", {"acceptance_length": 2.2, "tau_sim": 2.4})
+    write_json(reports / "mix.json", {"holdout": {"eval_with_twin_in_train": {"exact": 0}}})
+    headline = {"engine": "vllm", "serve_concurrency": 4, "k": 2, "speedup": 0.91}
+    headline.update(pays_off=False, break_even_concurrency=None, lossless_share=1.0)
+    write_json(reports / "benchmark.json", headline)
+    detail = {"verdict": {"words": "does not pay off"}, "acceptance_by_k": {"2": 2.1}}
+    detail.update(levels={"c4": {}}, lossless={"passed": True})
+    write_json(reports / "benchmark.detail.json", detail)
+    entry = record(out, "d500", reports)
+    assert entry["speedup"] == 0.91 and entry["verdict"]["pays_off"] is False
+    assert entry["verdict"]["k"] == 2 and entry["verdict"]["serve_concurrency"] == 4
+    assert read_json(out / "verdict_d500.json")["verdict"] == {"words": "does not pay off"}
