@@ -11,8 +11,8 @@ averages and CPU count are recorded.
 import argparse
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
+from draftline.benchmark.config import BenchmarkConfig
 from draftline.benchmark.hf import benchmark_hf
 from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl
@@ -42,12 +42,27 @@ def main() -> None:
     draft = load_draft(args.draft, card, "cpu")
     rows = list(read_jsonl(args.prompts))[: args.n]
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
-    cfg = SimpleNamespace(
-        max_new_tokens=args.max_new_tokens, k=args.k, warmup=1, repeats=args.repeats
+    cfg = BenchmarkConfig(
+        engine="hf",
+        device="cpu",
+        k=[args.k],
+        max_new_tokens=args.max_new_tokens,
+        warmup=1,
+        repeats=args.repeats,
     )
-    result = benchmark_hf(
-        target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg, "cpu"
-    )
+    level = benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg)
+    base, spec = level["baseline"], level["speculative"][args.k]
+    result = {
+        "speedup": round(spec["output_tokens_per_s"] / base["output_tokens_per_s"], 4),
+        "acceptance_length": spec["acceptance_length"],
+        "baseline_tokens_per_s": base["output_tokens_per_s"],
+        "speculative_tokens_per_s": spec["output_tokens_per_s"],
+        "outputs_identical": set(level["verdicts"][args.k]) == {"identical"},
+        "output_tokens": base["output_tokens"],
+        "device": "cpu",
+        "repeats": args.repeats,
+        "runs": {"baseline": base["runs"], "speculative": spec["runs"]},
+    }
     result.update(prompts=len(prompts), k=args.k, max_new_tokens=args.max_new_tokens)
     result.update(machine_load(at_start))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

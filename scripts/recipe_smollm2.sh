@@ -61,6 +61,9 @@ run() { # run NAME: one experiment in the workspace
   # the chosen recipe on half and a quarter of the conversations (acceptance vs samples)
   d250-emb-head) set -- -S '++samples=250' "${CHOSEN[@]}" evaluate evaluate_dev ;;
   d125-emb-head) set -- -S '++samples=125' "${CHOSEN[@]}" evaluate evaluate_dev ;;
+  # the chosen recipe through the whole pipeline: its serving verdict in vLLM's CPU build (a
+  # baseline and a speculative server per k at each load; reports/recipe_smollm2/verdict_*.json)
+  d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
