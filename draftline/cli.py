@@ -25,6 +25,10 @@ COMMANDS = {
         "draftline.tools.forecast",
         "acceptance length forecast from samples vs acceptance",
     ),
+    "verdict": (
+        "draftline.tools.verdict",
+        "the serving verdict again from a recorded sweep: another load, goals or forecast",
+    ),
     "export-sglang": (
         "draftline.draft.sglang_export",
         "a copy of the trained draft SGLang can serve",

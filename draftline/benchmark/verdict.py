@@ -243,7 +243,13 @@ def verdict_words(v: dict) -> str:
                 if be["break_even_concurrency"]
                 else ""
             )
-            + f"; serve without speculation above {be['last_paying_concurrency']}."
+            + "; serve without speculation above "
+            + (
+                f"about {be['break_even_concurrency']:g}"
+                if be["break_even_concurrency"]
+                else str(be["last_paying_concurrency"])
+            )
+            + " requests in flight."
         )
     elif not be["pays_at"]:
         text += " It loses at every load measured."
@@ -345,7 +351,7 @@ def forecast_need(model: dict, c: int, goal: float, points: list[dict], k: int) 
     if not points:
         return {
             "samples": None,
-            "why_not": "no acceptance-vs-samples points were given to the stage",
+            "why_not": "no acceptance-vs-samples points were given",
         }
     at_k = int(points[0].get("k") or k)
     tau = round(goal * predict_r(model["_coef"], model["terms"], c, at_k), 3)

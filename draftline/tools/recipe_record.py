@@ -82,6 +82,7 @@ def record(
         points.append(
             {
                 "samples": point["samples"],
+                **({"k": point["k"]} if "k" in point else {}),
                 "acceptance_length": point["acceptance_length"],
                 "tau_sim": point["tau_sim"],
                 "experiment": name,

@@ -757,10 +757,10 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(
     model = v["cost_model"]
     assert model["terms"] == ["1", "k", "log2c"] and len(model["held_out"]) == 4
     # (its three terms miss the stand-ins' k x load cost: a point left out may be predicted at a
-    # step cost <= 0, an infinite speedup; only that the headline carries the figure is checked)
+    # step cost <= 0, then counted in held_out_unpredicted; the headline carries the figure)
     assert bench["cost_model_held_out_error"] == model["held_out_mean_abs_error"]
     assert v["words"].startswith("the draft does not pay off: at 4 requests in flight")
-    assert "serve without speculation above 1" in v["words"] and v["words"] in proc.stdout
+    assert "serve without speculation above about " in v["words"] and v["words"] in proc.stdout
 
     # the plots: speedup against load, one line per k; the baseline's tokens/s
     assert read_json(tmp_path / "plots/speedup_vs_load.json") == [
