@@ -33,6 +33,23 @@ def write_json(path: str | Path, obj) -> None:
         f.write("\n")
 
 
+def json_object_problem(path: str | Path) -> str | None:
+    """What is wrong with a file that should hold one JSON object (missing, unreadable, not JSON
+    with where it breaks, not an object), or None when it is one."""
+    path = Path(path)
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        return f"{path} cannot be read: {err}"
+    except json.JSONDecodeError as err:
+        return f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+    if not isinstance(value, dict):
+        return f"{path} holds a JSON {type(value).__name__}, not an object"
+    return None
+
+
 def read_json(path: str | Path):
     with open(path) as f:
         return json.load(f)

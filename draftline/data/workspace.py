@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.io import atomic_path
+from draftline.core.io import atomic_path, json_object_problem
 from draftline.data.sources import dvc_source_dep
 
 if TYPE_CHECKING:
@@ -83,6 +83,11 @@ def init_problem(init: str | None, draft_dir: Path) -> str | None:
             f"train.init: {init} is the train stage's own output, which a train run replaces; copy a "
             "previous draft elsewhere (e.g. models/init/) and point to it"
         )
+    if init_path.is_dir():  # a local checkpoint: its config read now, before anything is spent
+        if not (init_path / "config.json").is_file():
+            return f"train.init: {init} has no config.json (not a draft checkpoint)"
+        if problem := json_object_problem(init_path / "config.json"):
+            return f"train.init: {problem}: a corrupt or truncated checkpoint config"
     return None
 
 

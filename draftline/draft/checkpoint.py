@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.io import file_sha256
+from draftline.core.io import file_sha256, json_object_problem
 from draftline.target.model import read_verifier_tensors
 
 if TYPE_CHECKING:
@@ -36,6 +36,17 @@ class InitMismatch(ValueError):
 
 
 # ---------------------------------------------------------------- files of a draft
+
+
+def read_init_config(path: Path) -> dict:
+    """train.init's config.json as a dict; InitMismatch naming the param, the file and what is
+    wrong with it (missing, unreadable, not JSON, not an object)."""
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise InitMismatch(f"train.init: {path} has no config.json (not a draft checkpoint)")
+    if problem := json_object_problem(config_path):
+        raise InitMismatch(f"train.init: {problem}: a corrupt or truncated checkpoint config")
+    return json.loads(config_path.read_text())
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:

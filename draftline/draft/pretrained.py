@@ -14,7 +14,6 @@ The probe stage runs the same checks against the card before regeneration starts
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from draftline.draft.checkpoint import (
     load_verifier_tensors,
     load_vocab,
     read_draft_facts,
+    read_init_config,
     read_weights,
 )
 from draftline.draft.model import set_trainable, speculators_config
@@ -83,10 +83,7 @@ def fetch_init_config(init: str) -> Path:
 def _init_layout(path: Path, convert_kwargs: dict) -> dict:
     """The config.json of a train.init directory; refuses another speculator type and unknown
     train.init_convert keys for an EAGLE/SpecForge checkpoint."""
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise InitMismatch(f"train.init: {path} has no config.json (not a draft checkpoint)")
-    config = json.loads(config_path.read_text())
+    config = read_init_config(path)
     kind = config.get("speculators_model_type")
     if kind is not None and kind != "eagle3":
         raise InitMismatch(f"train.init: {path} is a {kind!r} speculator, not eagle3")

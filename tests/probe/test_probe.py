@@ -4,6 +4,7 @@ depends on untouched. vLLM itself needs a GPU: the stand-in of test_hidden.py pl
 
 import contextlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -267,3 +268,31 @@ def test_regenerate_waits_for_the_probe():
     assert {"train", "vocab", "hidden_states"} <= set(probe["params"])
     assert "models/target" in probe["deps"]
     assert not any(dep.startswith("datasets/") for dep in probe["deps"])
+
+
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        (
+            '{"architectures": ["Eagle3Speculator"',
+            "is not valid JSON .Expecting ',' delimiter at line 1",
+        ),
+        ("[1, 2]", "holds a JSON list"),
+    ],
+    ids=["truncated", "not_an_object"],
+)
+def test_a_corrupt_init_config_is_named_not_a_traceback(
+    tmp_path, random_target, drafter, content, what
+):
+    """A train.init whose config.json is cut short (or not an object): check_params names the
+    param, the file and where it breaks, before any stage runs; the probe says the same."""
+    from draftline.data.workspace import init_problem
+
+    init = tmp_path / "init"
+    shutil.copytree(drafter, init)
+    (init / "config.json").write_text(content)
+    problem = init_problem(str(init), tmp_path / "models" / "draft")
+    assert re.match(f"train.init: {init / 'config.json'} {what}", problem), problem
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit, match=f"train.init: .*config.json {what}"):
+        run_probe(tmp_path / "run", random_target, train={"init": str(init)})
