@@ -117,8 +117,18 @@ def output_rows(workdir: Path) -> list[dict]:
     ]
 
 
-# Per 20 chat requests: 10% HTTP 500, 5% 429, 5% hang past the client's timeout, 5% dropped connection.
-FAULT_CYCLE = {3: "500", 9: "500", 6: "429", 13: "hang", 17: "drop"}
+# Per 20 chat requests: 10% HTTP 500, 5% 429, 5% hang past the client's timeout, 5% dropped
+# connection before any answer; 5% a stream cut after its first events, 5% a stream that stops after
+# its first events and hangs past the client's token timeout.
+FAULT_CYCLE = {
+    3: "500",
+    9: "500",
+    6: "429",
+    13: "hang",
+    17: "drop",
+    11: "mid_drop",
+    19: "mid_hang",
+}
 
 
 class Faults:
@@ -130,6 +140,7 @@ class Faults:
         self.lock = threading.Lock()
         self.n = self.forwarded = 0
         self.injected = Counter()
+        self.cut_streams = 0  # answers cut after their first streamed events
         self.gate_after: int | None = None
         self.gate = threading.Event()
         self.blocked = threading.Event()
@@ -161,6 +172,32 @@ class FaultProxy(StubHandler):
         self.close_connection = True
         self.connection.shutdown(socket.SHUT_RDWR)
 
+    def _hang(self) -> None:
+        """No more bytes until the client gives up (its timeout), at most hang_s; then drop."""
+        self.connection.settimeout(self.faults.hang_s)
+        with contextlib.suppress(OSError):
+            self.connection.recv(1)
+        self._drop()
+
+    def _cut_stream(self, body: bytes, then) -> None:
+        """The upstream answer's first events only (a stream that has begun), then `then`: a
+        dropped connection or a hang mid-answer."""
+        import http.client
+
+        conn = http.client.HTTPConnection(self.faults.upstream, timeout=60)
+        conn.request("POST", self.path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        events = data.split(b"\n\n")
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.getheader("Content-Type", "text/event-stream"))
+        self.end_headers()
+        self.wfile.write(b"\n\n".join(events[:2]) + b"\n\n")  # the role chunk and a token
+        self.wfile.flush()
+        self.faults.cut_streams += 1
+        then()
+
     def _error(self, status: int) -> None:
         data = json.dumps({"error": {"message": f"injected {status}", "code": status}}).encode()
         self._send(
@@ -178,12 +215,13 @@ class FaultProxy(StubHandler):
         if fault in ("500", "429"):
             return self._error(int(fault))
         if fault == "hang":  # no answer until the client gives up (its timeout), at most hang_s
-            self.connection.settimeout(self.faults.hang_s)
-            with contextlib.suppress(OSError):
-                self.connection.recv(1)
-            return self._drop()
+            return self._hang()
         if fault == "drop":
             return self._drop()
+        if fault == "mid_drop":
+            return self._cut_stream(body, self._drop)
+        if fault == "mid_hang":
+            return self._cut_stream(body, self._hang)
         with self.faults.lock:
             hold = (
                 self.faults.gate_after is not None

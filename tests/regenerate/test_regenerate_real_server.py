@@ -1,5 +1,5 @@
 """Regeneration against a real `transformers serve`: launched by the stage, and behind a fault-injecting
-proxy (dropped connections, SIGKILL mid-run and a rerun)."""
+proxy (errors, hangs and dropped connections before and mid-stream, a SIGKILL mid-run and a rerun)."""
 
 import json
 import os
@@ -173,10 +173,12 @@ def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(
     assert report["conversations"] == 30 and report["missing"] == 0
     assert sum(report["stopped"].values()) == report["ok"]
     assert (workdir / "out/failures.jsonl").read_text() == ""
-    # every kind of fault hit the rerun and was retried
-    assert {"http_500", "http_429", "first_token_timeout", "connection"} <= set(
+    # every kind of fault hit the rerun and was retried, streams cut mid-answer included (a dropped
+    # one as a lost connection, a hung one past the token timeout): no half answer was kept
+    assert {"http_500", "http_429", "first_token_timeout", "connection", "token_timeout"} <= set(
         report["retries"]
     ), report["retries"]
+    assert faults.cut_streams >= 2 and faults.injected["mid_hang"] and faults.injected["mid_drop"]
     # answers that ended by themselves led to later turns, replayed on the model's own answers
     multi = [r for r in done if sum(m["role"] == "assistant" for m in r["messages"]) > 1]
     assert multi and all(r["regeneration"]["finish_reasons"][0] == "stop" for r in multi)
