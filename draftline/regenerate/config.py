@@ -51,8 +51,9 @@ class RegenerateConfig(Section):
     endpoints: list[str] = operational(
         []
     )  # external: base URLs (http://host:port), balanced by outstanding requests
-    # what serves `endpoints`; decides the non-speculative check of the preflight
-    external_engine: Literal["vllm", "sglang", "transformers"] | None = operational(None)
+    # what serves `endpoints`; decides the non-speculative check of the preflight and what the
+    # requests ask for (hf: a `draftline batch-server` run by you: token ids, usage, streaming)
+    external_engine: Literal["vllm", "sglang", "transformers", "hf"] | None = operational(None)
     served_model_name: str | None = operational(
         None
     )  # model name in requests; null = the card's model string
@@ -139,7 +140,8 @@ class RegenerateConfig(Section):
             raise ValueError("regenerate.endpoints: backend external needs at least one base URL")
         if not launched and self.external_engine is None:
             raise ValueError(
-                "regenerate.external_engine: say what serves the endpoints (vllm, sglang or transformers), "
+                "regenerate.external_engine: say what serves the endpoints (vllm, sglang, transformers or "
+                "hf, a `draftline batch-server`), "
                 "so the preflight can check it is not speculative"
             )
         for url in self.endpoints:

@@ -145,7 +145,7 @@ def regenerate(
     if tally is not None:
         print(
             f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
-            f"{report['completion_tokens_per_s']} tok/s; {report['missing']} of {len(by_id)} still missing"
+            f"{report['streamed_tokens_per_s']} tok/s; {report['missing']} of {len(by_id)} still missing"
         )
         errors.insert(0, failure_error(cfg, tally, len(todo), out))
     return Regenerated(report, tags["fingerprint"], "\n".join(e for e in errors if e) or None)
@@ -475,6 +475,10 @@ def run_report(
         "seconds": round(elapsed, 2),
         "requests_per_s": round(tally.requests / elapsed, 2) if tally else None,
         "completion_tokens_per_s": round(tally.completion_tokens / elapsed, 1) if tally else None,
+        # tokens as they streamed in (what the progress line counts): with a server that sends no
+        # usage, the completion tokens above stay 0 and these still count its answers
+        "streamed_tokens": tally.streamed_tokens if tally else 0,
+        "streamed_tokens_per_s": round(tally.streamed_tokens / elapsed, 1) if tally else None,
         "partitions": {name: p.summary() for name, p in tally.partitions.items()} if tally else {},
         "server": server_stats,
         "conversations": prompts - todo + (tally.ok if tally else 0),
@@ -509,8 +513,8 @@ def server_slots(cfg: RegenerateConfig, engine: str) -> int | None:
     partitions' concurrency). More in flight would only queue, and a queued request's clock runs."""
     if cfg.server_slots is not None:
         return cfg.server_slots
-    if engine == "hf":  # draftline.engines.batch_server decodes up to max_batch requests together
-        return cfg.hf.max_batch
+    if engine == "hf":  # the batch server: up to max_batch together (its own flag when run by you)
+        return cfg.hf.max_batch if cfg.backend == "hf" else None
     if engine == "transformers":  # one inference thread; continuous batching takes what it is sent
         return None if cfg.continuous_batching else 1
     flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]

@@ -608,3 +608,53 @@ def test_a_batch_decoding_past_first_token_timeout_has_no_timeouts(tmp_path, slo
     assert server["generate_seconds"] > timeout_s, (
         f"the batch ({server['generate_seconds']} s) ended first"
     )
+
+
+def test_a_batch_server_you_run_yourself_behind_external_is_recorded_as_hf(tmp_path, random_target):
+    """`draftline batch-server` started by hand, the stage on `backend: external` with
+    `external_engine: hf`: the requests ask for its token ids, usage and streamed usage, every
+    line records engine hf with the server's ids, and the summary's tokens/s counts the same
+    streamed tokens as the progress lines (it printed 0.0 tok/s when the server had to be
+    declared `transformers`)."""
+    from draftline.engines.servers import ManagedServer
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "draftline.cli", "batch-server", random_target.model]
+    cmd += ["--port", str(port), "--max-batch", "4", "--served-model-name", random_target.model]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with ManagedServer(cmd, env, f"http://127.0.0.1:{port}", tmp_path / "server.log", 120) as url:
+        rows = conversations(6)
+        raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+        raw["regenerate"].update(
+            backend="external",
+            endpoints=[url],
+            external_engine="hf",
+            max_tokens=6,
+            short={"concurrency": 4, "max_context": None},
+            max_length_share=1.0,  # random weights answer up to max_tokens
+        )
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        random_target.write(tmp_path / "card.json")
+        write_jsonl(tmp_path / "train.jsonl", rows)
+        stage = [sys.executable, "-m", "stages.regenerate", "card.json", "train.jsonl", "out"]
+        proc = subprocess.run(
+            [*stage, "report.json"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = [json.loads(x) for x in (tmp_path / "out/conversations.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in done) == sorted(r["id"] for r in rows)
+    for row in done:
+        regen = row["regeneration"]
+        assert regen["engine"]["engine"] == "hf"
+        ids, counts = regen["completion_token_ids"], regen["turn_completion_tokens"]
+        assert all(isinstance(t, list) and t for t in ids) and [len(t) for t in ids] == counts
+    report = read_json(tmp_path / "report.json")
+    assert report["turns_with_token_ids"] == report["requests"] > 0
+    assert report["completion_tokens"] == report["streamed_tokens"] > 0
+    summary = next(line for line in proc.stdout.splitlines() if " tok/s; " in line)
+    assert f"{report['streamed_tokens_per_s']} tok/s" in summary and " 0.0 tok/s" not in summary
