@@ -306,6 +306,8 @@ class ExtractionPlan:
     cleared: int  # stale hidden-state files (the batch plan file not counted)
     needed: int
     reclaimable: int  # bytes the removed and overwritten files free
+    # files that exist but are redone, by reason (truncated, other tokens, ...): their names
+    redone: dict[str, list[str]]
 
 
 def plan_extraction(
@@ -317,11 +319,12 @@ def plan_extraction(
     stale = hidden.stale_files(
         out, fingerprint
     )  # made for another target, aux layers, dtype or format
+    redone: dict[str, list[str]] = {}
     if stale:
         todo, done, extra = hidden.all_rows(rows), 0, []
     else:
         todo, done = hidden.pending_rows(
-            rows, out, H, store_dtype, cfg.verify_existing == "full", remove_extra=False
+            rows, out, H, store_dtype, cfg.verify_existing == "full", False, redone
         )
         extra = hidden.extra_files(out, len(rows))  # rows past the end: `samples` shrank
     cleared = sum(f.name != hidden.PLAN_FILE for f in stale)
@@ -337,7 +340,12 @@ def plan_extraction(
             else ""
         )
     )
-    return ExtractionPlan(todo, done, stale, extra, cleared, needed, reclaimable)
+    for reason, files in sorted(redone.items()):
+        print(
+            f"hidden_states: {len(files)} existing files redone ({reason}), first: "
+            + "; ".join(files[:3])
+        )
+    return ExtractionPlan(todo, done, stale, extra, cleared, needed, reclaimable, redone)
 
 
 def check_disk_for(
@@ -383,6 +391,10 @@ def offline_report(
         "tokens_extracted_now": tokens,
         "tokens_per_s": round(tokens / elapsed, 1) if work.todo and elapsed > 0 else None,
         "removed_for_new_fingerprint": work.cleared,
+        # existing files redone, by reason (unreadable: truncated or corrupt; other_tokens: ...),
+        # with the first few named
+        "redone": {reason: len(files) for reason, files in sorted(work.redone.items())},
+        "redone_first": {reason: files[:5] for reason, files in sorted(work.redone.items())},
         "bytes_estimate": work.needed,
         "free_bytes_before": free,
         "mode": "offline",

@@ -67,6 +67,50 @@ def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)
 
 
+def file_problem(
+    path: Path,
+    token_ids: list[int],
+    hidden_size: int,
+    dtype: torch.dtype | None = None,
+    full: bool = False,
+) -> str | None:
+    """Why a row's file is not a finished, uncorrupted file for exactly these tokens (a REDO_REASONS
+    key, with what was found), or None when it is.
+
+    Reads the header (a truncated file fails safetensors' own size check), the shape and dtype,
+    and the small token_ids tensor; `full` also loads the states and checks they are finite.
+    An fp8 file (dtype float8_e4m3fn) also carries its per-token scales [L, 1, 1].
+    """
+    if not path.exists():
+        return "missing"
+    fp8 = dtype == torch.float8_e4m3fn
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            if keys != {"token_ids", "hidden_states"} | ({SCALES_KEY} if fp8 else set()):
+                return f"other_tensors: {sorted(keys)}"
+            hs = f.get_slice("hidden_states")
+            if list(hs.get_shape()) != [len(token_ids), 4, hidden_size]:
+                return (
+                    f"other_shape: {list(hs.get_shape())}, not {[len(token_ids), 4, hidden_size]}"
+                )
+            if dtype is not None and hs.get_dtype() != _SAFETENSORS_DTYPE[dtype]:
+                return f"other_dtype: {hs.get_dtype()}"
+            if fp8 and list(f.get_slice(SCALES_KEY).get_shape()) != [len(token_ids), 1, 1]:
+                return "other_shape: fp8 scales"
+            if f.get_tensor("token_ids").tolist() != list(token_ids):
+                return "other_tokens: the tokenized row changed"
+            if full:
+                values = decode(
+                    {k: f.get_tensor(k) for k in f.keys() if k != "token_ids"}, torch.float32
+                )
+                if not bool(torch.isfinite(values).all()):
+                    return "not_finite: NaN or inf in the states"
+    except Exception as err:  # noqa: BLE001 - any unreadable file is redone, whatever the reader raised
+        return f"unreadable: {type(err).__name__}: {str(err)[:160]}"
+    return None
+
+
 def is_valid_file(
     path: Path,
     token_ids: list[int],
@@ -74,37 +118,8 @@ def is_valid_file(
     dtype: torch.dtype | None = None,
     full: bool = False,
 ) -> bool:
-    """A finished, uncorrupted file for exactly these tokens.
-
-    Reads the header (a truncated file fails safetensors' own size check), the shape and dtype,
-    and the small token_ids tensor; `full` also loads the states and checks they are finite.
-    An fp8 file (dtype float8_e4m3fn) also carries its per-token scales [L, 1, 1].
-    """
-    if not path.exists():
-        return False
-    fp8 = dtype == torch.float8_e4m3fn
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            if set(f.keys()) != {"token_ids", "hidden_states"} | ({SCALES_KEY} if fp8 else set()):
-                return False
-            hs = f.get_slice("hidden_states")
-            if list(hs.get_shape()) != [len(token_ids), 4, hidden_size]:
-                return False
-            if dtype is not None and hs.get_dtype() != _SAFETENSORS_DTYPE[dtype]:
-                return False
-            if fp8 and list(f.get_slice(SCALES_KEY).get_shape()) != [len(token_ids), 1, 1]:
-                return False
-            if f.get_tensor("token_ids").tolist() != list(token_ids):
-                return False
-            if full:
-                values = decode(
-                    {k: f.get_tensor(k) for k in f.keys() if k != "token_ids"}, torch.float32
-                )
-                if not bool(torch.isfinite(values).all()):
-                    return False
-    except Exception:  # any unreadable file is redone, whatever the reader raised
-        return False
-    return True
+    """A finished, uncorrupted file for exactly these tokens (file_problem finds nothing)."""
+    return file_problem(path, token_ids, hidden_size, dtype, full) is None
 
 
 def estimate_bytes(seq_lens: list[int], hidden_size: int, dtype: torch.dtype) -> int:
@@ -306,20 +321,27 @@ def pending_rows(
     dtype: torch.dtype,
     full_check: bool,
     remove_extra: bool = True,
+    redone: dict[str, list[str]] | None = None,
 ) -> tuple[dict[int, int], int]:
     """({row index: length} of rows whose file is missing or invalid, rows already done).
 
     `rows` is the tokenized datasets.Dataset; with remove_extra, files of rows past its end
     (samples shrank) are removed (the stage lists them with extra_files and removes them after
-    its disk check instead).
+    its disk check instead). `redone`, when given, gets the files that exist but are redone, by
+    reason (file_problem's key): "hs_12.safetensors: <what was found>".
     """
     todo, done, i = {}, 0, 0
     for batch in rows.with_format(None).iter(batch_size=1024):
         for ids in batch["input_ids"]:
-            if is_valid_file(hs_path(out, i), ids, hidden_size, dtype, full_check):
+            path = hs_path(out, i)
+            problem = file_problem(path, ids, hidden_size, dtype, full_check)
+            if problem is None:
                 done += 1
             else:
                 todo[i] = len(ids)
+                if redone is not None and problem != "missing":
+                    reason, _, detail = problem.partition(": ")
+                    redone.setdefault(reason, []).append(f"{path.name}: {detail or reason}")
             i += 1
     if remove_extra:
         for f in extra_files(out, len(rows)):

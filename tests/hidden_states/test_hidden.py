@@ -413,6 +413,32 @@ def test_growing_samples_extracts_only_the_new_rows(subsets, random_target):
     assert all_valid(stage_dir, "tokenized_26", "hs_grow", random_target.hidden_size)
 
 
+def test_every_redo_says_why(subsets, random_target, capsys):
+    """Existing files that are redone are named and counted by reason on the console and in the
+    report: a truncated file (unreadable), one for other tokens; a missing one is just extracted."""
+    first = run_stage(subsets, "tokenized_20", "hs_redo")
+    assert first["redone"] == {} and first["extracted_now"] == 20
+    out = subsets / "hs_redo"
+    data = hidden.hs_path(out, 3).read_bytes()
+    hidden.hs_path(out, 3).write_bytes(data[: len(data) // 2])  # cut by a full disk, say
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(hidden.hs_path(out, 6))
+    tensors["token_ids"][0] += 1  # the row was tokenized otherwise since
+    save_file(tensors, hidden.hs_path(out, 6))
+    hidden.hs_path(out, 9).unlink()
+    capsys.readouterr()
+    again = run_stage(subsets, "tokenized_20", "hs_redo")
+    shown = capsys.readouterr().out
+    assert again["extracted_now"] == 3 and again["reused"] == 17
+    assert again["redone"] == {"other_tokens": 1, "unreadable": 1}
+    assert again["redone_first"]["unreadable"][0].startswith("hs_3.safetensors: ")
+    assert again["redone_first"]["other_tokens"] == ["hs_6.safetensors: the tokenized row changed"]
+    assert "1 existing files redone (unreadable), first: hs_3.safetensors" in shown
+    assert "1 existing files redone (other_tokens), first: hs_6.safetensors" in shown
+    assert all_valid(subsets, "tokenized_20", "hs_redo", random_target.hidden_size)
+
+
 def test_speculators_dataset_and_collate_read_our_data(subsets, hs_read, random_target):
     """speculators' own ArrowDataset and CollateFn (what its trainer uses) over our tokenized rows
     and hidden-state files."""
