@@ -92,7 +92,7 @@ def moved_counts(resume: dict) -> dict:
     return {
         k: v
         for k, v in resume.items()
-        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded")
+        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded", "named")
     }
 
 
@@ -122,6 +122,8 @@ def regenerate(
         + "".join(f", {v} {k.replace('_', ' ')} to move to {SUPERSEDED}" for k, v in moving.items())
         + (f", {resume['restored']} back from {SUPERSEDED}" if resume["restored"] else "")
     )
+    for reason, lines in resume["named"].items():  # what is set aside, and why: the first few
+        print(f"regenerate: {reason.replace('_', ' ')}: {', '.join(lines)}")
 
     def move_stale_lines() -> None:
         if to_rewrite:

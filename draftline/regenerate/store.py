@@ -199,8 +199,18 @@ class _Plan:
     refreshed: bool = False  # entries learnt the prompt lines they were checked against
     done: set[str] = field(default_factory=set)
     counts: Counter = field(default_factory=Counter)
+    # per reason a line is set aside, the first few: "line N (id)"
+    named: dict[str, list[str]] = field(default_factory=dict)
     last_run: int = 0
     cut_last_line: bool = False
+
+    def set_aside(self, reason: str, n: int, pid: str | None, action) -> None:
+        """Count (and name, the first few) a line that does not hold, and plan its move."""
+        self.counts[reason] += 1
+        names = self.named.setdefault(reason, [])
+        if len(names) < NAMED:
+            names.append(f"line {n}" + (f" ({pid})" if pid else ""))
+        self.actions.append(action)
 
     def changes(self) -> bool:
         return (
@@ -293,14 +303,13 @@ def _plan_stage(
             plan.refreshed = True
         return True
 
-    for line, indexed, from_index, row in _indexed_lines(path, plan):
+    for n, (line, indexed, from_index, row) in enumerate(_indexed_lines(path, plan), 1):
         if from_index and indexed.id is not None and indexed.id not in plan.done:
             if wanted.fingerprint in (indexed.fingerprint, indexed.accepted_for):
                 # made with these settings: what else the verdict reads is in the entry
                 pid = indexed.id
                 if pid in prompts and not same_prompt(indexed, pid):
-                    plan.counts["stale_prompt"] += 1
-                    plan.actions.append(("stale_prompt", [], {}))
+                    plan.set_aside("stale_prompt", n, pid, ("stale_prompt", [], {}))
                     continue
                 plan.done.add(pid)
                 plan.counts["not_in_prompts"] += pid not in prompts
@@ -314,17 +323,14 @@ def _plan_stage(
             plan.actions.append("blank")
             continue
         if row is None:
-            plan.counts["bad_lines"] += 1
-            plan.actions.append(("bad_line", [], {}))
+            plan.set_aside("bad_lines", n, None, ("bad_line", [], {}))
             continue
         if row["id"] in plan.done:
-            plan.counts["duplicates"] += 1
-            plan.actions.append(("duplicate", [], {}))
+            plan.set_aside("duplicates", n, row["id"], ("duplicate", [], {}))
             continue
         reason, changed, addition = _verdict(row, prompts, wanted)
         if reason:
-            plan.counts[reason] += 1
-            plan.actions.append((reason, changed, addition))
+            plan.set_aside(reason, n, row["id"], (reason, changed, addition))
             continue
         plan.done.add(row["id"])
         plan.counts["not_in_prompts"] += row["id"] not in prompts
@@ -470,6 +476,7 @@ def _apply(plan: _Plan, path: Path, by: str) -> None:
                     dst.write(line if line.endswith(b"\n") else line + b"\n")
 
 
+NAMED = 5  # lines named per reason a line is set aside
 COUNTS = (
     "bad_lines",
     "duplicates",
@@ -504,7 +511,8 @@ def load_finished(
         _apply(plan, path, "regenerate")
     elif not plan.indexed or plan.refreshed:
         write_index(path, plan.entries)  # a cache beside the file: the next start reads it
-    return plan.done, {**{k: plan.counts[k] for k in COUNTS}, "last_run": plan.last_run}
+    counts = {k: plan.counts[k] for k in COUNTS}
+    return plan.done, {**counts, "last_run": plan.last_run, "named": plan.named}
 
 
 def restore(

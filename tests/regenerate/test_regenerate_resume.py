@@ -65,6 +65,13 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
         "restored": 0,
         "upgraded": 0,
         "last_run": 0,
+        # each line set aside named by its line number (and id): the first few of each reason
+        "named": {
+            "duplicates": ["line 3 (p0)", "line 8 (p1)"],
+            "unrecorded_settings": ["line 4 (p2)", "line 6 (p5)"],
+            "stale_prompt": ["line 5 (p3)"],
+            "bad_lines": ["line 9"],
+        },
     }
     kept = path.read_text()
     assert kept.endswith("\n") and [json.loads(x)["id"] for x in kept.splitlines()] == [
