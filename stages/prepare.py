@@ -44,7 +44,7 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
             f"error: unknown options {' '.join(options)}; usage: NAME OUT_JSONL REPORT_JSON [--source-dep PATH]"
         )
     from draftline.core.io import write_json
-    from draftline.data.sources import Paths, run
+    from draftline.data.sources import Paths, drop_share_problem, run
     from draftline.data.workspace import inside_workspace, source_dep_problem
 
     if options and (problem := source_dep_problem(name, spec, options[1])):
@@ -55,6 +55,8 @@ def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     write_json(report_json, report)
+    if problem := drop_share_problem(name, spec, report):
+        raise SystemExit(f"error: {problem}")
     dropped = ", ".join(f"{reason} {n}" for reason, n in report["dropped"].items()) or "none"
     print(
         f"prepare {name}: kept {report['rows_kept']}/{report['rows_read']} rows -> {out_path}; dropped: {dropped}; "

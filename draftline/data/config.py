@@ -72,6 +72,9 @@ class DatasetSpec(Section):
     )  # drop rows whose prompt estimate is longer ("too_long")
     # language filter by Unicode script of the user turns, e.g. [latin]
     scripts: list[str] | None = shaping(None)
+    # the share of rows that may be malformed (not a JSON object: corrupt or cut lines), dropped
+    # and named in the report, before prepare fails the dataset
+    max_drop_share: float = operational(0.01, ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
+from typing import NamedTuple
 
 from draftline.core.io import text_sha256
 from draftline.data.config import SCRIPTS
@@ -443,6 +444,16 @@ def to_record(row: dict, fmt: str, source: str, parse_markup: bool = False) -> d
 # ---- a whole dataset -------------------------------------------------------------------------
 
 
+class Malformed(NamedTuple):
+    """A source row that is not a JSON object: where it is ("line 7") and what is wrong with it."""
+
+    where: str
+    error: str
+
+
+MALFORMED_NAMED = 5  # malformed rows named in the report
+
+
 @dataclass
 class PrepareStats:
     """What one dataset's rows became: the per-reason report of `prepare`."""
@@ -451,14 +462,29 @@ class PrepareStats:
     rows_kept: int = 0
     dropped: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
+    malformed: list[str] = field(default_factory=list)  # the first few, where and why
+
+    def add_malformed(self, row) -> None:
+        if len(self.malformed) < MALFORMED_NAMED:
+            where, error = (
+                row
+                if isinstance(row, Malformed)
+                else (f"row {self.rows_read}", "not a JSON object")
+            )
+            self.malformed.append(f"{where}: {error}")
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "rows_read": self.rows_read,
             "rows_kept": self.rows_kept,
             "dropped": dict(sorted(self.dropped.items(), key=lambda kv: (-kv[1], kv[0]))),
             "formats": dict(self.formats),
         }
+        if self.malformed:
+            n = self.dropped["malformed_json"]
+            out["malformed_share"] = round(n / self.rows_read, 6) if self.rows_read else 0.0
+            out["malformed_first"] = list(self.malformed)
+        return out
 
 
 def iter_records(
@@ -489,6 +515,7 @@ def iter_records(
         stats.rows_read += 1
         try:
             if not isinstance(row, dict):
+                stats.add_malformed(row)
                 raise Dropped("malformed_json")
             if fields:
                 row = remap_fields(row, fields)

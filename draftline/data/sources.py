@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.io import write_jsonl
-from draftline.data.formats import PrepareStats, iter_records
+from draftline.data.formats import Malformed, PrepareStats, iter_records
 
 if TYPE_CHECKING:
     from draftline.data.config import DatasetSpec
@@ -38,6 +38,21 @@ def dvc_source_dep(path: str) -> str:
     return path if is_local(path) else HUB_DEP
 
 
+def drop_share_problem(name: str, spec: DatasetSpec, report: dict) -> str | None:
+    """Why prepare fails a dataset whose share of malformed rows (not a JSON object: corrupt or
+    cut lines) is above datasets.<name>.max_drop_share, naming the share and the first bad row;
+    None when it is within."""
+    share = report.get("malformed_share", 0.0)
+    if share <= spec.max_drop_share:
+        return None
+    n = report["dropped"].get("malformed_json", 0)
+    return (
+        f"datasets.{name}: {n} of {report['rows_read']} rows ({share:.1%}) of {spec.path} are not "
+        f"JSON objects, above datasets.{name}.max_drop_share {spec.max_drop_share}; first: "
+        f"{report['malformed_first'][0]}. Repair the file, or raise max_drop_share to drop them"
+    )
+
+
 def read_rows(
     path: str,
     split: str = "train",
@@ -45,8 +60,8 @@ def read_rows(
     revision: str | None = None,
     streaming: bool = False,
 ) -> Iterator[dict | None]:
-    """Raw rows of a local file, else of a hub dataset / local dataset directory; None stands for a
-    line or element that is not a JSON object."""
+    """Raw rows of a local file, else of a hub dataset / local dataset directory; a Malformed (where,
+    what) or None stands for a line or element that is not a JSON object."""
     local = Path(path)
     if local.suffix.lower() in LOCAL_SUFFIXES:
         if not local.is_file():
@@ -80,14 +95,15 @@ def _json_rows(path: Path) -> Iterator[dict | None]:
         if head.startswith("["):
             yield from _json_array_rows(f, path)
             return
-        for line in f:
+        for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            yield row if isinstance(row, dict) else None
+            except json.JSONDecodeError as err:
+                yield Malformed(f"line {n}", f"not JSON ({err.msg}, column {err.colno})")
+                continue
+            yield row if isinstance(row, dict) else Malformed(f"line {n}", "not a JSON object")
 
 
 def _json_array_rows(f, path: Path, chunk: int = 1 << 20) -> Iterator[dict | None]:
@@ -160,6 +176,12 @@ def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
     from rich.progress import Progress
 
     stats = PrepareStats()
+    if Path(spec.path).suffix.lower() in LOCAL_SUFFIXES:
+        if not Path(spec.path).is_file():
+            raise FileNotFoundError(
+                f"datasets.{name}.path: {spec.path} does not exist (a local "
+                f"{Path(spec.path).suffix} file is expected there)"
+            )
     with Progress(transient=True) as progress:
         task = progress.add_task(f"prepare {name}", total=spec.max_rows)
         records = spec_records(spec, name, stats)

@@ -436,8 +436,8 @@ def malformed_tenth(path: Path) -> dict:
 def test_ten_percent_malformed_file_gets_exact_reason_counts(tmp_path):
     expected = malformed_tenth(tmp_path / "noisy.jsonl")
     (tmp_path / "params.yaml").write_text(
-        "samples: 10\ndatasets:\n  noisy: {path: noisy.jsonl, max_prompt_tokens: 100, scripts: [latin]}\n"
-        "mix: {weights: {noisy: 1}}\n"
+        "samples: 10\ndatasets:\n  noisy: {path: noisy.jsonl, max_prompt_tokens: 100, scripts: [latin],"
+        " max_drop_share: 0.05}\nmix: {weights: {noisy: 1}}\n"
     )
     done = run_prepare(
         tmp_path,
@@ -454,6 +454,42 @@ def test_ten_percent_malformed_file_gets_exact_reason_counts(tmp_path):
     kept = [json.loads(line) for line in open(tmp_path / "prepared/noisy.jsonl")]
     assert [r["id"] for r in kept] == [f"row-{i}" for i in range(900)]  # source order, nothing lost
     assert report["resolved_revision"] is None and report["format"] == "auto"
+    # the malformed rows (35 of 1000): their share, and the first few by line number
+    assert report["malformed_share"] == 0.035 and len(report["malformed_first"]) == 5
+    lines = (tmp_path / "noisy.jsonl").read_text().splitlines()
+    for named in report["malformed_first"]:
+        where, _, why = named.partition(": ")
+        n = int(where.removeprefix("line "))
+        assert why.startswith("not JSON (") or why == "not a JSON object"
+        with pytest.raises((json.JSONDecodeError, AssertionError)):
+            assert isinstance(json.loads(lines[n - 1]), dict)
+
+
+def test_a_half_corrupt_file_fails_prepare_naming_the_share_and_first_bad_line(tmp_path):
+    """Above datasets.<name>.max_drop_share (default 0.01) of rows that are not JSON objects, the
+    stage fails after writing its report, naming the share and the first bad line."""
+    rows = [json.dumps({"id": f"r{i}", "prompt": f"hello {i}"}) for i in range(10)]
+    rows[3:8] = ['{"id": "cut", "prompt": "hel'] * 5  # lines 4-8 cut short
+    (tmp_path / "half.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "params.yaml").write_text(
+        "samples: 2\ndatasets:\n  half: {path: half.jsonl}\nmix: {weights: {half: 1}}\n"
+    )
+    done = run_prepare(tmp_path, "half", "half.out.jsonl", "half.report.json")
+    assert done.returncode == 1, done.stdout
+    assert "Traceback" not in done.stderr
+    assert "datasets.half: 5 of 10 rows (50.0%) of half.jsonl are not JSON objects" in done.stderr
+    assert "max_drop_share 0.01; first: line 4: not JSON (" in done.stderr
+    report = json.loads((tmp_path / "half.report.json").read_text())
+    assert report["malformed_share"] == 0.5 and report["malformed_first"][0].startswith("line 4:")
+
+
+def test_a_missing_dataset_file_is_named_by_its_param(tmp_path):
+    (tmp_path / "params.yaml").write_text(
+        "samples: 2\ndatasets:\n  gone: {path: gone.jsonl}\nmix: {weights: {gone: 1}}\n"
+    )
+    done = run_prepare(tmp_path, "gone", "gone.out.jsonl", "gone.report.json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "error: datasets.gone.path: gone.jsonl does not exist" in done.stderr
 
 
 def test_stage_refuses_a_stale_source_dep(tmp_path):
