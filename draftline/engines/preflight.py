@@ -88,6 +88,19 @@ def _answer(client, method: str, url: str, attempts: int):
         return None
 
 
+def check_answers(client, base_url: str, attempts: int) -> None:
+    """PreflightError naming the endpoint when nothing answers there at all (any answer, a 404
+    included, says a server listens), before the probes that would blame the engine instead."""
+    try:
+        _request(client, "GET", f"{base_url}/health", attempts)
+    except PreflightError as err:
+        why = str(err).split(" (", 1)[-1].rstrip(")")
+        raise PreflightError(
+            f"{redact_url(base_url)} does not answer ({why}): is the server up, and is the URL "
+            "in regenerate.endpoints / benchmark.endpoints right?"
+        ) from None
+
+
 def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
     """What the server shows of itself, whatever params say it is: the engines it answers as
     ("vllm", "sglang"), which of them could be checked for speculative decoding, and any sign
@@ -187,6 +200,7 @@ def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> 
     (probe_engine, check_engine); raises PreflightError when it decodes speculatively, answers as
     another engine, or cannot be checked. Returns vLLM: spec_decode_metrics False; SGLang:
     speculative_algorithm None and its model_path."""
+    check_answers(client, base_url, attempts)
     probe = probe_engine(client, base_url, attempts, listed_models(client, base_url, attempts))
     check_engine(redact_url(base_url), engine, probe)
     if engine == "vllm":
@@ -297,6 +311,7 @@ def preflight_regeneration(
         # transformers serve lists only hub-cached models (none for a local path; HTTP 500 without
         # an HF_HUB_CACHE); it is pinned to the model it was started with and answers 400 to any
         # other name: the probe below checks both.
+        check_answers(client, base_url, attempts)
         models = listed_models(client, base_url, attempts)
         probe = probe_engine(client, base_url, attempts, models)
         check_engine(shown, engine, probe)

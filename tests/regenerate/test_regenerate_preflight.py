@@ -110,6 +110,27 @@ def test_stage_refuses_a_speculative_server_declared_as_transformers(tmp_path, s
     assert handler.requests == [] and not (workdir / "out/conversations.jsonl").exists()
 
 
+def test_an_endpoint_where_nothing_answers_is_named_as_such(tmp_path, random_target):
+    """A wrong port in regenerate.endpoints: the preflight says nothing answers there (not that
+    the server lacks vLLM's metrics), names the param, and nothing is sent or written."""
+    from regenerate_support import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    workdir = stage_dir(
+        tmp_path,
+        random_target,
+        prompts(2),
+        backend="external",
+        endpoints=[url],
+        external_engine="vllm",
+    )
+    proc = run_stage(workdir)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"{url} does not answer (ConnectError" in proc.stderr
+    assert "regenerate.endpoints" in proc.stderr
+    assert not (workdir / "out/conversations.jsonl").exists()
+
+
 def test_stage_refuses_a_speculative_server_before_any_request(tmp_path, stub, random_target):
     from transformers import AutoTokenizer
 
