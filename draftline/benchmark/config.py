@@ -69,7 +69,9 @@ class BenchmarkConfig(TargetPlacement):
     warmup: int = shaping(
         1, ge=0
     )  # hf: untimed passes; servers: passes over the prompts before measuring
-    repeats: int = shaping(3, ge=1)  # hf only: timed passes, medians reported
+    # timed passes of each level (servers: of each load level on each server), medians reported
+    # with every pass beside them: the spread the verdict weighs its choice of k against
+    repeats: int = shaping(3, ge=1)
     # device, device_map, dtype (TargetPlacement): hf only
     concurrency: list[int] = shaping([1, 4, 16])  # servers: requests in flight, one load level each
     # the load the draft will be served at (requests in flight): the verdict's headline is the

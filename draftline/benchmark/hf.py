@@ -69,6 +69,7 @@ def benchmark_hf(
             "output_tokens": sum(len(g.tokens) for g in runs[0]),
             "output_tokens_per_s": round(statistics.median(tps), 2),
             "runs": {str(i + 1): round(t, 2) for i, t in enumerate(tps)},
+            "runs_tokens_per_s": [round(t, 2) for t in tps],
         }
 
     speculative, verdicts = {}, {}

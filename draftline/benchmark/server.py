@@ -157,15 +157,28 @@ class LevelLoad:
 
 
 def measure_level(bench: ServerBench, mode: str, c: int, load: LevelLoad, base_url: str) -> Level:
-    """One concurrency level c; raises when every request failed."""
+    """One concurrency level c, `benchmark.repeats` times: the summary of the median pass (by
+    output tokens/s) with every pass's tokens/s beside it, acceptance over all passes; raises when
+    every request failed."""
     engine, cfg = bench.engine, bench.cfg
     requests = cfg.requests_per_level or max(len(load.prompts), 4 * c)
     before = metrics_snapshot(engine, base_url)
-    results, wall = load(f"{mode} c={c}", requests, c)
+    passes = [
+        load(
+            f"{mode} c={c}" + (f" ({i + 1}/{cfg.repeats})" if cfg.repeats > 1 else ""), requests, c
+        )
+        for i in range(cfg.repeats)
+    ]
     if engine == "vllm":
         time.sleep(1.0)  # the frontend records a step's stats after handing its tokens out
     after = metrics_snapshot(engine, base_url)
-    summary = summarize_load(results, wall)
+    summaries = [summarize_load(results, wall) for results, wall in passes]
+    order = sorted(range(len(summaries)), key=lambda i: summaries[i]["output_tokens_per_s"])
+    summary = {
+        **summaries[order[len(order) // 2]],
+        "runs_tokens_per_s": [s["output_tokens_per_s"] for s in summaries],
+    }
+    results = [r for pass_results, _ in passes for r in pass_results]
     if engine == "vllm":
         acceptance = vllm_acceptance(before, after)
     else:
@@ -175,8 +188,9 @@ def measure_level(bench: ServerBench, mode: str, c: int, load: LevelLoad, base_u
         raise RuntimeError(f"every request at concurrency {c} failed, e.g. {failures[0]}")
     bench.say(
         f"benchmark: {mode} c={c}: "
-        f"{summary['output_tokens_per_s']:.1f} tok/s, ttft p50 {summary['ttft_ms_p50']} ms, "
-        f"{summary['failed']} failed"
+        f"{summary['output_tokens_per_s']:.1f} tok/s"
+        + (f" (passes {summary['runs_tokens_per_s']})" if cfg.repeats > 1 else "")
+        + f", ttft p50 {summary['ttft_ms_p50']} ms, {summary['failed']} failed"
         + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else "")
     )
     return Level(summary, acceptance, results, (before, after))

@@ -34,12 +34,35 @@ def speedups(levels: dict) -> dict[int, dict[int, float | None]]:
     return out
 
 
-def best_per_load(table: dict) -> dict[int, dict]:
-    """{c: {"k": best k, "speedup": its speedup}} (the smaller k on a tie)."""
+def speedup_ranges(levels: dict) -> dict[int, dict[int, list[float]]]:
+    """{c: {k: [lowest, highest]}}: the speedup the passes allow at the extremes (the slowest
+    speculative pass over the fastest baseline pass, and the other way round); {} without passes."""
+    out = {}
+    for c, level in levels.items():
+        base = level["baseline"].get("runs_tokens_per_s")
+        if not base or min(base) <= 0:
+            continue
+        out[c] = {}
+        for k, spec in level["speculative"].items():
+            if runs := spec.get("runs_tokens_per_s"):
+                out[c][k] = [round(min(runs) / max(base), 4), round(max(runs) / min(base), 4)]
+    return out
+
+
+def best_per_load(table: dict, ranges: dict | None = None) -> dict[int, dict]:
+    """{c: {"k": best k, "speedup": its speedup}} (the smaller k on a tie); with the passes'
+    ranges, also the speedup range of the best k and the other ks whose range reaches into it
+    (`within_spread`: the sweep does not tell them apart)."""
     best = {}
     for c, by_k in table.items():
         k = max(sorted(by_k), key=lambda k: by_k[k] or 0.0)
         best[c] = {"k": k, "speedup": by_k[k]}
+        spread = (ranges or {}).get(c, {})
+        if k in spread:
+            best[c]["speedup_range"] = spread[k]
+            best[c]["within_spread"] = sorted(
+                other for other, (_, high) in spread.items() if other != k and high >= spread[k][0]
+            )
     return best
 
 
@@ -230,6 +253,14 @@ def verdict_words(v: dict) -> str:
     """The verdict in a few sentences, as the console prints it."""
     c, k, s = v["serve_concurrency"], v["k"], v["speedup"]
     head = f"at {c} request{'s' if c != 1 else ''} in flight ({v['engine']}), k={k} gives {s:.2f}x"
+    chosen = v["best_per_load"][str(c)]
+    if "speedup_range" in chosen:
+        low, high = chosen["speedup_range"]
+        head += f" ({low:.2f}-{high:.2f} over the passes"
+        if chosen["within_spread"]:
+            others = ", ".join(f"k={o}" for o in chosen["within_spread"])
+            head += f"; {others} within that spread: the sweep does not tell them apart"
+        head += ")"
     if v["pays_off"]:
         text = f"the draft pays off: {head}."
     else:
@@ -288,7 +319,7 @@ def _decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict
     """The verdict at benchmark.serve_concurrency (engine hf: 1 request in flight) from the
     sweep's levels ({c: {"baseline": summary, "speculative": {k: summary + acceptance}}})."""
     table = speedups(levels)
-    best = best_per_load(table)
+    best = best_per_load(table, speedup_ranges(levels))
     serve = cfg.serve_concurrency if cfg.serve_concurrency in best else min(best)
     chosen = best[serve]
     measured = levels[serve]["speculative"][chosen["k"]]

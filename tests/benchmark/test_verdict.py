@@ -323,3 +323,41 @@ def test_k_schedule_passes_vllms_own_validator():
             assert lookup[c] == (b["k"] if b["speedup"] >= 1 else 0), (c, lookup)
     assert lookups[0][1:] == [3, 3, 2, 2, 2, 2, 2, 2] + [0] * 32  # 0 carried on past 16
     assert lookups[-1][1:9] == [2] * 8 and lookups[-1][9:] == [0] * 32
+
+
+def test_the_passes_spread_says_which_ks_the_sweep_cannot_tell_apart():
+    """With every pass's tokens/s, the best k carries its speedup range, and a k whose best pass
+    reaches into that range is named as not told apart; the words say so."""
+    levels = {
+        4: {
+            "baseline": {"output_tokens_per_s": 100.0, "runs_tokens_per_s": [95.0, 100.0, 105.0]},
+            "speculative": {
+                1: {
+                    "output_tokens_per_s": 110.0,
+                    "runs_tokens_per_s": [104.0, 110.0, 112.0],
+                    "acceptance_length": 1.8,
+                },
+                2: {
+                    "output_tokens_per_s": 120.0,
+                    "runs_tokens_per_s": [118.0, 120.0, 125.0],
+                    "acceptance_length": 2.6,
+                },
+                3: {
+                    "output_tokens_per_s": 90.0,
+                    "runs_tokens_per_s": [88.0, 90.0, 91.0],
+                    "acceptance_length": 3.2,
+                },
+            },
+        }
+    }
+    ranges = verdict.speedup_ranges(levels)
+    assert ranges[4][2] == [round(118 / 105, 4), round(125 / 95, 4)]
+    best = verdict.best_per_load(verdict.speedups(levels), ranges)[4]
+    assert best["k"] == 2 and best["speedup_range"] == ranges[4][2]
+    assert best["within_spread"] == [1]  # 112 / 95 = 1.18 >= 118 / 105 = 1.12; k=3 tops at 0.96
+    v = verdict.decide(levels, cfg(serve_concurrency=4, concurrency=[4]), "vllm", [])
+    assert "k=1 within that spread: the sweep does not tell them apart" in v["words"]
+    # without passes (an older report): no range, nothing claimed
+    for level in levels.values():
+        level["baseline"].pop("runs_tokens_per_s")
+    assert "speedup_range" not in verdict.best_per_load(verdict.speedups(levels), {})[4]

@@ -643,6 +643,7 @@ LOAD = {
     "concurrency": [1, 4],
     "serve_concurrency": 4,
     "requests_per_level": 6,
+    "repeats": 1,  # one timed pass per level (test_benchmark_passes_are_repeated_and_weighed: more)
     "startup_timeout_s": 60,
     "request_timeout_s": 30,
 }
@@ -676,6 +677,27 @@ def spec_k(engine: str, command: str) -> int | None:
     steps = int(argv[argv.index("--speculative-num-steps") + 1])
     assert draft_tokens == steps + 1  # a chain verifies k + 1 tokens
     return steps
+
+
+def test_benchmark_passes_are_repeated_and_weighed(tmp_path, random_target, draft_dir):
+    """benchmark.repeats on a server engine: each level timed that many times, the median pass
+    reported with every pass beside it, every pass's outputs judged, and the verdict's best k
+    with its speedup range over the passes."""
+    overrides = {**LOAD, **stand_ins("vllm"), "k": [3], "concurrency": [1], "repeats": 2}
+    overrides["serve_concurrency"] = 1
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = read_json(tmp_path / "bench.detail.json")
+    level = report["levels"]["c1"]
+    for mode in ("baseline", "k3"):
+        runs = level[mode]["runs_tokens_per_s"]
+        assert len(runs) == 2 and level[mode]["output_tokens_per_s"] in runs
+        assert level[mode]["requests"] == 6  # the median pass's own figures
+    assert report["lossless"]["compared_outputs"] == 2 * 6  # every pass judged
+    best = report["verdict"]["best_per_load"]["1"]
+    low, high = best["speedup_range"]
+    assert low <= best["speedup"] <= high and best["within_spread"] == []
+    assert "over the passes" in report["verdict"]["words"]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
