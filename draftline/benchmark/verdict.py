@@ -189,6 +189,29 @@ def cost_model(points: list[dict]) -> dict | None:
     }
 
 
+def model_break_even(model: dict, levels: dict, top: int = 4096) -> dict:
+    """The load where the cost model's best speedup over the measured ks (each k at its acceptance
+    averaged over the loads) falls below 1, searched up to `top` requests in flight in steps of
+    2^0.1; `extrapolated` when past the largest load measured. None where it stays above 1."""
+    taus: dict[int, list[float]] = {}
+    for level in levels.values():
+        for k, spec in level["speculative"].items():
+            if spec.get("acceptance_length"):
+                taus.setdefault(k, []).append(spec["acceptance_length"])
+    tau = {k: sum(v) / len(v) for k, v in taus.items()}
+    x = 0.0
+    while 2**x <= top and tau:
+        c = 2**x
+        best = max(
+            (t / r if (r := predict_r(model["_coef"], model["terms"], c, k)) > 0 else math.inf)
+            for k, t in tau.items()
+        )
+        if best < 1:
+            return {"concurrency": round(c, 1), "extrapolated": c > max(levels)}
+        x += 0.1
+    return {"concurrency": None, "extrapolated": False}
+
+
 def needs(model: dict, c: int, ks: list[int], goals: list[float]) -> dict:
     """{goal: {k: acceptance length needed at load c, or None where k + 1 tokens a step cannot
     reach it}}."""
@@ -284,6 +307,13 @@ def verdict_words(v: dict) -> str:
         )
     elif not be["pays_at"]:
         text += " It loses at every load measured."
+    else:
+        text += f" It pays at every load measured ({be['pays_at']} requests in flight)."
+    if (beyond := be.get("model_estimate")) and beyond.get("concurrency"):
+        text += (
+            f" The cost model puts break-even near {beyond['concurrency']:g} requests in flight"
+            + (" (extrapolated past the loads measured)." if beyond["extrapolated"] else ".")
+        )
     for goal, need in v.get("needs", {}).items():
         if need.get("met"):
             continue
@@ -299,8 +329,15 @@ def verdict_words(v: dict) -> str:
             )
             forecast = need.get("forecast")
             if forecast and forecast.get("samples"):
+                at = (
+                    f"; {forecast['acceptance_length']} at k={forecast['k']}, where the forecast's "
+                    "points were measured"
+                    if forecast["k"] != need["k"]
+                    else ""
+                )
                 text += (
-                    f", which the samples forecast puts at about {forecast['samples']:,} samples."
+                    f"{at}, which the samples forecast puts at about {forecast['samples']:,} "
+                    f"training samples ({forecast['trust']})."
                 )
             elif forecast and forecast.get("why_not"):
                 text += f"; samples: {forecast['why_not']}."
@@ -346,6 +383,7 @@ def _decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict
         v["cost_model"] = None
         return v
     v["cost_model"] = {name: x for name, x in model.items() if name != "_coef"}
+    v["break_even"]["model_estimate"] = model_break_even(model, levels)
     ks = sorted(levels[serve]["speculative"])
     per_goal = needs(model, serve, ks, cfg.speedup_goals)
     v["needs"] = {}

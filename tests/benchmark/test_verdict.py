@@ -234,7 +234,7 @@ def test_decide_forecasts_the_samples_at_the_k_the_points_were_measured_at():
     assert forecast["k"] == 3 and forecast["acceptance_length"] == 3.6
     assert forecast["fit"] == "log_linear" and forecast["measured_samples"] == [100, 400]
     assert forecast["samples"] == pytest.approx(100 * 4 ** (1.6 / 0.6), abs=2)
-    assert f"about {forecast['samples']:,} samples" in v["words"]
+    assert f"about {forecast['samples']:,} training samples" in v["words"]
     one_run = verdict.decide(sweep(), cfg(speedup_goals=[1.2]), "vllm", points[:1])
     assert "two or more distinct `samples`" in one_run["needs"]["1.2"]["forecast"]["why_not"]
 
@@ -361,3 +361,19 @@ def test_the_passes_spread_says_which_ks_the_sweep_cannot_tell_apart():
     for level in levels.values():
         level["baseline"].pop("runs_tokens_per_s")
     assert "speedup_range" not in verdict.best_per_load(verdict.speedups(levels), {})[4]
+
+
+def test_the_cost_model_estimates_break_even_past_the_loads_measured():
+    """A draft that pays at every load measured: the words say so, and the cost model's own
+    break-even load is given, marked as an extrapolation; one that loses inside the sweep gets
+    the model's estimate unmarked."""
+    v = verdict.decide(sweep(loads=[1, 4], ks=[1, 2, 3]), cfg(concurrency=[1, 4]), "vllm", [])
+    assert v["break_even"]["loses_at"] == []
+    estimate = v["break_even"]["model_estimate"]
+    # r = 1 + 0.5 k + (0.1 + 0.05 k) log2 c: tau / r falls below 1 for every k past c = 2^2.6
+    # (k = 2, the last to fall)
+    assert estimate["extrapolated"] and 5.5 < estimate["concurrency"] < 6.5
+    assert "It pays at every load measured ([1, 4] requests in flight)" in v["words"]
+    assert "(extrapolated past the loads measured)" in v["words"]
+    inside = verdict.decide(sweep(loads=[1, 16, 256]), cfg(concurrency=[1, 16, 256]), "vllm", [])
+    assert inside["break_even"]["model_estimate"]["extrapolated"] is False
