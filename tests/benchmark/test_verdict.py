@@ -375,5 +375,8 @@ def test_the_cost_model_estimates_break_even_past_the_loads_measured():
     assert estimate["extrapolated"] and 5.5 < estimate["concurrency"] < 6.5
     assert "It pays at every load measured ([1, 4] requests in flight)" in v["words"]
     assert "(extrapolated past the loads measured)" in v["words"]
-    inside = verdict.decide(sweep(loads=[1, 16, 256]), cfg(concurrency=[1, 16, 256]), "vllm", [])
+    loads = [1, 16, 256]
+    inside = verdict.decide(
+        sweep(loads=loads), cfg(concurrency=loads, serve_concurrency=1), "vllm", []
+    )
     assert inside["break_even"]["model_estimate"]["extrapolated"] is False
