@@ -83,6 +83,7 @@ run() { # run NAME: one experiment in the workspace
   # stopped at evaluate: reports/benchmark.json is an earlier run's; the chosen recipe at 500 / 250
   # / 125 conversations: the points of the acceptance-vs-samples plot
   d500-emb-head | d250-emb-head | d125-emb-head) record=(--no-benchmark --samples-point) ;;
+  d500-emb-head-verdict) record=() ;; # the whole pipeline: its benchmark is this run's
   c125-* | d500-*) record=(--no-benchmark) ;;
   esac
   python -m draftline.tools.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"

@@ -773,6 +773,10 @@ RECIPE_HELDOUT = {
     "d500-emb-head": ("500", "train_embeddings, train_lm_head (chosen on dev)"),
     "d500-emb-head-ep15": ("500", "train_embeddings, train_lm_head, 15 epochs"),
     "d500-emb-head-len256": ("500", "train_embeddings, train_lm_head, 256-token answers"),
+    "d500-emb-head-verdict": (
+        "500",
+        "the chosen recipe, the whole pipeline run anew (serving verdict)",
+    ),
     "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
     "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
     "L27-250": ("250", "the earlier recipe"),
