@@ -38,6 +38,18 @@ def dvc_source_dep(path: str) -> str:
     return path if is_local(path) else HUB_DEP
 
 
+def missing_source_problem(name: str, spec: DatasetSpec) -> str | None:
+    """Why datasets.<name>.path, a local file by its suffix, cannot be read because it is not
+    there, naming the param and the path; None for a file that is there, or a hub id."""
+    path = Path(spec.path)
+    if path.suffix.lower() not in LOCAL_SUFFIXES or path.is_file():
+        return None
+    return (
+        f"datasets.{name}.path: {spec.path} does not exist (a local {path.suffix} file is "
+        "expected there)"
+    )
+
+
 def drop_share_problem(name: str, spec: DatasetSpec, report: dict) -> str | None:
     """Why prepare fails a dataset whose share of malformed rows (not a JSON object: corrupt or
     cut lines) is above datasets.<name>.max_drop_share, naming the share and the first bad row;
@@ -87,21 +99,32 @@ def hub_revision(path: str, name: str | None = None, revision: str | None = None
     return found.group(1) if found else None
 
 
-def _json_rows(path: Path) -> Iterator[dict | None]:
-    # A .json file is either one JSON array or JSON lines (as the hub's json loader accepts).
-    with open(path) as f:
+# bytes that are not UTF-8, as errors="surrogateescape" reads them
+NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _json_rows(path: Path) -> Iterator[dict | Malformed]:
+    # A .json file is either one JSON array or JSON lines (as the hub's json loader accepts). A
+    # line with bytes that are not UTF-8 is a malformed row, named; in an array it fails the file.
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         head = f.read(1 << 12).lstrip()
         f.seek(0)
         if head.startswith("["):
-            yield from _json_array_rows(f, path)
+            with open(path, encoding="utf-8") as strict:
+                yield from _json_array_rows(strict, path)
             return
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            if bad := NOT_UTF8.search(line):
+                yield Malformed(f"line {n}", f"not UTF-8 text (column {bad.start() + 1})")
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                yield Malformed(f"line {n}", f"not JSON ({err.msg}, column {err.colno})")
+                yield Malformed(
+                    f"line {n}", f"not JSON ({err.msg.removesuffix(' at')}, column {err.colno})"
+                )
                 continue
             yield row if isinstance(row, dict) else Malformed(f"line {n}", "not a JSON object")
 
@@ -153,12 +176,24 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
 # ---- a whole dataset -------------------------------------------------------------------------
 
 
+def source_rows(name: str, spec: DatasetSpec) -> Iterator[dict | Malformed | None]:
+    """read_rows of datasets.<name>; a source that cannot be read at all (a broken JSON array or
+    parquet file, a hub id that does not load) raises ValueError naming the param, the path and
+    what is wrong."""
+    try:
+        yield from read_rows(spec.path, spec.split, spec.name, spec.revision, spec.streaming)
+    except (OSError, ValueError) as err:
+        what = str(err).removeprefix(f"{spec.path}: ")
+        raise ValueError(
+            f"datasets.{name}.path: {spec.path} cannot be read ({type(err).__name__}: {what})"
+        ) from None
+
+
 def spec_records(spec: DatasetSpec, source: str, stats: PrepareStats) -> Iterator[dict]:
     """The records of a dataset spec (path, split, name, revision, streaming, max_rows, format,
     fields, parse_markup, max_prompt_tokens, scripts), streamed."""
-    rows = read_rows(spec.path, spec.split, spec.name, spec.revision, spec.streaming)
     return iter_records(
-        islice(rows, spec.max_rows),
+        islice(source_rows(source, spec), spec.max_rows),
         source,
         stats,
         spec.format,
@@ -176,12 +211,8 @@ def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
     from rich.progress import Progress
 
     stats = PrepareStats()
-    if Path(spec.path).suffix.lower() in LOCAL_SUFFIXES:
-        if not Path(spec.path).is_file():
-            raise FileNotFoundError(
-                f"datasets.{name}.path: {spec.path} does not exist (a local "
-                f"{Path(spec.path).suffix} file is expected there)"
-            )
+    if problem := missing_source_problem(name, spec):
+        raise FileNotFoundError(problem)
     with Progress(transient=True) as progress:
         task = progress.add_task(f"prepare {name}", total=spec.max_rows)
         records = spec_records(spec, name, stats)

@@ -492,6 +492,46 @@ def test_a_missing_dataset_file_is_named_by_its_param(tmp_path):
     assert "error: datasets.gone.path: gone.jsonl does not exist" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "name, content, what",
+    [
+        ("cut.json", b'[{"id": "a", "prompt": "hi"}, {"id": "b", "pro', "ValueError: invalid JSON"),
+        ("bad.parquet", b"PAR1 not a parquet file", "ArrowInvalid: "),
+        ("latin1.json", b'[{"id": "a", "prompt": "caf\xe9"}]', "UnicodeDecodeError: "),
+    ],
+    ids=["cut_array", "corrupt_parquet", "array_not_utf8"],
+)
+def test_a_dataset_file_that_cannot_be_read_is_named_by_its_param(tmp_path, name, content, what):
+    """A source that cannot be read at all (a JSON array cut short, a corrupt parquet file, an
+    array that is not UTF-8) fails prepare naming datasets.<name>.path, the path and what is
+    wrong; no traceback."""
+    (tmp_path / name).write_bytes(content)
+    (tmp_path / "params.yaml").write_text(
+        f"samples: 2\ndatasets:\n  src: {{path: {name}}}\nmix: {{weights: {{src: 1}}}}\n"
+    )
+    done = run_prepare(tmp_path, "src", "src.out.jsonl", "src.report.json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: datasets.src.path: {name} cannot be read ({what}" in done.stderr
+
+
+def test_a_line_that_is_not_utf8_is_a_malformed_row_named_by_its_line(tmp_path):
+    """One corrupt byte costs its row, named by line number, not the whole file (it used to end
+    in a UnicodeDecodeError naming neither the param nor the path)."""
+    rows = [json.dumps({"id": f"r{i}", "prompt": f"hello {i}"}).encode() for i in range(300)]
+    rows[41] = rows[41].replace(b"hello", b"h\xffllo")
+    (tmp_path / "noisy.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    got = list(read_rows(str(tmp_path / "noisy.jsonl")))
+    assert got[41] == ("line 42", "not UTF-8 text (column 27)") and len(got) == 300
+    (tmp_path / "params.yaml").write_text(
+        "samples: 2\ndatasets:\n  noisy: {path: noisy.jsonl}\nmix: {weights: {noisy: 1}}\n"
+    )
+    done = run_prepare(tmp_path, "noisy", "noisy.out.jsonl", "noisy.report.json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "noisy.report.json").read_text())
+    assert report["dropped"] == {"malformed_json": 1} and report["rows_kept"] == 299
+    assert report["malformed_first"] == ["line 42: not UTF-8 text (column 27)"]
+
+
 def test_stage_refuses_a_stale_source_dep(tmp_path):
     write_lines(tmp_path / "a.jsonl", [{"prompt": "hi"}])
     (tmp_path / "params.yaml").write_text(
