@@ -12,8 +12,9 @@ and then its fix reruns only this stage.
 
 Checks: every section (draftline/params.py and each phase's config.py: unknown keys, bad values, plain dataset names, aux
 layer ids against the target's layer count when it is known offline, credentials in URLs, ports);
-datasets/sources.yaml in step with `datasets` (the prepare@<name> deps in dvc.yaml); train.init not
-inside the draft output that a train run replaces.
+datasets/sources.yaml in step with `datasets` (the prepare@<name> deps in dvc.yaml); each local
+dataset file there (unless a .dvc file tracks it); train.init not inside the draft output that a
+train run replaces, and its config.json and weight headers readable.
 """
 
 import sys

@@ -44,10 +44,24 @@ def json_object_problem(path: str | Path) -> str | None:
     except (OSError, UnicodeDecodeError) as err:
         return f"{path} cannot be read: {err}"
     except json.JSONDecodeError as err:
-        return f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        where = f"at line {err.lineno}, column {err.colno}"
+        return f"{path} is not valid JSON ({err.msg.removesuffix(' at')} {where})"
     if not isinstance(value, dict):
         return f"{path} holds a JSON {type(value).__name__}, not an object"
     return None
+
+
+def safetensors_problem(path: str | Path) -> str | None:
+    """What is wrong with a safetensors file (unreadable, a header that does not parse, data cut
+    short of what the header promises: safetensors checks the size on open), found without
+    loading a tensor, or None when it opens."""
+    from safetensors import safe_open  # loads on first use: check_params stays light
+
+    try:
+        with safe_open(str(path), framework="np"):
+            return None
+    except Exception as err:  # noqa: BLE001 - whatever the reader raised, the file is unusable
+        return f"{path} cannot be read ({type(err).__name__}: {str(err)[:160]})"
 
 
 def read_json(path: str | Path):

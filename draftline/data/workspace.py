@@ -1,15 +1,15 @@
 """The DVC workspace a stage runs in: datasets/sources.yaml (each dataset's source dep for its
 `prepare@<name>` stage), and the checks that params and stage paths fit the workspace (sources.yaml
-in step with `datasets`, outputs inside the workspace, train.init outside the draft a train run
-replaces)."""
+in step with `datasets`, local dataset files there, outputs inside the workspace, train.init
+outside the draft a train run replaces and readable)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.io import atomic_path, json_object_problem
-from draftline.data.sources import dvc_source_dep
+from draftline.core.io import atomic_path, json_object_problem, safetensors_problem
+from draftline.data.sources import dvc_source_dep, missing_source_problem
 
 if TYPE_CHECKING:
     from draftline.data.config import DatasetSpec
@@ -73,6 +73,20 @@ def sources_problems(datasets: dict[str, DatasetSpec], sources_path: Path) -> li
     return problems
 
 
+def dataset_file_problems(datasets: dict[str, DatasetSpec]) -> list[str]:
+    """The local dataset files that are not there, one line each naming datasets.<name>.path (DVC
+    would stop at prepare@<name> naming the file only). A file DVC tracks (a .dvc file beside it
+    or beside a folder above it) is left to `dvc pull` / `dvc repro --pull` to fetch."""
+    problems = []
+    for name, spec in sorted(datasets.items()):
+        path = Path(spec.path)
+        if any(p.with_name(p.name + ".dvc").is_file() for p in (path, *path.parents) if p.name):
+            continue
+        if problem := missing_source_problem(name, spec):
+            problems.append(problem)
+    return problems
+
+
 def init_problem(init: str | None, draft_dir: Path) -> str | None:
     """Why train.init cannot be used (it lies inside the draft output a train run replaces), or None."""
     if init is None:
@@ -83,17 +97,25 @@ def init_problem(init: str | None, draft_dir: Path) -> str | None:
             f"train.init: {init} is the train stage's own output, which a train run replaces; copy a "
             "previous draft elsewhere (e.g. models/init/) and point to it"
         )
-    if init_path.is_dir():  # a local checkpoint: its config read now, before anything is spent
-        if not (init_path / "config.json").is_file():
+    given = Path(init)  # named as the user wrote it
+    if given.is_dir():  # a local checkpoint: its config read now, before anything is spent
+        if not (given / "config.json").is_file():
             return f"train.init: {init} has no config.json (not a draft checkpoint)"
-        if problem := json_object_problem(init_path / "config.json"):
+        if problem := json_object_problem(given / "config.json"):
             return f"train.init: {problem}: a corrupt or truncated checkpoint config"
+        weights = sorted(given.glob("*.safetensors"))  # their headers and sizes only
+        if not weights and not any(given.glob("*.bin")):
+            return f"train.init: {init} has no weights (no model.safetensors): not a whole draft checkpoint"
+        for file in weights:
+            if problem := safetensors_problem(file):
+                return f"train.init: {problem}: a truncated or corrupt weights file"
     return None
 
 
 def params_problems(params: Params, sources_path: Path, draft_dir: Path) -> list[str]:
     """Every way a valid params.yaml does not fit the workspace (check_params); [] when it fits."""
     problems = sources_problems(params.datasets, sources_path)
+    problems += dataset_file_problems(params.datasets)
     if problem := init_problem(params.train.init, draft_dir):
         problems.append(problem)
     return problems

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.io import file_sha256, json_object_problem
+from draftline.core.io import file_sha256, json_object_problem, safetensors_problem
 from draftline.target.model import read_verifier_tensors
 
 if TYPE_CHECKING:
@@ -47,6 +47,28 @@ def read_init_config(path: Path) -> dict:
     if problem := json_object_problem(config_path):
         raise InitMismatch(f"train.init: {problem}: a corrupt or truncated checkpoint config")
     return json.loads(config_path.read_text())
+
+
+def init_weights_problem(path: Path) -> str | None:
+    """What is wrong with the weight files of a train.init directory, found from their headers and
+    sizes without loading a tensor: none at all, a shard its index names that is missing, a
+    truncated or corrupt file; None when they open. A checkpoint with pytorch_model.bin weights
+    only is left to speculators' converter."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        if problem := json_object_problem(index):
+            return f"{problem}: a corrupt or truncated weights index"
+        shards = set((json.loads(index.read_text()).get("weight_map") or {}).values())
+        if missing := sorted(str(s) for s in shards if not (path / str(s)).is_file()):
+            return f"{index} names shards that are missing: {', '.join(missing[:5])}"
+    files = sorted(path.glob("*.safetensors"))
+    if not files and not any(path.glob("*.bin")):
+        return f"{path} has no weights (no model.safetensors): not a whole draft checkpoint"
+    for file in files:
+        if problem := safetensors_problem(file):
+            return f"{problem}: a truncated or corrupt weights file"
+    return None
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, write_json
-from draftline.draft.checkpoint import InitMismatch, architecture_of, read_draft_facts
+from draftline.draft.checkpoint import (
+    InitMismatch,
+    architecture_of,
+    init_weights_problem,
+    read_draft_facts,
+    read_init_config,
+)
 from draftline.draft.preflight import check_vocab
 from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_extraction
 from draftline.engines.servers import startup_timeout_s
@@ -83,6 +89,9 @@ def check_init_fits(cfg: TrainConfig, card: TargetCard, draft_vocab_size: int) -
         config_only = fetch_init_config(cfg.init)
         check_init_config(cfg, card, init_config(config_only, card, cfg.init_convert)[0])
     path = resolve_init(cfg.init)
+    read_init_config(path)  # its config, then its weights, named before anything reads them
+    if problem := init_weights_problem(path):
+        raise InitMismatch(f"train.init: {problem}")
     config, init_d2t = init_config(path, card, cfg.init_convert)
     remaps, architecture = check_init_config(cfg, card, config)
     facts = read_draft_facts(path)

@@ -220,7 +220,7 @@ def test_a_params_typo_then_its_fix_loses_nothing_and_reruns_nothing(repo):
 def test_check_params_refuses_what_dvc_would_find_out_too_late(tmp_path):
     """A stale datasets/sources.yaml or train.init pointing at the draft the run replaces."""
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    (tmp_path / "datasets").mkdir()
+    shutil.copytree(ROOT / "datasets/samples", tmp_path / "datasets/samples")
     shutil.copy(ROOT / "datasets/sources.yaml", tmp_path / "datasets/sources.yaml")
     check = [
         sys.executable,
@@ -246,6 +246,51 @@ def test_check_params_refuses_what_dvc_would_find_out_too_late(tmp_path):
     proc = run(check, tmp_path, ok=False)
     assert proc.returncode != 0 and "train.init" in proc.stderr
     assert (tmp_path / "ok.txt").stat().st_mtime_ns == stamp  # same bytes, never rewritten
+
+
+def test_check_params_names_a_missing_dataset_file_and_an_unreadable_init(tmp_path):
+    """Bad inputs a user names fail in check_params, before any stage runs, naming the param, the
+    path and what is wrong (no traceback): a dataset file that is not there (DVC itself would stop
+    at prepare@<name> naming only the file; one a .dvc file tracks is left to `dvc pull`), a
+    train.init whose config.json is cut short, one whose weights are."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(ROOT / "datasets/samples", tmp_path / "datasets/samples")
+    shutil.copy(ROOT / "datasets/sources.yaml", tmp_path / "datasets/sources.yaml")
+    check = [
+        sys.executable,
+        "-m",
+        "stages.check_params",
+        "datasets/sources.yaml",
+        "draft",
+        "ok.txt",
+    ]
+    chats = tmp_path / "datasets/samples/chitchat.jsonl"
+    chats.rename(chats.with_suffix(".kept"))
+    proc = run(check, tmp_path, ok=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        "datasets.chitchat_sample.path: datasets/samples/chitchat.jsonl does not exist"
+        in proc.stderr
+    )
+    (tmp_path / "datasets/samples/chitchat.jsonl.dvc").write_text("outs:\n- path: chitchat.jsonl\n")
+    run(check, tmp_path)  # tracked by DVC: `dvc pull` (or `dvc repro --pull`) brings it
+    chats.with_suffix(".kept").rename(chats)
+
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text('{"architectures": ["Eagle3Speculator"], "draft_vo')
+    edit_params(tmp_path, lambda p: p["train"].update(init="init"))
+    proc = run(check, tmp_path, ok=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "train.init: init/config.json is not valid JSON (Unterminated string" in proc.stderr
+    (init / "config.json").write_text('{"architectures": ["Eagle3Speculator"]}')
+    (init / "model.safetensors").write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{")
+    proc = run(check, tmp_path, ok=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "train.init: init/model.safetensors cannot be read (SafetensorError" in proc.stderr
+    assert not (tmp_path / "ok.txt").exists() or (tmp_path / "ok.txt").read_text().startswith(
+        "params.yaml is valid"
+    )
 
 
 TINY_TARGET = {

@@ -296,3 +296,33 @@ def test_a_corrupt_init_config_is_named_not_a_traceback(
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit, match=f"train.init: .*config.json {what}"):
         run_probe(tmp_path / "run", random_target, train={"init": str(init)})
+
+
+@pytest.mark.parametrize(
+    "damage, what",
+    [
+        (
+            lambda w: w.write_bytes(w.read_bytes()[:-64]),
+            "model.safetensors cannot be read .SafetensorError: .*: a truncated or corrupt weights file",
+        ),
+        (lambda w: w.write_bytes(b"\x10"), "model.safetensors cannot be read .SafetensorError"),
+        (lambda w: w.unlink(), "has no weights .no model.safetensors."),
+    ],
+    ids=["truncated", "garbage", "missing"],
+)
+def test_init_weights_that_cannot_be_read_are_named_not_a_traceback(
+    tmp_path, random_target, drafter, damage, what
+):
+    """A train.init whose model.safetensors is cut short, garbage or gone: the probe names the
+    param, the file and what is wrong (a truncated one used to end in a SafetensorError traceback,
+    a missing one was blamed on a missing d2t); check_params says the same, from the headers."""
+    from draftline.data.workspace import init_problem
+
+    init = tmp_path / "init"
+    shutil.copytree(drafter, init)
+    damage(init / "model.safetensors")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit, match=f"error: train.init: {re.escape(str(init))}.*{what}"):
+        run_probe(tmp_path / "run", random_target, train={"init": str(init)})
+    problem = init_problem(str(init), tmp_path / "models" / "draft")
+    assert re.match(f"train.init: {re.escape(str(init))}.*{what}", problem), problem
