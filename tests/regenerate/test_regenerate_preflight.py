@@ -203,6 +203,13 @@ def test_a_refused_preflight_drops_no_conversation(tmp_path, stub, random_target
         and report["resume"]["bad_lines"] == 1
         and report["sent"] == 12
     )
+    # each line set aside named (the first few of each reason) in the report and on the console
+    assert report["resume"]["named"] == {
+        "stale_settings": [f"line {i + 1} (p{i})" for i in range(5)],
+        "bad_lines": ["line 13"],
+    }
+    assert "regenerate: stale settings: line 1 (p0), line 2 (p1), " in proc.stdout
+    assert "regenerate: bad lines: line 13\n" in proc.stdout
     done = output_rows(workdir)
     assert sorted(r["id"] for r in done) == sorted(r["id"] for r in rows)
     assert {r["regeneration"]["fingerprint"] for r in done} == {
