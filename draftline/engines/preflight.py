@@ -247,7 +247,17 @@ def _check_probe_count(
             f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
             f"{resp.text[:300]}"
         )
-    counted = (resp.json().get("usage") or {}).get("prompt_tokens")
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):  # a web page, say: another service on that port
+        raise PreflightError(
+            f"{shown}: the probe request got HTTP 200 but no chat completion "
+            f"({resp.headers.get('content-type', 'no content type')}: {resp.text[:120]!r}); is the "
+            "URL in regenerate.endpoints an OpenAI-compatible server?"
+        )
+    counted = (answer.get("usage") or {}).get("prompt_tokens")
     if counted != len(expected):
         raise PreflightError(
             f"{shown}: the server counts {counted} prompt tokens for the probe, the target's "

@@ -295,3 +295,40 @@ def test_stage_refuses_sampling_that_transformers_serve_would_ignore(tmp_path, r
     )
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "do_sample" in proc.stderr and not (workdir / "out").exists()
+
+
+def test_an_endpoint_that_is_no_chat_server_is_named_as_such(tmp_path, random_target):
+    """regenerate.endpoints pointing at another service (a web page on every path, HTTP 200): the
+    preflight names the endpoint, what it answered and the param, instead of a JSONDecodeError
+    traceback; nothing is sent or written."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from stubs import StubHandler
+
+    class WebPage(StubHandler):
+        def do_GET(self):
+            self._send(b"<html>a dashboard</html>", "text/html")
+
+        def do_POST(self):
+            self.do_GET()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        workdir = stage_dir(
+            tmp_path,
+            random_target,
+            prompts(2),
+            backend="external",
+            endpoints=[url],
+            external_engine="transformers",
+        )
+        proc = run_stage(workdir)
+    finally:
+        server.shutdown()
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{url}: the probe request got HTTP 200 but no chat completion (text/html" in proc.stderr
+    assert "regenerate.endpoints" in proc.stderr
+    assert not (workdir / "out/conversations.jsonl").exists()
