@@ -775,7 +775,7 @@ RECIPE_HELDOUT = {
     "d500-emb-head-len256": ("500", "train_embeddings, train_lm_head, 256-token answers"),
     "d500-emb-head-verdict": (
         "500",
-        "the chosen recipe, the whole pipeline run anew (serving verdict)",
+        "the chosen recipe, whole pipeline; speedup: vLLM at 4 in flight, best k (L27-500's: built-in engine, 1 in flight)",
     ),
     "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
     "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
