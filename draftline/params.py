@@ -18,7 +18,7 @@ from draftline.core.config import (
     redact_url,
     shaping,
 )
-from draftline.data.config import Datasets, MixConfig, check_weights
+from draftline.data.config import Datasets, MixConfig, check_eval_sets, check_weights
 from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig
 from draftline.hidden_states.config import HiddenStatesConfig
@@ -45,7 +45,8 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _weights_match_datasets(self):
-        check_weights(self.datasets, self.mix)
+        check_eval_sets(self.datasets, self.evaluate.sets)
+        check_weights(self.datasets, self.mix, self.evaluate.sets)
         return self
 
 

@@ -7,7 +7,9 @@ SOURCE is the package's wheel, its dataset.json, or `installed` (after `pip inst
 chitchat-dataset==0.9.0`; not a project dependency: the written file is committed). From a wheel
 or an installed package the package's own licence is copied beside the sample
 (LICENSE-chitchat); a bare dataset.json has none. A third argument sets the number of rows
-(default ROWS), for small trials.
+(default ROWS), for small trials; a fourth the rows of the eval set written beside it,
+chitchat_eval.jsonl (default EVAL_ROWS, 0: none): the conversations the same rule keeps after the
+first ROWS, so none of them is in chitchat.jsonl or a near duplicate of a row there (rule 5).
 
 chitchat-dataset (MIT, BYU PCC lab's Chit-Chat Challenge, 2018) holds 7,168 conversations between
 two people, typed in a chat window: {uuid: {"messages": [[{"text", "sender", "timestamp"}, ...],
@@ -39,6 +41,7 @@ import zipfile
 from pathlib import Path
 
 ROWS = 600
+EVAL_ROWS = 40  # the rows after them, chitchat_eval.jsonl: an eval set (evaluate.sets)
 SEED = 0
 MIN_WORDS, MIN_CONTENT_WORDS = 4, 2
 MAX_USER_TURNS = 2
@@ -141,15 +144,26 @@ def read_source(source: str) -> tuple[dict, str | None]:
         return json.load(f), None
 
 
-def main(source: str, out_dir: str = "datasets/samples", rows: str = str(ROWS)) -> None:
+def write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    turns = sum(len(row["conversations"]) for row in rows)
+    print(f"{path}: {len(rows)} conversations, {turns} turns")
+
+
+def main(
+    source: str,
+    out_dir: str = "datasets/samples",
+    rows: str = str(ROWS),
+    eval_rows: str = str(EVAL_ROWS),
+) -> None:
     dataset, licence = read_source(source)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    selected = select_rows(dataset, int(rows))
-    with open(out / "chitchat.jsonl", "w") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in selected)
-    turns = sum(len(row["conversations"]) for row in selected)
-    print(f"{out / 'chitchat.jsonl'}: {len(selected)} conversations, {turns} turns")
+    selected = select_rows(dataset, int(rows) + int(eval_rows))
+    write_rows(out / "chitchat.jsonl", selected[: int(rows)])
+    if int(eval_rows):
+        write_rows(out / "chitchat_eval.jsonl", selected[int(rows) :])
     if licence is not None:
         (out / "LICENSE-chitchat").write_text(licence)
         print(f"{out / 'LICENSE-chitchat'}: the package's licence")

@@ -28,6 +28,7 @@ CANONICAL_FIELDS = (
     "prompt",
     "system",
     "tools",
+    "source",  # the row's own category or upstream set, kept as its source_detail
 )
 
 # Language filter by Unicode script of the user turns (see formats.dominant_script).
@@ -56,6 +57,8 @@ class DatasetSpec(Section):
     format: Literal["auto", "sharegpt", "openai", "alpaca", "prompt"] = shaping("auto")
     split: str = shaping("train")
     name: str | None = shaping(None)  # hub config name
+    # hub data files to read, e.g. one category's file of a set stored as <category>.jsonl
+    data_files: str | None = shaping(None)
     revision: str | None = shaping(
         None
     )  # hub revision pin (a commit sha reproduces; a branch moves)
@@ -89,6 +92,7 @@ class DatasetSpec(Section):
             "format": preset.format,
             "split": preset.split,
             "name": preset.name,
+            "data_files": preset.data_files,
             "fields": preset.fields,
             "parse_markup": preset.parse_markup,
             "streaming": preset.streaming,
@@ -150,15 +154,45 @@ def plain_names(raw):
 Datasets = Annotated[dict[str, DatasetSpec], BeforeValidator(plain_names)]
 
 
-def check_weights(datasets: dict[str, DatasetSpec], mix: MixConfig) -> None:
-    """mix.weights against the datasets: exactly their names, non-negative, not all zero."""
+def train_datasets(datasets: dict[str, DatasetSpec], eval_sets=()) -> list[str]:
+    """The datasets that give train prompts: all but the eval sets (evaluate.sets)."""
+    return sorted(set(datasets) - set(eval_sets))
+
+
+def check_eval_sets(datasets: dict[str, DatasetSpec], eval_sets: list[str]) -> None:
+    """evaluate.sets against the datasets: each names one, a benchmark preset (eval_only) is
+    named there, and at least one dataset is left to train on."""
+    if unknown := sorted(set(eval_sets) - set(datasets)):
+        raise ValueError(
+            f"evaluate.sets: {unknown} are not datasets; an eval set is a `datasets` entry (a "
+            "preset such as mt_bench, or a local file) named in evaluate.sets"
+        )
+    benchmarks = sorted(
+        name
+        for name, spec in datasets.items()
+        if spec.preset in PRESETS and PRESETS[spec.preset].eval_only
+    )
+    if untracked := sorted(set(benchmarks) - set(eval_sets)):
+        raise ValueError(
+            f"datasets {untracked} are benchmark sets (an eval-only preset): name them in "
+            "evaluate.sets, never train on them"
+        )
+    if datasets and not train_datasets(datasets, eval_sets):
+        raise ValueError("evaluate.sets names every dataset: none is left to train on")
+
+
+def check_weights(datasets: dict[str, DatasetSpec], mix: MixConfig, eval_sets=()) -> None:
+    """mix.weights against the datasets that give train prompts (all but the eval sets): exactly
+    their names, non-negative, not all zero."""
     if not datasets:
         raise ValueError("datasets: at least one dataset is required")
-    missing = sorted(set(datasets) - set(mix.weights))
-    unknown = sorted(set(mix.weights) - set(datasets))
+    trained = train_datasets(datasets, eval_sets)
+    missing = sorted(set(trained) - set(mix.weights))
+    unknown = sorted(set(mix.weights) - set(trained))
     if missing or unknown:
+        sets = f" (the eval sets {sorted(eval_sets)} take none)" if eval_sets else ""
         raise ValueError(
-            f"mix.weights must name exactly the datasets; missing {missing}, unknown {unknown}"
+            f"mix.weights must name exactly the datasets{sets}; missing {missing}, unknown {unknown}"
         )
     if any(w < 0 for w in mix.weights.values()) or sum(mix.weights.values()) <= 0:
         raise ValueError("mix.weights must be non-negative and not all zero")

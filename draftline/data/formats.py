@@ -247,8 +247,21 @@ def from_alpaca(row: dict) -> list[dict]:
     ]
 
 
+# the reply a record leaves to the target to write (regenerate, and evaluate's later turns)
+ASSISTANT_TO_WRITE = {"role": "assistant", "content": ""}
+
+
 def from_prompt(row: dict) -> list[dict]:
     prompt = row["prompt"] if "prompt" in row else row["question"]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
+        # a list of user turns (MT-Bench): each answered in turn, the replies left to the target
+        if not all(turn.strip() for turn in prompt):
+            raise Dropped("empty")  # a blank turn: nothing to answer there
+        return [
+            m
+            for turn in prompt
+            for m in ({"role": "user", "content": turn}, dict(ASSISTANT_TO_WRITE))
+        ][:-1]
     if isinstance(prompt, list):  # some "prompt" columns hold a message list
         return from_openai(prompt)
     system = [{"role": "system", "content": _text(row["system"])}] if row.get("system") else []
@@ -424,7 +437,7 @@ def to_record(row: dict, fmt: str, source: str, parse_markup: bool = False) -> d
     if problem := order_problem(messages):
         raise Dropped(problem)
     if messages[-1]["role"] != "assistant":
-        messages.append({"role": "assistant", "content": ""})  # the reply to regenerate
+        messages.append(dict(ASSISTANT_TO_WRITE))  # the reply to regenerate
     own_id = next((row[k] for k in ID_KEYS if row.get(k) not in (None, "")), None)
     record = {
         "id": str(own_id) if own_id is not None else content_hash(messages, tools),

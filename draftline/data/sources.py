@@ -71,9 +71,11 @@ def read_rows(
     name: str | None = None,
     revision: str | None = None,
     streaming: bool = False,
+    data_files: str | None = None,
 ) -> Iterator[dict | None]:
-    """Raw rows of a local file, else of a hub dataset / local dataset directory; a Malformed (where,
-    what) or None stands for a line or element that is not a JSON object."""
+    """Raw rows of a local file, else of a hub dataset / local dataset directory (`data_files`: only
+    those of its files); a Malformed (where, what) or None stands for a line or element that is not
+    a JSON object."""
     local = Path(path)
     if local.suffix.lower() in LOCAL_SUFFIXES:
         if not local.is_file():
@@ -81,7 +83,16 @@ def read_rows(
         return _parquet_rows(local) if local.suffix.lower() == ".parquet" else _json_rows(local)
     from datasets import load_dataset  # slow import; only hub ids and local dataset dirs need it
 
-    return iter(load_dataset(path, name, split=split, revision=revision, streaming=streaming))
+    return iter(
+        load_dataset(
+            path,
+            name,
+            split=split,
+            revision=revision,
+            streaming=streaming,
+            **({"data_files": data_files} if data_files else {}),
+        )
+    )
 
 
 def hub_revision(path: str, name: str | None = None, revision: str | None = None) -> str | None:
@@ -181,7 +192,9 @@ def source_rows(name: str, spec: DatasetSpec) -> Iterator[dict | Malformed | Non
     parquet file, a hub id that does not load) raises ValueError naming the param, the path and
     what is wrong."""
     try:
-        yield from read_rows(spec.path, spec.split, spec.name, spec.revision, spec.streaming)
+        yield from read_rows(
+            spec.path, spec.split, spec.name, spec.revision, spec.streaming, spec.data_files
+        )
     except (OSError, ValueError) as err:
         what = str(err).removeprefix(f"{spec.path}: ")
         raise ValueError(
@@ -190,7 +203,7 @@ def source_rows(name: str, spec: DatasetSpec) -> Iterator[dict | Malformed | Non
 
 
 def spec_records(spec: DatasetSpec, source: str, stats: PrepareStats) -> Iterator[dict]:
-    """The records of a dataset spec (path, split, name, revision, streaming, max_rows, format,
+    """The records of a dataset spec (path, split, name, revision, streaming, data_files, max_rows, format,
     fields, parse_markup, max_prompt_tokens, scripts), streamed."""
     return iter_records(
         islice(source_rows(source, spec), spec.max_rows),

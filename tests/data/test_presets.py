@@ -22,8 +22,14 @@ FIXTURE_FILES = {
     "open_perfectblend": "open_perfectblend.jsonl",
     "gsm8k": "gsm8k.jsonl",
     "mixture_of_thoughts": "mixture_of_thoughts.jsonl",
-    "hermes_function_calling": "hermes_function_calling.json",
-}  # the hub file is a JSON array
+    "hermes_function_calling": "hermes_function_calling.json",  # the hub file is a JSON array
+    # benchmark sets (evaluate.sets): generated rows in each set's published schema
+    "mt_bench": "mt_bench.jsonl",
+    "humaneval": "humaneval.jsonl",
+    "gsm8k_test": "gsm8k.jsonl",
+    "math500": "math500.jsonl",
+    "speculator_benchmarks": "speculator_benchmarks.jsonl",
+}
 
 
 def prepared(preset: str, **overrides) -> tuple[list[dict], dict]:
@@ -138,6 +144,78 @@ def test_gsm8k_prompt_only():
     )
     assert records[0]["messages"][0]["content"].startswith("Natalia sold clips")
     assert "####" not in json.dumps(records)  # the reference answer is not a prompt
+
+
+def test_mt_bench_asks_both_turns_with_the_replies_left_to_the_target():
+    records, stats = prepared("mt_bench")
+    assert stats["dropped"] == {"empty": 1}  # a blank first turn
+    assert [roles(r) for r in records] == [["user", "assistant", "user", "assistant"]] * 2
+    first = records[0]
+    assert first["id"] == "9001" and first["source_detail"] == "writing"
+    assert [m["content"] for m in first["messages"]][1::2] == ["", ""]  # the target answers
+    assert first["messages"][2]["content"] == "Now rewrite the note as a limerick."
+    assert "5:15 pm" not in json.dumps(records)  # references are not prompts
+
+
+@pytest.mark.parametrize(
+    ("preset", "hub", "split", "first_id", "detail"),
+    [
+        ("humaneval", "openai/openai_humaneval", "test", "Generated/0", None),
+        ("gsm8k_test", "openai/gsm8k", "test", None, None),
+        (
+            "math500",
+            "HuggingFaceH4/MATH-500",
+            "test",
+            "generated/number_theory/1.json",
+            "Number Theory",
+        ),
+        ("speculator_benchmarks", "RedHatAI/speculator_benchmarks", "train", None, None),
+    ],
+)
+def test_benchmark_sets_are_one_prompt_each(preset, hub, split, first_id, detail):
+    """Each benchmark preset: its hub source, and one user turn per row (no reference answer,
+    solution or test code in the prompt)."""
+    spec = DatasetSpec(preset=preset)
+    assert (spec.path, spec.split) == (hub, split) and PRESETS[preset].eval_only
+    records, stats = prepared(preset)
+    assert records and set(stats["dropped"]) <= {"empty"}  # gsm8k.jsonl has a blank question
+    assert all(roles(r) == ["user", "assistant"] for r in records)
+    assert (first_id is None or records[0]["id"] == first_id) and records[0].get(
+        "source_detail"
+    ) == detail
+    text = json.dumps(records)
+    assert "canonical_solution" not in text and "boxed" not in text and "####" not in text
+    assert "assert candidate" not in text
+
+
+def test_speculator_benchmarks_reads_one_category_file():
+    assert DatasetSpec(preset="speculator_benchmarks").data_files == "math_reasoning.jsonl"
+    spec = DatasetSpec(preset="speculator_benchmarks", data_files="writing.jsonl")
+    assert spec.data_files == "writing.jsonl"  # a given key wins
+
+
+def test_a_benchmark_set_must_be_an_eval_set():
+    """A benchmark preset is never trained on: outside evaluate.sets params.yaml is refused; an
+    eval set takes no mix weight."""
+    import yaml
+
+    from draftline.core.config import ParamsError
+    from draftline.params import parse_params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["datasets"]["bench"] = {"preset": "mt_bench"}
+    raw["evaluate"]["sets"] = [s for s in raw["evaluate"].get("sets", []) if s != "bench"]
+    with pytest.raises(ParamsError, match=r"\['bench'\] are benchmark sets .*name them in evaluate.sets"):
+        parse_params(raw)
+    raw["evaluate"]["sets"].append("bench")
+    assert "bench" in parse_params(raw).evaluate.sets
+    raw["mix"]["weights"]["bench"] = 0.1
+    with pytest.raises(ParamsError, match=r"eval sets .*take none.*unknown \['bench'\]"):
+        parse_params(raw)
+    raw["mix"]["weights"].pop("bench")
+    raw["evaluate"]["sets"].append("nowhere")
+    with pytest.raises(ParamsError, match=r"evaluate.sets: \['nowhere'\] are not datasets"):
+        parse_params(raw)
 
 
 @pytest.mark.parametrize("streaming", [True, False])
