@@ -42,6 +42,7 @@ from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig
+from draftline.train.config import TrainConfig
 
 
 def main(
@@ -54,13 +55,20 @@ def main(
 ) -> None:
     if unknown := sorted(set(flags) - {"--dev"}):
         raise SystemExit(f"error: unknown options {unknown}; known: --dev")
-    params = stage_sections(samples=int, evaluate=EvaluateConfig, engines=EnginesConfig)
+    # train: train.init and its conversion flags, the draft fine-tuning started from (compared)
+    params = stage_sections(
+        samples=int, evaluate=EvaluateConfig, engines=EnginesConfig, train=TrainConfig
+    )
     apply_thread_policy("evaluate")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_metrics
+    from draftline.evaluate.compare import CompareError
     from draftline.evaluate.run import Paths, run
 
     paths = Paths(*map(Path, (card_path, draft_dir, eval_path, plots_dir)), dev="--dev" in flags)
-    done, failure = run(params, paths)
+    try:
+        done, failure = run(params, paths)
+    except CompareError as err:  # an eval set or a draft to compare that cannot be measured
+        raise SystemExit(f"error: {err}") from None
     if done.report == {"prompts": 0}:
         print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
         write_metrics(report_path, done.report, ["prompts"])

@@ -375,7 +375,9 @@ def evaluate_prompt(
     )
 
     target, draft, stop = models.target, models.draft, models.stop
-    ids = tally.prompt_ids[row["id"]] = first_turn_ids(models.tokenizer, row)
+    # a later turn of a multi-turn row carries its own ids (draftline/evaluate/compare.py)
+    ids = row.get("prompt_ids") or first_turn_ids(models.tokenizer, row)
+    tally.prompt_ids[row["id"]] = ids
     spec = speculative_generate(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
     # acceptance at every k <= cfg.k from one pass over the greedy output
     output, runs = acceptance_runs(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from draftline.core.config import TIE_TOLERANCE, Section, TargetPlacement, operational, shaping
 
 
@@ -36,6 +38,27 @@ class EvaluateConfig(TargetPlacement):
     # targets a quarter lets the odd reordered tie of a 64-96-token answer through and fails a
     # check that covers less than three prompts in four to the end.
     max_near_tie_share: float = operational(0.25, ge=0, le=1)
+    # Eval sets beside the held-out split: names of `datasets` whose rows all go to evaluation (a
+    # standard benchmark preset such as mt_bench, gsm8k_test, math500, speculator_benchmarks, or a
+    # local file). `mix` keeps them out of train by content like the split; the detail report and
+    # reports/evaluate/sets.md give acceptance per set (docs/evaluation.md)
+    sets: list[str] = shaping([])
+    # Drafts measured beside the trained one on the same prompts by the same engine: name -> an
+    # EAGLE-3 checkpoint directory or hub id (e.g. a public drafter). A draft that does not fit the
+    # target (aux layers, hidden size, vocabulary, d2t) is refused before anything is measured
+    compare: dict[str, str] = shaping({})
+    # when fine-tuning (train.init set), the draft it started from is measured beside it as "init"
+    compare_init: bool = shaping(True)
 
     def resolved_tie_tolerance(self) -> float:
         return TIE_TOLERANCE[self.dtype] if self.tie_tolerance is None else self.tie_tolerance
+
+    @model_validator(mode="after")
+    def _plain_compare_names(self):
+        if "trained" in self.compare or "init" in self.compare:
+            raise ValueError(
+                "compare: the names 'trained' (this run's draft) and 'init' (train.init) are taken"
+            )
+        if len(set(self.sets)) != len(self.sets):
+            raise ValueError(f"sets: a set is named twice in {self.sets}")
+        return self

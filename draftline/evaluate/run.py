@@ -1,15 +1,31 @@
 """Stage `evaluate`: the draft measured by the engine params.evaluate names, the built-in one
-(draftline/evaluate/acceptance.py) and vLLM's (draftline/evaluate/vllm_engine.py) side by side."""
+(draftline/evaluate/acceptance.py) and vLLM's (draftline/evaluate/vllm_engine.py) side by side;
+then every eval set and every draft to compare with (draftline/evaluate/compare.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
 from draftline.evaluate.acceptance import EvaluationRun, evaluate_draft
+from draftline.evaluate.compare import (
+    HELD_OUT,
+    TRAINED,
+    Comparison,
+    compare_builtin,
+    compare_vllm,
+    gains,
+    resolve_drafts,
+    set_rows,
+    sets_table,
+)
 from draftline.evaluate.vllm_engine import vllm_only_run, with_vllm
+
+SET_PLOT_KEYS = ("acceptance_length", "tokens_per_step", "tau_sim", "prompts")
 
 
 class Paths(NamedTuple):
@@ -18,6 +34,11 @@ class Paths(NamedTuple):
     prompts: Path  # datasets/prompts/eval.jsonl (or dev.jsonl)
     plots: Path  # reports/evaluate: the plots' data
     dev: bool = False  # the dev split (evaluate_dev): measured with the built-in engine alone
+
+    @property
+    def sets(self) -> Path:
+        """The eval sets `mix` held out beside the prompts (datasets/prompts/sets/<name>.jsonl)."""
+        return self.prompts.parent / "sets"
 
 
 def run(params, paths: Paths) -> tuple[EvaluationRun, str | None]:
@@ -29,7 +50,21 @@ def run(params, paths: Paths) -> tuple[EvaluationRun, str | None]:
         paths.plots.mkdir(parents=True, exist_ok=True)
         return EvaluationRun(report={"prompts": 0}, plots={}), None
     card = TargetCard.load(paths.card)
-    failure = None
+    if paths.dev:
+        return measure(params, card, paths, {}, {})
+    # the eval sets read and the drafts to compare checked against the target before anything
+    # is measured
+    sets = set_rows(paths.sets, cfg.sets, cfg.prompts)
+    with tempfile.TemporaryDirectory(prefix="draftline-compare-") as work:
+        init, convert = params.train.init, params.train.init_convert
+        others = resolve_drafts(cfg, card, init, convert, Path(work))
+        return measure(params, card, paths, others, sets)
+
+
+def measure(params, card: TargetCard, paths: Paths, others: dict[str, Path], sets: dict):
+    """run()'s measurement: the headline, then every set x draft (`others`: the drafts to compare,
+    resolved; `sets`: each eval set's rows)."""
+    cfg, failure = params.evaluate, None
     draft, prompts = str(paths.draft), str(paths.prompts)
     if cfg.engine == "vllm" and not cfg.vllm.parity:
         measured = vllm_only_run(cfg, card, draft, prompts, params.samples, params.engines.vllm)
@@ -37,6 +72,69 @@ def run(params, paths: Paths) -> tuple[EvaluationRun, str | None]:
         measured = evaluate_draft(cfg, card, draft, prompts, params.samples)
         if cfg.engine == "vllm" and not paths.dev:
             measured, failure = with_vllm(measured, cfg, card, draft, params.engines.vllm)
+    if not paths.dev and failure is None:
+        measured = with_comparison(measured, params, card, paths, Comparison(sets, others))
     for name, rows in measured.plots.items():
         write_json(paths.plots / name, rows)
+    if "sets" in measured.report:
+        (paths.plots / "sets.md").write_text(measured.report["sets"]["table"])
     return measured, failure
+
+
+def builtin_figures(report: dict) -> dict | None:
+    """The built-in engine's figures of the trained draft on the held-out split, as compare's rows
+    read them; None where vLLM alone measured it."""
+    if report.get("tau_sim") is None:
+        return None
+    engines = report.get("engines") or {}
+    builtin = engines.get("builtin") or report
+    return {
+        "acceptance_length": builtin["acceptance_length"],
+        "tokens_per_step": report["tokens_per_step"],
+        "position_acceptance": builtin["position_acceptance"],
+        "tau_sim": report["tau_sim"],
+        "prompts": report["prompts"],
+        "turns": report["prompts"],
+        "rounds": builtin["rounds"],
+        "lossless_checked_prompts": report.get("lossless_checked_prompts"),
+    }
+
+
+def with_comparison(
+    measured: EvaluationRun, params, card, paths: Paths, extra: Comparison
+) -> EvaluationRun:
+    """The run with every eval set x every draft beside its headline (report `sets`, the plot file
+    sets.json, the table sets.md); the run itself when there is only the split and this draft.
+    `extra`: the eval sets' rows and the drafts to compare, beside the split and this draft."""
+    cfg = params.evaluate
+    drafts, sets = {TRAINED: paths.draft, **extra.drafts}, extra.sets
+    if not sets and len(drafts) == 1:
+        return measured
+    comparison = Comparison(
+        {HELD_OUT: list(read_jsonl(paths.prompts))[: cfg.prompts], **sets}, drafts
+    )
+    builtin = builtin_figures(measured.report)
+    if builtin is None:  # the target does not fit the built-in engine: vLLM measures each pair
+        results, engine = compare_vllm(cfg, card, comparison, params.engines.vllm), "vllm"
+    else:  # the trained draft on the split: the headline run's own built-in measurement
+        known = {HELD_OUT: {TRAINED: builtin}}
+        results, engine = compare_builtin(cfg, card, comparison, known), "builtin"
+    table = sets_table(results, engine)
+    print(table)
+    sets_report = {
+        "engine": engine,
+        "k": cfg.k,
+        "results": results,
+        "gain_over_init": gains(results),
+        "table": table,
+    }
+    rows = [
+        {"set": set_name, "draft": draft, **{key: figures.get(key) for key in SET_PLOT_KEYS}}
+        for set_name, row in results.items()
+        for draft, figures in row.items()
+    ]
+    return dataclasses.replace(
+        measured,
+        report={**measured.report, "sets": sets_report},
+        plots={**measured.plots, "sets.json": rows},
+    )
