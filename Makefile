@@ -10,8 +10,9 @@
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
-#   make docs-figures   rewrite the measured figures in README.md and docs/*.md from the committed
-#                       JSON reports (after make repro / make overhead; tests/tools/test_docs_figures.py)
+#   make docs-figures   rewrite the measured figures in README.md, docs/*.md, params.yaml, scripts and
+#                       code comments from the committed JSON reports, and fail on a figure there that
+#                       none gives (after make repro / make overhead; tests/tools/test_docs_figures.py)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin

@@ -44,7 +44,7 @@ COMMANDS = {
     "recipe-record": ("draftline.tools.recipe_record", "one recipe run's figures into its table"),
     "docs-figures": (
         "draftline.tools.docs_figures",
-        "README and docs figures from the JSON reports",
+        "the figures of the docs, params.yaml, scripts and code comments from the JSON reports",
     ),
 }
 

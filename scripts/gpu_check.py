@@ -76,7 +76,7 @@ PROFILES = {
             "device": "cpu",
         },
         "mix.eval_samples": 3,
-        # rows of the 320-token tokenizer run to ~410 tokens: at 256 a third were cut, which the
+        # rows of the 320-token tokenizer run past 256 tokens: at 256 too many were cut, which the
         # tokenize stage refuses (tokenize.max_truncated_share)
         "tokenize.max_length": 512,
         "vocab.draft_vocab_size": 128,

@@ -34,7 +34,8 @@ RECIPE=(-S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' -S 'tr
   -S 'regenerate.max_tokens=128' -S '++train.train_lm_head=false' -S '++train.train_embeddings=false')
 L27=(-S '++samples=125' "${RECIPE[@]}")
 D500=(-S '++samples=500' "${RECIPE[@]}")
-# chosen on dev: the draft's embeddings and lm_head trained too (dev 2.25 -> 2.38 at 500)
+# chosen on dev: the draft's embeddings and lm_head trained too (dev <!-- fig reports/recipe_smollm2/experiments.json#/L27-500/dev_acceptance_length .2f -->2.25<!-- /fig -->
+# -> <!-- fig reports/recipe_smollm2/experiments.json#/d500-emb-head/dev_acceptance_length .2f -->2.38<!-- /fig --> at 500, reports/recipe_smollm2/experiments.json)
 CHOSEN=("${RECIPE[@]}" -S '++train.train_embeddings=true' -S '++train.train_lm_head=true')
 
 run() { # run NAME: one experiment in the workspace

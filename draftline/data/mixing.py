@@ -354,8 +354,8 @@ def mix_report(
 
 def light_rows(path: Path) -> list[dict]:
     """What mixing needs of each prepared record, plus the byte offset of its line (the full record
-    is read back only if it is chosen). Hashes as ints and names interned: ~0.6 KB a row (a row
-    per prepared record is what the seeded order over all of them needs)."""
+    is read back only if it is chosen). Hashes as ints and names interned, to keep each row small (a
+    row per prepared record is what the seeded order over all of them needs)."""
     rows, offset = [], 0
     with open(path, "rb") as f:
         for line in f:

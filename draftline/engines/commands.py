@@ -17,7 +17,7 @@ and an hs-connectors kv-transfer config, driven by speculators' `generate-offlin
 The benchmark launches vLLM or SGLang from benchmark params, as the baseline (no draft) or with
 the EAGLE-3 draft; the same commands, without a port, are the deployment commands.
 
-Longer than ~400 lines on purpose: every engine's flags side by side is the point (a flag renamed
+Longer than a module here usually is, on purpose: every engine's flags side by side is the point (a flag renamed
 in one engine is fixed next to its counterparts in the others).
 """
 

@@ -27,7 +27,7 @@ baseline and speculative servers of the `vllm` / `sglang` benchmark (benchmark.e
   speculative_config must be eagle3 with this draft. Without /server_info vLLM does not say which
   draft it runs: the report says so, and a wrong one shows as an acceptance length of ~1.
 
-Longer than the ~400 lines a module here usually keeps to: the three endpoint preflights share one
+Longer than a module here usually is: the three endpoint preflights share one
 set of probes (what a server is, its models, its tokenizer's count), and this docstring is the
 reference of what each one refuses; split apart, each would restate the others' rules.
 """

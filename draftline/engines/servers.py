@@ -154,7 +154,7 @@ class PortTaken(RuntimeError):
 
 # Start-up time: a checkpoint is read from disk (or page cache) and moved to the devices. 300 s for
 # the engine itself (CUDA graphs, compilation), then 4 s per GB on disk (250 MB/s): a 600 GB INT4
-# MoE gets ~45 min, twice the 20+ min such targets were seen to take. A server that dies fails at
+# MoE gets 45 min, twice the 20+ min such targets were seen to take. A server that dies fails at
 # once whatever the limit; only a hung one waits it out.
 STARTUP_BASE_S = 300.0
 STARTUP_S_PER_GB = 4.0

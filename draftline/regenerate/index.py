@@ -1,8 +1,11 @@
 """The index of conversations.jsonl: what a rerun reads of each line (its id, settings
 fingerprint, prompt hash, run, answers and those cut by max_tokens) in a small file beside it, so
 that knowing which conversations are done, at start, and how many answers ended at max_tokens, at
-the end, does not mean parsing every conversation again (3.1 GB at 100,000 conversations of 4k
-tokens with their token ids; the index of them is 12 MB).
+the end, does not mean parsing every conversation again (measured by overhead/regen_client.py:
+<!-- fig reports/overhead/regen_client.json#/startup/conversations_mb ,.0f -->3,117<!-- /fig --> MB at
+<!-- fig reports/overhead/regen_client.json#/startup/conversations ,d -->100,000<!-- /fig --> conversations of
+<!-- fig reports/overhead/regen_client.json#/startup/tokens_per_conversation ,d -->4,096<!-- /fig --> tokens with their token ids; the index of
+them is <!-- fig reports/overhead/regen_client.json#/startup/index_mb .1f -->11.4<!-- /fig --> MB).
 
 conversations.index.jsonl: a header, then one JSON array per line of conversations.jsonl, in
 order, appended by the writer right after the line itself:

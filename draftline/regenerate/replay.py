@@ -264,7 +264,7 @@ def long_lived_heap():
     generation is collected every 10,000 allocations, not 700. Each request allocates hundreds of
     short-lived dicts and lists; at 256 in flight the default thresholds gave about one pass per
     16 requests, a full pass over the whole heap (80 ms, the event loop stopped) every few
-    thousand, 0.15 ms a request in all; these give a few passes in a thousand requests. (No
+    thousand; these give a few passes in a thousand requests. (No
     collection before freezing: a full pass is that stop of 80 ms; garbage frozen with the rest
     goes back to the collector after the run.)"""
     gc.freeze()

@@ -12,7 +12,7 @@ class TokenizeConfig(Section):
         512, ge=8
     )  # tokens per row; longer rows are cut (counted in the report)
     # the stage fails when more of the rows were cut by max_length: their tails are lost, and the
-    # hidden-state disk estimate counts only what is left; 1.0 turns the check off
+    # hidden-state disk estimate counts only what is left; a share of 1 turns the check off
     max_truncated_share: float = operational(0.05, ge=0, le=1)
     # the tokens of each assistant turn: retokenize = its text re-tokenized within the chat
     # template; server = the token ids the server generated (recorded by regenerate), where the

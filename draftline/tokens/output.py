@@ -29,7 +29,7 @@ ROW_FORMAT = (
     1  # raise when the rows a conversation gives change here (draftline/tokens/chat.py is hashed)
 )
 
-SHARD_CONVERSATIONS = 2048  # conversations per Arrow file (~130 MB at 4k tokens a row)
+SHARD_CONVERSATIONS = 2048  # conversations per Arrow file
 
 INDEX = "conversations.jsonl"  # per conversation, in row order: its hash and what it gave
 
@@ -167,7 +167,7 @@ def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
 
 
 def rows_table(rows: list[dict], schema, vocab_size: int):
-    """The rows as one Arrow table (ids through numpy: a nested list converts 4x slower).
+    """The rows as one Arrow table (ids through numpy: a nested list converts several times slower).
     TokenizeError for a token id outside the target vocabulary."""
     import numpy as np
     import pyarrow as pa

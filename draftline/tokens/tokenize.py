@@ -27,8 +27,8 @@ tokenize_rows). Rows go to Arrow shards of SHARD_CONVERSATIONS conversations as 
 shard carries the frequencies of its trainable tokens, and conversations.jsonl (named by its
 hash) what each conversation gave, so the report and token_freq.pt are rebuilt from them without
 reading a row. What a run holds in memory: one batch, the shard being written (frequency arrays
-of the vocabulary's size), and per conversation its id and hash (~150 bytes): 100k conversations
-of 4k tokens (6 GB of rows) need the same memory as 1k, bar ~15 MB. The output persists: see
+of the vocabulary's size), and per conversation its id and hash: 100k conversations of 4k tokens
+(6 GB of rows) need the same memory as 1k, bar those ids and hashes. The output persists: see
 tokenize_dataset for what a rerun keeps.
 """
 

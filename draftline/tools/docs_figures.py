@@ -1,6 +1,6 @@
 """Measured figures in the docs, generated from the committed JSON reports (`make docs-figures`).
 
-    draftline docs-figures            # rewrite every figure in README.md and docs/*.md
+    draftline docs-figures            # rewrite every figure in README.md and docs/*.md (and below)
     draftline docs-figures --check    # list the figures that differ from their JSON; exit 1
 
 A figure is the text between two HTML comments (invisible once rendered), in two forms:
@@ -16,15 +16,25 @@ A figure is the text between two HTML comments (invisible once rendered), in two
 
 `--check` (tests/tools/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
 edited without regenerating, a number edited by hand inside a figure, a key that is gone.
+
+params.yaml, scripts/*.sh, scripts/*.py and the comments and docstrings of draftline/ and stages/
+hold value figures the same way, regenerated with the docs, and no other figure: both commands fail
+on a decimal (1.52, 3.3x), a count ("0 of 969"), an approximation (~35 s) or a ratio (4x) there
+outside a figure, which no regenerating would ever update. Code and names are not figures: a
+`code span`, an option's values, `key=value`, a version (Python 3.12), and a number the file's own
+code or config sets (`0.02  # 0.02 lets ...`); see "figures outside the docs" below.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import io
 import json
 import math
 import re
 import sys
+import tokenize
 from collections.abc import Callable
 from pathlib import Path
 
@@ -1015,6 +1025,123 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
 }
 
 
+# ---- figures outside the docs -------------------------------------------------------------------
+# params.yaml, the scripts and the code's comments and docstrings may hold generated figures too
+# (the same `<!-- fig ... -->` markers, regenerated with the docs), and no other figure: a measured
+# number there is a copy that no rerun updates. Only the prose is read (a Python file's comments
+# and docstrings; the comment part of a params.yaml or shell line) and in it only what reads as a
+# measurement: a decimal (1.52, 3.3x), a count "N of M", an approximation (~35 s), a ratio (4x).
+CODE_GLOBS = ("params.yaml", "scripts/*.sh", "scripts/*.py", "draftline/**/*.py", "stages/*.py")
+# this module's docstring shows the marker syntax with an example figure
+NOT_SCANNED = ("draftline/tools/docs_figures.py",)
+
+FIGURE = re.compile(
+    r"(?<![\w.~/#-])(?:"
+    r"(?P<count>\d(?:[\d,]*\d)?\s+of\s+(?:the\s+)?\d(?:[\d,]*\d)?)(?!\w|[.,]\d)"  # 0 of 969
+    r"|~\s?(?P<approx>\d(?:[\d,]*\d)?(?:\.\d+)?)x?(?!\w|[.,]\d)"  # ~35 (s), ~3x
+    r"|(?P<decimal>\d+\.\d+)x?(?!\w|\.\d)"  # 1.52, 3.3x (not a version: 0.9.0)
+    r"|(?P<ratio>\d+)x(?!\w)"  # 4x
+    r")"
+)
+# prose that is code or a name, not a measurement: a `code span`, an option's values
+# (--targets 2.5 3.0), an assignment (PYTHON_VERSION=3.11, k=3), a version (Python 3.12, vLLM 0.9)
+NOT_FIGURES = re.compile(
+    r"`[^`\n]*`"
+    r"|--[\w-]+(?:[ =][\d.,]+(?![\w.]))+"
+    r"|\w+=\S+"
+    r"|\b(?:[Pp]ython|vLLM|vllm|Llama|CUDA|torch|transformers|speculators|SGLang|sglang|v)"
+    r"\s?\d+(?:\.\d+)+"
+)
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]|\.\d)")
+
+
+def number_key(value: int | float) -> str:
+    """A number as a setting and a figure are compared: 0.30 is 0.3, 1.0 is not 1."""
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def parse_number(text: str) -> int | float:
+    text = text.replace(",", "")
+    return float(text) if "." in text else int(text)
+
+
+def comment_part(line: str) -> str | None:
+    """The comment of a shell or YAML line: from a `#` at its start or after a space, outside quotes."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[i:]
+    return None
+
+
+def prose(path: Path, text: str) -> tuple[list[tuple[int, str]], set[str]]:
+    """([(line number, prose)], the numbers the file's code or config sets: settings, not figures)."""
+    if path.suffix == ".py":
+        return _python_prose(text)
+    lines, numbers = [], set()
+    for n, line in enumerate(text.splitlines(), 1):
+        if n == 1 and line.startswith("#!"):
+            continue
+        comment = comment_part(line)
+        code = line[: len(line) - len(comment or "")]
+        numbers.update(number_key(parse_number(x)) for x in NUMBER.findall(code))
+        if comment:
+            lines.append((n, comment))
+    return lines, numbers
+
+
+def _python_prose(text: str) -> tuple[list[tuple[int, str]], set[str]]:
+    docstrings = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = body[0] if body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
+                    docstrings.add((first.value.lineno, first.value.col_offset))
+    lines, numbers = [], set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            lines.append((tok.start[0], tok.string))
+        elif tok.type == tokenize.STRING and tok.start in docstrings:
+            lines += [(tok.start[0] + i, s) for i, s in enumerate(tok.string.splitlines())]
+        elif tok.type == tokenize.NUMBER and not tok.string.lower().endswith("j"):
+            numbers.add(number_key(ast.literal_eval(tok.string)))  # 1_000, 0x10, 1e-4
+    return lines, numbers
+
+
+def loose_figures(text: str, path: Path, where: str = "") -> list[str]:
+    """Each figure in the file's prose that is not a generated one (module comment above)."""
+    lines, settings = prose(path, text)
+    found = []
+    for n, line in lines:
+        rest = NOT_FIGURES.sub(" ", VALUE.sub(" ", line))
+        for m in FIGURE.finditer(rest):
+            number = m["approx"] or m["decimal"] or m["ratio"]
+            if number and number_key(parse_number(number)) in settings:
+                continue  # a value the code or config itself sets (a count is never one)
+            found.append(f"{where}:{n}: {m[0]!r}, a figure that no JSON gives")
+    return found
+
+
+def code_paths(root: Path) -> list[Path]:
+    paths = {p for pattern in CODE_GLOBS for p in Path(root).glob(pattern) if p.is_file()}
+    return sorted(p for p in paths if str(p.relative_to(root)) not in NOT_SCANNED)
+
+
+def unsourced(root: Path = ROOT) -> list[str]:
+    """Every figure of params.yaml, the scripts and the code's prose that is not a generated one."""
+    return [
+        line
+        for path in code_paths(root)
+        for line in loose_figures(path.read_text(), path, str(path.relative_to(root)))
+    ]
+
+
 # ---- rewriting the docs -------------------------------------------------------------------------
 
 
@@ -1059,10 +1186,11 @@ def doc_paths(root: Path) -> list[Path]:
 
 
 def run(root: Path = ROOT, write: bool = True) -> list[str]:
-    """Regenerate the figures of every doc under root; return those that changed (or would)."""
+    """Regenerate the figures of every doc, params.yaml, script and module under root; return those
+    that changed (or would)."""
     reports = Reports(root)
     changed: list[str] = []
-    for path in doc_paths(root):
+    for path in doc_paths(root) + code_paths(root):
         text = path.read_text()
         new, diffs = render(text, reports, str(path.relative_to(root)))
         changed += diffs
@@ -1082,8 +1210,15 @@ def main(argv: list[str] | None = None) -> None:
         changed = run(Path(args.root), write=not args.check)
     except FigureError as err:
         raise SystemExit(f"error: {err}") from None
-    for line in changed:
+    loose = unsourced(Path(args.root))
+    for line in changed + loose:
         print(line)
+    if loose:  # no regenerating fixes these
+        raise SystemExit(
+            f"{len(loose)} figure(s) in params.yaml, scripts or comments and docstrings that no "
+            "JSON gives: generate each (<!-- fig FILE#POINTER FORMAT -->...<!-- /fig -->) or say "
+            "it without the number"
+        )
     if args.check and changed:
         raise SystemExit(
             f"{len(changed)} figure(s) differ from their JSON: run `make docs-figures`"

@@ -206,7 +206,8 @@ def epoch_batches(dataset, pack_len: int, seed: int, epoch: int) -> list[list[in
 
 
 # packs a reading thread may hold ready beyond the one in use, per thread (torch's DataLoader
-# default prefetch_factor): at H = 7168, 2,048 tokens, float32 on CPU, one pack is ~235 MB
+# default prefetch_factor): at H = 7168, 2,048 tokens, float32 on CPU, one pack's states
+# (4 x H x 2,048 x 4 bytes) are 235 MB
 PREFETCH_PER_WORKER = 2
 
 

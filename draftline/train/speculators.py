@@ -114,7 +114,7 @@ def speculators_train_command(
     say where the states come from, by default the bf16 files in hs_dir.
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
-    clipping fixed at 1.0, packed batch = pack_len tokens per GPU; it saves a checkpoint per
+    clipping fixed at norm 1, packed batch = pack_len tokens per GPU; it saves a checkpoint per
     epoch under save_path and resumes from the last one on rerun. verifier: what it loads the
     verifier from (verifier_for_speculators), the card's model when None."""
     torchrun = ["torchrun", f"--nproc-per-node={nproc}"]

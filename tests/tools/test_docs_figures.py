@@ -172,3 +172,86 @@ def test_the_recipe_table_shows_the_runs_measured_and_refuses_an_unknown_one(tmp
     path.write_text(json.dumps({"L27-500": run_500, "L27-9000": run_500}))
     with pytest.raises(FigureError, match="L27-9000"):
         docs_figures.recipe_heldout(Reports(tmp_path))
+
+
+def test_no_figure_outside_a_generated_one():
+    """params.yaml, the scripts and the code's comments and docstrings quote a measured number only
+    as a generated figure: a copy that no rerun updates is what #43 found there."""
+    loose = docs_figures.unsourced(ROOT)
+    assert not loose, "figures that no JSON gives:\n" + "\n".join(loose)
+
+
+PARAMS = """\
+tokenize:
+  max_length: 512     # rows longer than this are cut; 0.05 below (issue #43, line 12 of the stage)
+  max_truncated_share: 0.05   # fail when more rows were cut (default run: {figure})
+  extra: ["--dtype", "float32"]   # `--temperature 0.6` as an example; Python 3.12, vLLM 0.9.2
+"""
+SCRIPT = """\
+#!/usr/bin/env bash
+# the recipe (PYTHON_VERSION=3.11; draftline forecast --targets 2.5 3.0): reaches {figure}
+dvc exp run -S 'train.lr=0.003'  # lr 0.003: the default's
+"""
+GENERATED = "<!-- fig reports/acceptance.json#/acceptance_length .2f -->3.62<!-- /fig -->"
+
+
+def code_root(tmp_path: Path, params_figure: str, script_figure: str) -> Path:
+    root = doc_root(tmp_path, "No figure.\n", VALUE_REPORTS)
+    (root / "params.yaml").write_text(PARAMS.format(figure=params_figure))
+    (root / "scripts").mkdir()
+    (root / "scripts" / "recipe.sh").write_text(SCRIPT.format(figure=script_figure))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("params_figure", "script_figure", "where"),
+    [
+        ("0 of 969", GENERATED, "params.yaml:3: '0 of 969'"),
+        ("1.00", GENERATED, "params.yaml:3: '1.00'"),
+        (GENERATED, "1.52 at k = 3", "scripts/recipe.sh:2: '1.52'"),
+        (GENERATED, "3.3x the tokens/s", "scripts/recipe.sh:2: '3.3x'"),
+        (GENERATED, "a ~35 s start", "scripts/recipe.sh:2: '~35'"),
+    ],
+    ids=["count", "decimal", "script-decimal", "ratio", "approximation"],
+)
+def test_a_figure_in_a_params_or_script_comment_fails_unless_generated(
+    tmp_path, params_figure, script_figure, where
+):
+    root = code_root(tmp_path, params_figure, script_figure)
+    loose = docs_figures.unsourced(root)
+    assert len(loose) == 1 and loose[0].startswith(where), loose
+    with pytest.raises(SystemExit, match="figure.* that no JSON gives"):
+        docs_figures.main(["--check", "--root", str(root)])
+
+
+def test_generated_figures_outside_the_docs_pass_and_are_regenerated(tmp_path):
+    # config values, a code span, option values, an assignment, versions, an issue and a line
+    # number, and a value the script itself sets are not figures
+    root = code_root(tmp_path, GENERATED, GENERATED)
+    docs_figures.main(["--check", "--root", str(root)])
+    (root / "reports" / "acceptance.json").write_text(json.dumps({"acceptance_length": 2.4}))
+    assert run(root, write=False) == [
+        f"{where}: reports/acceptance.json#/acceptance_length is 2.40, the doc says '3.62'"
+        for where in ("params.yaml", "scripts/recipe.sh")
+    ]
+    run(root)
+    assert GENERATED.replace("3.62", "2.40") in (root / "scripts" / "recipe.sh").read_text()
+    docs_figures.main(["--check", "--root", str(root)])
+
+
+def test_in_python_only_comments_and_docstrings_are_read(tmp_path):
+    module = tmp_path / "draftline" / "part.py"
+    module.parent.mkdir()
+    module.write_text(
+        '"""A part. Measured once: 2.47 on 250 conversations."""\n\n'
+        "TOLERANCE = 0.02  # 0.02: one flip in fifty steps\n"
+        'TEXT = "ran 1.52 -> 2.47, 6 of 24"  # a string in code is code\n\n\n'
+        "def f():\n"
+        '    """Its memory: ~130 MB a shard."""\n'
+        "    return 0.5  # (j + 0.5) / w: a constant of the code\n"
+    )
+    found = docs_figures.loose_figures(module.read_text(), module, "draftline/part.py")
+    assert [line.split(",")[0] for line in found] == [
+        "draftline/part.py:1: '2.47'",
+        "draftline/part.py:8: '~130'",
+    ]
