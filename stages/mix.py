@@ -1,12 +1,14 @@
 """Stage `mix`: prepared datasets → the weighted, prefix-stable train split, a held-out eval split
-(reported: evaluate, benchmark) and a held-out dev split (for choosing: evaluate_dev).
+(reported: evaluate, benchmark), a held-out dev split (for choosing: evaluate_dev) and the eval
+sets (evaluate.sets: datasets only evaluated, held out of train the same way).
 
     python -m stages.mix datasets/prepared reports/prepare datasets/prompts reports/mix.json
 
 Reads PREPARED_DIR/<name>.jsonl and PREPARE_REPORTS/<name>.json for every dataset in params.yaml
 and writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl, OUT_DIR/dev.jsonl (records of draftline/data/formats.py plus
-"partition": short|long), OUT_DIR/meta.json and a report: rows per source and partition, caps,
-cross-dataset duplicates, and every dataset's drop counts by reason. Uses `samples`, `seed` and
+"partition": short|long), OUT_DIR/sets/<name>.jsonl for each eval set, OUT_DIR/meta.json and a
+report: rows per source and partition, caps, cross-dataset duplicates, twins and near-twins of the
+held-out prompts, and every dataset's drop counts by reason. Uses `samples`, `seed` and
 `mix.*`; the rule is in draftline/data/mixing.py.
 """
 
@@ -16,10 +18,14 @@ from pathlib import Path
 from draftline.core.config import stage_sections
 from draftline.core.threads import apply_thread_policy
 from draftline.data.config import Datasets, MixConfig
+from draftline.evaluate.config import EvaluateConfig
 
 
 def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str) -> None:
-    params = stage_sections(samples=int, seed=(int, 0), datasets=Datasets, mix=MixConfig)
+    # evaluate: its eval sets (evaluate.sets), held out of train like the eval split
+    params = stage_sections(
+        samples=int, seed=(int, 0), datasets=Datasets, mix=MixConfig, evaluate=EvaluateConfig
+    )
     apply_thread_policy("mix")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
     from draftline.data.mixing import Paths, run
@@ -37,7 +43,8 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
     write_json(report_json, report)
     print(
         f"mix: train {len(mixed.train)} {report['train']['by_source']}, eval {len(mixed.eval)}, "
-        f"dev {len(mixed.dev)}; twins of them kept out of train "
+        f"dev {len(mixed.dev)}, eval sets { ({n: len(r) for n, r in mixed.sets.items()}) }; "
+        "twins of them kept out of train "
         f"{sum(report['holdout']['train_rows_skipped'].values())}; "
         f"duplicates dropped {report['duplicates_dropped']['total']}"
         + (f"; capped {report['capped']}" if report["capped"] else "")

@@ -21,6 +21,7 @@ def write_params(root: Path, target: dict, **sections) -> None:
     # the built-in engine evaluates: these random targets' head sizes are not among those vLLM's
     # CPU attention runs (tests/evaluate/test_vllm.py covers evaluate.engine vllm)
     params["evaluate"]["engine"] = "hf"
+    params["evaluate"]["sets"] = []  # the prompts here are written by hand, not by `mix`
     for name, value in sections.items():
         params[name] = {**params.get(name, {}), **value} if isinstance(value, dict) else value
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

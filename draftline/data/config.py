@@ -130,6 +130,15 @@ class MixConfig(Section):
     holdout: Literal["exact", "template"] = shaping("template")
     # fail when more than this share of eval prompts keeps a template twin in train (holdout: exact)
     max_template_twin_share: float = operational(0.25, ge=0, le=1)
+    # the datasets eval and dev prompts are drawn from (null: every one); the others give train
+    # prompts only. A templated set whose prompts are variations of each other cannot give
+    # held-out prompts without near-twins in train
+    holdout_from: list[str] | None = shaping(None)
+    # near-twins: prompts whose word sets (first-turn user text, digits masked) are at least this
+    # alike (Jaccard), found by MinHash LSH (draftline/data/holdout.py); counted per held-out
+    # split and eval set, and the mix fails when a share above max_near_twin_share has one in train
+    near_twin_jaccard: float = operational(0.7, gt=0, le=1)
+    max_near_twin_share: float = operational(0.05, ge=0, le=1)
 
     @model_validator(mode="after")
     def _caps_positive(self):
@@ -196,3 +205,10 @@ def check_weights(datasets: dict[str, DatasetSpec], mix: MixConfig, eval_sets=()
         )
     if any(w < 0 for w in mix.weights.values()) or sum(mix.weights.values()) <= 0:
         raise ValueError("mix.weights must be non-negative and not all zero")
+    if mix.holdout_from is not None:
+        unknown = sorted(set(mix.holdout_from) - set(trained))
+        if unknown or not mix.holdout_from:
+            raise ValueError(
+                f"mix.holdout_from must name datasets that give train prompts ({trained}); "
+                + (f"{unknown} do not" if unknown else "it names none (null: every dataset)")
+            )

@@ -1,5 +1,18 @@
-"""Eval held out by content: the keys by which a prompt is a twin of another (its first turn exactly,
-or as a template with digits masked), and how many twins the mix kept out of train."""
+"""Eval held out by content: the keys by which a prompt is a twin of another (its first turn's user
+messages exactly, or as a template with digits masked), near-twins beyond templates (MinHash LSH
+over their words), and how many of each the mix kept out of train or found left in it.
+
+Both keys read the user messages of the first turn only: a system prompt or a tool list does not
+make the same question new (the bundled templated sets ask one question under many system
+prompts). Near-twins: prompts whose word sets (the same user text, digits masked) have a Jaccard
+similarity of at least `mix.near_twin_jaccard`, e.g. a template with its names changed. They are
+found by datasketch's MinHash LSH, which indexes the held-out prompts and queries each train
+prompt: a cost linear in train that fits 100k-row mixes (overhead/near_twins.py measures it against
+rapidfuzz's all-pairs scoring, whose cost grows with held-out x train), each candidate then
+checked by its exact Jaccard. Near-twins are counted and refused above `mix.max_near_twin_share`,
+not skipped: a template family that near-twins the held-out prompts would otherwise drain its
+dataset from train unseen; the refusal names the prompts, and `mix.holdout_from` chooses datasets
+whose prompts can be held out."""
 
 from __future__ import annotations
 
@@ -13,7 +26,7 @@ from typing import TYPE_CHECKING
 from draftline.core.io import text_sha256
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Iterable
 
 
 HOLDOUT_RULES = ("exact", "template")
@@ -42,12 +55,24 @@ def first_turn_text(messages: list[dict], tools: list | None) -> str:
 def twin_keys(messages: list[dict], tools: list | None) -> dict[str, str]:
     """The hold-out keys of a prompt, 16 hex each: `exact`, its first turn's user messages
     normalized (a system prompt or a tool list does not make the same question new), and
-    `template`, the whole first turn normalized with every run of digits replaced by 0."""
-    users = [m for m in messages[: first_assistant(messages)] if m["role"] == "user"]
+    `template`, the same with every run of digits replaced by 0. `tools` is not read: kept for
+    the callers' signature."""
+    text = first_turn_text(user_turns(messages), None)
     return {
-        "exact": text_sha256(first_turn_text(users, None))[:16],
-        "template": text_sha256(re.sub(r"\d+", "0", first_turn_text(messages, tools)))[:16],
+        "exact": text_sha256(text)[:16],
+        "template": text_sha256(re.sub(r"\d+", "0", text))[:16],
     }
+
+
+def user_turns(messages: list[dict]) -> list[dict]:
+    """The user messages of the first turn (before the first assistant turn)."""
+    return [m for m in messages[: first_assistant(messages)] if m["role"] == "user"]
+
+
+def near_words(messages: list[dict]) -> frozenset[str]:
+    """The word set near-twins compare: the first turn's user text normalized, digits masked."""
+    text = first_turn_text(user_turns(messages), None)
+    return frozenset(re.findall(r"\w+", re.sub(r"\d+", "0", text)))
 
 
 def row_twin_keys(row: dict) -> dict:
@@ -86,9 +111,14 @@ def twin_overlap(train: list[dict], eval_rows: list[dict]) -> dict[str, int]:
     }
 
 
-def holdout_report(rule: str, splits: dict[str, list[dict]], skipped: dict[str, Counter]) -> dict:
+def holdout_report(
+    rule: str,
+    splits: dict[str, list[dict]],
+    skipped: dict[str, Counter],
+    sets: dict[str, list[dict]] | None = None,
+) -> dict:
     """The report's `holdout`: the rule, the train rows skipped as twins, and the eval and dev
-    prompts that keep a twin in train (or eval in dev)."""
+    prompts (and each eval set's) that keep a twin in train (or eval in dev)."""
     train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
     skipped_total = sum(skipped.values(), Counter())
     return {
@@ -102,6 +132,10 @@ def holdout_report(rule: str, splits: dict[str, list[dict]], skipped: dict[str, 
         "eval_with_twin_in_dev": twin_overlap(dev, eval_rows),
         "eval": len(eval_rows),
         "dev": len(dev),
+        "sets": {
+            name: {"prompts": len(rows), "with_twin_in_train": twin_overlap(train, rows)}
+            for name, rows in sorted((sets or {}).items())
+        },
     }
 
 
@@ -129,9 +163,110 @@ def holdout_problem(holdout: dict, max_template_twin_share: float) -> str | None
                 f"(digits masked) with a {other} prompt, above "
                 f"mix.max_template_twin_share={max_template_twin_share}"
             )
+    for name, found in holdout.get("sets", {}).items():
+        overlap, n = found["with_twin_in_train"], found["prompts"]
+        share = overlap["template"] / n if n else 0.0
+        found["template_twin_share"] = round(share, 4)
+        if overlap["exact"] or share > max_template_twin_share:
+            problems.append(
+                f"{overlap['template']} of {n} prompts of the eval set {name} share a template "
+                f"(digits masked) with a train prompt ({overlap['exact']} exactly)"
+            )
     if not problems:
         return None
     return (
         f"mix: {'; '.join(problems)}. A held-out split that repeats the templates it is compared "
         "with measures recall: set mix.holdout: template (skips them) or raise the share."
+    )
+
+
+# ---- near-twins beyond templates ------------------------------------------------------------
+
+NEAR_PERMUTATIONS = 64  # MinHash permutations: LSH bands at the threshold from these
+
+
+def jaccard(a: frozenset, b: frozenset) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def _minhash(words: frozenset[str]):
+    from datasketch import MinHash
+
+    sketch = MinHash(num_perm=NEAR_PERMUTATIONS, seed=1)
+    sketch.update_batch([w.encode() for w in sorted(words)])
+    return sketch
+
+
+class NearTwinIndex:
+    """The held-out prompts (key -> messages) in a MinHash LSH index; `near(messages)` gives the
+    held-out keys whose word sets have a Jaccard similarity of at least `threshold` with a prompt's,
+    each with that similarity (exact, not the sketch's estimate)."""
+
+    def __init__(self, held: dict[str, list[dict]], threshold: float):
+        from datasketch import MinHashLSH
+
+        self.threshold = threshold
+        self.words = {key: near_words(messages) for key, messages in held.items()}
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=NEAR_PERMUTATIONS)
+        for key, words in self.words.items():
+            if words:
+                self.lsh.insert(key, _minhash(words))
+
+    def near(self, messages: list[dict]) -> list[tuple[str, float]]:
+        words = near_words(messages)
+        if not words or not self.words:
+            return []
+        found = ((key, jaccard(words, self.words[key])) for key in self.lsh.query(_minhash(words)))
+        return sorted((key, round(j, 4)) for key, j in found if j >= self.threshold)
+
+
+def near_twins(
+    held: dict[str, list[dict]], train: Iterable[dict], threshold: float
+) -> dict[str, dict]:
+    """Per held-out group (eval, dev, each eval set: rows with id and messages): its prompts with a
+    near-twin among the train records, {"prompts", "with_near_twin", "examples": up to five
+    {held, train, jaccard}}."""
+    index = NearTwinIndex(
+        {f"{group}\0{row['id']}": row["messages"] for group, rows in held.items() for row in rows},
+        threshold,
+    )
+    found: dict[str, dict[str, tuple[str, float]]] = {group: {} for group in held}
+    for record in train:
+        for key, similarity in index.near(record["messages"]):
+            group, held_id = key.split("\0", 1)
+            best = found[group].get(held_id)
+            if best is None or similarity > best[1]:
+                found[group][held_id] = (record["id"], similarity)
+    return {
+        group: {
+            "prompts": len(held[group]),
+            "with_near_twin": len(found[group]),
+            "examples": [
+                {"held": held_id, "train": train_id, "jaccard": similarity}
+                for held_id, (train_id, similarity) in sorted(found[group].items())[:5]
+            ],
+        }
+        for group in held
+    }
+
+
+def near_twin_problem(near: dict[str, dict], max_share: float, threshold: float) -> str | None:
+    """Why a held-out group keeps too many near-twins in train (above max_share), or None."""
+    problems = []
+    for group, found in near.items():
+        share = found["with_near_twin"] / found["prompts"] if found["prompts"] else 0.0
+        found["share"] = round(share, 4)
+        if share > max_share:
+            first = found["examples"][0]
+            problems.append(
+                f"{found['with_near_twin']} of {found['prompts']} {group} prompts ({share:.0%}) "
+                f"have a near-twin in train (e.g. {first['held']} ~ {first['train']}, Jaccard "
+                f"{first['jaccard']})"
+            )
+    if not problems:
+        return None
+    return (
+        f"mix: {'; '.join(problems)}: word sets at least mix.near_twin_jaccard={threshold} alike, "
+        f"above mix.max_near_twin_share={max_share}. Hold out prompts from datasets whose prompts "
+        "are not variations of each other (mix.holdout_from), or raise the share"
     )

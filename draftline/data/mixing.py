@@ -14,17 +14,23 @@ sequence and the others fill in. Skipping never reorders what is left, so caps s
 Weights are relative (normalized); a weight of 0 leaves its dataset out entirely.
 
 Eval is held out by content, not only by id: greedy regeneration gives a train twin of an eval
-prompt the eval prompt's answer, so a twin in train measures recall, not the draft. A prompt's
-first turn (the messages before the first assistant turn, and the tools) is normalized (Unicode
-NFKC, lower case, runs of whitespace collapsed). Prompts whose first-turn user messages are equal
-are *exact twins*, whatever their system prompt or tools; prompts whose whole first turns are equal
-once every run of digits is replaced by 0 are *template twins* ("What is 16 * 6?" and "What is
-23 * 4?"). Train rows are drawn from the sequence after eval, skipping every exact twin
-of an eval prompt and, with `mix.holdout: template` (the default), every template twin too (each
-dataset's next row takes a skipped row's place, so the weights hold); skipped rows are counted in
-the report (`holdout`: over each dataset's whole remainder, whatever `samples` draws), and the mix fails when the share of eval prompts that
-keep a template twin in train exceeds `mix.max_template_twin_share`. The skip depends only on eval,
-which does not depend on `samples`, so train stays prefix-stable.
+prompt the eval prompt's answer, so a twin in train measures recall, not the draft. The user
+messages of a prompt's first turn (before the first assistant turn; a system prompt or tools do not
+make the same question new) are normalized (Unicode NFKC, lower case, runs of whitespace
+collapsed). Prompts whose normalized user messages are equal are *exact twins*; equal once every
+run of digits is replaced by 0, *template twins* ("What is 16 * 6?" and "What is 23 * 4?"). The
+eval sets (`evaluate.sets`: whole datasets that are only evaluated) are held out first, then eval
+and dev are drawn, from the datasets `mix.holdout_from` names (every one when null). Train rows
+are drawn after them, skipping every exact twin of a held-out prompt and, with `mix.holdout:
+template` (the default), every template twin too (each dataset's next row takes a skipped row's
+place, so the weights hold); skipped rows are counted in the report (`holdout`: over each dataset's
+whole remainder, whatever `samples` draws), and the mix fails when the share of eval prompts (or of
+an eval set's) that keep a template twin in train exceeds `mix.max_template_twin_share`.
+Near-twins beyond templates (draftline/data/holdout.py) are counted per held-out split and set,
+and the mix fails above `mix.max_near_twin_share`. The skip depends only on what is held out,
+which does not depend on `samples`, so train stays prefix-stable. When eval and dev come from
+some datasets only, train is numbered from every dataset's first row after them, so its shares
+are the weights.
 
 When the datasets cannot supply `samples` (or `eval_samples`), or a dataset runs out so that the
 others fill in and the shares drift from the weights, the report says so per dataset
@@ -46,18 +52,20 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.io import file_sha256, read_json, text_sha256, write_jsonl, write_meta
-from draftline.data.config import check_weights
+from draftline.data.config import check_weights, train_datasets
 from draftline.data.formats import content_hash
 from draftline.data.holdout import (
     HOLDOUT_RULES,
     holdout_problem,
     holdout_report,
+    near_twin_problem,
+    near_twins,
     twin_keys,
     without_eval_twins,
 )
@@ -70,6 +78,18 @@ from draftline.data.shortfall import (
 
 if TYPE_CHECKING:
     from draftline.data.config import MixConfig
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """How the held-out prompts are chosen and kept out of train: the twin rule ("exact" /
+    "template"), the datasets eval and dev are drawn from (None: every one, mix.holdout_from), and
+    the eval sets' rows (evaluate.sets: name -> light rows), held out like eval before anything
+    is drawn."""
+
+    rule: str = "template"
+    sources: tuple[str, ...] | None = None
+    sets: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def drop_cross_duplicates(
@@ -222,32 +242,44 @@ def hold_out(
     weights: dict[str, float],
     eval_samples: int,
     dev_samples: int,
-    holdout: str,
+    holdout: Holdout,
 ) -> HeldOut:
-    """Eval, then dev (when dev_samples), from the seeded-order rows of each dataset, skipping in
-    what is left every twin (rule `holdout`) of the prompts held out so far."""
-    # Each split takes a prefix of what is left of every dataset; what follows it is merged on,
-    # numbered from where the split left each dataset, less the twins of the prompts held out so
-    # far: with no twin skipped this is the one merged sequence continued, and a skipped twin's
-    # place goes to its own dataset's next row (shares hold).
+    """Eval, then dev (when dev_samples), from the seeded-order rows of each dataset of
+    holdout.sources, skipping in what is left every twin (rule holdout.rule) of the prompts held
+    out so far, the eval sets' first."""
+    # Each split takes a prefix of what is left of every dataset it draws from; what follows it is
+    # merged on, numbered from where the split left each dataset, less the twins of the prompts
+    # held out so far: with no twin skipped this is the one merged sequence continued, and a
+    # skipped twin's place goes to its own dataset's next row (shares hold).
     skipped = {name: Counter() for name in ordered}
     starts = dict.fromkeys(ordered, 0)
-    held: list[dict] = []
+    held: list[dict] = [row for rows in holdout.sets.values() for row in rows]
+    sources = set(ordered if holdout.sources is None else holdout.sources)
+
+    def without_twins(counts: dict[str, int]) -> dict[str, list[dict]]:
+        return {
+            name: list(without_eval_twins(part[counts[name] :], held, holdout.rule, skipped[name]))
+            for name, part in ordered.items()
+        }
 
     def take(n: int) -> list[dict]:
         nonlocal ordered
-        rows, counts = next_rows(ordered, weights, starts, n)
+        drawn = {name: part for name, part in ordered.items() if name in sources}
+        rows, counts = next_rows(drawn, weights, starts, n)
         held.extend(rows)
         for name in ordered:
-            starts[name] += counts[name]
-        ordered = {
-            name: list(without_eval_twins(part[counts[name] :], held, holdout, skipped[name]))
-            for name, part in ordered.items()
-        }
+            starts[name] += counts.get(name, 0)
+        ordered = without_twins({name: counts.get(name, 0) for name in ordered})
         return rows
 
+    if held:
+        ordered = without_twins(dict.fromkeys(ordered, 0))
     eval_rows = take(eval_samples)
     dev = take(dev_samples) if dev_samples else []
+    if holdout.sources is not None:
+        # eval and dev came from some datasets only: train is a sequence of its own, numbered
+        # from 0 in every dataset, so that its shares are the weights
+        starts = dict.fromkeys(starts, 0)
     return HeldOut(eval_rows, dev, ordered, starts, skipped)
 
 
@@ -260,21 +292,27 @@ def mix_splits(
     long_threshold_tokens: int,
     seed: int,
     caps: dict[str, int] | None = None,
-    holdout: str = "template",
+    holdout: str | Holdout = "template",
 ) -> tuple[dict[str, list[dict]], dict]:
     """({"train", "eval", "dev"}: rows, report) from prepared records per dataset; see the module
-    docstring for the rule.
+    docstring for the rule (`holdout`: a Holdout, or its rule alone).
 
     Fewer rows than requested is not an error here: everything is taken, and the report has the
     numbers per dataset for the stage to decide (`shortfall_problems`). A train split left empty
     (every row went to eval and dev) or a cap naming no dataset raises ValueError.
     """
     caps = caps or {}
-    if holdout not in HOLDOUT_RULES:
-        raise ValueError(f"mix.holdout must be one of {HOLDOUT_RULES}, not {holdout!r}")
+    holdout = holdout if isinstance(holdout, Holdout) else Holdout(holdout)
+    if holdout.rule not in HOLDOUT_RULES:
+        raise ValueError(f"mix.holdout must be one of {HOLDOUT_RULES}, not {holdout.rule!r}")
     if unknown := sorted(set(caps) - set(pools)):
         raise ValueError(
             f"mix.caps names unknown datasets {unknown}; datasets: {', '.join(sorted(pools))}"
+        )
+    if holdout.sources is not None and (unknown := sorted(set(holdout.sources) - set(pools))):
+        raise ValueError(
+            f"mix.holdout_from names {unknown}, not datasets that give train prompts; they are: "
+            f"{', '.join(sorted(pools))}"
         )
     pools = {name: rows for name, rows in pools.items() if weights[name] > 0}
     pools, copies = drop_cross_duplicates(pools)
@@ -302,7 +340,7 @@ def mix_report(
     pools: dict[str, list[dict]],
     weights: dict[str, float],
     caps: dict[str, int],
-    holdout: str,
+    holdout: Holdout,
     requested: dict[str, int],
     splits: dict[str, list[dict]],
     skipped: dict[str, Counter],
@@ -341,7 +379,7 @@ def mix_report(
             "copies_of": {name: c for name, c in copies.items() if c},
         },
         "ids_renamed": renamed,
-        "holdout": holdout_report(holdout, splits, skipped),
+        "holdout": holdout_report(holdout.rule, splits, skipped, holdout.sets),
         "shortfall": {split: requested[split] - len(splits[split]) for split in requested},
         "per_dataset": per_dataset,
         "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
@@ -401,19 +439,14 @@ class Mixed:
     paths: dict[str, Path]  # dataset -> its prepared file (full_records reads the chosen rows back)
     inputs: dict[str, str]  # dataset -> sha256 of its prepared file
     shortfall: str | None  # the accepted shortfall, worded (mix.allow_shortfall), or None
+    sets: dict[str, list[dict]] = field(default_factory=dict)  # each eval set's rows, held out
 
 
-def mix_prepared(
-    names: list[str],
-    prepared_dir: Path,
-    prepare_reports: Path,
-    cfg: MixConfig,
-    samples: int,
-    seed: int,
-) -> Mixed:
-    """Mix the prepared files of the datasets `names` (<prepared_dir>/<name>.jsonl, with the prepare
-    report <prepare_reports>/<name>.json) by `cfg`. ValueError for a missing or mislabelled file, a
-    mix that cannot be drawn, or a shortfall that mix.allow_shortfall does not accept."""
+def read_pools(
+    names: list[str], prepared_dir: Path, prepare_reports: Path
+) -> tuple[dict[str, list[dict]], dict[str, Path], dict[str, str], dict[str, dict]]:
+    """(light rows, file, sha256, prepare figures) of each dataset's prepared file. ValueError for
+    a missing or mislabelled file."""
     pools, paths, inputs, prepared = {}, {}, {}, {}
     for name in sorted(names):
         path, report = prepared_dir / f"{name}.jsonl", prepare_reports / f"{name}.json"
@@ -431,6 +464,27 @@ def mix_prepared(
             key: stats.get(key)
             for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")
         }
+    return pools, paths, inputs, prepared
+
+
+def mix_prepared(
+    names: list[str],
+    prepared_dir: Path,
+    prepare_reports: Path,
+    cfg: MixConfig,
+    samples: int,
+    seed: int,
+    sets: list[str] = (),
+) -> Mixed:
+    """Mix the prepared files of the datasets `names` (<prepared_dir>/<name>.jsonl, with the prepare
+    report <prepare_reports>/<name>.json) by `cfg`, the eval sets `sets` (prepared the same way)
+    held out of train. ValueError for a missing or mislabelled file, a mix that cannot be drawn, a
+    hold-out that does not hold, or a shortfall that mix.allow_shortfall does not accept."""
+    pools, paths, inputs, prepared = read_pools([*names, *sets], prepared_dir, prepare_reports)
+    set_rows = {name: tag_partition(pools.pop(name), cfg.long_threshold_tokens) for name in sets}
+    holdout = Holdout(
+        cfg.holdout, None if cfg.holdout_from is None else tuple(cfg.holdout_from), set_rows
+    )
     splits, report = mix_splits(
         pools,
         cfg.weights,
@@ -440,10 +494,21 @@ def mix_prepared(
         cfg.long_threshold_tokens,
         seed,
         cfg.caps,
-        cfg.holdout,
+        holdout,
     )
     train, eval_rows = splits["train"], splits["eval"]
     if problem := holdout_problem(report["holdout"], cfg.max_template_twin_share):
+        raise ValueError(problem)
+    held = {"eval": eval_rows, "dev": splits["dev"], **set_rows}
+    near = near_twins(
+        {group: list(full_records(rows, paths)) for group, rows in held.items()},
+        full_records(train, paths),
+        cfg.near_twin_jaccard,
+    )
+    report["holdout"]["near_twins"] = near
+    report["holdout"]["near_twin_jaccard"] = cfg.near_twin_jaccard
+    report["holdout"]["max_near_twin_share"] = cfg.max_near_twin_share
+    if problem := near_twin_problem(near, cfg.max_near_twin_share, cfg.near_twin_jaccard):
         raise ValueError(problem)
     report["allow_shortfall"] = cfg.allow_shortfall
     shortfall = None
@@ -464,7 +529,7 @@ def mix_prepared(
     reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
     report["prepare"] = prepared
     report["dropped_by_reason"] = dict(sorted((+reasons).items(), key=lambda kv: (-kv[1], kv[0])))
-    return Mixed(train, eval_rows, splits["dev"], report, paths, inputs, shortfall)
+    return Mixed(train, eval_rows, splits["dev"], report, paths, inputs, shortfall, set_rows)
 
 
 class Paths(NamedTuple):
@@ -475,19 +540,27 @@ class Paths(NamedTuple):
 
 def run(params, paths: Paths) -> Mixed:
     """Stage `mix`: the prepared datasets mixed by params.mix into paths.out (train, eval and dev
-    prompts as full records, meta.json); the mix, whose report the stage writes. ValueError as
-    mix_prepared, or for mix.weights that do not name the datasets."""
-    check_weights(params.datasets, params.mix)
+    prompts as full records, each eval set's under sets/, meta.json); the mix, whose report the
+    stage writes. ValueError as mix_prepared, or for mix.weights that do not name the datasets."""
+    sets = list(params.evaluate.sets)
+    check_weights(params.datasets, params.mix, sets)
     mixed = mix_prepared(
-        list(params.datasets),
+        train_datasets(params.datasets, sets),
         paths.prepared,
         paths.prepare_reports,
         params.mix,
         params.samples,
         params.seed,
+        sets,
     )
     for split in ("train", "eval", "dev"):
         write_jsonl(paths.out / f"{split}.jsonl", full_records(getattr(mixed, split), mixed.paths))
+    (paths.out / "sets").mkdir(parents=True, exist_ok=True)
+    for stale in (paths.out / "sets").glob("*.jsonl"):
+        if stale.stem not in mixed.sets:
+            stale.unlink()
+    for name, rows in mixed.sets.items():
+        write_jsonl(paths.out / "sets" / f"{name}.jsonl", full_records(rows, mixed.paths))
     write_meta(
         paths.out,
         "mix",

@@ -19,7 +19,9 @@ def default_raw():
 
 def test_default_params_validate():
     params = load_params(ROOT / "params.yaml")
-    assert params.samples > 0 and set(params.mix.weights) == set(params.datasets)
+    assert params.samples > 0 and set(params.mix.weights) == set(params.datasets) - set(
+        params.evaluate.sets
+    )
 
 
 @pytest.mark.parametrize(

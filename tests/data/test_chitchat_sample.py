@@ -35,6 +35,24 @@ def test_bundled_sample_is_varied_and_prepare_keeps_every_row():
         assert row["id"].startswith("chitchat-")
 
 
+def test_bundled_eval_set_has_no_twin_in_the_sample():
+    """chitchat_eval.jsonl (the default run's eval set): the rule's next 40 chats, none a twin or a
+    near-twin (the mix's own keys and threshold) of a chat in the sample."""
+    from draftline.data.config import MixConfig
+    from draftline.data.holdout import NearTwinIndex
+
+    sample, _ = prepare_records(read_rows(str(SAMPLE)), "chitchat_sample", "sharegpt")
+    more, stats = prepare_records(
+        read_rows(str(SAMPLE.with_name("chitchat_eval.jsonl"))), "chitchat_more", "sharegpt"
+    )
+    assert stats["rows_kept"] == 40 and not {r["id"] for r in more} & {r["id"] for r in sample}
+    keys = {k for r in sample for k in twin_keys(r["messages"], r["tools"]).values()}
+    assert not [r["id"] for r in more if set(twin_keys(r["messages"], r["tools"]).values()) & keys]
+    threshold = MixConfig.model_fields["near_twin_jaccard"].default
+    index = NearTwinIndex({r["id"]: r["messages"] for r in more}, threshold)
+    assert [index.near(r["messages"]) for r in sample] == [[]] * len(sample)
+
+
 def conversation(a: str, b: str, *texts: str) -> dict:
     """A chitchat-dataset conversation: the speakers alternate from `a`; a text with newlines is
     several lines of one turn."""
@@ -81,7 +99,7 @@ def generate(
     source = tmp_path / f"{name}.json"
     source.write_text(json.dumps(dataset))
     return subprocess.run(
-        [sys.executable, str(SCRIPT), str(source), str(tmp_path / name), str(rows)],
+        [sys.executable, str(SCRIPT), str(source), str(tmp_path / name), str(rows), "0"],
         capture_output=True,
         text=True,
     )
@@ -126,7 +144,7 @@ def test_generator_reads_the_wheel_and_copies_its_licence(tmp_path):
         zf.writestr("chitchat_dataset/dataset.json", json.dumps(SYNTHETIC))
         zf.writestr("chitchat_dataset-0.9.0.dist-info/LICENSE", "MIT License\n\nCopyright ...\n")
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(wheel), str(tmp_path / "out"), "2"],
+        [sys.executable, str(SCRIPT), str(wheel), str(tmp_path / "out"), "2", "0"],
         capture_output=True,
         text=True,
     )

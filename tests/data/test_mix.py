@@ -12,9 +12,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from draftline.data.config import MixConfig
 from draftline.data.formats import content_hash, prepare_records
-from draftline.data.holdout import holdout_problem
-from draftline.data.mixing import mix_datasets, mix_splits
+from draftline.data.holdout import holdout_problem, near_twin_problem, near_twins
+from draftline.data.mixing import Holdout, mix_datasets, mix_splits, tag_partition
 from draftline.data.shortfall import shortfall_problems, shortfall_table
 from draftline.data.sources import read_rows
 
@@ -108,33 +109,120 @@ def test_no_eval_prompt_has_a_twin_in_train(pools):
     assert not twins, f"{len(twins)} of {len(eval_rows)} eval prompts have a twin in train"
 
 
-def test_default_mix_of_the_bundled_sets_draws_every_split_from_every_set():
-    """params.yaml's datasets, weights and sizes: eval, dev and train each hold prompts of every
-    bundled set (the real chats included), no eval or dev prompt keeps an exact or template twin in
-    train, the real chats lose no row to the hold-out (they repeat no template), the weights hold,
-    and they still hold at the size the README's workflow grows `samples` to."""
+def bundled_mix(**mix_overrides) -> tuple[dict, dict, dict, dict]:
+    """params.yaml's datasets, weights, sizes and hold-out (with `mix_overrides`) mixed as the
+    stage does: (splits, report, the eval sets' rows, near-twins per held-out group)."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    pools = {
+    cfg = MixConfig(**{**params["mix"], **mix_overrides})
+    records = {
         name: prepare_records(read_rows(str(ROOT / spec["path"])), name, spec["format"])[0]
         for name, spec in params["datasets"].items()
     }
-    cfg = params["mix"]
-    args = (cfg["eval_samples"], cfg["dev_samples"], cfg["long_threshold_tokens"], params["seed"])
-    splits, report = mix_splits(
-        pools, cfg["weights"], params["samples"], *args, cfg["caps"], cfg["holdout"]
+    set_names = params["evaluate"]["sets"]
+    sets = {name: tag_partition(records.pop(name), 1024) for name in set_names}
+    rule = Holdout(cfg.holdout, None if cfg.holdout_from is None else tuple(cfg.holdout_from), sets)
+    args = (cfg.eval_samples, cfg.dev_samples, cfg.long_threshold_tokens, params["seed"])
+    splits, report = mix_splits(records, cfg.weights, params["samples"], *args, cfg.caps, rule)
+    held = {"eval": splits["eval"], "dev": splits["dev"], **sets}
+    near = near_twins(held, splits["train"], cfg.near_twin_jaccard)
+    return splits, report, sets, near
+
+
+def test_default_mix_of_the_bundled_sets_holds_out_real_chats_only():
+    """params.yaml's mix: eval and dev are real chats (mix.holdout_from), every dataset gives train
+    rows at the weights, the eval set chitchat_more is held out whole; no held-out prompt keeps an
+    exact, template (user turns, digits masked) or near twin in train; the weights still hold at
+    the size the README's workflow grows `samples` to."""
+    splits, report, sets, near = bundled_mix()
+    assert set(report["train"]["by_source"]) == {
+        "sharegpt_sample",
+        "messages_sample",
+        "chitchat_sample",
+    }
+    assert (
+        set(report["eval"]["by_source"]) == set(report["dev"]["by_source"]) == {"chitchat_sample"}
     )
-    assert "chitchat_sample" in pools
-    for split in ("train", "eval", "dev"):
-        assert set(report[split]["by_source"]) == set(pools), (split, report[split])
+    assert list(sets) == ["chitchat_more"] and len(sets["chitchat_more"]) == 40
     none = {"exact": 0, "template": 0}
     holdout = report["holdout"]
     assert holdout["eval_with_twin_in_train"] == holdout["dev_with_twin_in_train"] == none
     assert holdout["eval_with_twin_in_dev"] == none
-    assert report["per_dataset"]["chitchat_sample"]["twins"] == 0
-    assert holdout_problem(holdout, cfg["max_template_twin_share"]) is None
+    assert holdout["sets"]["chitchat_more"]["with_twin_in_train"] == none
+    assert {group: found["with_near_twin"] for group, found in near.items()} == {
+        "eval": 0,
+        "dev": 0,
+        "chitchat_more": 0,
+    }
+    assert holdout_problem(holdout, 0.0) is None and near_twin_problem(near, 0.0, 0.7) is None
     assert shortfall_problems(report) == [] and report["weights_honoured"]
     grown = int(re.search(r"-S samples=(\d+)", (ROOT / "README.md").read_text()).group(1))
     assert report["max_samples_at_weights"] >= grown
+
+
+def test_templated_sets_cannot_give_held_out_prompts():
+    """The blind spot the keys close: drawn from every bundled set with only exact twins skipped,
+    eval prompts keep template twins that differ only by system prompt or digits, and near-twins
+    (names changed too) for every templated prompt; the template share and the near-twin share
+    refuse the mix."""
+    _, report, _, near = bundled_mix(holdout_from=None, holdout="exact")
+    holdout = report["holdout"]
+    templated = sum(
+        n for name, n in report["eval"]["by_source"].items() if name != "chitchat_sample"
+    )
+    assert holdout["eval_with_twin_in_train"]["exact"] == 0
+    assert holdout["eval_with_twin_in_train"]["template"] > 0
+    assert near["eval"]["with_near_twin"] >= templated > 0
+    assert "template (digits masked)" in holdout_problem(holdout, 0.0)
+    problem = near_twin_problem(near, 0.05, 0.7)
+    assert "eval prompts" in problem and "mix.holdout_from" in problem
+
+
+def test_template_key_ignores_system_prompt_and_tools_and_digits():
+    from draftline.data.holdout import twin_keys
+
+    def prompt(system: str, user: str, tools=None) -> tuple[list[dict], list | None]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}], tools
+
+    a = twin_keys(*prompt("You are a calculator.", "Use the tool to add 35 and 67."))
+    b = twin_keys(*prompt("Answer briefly.", "Use the tool to add 12 and 9.", [{"name": "add"}]))
+    c = twin_keys(*prompt("Answer briefly.", "Use the tool to add 35 and 67."))
+    assert a["template"] == b["template"] and a["exact"] != b["exact"]
+    assert a == c  # the system prompt does not make the same question new
+
+
+def test_near_twins_found_beyond_templates():
+    """A template with its names changed is a near-twin; an unrelated prompt is not; every near
+    twin found has its exact Jaccard at least the threshold."""
+    from draftline.data.holdout import near_twins
+
+    def row(i, text):
+        return {"id": i, "messages": [{"role": "user", "content": text}]}
+
+    held = {"eval": [row("e1", "Alice has 3 apples and gives Bob 2 of them; how many are left?")]}
+    train = [
+        row("t1", "Carol has 7 apples and gives Dave 5 of them; how many are left?"),
+        row("t2", "Write a poem about the sea at night, with rhyme."),
+    ]
+    found = near_twins(held, train, 0.6)["eval"]
+    assert found["with_near_twin"] == 1 and found["examples"][0]["train"] == "t1"
+    assert found["examples"][0]["jaccard"] >= 0.6
+    assert near_twins(held, train[1:], 0.6)["eval"]["with_near_twin"] == 0
+
+
+def test_eval_set_prompts_are_held_out_of_train(pools):
+    """A train row that is a twin of an eval set's prompt is skipped like an eval twin; the set's
+    rows are never drawn."""
+    weights = {"messages": 0.5, "sharegpt": 0.5}
+    base, _ = mix_splits(pools, weights, 300, 24, 0, 1024, 0)
+    taken = base["train"][0]
+    twin = {**taken, "id": "set-0", "source": "bench"}
+    splits, report = mix_splits(
+        pools, weights, 300, 24, 0, 1024, 0, None, Holdout("template", None, {"bench": [twin]})
+    )
+    assert taken["id"] not in {r["id"] for r in splits["train"]}
+    assert "set-0" not in {r["id"] for r in splits["train"] + splits["eval"]}
+    assert report["holdout"]["sets"]["bench"]["with_twin_in_train"] == {"exact": 0, "template": 0}
+    assert report["holdout"]["train_rows_skipped"]["exact"] >= 1
 
 
 def test_weights_roughly_honoured(pools):
@@ -266,6 +354,8 @@ def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.Comp
         )
     if "dev_samples" not in mix_extra:
         mix_extra += ", dev_samples: 0"
+    if "near_twin" not in mix_extra:  # the templated sets alone: their prompts are near-twins
+        mix_extra += ", max_near_twin_share: 1.0"
     (tmp_path / "params.yaml").write_text(
         f"samples: {samples}\nseed: 0\ndatasets:\n  messages: {{path: {SAMPLES['messages']}}}\n"
         f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"
@@ -291,30 +381,31 @@ def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.Comp
 def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):
     done = run_mix_stage(tmp_path, pools, samples=100000)
     assert done.returncode == 1 and not (tmp_path / "mixed/train.jsonl").exists()
-    # 223 train rows are twins of the 12 eval prompts (36 exact, 187 template), kept out of train
-    assert "samples=100000 asks for 100000 train prompts; the datasets supply 881" in done.stderr
+    # 363 train rows are twins of the 12 eval prompts (36 exact, 327 template: the user turns with
+    # digits masked, whatever the system prompt), kept out of train
+    assert "samples=100000 asks for 100000 train prompts; the datasets supply 741" in done.stderr
     assert "sharegpt ran out before giving its share of the weights" in done.stderr
     rows = {
         line.split()[0]: line.split()[1:]
         for line in done.stderr.splitlines()
         if line.startswith("  ")
     }
-    assert rows["messages"] == ["50%", "50000", "594", "6", "0", "101", "487", "55%"]
-    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "0", "122", "394", "45%"]
-    for line in ("at most 788 keeps the weights", "mix.allow_shortfall: true"):
+    assert rows["messages"] == ["50%", "50000", "594", "6", "0", "163", "425", "57%"]
+    assert rows["sharegpt"] == ["50%", "50000", "522", "6", "0", "200", "316", "43%"]
+    for line in ("at most 632 keeps the weights", "mix.allow_shortfall: true"):
         assert line in done.stderr, done.stderr
     done = run_mix_stage(tmp_path, pools, samples=100000, mix_extra=", allow_shortfall: true")
     assert done.returncode == 0, done.stderr
     assert "SHORTFALL accepted (mix.allow_shortfall: true)" in done.stderr
     report = json.loads((tmp_path / "reports/mix.json").read_text())
     assert (
-        report["train"]["rows"] == 881
+        report["train"]["rows"] == 741
         and report["allow_shortfall"]
         and not report["weights_honoured"]
     )
-    assert report["per_dataset"]["messages"]["share"] == round(487 / 881, 4)
+    assert report["per_dataset"]["messages"]["share"] == round(425 / 741, 4)
     assert (
-        json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 881
+        json.loads((tmp_path / "mixed/meta.json").read_text())["counts"]["train"] == 741
     )  # what evaluate plots
 
 
@@ -533,7 +624,7 @@ def test_dev_split_is_held_out_from_train_and_eval(pools):
     assert mix_splits(pools, weights, 400, 24, 12, 1024, 0)[0]["train"][:300] == train
     no_dev, _ = mix_splits(pools, weights, 300, 24, 0, 1024, 0)
     assert no_dev["dev"] == [] and no_dev["train"] == mix(pools, weights, 300)[0]
-    with pytest.raises(ValueError, match="815 to dev"):  # dev took every row left
+    with pytest.raises(ValueError, match="690 to dev"):  # dev took every row left
         mix_splits(pools, weights, 10, 24, 5000, 1024, 0)
 
 

@@ -16,7 +16,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
-PREPARES = ["prepare@sharegpt_sample", "prepare@messages_sample", "prepare@chitchat_sample"]
+PREPARES = [
+    "prepare@sharegpt_sample",
+    "prepare@messages_sample",
+    "prepare@chitchat_sample",
+    "prepare@chitchat_more",  # an eval set (evaluate.sets)
+]
 STAGES = [*PREPARES, "mix"]
 
 

@@ -205,7 +205,9 @@ def test_a_benchmark_set_must_be_an_eval_set():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["datasets"]["bench"] = {"preset": "mt_bench"}
     raw["evaluate"]["sets"] = [s for s in raw["evaluate"].get("sets", []) if s != "bench"]
-    with pytest.raises(ParamsError, match=r"\['bench'\] are benchmark sets .*name them in evaluate.sets"):
+    with pytest.raises(
+        ParamsError, match=r"\['bench'\] are benchmark sets .*name them in evaluate.sets"
+    ):
         parse_params(raw)
     raw["evaluate"]["sets"].append("bench")
     assert "bench" in parse_params(raw).evaluate.sets

@@ -144,7 +144,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engi
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["evaluate"].update(
-        engine=engine, k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype
+        engine=engine, k=2, max_new_tokens=10, prompts=3, device="cpu", dtype=dtype, sets=[]
     )
     raw["engines"]["vllm"]["python"] = str(tmp_path / "no-vllm" / "python")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))

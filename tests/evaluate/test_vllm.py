@@ -46,7 +46,9 @@ def served_draft(tmp_path_factory, tiny_tokenizer):
 def evaluate_in(tmp_path: Path, served_draft, draft_dir, **evaluate) -> subprocess.CompletedProcess:
     """The evaluate stage as DVC runs it, in tmp_path, on the draft's conversations as eval prompts."""
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["evaluate"].update(k=3, max_new_tokens=24, device="cpu", dtype="float32", **evaluate)
+    raw["evaluate"].update(
+        k=3, max_new_tokens=24, device="cpu", dtype="float32", sets=[], **evaluate
+    )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     served_draft.card.write(tmp_path / "card.json")
     rows = [{"id": f"e{i}", "source": "a", **c} for i, c in enumerate(served_draft.conversations)]
