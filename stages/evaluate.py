@@ -74,7 +74,9 @@ def main(
         print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
         write_metrics(report_path, done.report, ["prompts"])
         return
-    write_metrics(report_path, done.report, ["acceptance_length", "tau_sim", "tokens_per_step"])
+    # the engine that measured the headline beside it (hf: the built-in one; vllm)
+    headline = ["acceptance_length", "tau_sim", "tokens_per_step", "engine"]
+    write_metrics(report_path, done.report, headline)
     if failure:  # the report shows both engines; the stage fails (DVC keeps nothing of it)
         raise SystemExit(f"error: {failure}")
 

@@ -229,6 +229,15 @@ class EvaluationRun:
     # against vLLM compares them)
     prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     greedy: dict[str, list[int]] = field(default_factory=dict)
+    # per prompt id: greedy's near-ties at each token (Generation.runner_ups), for judging another
+    # engine's output by the same rule (the parity gate)
+    runner_ups: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+
+    def greedy_run(self, prompt_id: str):
+        """The greedy output of a prompt as compare_to_greedy reads it (tokens, runner_ups)."""
+        from draftline.evaluate.specdec import Generation
+
+        return Generation(self.greedy[prompt_id], runner_ups=self.runner_ups.get(prompt_id, []))
 
 
 def mixed_train_count(eval_path: str | Path, samples: int) -> int:
@@ -293,6 +302,7 @@ class EvaluationTally:
     generated: int = 0
     prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     greedy: dict[str, list[int]] = field(default_factory=dict)
+    runner_ups: dict[str, list[dict[int, float]]] = field(default_factory=dict)
     rounds_by_k: defaultdict = field(default_factory=lambda: defaultdict(list))
     # prompts whose one-pass rounds at the evaluated k equal the direct run's (a rounding flip
     # between one full forward and the incremental ones can make one differ)
@@ -386,6 +396,7 @@ def evaluate_prompt(
     plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, models.tie_tolerance)
     tally.verdicts[row["id"]] = compare_to_greedy(spec.tokens, plain, models.tie_tolerance)
     tally.greedy[row["id"]] = list(plain.tokens)
+    tally.runner_ups[row["id"]] = plain.runner_ups
     sums = teacher_forced_sums(
         draft, teacher_forced_sample(target, aux_ids, ids, plain.tokens), cfg.k, models.device
     )
@@ -418,6 +429,7 @@ def evaluation_report(
         "acceptance_length": real["acceptance_length"],
         "tau_sim": sim["tau_sim"],
         "tokens_per_step": real["tokens_per_step"],
+        "engine": "hf",  # the built-in engine measured the headline (vLLM's run replaces it)
         "k": cfg.k,
         "prompts": prompts,
         "generated_tokens": tally.generated,
@@ -522,4 +534,5 @@ def evaluate_draft(
         evaluation_plots(train_prompts, samples, report, real),
         tally.prompt_ids,
         tally.greedy,
+        tally.runner_ups,
     )

@@ -26,13 +26,14 @@ import json
 import os
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.io import read_jsonl
 from draftline.engines.servers import log_tail
 from draftline.evaluate import vllm_generate
-from draftline.evaluate.acceptance import EvaluationRun, mixed_train_count
+from draftline.evaluate.acceptance import EvaluationRun, compare_to_greedy, mixed_train_count
 from draftline.tokens.chat import first_turn_ids
 
 if TYPE_CHECKING:
@@ -207,12 +208,13 @@ def evaluate_with_vllm(
     card: TargetCard,
     draft_dir: str | Path,
     prompts: dict[str, list[int]],
-    greedy: dict[str, list[int]] | None,
+    reference: EvaluationRun | None,
     engine: VllmEngineConfig,
 ) -> dict:
-    """vLLM's acceptance on `prompts` (id -> first-turn ids); with the built-in engine's greedy
-    outputs, how many of vLLM's speculative outputs equal them. Its job, result and log go to a
-    temporary directory, kept when vLLM fails."""
+    """vLLM's acceptance on `prompts` (id -> first-turn ids); with the built-in engine's run
+    (`reference`), each of vLLM's speculative outputs judged against its greedy output by the
+    lossless rule (`outputs`: output_verdicts). Its job, result and log go to a temporary
+    directory, kept when vLLM fails."""
     import shutil
     import tempfile
 
@@ -237,16 +239,80 @@ def evaluate_with_vllm(
         "generate_s": result["generate_s"],
         "wall_s": result["wall_s"],
     }
-    if greedy is not None:
-        same = [result["outputs"][n] == greedy[i] for n, i in enumerate(ids)]
-        report["outputs_equal_to_builtin_greedy"] = sum(same)
-        report["outputs_differing"] = [i for i, s in zip(ids, same) if not s][:10]
+    report["prompt_ids_differing"] = [
+        i for i, same in zip(ids, result["prompt_ids_match"]) if not same
+    ][:10]
+    if reference is not None:
+        outputs = dict(zip(ids, result["outputs"]))
+        report["outputs"] = output_verdicts(outputs, reference, cfg.resolved_tie_tolerance())
+        report["outputs_equal_to_builtin_greedy"] = report["outputs"]["identical"]
     print(
         f"evaluate: vLLM acceptance length {report['acceptance_length']:.4f} over "
         f"{report['rounds']} drafts; per position {list(report['position_acceptance'].values())}; "
         f"engine start-up {report['load_s']} s"
     )
     return report
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where two token lists differ (the shorter one's length if one is a
+    prefix of the other)."""
+    return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def output_verdicts(outputs: dict[str, list[int]], reference: EvaluationRun, tolerance) -> dict:
+    """vLLM's output of each prompt judged against the built-in engine's greedy one by the lossless
+    rule (compare_to_greedy: identical, near_tie where greedy's top two were within the tie
+    tolerance, else mismatch), counted, with the first differing prompts and positions."""
+    verdicts = {
+        i: compare_to_greedy(out, reference.greedy_run(i), tolerance) for i, out in outputs.items()
+    }
+    differing = [
+        {
+            "id": i,
+            "verdict": verdict,
+            "position": first_difference(outputs[i], reference.greedy[i]),
+        }
+        for i, verdict in verdicts.items()
+        if verdict != "identical"
+    ]
+    counts = Counter(verdicts.values())
+    return {
+        "identical": counts["identical"],
+        "near_tie": counts["near_tie"],
+        "mismatch": counts["mismatch"],
+        "tie_tolerance": tolerance,
+        "differing": differing[:10],
+    }
+
+
+def output_problems(vllm: dict, max_near_tie_share: float) -> list[str]:
+    """Why vLLM's outputs fail the gate: a prompt it decoded from other ids than it was given, an
+    output that differs from greedy beyond a near-tie, near-ties above the share; [] when none."""
+    problems = []
+    if vllm["prompt_ids_match"] != vllm["prompts"]:
+        problems.append(
+            f"vLLM decoded {vllm['prompts'] - vllm['prompt_ids_match']} of {vllm['prompts']} "
+            f"prompts from other token ids than it was given (e.g. {vllm['prompt_ids_differing'][:3]})"
+        )
+    outputs = vllm.get("outputs")
+    if outputs is None:
+        return problems
+    first = [d for d in outputs["differing"] if d["verdict"] == "mismatch"][:3]
+    if outputs["mismatch"]:
+        problems.append(
+            f"{outputs['mismatch']} of {vllm['prompts']} vLLM outputs differ from the built-in "
+            "engine's greedy output, not at a near-tie (tolerance "
+            f"{outputs['tie_tolerance']}): "
+            + ", ".join(f"{d['id']} from token {d['position']}" for d in first)
+        )
+    share = outputs["near_tie"] / vllm["prompts"] if vllm["prompts"] else 0.0
+    if share > max_near_tie_share:
+        problems.append(
+            f"{outputs['near_tie']} of {vllm['prompts']} vLLM outputs ({share:.0%}) diverge from "
+            f"greedy at a near-tie, above evaluate.max_near_tie_share {max_near_tie_share}"
+        )
+    return problems
 
 
 def check_parity(
@@ -260,9 +326,20 @@ def check_parity(
         else cfg.vllm.parity_tolerance
     )
     gate = parity(builtin, vllm, tolerance)
+    gate["outputs"] = vllm.get("outputs")
+    gate["prompt_ids_match"] = vllm["prompt_ids_match"]
+    outputs_failure = None
+    if problems := output_problems(vllm, cfg.max_near_tie_share):
+        gate["output_problems"] = problems
+        outputs_failure = "train-serve parity: vLLM's outputs are not the target's greedy ones: "
+        outputs_failure += "; ".join(problems)
+        if gate["passed"]:  # the counts agree, the outputs do not
+            gate["passed"] = False
+            return gate, outputs_failure
     if not gate["passed"]:
         matched = vllm["prompt_ids_match"]
-        return gate, "train-serve parity: " + diagnosis(
+        prefix = f"{outputs_failure}\n" if outputs_failure else ""
+        return gate, prefix + "train-serve parity: " + diagnosis(
             gate,
             vllm["read"],
             checkpoint_says(card, draft_dir),
@@ -284,7 +361,7 @@ def with_vllm(
 ) -> tuple[EvaluationRun, str | None]:
     """The built-in run with vLLM's measurement beside it: vLLM's acceptance as the headline, both
     engines side by side, the parity gate (the failure message when it fails, else None)."""
-    vllm = evaluate_with_vllm(cfg, card, draft_dir, run.prompt_ids, run.greedy, engine)
+    vllm = evaluate_with_vllm(cfg, card, draft_dir, run.prompt_ids, run, engine)
     builtin = {
         key: run.report[key] for key in ("acceptance_length", "rounds", "position_acceptance")
     }
@@ -312,7 +389,7 @@ def with_vllm(
             for p, rate in vllm["position_acceptance"].items()
         ],
     }
-    return EvaluationRun(report, plots, run.prompt_ids, run.greedy), failure
+    return EvaluationRun(report, plots, run.prompt_ids, run.greedy, run.runner_ups), failure
 
 
 def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, samples, engine):
