@@ -260,7 +260,9 @@ def first_difference(a: list[int], b: list[int]) -> int:
     return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def output_verdicts(outputs: dict[str, list[int]], reference: EvaluationRun, tolerance) -> dict:
+def output_verdicts(
+    outputs: dict[str, list[int]], reference: EvaluationRun, tolerance: float
+) -> dict:
     """vLLM's output of each prompt judged against the built-in engine's greedy one by the lossless
     rule (compare_to_greedy: identical, near_tie where greedy's top two were within the tie
     tolerance, else mismatch), counted, with the first differing prompts and positions."""

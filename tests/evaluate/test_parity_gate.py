@@ -71,3 +71,40 @@ def test_a_near_tie_divergence_within_the_tolerance_is_counted_not_failed():
 def test_prompt_ids_vllm_did_not_decode_as_given_fail():
     block, failure = gate(vllm_result(dict(GREEDY), ids_match=1))
     assert not block["passed"] and "1 of 2 prompts from other token ids" in failure
+
+
+def test_the_stage_path_feeds_vllms_outputs_to_the_gate(monkeypatch):
+    """with_vllm as the stage calls it, vLLM's process replaced by its result: counters that give
+    exactly the built-in acceptance, p0's output seeded off greedy at token 1. The outputs reach the
+    gate through evaluate_with_vllm, and the run fails naming the prompt."""
+    from types import SimpleNamespace
+
+    from draftline.evaluate import vllm_engine
+
+    positions = {"1": 0.75, "2": 0.5, "3": 0.25}
+    result = {
+        "outputs": [[5, 99, 7, 8], GREEDY["p1"]],  # in the order of the prompts given
+        "prompt_ids_match": [True, True],
+        # 4 drafts, 6 tokens accepted (3, 2, 1 at positions 1-3): 2.5, as the built-in engine
+        "counters": {"drafts": 4, "accepted_tokens": 6, "accepted_per_pos": [3, 2, 1]},
+        "read": {},
+        "load_s": 1.0,
+        "generate_s": 1.0,
+        "wall_s": 2.0,
+    }
+    monkeypatch.setattr(vllm_engine, "run_vllm_generate", lambda *args, **kw: result)
+    builtin = {"acceptance_length": 2.5, "rounds": 4, "position_acceptance": positions}
+    run = EvaluationRun(
+        {**builtin, "engine": "hf"},
+        {"acceptance_vs_samples.json": [{"samples": 1}]},
+        {"p0": [1], "p1": [2]},
+        GREEDY,
+        RUNNER_UPS,
+    )
+    card = SimpleNamespace(model="target", revision=None, trust_remote_code=False)
+    config = EvaluateConfig(engine="vllm", dtype="float32")
+    done, failure = vllm_engine.with_vllm(run, config, card, "draft", None)
+    gate = done.report["parity"]
+    assert gate["gap"] == 0 and not gate["passed"] and done.report["engine"] == "vllm"
+    assert "p0 from token 1" in failure
+    assert done.report["engines"]["vllm"]["outputs_equal_to_builtin_greedy"] == 1
