@@ -113,6 +113,8 @@ overhead: setup setup-smollm2 setup-vllm
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/specdec_speedup.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/cpu_load.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/vllm_startup.py
+	$(BIN)/pip install --quiet rapidfuzz==3.14.6  # the all-pairs baseline of near_twins.py only
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/near_twins.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/scale.py  # hours: 10k / 30k / 100k conversations
 
 bench: overhead  # the former name

@@ -33,6 +33,7 @@ OVERRIDE = {
     "regenerate.max_tokens": 64,
     "train.epochs": 2,
     "evaluate.max_new_tokens": 32,
+    "evaluate.prompts": 6,  # each eval set's too: the default's chitchat_more
     # the built-in engine here (the vLLM sweep starts a server per k: tests/evaluate/test_vllm.py
     # runs it on real vLLM), two k values so that the verdict chooses between them
     "benchmark.engine": "hf",
@@ -180,9 +181,18 @@ def test_outputs_and_metrics(repo):
     samples = {"sharegpt_sample", "messages_sample", "chitchat_sample"}
     for name in samples:
         assert (repo / f"datasets/prepared/{name}.jsonl").stat().st_size > 0
-    # eval and train hold prompts of every bundled set, the real chats too (params.yaml mix.weights)
+    # train holds prompts of every bundled set; eval and dev are real chats (mix.holdout_from), the
+    # eval set chitchat_more is held out whole, and no held-out prompt has a near-twin in train
     mix = report(repo, "mix.json")
-    assert set(mix["eval"]["by_source"]) == set(mix["train"]["by_source"]) == samples
+    assert set(mix["train"]["by_source"]) == samples
+    assert set(mix["eval"]["by_source"]) == set(mix["dev"]["by_source"]) == {"chitchat_sample"}
+    near = mix["holdout"]["near_twins"]
+    assert {group: found["with_near_twin"] for group, found in near.items()} == {
+        "eval": 0,
+        "dev": 0,
+        "chitchat_more": 0,
+    }
+    assert len((repo / "datasets/prompts/sets/chitchat_more.jsonl").read_text().splitlines()) == 40
     train_prompts = (repo / "datasets/prompts/train.jsonl").read_text().splitlines()
     assert len(train_prompts) == 160
     regenerated = (repo / "datasets/regenerated/conversations.jsonl").read_text().splitlines()
@@ -225,9 +235,18 @@ def test_outputs_and_metrics(repo):
     detail = report(repo, "acceptance.detail.json")
     assert detail["engine"] == "vllm" and detail["parity"]["passed"], detail.get("parity")
     assert detail["engines"]["vllm"]["outputs_equal_to_builtin_greedy"] == 6
+    assert (
+        detail["parity"]["outputs"]["mismatch"] == 0 and detail["parity"]["prompt_ids_match"] == 6
+    )
+    # the eval set beside the split, by the built-in engine; the headline stays the split's
+    sets = detail["sets"]
+    assert list(sets["results"]) == ["heldout", "chitchat_more"] and sets["engine"] == "builtin"
+    assert sets["results"]["chitchat_more"]["trained"]["prompts"] == 6
+    assert (repo / "reports/evaluate/sets.md").read_text().count("| chitchat_more |") == 1
     assert "engines" not in report(repo, "acceptance_dev.detail.json")
     # metrics files: the headline figures only (the detail files have the rest)
-    assert set(acceptance) == {"acceptance_length", "tau_sim", "tokens_per_step"} and set(
+    assert acceptance["engine"] == "vllm"  # the engine that measured the headline
+    assert set(acceptance) == {"acceptance_length", "tau_sim", "tokens_per_step", "engine"} and set(
         report(repo, "train.json")
     ) == {"val_tau_sim", "val_loss"}
     shown = json.dumps(metrics)
@@ -430,3 +449,24 @@ def test_queued_experiments(repo):
     assert status.count("Success") >= 2, status
     shown = json.dumps(json.loads(run(["dvc", "exp", "show", "--json"], repo)))
     assert '"k": 2' in shown and '"k": 4' in shown, shown[:3000]
+
+
+def test_fine_tune_from_the_draft_shows_start_and_trained_side_by_side(repo):
+    """Fine-tuning from the pipeline's own draft (train.init, one epoch): evaluate measures the
+    draft it started from beside the trained one, on the split and the eval set, by the same
+    engine, and reports the gain."""
+    shutil.copytree(repo / "models/draft", repo / "models/start")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"].update(init="models/start", epochs=1)
+    params["evaluate"]["engine"] = "hf"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    ran = stages_run(run(["dvc", "repro", "evaluate"], repo))
+    assert {"train", "evaluate"} <= ran
+    sets = report(repo, "acceptance.detail.json")["sets"]
+    assert list(sets["results"]) == ["heldout", "chitchat_more"]
+    for row in sets["results"].values():
+        assert list(row) == ["trained", "init"]
+        assert all(row[d]["acceptance_length"] >= 1.0 for d in row)
+    assert set(sets["gain_over_init"]) == {"heldout", "chitchat_more"}
+    table = (repo / "reports/evaluate/sets.md").read_text()
+    assert "| set | prompts | trained | init | gain over init |" in table

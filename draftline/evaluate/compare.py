@@ -190,21 +190,23 @@ def gains(results: dict) -> dict:
     }
 
 
-def sets_table(results: dict, engine: str) -> str:
+def sets_table(results: dict, engine: str, k: int) -> str:
     """The set x draft table (markdown): acceptance length, tokens per step in brackets, and the
-    gain over init when there is one."""
+    gain over init when there is one; a set's prompts, with its turns where rows have several."""
     drafts = list(next(iter(results.values())))
     gain = gains(results)
     header = ["set", "prompts", *drafts, *(["gain over init"] if gain else [])]
     lines = [
-        f"Acceptance length (tokens per step) at k per set and draft; engine: {engine}.",
+        f"Acceptance length (tokens per step) at k = {k}, per eval set and draft; engine: {engine}.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     for name, row in results.items():
         first = next(iter(row.values()))
-        cells = [name, str(first.get("turns") or first["prompts"])]
+        turns = first.get("turns") or first["prompts"]
+        prompts = str(first["prompts"]) + (f" ({turns} turns)" if turns != first["prompts"] else "")
+        cells = [name, prompts]
         for draft in drafts:
             r = row[draft]
             tps = "" if r["tokens_per_step"] is None else f" ({r['tokens_per_step']:.2f})"

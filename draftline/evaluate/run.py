@@ -119,7 +119,7 @@ def with_comparison(
     else:  # the trained draft on the split: the headline run's own built-in measurement
         known = {HELD_OUT: {TRAINED: builtin}}
         results, engine = compare_builtin(cfg, card, comparison, known), "builtin"
-    table = sets_table(results, engine)
+    table = sets_table(results, engine, cfg.k)
     print(table)
     sets_report = {
         "engine": engine,

@@ -98,7 +98,8 @@ def test_sets_and_drafts_side_by_side(tmp_path, trained_draft, eagle3_draft_dir)
     assert chat2[TRAINED]["acceptance_length"] > chat2["other"]["acceptance_length"] >= 1.0
     table = (ws / "plots/sets.md").read_text()
     assert "| set | prompts | trained | init | other | gain over init |" in table
-    assert f"| chat2 | 4 | {chat2[TRAINED]['acceptance_length']:.3f}" in table
+    assert f"| chat2 | 2 (4 turns) | {chat2[TRAINED]['acceptance_length']:.3f}" in table
+    assert "at k = 2" in table
     plot = read_json(ws / "plots/sets.json")
     assert {(p["set"], p["draft"]) for p in plot} == {
         (s, d) for s in (HELD_OUT, "chat2") for d in (TRAINED, INIT, "other")
