@@ -67,6 +67,7 @@ def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
         "prepare@sharegpt_sample",
         "prepare@messages_sample",
         "prepare@chitchat_sample",
+        "prepare@chitchat_more",  # the eval set (evaluate.sets)
         "mix",
         "tokenize",
         "vocab",
