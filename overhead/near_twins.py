@@ -32,7 +32,8 @@ def prompt(words: list[str]) -> dict:
 def make_rows(train_n: int, held_n: int, planted_share: float, seed: int = 0):
     """(train rows, held-out rows, held ids planted as near-twins in train)."""
     rng = random.Random(seed)
-    vocab = [f"w{i}" for i in range(5000)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = [a + b + c for a in letters for b in letters for c in letters[:8]][:5000]
     held, train, planted = [], [], set()
     for i in range(held_n):
         words = rng.choices(vocab, k=rng.randint(8, 60))

@@ -8,8 +8,9 @@ one to choose recipes and experiments by, so that the eval split stays a test no
 `--dev`: an empty prompts file (dev_samples: 0) gives a report of 0 prompts, and where the built-in
 engine can measure (evaluate.vllm.parity on), it alone measures: vLLM's cross-check of the
 checkpoint runs once, on the eval split, and the dev figures are the built-in engine's, which that
-check holds equal to vLLM's (a vLLM run saved: on the default run's eval split it takes
-<!-- fig reports/acceptance.detail.json#/engines/vllm/wall_s .0f -->21<!-- /fig --> s, reports/acceptance.detail.json engines.vllm.wall_s).
+check holds equal to vLLM's (a vLLM run saved: the eval split's takes
+reports/acceptance.detail.json engines.vllm.wall_s; a figure of this stage's own report is not
+quoted here, as its file is a dependency of the stage).
 
 reports/evaluate/ holds the plot data: acceptance length against the train prompts `mix` drew (one
 point per run, so `dvc plots diff` over experiments draws the scaling curve; it reads their count

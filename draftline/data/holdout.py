@@ -71,7 +71,8 @@ def user_turns(messages: list[dict]) -> list[dict]:
 
 def near_words(messages: list[dict]) -> frozenset[str]:
     """The word set near-twins compare: the first turn's user text normalized, digits masked."""
-    text = first_turn_text(user_turns(messages), None)
+    text = " ".join(m.get("content") or "" for m in user_turns(messages))
+    text = unicodedata.normalize("NFKC", text).lower()
     return frozenset(re.findall(r"\w+", re.sub(r"\d+", "0", text)))
 
 
@@ -183,6 +184,7 @@ def holdout_problem(holdout: dict, max_template_twin_share: float) -> str | None
 # ---- near-twins beyond templates ------------------------------------------------------------
 
 NEAR_PERMUTATIONS = 64  # MinHash permutations: LSH bands at the threshold from these
+LSH_SLACK = 0.15  # the index is queried this far below the Jaccard threshold (recall)
 
 
 def jaccard(a: frozenset, b: frozenset) -> float:
@@ -207,7 +209,10 @@ class NearTwinIndex:
 
         self.threshold = threshold
         self.words = {key: near_words(messages) for key, messages in held.items()}
-        self.lsh = MinHashLSH(threshold=threshold, num_perm=NEAR_PERMUTATIONS)
+        # candidates below the threshold too (LSH_SLACK): the sketch's estimate misses some pairs
+        # just above it, and every candidate is checked by its exact Jaccard anyway
+        lsh_threshold = max(0.05, threshold - LSH_SLACK)
+        self.lsh = MinHashLSH(threshold=lsh_threshold, num_perm=NEAR_PERMUTATIONS)
         for key, words in self.words.items():
             if words:
                 self.lsh.insert(key, _minhash(words))
