@@ -69,8 +69,9 @@ def resolve_draft(name: str, source: str, card: TargetCard, convert: dict, work:
     checkpoint converted into `work`), refused (DraftRefused) unless it fits the target."""
     try:
         path = prepare_init(source, card, convert, work / name)
-    except InitMismatch as err:
-        raise DraftRefused(f"evaluate.compare {name}: {err}") from None
+    except InitMismatch as err:  # its checks speak of train.init: say which draft it is
+        what = str(err).removeprefix("train.init: ")
+        raise DraftRefused(f"evaluate.compare {name} ({source}): {what}") from None
     if problems := check_draft(card, read_draft_facts(path), "vllm"):
         raise DraftRefused(
             f"evaluate.compare {name} ({source}) does not fit the target {card.model}: "
