@@ -7,6 +7,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
+from draftline.core.log import setup_logging  # noqa: E402
 from draftline.target.corpus import generate_conversations  # noqa: E402
 from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
 
@@ -14,6 +15,8 @@ from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
 # `make test` hands whole files to its two workers in this order (pytest-xdist --dist loadfile
 # --no-loadscope-reorder), so no long file starts last and runs alone at the end. Within a file the
 # order stays as written (the e2e tests build on each other).
+setup_logging()  # the library's messages on stdout, as the entry points set them up (capsys reads them)
+
 LONGEST_FIRST = [
     "test_pipeline_e2e.py",
     "test_vllm.py",
