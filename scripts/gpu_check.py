@@ -148,7 +148,7 @@ class Stage:
 
 # The stages of dvc.yaml the check runs, in order, each with dvc.yaml's own command. Not run:
 # check_params (the check's params are validated before: test_the_check_params_validate), probe
-# and regenerate (they need a server) and evaluate_dev (evaluate's path again).
+# and regenerate (they need a server) and evaluate@dev (evaluate@eval's path again).
 DVC_STAGES = (
     "target",
     "prepare",
@@ -172,10 +172,23 @@ VARIANT_RUNS = (
 )
 
 
-def dvc_command(spec: dict, key: str | None = None) -> list[str]:
+# A foreach stage over fixed items in dvc.yaml: the one item the check runs
+FOREACH_ITEM = {"evaluate": "eval"}  # dev is the same path on other prompts
+
+
+def fill(text: str, key: str | None, item: dict | None = None) -> str:
+    """A foreach template with `${key}` and `${item.<field>}` filled in."""
+    if key is not None:
+        text = text.replace("${key}", key)
+    for field_name, value in (item or {}).items():
+        text = text.replace("${item." + field_name + "}", str(value))
+    return text
+
+
+def dvc_command(spec: dict, key: str | None = None, item: dict | None = None) -> list[str]:
     """A dvc.yaml stage's `python -m stages.<name> ...` as argv after `-m`; a foreach stage for
     the item `key`, without DVC's wiring of the dataset's source (`--source-dep`, optional)."""
-    cmd = spec["cmd"] if key is None else spec["cmd"].replace("${key}", key)
+    cmd = fill(spec["cmd"], key, item)
     argv = shlex.split(cmd)
     if "--source-dep" in argv:
         del argv[argv.index("--source-dep") : argv.index("--source-dep") + 2]
@@ -184,9 +197,9 @@ def dvc_command(spec: dict, key: str | None = None) -> list[str]:
     return argv[2:]
 
 
-def dvc_paths(entries: list, key: str | None) -> list[str]:
+def dvc_paths(entries: list, key: str | None, item: dict | None = None) -> list[str]:
     paths = [e if isinstance(e, str) else next(iter(e)) for e in entries]
-    return [p if key is None else p.replace("${key}", key) for p in paths]
+    return [fill(p, key, item) for p in paths]
 
 
 def pipeline(datasets: list[str], repo: Path = REPO) -> list[Stage]:
@@ -197,21 +210,23 @@ def pipeline(datasets: list[str], repo: Path = REPO) -> list[Stage]:
     written, stages = list(STAND_INS), []
     for name in DVC_STAGES:
         spec = specs[name]
-        runs = (
-            [(f"{name}@{d}", spec["do"], d) for d in datasets]
-            if "foreach" in spec
-            else [(name, spec, None)]
-        )
-        for label, stage, key in runs:
+        if name in FOREACH_ITEM:
+            key = FOREACH_ITEM[name]
+            runs = [(name, spec["do"], key, spec["foreach"][key])]
+        elif "foreach" in spec:
+            runs = [(f"{name}@{d}", spec["do"], d, None) for d in datasets]
+        else:
+            runs = [(name, spec, None, None)]
+        for label, stage, key, item in runs:
             needs = [
                 dep
-                for dep in dvc_paths(stage.get("deps", []), key)
+                for dep in dvc_paths(stage.get("deps", []), key, item)
                 if any(
                     dep == w or w.startswith(dep + "/") or dep.startswith(w + "/") for w in written
                 )
             ]
-            stages.append(Stage(label, dvc_command(stage, key), needs))
-            written += dvc_paths(stage.get("outs", []) + stage.get("metrics", []), key)
+            stages.append(Stage(label, dvc_command(stage, key, item), needs))
+            written += dvc_paths(stage.get("outs", []) + stage.get("metrics", []), key, item)
     by_name = {stage.name: stage for stage in stages}
     stages += [
         Stage(label, by_name[name].argv, by_name[name].needs, cwd=cwd, cuda_only=cuda)

@@ -50,18 +50,18 @@ run() { # run NAME: one experiment in the workspace
   # the same recipe on twice the conversations, then on half (acceptance vs samples)
   L27-500) set -- "${D500[@]}" ;;
   L27-125) set -- "${L27[@]}" ;;
-  d500-emb) set -- "${D500[@]}" -S '++train.train_embeddings=true' evaluate evaluate_dev ;;
+  d500-emb) set -- "${D500[@]}" -S '++train.train_embeddings=true' evaluate ;;
   # (4,096 draft tokens already cover every trainable token at 500 conversations: no larger vocabulary)
-  d500-head) set -- "${D500[@]}" -S '++train.train_lm_head=true' evaluate evaluate_dev ;;
-  d500-emb-head) set -- -S '++samples=500' "${CHOSEN[@]}" evaluate evaluate_dev ;;
+  d500-head) set -- "${D500[@]}" -S '++train.train_lm_head=true' evaluate ;;
+  d500-emb-head) set -- -S '++samples=500' "${CHOSEN[@]}" evaluate ;;
   # validation tau_sim still rising at epoch 10 of d500-emb-head: 15 epochs (the cosine schedule stretched)
-  d500-emb-head-ep15) set -- -S '++samples=500' "${CHOSEN[@]}" -S 'train.epochs=15' evaluate evaluate_dev ;;
+  d500-emb-head-ep15) set -- -S '++samples=500' "${CHOSEN[@]}" -S 'train.epochs=15' evaluate ;;
   # many 128-token answers are cut (reports/regenerate.json length_share): the same conversations
   # with up to 256-token answers, more training tokens (every answer regenerated)
-  d500-emb-head-len256) set -- -S '++samples=500' "${CHOSEN[@]}" -S 'regenerate.max_tokens=256' evaluate evaluate_dev ;;
+  d500-emb-head-len256) set -- -S '++samples=500' "${CHOSEN[@]}" -S 'regenerate.max_tokens=256' evaluate ;;
   # the chosen recipe on half and a quarter of the conversations (acceptance vs samples)
-  d250-emb-head) set -- -S '++samples=250' "${CHOSEN[@]}" evaluate evaluate_dev ;;
-  d125-emb-head) set -- -S '++samples=125' "${CHOSEN[@]}" evaluate evaluate_dev ;;
+  d250-emb-head) set -- -S '++samples=250' "${CHOSEN[@]}" evaluate ;;
+  d125-emb-head) set -- -S '++samples=125' "${CHOSEN[@]}" evaluate ;;
   # the chosen recipe through the whole pipeline: its serving verdict in vLLM's CPU build (a
   # baseline and a speculative server per k at each load; reports/recipe_smollm2/verdict_*.json)
   d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" ;;

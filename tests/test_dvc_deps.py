@@ -1,172 +1,111 @@
-"""dvc.yaml lists, for each stage, exactly the project code the stage runs.
+"""dvc.yaml makes each stage depend on exactly the code it runs, and on what that code does.
 
-A stage's code is `stages/<name>.py` and every project module it imports, transitively, including
-imports inside functions (read with ast, nothing is imported). A module missing from the stage's
-deps would leave a stale output that `dvc status` calls clean after an edit; a listed module the
-stage never reaches would rerun it for nothing. An import of a project module that does not
-exist fails too (the walk would otherwise stop short of the files behind it).
+The `code` stage depends on all of draftline/ and stages/ and writes reports/code/<stage>.json,
+the fingerprint of each stage's import closure without prose (draftline/core/code.py). Every other
+stage depends on its own fingerprint file and lists no source file. What is checked here: the
+walk (imports inside functions followed, imports for type checkers left out, a missing module an
+error), the wiring in dvc.yaml, and what an edit does to the fingerprints: prose changes none, a
+code change exactly those of the stages that import the edited module. The end-to-end test shows
+the same through `dvc status` on a finished run.
 """
 
-import ast
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+from draftline.core.code import (
+    PACKAGES,
+    MissingModule,
+    closure,
+    imported_modules,
+    imports,
+    module_file,
+    required_modules,
+    stage_fingerprint,
+    stage_names,
+    without_prose,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("draftline", "stages")  # the project's own code; scripts/ and overhead/ are not stages
-STAGE_CMD = re.compile(r"python -m (stages\.\w+)")
-
-
-def module_file(name: str) -> Path | None:
-    """The project file of a dotted module name, or None (not ours, or not a module)."""
-    if name.split(".")[0] not in PACKAGES:
-        return None
-    base = ROOT / Path(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def type_checking_only(tree: ast.AST) -> set[ast.AST]:
-    """The import nodes inside `if TYPE_CHECKING:` blocks: read by type checkers, never run."""
-    return {
-        node
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
-
-
-def imports(path: Path, text: str | None = None, runtime: bool = False):
-    """(module, names) of every import in `path` (or `text` as if it were at `path`), anywhere in
-    it (`runtime`: leaving out those under `if TYPE_CHECKING:`): `import a.b` is ("a.b", []),
-    `from .x import y` is ("<package>.x", ["y"])."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    source = path.read_text() if text is None else text
-    tree = ast.parse(source, filename=str(path))
-    skip = type_checking_only(tree) if runtime else set()
-    for node in ast.walk(tree):
-        if node in skip:
-            continue
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, []
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([base] if base else [])])
-            yield base, [alias.name for alias in node.names]
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Dotted names of every module `path` imports when it runs, anywhere in it (`from a import
-    b`: a, and a.b when b is a module); an import for type checkers only runs nothing."""
-    return {
-        name
-        for base, names in imports(path, runtime=True)
-        for name in [base, *(f"{base}.{n}" for n in names)]
-    }
-
-
-def required_modules(path: Path, text: str | None = None) -> set[str]:
-    """Dotted names `path` (or `text`) imports that must be modules: `import a.b` (a and a.b), and
-    the `a` of `from a import b` (b may be a name in a)."""
-    parts = [base.split(".") for base, _ in imports(path, text)]
-    return {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)}
-
-
-def has_code(path: Path) -> bool:
-    """False for an __init__.py holding only a docstring (importing it runs nothing)."""
-    body = ast.parse(path.read_text()).body
-    return not all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body)
-
-
-def closure(module: str) -> set[str]:
-    """Repository-relative paths of the project files a `python -m <module>` can execute."""
-    todo, seen = [module_file(module)], set()
-    while todo:
-        path = todo.pop()
-        if path is None or path in seen:
-            continue
-        seen.add(path)
-        for name in imported_modules(path):
-            parts = name.split(".")
-            # importing a.b.c runs a/__init__.py and a/b/__init__.py first
-            todo.extend(module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1))
-    return {str(p.relative_to(ROOT)) for p in seen if p.name != "__init__.py" or has_code(p)}
+STAGE_CMD = re.compile(r"python -m stages\.(\w+)")
 
 
 def stages() -> dict[str, dict]:
-    """Each stage of dvc.yaml; a foreach stage by its `do` template (its deps are the same for every item)."""
+    """Each stage of dvc.yaml; a foreach stage by its `do` template (same code for every item)."""
     with open(ROOT / "dvc.yaml") as f:
         spec = yaml.safe_load(f)["stages"]
     return {name: stage.get("do", stage) for name, stage in spec.items()}
 
 
-def code_deps(stage: dict) -> set[str]:
+def dep_paths(stage: dict) -> set[str]:
     return {dep if isinstance(dep, str) else next(iter(dep)) for dep in stage.get("deps", [])}
 
 
-def covered(path: str, deps: set[str]) -> bool:
-    return any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+def out_paths(stage: dict) -> set[str]:
+    return {out if isinstance(out, str) else next(iter(out)) for out in stage.get("outs", [])}
 
 
-@pytest.mark.parametrize("name", sorted(stages()))
-def test_stage_lists_its_import_closure(name):
+@pytest.mark.parametrize("name", sorted(set(stages()) - {"code"}))
+def test_stage_depends_on_its_code_fingerprint_and_no_source_file(name):
     stage = stages()[name]
     match = STAGE_CMD.search(stage["cmd"])
-    assert match, (
-        f"dvc.yaml stage {name}: cmd does not run `python -m stages.<name>`: {stage['cmd']!r}"
+    assert match, f"dvc.yaml stage {name}: cmd does not run `python -m stages.<name>`"
+    deps = dep_paths(stage)
+    assert f"reports/code/{match.group(1)}.json" in deps, (
+        f"dvc.yaml stage {name}: does not depend on reports/code/{match.group(1)}.json, so an "
+        f"edit to the code it runs would leave its outputs stale"
     )
-    needed = closure(match.group(1))
-    assert needed, f"dvc.yaml stage {name}: {match.group(1)} is not a module of this repository"
-    deps = code_deps(stage)
-    missing = sorted(p for p in needed if not covered(p, deps))
-    assert not missing, (
-        f"dvc.yaml stage {name}: the stage imports {missing} (directly or through the modules it "
-        f"uses) but does not list them as deps; add them, or an edit to them leaves a stale output"
+    sources = sorted(d for d in deps if d.split("/")[0] in PACKAGES)
+    assert not sources, (
+        f"dvc.yaml stage {name}: lists {sources}; its code fingerprint covers them (a comment "
+        f"edit there would rerun the stage)"
     )
-    unused = sorted(
-        d for d in deps if d.endswith(".py") and d.split("/")[0] in PACKAGES and d not in needed
-    )
-    assert not unused, (
-        f"dvc.yaml stage {name}: lists {unused} as deps but never imports them; remove them, or an "
-        f"edit to them reruns the stage for nothing"
-    )
+
+
+def test_the_code_stage_covers_all_code_and_writes_every_stage_fingerprint():
+    code = stages()["code"]
+    assert STAGE_CMD.search(code["cmd"]).group(1) == "code"
+    assert dep_paths(code) == set(PACKAGES)
+    assert out_paths(code) == {f"reports/code/{n}.json" for n in stage_names(ROOT)}
+    run = {STAGE_CMD.search(s["cmd"]).group(1) for s in stages().values()}
+    assert run == {*stage_names(ROOT), "code"}, "a stage module no dvc.yaml stage runs"
 
 
 def test_closure_follows_imports_inside_functions():
-    """The walk sees an import inside a function, and follows imports transitively."""
-    found = imported_modules(ROOT / "stages" / "benchmark.py")
+    found = imported_modules(ROOT, ROOT / "stages" / "benchmark.py")
     assert "draftline.benchmark.run" in found  # imported inside main()
-    assert "draftline/tokens/config.py" in closure("stages.vocab")
-    assert "draftline/target/model.py" in closure("stages.benchmark")
+    assert "draftline/tokens/config.py" in closure(ROOT, "stages.vocab")
+    assert "draftline/target/model.py" in closure(ROOT, "stages.benchmark")
+    assert "stages/vocab.py" in closure(ROOT, "stages.vocab")
 
 
-def test_an_import_for_type_checkers_only_is_no_dep(tmp_path):
+def test_an_import_for_type_checkers_only_runs_nothing_but_must_exist():
     text = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from draftline.benchmark.config import BenchmarkConfig\n"
         "import draftline.core.io\n"
     )
     path = ROOT / "stages" / "probe.py"
-    assert "draftline.benchmark.config" in required_modules(path, text)  # it must still exist
-    runtime = {base for base, _ in imports(path, text, runtime=True)}
+    assert "draftline.benchmark.config" in required_modules(ROOT, path, text)
+    runtime = {base for base, _ in imports(ROOT, path, runtime=True, text=text)}
     assert "draftline.core.io" in runtime and "draftline.benchmark.config" not in runtime
 
 
 def test_no_import_cycle():
-    """No project module imports itself back, through any chain of the imports that run (at
-    module top or inside a function): each package builds on those below it."""
+    """No project module imports itself back through any chain of imports, at module top, inside
+    a function or for type checkers only: each package builds on those below it."""
     graph = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            deps = {module_file(name) for name in imported_modules(path)} - {None, path}
+            names = {
+                n
+                for base, names in imports(ROOT, path)
+                for n in [base, *(f"{base}.{x}" for x in names)]
+            }
+            deps = {module_file(ROOT, name) for name in names} - {None, path}
             graph[path] = {d for d in deps if d.name != "__init__.py"}
     done, cycles = set(), []
 
@@ -187,26 +126,63 @@ def test_no_import_cycle():
 
 def test_every_project_import_resolves():
     """An import of a project module that does not exist fails here, in every file of draftline/
-    and stages/ (a module only a GPU host imports included), instead of leaving the closure walk
-    short of a file."""
+    and stages/ (a module only a GPU host imports included)."""
     broken = [
         f"{path.relative_to(ROOT)}: {name}"
         for package in PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
-        for name in sorted(required_modules(path))
-        if name.split(".")[0] in PACKAGES and module_file(name) is None
+        for name in sorted(required_modules(ROOT, path))
+        if name.split(".")[0] in PACKAGES and module_file(ROOT, name) is None
     ]
     assert not broken, f"imports of project modules that do not exist: {broken}"
 
 
-def test_an_unresolved_import_is_found():
-    text = "from draftline.no_such_module import x\nimport draftline.tokens.chat\nfrom .sibling import y\n"
-    names = required_modules(ROOT / "stages" / "probe.py", text)
-    assert {
-        "draftline.no_such_module",
-        "draftline",
-        "draftline.tokens.chat",
-        "stages.sibling",
-    } <= names
-    assert module_file("draftline.no_such_module") is None
-    assert module_file("draftline.tokens.chat") is not None
+def copy_code(tmp_path: Path) -> Path:
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return tmp_path
+
+
+def test_a_missing_project_module_stops_the_walk_with_its_name(tmp_path):
+    root = copy_code(tmp_path)
+    vocab = root / "stages" / "vocab.py"
+    vocab.write_text(vocab.read_text() + "\nfrom draftline.no_such_module import x  # noqa\n")
+    with pytest.raises(MissingModule, match="stages/vocab.py imports draftline.no_such_module"):
+        closure(root, "stages.vocab")
+    with pytest.raises(MissingModule, match="stages.nothing is not a module"):
+        closure(root, "stages.nothing")
+
+
+def test_without_prose_drops_docstrings_and_comments_only():
+    code = 'def f(x):\n    """Doubles."""\n    return 2 * x  # twice\n'
+    assert without_prose(code) == without_prose("def f(x):\n\n    return 2*x\n")
+    assert without_prose(code) != without_prose("def f(x):\n    return 3 * x\n")
+    # a string that is not a docstring is code (it is a value the program uses)
+    assert without_prose('X = "a"\n') != without_prose('X = "b"\n')
+    assert without_prose('def f():\n    """Only a docstring."""\n') == without_prose(
+        "def f():\n    pass\n"
+    )
+
+
+def fingerprints(root: Path) -> dict[str, dict]:
+    return {name: stage_fingerprint(root, name) for name in stage_names(root)}
+
+
+def test_prose_edits_change_no_fingerprint_and_a_code_edit_exactly_its_importers(tmp_path):
+    root = copy_code(tmp_path)
+    before = fingerprints(root)
+    run_py, chat = root / "draftline/train/run.py", root / "draftline/tokens/chat.py"
+    text = run_py.read_text()
+    assert text.startswith('"""')
+    run_py.write_text('"""A sentence more in the docstring. ' + text[3:])
+    chat.write_text("# a new comment line\n" + chat.read_text().replace("\n\n", "\n\n\n", 1))
+    assert fingerprints(root) == before
+
+    chat.write_text(chat.read_text() + "\nEDITED = True\n")
+    after = fingerprints(root)
+    changed = {name for name in before if after[name] != before[name]}
+    importers = {n for n in before if "draftline/tokens/chat.py" in before[n]["modules"]}
+    assert changed == importers
+    assert "tokenize" in changed and "vocab" not in changed and "mix" not in changed

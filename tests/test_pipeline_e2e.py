@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from draftline.core.code import closure
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -259,6 +261,42 @@ def test_second_repro_is_a_noop(repo):
     assert stages_run(run(["dvc", "repro"], repo)) == set()
 
 
+def test_a_prose_edit_reruns_no_stage_and_a_code_edit_exactly_its_importers(repo):
+    """A docstring edit in draftline/train/ and a comment edit in draftline/tokens/chat.py change
+    no stage's code fingerprint: `dvc status` names only the `code` stage, whose rerun (about a
+    second) leaves everything clean. A code edit to chat.py stales exactly the stages whose import
+    closure holds it (draftline/core/code.py, the same walk tests/test_dvc_deps.py checks)."""
+    train_run, chat = repo / "draftline/train/run.py", repo / "draftline/tokens/chat.py"
+    originals = {path: path.read_text() for path in (train_run, chat)}
+    try:
+        assert originals[train_run].startswith('"""')
+        train_run.write_text('"""Trains the draft, said once more. ' + originals[train_run][3:])
+        chat.write_text("# a comment that changes nothing\n" + originals[chat])
+        assert set(json.loads(run(["dvc", "status", "--json"], repo))) == {"code"}
+        assert stages_run(run(["dvc", "repro"], repo)) == {"code"}
+        assert json.loads(run(["dvc", "status", "--json"], repo)) == {}
+
+        chat.write_text(originals[chat] + "\nEDITED = True\n")
+        run(["dvc", "repro", "-s", "code"], repo)
+        stale = set(json.loads(run(["dvc", "status", "--json"], repo)))
+        importers = set()
+        for name, stage in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].items():
+            module = re.search(r"python -m (stages\.\w+)", stage.get("do", stage)["cmd"]).group(1)
+            if name != "code" and "draftline/tokens/chat.py" in closure(repo, module):
+                items = stage.get("foreach")
+                keys = items if isinstance(items, dict) else {} if items is None else None
+                if keys is None:  # foreach over the datasets
+                    keys = yaml.safe_load((repo / "datasets/sources.yaml").read_text())["datasets"]
+                importers |= {f"{name}@{k}" for k in keys} if items is not None else {name}
+        assert stale == importers and {"tokenize", "evaluate@eval"} <= stale, (stale, importers)
+        assert not stale & {"vocab", "mix", "target"}
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+    assert stages_run(run(["dvc", "repro"], repo)) == {"code"}
+    assert json.loads(run(["dvc", "status", "--json"], repo)) == {}
+
+
 def test_params_typo_in_train_keeps_the_draft(repo):
     """Issue #16.3: `train.epocs: 4` used to reach the train stage, after DVC had removed
     models/draft (and train's persist checkpoints keep the run cache from restoring it). Now
@@ -307,8 +345,8 @@ def test_params_typo_in_train_keeps_the_draft(repo):
 # follows it reruns only when that stage's outputs change); probe reruns with train, vocab and
 # hidden_states params but its stamp does not change.
 STALENESS = [
-    # evaluate and evaluate_dev record samples with their result (scaling plot)
-    ("samples", 170, "mix evaluate evaluate_dev"),
+    # evaluate@eval and evaluate@dev record samples with their result (scaling plot)
+    ("samples", 170, "mix evaluate@eval evaluate@dev"),
     ("seed", 1, "mix"),
     ("mix.eval_samples", 7, "mix"),
     ("target.tiny.lr", 0.002, "target"),
@@ -319,7 +357,7 @@ STALENESS = [
     ("vocab.draft_vocab_size", 200, "vocab probe"),
     ("hidden_states.token_budget", 4096, "hidden_states probe"),
     ("train.epochs", 3, "train probe"),
-    ("evaluate.k", 2, "evaluate evaluate_dev"),
+    ("evaluate.k", 2, "evaluate@eval evaluate@dev"),
     ("benchmark.repeats", 2, "benchmark"),
 ]
 
@@ -375,8 +413,8 @@ def test_train_param_change_stales_only_train_and_after(repo):
         "check_params",
         "probe",
         "train",
-        "evaluate",
-        "evaluate_dev",
+        "evaluate@eval",
+        "evaluate@dev",
     }
     git_commit(repo, "lr")
 
@@ -460,8 +498,8 @@ def test_fine_tune_from_the_draft_shows_start_and_trained_side_by_side(repo):
     params["train"].update(init="models/start", epochs=1)
     params["evaluate"]["engine"] = "hf"
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    ran = stages_run(run(["dvc", "repro", "evaluate"], repo))
-    assert {"train", "evaluate"} <= ran
+    ran = stages_run(run(["dvc", "repro", "evaluate@eval"], repo))
+    assert {"train", "evaluate@eval"} <= ran
     sets = report(repo, "acceptance.detail.json")["sets"]
     assert list(sets["results"]) == ["heldout", "chitchat_more"]
     for row in sets["results"].values():

@@ -185,13 +185,13 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
         record,  # its figures, written by the script that ran it
     ]
     # the chosen recipe at 250: embeddings and lm_head trained (the last -S wins), stopped at the
-    # two evaluate stages, recorded as a point of the acceptance-vs-samples plot
+    # two evaluate stages (evaluate@eval, evaluate@dev), recorded as a point of the acceptance-vs-samples plot
     done = recipe_script(root, env, "d250-emb-head")
     assert done.returncode == 0, done.stderr
     run, rec = calls(root)[-2:]
     args = run[5:]
     assert args[: len(smollm2_params())] == smollm2_params()
-    assert args[-2:] == ["evaluate", "evaluate_dev"] and "++samples=250" in args
+    assert args[-1] == "evaluate" and "++samples=250" in args  # both splits: evaluate@eval, @dev
     last = {a.split("=")[0]: a for a in args if "=" in a}
     assert last["++train.train_embeddings"] == "++train.train_embeddings=true"
     assert last["++train.train_lm_head"] == "++train.train_lm_head=true"

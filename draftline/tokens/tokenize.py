@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from draftline.core.card import TargetCard
+from draftline.core.code import code_sha256
 from draftline.core.config import output_shaping
 from draftline.core.io import atomic_path, file_sha256, read_json, write_meta
 from draftline.regenerate.index import run_of
@@ -183,7 +184,7 @@ def rows_key(
     shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
     return {
         "row_format": ROW_FORMAT,
-        "chat_code_sha256": file_sha256(chat.__file__),
+        "chat_code_sha256": code_sha256(Path(chat.__file__)),  # its code, not its prose
         "tokenizer_sha256": tokenizer_sha256(tokenizer),
         "chat_template_sha256": card.chat_template_sha256,
         "vocab_size": card.vocab_size,

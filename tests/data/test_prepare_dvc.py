@@ -386,7 +386,7 @@ def test_a_failed_run_leaves_only_the_failed_stage_stale_and_outputs_ignored(rep
         "vocab",
         "hidden_states",
         "train",
-        "evaluate",
-        "evaluate_dev",
+        "evaluate@eval",
+        "evaluate@dev",
         "benchmark",
     }, stale
