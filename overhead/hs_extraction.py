@@ -5,7 +5,7 @@
 
 A randomly initialised ~100M-parameter Llama on CPU. Both sides run the same model work: one
 forward per token-budget batch, right-padded, logits of the last position only
-(`logits_to_keep=1`), no KV cache. "ours" is draftline.hidden_states.hidden.extract: forward pre-hooks that keep
+(`logits_to_keep=1`), no KV cache. "ours" is draftline.hidden_states.batches.extract_batches: forward pre-hooks that keep
 the 3 aux states and the last pre-norm state, stacked to [L, 4, H], cast to bf16 and written as one
 safetensors file per row (atomic rename), plus the extraction plan file; "bare" is the same forward
 with `output_hidden_states=True`, writing nothing: ours minus our code, so the ratio ours / bare
@@ -43,7 +43,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from datasets import Dataset
-    from draftline.hidden_states import hidden
+    from draftline.hidden_states.batches import BatchJob, extract_batches, token_budget_batches
 
     torch.manual_seed(0)
     size = (
@@ -66,12 +66,12 @@ def main() -> None:
     ids = [torch.randint(0, 32000, (n,), generator=gen).tolist() for n in lengths]
     rows = Dataset.from_dict({"input_ids": ids})
     todo = {i: len(x) for i, x in enumerate(ids)}
-    batches = hidden.token_budget_batches(todo, args.token_budget)  # the plan extract makes
+    batches = token_budget_batches(todo, args.token_budget)  # the batches extract_batches makes
     tokens = sum(lengths)
     written = []
 
     def bare() -> float:
-        """The forward hidden.capture runs (same batches, padding, logits_to_keep, no cache),
+        """The forward capture runs (same batches, padding, logits_to_keep, no cache),
         its states from output_hidden_states, nothing kept or written."""
         start = time.perf_counter()
         with torch.inference_mode():
@@ -96,7 +96,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:  # made and removed outside the timed part
             start = time.perf_counter()
             with torch.inference_mode():
-                hidden.extract(model, rows, todo, aux, Path(tmp), torch.bfloat16, args.token_budget)
+                job = BatchJob(aux, Path(tmp), torch.bfloat16, args.token_budget)
+                extract_batches(model, rows, todo, job)
             seconds = time.perf_counter() - start
             written.append(sum(f.stat().st_size for f in Path(tmp).glob("hs_*.safetensors")))
         return seconds

@@ -30,7 +30,7 @@ import torch
 from draftline.core.card import TargetCard
 from draftline.draft import model as draft_model
 from draftline.hidden_states import formats as hs_format
-from draftline.hidden_states import hidden
+from draftline.hidden_states.batches import BatchJob, extract_batches
 from draftline.params import load_params
 from draftline.tools.ab_timing import loadavg, machine_load
 from draftline.train import data as draft_data
@@ -75,7 +75,7 @@ def extract(model, rows, aux, out: Path, storage) -> float:
     todo = {i: n for i, n in enumerate(rows.with_format(None)["seq_len"])}
     start = time.perf_counter()
     with torch.inference_mode():
-        hidden.extract(model, rows, todo, aux, out, storage, 4096)
+        extract_batches(model, rows, todo, BatchJob(aux, out, storage, 4096))
     return time.perf_counter() - start
 
 

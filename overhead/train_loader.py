@@ -102,7 +102,7 @@ def write_rows(root: Path, rows: int, row_len: int, hidden_size: int, vocab: int
     import torch
 
     from datasets import Dataset
-    from draftline.hidden_states.hidden import hs_path, save_hidden_states
+    from draftline.hidden_states.files import hs_path, save_hidden_states
 
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(3, vocab, (row_len,), generator=g).tolist() for _ in range(rows)]
@@ -142,7 +142,7 @@ def main() -> None:
     from speculators.losses import resolve_loss_config
 
     from draftline.draft.model import build_draft
-    from draftline.hidden_states.hidden import hs_path
+    from draftline.hidden_states.files import hs_path
     from draftline.train.config import TrainConfig
     from draftline.train.data import epoch_batches, make_dataset, make_loader
     from draftline.train.metrics import run_batch

@@ -455,8 +455,8 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     from draftline.core.card import TargetCard
     from draftline.core.config import TIE_TOLERANCE
     from draftline.evaluate.acceptance import near_tie_flip
+    from draftline.hidden_states import capture
     from draftline.hidden_states import formats as hs_format
-    from draftline.hidden_states import hidden
     from draftline.target.model import load_target_model
 
     card = TargetCard.load(sub / "models" / "target" / "card.json")
@@ -465,10 +465,10 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     fmt, stored_dtype = cfg.get("format", "bf16"), cfg["dtype"]
     tolerance = TIE_TOLERANCE[stored_dtype]
     compute = (
-        hidden.DTYPES[stored_dtype] if device == "cuda" else torch.float32
+        capture.DTYPES[stored_dtype] if device == "cuda" else torch.float32
     )  # as the stage computed them
     model = load_target_model(card, device, compute)
-    norm = hidden.decoder_parts(model)[1]
+    norm = capture.decoder_parts(model)[1]
     positions = mismatches = near_ties = clear = 0
     files = sorted(hs_dir.glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:rows]
     if not files:

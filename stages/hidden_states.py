@@ -1,26 +1,26 @@
-"""Stage `hidden_states`: capture the target's aux + last hidden states for every tokenized row.
+"""Stage `hidden_states`: the target's aux + last hidden states of every tokenized row
+(draftline/hidden_states/extract.py).
 
     python -m stages.hidden_states models/target/card.json datasets/tokenized datasets/hidden_states reports/hidden_states.json
 
-Backend `hf` runs the target here (CPU, one GPU, or several with `device_map`); backend `vllm`
-launches `vllm serve` for extraction and hands the rows to speculators' `generate-offline-data`.
-`format: fp8` stores hs-connectors' FP8 layout (vLLM: its FP8 connector). `mode: online` stores
-nothing: meta.json tells the train stage to make the states itself, the report gives the estimate.
-Resumable (persist: true in dvc.yaml): valid files are kept, missing, truncated or corrupt ones
-(re)done, so growing `samples` extracts only the new rows. Prints the disk estimate and refuses to
-start when free space is below it x `disk_margin`.
+The report goes to its last argument; backend vllm's server log beside it
+(reports/hidden_states.vllm.log).
 """
 
 import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.hidden_states.config import HiddenStatesConfig
 from draftline.train.config import TrainConfig
 
 
+@entry_point
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
+    # train: train.pack_len only sizes the online mode's forwards named when the disk is short
+    # (a message; no output depends on it, so dvc.yaml does not list it)
     params = stage_sections(hidden_states=HiddenStatesConfig, train=TrainConfig)
     apply_thread_policy("hidden_states")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json

@@ -145,7 +145,8 @@ def train_a_draft(root, random_target):
     from draftline.core.io import write_json
     from draftline.draft import model as draft_model
     from draftline.evaluate.specdec import greedy_generate
-    from draftline.hidden_states import hidden
+    from draftline.hidden_states.capture import capture
+    from draftline.hidden_states.files import hs_path, save_hidden_states
     from draftline.target.model import build_card, load_target
     from draftline.tokens.chat import first_turn_ids
     from draftline.train import resume as train_state
@@ -177,8 +178,8 @@ def train_a_draft(root, random_target):
     dataset.save_to_disk(str(root / "tokenized"))
     (root / "hs").mkdir()
     for i, ids in enumerate(rows):
-        states = hidden.capture(model, [ids], card.aux_ids)[0]
-        hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, states, torch.bfloat16)
+        states = capture(model, [ids], card.aux_ids)[0]
+        save_hidden_states(hs_path(root / "hs", i), ids, states, torch.bfloat16)
     write_json(root / "hs" / "meta.json", {"aux_layer_ids": card.aux_ids})
     cfg = TrainConfig(
         epochs=10, pack_len=256, lr=1e-2, warmup_steps=2, val_fraction=0.25, device="cpu", seed=0

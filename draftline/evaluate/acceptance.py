@@ -157,7 +157,7 @@ def teacher_forced_sample(
     # torch, hidden states and decoders load on first use: vLLM alone (parity false) needs none
     import torch
 
-    from draftline.hidden_states.hidden import capture
+    from draftline.hidden_states.capture import capture
 
     ids = list(prompt) + list(completion)
     hs = capture(target, [ids], aux_layer_ids)[0].float().cpu()  # (L, 4, H)

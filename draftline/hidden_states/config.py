@@ -8,6 +8,12 @@ from typing import Literal
 from pydantic import model_validator
 
 from draftline.core.config import Port, Section, operational, shaping
+from draftline.core.errors import DraftlineError
+
+
+class HiddenStatesError(DraftlineError):
+    """The hidden states cannot be made or served as configured (inputs, disk, a vLLM server);
+    the message, "error: " included, is what the user reads."""
 
 
 class VllmExtractionConfig(Section):

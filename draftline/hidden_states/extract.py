@@ -1,24 +1,30 @@
 """The hidden_states stage's work: capture the target's aux + last hidden states for every tokenized row.
 
-Backend `hf` runs the target here (CPU, one GPU, or several with `device_map`); backend `vllm`
-launches `vllm serve` for extraction (or uses hidden_states.vllm.endpoint, checked first) and hands
-the rows to speculators' `generate-offline-data`. `format: fp8` stores hs-connectors' FP8 layout
-(vLLM: its FP8 connector). `mode: online` stores nothing: meta.json tells the train stage to make
-the states itself, the report gives the estimate. Valid files are kept, missing, truncated or
-corrupt ones (re)done; what is removed is planned, then the disk is checked, and only then are
-files removed (draftline/hidden_states/hidden.py holds the file format, the checks and the capture).
+Backend `hf` runs the target here (CPU, one GPU, or several with `device_map`), by the batches of
+draftline/hidden_states/batches.py; backend `vllm` launches `vllm serve` for extraction (or uses
+hidden_states.vllm.endpoint, checked first) and hands the rows to speculators'
+`generate-offline-data`. `format: fp8` stores hs-connectors' FP8 layout (vLLM: its FP8
+connector). `mode: online` stores nothing: meta.json tells the train stage to make the states
+itself, the report gives the estimate. Valid files are kept, missing, truncated or corrupt ones
+(re)done; what is removed is decided first (draftline/hidden_states/resume.py), then the disk is
+checked, and only then are files removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import subprocess
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from datasets import load_from_disk
 from draftline.core.card import TargetCard
 from draftline.core.config import resolve_device
 from draftline.core.io import read_json, write_meta
@@ -27,42 +33,47 @@ from draftline.engines.config import vllm_engine
 from draftline.engines.preflight import PreflightError, preflight_extraction
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 from draftline.hidden_states import formats as hs_format
-from draftline.hidden_states import plan
+from draftline.hidden_states import plan, resume
+from draftline.hidden_states.batches import BATCHES_FILE, BatchJob, extract_batches
+from draftline.hidden_states.capture import DTYPES, check_aux_layer_ids
+from draftline.hidden_states.config import HiddenStatesError
+from draftline.hidden_states.disk import check_disk
+from draftline.hidden_states.files import hs_path
 from draftline.target.model import load_target_model
 
 if TYPE_CHECKING:
     from draftline.hidden_states.config import HiddenStatesConfig
 
+log = logging.getLogger(__name__)
 
-def run_hf(
-    cfg: HiddenStatesConfig,
-    card: TargetCard,
-    rows,
-    todo: dict[int, int],
-    out: Path,
-    aux_ids: list[int],
-    store_dtype,
-) -> int:
+
+@dataclass(frozen=True)
+class ExtractionJob:
+    """One run of the stage: its settings, the target and its checked aux layer ids, the tokenized
+    rows (loaded, and the directory speculators' client reads them from), the output directory
+    and the vLLM server's log (backend vllm)."""
+
+    cfg: HiddenStatesConfig
+    card: TargetCard
+    aux_ids: list[int]
+    rows: Any  # datasets.Dataset
+    tokenized: Path
+    out: Path
+    log_path: Path
+
+
+def run_hf(job: ExtractionJob, todo: dict[int, int]) -> int:
     """Backend hf: the target runs here, batch by batch; returns the tokens done."""
-    # torch (and hidden.py) load on first use: backend vllm and the probe run without them
-    import torch
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    from draftline.hidden_states import hidden
-
+    cfg = job.cfg
     device = "cuda" if cfg.device_map else resolve_device(cfg.device)
     compute = (
         cfg.compute_dtype
         if cfg.compute_dtype != "auto"
         else (cfg.dtype if device == "cuda" else "float32")
     )
-    model = load_target_model(card, device, hidden.DTYPES[compute], cfg.device_map)
+    model = load_target_model(job.card, device, DTYPES[compute], cfg.device_map)
+    store_dtype = hs_format.storage_dtype(cfg.format, cfg.dtype)
+    batches = BatchJob(job.aux_ids, job.out, store_dtype, cfg.token_budget)
     start = time.perf_counter()
     columns = (
         TextColumn("hidden states"),
@@ -80,27 +91,19 @@ def run_hf(
             tokens += n_tokens
             bar.update(task, advance=n_rows, tps=tokens / (time.perf_counter() - start))
 
-        return hidden.extract(
-            model, rows, todo, aux_ids, out, store_dtype, cfg.token_budget, advance
-        )
+        return extract_batches(model, job.rows, todo, batches, advance)
 
 
-def vllm_extract_serve(
-    cfg: HiddenStatesConfig,
-    card: TargetCard,
-    aux_ids: list[int],
-    staging: Path,
-    longest: int,
-    port: int,
-) -> list[str]:
+def vllm_extract_serve(job: ExtractionJob, staging: Path, longest: int, port: int) -> list[str]:
     """The `vllm serve` command for extraction on `port`, its states written under staging;
     max_model_len defaults to the longest row + 1."""
+    cfg, card = job.cfg, job.card
     v = cfg.vllm
     return vllm_extract_command(
         vllm_engine(),
         card.model,
         card.revision,
-        aux_ids,
+        job.aux_ids,
         card.num_layers,
         staging,
         v.host,
@@ -115,97 +118,79 @@ def vllm_extract_serve(
     )
 
 
-def extraction_server(
-    cfg: HiddenStatesConfig,
-    card: TargetCard,
-    rows,
-    todo: dict[int, int],
-    out: Path,
-    aux_ids: list[int],
-    log_path: Path,
-    staging: Path,
-    longest: int,
-):
+def offline_server(job: ExtractionJob, todo: dict[int, int], staging: Path, longest: int):
     """The extraction server, as a context manager giving its base URL: hidden_states.vllm.endpoint
-    (preflight-checked with the first row to do), else `vllm serve` launched with its log at log_path."""
-    v = cfg.vllm
+    (preflight-checked with the first row to do), else `vllm serve` launched with its log at
+    job.log_path."""
+    card, v = job.card, job.cfg.vllm
     if v.endpoint:  # already running: checked with one probe row, not started
         base_url = v.endpoint.rstrip("/")
-        probe = rows.with_format(None)[min(todo)]["input_ids"]
+        probe = job.rows.with_format(None)[min(todo)]["input_ids"]
         try:
             seen = preflight_extraction(
-                base_url, card, aux_ids, probe, v.request_timeout_s, v.max_retries + 1
+                base_url, card, job.aux_ids, probe, v.request_timeout_s, v.max_retries + 1
             )
         except PreflightError as err:
-            raise SystemExit(f"error: hidden_states.vllm.endpoint: {err}") from None
-        print(f"hidden_states: using the running extraction server {base_url} (preflight: {seen})")
-        return nullcontext(base_url)
+            raise HiddenStatesError(f"error: hidden_states.vllm.endpoint: {err}") from None
+        log.info(
+            f"hidden_states: using the running extraction server {base_url} (preflight: {seen})"
+        )
+        return contextlib.nullcontext(base_url)
     limit, why = startup_timeout_s(v.startup_timeout_s, card.model, card.revision)
 
     def launch(port: int) -> list[str]:  # hidden_states.vllm.port, else a free port chosen at start
-        cmd = vllm_extract_serve(cfg, card, aux_ids, staging, longest, port)
-        print(
-            f"hidden_states: launching {' '.join(cmd)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {log_path}"
+        cmd = vllm_extract_serve(job, staging, longest, port)
+        log.info(
+            f"hidden_states: launching {' '.join(cmd)}\nhidden_states: start-up limit {limit:.0f}s ({why}); log {job.log_path}"
         )
         return cmd
 
     return ManagedServer(
         launch,
-        launch_env("vllm", card.model, out / ".hf_cache"),
+        launch_env("vllm", card.model, job.out / ".hf_cache"),
         server_url(v.host, v.port),
-        log_path,
+        job.log_path,
         limit,
-        say=print,
+        say=log.info,
     )
 
 
-def generate_offline_data(
-    cfg: HiddenStatesConfig, tokenized_dir: str, out: Path, base_url: str, log_path: Path
-) -> None:
+def generate_offline_data(job: ExtractionJob, base_url: str) -> None:
     """Feed the tokenized rows to the server at base_url with speculators' generate-offline-data;
-    SystemExit when it fails."""
+    HiddenStatesError when it fails."""
+    cfg = job.cfg
     v = cfg.vllm
     client = generate_offline_data_command(
         f"{base_url}/v1",
-        Path(tokenized_dir),
-        out,
+        job.tokenized,
+        job.out,
         v.concurrency,
         v.request_timeout_s,
         v.max_retries,
         validate=cfg.format != "fp8",
     )
-    print("hidden_states: running", " ".join(client))
+    log.info("hidden_states: running " + " ".join(client))
     code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s
     if code != 0:
-        where = f"the server at {base_url}" if v.endpoint else f"server log: {log_path}"
-        raise SystemExit(f"error: speculators generate-offline-data exited with {code}; {where}")
+        where = f"the server at {base_url}" if v.endpoint else f"server log: {job.log_path}"
+        raise HiddenStatesError(
+            f"error: speculators generate-offline-data exited with {code}; {where}"
+        )
 
 
-def run_vllm(
-    cfg: HiddenStatesConfig,
-    card: TargetCard,
-    tokenized_dir: str,
-    rows,
-    todo: dict[int, int],
-    out: Path,
-    aux_ids: list[int],
-    log_path: Path,
-) -> None:
+def run_vllm(job: ExtractionJob, todo: dict[int, int]) -> None:
     """Backend vllm: `vllm serve` for extraction (launched, or hidden_states.vllm.endpoint), fed by
     speculators' generate-offline-data."""
-    from draftline.hidden_states import hidden
-
     for i in todo:  # speculators skips any readable file; a stale or mismatched one must go first
-        hidden.hs_path(out, i).unlink(missing_ok=True)
-    staging = (
-        out / hidden.VLLM_STAGING
-    )  # same filesystem: speculators' move is then an atomic rename
+        hs_path(job.out, i).unlink(missing_ok=True)
+    # same filesystem: speculators' move is then an atomic rename
+    staging = job.out / resume.VLLM_STAGING
     staging.mkdir(parents=True, exist_ok=True)
-    longest = max(rows.with_format(None)["seq_len"])
-    server = extraction_server(cfg, card, rows, todo, out, aux_ids, log_path, staging, longest)
+    longest = max(job.rows.with_format(None)["seq_len"])
+    server = offline_server(job, todo, staging, longest)
     try:
         with server as base_url:
-            generate_offline_data(cfg, tokenized_dir, out, base_url, log_path)
+            generate_offline_data(job, base_url)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -217,12 +202,11 @@ LAYOUTS = {
 }
 
 
-def write_online(
-    cfg: HiddenStatesConfig, card: TargetCard, rows, out: Path, fingerprint: str, aux_ids: list[int]
-) -> dict:
+def write_online(job: ExtractionJob, fingerprint: str) -> dict:
     """mode online: no states are stored. meta.json tells the train stage to make them itself; files
     an earlier offline run left are kept for a switch back (their fingerprint stays recorded).
     Returns the report."""
+    cfg, out, aux_ids = job.cfg, job.out, job.aux_ids
     out.mkdir(parents=True, exist_ok=True)
     previous = read_json(out / "meta.json") if (out / "meta.json").exists() else {}
     files_fingerprint = (
@@ -230,14 +214,13 @@ def write_online(
         if previous.get("mode", "offline") == "offline"
         else previous.get("files_fingerprint")
     )
-    lengths = rows.with_format(None)["seq_len"]
-    the_plan = plan.make_plan(
+    lengths = job.rows.with_format(None)["seq_len"]
+    disk = plan.make_plan(
         sum(lengths),
         len(lengths),
-        card.hidden_size,
-        dtype_name=cfg.dtype,
+        job.card.hidden_size,
+        plan.PlanSettings(dtype_name=cfg.dtype, margin=cfg.disk_margin),
         free=plan.free_bytes(out),
-        margin=cfg.disk_margin,
         source="tokenized data",
     )
     write_meta(
@@ -262,130 +245,64 @@ def write_online(
         "extracted_now": 0,
         "files_kept_from_offline": len(list(out.glob("hs_*.safetensors"))),
         "offline_bytes": {
-            name: m["total_bytes"] for name, m in the_plan["modes"].items() if name != "online"
+            name: m["total_bytes"] for name, m in disk["modes"].items() if name != "online"
         },
-        "free_bytes_before": the_plan["free_bytes"],
+        "free_bytes_before": disk["free_bytes"],
         "aux_layer_ids": aux_ids,
     }
-    print(
+    log.info(
         f"hidden_states: mode online, nothing stored ({sum(lengths):,} tokens would take "
         f"{report['offline_bytes']['offline_bf16'] / 1e9:.3f} GB in bf16, {report['offline_bytes']['offline_fp8'] / 1e9:.3f} GB in fp8)"
     )
     return report
 
 
-def check_extraction_inputs(card: TargetCard, card_path: str, tokenized_dir: str) -> list[int]:
+def check_extraction_inputs(card: TargetCard, card_path: Path, tokenized_dir: Path) -> list[int]:
     """The card's aux layer ids, checked, once tokenized_dir is known to be made with the card's
-    chat template; SystemExit otherwise."""
-    from draftline.hidden_states import hidden
-
+    chat template; HiddenStatesError otherwise."""
     try:
-        aux_ids = hidden.check_aux_layer_ids(card.aux_ids, card.num_layers)
+        aux_ids = check_aux_layer_ids(card.aux_ids, card.num_layers)
     except ValueError as err:
-        raise SystemExit(f"error: {card_path}: {err}") from None
-    tok_meta = Path(tokenized_dir) / "meta.json"
+        raise HiddenStatesError(f"error: {card_path}: {err}") from None
+    tok_meta = tokenized_dir / "meta.json"
     if tok_meta.exists() and read_json(tok_meta).get("chat_template_sha256") not in (
         None,
         card.chat_template_sha256,
     ):
-        raise SystemExit(
+        raise HiddenStatesError(
             f"error: {tokenized_dir} was tokenized with another chat template than {card_path}'s target"
         )
     return aux_ids
 
 
-@dataclass(frozen=True)
-class ExtractionPlan:
-    """What an offline run redoes and removes, planned before any file is removed: the rows to
-    extract (index -> tokens), the rows kept, the files to remove, and the bytes it takes."""
-
-    todo: dict[int, int]
-    done: int
-    stale: list[Path]  # made for another target, aux layers, dtype or format
-    extra: list[Path]  # rows past the end: `samples` shrank
-    cleared: int  # stale hidden-state files (the batch plan file not counted)
-    needed: int
-    reclaimable: int  # bytes the removed and overwritten files free
-    # files that exist but are redone, by reason (truncated, other tokens, ...): their names
-    redone: dict[str, list[str]]
-
-
-def plan_extraction(
-    cfg: HiddenStatesConfig, rows, out: Path, fingerprint: str, H: int, store_dtype
-) -> ExtractionPlan:
-    """What to remove and redo in out (ExtractionPlan), printed; nothing is removed yet."""
-    from draftline.hidden_states import hidden
-
-    stale = hidden.stale_files(
-        out, fingerprint
-    )  # made for another target, aux layers, dtype or format
-    redone: dict[str, list[str]] = {}
-    if stale:
-        todo, done, extra = hidden.all_rows(rows), 0, []
-    else:
-        todo, done = hidden.pending_rows(
-            rows, out, H, store_dtype, cfg.verify_existing == "full", False, redone
-        )
-        extra = hidden.extra_files(out, len(rows))  # rows past the end: `samples` shrank
-    cleared = sum(f.name != hidden.PLAN_FILE for f in stale)
-    overwritten = [hidden.hs_path(out, i) for i in todo]
-    reclaimable = sum(f.stat().st_size for f in stale + extra + overwritten if f.exists())
-    needed = hidden.estimate_bytes(list(todo.values()), H, store_dtype)
-    print(
-        f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x "
-        f"{hs_format.bytes_per_token(H, cfg.format, cfg.dtype):,} B ({cfg.format}) = {needed / 1e9:.3f} GB"
-        + (
-            f"; {cleared} files made for another target, aux layers, dtype or format to remove"
-            if cleared
-            else ""
-        )
-    )
-    for reason, files in sorted(redone.items()):
-        print(
-            f"hidden_states: {len(files)} existing files redone ({reason}), first: "
-            + "; ".join(files[:3])
-        )
-    return ExtractionPlan(todo, done, stale, extra, cleared, needed, reclaimable, redone)
-
-
-def check_disk_for(
-    cfg: HiddenStatesConfig, out: Path, work: ExtractionPlan, H: int, pack_len: int
-) -> int:
-    """The free bytes before the run; SystemExit, naming the cheaper modes that would fit, when
-    the planned states do not fit in out beside hidden_states.disk_margin."""
-    from draftline.hidden_states import hidden
-
+def check_disk_for(job: ExtractionJob, work: resume.PendingWork, pack_len: int) -> int:
+    """The free bytes before the run; HiddenStatesError, naming the cheaper modes that would fit,
+    when the pending states do not fit in the output directory beside hidden_states.disk_margin."""
+    cfg = job.cfg
     try:
-        return hidden.check_disk(out, work.needed, cfg.disk_margin, work.reclaimable)
+        return check_disk(job.out, work.needed, cfg.disk_margin, work.reclaimable)
     except RuntimeError as err:
-        the_plan = plan.make_plan(
+        disk = plan.make_plan(
             sum(work.todo.values()),
             len(work.todo),
-            H,
-            dtype_name=cfg.dtype,
-            free=plan.free_bytes(out),
-            margin=cfg.disk_margin,
-            pack_len=pack_len,
+            job.card.hidden_size,
+            plan.PlanSettings(dtype_name=cfg.dtype, pack_len=pack_len, margin=cfg.disk_margin),
+            free=plan.free_bytes(job.out),
         )
-        fits = plan.cheaper_modes(the_plan, f"offline_{cfg.format}")
+        fits = plan.cheaper_modes(disk, f"offline_{cfg.format}")
         hint = ("; these would fit: " + "; ".join(fits)) if fits else ""
-        raise SystemExit(f"error: {err}{hint} (`draftline plan` prints the figures)") from None
+        raise HiddenStatesError(
+            f"error: {err}{hint} (`draftline plan` prints the figures)"
+        ) from None
 
 
-def offline_report(
-    cfg: HiddenStatesConfig,
-    n_rows: int,
-    work: ExtractionPlan,
-    tokens: int,
-    elapsed: float,
-    free: int,
-    H: int,
-    aux_ids: list[int],
-) -> dict:
+def offline_report(job: ExtractionJob, work: resume.PendingWork, elapsed: float, free: int) -> dict:
     """The report of an offline run: rows reused and extracted, its speed, and the stored format."""
+    cfg, H = job.cfg, job.card.hidden_size
+    tokens = sum(work.todo.values())
     return {
         "backend": cfg.backend,
-        "rows": n_rows,
+        "rows": len(job.rows),
         "reused": work.done,
         "extracted_now": len(work.todo),
         "tokens_extracted_now": tokens,
@@ -401,42 +318,41 @@ def offline_report(
         "format": cfg.format,
         "dtype": hs_format.storage_name(cfg.format, cfg.dtype),
         "bytes_per_token": hs_format.bytes_per_token(H, cfg.format, cfg.dtype),
-        "aux_layer_ids": aux_ids,
+        "aux_layer_ids": job.aux_ids,
     }
 
 
-def extract_hidden_states(
-    cfg: HiddenStatesConfig,
-    card: TargetCard,
-    card_path: str,
-    tokenized_dir: str,
-    out_dir: str,
-    log_path: Path,
-    pack_len: int,
-) -> dict:
-    """The hidden_states stage's work (see the module docstring); returns its report. card_path names
-    the card in messages; log_path takes the vLLM server's log; pack_len (train.pack_len) sizes the
-    other modes' estimate shown when the disk is short."""
-    from datasets import load_from_disk
-    from draftline.hidden_states import hidden
+class Paths(NamedTuple):
+    card: Path  # models/target/card.json
+    tokenized: Path  # datasets/tokenized
+    out: Path  # datasets/hidden_states
+    log: Path  # the vLLM server's log (backend vllm), beside the stage's report
 
-    aux_ids = check_extraction_inputs(card, card_path, tokenized_dir)
-    rows = load_from_disk(tokenized_dir)
-    out = Path(out_dir)
+
+def extract_hidden_states(
+    cfg: HiddenStatesConfig, card: TargetCard, paths: Paths, pack_len: int
+) -> dict:
+    """The hidden_states stage's work (see the module docstring); returns its report. paths.card
+    names the card in messages; paths.log takes the vLLM server's log; pack_len (train.pack_len)
+    sizes the online mode's forwards in the refusal when the disk is short."""
+    aux_ids = check_extraction_inputs(card, paths.card, paths.tokenized)
+    rows = load_from_disk(str(paths.tokenized))
+    job = ExtractionJob(cfg, card, aux_ids, rows, paths.tokenized, paths.out, paths.log)
+    out = paths.out
     H, store_dtype = card.hidden_size, hs_format.storage_dtype(cfg.format, cfg.dtype)
 
-    fingerprint = hidden.fingerprint(card, hs_format.storage_name(cfg.format, cfg.dtype))
+    fingerprint = resume.fingerprint(card, hs_format.storage_name(cfg.format, cfg.dtype))
     if cfg.mode == "online":
-        return write_online(cfg, card, rows, out, fingerprint, aux_ids)
-    hidden.remove_temporaries(out)  # *.tmp and vLLM staging of a killed run: never finished files
-    # Plan what to remove and redo, check the disk, and only then remove anything: a refusal
+        return write_online(job, fingerprint)
+    resume.remove_temporaries(out)  # *.tmp and vLLM staging of a killed run: never finished files
+    # Decide what to remove and redo, check the disk, and only then remove anything: a refusal
     # leaves every file in place.
-    work = plan_extraction(cfg, rows, out, fingerprint, H, store_dtype)
-    free = check_disk_for(cfg, out, work, H, pack_len)
+    work = resume.pending_work(cfg, rows, out, fingerprint, H, store_dtype)
+    free = check_disk_for(job, work, pack_len)
     for f in work.stale + work.extra:
         f.unlink()
     if work.cleared:
-        print(
+        log.info(
             f"hidden_states: removed {work.cleared} files made for another target, aux layers, dtype or format"
         )
 
@@ -449,45 +365,30 @@ def extract_hidden_states(
     )
     write_meta(out, "hidden_states", cfg.model_dump(), complete=False, **meta)
     todo = work.todo
-    start, tokens = time.perf_counter(), sum(todo.values())
+    start = time.perf_counter()
     if todo and cfg.backend == "hf":
-        run_hf(cfg, card, rows, todo, out, aux_ids, store_dtype)
+        run_hf(job, todo)
     elif todo:
-        run_vllm(cfg, card, tokenized_dir, rows, todo, out, aux_ids, log_path)
-        missing, _ = hidden.pending_rows(rows, out, H, store_dtype, False)
+        run_vllm(job, todo)
+        missing, _ = resume.pending_rows(rows, out, H, store_dtype, False)
         if missing:
-            raise SystemExit(
+            raise HiddenStatesError(
                 f"error: {len(missing)} rows still have no valid hidden states after generate-offline-data "
                 f"(first: {sorted(missing)[:10]}); rerun to retry them"
             )
     elapsed = time.perf_counter() - start
-    (out / hidden.PLAN_FILE).unlink(missing_ok=True)  # complete: the batch plan of this run is done
+    (out / BATCHES_FILE).unlink(missing_ok=True)  # complete: the batches of this run are done
     write_meta(out, "hidden_states", cfg.model_dump(), complete=True, **meta)
-    report = offline_report(cfg, len(rows), work, tokens, elapsed, free, H, aux_ids)
-    print(
+    report = offline_report(job, work, elapsed, free)
+    log.info(
         f"hidden_states: {len(todo)} rows extracted ({report['tokens_per_s']} tok/s), {work.done} reused"
     )
     return report
 
 
-class Paths(NamedTuple):
-    card: Path  # models/target/card.json
-    tokenized: Path  # datasets/tokenized
-    out: Path  # datasets/hidden_states
-    log: Path  # the vLLM server's log (backend vllm), beside the stage's report
-
-
 def run(params, paths: Paths) -> dict:
     """Stage `hidden_states`: the states of every tokenized row by params.hidden_states, into
     paths.out (offline) or only its meta.json (online); the report. train.pack_len sizes the
-    online mode's forwards in the report's plan."""
+    online mode's forwards named when the disk is short."""
     card = TargetCard.load(paths.card)
-    return extract_hidden_states(
-        params.hidden_states,
-        card,
-        str(paths.card),
-        str(paths.tokenized),
-        str(paths.out),
-        paths.log,
-        params.train.pack_len,
-    )
+    return extract_hidden_states(params.hidden_states, card, paths, params.train.pack_len)

@@ -4,7 +4,7 @@ states go straight into training, never to disk.
 speculators' ArrowDataset is kept whole (splits, token check, slicing into aux / last states);
 only where the states come from changes. The DataLoader fetches a packed batch through
 `__getitems__`, so the rows of one packed batch go through the target in one right-padded forward
-(draftline.hidden_states.hidden.capture, the extraction's own hooks: aux-layer inputs and the pre-norm last
+(draftline.hidden_states.capture, the extraction's own hooks: aux-layer inputs and the pre-norm last
 state), and each row's states then take the round trip of the stored format (bf16 or fp8), so the
 draft sees the values it would have read from files.
 """
@@ -17,8 +17,8 @@ import torch
 from hs_connectors import HiddenStatesTransfer
 from speculators.train.data import ArrowDataset
 
+from draftline.hidden_states.capture import capture
 from draftline.hidden_states.formats import roundtrip
-from draftline.hidden_states.hidden import capture
 
 
 class BatchTransfer(HiddenStatesTransfer):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.hidden_states.formats import bytes_per_token, minimum_bytes_per_token
@@ -51,21 +52,32 @@ def packed_forwards(tokens: int, pack_len: int) -> int:
     return math.ceil(tokens / pack_len)
 
 
+@dataclass(frozen=True)
+class PlanSettings:
+    """The params a plan reads: hidden_states.dtype and disk_margin, train.pack_len, val_fraction
+    and epochs (online mode's forwards). The defaults are the params' own."""
+
+    dtype_name: str = "bfloat16"
+    pack_len: int = 1024
+    val_fraction: float = 0.1
+    epochs: int = 1
+    margin: float = 1.1
+
+
 def make_plan(
     tokens: int,
     rows: int,
     hidden_size: int,
+    settings: PlanSettings | None = None,
     *,
-    dtype_name: str = "bfloat16",
-    pack_len: int = 1024,
-    val_fraction: float = 0.1,
-    epochs: int = 1,
     free: int | None = None,
-    margin: float = 1.1,
     source: str = "",
 ) -> dict:
     """Disk of each mode and what online costs instead. Bytes are the files' content (states,
     fp8 scales, int64 token ids); headers add a few hundred bytes a file."""
+    settings = settings or PlanSettings()
+    dtype_name, pack_len, margin = settings.dtype_name, settings.pack_len, settings.margin
+    val_fraction, epochs = settings.val_fraction, settings.epochs
     val_tokens = round(tokens * val_fraction)
     modes = {}
     for fmt in ("bf16", "fp8"):

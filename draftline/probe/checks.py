@@ -13,7 +13,7 @@
   hidden_states.vllm.endpoint after its preflight, then speculators' generate-offline-data) on one
   short chat prompt and checks the file it leaves: the prompt's token ids and [L, 4, H] states.
   hidden_states.mode online with train.backend speculators starts the server the train stage
-  would (draftline/train/states.py `online_vllm`, or hidden_states.online.endpoint) and
+  would (draftline/hidden_states/online_server.py, or hidden_states.online.endpoint) and
   sends it the same probe the trainers' server is checked with (draftline/engines/preflight.py
   `preflight_extraction`; with the Mooncake transfer only the model and, where shown, the
   speculative config are checked: the states go to the store). It costs one start of the server
@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import logging
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from safetensors import safe_open
+
 from draftline.core.card import TargetCard
+from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, write_json
 from draftline.draft.checkpoint import (
     InitMismatch,
@@ -42,18 +45,20 @@ from draftline.draft.checkpoint import (
 )
 from draftline.draft.preflight import check_vocab
 from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_extraction
-from draftline.engines.servers import startup_timeout_s
 from draftline.hidden_states import formats as hs_format
-from draftline.hidden_states.extract import run_vllm
+from draftline.hidden_states.config import HiddenStatesError
+from draftline.hidden_states.online_server import OnlineServerJob, online_server, recorded_source
+from draftline.target.model import card_tokenizer
 from draftline.tokens.chat import chat_prompt_ids
-from draftline.train.states import online_vllm
 
 if TYPE_CHECKING:
     from draftline.hidden_states.config import HiddenStatesConfig
     from draftline.train.config import TrainConfig
 
+log = logging.getLogger(__name__)
 
-class ProbeFailed(RuntimeError):
+
+class ProbeFailed(DraftlineError, RuntimeError):
     """The configured vLLM path cannot extract this target's states; the message says what failed."""
 
 
@@ -183,16 +188,11 @@ def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
 def probe_prompt_ids(card: TargetCard) -> list[int]:
     """A short chat prompt through the target's tokenizer and template (as regeneration renders
     one), so the probe row is the kind of row extraction will get."""
-    # bound at call time: tests replace target.card_tokenizer
-    from draftline.target.model import card_tokenizer
-
     return chat_prompt_ids(card_tokenizer(card), PROBE_MESSAGES, None, {})
 
 
 def describe_file(path: Path, ids: list[int], hidden_size: int, store_dtype) -> str:
     """Why the probe row's file is not the states asked for."""
-    from safetensors import safe_open
-
     if not path.exists():
         return "no hidden-state file came back for the probe row"
     try:
@@ -220,9 +220,13 @@ def probe_offline(
     hs: HiddenStatesConfig, card: TargetCard, ids: list[int], work: Path, log_path: Path
 ) -> dict:
     """One row through the hidden_states stage's vLLM path (run_vllm), its file checked as that
-    stage checks its files."""
+    stage checks its files. speculators' client reads the tokenized rows from disk, so the row is
+    saved as the tokenize stage saves its rows."""
+    # torch and datasets load on first use: a probe without the offline vLLM path never needs them
     from datasets import Dataset, load_from_disk
-    from draftline.hidden_states import hidden
+    from draftline.hidden_states.capture import check_aux_layer_ids
+    from draftline.hidden_states.extract import ExtractionJob, run_vllm
+    from draftline.hidden_states.files import hs_path, is_valid_file
 
     tokenized = work / "tokenized"
     rows = Dataset.from_dict(
@@ -233,16 +237,17 @@ def probe_offline(
     rows = load_from_disk(str(tokenized))
     out = work / "hidden_states"
     out.mkdir()
-    aux = hidden.check_aux_layer_ids(list(card.aux_ids), card.num_layers)
+    aux = check_aux_layer_ids(list(card.aux_ids), card.num_layers)
+    job = ExtractionJob(hs, card, aux, rows, tokenized, out, log_path)
     try:
-        run_vllm(hs, card, str(tokenized), rows, {0: len(ids)}, out, aux, log_path)
-    except SystemExit as err:  # the client failed, or the endpoint's preflight refused it
-        raise ProbeFailed(str(err.code).removeprefix("error: ")) from None
+        run_vllm(job, {0: len(ids)})
+    except HiddenStatesError as err:  # the client failed, or the endpoint's preflight refused it
+        raise ProbeFailed(str(err).removeprefix("error: ")) from None
     except RuntimeError as err:  # the server did not start (its log's last lines are in it)
         raise ProbeFailed(str(err)) from None
     store = hs_format.storage_dtype(hs.format, hs.dtype)
-    file = hidden.hs_path(out, 0)
-    if not hidden.is_valid_file(file, ids, card.hidden_size, store, full=True):
+    file = hs_path(out, 0)
+    if not is_valid_file(file, ids, card.hidden_size, store, full=True):
         raise ProbeFailed(describe_file(file, ids, card.hidden_size, store))
     return {"tokens": len(ids), "shape": [len(ids), 4, card.hidden_size]}
 
@@ -251,29 +256,16 @@ def probe_online(
     hs: HiddenStatesConfig, card: TargetCard, ids: list[int], work: Path, log_path: Path
 ) -> dict:
     """The server the train stage would start for speculators' trainers (or the running one of
-    hidden_states.online.endpoint), asked for the probe row as the train stage checks it."""
-    # bound at call time: tests replace servers.ManagedServer
-    from draftline.engines.servers import ManagedServer
-    from draftline.train.run import TrainPaths
-
-    # the train stage's paths and hidden_states meta.json, as online_vllm reads them
-    paths = TrainPaths(vocab=work, tokenized=work / "tokenized", hs=work, state=work)
-    source = {
-        "mode": "online",
-        "format": hs.format,
-        "online": hs.online.model_dump(),
-        "params": hs.model_dump(),
-    }
-    from datasets import Dataset
-
-    Dataset.from_dict({"seq_len": [len(ids)]}).save_to_disk(str(paths.tokenized))
-    serve, endpoint, staging = online_vllm(card, paths, source)
+    hidden_states.online.endpoint, whose preflight is the probe), asked for the probe row as the
+    train stage checks it."""
+    job = OnlineServerJob(recorded_source(hs), len(ids), ids, work, log_path, "probe")
     transfer = hs.online.resolved_transfer(hs.format)
-
-    def ask(base_url: str) -> dict:
-        try:
+    try:
+        with online_server(card, job) as served:
+            if served.seen is not None:  # an external server: checked with the probe row
+                return served.seen
             return preflight_extraction(
-                base_url,
+                served.endpoint.removesuffix("/v1"),
                 card,
                 list(card.aux_ids),
                 ids,
@@ -281,20 +273,10 @@ def probe_online(
                 hs.online.max_retries + 1,
                 probe_file=transfer != "mooncake",
             )
-        except PreflightError as err:
-            raise ProbeFailed(str(err)) from None
-
-    if serve is None:
-        return ask(endpoint.removesuffix("/v1"))
-    if staging is not None:
-        staging.mkdir(parents=True, exist_ok=True)
-    limit, why = startup_timeout_s(hs.vllm.startup_timeout_s, card.model, card.revision)
-    print(f"probe: extraction server start-up limit {limit:.0f}s ({why}); log {log_path}")
-    try:
-        with ManagedServer(serve, dict(os.environ), endpoint, log_path, limit, say=print) as url:
-            return ask(url)
-    except ProbeFailed:
-        raise
+    except HiddenStatesError as err:  # the external server's preflight refused it
+        raise ProbeFailed(str(err).removeprefix("error: ")) from None
+    except PreflightError as err:
+        raise ProbeFailed(str(err)) from None
     except RuntimeError as err:  # the server did not start (its log's last lines are in it)
         raise ProbeFailed(str(err)) from None
 
@@ -316,10 +298,10 @@ def probe_extraction(
         return {"path": path, "probed": False, "why": "hidden_states.vllm.probe: false"}
     key = extraction_key(card, hs, path)
     if previous and previous.get("key") == key and previous.get("passed"):
-        print(f"probe: vLLM extraction ({path}) passed before for this card and these settings")
+        log.info(f"probe: vLLM extraction ({path}) passed before for this card and these settings")
         return {**previous, "probed": False, "why": "passed before with the same key"}
     ids = probe_prompt_ids(card)
-    print(f"probe: one {len(ids)}-token row through the {path} vLLM extraction path")
+    log.info(f"probe: one {len(ids)}-token row through the {path} vLLM extraction path")
     with tempfile.TemporaryDirectory(prefix="draftline_probe_") as tmp:
         run = probe_offline if path == "offline" else probe_online
         seen = run(hs, card, ids, Path(tmp), log_path)
@@ -347,7 +329,7 @@ def run(params, paths: Paths) -> dict:
         if params.train.init:
             report["init"] = check_init_fits(params.train, card, params.vocab.draft_vocab_size)
             for warning in report["init"]["warnings"]:
-                print(f"probe: warning: {warning}")
+                log.warning(f"probe: warning: {warning}")
         report["extraction"] = probe_extraction(
             params.hidden_states,
             params.train,

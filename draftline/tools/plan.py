@@ -14,6 +14,7 @@ from pathlib import Path
 from draftline.hidden_states.plan import (
     HASHING_REPORT,
     LINK_TYPES,
+    PlanSettings,
     add_dvc,
     dvc_cache_types,
     estimate_row_tokens,
@@ -102,12 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         tokens,
         rows,
         hidden_size,
-        dtype_name=hs.dtype,
-        pack_len=train.pack_len,
-        val_fraction=train.val_fraction,
-        epochs=train.epochs,
+        PlanSettings(hs.dtype, train.pack_len, train.val_fraction, train.epochs, hs.disk_margin),
         free=round(args.free_gb * 1e9) if args.free_gb is not None else free_bytes(Path(args.out)),
-        margin=hs.disk_margin,
         source=source,
     )
     if args.cache_type:

@@ -29,6 +29,7 @@ from draftline.core.io import write_meta
 from draftline.draft.checkpoint import dir_sha256
 from draftline.draft.model import build_draft, init_layer_from_target, save_draft
 from draftline.draft.pretrained import load_init_draft, prepare_init, resolve_init
+from draftline.hidden_states.online_server import OnlineServerJob, online_server
 from draftline.train.data import (
     OnlineStates,
     VllmOnline,
@@ -54,7 +55,6 @@ from draftline.train.resume import (
     trainable_state,
 )
 from draftline.train.speculators import run_speculators
-from draftline.train.states import extraction_server
 
 if TYPE_CHECKING:
     from draftline.train.config import TrainConfig
@@ -464,9 +464,10 @@ def run_builtin(
             print(f"train.init remap: {note}")
     with contextlib.ExitStack() as stack:
         if vllm_online:  # the server the loop asks for each row's states, stopped after
-            endpoint, staging, _ = stack.enter_context(
-                extraction_server(card, paths, source, paths.state / "online_vllm")
+            job = OnlineServerJob.for_training(
+                source, paths.tokenized, paths.state, paths.state / "online_vllm"
             )
+            endpoint, staging = stack.enter_context(online_server(card, job))[:2]
             online = VllmOnline.of(online_cfg, endpoint, staging)
         result = train_draft(
             model,

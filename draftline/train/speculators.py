@@ -5,7 +5,7 @@ Its command carries the same params as the builtin loop; speculators saves a che
 under models/draft_checkpoints/speculators and resumes from the last one on rerun. The epoch kept
 is the one with the best validation tau_sim on the builtin loop's held-out rows. With
 hidden_states.mode online the trainers ask a vLLM extraction server for the states: an external
-one (checked first) or one launched here for the run (draftline/train/states.py).
+one (checked first) or one launched here for the run (draftline/hidden_states/online_server.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ from draftline.draft.checkpoint import (
 )
 from draftline.draft.model import speculators_config
 from draftline.draft.pretrained import load_init_draft
+from draftline.hidden_states.online_server import (
+    OnlineServerJob,
+    online_server,
+    speculators_hidden_states_args,
+)
 from draftline.target.model import (
     _checkpoint_file,
     checkpoint_weight_map,
@@ -41,7 +46,6 @@ from draftline.train.data import (
     online_states,
 )
 from draftline.train.metrics import validate_many
-from draftline.train.states import extraction_server, speculators_hidden_states_args
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -401,9 +405,8 @@ def run_speculators(
     with contextlib.ExitStack() as stack:
         endpoint = staging = launched = None
         if source["mode"] == "online":  # the server the trainers ask for states, stopped after
-            endpoint, staging, launched = stack.enter_context(
-                extraction_server(card, paths, source, live_dir)
-            )
+            job = OnlineServerJob.for_training(source, paths.tokenized, paths.state, live_dir)
+            endpoint, staging, launched = stack.enter_context(online_server(card, job))[:3]
         hs_args = speculators_hidden_states_args(
             paths.hs,
             source["format"],

@@ -14,9 +14,9 @@ from draftline.draft import checkpoint
 from draftline.draft import model as draft_model
 from draftline.draft import pretrained as draft_init
 from draftline.engines.config import VllmEngineConfig
+from draftline.hidden_states.online_server import speculators_hidden_states_args
 from draftline.target.model import load_target
 from draftline.train import speculators as handoff
-from draftline.train import states as speculators_states
 from draftline.train.config import TrainConfig
 
 
@@ -552,7 +552,7 @@ def test_online_speculators_command_and_vllm_server_parse(
         },
     )
     online = hs.online.model_dump()
-    args = speculators_states.speculators_hidden_states_args(
+    args = speculators_hidden_states_args(
         tmp_path / "hs", hs.format, online, "http://10.0.0.9:8012/v1", tmp_path / "staging"
     )
     cmd = handoff.speculators_train_command(
@@ -639,7 +639,7 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
 
-    args = speculators_states.speculators_hidden_states_args(tmp_path / "hs", "fp8")
+    args = speculators_hidden_states_args(tmp_path / "hs", "fp8")
     cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,

@@ -94,7 +94,7 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     import yaml
 
     from datasets import Dataset
-    from draftline.hidden_states import hidden
+    from draftline.hidden_states.files import hs_path, is_valid_file
     from stages.hidden_states import main
 
     card = random_target
@@ -142,5 +142,5 @@ def test_hidden_states_stage_uses_a_running_extraction_server(tmp_path, random_t
     report = json.loads((tmp_path / "hs.json").read_text())
     assert report["extracted_now"] == 6
     for i, ids in enumerate(rows):
-        assert hidden.is_valid_file(hidden.hs_path(tmp_path / "hs", i), ids, H)
+        assert is_valid_file(hs_path(tmp_path / "hs", i), ids, H)
     assert not (tmp_path / "hs.vllm.log").exists()  # no server was launched

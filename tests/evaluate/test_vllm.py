@@ -357,7 +357,7 @@ def test_hidden_states_through_vllm_equal_the_hf_backend(tmp_path, served_draft)
     import torch
     from safetensors.torch import load_file
 
-    from draftline.hidden_states import hidden
+    from draftline.hidden_states.files import hs_path
 
     rows = len(served_draft.conversations) * 4
     runs, logs = {}, {}
@@ -369,7 +369,7 @@ def test_hidden_states_through_vllm_equal_the_hf_backend(tmp_path, served_draft)
         proc = extract_in(tmp_path / name, served_draft, backend=backend, dtype=dtype)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         out, logs[name] = tmp_path / name / "hs", proc.stdout
-        runs[name] = [load_file(hidden.hs_path(out, i)) for i in range(rows)]
+        runs[name] = [load_file(hs_path(out, i)) for i in range(rows)]
     assert read_json(tmp_path / "vllm" / "report.json")["extracted_now"] == rows
     assert '"kv_connector": "CpuHiddenStatesConnector"' in logs["vllm"]  # the launched command
     for theirs, ours, bf16 in zip(runs["vllm"], runs["hf"], runs["hf_bf16"]):

@@ -16,7 +16,12 @@ import pytest
 import torch
 
 from draftline.engines import commands
-from draftline.hidden_states import hidden
+from draftline.hidden_states import batches
+from draftline.hidden_states.batches import BATCHES_FILE, token_budget_batches
+from draftline.hidden_states.capture import capture, check_aux_layer_ids
+from draftline.hidden_states.disk import check_disk, estimate_bytes
+from draftline.hidden_states.files import hs_path, is_valid_file, save_hidden_states
+from draftline.hidden_states.resume import VLLM_STAGING, fingerprint, prepare_output
 from draftline.target.corpus import generate_conversations
 from draftline.target.model import load_target_model
 
@@ -38,7 +43,7 @@ def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(
     random_target, target_f32
 ):
     model = target_f32
-    for seq, hs in zip(SEQS, hidden.capture(model, SEQS, random_target.aux_ids)):
+    for seq, hs in zip(SEQS, capture(model, SEQS, random_target.aux_ids)):
         assert hs.shape == (len(seq), 4, random_target.hidden_size)
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
@@ -50,9 +55,9 @@ def test_last_state_through_norm_and_lm_head_gives_the_targets_logits_float32(
 
 def test_last_state_gives_the_same_argmax_in_bfloat16(random_target, target_bf16, tmp_path):
     model = target_bf16
-    for i, (seq, hs) in enumerate(zip(SEQS, hidden.capture(model, SEQS, random_target.aux_ids))):
-        path = hidden.hs_path(tmp_path, i)
-        hidden.save_hidden_states(path, seq, hs, torch.bfloat16)  # as stored, read back
+    for i, (seq, hs) in enumerate(zip(SEQS, capture(model, SEQS, random_target.aux_ids))):
+        path = hs_path(tmp_path, i)
+        save_hidden_states(path, seq, hs, torch.bfloat16)  # as stored, read back
         from safetensors.torch import load_file
 
         stored = load_file(str(path))["hidden_states"]
@@ -86,7 +91,7 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
     finally:
         for h in handles:
             h.remove()
-    hs = hidden.capture(model, [seq], aux)[0]
+    hs = capture(model, [seq], aux)[0]
     for slot, layer_id in enumerate(aux):
         torch.testing.assert_close(hs[:, slot], layer_inputs[layer_id][0], rtol=0, atol=0)
         torch.testing.assert_close(
@@ -101,7 +106,7 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
         assert not torch.allclose(hs[:, slot], other, atol=1e-3)
     # id N (num_layers) is the final pre-norm output, the same as the last slot
     n = random_target.num_layers
-    top = hidden.capture(model, [seq], [0, 1, n])[0]
+    top = capture(model, [seq], [0, 1, n])[0]
     torch.testing.assert_close(top[:, 2], hs[:, 3], rtol=0, atol=0)
     torch.testing.assert_close(
         top[:, 0], model.model.embed_tokens(torch.tensor(seq)), rtol=0, atol=0
@@ -109,44 +114,44 @@ def test_aux_states_are_the_inputs_of_those_decoder_layers(random_target, target
 
 
 def test_padding_in_a_batch_changes_nothing(random_target, target_f32):
-    batched = hidden.capture(target_f32, SEQS, random_target.aux_ids)
+    batched = capture(target_f32, SEQS, random_target.aux_ids)
     for seq, hs in zip(SEQS, batched):
-        alone = hidden.capture(target_f32, [seq], random_target.aux_ids)[0]
+        alone = capture(target_f32, [seq], random_target.aux_ids)[0]
         torch.testing.assert_close(hs, alone, rtol=1e-4, atol=1e-5)
 
 
 def test_files_are_checked_before_reuse(tmp_path, random_target, target_f32):
     ids = [3, 4, 5, 6]
-    hs = hidden.capture(target_f32, [ids], random_target.aux_ids)[0]
-    path = hidden.hs_path(tmp_path, 0)
-    hidden.save_hidden_states(path, ids, hs, torch.bfloat16)
+    hs = capture(target_f32, [ids], random_target.aux_ids)[0]
+    path = hs_path(tmp_path, 0)
+    save_hidden_states(path, ids, hs, torch.bfloat16)
     H = random_target.hidden_size
-    assert hidden.is_valid_file(path, ids, H, torch.bfloat16, full=True)
-    assert not hidden.is_valid_file(path, ids + [7], H)  # other tokens: redo
-    assert not hidden.is_valid_file(path, [3, 4, 5, 7], H)
-    assert not hidden.is_valid_file(path, ids, H + 1)
-    assert not hidden.is_valid_file(path, ids, H, torch.float32)  # another dtype was asked for
+    assert is_valid_file(path, ids, H, torch.bfloat16, full=True)
+    assert not is_valid_file(path, ids + [7], H)  # other tokens: redo
+    assert not is_valid_file(path, [3, 4, 5, 7], H)
+    assert not is_valid_file(path, ids, H + 1)
+    assert not is_valid_file(path, ids, H, torch.float32)  # another dtype was asked for
     assert not list(tmp_path.glob("*.tmp"))
     path.write_bytes(path.read_bytes()[:-50])  # truncated by a kill
-    assert not hidden.is_valid_file(path, ids, H)
+    assert not is_valid_file(path, ids, H)
     path.write_bytes(b"\x00" * 64)
-    assert not hidden.is_valid_file(path, ids, H)
-    assert not hidden.is_valid_file(hidden.hs_path(tmp_path, 1), ids, H)
+    assert not is_valid_file(path, ids, H)
+    assert not is_valid_file(hs_path(tmp_path, 1), ids, H)
     with pytest.raises(ValueError, match="non-finite"):
-        hidden.save_hidden_states(path, ids, torch.full_like(hs, float("inf")), torch.bfloat16)
+        save_hidden_states(path, ids, torch.full_like(hs, float("inf")), torch.bfloat16)
 
 
 def test_aux_layer_ids_are_range_checked():
-    assert hidden.check_aux_layer_ids([1, 3, 4], 6) == [1, 3, 4]
-    assert hidden.check_aux_layer_ids([0, 3, 6], 6) == [0, 3, 6]
+    assert check_aux_layer_ids([1, 3, 4], 6) == [1, 3, 4]
+    assert check_aux_layer_ids([0, 3, 6], 6) == [0, 3, 6]
     for bad in ([1, 3, 7], [-1, 2, 3], [2, 2, 3], [1, 2]):
         with pytest.raises(ValueError, match="aux_layer_ids"):
-            hidden.check_aux_layer_ids(bad, 6)
+            check_aux_layer_ids(bad, 6)
 
 
 def test_token_budget_batches():
     lengths = {0: 10, 1: 300, 2: 12, 3: 290, 4: 11, 5: 900}
-    batches = hidden.token_budget_batches(lengths, 600)
+    batches = token_budget_batches(lengths, 600)
     assert sorted(i for b in batches for i in b) == sorted(lengths)
     for b in batches:
         assert max(lengths[i] for i in b) * len(b) <= 600 or len(b) == 1
@@ -155,12 +160,12 @@ def test_token_budget_batches():
 
 def test_disk_guard(tmp_path, capsys):
     with pytest.raises(RuntimeError, match="not enough disk"):
-        hidden.check_disk(tmp_path, 10**18, 1.1)
-    assert hidden.check_disk(tmp_path, 1, 1.1) > 0
-    assert hidden.estimate_bytes([10, 20], 64, torch.bfloat16) == 30 * (
+        check_disk(tmp_path, 10**18, 1.1)
+    assert check_disk(tmp_path, 1, 1.1) > 0
+    assert estimate_bytes([10, 20], 64, torch.bfloat16) == 30 * (
         4 * 64 * 2 + 8
     )  # states + int64 token id
-    assert hidden.estimate_bytes([10, 20], 64, torch.float8_e4m3fn) == 30 * (
+    assert estimate_bytes([10, 20], 64, torch.float8_e4m3fn) == 30 * (
         4 * 64 + 4 + 8
     )  # + the fp8 scale
 
@@ -170,13 +175,13 @@ def test_output_of_another_target_is_cleared(tmp_path, random_target):
     out.mkdir()
     (out / "hs_0.safetensors").write_bytes(b"x")
     (out / "hs_1.safetensors.tmp").write_bytes(b"x")
-    fp = hidden.fingerprint(random_target, "bfloat16")
-    assert fp != hidden.fingerprint(random_target, "float32")
-    assert fp != hidden.fingerprint(replace(random_target, aux_layer_ids=[1, 2, 4]), "bfloat16")
+    fp = fingerprint(random_target, "bfloat16")
+    assert fp != fingerprint(random_target, "float32")
+    assert fp != fingerprint(replace(random_target, aux_layer_ids=[1, 2, 4]), "bfloat16")
     (out / "meta.json").write_text(json.dumps({"fingerprint": fp}))
-    assert hidden.prepare_output(out, fp) == 0 and (out / "hs_0.safetensors").exists()
+    assert prepare_output(out, fp) == 0 and (out / "hs_0.safetensors").exists()
     assert not (out / "hs_1.safetensors.tmp").exists()
-    assert hidden.prepare_output(out, "another") == 1 and not (out / "hs_0.safetensors").exists()
+    assert prepare_output(out, "another") == 1 and not (out / "hs_0.safetensors").exists()
 
 
 # ---- the stage on a tokenized dataset ---------------------------------------------------------
@@ -242,7 +247,7 @@ def all_valid(root: Path, tokenized: str, out: str, H: int) -> bool:
 
     rows = load_from_disk(str(root / tokenized)).with_format(None)["input_ids"]
     return all(
-        hidden.is_valid_file(hidden.hs_path(root / out, i), ids, H, torch.bfloat16, full=True)
+        is_valid_file(hs_path(root / out, i), ids, H, torch.bfloat16, full=True)
         for i, ids in enumerate(rows)
     )
 
@@ -284,7 +289,7 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
     complete = {
         f.name: (f.stat().st_ino, f.stat().st_mtime_ns)
         for f in out.glob("hs_*.safetensors")
-        if hidden.is_valid_file(f, token_ids[int(f.stem[3:])], H, torch.bfloat16)
+        if is_valid_file(f, token_ids[int(f.stem[3:])], H, torch.bfloat16)
     }
     assert 5 <= len(complete) < rows  # killed mid-run
     # one finished file damaged after the kill (a disk error, a partial copy) must be redone
@@ -315,7 +320,7 @@ def test_resumed_extraction_is_byte_identical_to_an_uninterrupted_one(subsets, m
     )
     try:
         run_stage(stage_dir, "tokenized", "hs_whole")
-        real_save, saved = hidden.save_hidden_states, []
+        real_save, saved = save_hidden_states, []
 
         def save_then_die(path, *args):
             if len(saved) == 41:  # inside a batch: some of its rows written, the others not
@@ -323,10 +328,10 @@ def test_resumed_extraction_is_byte_identical_to_an_uninterrupted_one(subsets, m
             real_save(path, *args)
             saved.append(path.name)
 
-        monkeypatch.setattr(hidden, "save_hidden_states", save_then_die)
+        monkeypatch.setattr(batches, "save_hidden_states", save_then_die)
         with pytest.raises(Killed):
             run_stage(stage_dir, "tokenized", "hs_resumed")
-        monkeypatch.setattr(hidden, "save_hidden_states", real_save)
+        monkeypatch.setattr(batches, "save_hidden_states", real_save)
         assert len(list((stage_dir / "hs_resumed").glob("hs_*.safetensors"))) == 41
         report = run_stage(stage_dir, "tokenized", "hs_resumed")
     finally:
@@ -337,7 +342,7 @@ def test_resumed_extraction_is_byte_identical_to_an_uninterrupted_one(subsets, m
     assert len(names) == 120 and names == sorted(f.name for f in resumed.glob("hs_*.safetensors"))
     differ = [n for n in names if (whole / n).read_bytes() != (resumed / n).read_bytes()]
     assert differ == []
-    assert not (resumed / hidden.PLAN_FILE).exists() and not (whole / hidden.PLAN_FILE).exists()
+    assert not (resumed / BATCHES_FILE).exists() and not (whole / BATCHES_FILE).exists()
 
 
 def test_disk_guard_prints_the_estimate_and_refuses_before_any_work(subsets, capsys):
@@ -390,10 +395,7 @@ def test_a_disk_refusal_after_a_dtype_change_removes_nothing(
 
     rows = load_from_disk(str(subsets / "tokenized_20")).with_format(None)["input_ids"]
     H = random_target.hidden_size
-    assert all(
-        hidden.is_valid_file(hidden.hs_path(out, i), ids, H, torch.float16)
-        for i, ids in enumerate(rows)
-    )
+    assert all(is_valid_file(hs_path(out, i), ids, H, torch.float16) for i, ids in enumerate(rows))
 
 
 def test_growing_samples_extracts_only_the_new_rows(subsets, random_target):
@@ -419,14 +421,14 @@ def test_every_redo_says_why(subsets, random_target, capsys):
     first = run_stage(subsets, "tokenized_20", "hs_redo")
     assert first["redone"] == {} and first["extracted_now"] == 20
     out = subsets / "hs_redo"
-    data = hidden.hs_path(out, 3).read_bytes()
-    hidden.hs_path(out, 3).write_bytes(data[: len(data) // 2])  # cut by a full disk, say
+    data = hs_path(out, 3).read_bytes()
+    hs_path(out, 3).write_bytes(data[: len(data) // 2])  # cut by a full disk, say
     from safetensors.torch import load_file, save_file
 
-    tensors = load_file(hidden.hs_path(out, 6))
+    tensors = load_file(hs_path(out, 6))
     tensors["token_ids"][0] += 1  # the row was tokenized otherwise since
-    save_file(tensors, hidden.hs_path(out, 6))
-    hidden.hs_path(out, 9).unlink()
+    save_file(tensors, hs_path(out, 6))
+    hs_path(out, 9).unlink()
     capsys.readouterr()
     again = run_stage(subsets, "tokenized_20", "hs_redo")
     shown = capsys.readouterr().out
@@ -515,7 +517,7 @@ def test_fp8_files_hold_hs_connectors_layout_and_read_back_through_fp8transfer(
         assert f.get_slice("hidden_states").get_dtype() == "F8_E4M3"
         assert f.get_slice("hidden_states_scales").get_shape() == [len(rows[0]), 1, 1]
     tokens = sum(len(r) for r in rows)
-    files = sum(hidden.hs_path(out, i).stat().st_size for i in range(20))
+    files = sum(hs_path(out, i).stat().st_size for i in range(20))
     assert (
         files - tokens * bytes_per_token(H, "fp8") < 20 * 400
     )  # the estimate is the content; headers are small
@@ -849,8 +851,8 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(stage_dir / "hs_read", out)
     for i in (2, 7, 11):
-        hidden.hs_path(out, i).unlink()
-    shutil.copy(hidden.hs_path(out, 0), hidden.hs_path(out, 5))  # another row's tokens
+        hs_path(out, i).unlink()
+    shutil.copy(hs_path(out, 0), hs_path(out, 5))  # another row's tokens
     kept = {
         f.name: f.stat().st_mtime_ns
         for f in out.glob("hs_*.safetensors")
@@ -873,14 +875,14 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(
         f.name: f.stat().st_mtime_ns for f in out.glob("hs_*.safetensors") if f.name in kept
     } == kept
     assert all_valid(stage_dir, "tokenized_20", "hs_vllm", random_target.hidden_size)
-    assert not (out / hidden.VLLM_STAGING).exists()
+    assert not (out / VLLM_STAGING).exists()
     argv = json.loads((tmp_path / "args.json").read_text())
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
         *random_target.aux_ids,
         random_target.num_layers,
     ]
-    data = load_file(str(hidden.hs_path(out, 5)))
+    data = load_file(str(hs_path(out, 5)))
     ids = data["token_ids"]
     expected = (ids % 64).float()[:, None, None] + torch.arange(4.0)[None, :, None]
     assert torch.equal(

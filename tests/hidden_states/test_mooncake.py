@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline.hidden_states import hidden
+from draftline.hidden_states.capture import capture
 from draftline.hidden_states.config import HiddenStatesConfig
-from draftline.train import states as speculators_states
+from draftline.hidden_states.online_server import speculators_hidden_states_args
 
 
 def mooncake_store_import_error() -> str | None:
@@ -114,9 +114,7 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(
     )
     online = hs.online.model_dump()
     # the trainer's transfer, from the arguments speculators.train gets
-    args = speculators_states.speculators_hidden_states_args(
-        Path("hs"), hs.format, online, "http://127.0.0.1:1/v1"
-    )
+    args = speculators_hidden_states_args(Path("hs"), hs.format, online, "http://127.0.0.1:1/v1")
     run = SpeculatorsTrainConfig.resolve(
         ["--data-path", "tok", "--verifier-name-or-path", "m", *args]
     ).flatten()
@@ -139,9 +137,7 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(
     ).setup()
     target = load_target_model(random_target, "cpu", torch.float32)
     rows = [[5, 9, 30, 41, 7, 2, 88], [12, 13, 14, 15]]
-    for k, (ids, states) in enumerate(
-        zip(rows, hidden.capture(target, rows, random_target.aux_ids))
-    ):
+    for k, (ids, states) in enumerate(zip(rows, capture(target, rows, random_target.aux_ids))):
         states = states.to(torch.bfloat16)
         spec = publish(producer, f"row-{k}-{os.getpid()}", ids, states)
         got = trainer.get_generated(spec)

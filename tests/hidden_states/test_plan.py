@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from draftline.hidden_states.plan import add_dvc, dvc_costs, hashing_rates, hours, make_plan
+from draftline.hidden_states.plan import (
+    PlanSettings,
+    add_dvc,
+    dvc_costs,
+    hashing_rates,
+    hours,
+    make_plan,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RATES = {"hash_gbps": 0.25, "copy_gbps": 0.8, "unprotect_gbps": 0.9, "from": "a test"}
@@ -39,7 +46,7 @@ def test_dvc_costs_per_link_type():
 
 
 def test_add_dvc_counts_the_cache_against_the_free_disk():
-    plan = make_plan(100_000 * 4000, 100_000, 7168, free=30 * TB, margin=1.1)
+    plan = make_plan(100_000 * 4000, 100_000, 7168, PlanSettings(margin=1.1), free=30 * TB)
     bf16 = plan["modes"]["offline_bf16"]["total_bytes"]
     assert plan["modes"]["offline_bf16"]["fits"]  # the states alone fit in 30 TB
     dvc = add_dvc(plan, ["reflink", "copy"], "copy", RATES)["dvc"]

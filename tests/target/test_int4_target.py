@@ -15,7 +15,8 @@ from stage_runner import corpus, run_stage, write_params, write_prompts, write_r
 
 from draftline.core.card import TargetCard
 from draftline.engines.config import VllmEngineConfig
-from draftline.hidden_states import hidden
+from draftline.hidden_states.capture import decoder_parts
+from draftline.hidden_states.files import hs_path
 from draftline.target.model import build_card, load_target, read_verifier_tensors
 
 AUX = [1, 2, 3]
@@ -66,7 +67,7 @@ def test_card_and_verifier_tensors_equal_the_dequantized_model(int4_card):
     assert (card.model_type, card.num_layers, card.hidden_size) == ("deepseek_v3", 5, 64)
     tensors = read_verifier_tensors(card)
     model, _ = load_target(card)
-    _, norm = hidden.decoder_parts(model)
+    _, norm = decoder_parts(model)
     assert torch.equal(tensors["embed_tokens"].float(), model.get_input_embeddings().weight.float())
     assert torch.equal(tensors["lm_head"].float(), model.get_output_embeddings().weight.float())
     assert torch.equal(tensors["norm"].float(), norm.weight.float())
@@ -104,9 +105,9 @@ def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
     )
     assert report["extracted_now"] == 6
     model, _ = load_target(TargetCard.load(tmp_path / "models/target/card.json"))
-    _, norm = hidden.decoder_parts(model)
+    _, norm = decoder_parts(model)
     for i in (0, 5):
-        stored = load_file(str(hidden.hs_path(tmp_path / "hidden_states", i)))
+        stored = load_file(str(hs_path(tmp_path / "hidden_states", i)))
         ids = stored["token_ids"][None]
         with torch.no_grad():
             out = model(input_ids=ids, output_hidden_states=True)

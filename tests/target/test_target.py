@@ -14,7 +14,7 @@ from wrapped_target import build_wrapped_target
 
 from draftline.core.card import TargetCard
 from draftline.engines.config import VllmEngineConfig
-from draftline.hidden_states import hidden
+from draftline.hidden_states.capture import capture, decoder_parts
 from draftline.target.model import (
     RemoteCodeRequired,
     build_card,
@@ -72,7 +72,7 @@ def test_card_from_text_config_and_verifier_tensors_equal_the_loaded_model(wrapp
     tensors = read_verifier_tensors(card)
     model, tokenizer = load_target(card)
     assert type(tokenizer).__name__ == "WrapperTokenizer"
-    _, norm = hidden.decoder_parts(model)
+    _, norm = decoder_parts(model)
     assert torch.equal(tensors["embed_tokens"], model.get_input_embeddings().weight)
     assert torch.equal(tensors["lm_head"], model.get_output_embeddings().weight)
     assert torch.equal(tensors["norm"], norm.weight)
@@ -101,12 +101,12 @@ def test_tied_embeddings_give_no_lm_head_name(random_target, tmp_path):
 def test_capture_finds_the_decoder_inside_the_wrapper(wrapped_card):
     model, _ = load_target(wrapped_card)
     ids = [[5, 9, 12, 40, 7, 3], [8, 8, 2]]
-    states = hidden.capture(model, ids, AUX)
+    states = capture(model, ids, AUX)
     inner = model.language_model(input_ids=torch.tensor([ids[0]]), output_hidden_states=True)
     for slot, layer in enumerate(AUX):
         assert torch.allclose(states[0][:, slot], inner.hidden_states[layer][0], atol=1e-5)
     # the last slot is pre-norm: through the final norm and lm_head it gives the model's logits
-    logits = model.get_output_embeddings()(hidden.decoder_parts(model)[1](states[0][:, 3]))
+    logits = model.get_output_embeddings()(decoder_parts(model)[1](states[0][:, 3]))
     assert torch.allclose(logits, inner.logits[0], atol=1e-4)
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from draftline.data.workspace import params_problems
-from draftline.hidden_states.plan import human, make_plan
+from draftline.hidden_states.plan import PlanSettings, human, make_plan
 from draftline.params import parse_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,9 +168,8 @@ def rule_problems(text: str) -> list[str]:
             p.samples * facts["sample"],
             p.samples,
             facts["hidden_size"],
-            pack_len=p.train.pack_len,
+            PlanSettings(pack_len=p.train.pack_len, margin=p.hidden_states.disk_margin),
             free=int(facts["free"]),
-            margin=p.hidden_states.disk_margin,
         )
         mode = plan["modes"][f"offline_{p.hidden_states.format}"]
         if not mode["fits"]:

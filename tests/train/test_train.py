@@ -2,7 +2,7 @@
 fine-tuning starts from a previous run's draft; the stage refuses what it cannot do.
 
 Data: a few dozen token sequences through the random target (conftest), tokenized in speculators'
-Arrow layout and captured with draftline.hidden_states.hidden, as the tokenize and hidden_states stages write them.
+Arrow layout and captured with draftline.hidden_states.capture, as the tokenize and hidden_states stages write them.
 """
 
 import json
@@ -23,7 +23,8 @@ from draftline.core.io import write_json
 from draftline.draft import checkpoint
 from draftline.draft import model as draft_model
 from draftline.draft import pretrained as draft_init
-from draftline.hidden_states import hidden
+from draftline.hidden_states.capture import capture
+from draftline.hidden_states.files import hs_path, save_hidden_states
 from draftline.target.model import load_target
 from draftline.train import data as draft_data
 from draftline.train import metrics as draft_metrics
@@ -73,8 +74,8 @@ def data(tmp_path_factory, random_target, vocab_dir):
     dataset.save_to_disk(str(root / "tokenized"))
     (root / "hs").mkdir()
     for i, ids in enumerate(rows):
-        hs = hidden.capture(model, [ids], card.aux_ids)[0]
-        hidden.save_hidden_states(hidden.hs_path(root / "hs", i), ids, hs, torch.bfloat16)
+        hs = capture(model, [ids], card.aux_ids)[0]
+        save_hidden_states(hs_path(root / "hs", i), ids, hs, torch.bfloat16)
     write_json(root / "hs" / "meta.json", {"aux_layer_ids": card.aux_ids})
     card.write(root / "card.json")
     return {
@@ -578,7 +579,7 @@ def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
     fp8_dir.mkdir()
     for path in data["hs"].glob("hs_*.safetensors"):
         stored = load_file(str(path))
-        hidden.save_hidden_states(
+        save_hidden_states(
             fp8_dir / path.name,
             stored["token_ids"].tolist(),
             stored["hidden_states"].float(),
