@@ -1,5 +1,6 @@
 """hidden_states.mode: online for the builtin trainer: the target runs on each packed batch and its
-states go straight into training, never to disk.
+states go straight into training, never to disk (online.engine hf; with engine vllm, and for
+speculators' trainers, a vLLM extraction server makes them: draftline/hidden_states/online_server.py).
 
 speculators' ArrowDataset is kept whole (splits, token check, slicing into aux / last states);
 only where the states come from changes. The DataLoader fetches a packed batch through

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +119,7 @@ def make_plan(
 def dvc_cache_types(dvc_dir: Path) -> list[str]:
     """cache.type as DVC reads it (.dvc/config, config.local, the user's and the system's);
     DVC's own default for a local cache when none is set."""
+    # DVC loads on first use: the stage's disk refusal uses this module without the DVC share
     from dvc.config import Config
 
     types = Config(dvc_dir=str(dvc_dir) if Path(dvc_dir).is_dir() else None)["cache"].get("type")
@@ -127,9 +130,7 @@ def link_type(types: list[str], directory: Path) -> str:
     """The first of `types` that works on the filesystem of `directory` (or its nearest existing
     parent), tried as DVC tries them: reflink needs a filesystem that clones (XFS made with
     reflink=1, Btrfs, APFS; not ext4), a hardlink one that has them."""
-    import os
-    import tempfile
-
+    # DVC loads on first use: the stage's disk refusal uses this module without the DVC share
     from dvc_objects.fs.system import reflink
 
     where = Path(directory).resolve()
