@@ -1,59 +1,54 @@
-"""Stage `benchmark`: does the draft pay off? The non-speculative baseline against speculative
-decoding at each k and load, same prompts, and the verdict at the user's load.
+"""Stage `benchmark`: does the draft pay off? (draftline/benchmark/run.py)
 
     python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json reports/deploy.json reports/benchmark reports/evaluate/acceptance_vs_samples.json
 
-Engine `vllm` (default; vLLM's CPU build here, .venv-vllm) or `sglang`: a baseline server and one
-speculative server per benchmark.k, each driven at every benchmark.concurrency level
-(draftline/benchmark/server.py); engine `hf`: the built-in decoders, one request at a time. The
-verdict (draftline/benchmark/verdict.py) is the headline of reports/benchmark.json; the lossless
-gate (draftline/benchmark/lossless.py) fails the stage after the reports are written. The last
-argument (optional) is the acceptance-vs-samples points the verdict forecasts samples from.
+The report goes to reports/benchmark.json, the verdict's headline and each load's speedup first;
+the stage fails on the lossless gate only after every report is written. The last argument is
+optional.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
 from draftline.benchmark.config import BenchmarkConfig
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 
+ARGS = argparse.ArgumentParser(prog="python -m stages.benchmark")
+ARGS.add_argument("card", help="models/target/card.json")
+ARGS.add_argument("draft", help="models/draft")
+ARGS.add_argument("prompts", help="datasets/prompts/eval.jsonl")
+ARGS.add_argument("report", help="reports/benchmark.json")
+ARGS.add_argument("deploy", help="reports/deploy.json: each engine's deployment command")
+ARGS.add_argument("plots", help="reports/benchmark: speedup against load, baseline tokens/s")
+ARGS.add_argument(
+    "points", nargs="?", help="acceptance vs samples (evaluate), the verdict's forecast of samples"
+)
 
-def main(
-    card_path: str,
-    draft_dir: str,
-    eval_path: str,
-    report_path: str,
-    deploy_path: str,
-    plots_dir: str,
-    points_path: str | None = None,
-) -> None:
+
+@entry_point
+def main(*argv: str) -> None:
+    args = ARGS.parse_args(argv)
     params = stage_sections(benchmark=BenchmarkConfig)
     apply_thread_policy("benchmark")  # before torch loads: draftline/core/threads.py
+    from draftline.benchmark.lossless import check_gate
     from draftline.benchmark.run import HEADLINE, Paths, run
     from draftline.core.io import write_metrics
 
     paths = Paths(
-        Path(card_path),
-        Path(draft_dir),
-        Path(eval_path),
-        Path(deploy_path),
-        Path(plots_dir),
-        Path(points_path) if points_path else None,
+        Path(args.card),
+        Path(args.draft),
+        Path(args.prompts),
+        Path(args.deploy),
+        Path(args.plots),
+        Path(args.points) if args.points else None,
     )
     report = run(params, paths)
     concurrency = [f"speedup_c{c}" for c in report["concurrency"]]
-    write_metrics(report_path, report, HEADLINE + concurrency)
-    gate = report["lossless"]
-    if not gate["passed"]:
-        raise SystemExit(
-            f"error: benchmark: {gate['mismatch']} of {gate['compared_outputs']} speculative "
-            f"outputs ({gate['mismatch_share']:.1%}) differ from the baseline's greedy output, "
-            f"not at a near-tie (<= {gate['tie_tolerance']}): above "
-            f"benchmark.max_output_mismatch_share {gate['max_output_mismatch_share']} "
-            f"({'; '.join(gate['mismatches_at'][:4])}). The draft is served wrongly (method, "
-            f"aux layers, vocabulary) or the engine is not lossless here; {report_path} has the detail"
-        )
+    write_metrics(args.report, report, HEADLINE + concurrency)
+    check_gate(report["lossless"], args.report)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@ from draftline.core.config import (
     operational,
     shaping,
 )
+from draftline.core.errors import DraftlineError
+
+
+class BenchmarkError(DraftlineError):
+    """The benchmark cannot run as configured (the draft, an endpoint, the eval prompts); the
+    message, "error: " included, is what the user reads."""
 
 
 class VllmBenchConfig(Section):

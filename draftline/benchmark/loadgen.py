@@ -224,19 +224,26 @@ async def send_request(
     return result
 
 
+@dataclass(frozen=True)
+class Load:
+    """One load run: `requests` requests at most `concurrency` in flight, each asking for at most
+    max_tokens and given timeout_s."""
+
+    requests: int
+    concurrency: int
+    max_tokens: int
+    timeout_s: float
+
+
 async def run_load(
-    endpoint: LoadTarget,
-    prompts: list,
-    requests: int,
-    concurrency: int,
-    max_tokens: int,
-    timeout_s: float,
-    on_done=None,
+    endpoint: LoadTarget, prompts: list, load: Load, on_done=None
 ) -> tuple[list[RequestResult], float]:
-    """`requests` requests cycling over `prompts`, at most `concurrency` in flight; (results, wall seconds)."""
+    """load.requests requests cycling over `prompts`; (results, wall seconds)."""
     # httpx loads on first use: importing this module stays light
     import httpx
 
+    requests, concurrency, max_tokens = load.requests, load.concurrency, load.max_tokens
+    timeout_s = load.timeout_s
     limit = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:

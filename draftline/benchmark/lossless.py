@@ -10,11 +10,27 @@ The stage fails above benchmark.max_output_mismatch_share, after writing its rep
 
 from __future__ import annotations
 
+from draftline.core.errors import DraftlineError
+
 VERDICTS = ("identical", "near_tie", "mismatch")
 
 
-class LosslessError(RuntimeError):
+class LosslessError(DraftlineError, RuntimeError):
     """Speculative outputs differed from the baseline's beyond benchmark.max_output_mismatch_share."""
+
+
+def check_gate(gate: dict, report_path: str) -> None:
+    """Raises LosslessError when the gate (see `gate`) did not pass; report_path holds the detail."""
+    if gate["passed"]:
+        return
+    raise LosslessError(
+        f"error: benchmark: {gate['mismatch']} of {gate['compared_outputs']} speculative "
+        f"outputs ({gate['mismatch_share']:.1%}) differ from the baseline's greedy output, "
+        f"not at a near-tie (<= {gate['tie_tolerance']}): above "
+        f"benchmark.max_output_mismatch_share {gate['max_output_mismatch_share']} "
+        f"({'; '.join(gate['mismatches_at'][:4])}). The draft is served wrongly (method, "
+        f"aux layers, vocabulary) or the engine is not lossless here; {report_path} has the detail"
+    )
 
 
 def references(results, prompts: int) -> dict:

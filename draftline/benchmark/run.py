@@ -1,6 +1,6 @@
 """The benchmark stage's work: preflight of every engine, then baseline vs speculative decoding.
 
-Preflight runs first for every engine (draftline/draft/preflight.py): a non-EAGLE3 algorithm,
+Preflight runs first for every engine (draftline/benchmark/preflight.py): a non-EAGLE3 algorithm,
 aux layer ids or a hidden size that differ from the target card, or a draft vocabulary that does
 not fit the target stops the run when it concerns the selected engine; the deployment command of
 each engine is printed and returned with the findings. Engine `hf` then runs the built-in decoders
@@ -10,26 +10,32 @@ each engine is printed and returned with the findings. Engine `hf` then runs the
 
 from __future__ import annotations
 
+import json
+import logging
 import shlex
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.benchmark import lossless, verdict
+from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.hf import benchmark_hf
+from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
-from draftline.draft.checkpoint import load_draft, read_draft_facts
-from draftline.draft.preflight import check_draft, preflight_engines
+from draftline.draft.checkpoint import load_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.engines.commands import benchmark_serve_command, draft_path_for
 from draftline.engines.preflight import PreflightError
 from draftline.evaluate.acceptance import eos_ids
 from draftline.target.model import card_tokenizer, load_target
 from draftline.tokens.chat import first_turn_ids
+from draftline.tools.forecast import read_points as read_forecast_points
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
+
+log = logging.getLogger(__name__)
 
 
 def export_for_sglang(
@@ -42,38 +48,11 @@ def export_for_sglang(
     try:
         sglang_draft = str(export_sglang(draft_dir, card, log_dir / "draft_sglang"))
     except SglangExportError as err:
-        raise SystemExit(
+        raise BenchmarkError(
             f"error: benchmark.engine sglang: {draft_dir} cannot be served by SGLang: {err}"
         ) from None
-    print(f"benchmark: exported the draft for SGLang to {sglang_draft}")
+    log.info(f"benchmark: exported the draft for SGLang to {sglang_draft}")
     return sglang_draft
-
-
-def preflight_deploy(
-    cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, sglang_draft: str | None
-) -> dict:
-    """Every engine's deployment command and preflight findings, printed; stops the run
-    (SystemExit) on a finding that concerns the selected engine."""
-    deploy = preflight_engines(card, cfg, draft_dir, sglang_draft)
-    for engine, info in deploy.items():
-        print(f"benchmark: deploy with {engine}:\n  {info['command']}")
-        for problem in info["problems"] if engine == cfg.engine else []:
-            print(f"  error: {problem}")
-    # what would stop the engines not in use is for whoever deploys with them, not a warning here
-    if later := sorted(
-        engine for engine, info in deploy.items() if engine != cfg.engine and info["problems"]
-    ):
-        print(f"benchmark: deploy.json notes what deploying with {' / '.join(later)} needs")
-    if cfg.engine in deploy and deploy[cfg.engine]["problems"]:
-        raise SystemExit(
-            f"error: preflight for benchmark.engine {cfg.engine}:\n  "
-            + "\n  ".join(deploy[cfg.engine]["problems"])
-        )
-    if cfg.engine == "hf":
-        problems = check_draft(card, read_draft_facts(draft_dir), "hf")
-        if problems:
-            raise SystemExit("error: preflight for the draft:\n  " + "\n  ".join(problems))
-    return deploy
 
 
 def benchmark_with_hf(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list) -> dict:
@@ -102,7 +81,7 @@ def benchmark_with_servers(
     try:
         result = benchmark_server(ServerBench(cfg.engine, cfg, card, prompts, log_dir), draft_path)
     except PreflightError as err:
-        raise SystemExit(f"error: benchmark.endpoints: {err}") from None
+        raise BenchmarkError(f"error: benchmark.endpoints: {err}") from None
     deploy["benchmark"] = {
         "engine": cfg.engine,
         "serve_commands": result["serve_commands"],
@@ -110,7 +89,7 @@ def benchmark_with_servers(
         "server_logs": str(log_dir),
     }
     for warning in result["warnings"]:
-        print(f"benchmark: warning: {warning}")
+        log.warning(f"benchmark: warning: {warning}")
     return result["levels"], result["acceptance_by_k"]
 
 
@@ -235,7 +214,7 @@ def run_benchmark(
 
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
-        raise SystemExit(f"error: {eval_path} has no eval prompts")
+        raise BenchmarkError(f"error: {eval_path} has no eval prompts")
     if cfg.engine == "hf":
         levels = benchmark_with_hf(cfg, card, draft_dir, rows)
         acceptance_by_k = {k: s["acceptance_length"] for k, s in levels[1]["speculative"].items()}
@@ -266,11 +245,9 @@ def read_points(path: Path | None) -> list[dict]:
     was measured at where the file gives it (the verdict forecasts at that k); [] without a file."""
     if path is None or not path.is_file():
         return []
-    import json
-
-    from draftline.tools.forecast import read_points as read
-
-    points = read([str(path)])  # checked, one per row; it keeps samples and acceptance only
+    points = read_forecast_points(
+        [str(path)]
+    )  # checked, one per row; it keeps samples and acceptance only
     rows = json.loads(path.read_text())
     for point, row in zip(points, rows if isinstance(rows, list) else [rows], strict=True):
         if row.get("k") is not None:
@@ -280,8 +257,8 @@ def read_points(path: Path | None) -> list[dict]:
 
 def run(params, paths: Paths) -> dict:
     """Stage `benchmark`: baseline against speculative decoding by params.benchmark; the
-    report, with reports/deploy.json and the plots written. Raises LosslessError after writing
-    them when the speculative outputs differ from the baseline's beyond the gate."""
+    report, with reports/deploy.json and the plots written; its `lossless` gate is for the stage to
+    check (lossless.check_gate) once the report itself is written."""
     cfg = params.benchmark
     card = TargetCard.load(paths.card)
     report, deploy = run_benchmark(
@@ -290,6 +267,6 @@ def run(params, paths: Paths) -> dict:
     write_json(paths.deploy, deploy)
     for name, rows in benchmark_plots(report).items():
         write_json(paths.plots / name, rows)
-    print(f"benchmark: {report['verdict']['words']}")
-    print(f"benchmark: deploy ({paths.deploy}): {deploy['verdict']['recommendation']}")
+    log.info(f"benchmark: {report['verdict']['words']}")
+    log.info(f"benchmark: deploy ({paths.deploy}): {deploy['verdict']['recommendation']}")
     return report

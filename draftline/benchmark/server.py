@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import shlex
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from draftline.benchmark import lossless
-from draftline.benchmark.loadgen import LoadTarget, run_load, summarize_load
+from draftline.benchmark.loadgen import Load, LoadTarget, run_load, summarize_load
 from draftline.benchmark.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
 from draftline.engines.commands import benchmark_serve_command
 from draftline.engines.preflight import preflight_benchmark
@@ -31,6 +32,8 @@ from draftline.engines.servers import ManagedServer, launch_env, server_url, sta
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
+
+log = logging.getLogger(__name__)
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -41,8 +44,6 @@ def http_get(url: str, timeout: float = 10) -> str:
 def engine_endpoint(engine: str, base_url: str, top_logprobs: int = 0) -> LoadTarget:
     if engine == "sglang":
         return LoadTarget(base_url, "sglang-generate", top_logprobs=top_logprobs)
-    import json
-
     models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
     return LoadTarget(
         base_url,
@@ -71,7 +72,6 @@ class ServerBench:
     card: TargetCard
     prompts: list
     log_dir: Path
-    say: Callable[[str], None] = print
 
 
 @dataclass
@@ -101,13 +101,13 @@ def mode_server(
 ):
     """The server of one mode, as a context manager giving its base URL: benchmark.endpoints'
     running one (preflight-checked), else a launched one whose commands are appended to `commands`."""
-    engine, cfg, card, say = bench.engine, bench.cfg, bench.card, bench.say
+    engine, cfg, card = bench.engine, bench.cfg, bench.card
     mode = "speculative" if draft_path else "baseline"
     if mode in cfg.endpoints:  # already running: checked, not started
         base_url = cfg.endpoints[mode].rstrip("/")
         algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
         seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
-        say(
+        log.info(
             f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
             f"`{shlex.join(commands[0])}` would be"
         )
@@ -116,7 +116,7 @@ def mode_server(
 
     def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
         commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port, k=k))
-        say(
+        log.info(
             f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})"
         )
         return commands[-1]
@@ -127,7 +127,7 @@ def mode_server(
         server_url(cfg.host, cfg.port),
         log_path,
         limit,
-        say=say,
+        say=log.info,
     )
 
 
@@ -147,10 +147,7 @@ class LevelLoad:
             run_load(
                 self.endpoint,
                 self.prompts,
-                requests,
-                concurrency,
-                self.cfg.max_new_tokens,
-                self.cfg.request_timeout_s,
+                Load(requests, concurrency, self.cfg.max_new_tokens, self.cfg.request_timeout_s),
                 on_done=lambda _r: self.bar.advance(task),
             )
         )
@@ -186,7 +183,7 @@ def measure_level(bench: ServerBench, mode: str, c: int, load: LevelLoad, base_u
     failures = [r.error for r in results if not r.ok]
     if failures and len(failures) == len(results):
         raise RuntimeError(f"every request at concurrency {c} failed, e.g. {failures[0]}")
-    bench.say(
+    log.info(
         f"benchmark: {mode} c={c}: "
         f"{summary['output_tokens_per_s']:.1f} tok/s"
         + (f" (passes {summary['runs_tokens_per_s']})" if cfg.repeats > 1 else "")

@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 
+from draftline.tools.forecast import build_report
+
 
 def speedups(levels: dict) -> dict[int, dict[int, float | None]]:
     """{c: {k: speculative tokens/s / baseline tokens/s}}."""
@@ -231,8 +233,6 @@ def needs(model: dict, c: int, ks: list[int], goals: list[float]) -> dict:
 def samples_for(points: list[dict], tau: float, k: int) -> dict:
     """The training samples the acceptance-vs-samples forecast (draftline forecast) gives for an
     acceptance length tau at k; or why it cannot say."""
-    from draftline.tools.forecast import build_report
-
     try:
         report = build_report(points, [tau], k)
     except ValueError as err:

@@ -1,11 +1,11 @@
-"""Preflight of a saved draft: its static checks against the target card and the benchmark's
-engines (`preflight_engines`, `check_draft`); the problems are listed, with a message that says
-why. The draft's config.json and its d2t/t2d tensors are read (no weights are loaded), and a
-configuration that would run but silently feed the draft the wrong inputs is refused:
-- an EAGLE-3 draft served with another algorithm (plain EAGLE passes one hidden state where the
-  draft's fc expects three; acceptance collapses to ~1 with no error, SGLang PR #21272);
+"""Preflight of a saved draft: its static checks against the target card as an engine will read
+it (`check_draft`, `check_vocab`); the problems are listed, with a message that says why. The
+draft's config.json and its d2t/t2d tensors are read (no weights are loaded), and a draft that
+would run but silently be fed the wrong inputs is refused:
 - aux layer ids or a hidden size that differ from the target card's;
 - a draft vocabulary whose d2t/t2d do not fit the target vocabulary.
+The benchmark's engine settings (algorithm, checkpoint layout) are checked beside it in
+draftline/benchmark/preflight.py.
 
 Aux layer id conventions differ between engines. vLLM's `eagle_aux_hidden_state_layer_ids` (and
 the card's) name the hidden state that *enters* decoder layer i (`aux_hidden_states.append(...)`
@@ -17,14 +17,11 @@ Without explicit ids both capture the inputs of layers [2, N//2, N-3].
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING
 
-from draftline.draft.checkpoint import SPECULATORS_EAGLE3, DraftFacts, read_draft_facts
-from draftline.engines.commands import benchmark_serve_command, draft_path_for
+from draftline.draft.checkpoint import SPECULATORS_EAGLE3, DraftFacts
 
 if TYPE_CHECKING:
-    from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
 
 
@@ -103,49 +100,3 @@ def check_vocab(target_vocab: int, facts: DraftFacts) -> list[str]:
         elif facts.t2d_true is not None and set(mapped) != facts.t2d_true:
             problems.append("vocab: t2d and d2t name different target tokens")
     return problems
-
-
-def check_engine_settings(engine: str, cfg: BenchmarkConfig, facts: DraftFacts) -> list[str]:
-    """The engine's speculative algorithm and checkpoint layout must suit an EAGLE-3 draft."""
-    problems = []
-    if engine == "vllm":
-        if cfg.vllm.method.lower() != "eagle3":
-            problems.append(
-                f"benchmark.vllm.method: {cfg.vllm.method!r} for an EAGLE-3 draft; it must be 'eagle3' "
-                "(vLLM's 'eagle' feeds the draft one hidden state instead of three)"
-            )
-    elif engine == "sglang":
-        if cfg.sglang.algorithm.upper() != "EAGLE3":
-            problems.append(
-                f"benchmark.sglang.algorithm: {cfg.sglang.algorithm!r} for an EAGLE-3 draft; it must be "
-                "'EAGLE3' (with 'EAGLE' the aux hidden states are not captured and acceptance collapses)"
-            )
-        if facts.layout == "speculators":
-            problems.append(
-                f"{facts.path} is a speculators checkpoint ({', '.join(facts.architectures) or 'no architectures'}); "
-                "SGLang picks the draft class from config.json architectures (LlamaForCausalLMEagle3) and "
-                "loads EAGLE-3 drafts in that layout: the benchmark stage exports a draft trained with "
-                "train.architecture: eagle3 itself (draftline export-sglang makes a lasting copy), "
-                "or set benchmark.sglang.draft_model_path to such a copy"
-            )
-    return problems
-
-
-def preflight_engines(
-    card: TargetCard, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
-) -> dict:
-    """Checks and deployment commands for every benchmark server engine.
-
-    Returns {engine: {"command": str, "problems": [...]}}; the selected engine's problems are
-    fatal for the stage, the others' are reported so the deployment command is known to be safe.
-    """
-    out = {}
-    for engine in ("vllm", "sglang"):
-        path = draft_path_for(engine, cfg, draft_dir, sglang_draft)
-        facts = read_draft_facts(path)
-        problems = check_draft(card, facts, engine) + check_engine_settings(engine, cfg, facts)
-        out[engine] = {
-            "command": shlex.join(benchmark_serve_command(engine, card, cfg, path)),
-            "problems": problems,
-        }
-    return out

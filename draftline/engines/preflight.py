@@ -1,6 +1,7 @@
 """Preflight of live servers: every check an endpoint passes before the stage relies on it; a
 refusal raises PreflightError with a message that says why. The static checks of a saved draft
-against the target card and the engines are in draftline/draft/preflight.py.
+against the target card are in draftline/draft/preflight.py, against the benchmark's engines in
+draftline/benchmark/preflight.py.
 
 Regeneration endpoints (`preflight_regeneration`): the server serves the card's target under the
 expected name, its tokenizer and chat template count the probe prompt as the target's do, and it

@@ -3,7 +3,7 @@
 import asyncio
 import socket
 
-from draftline.benchmark.loadgen import LoadTarget, RequestResult, run_load, summarize_load
+from draftline.benchmark.loadgen import Load, LoadTarget, RequestResult, run_load, summarize_load
 from draftline.engines.commands import transformers_serve_command
 from draftline.engines.servers import ManagedServer, server_env
 from draftline.evaluate.acceptance import eos_ids
@@ -51,7 +51,7 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
         )  # it rejects stream_options
         done: list[RequestResult] = []
         results, wall = asyncio.run(
-            run_load(endpoint, prompts, 5, 2, max_tokens, 120, on_done=done.append)
+            run_load(endpoint, prompts, Load(5, 2, max_tokens, 120), on_done=done.append)
         )
 
     assert len(done) == 5 and [r.prompt_index for r in results] == [0, 1, 2, 0, 1]
@@ -78,7 +78,7 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
 def test_failed_requests_are_counted_not_raised(tmp_path):
     """A server that is not there: every request fails with its reason, the level still summarizes."""
     endpoint = LoadTarget(f"http://127.0.0.1:{free_port()}", "openai-completions", model="m")
-    results, wall = asyncio.run(run_load(endpoint, ["a"], 3, 2, 4, 5))
+    results, wall = asyncio.run(run_load(endpoint, ["a"], Load(3, 2, 4, 5)))
     assert all(not r.ok and "ConnectError" in r.error for r in results)
     summary = summarize_load(results, wall)
     assert (

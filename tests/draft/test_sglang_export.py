@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from draftline.benchmark.config import BenchmarkConfig
+from draftline.benchmark.preflight import check_engine_settings
 from draftline.draft import model as draft_model
 from draftline.draft import pretrained as draft_init
 from draftline.draft.checkpoint import load_draft, read_draft_facts
-from draftline.draft.preflight import check_draft, check_engine_settings
+from draftline.draft.preflight import check_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.evaluate.specdec import speculative_generate
 from draftline.target.model import load_target

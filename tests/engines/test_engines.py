@@ -333,6 +333,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from draftline.benchmark.config import BenchmarkConfig  # noqa: E402
+from draftline.benchmark.preflight import check_engine_settings, preflight_engines  # noqa: E402
 from draftline.benchmark.spec_metrics import (  # noqa: E402
     parse_prometheus,
     sglang_acceptance,
@@ -342,7 +343,7 @@ from draftline.benchmark.spec_metrics import (  # noqa: E402
 from draftline.core.card import TargetCard  # noqa: E402
 from draftline.core.io import read_json, write_json, write_jsonl  # noqa: E402
 from draftline.draft.checkpoint import read_draft_facts  # noqa: E402
-from draftline.draft.preflight import check_draft, check_engine_settings, preflight_engines  # noqa: E402
+from draftline.draft.preflight import check_draft  # noqa: E402
 from draftline.draft.sglang_export import export_sglang  # noqa: E402
 from draftline.engines.commands import benchmark_serve_command  # noqa: E402
 
