@@ -399,7 +399,7 @@ def generate_offline_data_command(
     """speculators' own extraction client: sends each row's input_ids (max_tokens=1), moves the file
     vLLM wrote to out/hs_{i}.safetensors, skips files that exist; `validate` checks tokens and
     finiteness (its check cannot read fp8 files on CPU: torch has no aminmax for float8 there, so
-    fp8 files are checked by the stage after it, with hidden.pending_rows)."""
+    fp8 files are checked by the stage after it, with resume.pending_rows)."""
     return [
         sys.executable,
         "-m",
