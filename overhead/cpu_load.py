@@ -92,6 +92,7 @@ def work(stage: str, steps: int) -> float:
 
         from draftline.draft.model import build_draft
         from draftline.target.model import build_card
+        from draftline.train.config import TrainConfig
 
         tmp = Path(tempfile.mkdtemp(prefix="cpu_load_"))
         model = tiny_llama(params)
@@ -117,7 +118,9 @@ def work(stage: str, steps: int) -> float:
         t2d[:size] = True
         np.save(vocab / "t2d.npy", t2d)
         ttt = params["train"]["ttt_steps"]
-        draft = build_draft(card, vocab, params["train"]["num_layers"], ttt)
+        draft = build_draft(
+            card, vocab, TrainConfig(num_layers=params["train"]["num_layers"], ttt_steps=ttt)
+        )
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-3)
         n, h = params["train"]["pack_len"], card.hidden_size
         inputs = {

@@ -98,17 +98,10 @@ def argmax_agreement(model, rows, hs_dir: Path, limit: int) -> float:
 
 def train(card, paths, hs_dir, cfg, online=None) -> dict:
     train_state.seed_everything(cfg.seed)
-    model = draft_model.build_draft(
-        card,
-        paths["vocab"],
-        cfg.num_layers,
-        cfg.ttt_steps,
-        architecture=cfg.architecture or "speculators",
-    )
+    model = draft_model.build_draft(card, paths["vocab"], cfg)
     start = time.perf_counter()
-    result = training.train_draft(
-        model, cfg, paths["tokenized"], hs_dir, "cpu", say=lambda _m: None, online=online
-    )
+    data = draft_data.TrainingData(paths["tokenized"], hs_dir, online)
+    result = training.train_draft(model, cfg, data, "cpu")
     return {
         "val_tau_sim": result["best"]["val"]["tau_sim"],
         "best_epoch": result["best"]["epoch"],

@@ -141,11 +141,11 @@ def main() -> None:
     import torch
     from speculators.losses import resolve_loss_config
 
+    from draftline.draft.forward import run_batch
     from draftline.draft.model import build_draft
     from draftline.hidden_states.files import hs_path
     from draftline.train.config import TrainConfig
-    from draftline.train.data import epoch_batches, make_dataset, make_loader
-    from draftline.train.metrics import run_batch
+    from draftline.train.data import TrainingData, epoch_batches, make_dataset, make_loader
     from draftline.train.resume import seed_everything
 
     cfg = TrainConfig(pack_len=args.pack_len, device="cpu", val_fraction=0.5)
@@ -162,16 +162,15 @@ def main() -> None:
             root, 4 * packs_needed, row_len, args.hidden_size, card.vocab_size
         )
         setup_s = time.perf_counter() - started
-        dtype = torch.float32
-        train_set = make_dataset(tokenized, hs, "train", 0.5, args.pack_len, dtype)
+        train_set = make_dataset(TrainingData(tokenized, hs), "train", 0.5, args.pack_len, "cpu")
         plan = epoch_batches(train_set, args.pack_len, cfg.seed, 0)[:packs_needed]
         if len(plan) < packs_needed:
             raise SystemExit(f"error: {len(plan)} packs, {packs_needed} needed")
-        in_memory = list(make_loader(train_set, plan, args.pack_len, args.hidden_size, dtype))
+        in_memory = list(make_loader(train_set, plan, args.pack_len, args.hidden_size, "cpu"))
         pack_bytes = sum(hs_path(hs, train_set.start_file_idx + j).stat().st_size for j in plan[0])
 
         seed_everything(0)
-        model = build_draft(card, vocab, cfg.num_layers, cfg.ttt_steps)
+        model = build_draft(card, vocab, cfg)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
         loss_config = resolve_loss_config("kl_div", "eager")
@@ -192,9 +191,9 @@ def main() -> None:
         loaders = {
             "in_memory": iter(in_memory),
             "read_ahead": make_loader(
-                train_set, plan, args.pack_len, args.hidden_size, dtype, workers
+                train_set, plan, args.pack_len, args.hidden_size, "cpu", workers
             ),
-            "synchronous": make_loader(train_set, plan, args.pack_len, args.hidden_size, dtype, 0),
+            "synchronous": make_loader(train_set, plan, args.pack_len, args.hidden_size, "cpu", 0),
         }
         steps, waits, cpus = ({v: [] for v in VARIANTS} for _ in range(3))
         for r in range(args.rounds):

@@ -61,39 +61,33 @@ def main() -> None:
     from speculators.losses import resolve_loss_config
 
     from draftline.core.card import TargetCard
+    from draftline.draft.forward import run_batch
     from draftline.draft.model import build_draft
     from draftline.train.config import TrainConfig
-    from draftline.train.data import epoch_batches, hidden_states_dtype, make_dataset, make_loader
-    from draftline.train.metrics import run_batch
-    from draftline.train.resume import seed_everything
-    from draftline.train.run import train_draft
+    from draftline.train.data import TrainingData, epoch_batches, make_dataset, make_loader
+    from draftline.train.resume import Resume, seed_everything
+    from draftline.train.run import LoopCallbacks, train_draft
 
     card = TargetCard.load(args.card)
     cfg = TrainConfig(
         epochs=1, val_fraction=0.05, **({"pack_len": args.pack_len} if args.pack_len else {})
     )
-    device, dtype = "cpu", hidden_states_dtype("cpu")
+    device = "cpu"
+    data = TrainingData(Path(args.tokenized), Path(args.hidden_states))
 
     seed_everything(0)
-    model = build_draft(card, Path(args.vocab), cfg.num_layers, cfg.ttt_steps)
+    model = build_draft(card, Path(args.vocab), cfg)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
 
     # bare: the same packing plan, collated up front, then only the model step
-    train_set = make_dataset(
-        Path(args.tokenized),
-        Path(args.hidden_states),
-        "train",
-        1 - cfg.val_fraction,
-        cfg.pack_len,
-        dtype,
-    )
+    train_set = make_dataset(data, "train", 1 - cfg.val_fraction, cfg.pack_len, device)
     batches = list(
         make_loader(
             train_set,
             epoch_batches(train_set, cfg.pack_len, cfg.seed, 0),
             cfg.pack_len,
             model.config.transformer_layer_config.hidden_size,
-            dtype,
+            device,
         )
     )
     if len(batches) < 2:
@@ -107,17 +101,8 @@ def main() -> None:
         model.load_state_dict(initial)
         stamps = []
         with tempfile.TemporaryDirectory() as tmp:  # a fresh state directory: nothing to resume
-            train_draft(
-                model,
-                cfg,
-                Path(args.tokenized),
-                Path(args.hidden_states),
-                device,
-                state_dir=Path(tmp),
-                fingerprint="bench",
-                say=lambda *_: None,
-                progress=lambda _p: stamps.append(time.perf_counter()),  # after each step
-            )
+            after_each_step = LoopCallbacks(step=lambda _p: stamps.append(time.perf_counter()))
+            train_draft(model, cfg, data, device, Resume(Path(tmp), "bench"), after_each_step)
         ours_medians.append(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
         return per_step(stamps)
 

@@ -1,52 +1,35 @@
-"""Stage `evaluate`: real and simulated acceptance of the draft on the held-out eval prompts.
+"""Stage `evaluate`: real and simulated acceptance of the draft on the held-out eval prompts
+(draftline/evaluate/run.py).
 
     python -m stages.evaluate models/target/card.json models/draft datasets/prompts/eval.jsonl reports/acceptance.json reports/evaluate
     python -m stages.evaluate models/target/card.json models/draft datasets/prompts/dev.jsonl reports/acceptance_dev.json reports/evaluate_dev --dev
 
 The second is stage `evaluate_dev`: the same measurement on the dev split (`mix.dev_samples`), the
 one to choose recipes and experiments by, so that the eval split stays a test nobody tuned to.
-`--dev`: an empty prompts file (dev_samples: 0) gives a report of 0 prompts, and where the built-in
-engine can measure (evaluate.vllm.parity on), it alone measures: vLLM's cross-check of the
-checkpoint runs once, on the eval split, and the dev figures are the built-in engine's, which that
-check holds equal to vLLM's (a vLLM run saved: the eval split's takes
-reports/acceptance.detail.json engines.vllm.wall_s; a figure of this stage's own report is not
-quoted here, as its file is a dependency of the stage).
+`--dev`: an empty prompts file (dev_samples: 0) gives a report of 0 prompts.
 
-reports/evaluate/ holds the plot data: acceptance length against the train prompts `mix` drew (one
-point per run, so `dvc plots diff` over experiments draws the scaling curve; it reads their count
-from the mix's meta.json beside the eval prompts, which is `samples` unless mix.allow_shortfall let
-fewer through) and acceptance per draft position.
-
-Real: chain speculative decoding (greedy, k draft tokens per round) with the built-in engine, each
-output checked against plain greedy decoding of the target (the engine is lossless, so a mismatch
-fails the stage). Simulated: tau_sim = 1 + sum of teacher-forced accuracies, from speculators' own
-TTT forward over the target's hidden states of prompt + its greedy completion (the same tokens the
-real decoder verified; the eval prompts have no stored hidden states). Both per source dataset, and
-per row source inside a dataset (`source_detail`, e.g. open-perfectblend's subsets) when rows have one.
-Acceptance length counts every verification step whole (a+1 tokens, vLLM's definition); tokens
-per step counts what each step added to the output, the last step of a prompt cut at eos or
-max_new_tokens (below the acceptance length when a prompt stops mid-step). The metrics file holds
-the three headline figures; the whole report (per position, per source, histograms, prompts) is in
-acceptance.detail.json beside it.
-
-evaluate.engine vllm: vLLM's offline engine measures the same prompts with the draft
-(draftline/evaluate/vllm_engine.py), its acceptance the headline; with evaluate.vllm.parity (default)
-the built-in engine measures too, both go in the report side by side (`engines`, `parity`), and a
-gap beyond the tolerance fails the stage after writing the report, with what vLLM read. Without
-parity (a target the built-in engine cannot hold) vLLM alone measures: no tau_sim, no lossless
-check against transformers.
+The metrics file (the report path) holds the three headline figures (acceptance length, tau_sim,
+tokens per step) and the engine that measured them; the whole report (per position, per source,
+histograms, prompts; with evaluate.engine vllm both engines and the parity gate) is in
+acceptance.detail.json beside it. A failed parity gate fails the stage after the report is
+written. The plots directory holds the
+plot data: acceptance length against the train prompts `mix` drew (one point per run, so `dvc
+plots diff` over experiments draws the scaling curve), acceptance per draft position and per k,
+and with eval sets or drafts to compare, sets.json and the table sets.md.
 """
 
 import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig
 from draftline.train.config import TrainConfig
 
 
+@entry_point
 def main(
     card_path: str,
     draft_dir: str,
@@ -71,7 +54,7 @@ def main(
         done, failure = run(params, paths)
     except CompareError as err:  # an eval set or a draft to compare that cannot be measured
         raise SystemExit(f"error: {err}") from None
-    if done.report == {"prompts": 0}:
+    if done.is_empty:
         print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
         write_metrics(report_path, done.report, ["prompts"])
         return

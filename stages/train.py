@@ -1,30 +1,30 @@
-"""Stage `train`: the EAGLE-3 draft (speculators' Eagle3DraftModel), from scratch or fine-tuned.
+"""Stage `train`: the EAGLE-3 draft trained by params.train, from scratch or fine-tuned
+(draftline/train/run.py).
 
     python -m stages.train models/target/card.json models/vocab datasets/tokenized \
         datasets/hidden_states models/draft reports/train.json models/draft_checkpoints
 
 Small CPU variant: `dvc exp run -S train.epochs=1 -S train.pack_len=1024`.
 
-models/draft is a persist output too: it is replaced only once a run has trained its successor.
-backend builtin: our loop on CPU (float32) or one GPU (bf16 autocast). Its resume state lives in
-models/draft_checkpoints/, a `persist: true` output: DVC neither deletes it before a run nor
-loses it when a run dies, so a killed `dvc repro` continues from the last saved step. A finished
-run leaves only last_run.json there. backend speculators: runs `torchrun -m speculators.train`
-(command in reports/train/command.txt) with its checkpoints in models/draft_checkpoints/speculators
-(speculators resumes from them itself), then keeps the epoch with the best validation tau_sim.
-
-Writes models/draft/ in speculators format (loads with Eagle3DraftModel.from_pretrained; vLLM serves
-it with "method": "eagle3") plus meta.json; per-epoch loss, per-position accuracy and tau_sim go
-to dvclive (reports/train/, see `dvc plots show`). The kept weights are those of the epoch with
-the best validation tau_sim, not the lowest loss.
+Writes models/draft/ (speculators format, which vLLM serves with "method": "eagle3", plus
+meta.json); reports/train.json (the kept epoch's val_tau_sim and val_loss; the whole report in
+reports/train.detail.json); reports/train/, dvclive's per-epoch curves (`dvc plots show`) and,
+with backend speculators, the command it ran (command.txt); and models/draft_checkpoints/, the
+resume state (only last_run.json once a run finishes). models/draft and
+models/draft_checkpoints are `persist: true` outputs: DVC neither deletes them before a run nor
+loses them when one dies, so a killed `dvc repro` continues from the last saved step and the last
+draft stays until its successor replaces it.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.train.config import TrainConfig
+from draftline.train.paths import Paths
 
 
 def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
@@ -38,33 +38,32 @@ def refuse_own_output_as_init(init: str | None, out_dir: Path) -> None:
         )
 
 
-def main(
-    card_path: str,
-    vocab_dir: str,
-    tokenized_dir: str,
-    hs_dir: str,
-    out_dir: str,
-    report_path: str,
-    state_dir: str = "models/draft_checkpoints",
-) -> None:
+def parse_paths(argv: list[str]) -> Paths:
+    parser = argparse.ArgumentParser(prog="python -m stages.train", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    for name in ("card", "vocab", "tokenized", "hs", "out", "report"):
+        parser.add_argument(name, type=Path)
+    parser.add_argument("state", type=Path, nargs="?", default=Path("models/draft_checkpoints"))
+    return Paths(**vars(parser.parse_args(argv)))
+
+
+@entry_point
+def main(*argv: str) -> None:
+    paths = parse_paths(list(argv))
     params = stage_sections(train=TrainConfig)
     apply_thread_policy("train")  # before torch loads: draftline/core/threads.py
-    refuse_own_output_as_init(params.train.init, Path(out_dir))
+    refuse_own_output_as_init(params.train.init, paths.out)
     from draftline.core.io import write_metrics
-    from draftline.draft.checkpoint import InitMismatch
+    from draftline.draft.init_checks import InitMismatch
     from draftline.train.data import DataMismatch
     from draftline.train.resume import finish_state
-    from draftline.train.run import Paths, run
+    from draftline.train.run import run
 
-    live = Path(report_path).with_suffix("")
-    paths = Paths(
-        *map(Path, (card_path, vocab_dir, tokenized_dir, hs_dir, out_dir)), live, Path(state_dir)
-    )
     try:
         done = run(params, paths)
     except (InitMismatch, DataMismatch) as err:
         raise SystemExit(f"error: {err}") from None
-    write_metrics(report_path, done.report, ["val_tau_sim", "val_loss"])
+    write_metrics(paths.report, done.report, ["val_tau_sim", "val_loss"])
     if done.last_run is not None:
         finish_state(paths.state, done.last_run)
 

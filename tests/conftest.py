@@ -110,9 +110,10 @@ def eagle3_draft_dir(tmp_path_factory, random_target, vocab_dir):
     import torch
 
     from draftline.draft.model import build_draft
+    from draftline.train.config import TrainConfig
 
     torch.manual_seed(5)
-    model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    model = build_draft(random_target, vocab_dir, TrainConfig(architecture="eagle3"))
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
@@ -152,6 +153,7 @@ def train_a_draft(root, random_target):
     from draftline.train import resume as train_state
     from draftline.train import run as training
     from draftline.train.config import TrainConfig
+    from draftline.train.data import TrainingData
 
     model, tokenizer = load_target(random_target)
     with torch.no_grad():
@@ -185,8 +187,8 @@ def train_a_draft(root, random_target):
         epochs=10, pack_len=256, lr=1e-2, warmup_steps=2, val_fraction=0.25, device="cpu", seed=0
     )
     train_state.seed_everything(cfg.seed)
-    draft = draft_model.build_draft(card, vocab, cfg.num_layers, cfg.ttt_steps)
-    training.train_draft(draft, cfg, root / "tokenized", root / "hs", "cpu", say=lambda _m: None)
+    draft = draft_model.build_draft(card, vocab, cfg)
+    training.train_draft(draft, cfg, TrainingData(root / "tokenized", root / "hs"), "cpu")
     draft_model.save_draft(draft, root / "draft")
     return SimpleNamespace(
         card=card, dir=root / "draft", conversations=conversations, prompts=prompts

@@ -31,7 +31,7 @@ def benchmark_hf(
     # torch and the decoders load on first use: benchmark.run imports this module for every engine
     import torch
 
-    from draftline.evaluate.specdec import greedy_generate, speculative_generate
+    from draftline.evaluate.specdec import SpecPair, greedy_generate, speculative_generate
 
     def run(k: int | None):
         gens = []
@@ -39,11 +39,8 @@ def benchmark_hf(
             if k is None:
                 gens.append(greedy_generate(target, ids, cfg.max_new_tokens, stop))
             else:
-                gens.append(
-                    speculative_generate(
-                        target, draft, aux_layer_ids, ids, cfg.max_new_tokens, k, stop
-                    )
-                )
+                pair = SpecPair(target, draft, aux_layer_ids)
+                gens.append(speculative_generate(pair, ids, cfg.max_new_tokens, k, stop))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return gens

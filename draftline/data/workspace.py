@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.io import atomic_path, json_object_problem, safetensors_problem
+from draftline.core.io import atomic_path
 from draftline.data.sources import dvc_source_dep, missing_source_problem
+from draftline.draft.init_checks import local_init_problem
 
 if TYPE_CHECKING:
     from draftline.data.config import DatasetSpec
@@ -97,18 +98,8 @@ def init_problem(init: str | None, draft_dir: Path) -> str | None:
             f"train.init: {init} is the train stage's own output, which a train run replaces; copy a "
             "previous draft elsewhere (e.g. models/init/) and point to it"
         )
-    given = Path(init)  # named as the user wrote it
-    if given.is_dir():  # a local checkpoint: its config read now, before anything is spent
-        if not (given / "config.json").is_file():
-            return f"train.init: {init} has no config.json (not a draft checkpoint)"
-        if problem := json_object_problem(given / "config.json"):
-            return f"train.init: {problem}: a corrupt or truncated checkpoint config"
-        weights = sorted(given.glob("*.safetensors"))  # their headers and sizes only
-        if not weights and not any(given.glob("*.bin")):
-            return f"train.init: {init} has no weights (no model.safetensors): not a whole draft checkpoint"
-        for file in weights:
-            if problem := safetensors_problem(file):
-                return f"train.init: {problem}: a truncated or corrupt weights file"
+    if Path(init).is_dir():  # a local checkpoint: its config and weight headers read now
+        return local_init_problem(init)  # named as the user wrote it
     return None
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.core.io import file_sha256, json_object_problem, safetensors_problem
+from draftline.core.io import file_sha256
+from draftline.draft.init_checks import InitMismatch
 from draftline.target.model import read_verifier_tensors
 
 if TYPE_CHECKING:
@@ -31,44 +32,7 @@ if TYPE_CHECKING:
 SPECULATORS_EAGLE3 = "eagle3"  # speculators_model_type of an EAGLE-3 draft
 
 
-class InitMismatch(ValueError):
-    """train.init does not fit the target, vocabulary or params; the message names the key."""
-
-
 # ---------------------------------------------------------------- files of a draft
-
-
-def read_init_config(path: Path) -> dict:
-    """train.init's config.json as a dict; InitMismatch naming the param, the file and what is
-    wrong with it (missing, unreadable, not JSON, not an object)."""
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        raise InitMismatch(f"train.init: {path} has no config.json (not a draft checkpoint)")
-    if problem := json_object_problem(config_path):
-        raise InitMismatch(f"train.init: {problem}: a corrupt or truncated checkpoint config")
-    return json.loads(config_path.read_text())
-
-
-def init_weights_problem(path: Path) -> str | None:
-    """What is wrong with the weight files of a train.init directory, found from their headers and
-    sizes without loading a tensor: none at all, a shard its index names that is missing, a
-    truncated or corrupt file; None when they open. A checkpoint with pytorch_model.bin weights
-    only is left to speculators' converter."""
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        if problem := json_object_problem(index):
-            return f"{problem}: a corrupt or truncated weights index"
-        shards = set((json.loads(index.read_text()).get("weight_map") or {}).values())
-        if missing := sorted(str(s) for s in shards if not (path / str(s)).is_file()):
-            return f"{index} names shards that are missing: {', '.join(missing[:5])}"
-    files = sorted(path.glob("*.safetensors"))
-    if not files and not any(path.glob("*.bin")):
-        return f"{path} has no weights (no model.safetensors): not a whole draft checkpoint"
-    for file in files:
-        if problem := safetensors_problem(file):
-            return f"{problem}: a truncated or corrupt weights file"
-    return None
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:

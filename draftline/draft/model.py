@@ -23,6 +23,7 @@ from draftline.target.model import _checkpoint_file, checkpoint_weight_map
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
+    from draftline.train.config import TrainConfig
 
 
 # ---------------------------------------------------------------- building the draft
@@ -65,39 +66,29 @@ def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
     model.config.embed_requires_grad = train_embeddings
 
 
-def build_draft(
-    card: TargetCard,
-    vocab_dir: Path,
-    num_layers: int,
-    ttt_steps: int,
-    attn_impl: str = "eager",
-    *,
-    speculative_tokens: int | None = None,
-    train_embeddings: bool = False,
-    train_lm_head: bool = False,
-    architecture: str = "speculators",
-):
-    """A fresh draft with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
+def build_draft(card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"):
+    """A fresh draft of the train params' shape (decoder layers, norms, speculative tokens, what
+    is trainable) with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     # what speculators' Eagle3DraftModel.from_training_args builds, with the verifier tensors
     # taken from the card's names (load_verifier_tensors)
     d2t, t2d = load_vocab(vocab_dir)
-    layer_config = draft_layer_config(card, num_layers)
+    layer_config = draft_layer_config(card, cfg.num_layers)
     layer_config._attn_implementation = attn_impl  # noqa: SLF001
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config,
         draft_vocab_size=int(d2t.shape[0]),
-        **ARCHITECTURES[architecture],
+        **ARCHITECTURES[cfg.architecture or "speculators"],
         fc_norm=False,
-        embed_requires_grad=train_embeddings,
+        embed_requires_grad=cfg.train_embeddings,
         eagle_aux_hidden_state_layer_ids=card.aux_ids,
-        speculators_config=speculators_config(card, speculative_tokens or ttt_steps),
+        speculators_config=speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps),
     )
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
     load_verifier_tensors(model, card)
-    set_trainable(model, train_embeddings, train_lm_head)
+    set_trainable(model, cfg.train_embeddings, cfg.train_lm_head)
     return model
 
 

@@ -22,18 +22,18 @@ import torch
 from draftline.core.aux_layers import eagle3_default_aux_ids
 from draftline.draft.checkpoint import (
     ARCHITECTURES,
-    InitMismatch,
     architecture_of,
     load_verifier_tensors,
     load_vocab,
     read_draft_facts,
-    read_init_config,
     read_weights,
 )
+from draftline.draft.init_checks import InitMismatch, read_init_config
 from draftline.draft.model import set_trainable, speculators_config
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
+    from draftline.train.config import TrainConfig
 
 CONVERTED_INIT_DIR = "converted_init"
 
@@ -185,22 +185,16 @@ def check_architecture(config, architecture: str | None) -> None:
 
 
 def check_init(
-    config,
-    init_d2t: torch.Tensor | None,
-    card: TargetCard,
-    d2t: torch.Tensor,
-    num_layers: int,
-    remap_aux: bool,
-    remap_vocab: bool,
+    config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, cfg: TrainConfig
 ) -> list[str]:
-    """Refuse a checkpoint that cannot serve this target and draft vocabulary; return the remaps
-    that were allowed."""
-    notes = check_init_target(config, card, num_layers, remap_aux)
+    """Refuse a checkpoint that cannot serve this target and draft vocabulary (train.num_layers,
+    and the remaps cfg allows); return the remaps that were allowed."""
+    notes = check_init_target(config, card, cfg.num_layers, cfg.init_remap_aux_layers)
     ours = draft_target_ids(d2t, card.vocab_size)
     theirs = draft_target_ids(init_d2t, card.vocab_size)
     if not torch.equal(ours, theirs):
         shared = len(set(ours.tolist()) & set(theirs.tolist()))
-        if not remap_vocab:
+        if not cfg.init_remap_vocab:
             raise InitMismatch(
                 f"train.init: draft vocabulary differs ({len(theirs)} tokens, {shared} shared "
                 f"with our {len(ours)} in models/vocab); set train.init_remap_vocab: true"
@@ -246,36 +240,26 @@ FROM_TARGET = {
 
 
 def load_init_draft(
-    init_dir: Path,
-    card: TargetCard,
-    vocab_dir: Path,
-    num_layers: int,
-    ttt_steps: int,
-    attn_impl: str = "eager",
-    *,
-    speculative_tokens: int | None = None,
-    train_embeddings: bool = False,
-    train_lm_head: bool = False,
-    remap_aux: bool = False,
-    remap_vocab: bool = False,
-    architecture: str | None = None,
+    init_dir: Path, card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"
 ):
     """(draft, notes): the checkpoint's architecture and trained weights, its lm_head included,
     re-targeted to our card: our verifier, aux layer ids and draft vocabulary (lm_head rows matched
-    by target token id, the target's row for a token new to the draft). lm_head stays frozen
-    unless train_lm_head; the embeddings are the target's unless train_embeddings.
-    architecture: the train.architecture the checkpoint must have (None: any)."""
+    by target token id, the target's row for a token new to the draft), as the train params
+    allow (train.init_remap_*, train.num_layers, train.architecture: the norms the checkpoint must
+    have, null: any). lm_head stays frozen unless train.train_lm_head; the embeddings are the
+    target's unless train.train_embeddings."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
+    train_embeddings = cfg.train_embeddings
     d2t, t2d = load_vocab(vocab_dir)
     config = Eagle3SpeculatorConfig.from_pretrained(str(init_dir))
-    check_architecture(config, architecture)
+    check_architecture(config, cfg.architecture)
     weights = read_weights(init_dir)
-    notes = check_init(config, weights.get("d2t"), card, d2t, num_layers, remap_aux, remap_vocab)
+    notes = check_init(config, weights.get("d2t"), card, d2t, cfg)
     config.eagle_aux_hidden_state_layer_ids = card.aux_ids
     config.draft_vocab_size = int(d2t.shape[0])
     config.embed_requires_grad = train_embeddings
-    config.speculators_config = speculators_config(card, speculative_tokens or ttt_steps)
+    config.speculators_config = speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps)
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
@@ -309,5 +293,5 @@ def load_init_draft(
         model.load_state_dict({k: v.float() for k, v in trained.items()}, strict=False)
     except RuntimeError as err:
         raise InitMismatch(f"train.init: {err}") from None
-    set_trainable(model, train_embeddings, train_lm_head)
+    set_trainable(model, train_embeddings, cfg.train_lm_head)
     return model, notes

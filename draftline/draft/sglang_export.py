@@ -21,12 +21,17 @@ are layer inputs (vLLM's convention), so id i is written as i - 1.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
 
 from draftline.core.card import TargetCard
+from draftline.core.errors import DraftlineError, entry_point
 from draftline.draft.checkpoint import architecture_of, read_weights
+
+# named, not __name__: under `python -m` this module is __main__, outside the draftline loggers
+log = logging.getLogger("draftline.draft.sglang_export")
 
 LAYER_PREFIX = "layers.0."
 SGLANG_LAYER_PREFIX = "midlayer."
@@ -45,8 +50,8 @@ LAYER_WEIGHTS = {
 }
 
 
-class SglangExportError(ValueError):
-    pass
+class SglangExportError(DraftlineError, ValueError):
+    """SGLang's LlamaForCausalLMEagle3 cannot compute this draft; the message says what differs."""
 
 
 def check_exportable(config: dict, card: TargetCard) -> None:
@@ -169,14 +174,15 @@ def export_sglang(draft_dir: str | Path, card: TargetCard, out_dir: str | Path) 
     return out_dir
 
 
+@entry_point
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
-        raise SystemExit("usage: draftline export-sglang DRAFT_DIR CARD_JSON OUT_DIR")
+        raise DraftlineError("usage: draftline export-sglang DRAFT_DIR CARD_JSON OUT_DIR")
     try:
         out = export_sglang(argv[0], TargetCard.load(argv[1]), argv[2])
     except (SglangExportError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {argv[0]} cannot be served by SGLang: {err}") from None
-    print(
+        raise SglangExportError(f"error: {argv[0]} cannot be served by SGLang: {err}") from None
+    log.info(
         f"{out}: serve with --speculative-algorithm EAGLE3 --speculative-draft-model-path {out.resolve()}"
     )
 

@@ -1,16 +1,28 @@
 """Evaluating the draft: real acceptance of chain speculative decoding checked lossless against
 greedy decoding, simulated acceptance (tau_sim) from teacher-forced accuracy, per source, and the
-evaluate stage's run over the eval prompts that reports both (their token ids: draftline/tokens/chat.py)."""
+evaluate stage's run over the eval prompts that reports both (their token ids: draftline/tokens/chat.py).
+
+Real: chain speculative decoding (greedy, k draft tokens per round) with the built-in engine
+(draftline/evaluate/specdec.py), each output checked against plain greedy decoding of the target
+(the engine is lossless, so a mismatch fails the stage). Simulated: tau_sim = 1 + sum of
+teacher-forced accuracies, from the draft's own TTT forward (draftline/draft/forward.py) over the
+target's hidden states of prompt + its greedy completion (the same tokens the real decoder
+verified; the eval prompts have no stored hidden states). Both per source dataset, and per row
+source inside a dataset (`source_detail`, e.g. open-perfectblend's subsets) when rows have one.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, read_jsonl
 from draftline.draft.checkpoint import load_draft
+from draftline.draft.metrics import accumulate, summarize
 from draftline.hidden_states.formats import roundtrip
 from draftline.target.model import load_target
 from draftline.tokens.chat import first_turn_ids
@@ -18,6 +30,18 @@ from draftline.tokens.chat import first_turn_ids
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.evaluate.config import EvaluateConfig
+
+log = logging.getLogger(__name__)
+
+
+class NotLossless(DraftlineError):
+    """Speculative decoding's output was not the target's greedy output, or too many prompts were
+    excused as near-ties for the check to cover them; the message says how many and why."""
+
+
+class EvalPromptsError(DraftlineError):
+    """The eval prompts cannot be measured as given (none, or no train count of the `mix` stage
+    beside them); the message names the file and the way out."""
 
 
 def eos_ids(tokenizer, model) -> set[int]:
@@ -63,20 +87,20 @@ def lossless_summary(
     verdicts: dict[str, str], tie_tolerance: float, dtype: str, max_near_tie_share: float
 ) -> dict:
     """The report's lossless figures from each prompt's compare_to_greedy verdict (prompt id ->
-    verdict). Fails (SystemExit) on any mismatch, and when the share of prompts excused as
+    verdict). Fails (NotLossless) on any mismatch, and when the share of prompts excused as
     near-ties is above max_near_tie_share: an excused prompt is checked only up to its first
     differing token, so past that share the check no longer covers the outputs."""
     mismatches = [i for i, v in verdicts.items() if v == "mismatch"]
     near_ties = [i for i, v in verdicts.items() if v == "near_tie"]
     if mismatches:
-        raise SystemExit(
+        raise NotLossless(
             f"error: speculative output differed from greedy target output on {len(mismatches)} "
             f"prompts (ids {mismatches[:5]}), not by a runner-up of greedy's within tie_tolerance "
             f"of its logit ({tie_tolerance}, dtype {dtype})"
         )
     share = round(len(near_ties) / len(verdicts), 4) if verdicts else 0.0
     if share > max_near_tie_share:
-        raise SystemExit(
+        raise NotLossless(
             f"error: {len(near_ties)} of {len(verdicts)} prompts ({share:.0%}) diverged from "
             f"greedy at a near-tie (<= {tie_tolerance} in {dtype}; ids {near_ties[:5]}), above "
             f"evaluate.max_near_tie_share {max_near_tie_share}: each is checked only up to its "
@@ -84,7 +108,7 @@ def lossless_summary(
             "evaluate.max_near_tie_share"
         )
     if near_ties:
-        print(
+        log.info(
             f"evaluate: {len(near_ties)} of {len(verdicts)} prompts diverged from greedy at a "
             f"near-tie (the speculative token a runner-up of greedy's within {tie_tolerance} of "
             f"its logit in {dtype}; ids {near_ties[:5]}); counted as near_tie_divergences"
@@ -174,25 +198,15 @@ def teacher_forced_sample(
 
 
 def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, float]:
-    """speculators' TTT forward over one sample; the raw `*_sum`/`*_total` metric counts."""
+    """The draft's TTT forward (draftline/draft/forward.py) over one sample, packed alone; the raw
+    `*_sum`/`*_total` metric counts."""
     import torch
-    from speculators.losses import resolve_loss_config
-    from speculators.models.eagle3 import shift_batch
-    from speculators.train.data import CollateFn
 
-    from draftline.train.metrics import accumulate, run_batch
+    from draftline.draft.forward import device_loss_config, pack_collate, run_batch
 
     hidden_size = sample["verifier_last_hidden_states"].shape[-1]
-    batch = CollateFn(
-        len(sample["input_ids"]) - 1,
-        hidden_size,
-        num_target_layers=3,
-        dtype=torch.float32,
-        preprocess=shift_batch,
-    )([sample])
-    loss_config = resolve_loss_config(
-        "kl_div", "eager"
-    )  # the loss is not used; eager needs no Triton
+    batch = pack_collate(len(sample["input_ids"]) - 1, hidden_size, torch.float32)([sample])
+    loss_config = device_loss_config("cpu")  # the loss is not used: the eager one needs no Triton
     with torch.no_grad():
         _, _, metrics = run_batch(draft, batch, device, k, 1.0, loss_config)
     sums: dict[str, float] = {}
@@ -202,18 +216,11 @@ def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, f
 
 def simulated_acceptance(sums: dict[str, float], k: int) -> dict:
     """tau_sim = 1 + sum_i acc_i with acc_i = P(draft steps 0..i all match the target), as in train."""
-    from draftline.train.metrics import summarize
-
     s = summarize(sums, k)
     return {
         "tau_sim": s["tau_sim"],
         "position_accuracy": {str(i + 1): a for i, a in enumerate(s["position_accuracy"])},
     }
-
-
-def add_sums(total: dict[str, float], part: dict[str, float]) -> None:
-    for key, value in part.items():
-        total[key] = total.get(key, 0.0) + value
 
 
 # ---- the evaluate stage's run ----------------------------------------------------------------
@@ -233,6 +240,17 @@ class EvaluationRun:
     # engine's output by the same rule (the parity gate)
     runner_ups: dict[str, list[dict[int, float]]] = field(default_factory=dict)
 
+    @classmethod
+    def empty(cls) -> EvaluationRun:
+        """The run of an empty prompts file (the dev split of mix.dev_samples: 0): a report of 0
+        prompts, nothing measured."""
+        return cls(report={"prompts": 0}, plots={})
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether nothing was measured: the prompts file held none (EvaluationRun.empty)."""
+        return self.report == {"prompts": 0}
+
     def greedy_run(self, prompt_id: str):
         """The greedy output of a prompt as compare_to_greedy reads it (tokens, runner_ups)."""
         from draftline.evaluate.specdec import Generation
@@ -245,14 +263,14 @@ def mixed_train_count(eval_path: str | Path, samples: int) -> int:
     (no mix meta there) are taken to be `samples`, and the stage says so."""
     meta_path = Path(eval_path).parent / "meta.json"
     if not meta_path.is_file():
-        print(
+        log.info(
             f"evaluate: no {meta_path} of the `mix` stage; the scaling point is put at samples={samples}"
         )
         return samples
     try:
         return int(read_json(meta_path)["counts"]["train"])
     except (ValueError, KeyError, TypeError) as err:
-        raise SystemExit(
+        raise EvalPromptsError(
             f"error: {meta_path}: no train count of the `mix` stage ({type(err).__name__}: {err}); "
             "the scaling plot records the train prompts mix drew, so run `mix` again"
         ) from None
@@ -289,8 +307,11 @@ def acceptance_vs_k(groups) -> dict:
 @dataclass
 class EvaluationTally:
     """What evaluate_draft gathers over the prompts: rounds, emitted tokens and teacher-forced
-    sums, overall and per group, with each prompt's verdict, first-turn ids and greedy output."""
+    sums, overall and per group, with each prompt's verdict, first-turn ids and greedy output.
+    fp8: the draft was trained on fp8 states, so tau_sim is also taken over states through the
+    fp8 round trip (sums_stored)."""
 
+    fp8: bool = False
     rounds: list[int] = field(default_factory=list)
     emitted: list[int] = field(default_factory=list)
     sums: dict[str, float] = field(default_factory=dict)
@@ -324,10 +345,10 @@ class EvaluationTally:
             src["rounds"].extend(spec.accepted_per_round)
             src["emitted"].extend(spec.emitted_per_round)
             src["prompts"] += 1
-            add_sums(src["sums"], sums)
+            accumulate(src["sums"], sums)
         self.rounds.extend(spec.accepted_per_round)
         self.emitted.extend(spec.emitted_per_round)
-        add_sums(self.sums, sums)
+        accumulate(self.sums, sums)
 
 
 @dataclass(frozen=True)
@@ -370,14 +391,14 @@ def evaluate_prompt(
     cfg: EvaluateConfig,
     aux_ids: list[int],
     row: dict,
-    fp8: bool,
     tally: EvaluationTally,
 ) -> None:
     """Decode one eval prompt speculatively and greedily, judge it against greedy, and add its
-    rounds and teacher-forced sums (with fp8: also over fp8 round-tripped states) to tally."""
+    rounds and teacher-forced sums (with tally.fp8: also over fp8 round-tripped states) to tally."""
     import torch
 
     from draftline.evaluate.specdec import (
+        SpecPair,
         acceptance_runs,
         greedy_generate,
         speculative_generate,
@@ -385,12 +406,13 @@ def evaluate_prompt(
     )
 
     target, draft, stop = models.target, models.draft, models.stop
+    pair = SpecPair(target, draft, aux_ids)
     # a later turn of a multi-turn row carries its own ids (draftline/evaluate/compare.py)
     ids = row.get("prompt_ids") or first_turn_ids(models.tokenizer, row)
     tally.prompt_ids[row["id"]] = ids
-    spec = speculative_generate(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+    spec = speculative_generate(pair, ids, cfg.max_new_tokens, cfg.k, stop)
     # acceptance at every k <= cfg.k from one pass over the greedy output
-    output, runs = acceptance_runs(target, draft, aux_ids, ids, cfg.max_new_tokens, cfg.k, stop)
+    output, runs = acceptance_runs(pair, ids, cfg.max_new_tokens, cfg.k, stop)
     by_k = {k: walk_rounds(runs, len(output), k) for k in range(1, cfg.k + 1)}
     tally.add_sweep(row, by_k, by_k[cfg.k] == spec.accepted_per_round)
     plain = greedy_generate(target, ids, cfg.max_new_tokens, stop, True, models.tie_tolerance)
@@ -400,8 +422,8 @@ def evaluate_prompt(
     sums = teacher_forced_sums(
         draft, teacher_forced_sample(target, aux_ids, ids, plain.tokens), cfg.k, models.device
     )
-    if fp8:
-        add_sums(
+    if tally.fp8:
+        accumulate(
             tally.sums_stored,
             teacher_forced_sums(
                 draft,
@@ -415,13 +437,7 @@ def evaluate_prompt(
 
 
 def evaluation_report(
-    cfg: EvaluateConfig,
-    prompts: int,
-    tally: EvaluationTally,
-    real: dict,
-    sim: dict,
-    lossless: dict,
-    fp8: bool,
+    cfg: EvaluateConfig, prompts: int, tally: EvaluationTally, real: dict, sim: dict, lossless: dict
 ) -> dict:
     """The metrics report: real (acceptance_summary) and simulated acceptance overall, per source
     and per row source where rows name one, the lossless figures, and tau_sim over fp8 states."""
@@ -462,7 +478,7 @@ def evaluation_report(
         "acceptance_vs_k_agreeing_prompts": tally.sweep_agrees,
         **lossless,
     }
-    if fp8:
+    if tally.fp8:
         report["tau_sim_fp8_states"] = simulated_acceptance(tally.sums_stored, cfg.k)["tau_sim"]
     return report
 
@@ -509,22 +525,21 @@ def evaluate_draft(
     models = load_models(cfg, card, draft_dir)
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
-        raise SystemExit(f"error: {eval_path} has no eval prompts")
+        raise EvalPromptsError(f"error: {eval_path} has no eval prompts")
     train_prompts = mixed_train_count(eval_path, samples)
 
     # a draft trained on fp8 states: tau_sim also over states through the fp8 round trip it was trained on
-    fp8 = trained_on_fp8(draft_dir)
-    tally = EvaluationTally()
+    tally = EvaluationTally(fp8=trained_on_fp8(draft_dir))
     for row in track(rows, description="evaluate"):
-        evaluate_prompt(models, cfg, card.aux_ids, row, fp8, tally)
+        evaluate_prompt(models, cfg, card.aux_ids, row, tally)
     lossless = lossless_summary(
         tally.verdicts, models.tie_tolerance, cfg.dtype, cfg.max_near_tie_share
     )
 
     real = acceptance_summary(tally.rounds, cfg.k, tally.emitted)
     sim = simulated_acceptance(tally.sums, cfg.k)
-    report = evaluation_report(cfg, len(rows), tally, real, sim, lossless, fp8)
-    print(
+    report = evaluation_report(cfg, len(rows), tally, real, sim, lossless)
+    log.info(
         f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
         f"{report['tokens_per_step']:.3f} tokens emitted per step, "
         f"tau_sim {report['tau_sim']:.3f}; per position {list(real['position_acceptance'].values())}"

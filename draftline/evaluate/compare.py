@@ -15,11 +15,14 @@ before anything is measured, by the preflight's own checks (draftline/draft/pref
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import read_jsonl
-from draftline.draft.checkpoint import InitMismatch, load_draft, read_draft_facts
+from draftline.draft.checkpoint import load_draft, read_draft_facts
+from draftline.draft.init_checks import InitMismatch
 from draftline.draft.preflight import check_draft
 from draftline.draft.pretrained import prepare_init
 from draftline.evaluate.acceptance import (
@@ -39,8 +42,10 @@ if TYPE_CHECKING:
 HELD_OUT = "heldout"  # the held-out split's row in the table (datasets/prompts/eval.jsonl)
 TRAINED, INIT = "trained", "init"
 
+log = logging.getLogger(__name__)
 
-class CompareError(ValueError):
+
+class CompareError(DraftlineError, ValueError):
     """An eval set or a draft to compare that cannot be measured: what, and which param."""
 
 
@@ -118,7 +123,7 @@ def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dic
             asked = row if turn == 0 else {**row, "id": f"{row['id']}#turn{turn + 1}"}
             if turn:
                 asked["prompt_ids"] = turn_prompts(models, row, replies)
-            evaluate_prompt(models, cfg, aux_ids, asked, False, tally)
+            evaluate_prompt(models, cfg, aux_ids, asked, tally)
             replies.append(tally.greedy[asked["id"]])
     real = acceptance_summary(tally.rounds, cfg.k, tally.emitted)
     lossless = lossless_summary(
@@ -157,7 +162,7 @@ def compare_builtin(
         if todo and draft_name != TRAINED:
             models = dataclasses.replace(models, draft=load_draft(path, card, models.device))
         for set_name, rows in todo.items():
-            print(f"evaluate: draft {draft_name} on {set_name} ({len(rows)} prompts)")
+            log.info(f"evaluate: draft {draft_name} on {set_name} ({len(rows)} prompts)")
             results[set_name][draft_name] = measure_rows(models, cfg, card.aux_ids, rows)
     return {
         name: {draft: row[draft] for draft in comparison.drafts} for name, row in results.items()

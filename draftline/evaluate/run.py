@@ -1,10 +1,17 @@
 """Stage `evaluate`: the draft measured by the engine params.evaluate names, the built-in one
 (draftline/evaluate/acceptance.py) and vLLM's (draftline/evaluate/vllm_engine.py) side by side;
-then every eval set and every draft to compare with (draftline/evaluate/compare.py)."""
+then every eval set and every draft to compare with (draftline/evaluate/compare.py).
+
+The dev split (stage `evaluate_dev`) is measured by the built-in engine alone where it can
+measure (evaluate.vllm.parity on): vLLM's cross-check of the checkpoint runs once, on the eval
+split, and the dev figures are the built-in engine's, which that check holds equal to vLLM's (a
+vLLM run saved). Nor are the eval sets and other drafts measured again there.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +34,8 @@ from draftline.evaluate.vllm_engine import vllm_only_run, with_vllm
 
 SET_PLOT_KEYS = ("acceptance_length", "tokens_per_step", "tau_sim", "prompts")
 
+log = logging.getLogger(__name__)
+
 
 class Paths(NamedTuple):
     card: Path  # models/target/card.json
@@ -44,11 +53,11 @@ class Paths(NamedTuple):
 def run(params, paths: Paths) -> tuple[EvaluationRun, str | None]:
     """Stage `evaluate`: the draft measured on the prompts by params.evaluate's engine (vLLM's
     parity gate beside the built-in one), the plots written; (the run, why the stage fails or
-    None). An empty dev split is a report of 0 prompts."""
+    None). An empty dev split is an empty run (EvaluationRun.empty)."""
     cfg = params.evaluate
     if paths.dev and not any(True for _ in read_jsonl(paths.prompts)):
         paths.plots.mkdir(parents=True, exist_ok=True)
-        return EvaluationRun(report={"prompts": 0}, plots={}), None
+        return EvaluationRun.empty(), None
     card = TargetCard.load(paths.card)
     if paths.dev:
         return measure(params, card, paths, {}, {})
@@ -120,7 +129,7 @@ def with_comparison(
         known = {HELD_OUT: {TRAINED: builtin}}
         results, engine = compare_builtin(cfg, card, comparison, known), "builtin"
     table = sets_table(results, engine, cfg.k)
-    print(table)
+    log.info(table)
     sets_report = {
         "engine": engine,
         "k": cfg.k,

@@ -22,6 +22,16 @@ import torch
 from transformers import DynamicCache
 
 
+@dataclass(frozen=True)
+class SpecPair:
+    """An EAGLE-3 draft and its target, with the target layers whose hidden states the draft reads
+    (the card's aux layer ids): what chain speculative decoding runs."""
+
+    target: object
+    draft: object
+    aux_layer_ids: list[int]
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -208,16 +218,10 @@ class DraftRunner:
 
 @torch.no_grad()
 def speculative_generate(
-    target,
-    draft,
-    aux_layer_ids: list[int],
-    prompt: list[int],
-    max_new_tokens: int,
-    k: int,
-    eos_ids: set[int],
+    pair: SpecPair, prompt: list[int], max_new_tokens: int, k: int, eos_ids: set[int]
 ) -> Generation:
     start = time.perf_counter()
-    runner, drafter = TargetRunner(target, aux_layer_ids), DraftRunner(draft)
+    runner, drafter = TargetRunner(pair.target, pair.aux_layer_ids), DraftRunner(pair.draft)
     t_cache, d_cache = DynamicCache(), DynamicCache()
     logits, aux = runner.forward(prompt, t_cache, want_aux=True)
     seq = list(prompt) + [int(logits[-1].argmax())]  # x_0..x_{n+1}; x_{n+1} pending for the target
@@ -246,13 +250,7 @@ def speculative_generate(
 
 @torch.no_grad()
 def acceptance_runs(
-    target,
-    draft,
-    aux_layer_ids: list[int],
-    prompt: list[int],
-    max_new_tokens: int,
-    k: int,
-    eos_ids: set[int],
+    pair: SpecPair, prompt: list[int], max_new_tokens: int, k: int, eos_ids: set[int]
 ) -> tuple[list[int], list[int]]:
     """(greedy output, runs): runs[s] is how many of k draft tokens the target would accept in a
     round that starts with output[:s + 1] fixed (output[s] the pending token), for every s.
@@ -261,8 +259,8 @@ def acceptance_runs(
     only on the context before it, so these runs give the exact rounds of speculative decoding at
     every k' <= k (walk_rounds), from one pass. The target's greedy continuation is taken k tokens
     past the cut (eos or max_new_tokens): a last round verifies tokens beyond it too."""
-    runner, drafter = TargetRunner(target, aux_layer_ids), DraftRunner(draft)
-    full = greedy_generate(target, prompt, max_new_tokens + k, set()).tokens
+    runner, drafter = TargetRunner(pair.target, pair.aux_layer_ids), DraftRunner(pair.draft)
+    full = greedy_generate(pair.target, prompt, max_new_tokens + k, set()).tokens
     tokens, _ = _finish(full, eos_ids, max_new_tokens)
     _, aux = runner.forward(list(prompt) + full, DynamicCache(), want_aux=True)  # (1, P+F, 3H)
     seq, cache, runs = list(prompt) + full, DynamicCache(), []

@@ -23,6 +23,7 @@ verification differently from one-token steps, so 0.1.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import time
@@ -30,10 +31,16 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import read_jsonl
 from draftline.engines.servers import log_tail
 from draftline.evaluate import vllm_generate
-from draftline.evaluate.acceptance import EvaluationRun, compare_to_greedy, mixed_train_count
+from draftline.evaluate.acceptance import (
+    EvalPromptsError,
+    EvaluationRun,
+    compare_to_greedy,
+    mixed_train_count,
+)
 from draftline.tokens.chat import first_turn_ids
 
 if TYPE_CHECKING:
@@ -46,9 +53,16 @@ if TYPE_CHECKING:
 GENERATE_SCRIPT = Path(vllm_generate.__file__)
 PARITY_TOLERANCE = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.1}
 
+log = logging.getLogger(__name__)
+
 
 class VllmRunError(RuntimeError):
     pass
+
+
+class VllmEvaluationFailed(DraftlineError):
+    """vLLM could not measure the draft (it exited, or never used the draft); the message has what
+    it said."""
 
 
 PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
@@ -68,7 +82,7 @@ def generate_env(job: dict, engine: VllmEngineConfig, base) -> dict[str, str]:
     return env
 
 
-def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=print) -> dict:
+def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path) -> dict:
     """draftline/evaluate/vllm_generate.py on `job` in the vLLM environment; its result, with the wall time
     (engine start-up included). Fails with the tail of its log."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -81,11 +95,11 @@ def run_vllm_generate(job: dict, engine: VllmEngineConfig, workdir: Path, say=pr
     result_path.unlink(missing_ok=True)
     python = engine.resolved_python()
     cmd = [python, str(GENERATE_SCRIPT), str(job_path), str(result_path)]
-    say(f"evaluate: vLLM ({python}) on {len(job['prompts'])} prompts; log {log_path}")
+    log.info(f"evaluate: vLLM ({python}) on {len(job['prompts'])} prompts; log {log_path}")
     env = generate_env(job, engine, os.environ)
     started = time.perf_counter()
-    with open(log_path, "w") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    with open(log_path, "w") as vllm_log:
+        code = subprocess.run(cmd, stdout=vllm_log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0 or not result_path.is_file():
         raise VllmRunError(
             f"vLLM exited with {code} ({' '.join(cmd)}; engines.vllm.python {python}: `make "
@@ -226,7 +240,7 @@ def evaluate_with_vllm(
         )
         acceptance = counter_acceptance(result["counters"], cfg.k)
     except VllmRunError as err:
-        raise SystemExit(f"error: evaluate.engine vllm: {err}") from None
+        raise VllmEvaluationFailed(f"error: evaluate.engine vllm: {err}") from None
     shutil.rmtree(workdir, ignore_errors=True)
     report = {
         **acceptance,
@@ -246,7 +260,7 @@ def evaluate_with_vllm(
         outputs = dict(zip(ids, result["outputs"]))
         report["outputs"] = output_verdicts(outputs, reference, cfg.resolved_tie_tolerance())
         report["outputs_equal_to_builtin_greedy"] = report["outputs"]["identical"]
-    print(
+    log.info(
         f"evaluate: vLLM acceptance length {report['acceptance_length']:.4f} over "
         f"{report['rounds']} drafts; per position {list(report['position_acceptance'].values())}; "
         f"engine start-up {report['load_s']} s"
@@ -348,7 +362,7 @@ def check_parity(
             [True] * matched + [False] * (vllm["prompts"] - matched),
             cfg.dtype,
         )
-    print(
+    log.info(
         f"evaluate: train-serve parity passed: largest gap {gate['gap']} ({gate['worst']}), "
         f"tolerance {tolerance}"
     )
@@ -402,7 +416,7 @@ def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, s
 
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
-        raise SystemExit(f"error: {eval_path} has no eval prompts")
+        raise EvalPromptsError(f"error: {eval_path} has no eval prompts")
     tokenizer = card_tokenizer(card)
     prompts = {row["id"]: first_turn_ids(tokenizer, row) for row in rows}
     vllm = evaluate_with_vllm(cfg, card, draft_dir, prompts, None, engine)

@@ -19,8 +19,8 @@ The engine spawns worker processes: the work runs under the `__main__` guard.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 COUNTERS = {
@@ -119,6 +119,8 @@ def main(job_path: str, result_path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: vllm_generate.py JOB.json RESULT.json")
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(prog="vllm_generate.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("job", metavar="JOB.json")
+    parser.add_argument("result", metavar="RESULT.json")
+    args = parser.parse_args()
+    main(args.job, args.result)

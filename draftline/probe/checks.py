@@ -36,13 +36,8 @@ from safetensors import safe_open
 from draftline.core.card import TargetCard
 from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, write_json
-from draftline.draft.checkpoint import (
-    InitMismatch,
-    architecture_of,
-    init_weights_problem,
-    read_draft_facts,
-    read_init_config,
-)
+from draftline.draft.checkpoint import architecture_of, read_draft_facts
+from draftline.draft.init_checks import InitMismatch, init_weights_problem, read_init_config
 from draftline.draft.preflight import check_vocab
 from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_extraction
 from draftline.hidden_states import formats as hs_format

@@ -2,10 +2,11 @@
 and read through speculators' own data path.
 
 speculators' ArrowDataset over the tokenized rows and hs_{i}.safetensors files, the Multipack
-packing plan, and CollateFn with shift_batch, the next packs read ahead by train.loader_workers
-threads while a step computes (make_loader); with hidden_states.mode online the target computes
-each packed batch's states at fetch time instead (draftline/hidden_states/online.py). CPU runs float32; a GPU
-runs bf16 autocast with float32 master weights, as speculators does.
+packing plan, and the packs in the draft forward's layout (draftline/draft/forward.py), the next
+ones read ahead by train.loader_workers threads while a step computes (make_loader); with
+hidden_states.mode online the target computes each packed batch's states at fetch time instead
+(draftline/hidden_states/online.py). The states come in the dtype the forward runs in: float32
+on CPU, bf16 on a GPU.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import itertools
 import json
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import file_sha256
+from draftline.draft.forward import hidden_states_dtype, pack_collate
 from draftline.engines.servers import checkpoint_bytes
 from draftline.hidden_states import formats as hs_format
 from draftline.target.model import load_target_model
@@ -29,8 +33,13 @@ if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
 
-class DataMismatch(ValueError):
+class DataMismatch(DraftlineError, ValueError):
     """The training data were made for another target configuration; the message names the file."""
+
+
+class OnlineStatesRefused(DraftlineError):
+    """hidden_states.mode online cannot run this way (a transfer the builtin loop cannot read, a
+    target too large for one device); the message says the way out."""
 
 
 def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
@@ -91,7 +100,7 @@ class VllmOnline:
     def of(cls, online: dict, endpoint: str, staging: Path) -> VllmOnline:
         """From hidden_states.online (as the hidden_states stage recorded it)."""
         if (online.get("transfer") or "file") == "mooncake":
-            raise SystemExit(
+            raise OnlineStatesRefused(
                 "error: hidden_states.online.transfer mooncake reaches speculators.train only "
                 "(train.backend: speculators); the builtin loop reads transfer file or fp8"
             )
@@ -119,7 +128,7 @@ def check_target_fits(card: TargetCard, device: str, what: str) -> None:
         memory, where = psutil.virtual_memory().available, "the RAM free now"
     bound = TARGET_MEMORY_SHARE * memory
     if size > bound:
-        raise SystemExit(
+        raise OnlineStatesRefused(
             f"error: {what} loads the whole target on one device ({device}): its weights are "
             f"{size / 1e9:.1f} GB on disk, above {TARGET_MEMORY_SHARE:.0%} of {where} "
             f"({bound / 1e9:.1f} GB). Use hidden_states.mode: offline (states extracted by "
@@ -141,32 +150,26 @@ def online_states(card: TargetCard, source: dict, device: str) -> OnlineStates:
     return OnlineStates(target, card.aux_ids, storage)
 
 
-def hidden_states_dtype(device: str) -> torch.dtype:
-    return torch.float32 if device == "cpu" else torch.bfloat16
+@dataclass(frozen=True)
+class TrainingData:
+    """The rows a trainer reads and where their states come from: the tokenized rows, the
+    hidden_states stage's directory (its files; in online mode its meta.json alone), and with
+    `online` the target or a vLLM extraction server computing each row's states as it is read."""
+
+    tokenized: Path
+    hs: Path
+    online: OnlineStates | VllmOnline | None = None
 
 
-def autocast(device: str):
-    """bf16 autocast on a GPU (master weights stay float32); plain float32 on CPU."""
-    if device == "cpu":
-        return torch.autocast("cpu", enabled=False)
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-
-
-def make_dataset(
-    tokenized_dir: Path,
-    hs_dir: Path,
-    split: str,
-    train_ratio: float,
-    pack_len: int,
-    dtype,
-    online: OnlineStates | VllmOnline | None = None,
-):
-    """speculators' ArrowDataset over the rows; states from the files through hs-connectors'
-    FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, `online`, from the
+def make_dataset(data: TrainingData, split: str, train_ratio: float, pack_len: int, device: str):
+    """speculators' ArrowDataset over the rows of `split` (train: the first train_ratio of them),
+    their states in the dtype the forward runs in on `device`: from the files through hs-connectors'
+    FP8Transfer (it dequantizes fp8 files and passes bf16 ones through), or, data.online, from the
     target at fetch time (draftline/hidden_states/online.py) or from a vLLM extraction server (VllmOnline)."""
+    dtype, online = hidden_states_dtype(device), data.online
     common = dict(
         max_len=pack_len,
-        datapath=str(tokenized_dir),
+        datapath=str(data.tokenized),
         train_ratio=train_ratio,
         split=split,
         hidden_states_dtype=dtype,
@@ -190,7 +193,7 @@ def make_dataset(
         return OnlineArrowDataset(online.target, online.aux_layer_ids, online.storage, **common)
 
     return ArrowDataset(
-        transfer=FP8Transfer(Path(hs_dir), dequantize_dtype=dtype), on_missing="raise", **common
+        transfer=FP8Transfer(Path(data.hs), dequantize_dtype=dtype), on_missing="raise", **common
     )
 
 
@@ -244,22 +247,18 @@ def make_loader(
     batches: list[list[int]],
     pack_len: int,
     hidden_size: int,
-    dtype,
+    device: str = "cpu",
     workers: int = 0,
-    pin_memory: bool = False,
 ):
-    """The packed batches of `batches`, in order, through speculators' CollateFn with shift_batch.
+    """The packed batches of `batches`, in order, in the draft forward's layout
+    (draftline/draft/forward.py pack_collate) and its dtype on `device`.
 
     workers 0: each pack is read when the loop asks for it. workers N: N threads read ahead (at most
     N x PREFETCH_PER_WORKER packs waiting) while the step computes; reading is file IO and tensor
     copies, which release the GIL, and a thread hands the pack over without the copy into shared
-    memory a worker process needs. pin_memory (CUDA): packs come in page-locked memory."""
-    from speculators.models.eagle3 import shift_batch
-    from speculators.train.data import CollateFn
-
-    collate = CollateFn(
-        pack_len, hidden_size, num_target_layers=3, dtype=dtype, preprocess=shift_batch
-    )
+    memory a worker process needs. On CUDA packs come in page-locked memory."""
+    collate = pack_collate(pack_len, hidden_size, hidden_states_dtype(device))
+    pin_memory = torch.device(device).type == "cuda"
 
     def fetch(batch):
         pack = fetch_pack(dataset, batch, collate)

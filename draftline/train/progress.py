@@ -4,15 +4,18 @@ progress lines of the builtin loop (steps, tokens/s, ETA), and the train stage's
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from draftline.train.config import TrainConfig
 
+log = logging.getLogger(__name__)
+
 
 def epoch_logger(live):
-    def log(record):
+    def log_epoch(record):
         for split in ("train", "val"):
             if record.get(split) is None:
                 continue
@@ -22,19 +25,18 @@ def epoch_logger(live):
                 live.log_metric(f"{split}/position_accuracy/acc_{k}", acc)
         live.next_step()
         val = record["val"]
-        print(
+        log.info(
             f"epoch {record['epoch']}: val loss {val['loss']:.4f}  tau_sim {val['tau_sim']:.3f}  "
-            f"acc {val['position_accuracy']}",
-            flush=True,
+            f"acc {val['position_accuracy']}"
         )
 
-    return log
+    return log_epoch
 
 
 PROGRESS_EVERY_S = 30.0
 
 
-def step_reporter(every_s: float = PROGRESS_EVERY_S, clock=time.monotonic, out=print):
+def step_reporter(every_s: float = PROGRESS_EVERY_S, clock=time.monotonic):
     """progress(p) for train_draft: a line at the first step, then every `every_s` seconds and at the
     last step of each epoch: steps, tokens/s and the ETA of the epoch and of the run (a CPU epoch
     can take minutes; the per-epoch line alone left the log silent that long)."""
@@ -49,12 +51,11 @@ def step_reporter(every_s: float = PROGRESS_EVERY_S, clock=time.monotonic, out=p
         seen["last"] = now
         per_step = p["seconds"] / max(p["step"] - seen["first_step"], 1)
         tokens_per_s = p["tokens"] / p["seconds"] if p["seconds"] > 0 else 0.0
-        out(
+        log.info(
             f"train: epoch {p['epoch'] + 1}/{p['epochs']} step {p['epoch_step']}/{p['epoch_steps']} "
             f"(step {p['step']} of {p['total_steps']}), {tokens_per_s:,.0f} tok/s, "
             f"epoch ETA {clock_text(per_step * (p['epoch_steps'] - p['epoch_step']))}, "
-            f"run ETA {clock_text(per_step * (p['total_steps'] - p['step']))} (validation aside)",
-            flush=True,
+            f"run ETA {clock_text(per_step * (p['total_steps'] - p['step']))} (validation aside)"
         )
 
     return progress

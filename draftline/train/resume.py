@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,8 @@ from draftline.train.config import TrainConfig
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
+log = logging.getLogger(__name__)
+
 STATE_FILE = "state.pt"
 LAST_RUN_FILE = "last_run.json"
 # Params that change how often state is saved or how the speculators hand-off is launched,
@@ -33,6 +37,15 @@ LAST_RUN_FILE = "last_run.json"
 NOT_IN_FINGERPRINT = tuple(
     sorted(n for n in TrainConfig.model_fields if kind_of(TrainConfig, n) == "operational")
 )
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a train run keeps its resume state, and the fingerprint (run_fingerprint) a saved
+    state must carry to be continued."""
+
+    state_dir: Path
+    fingerprint: str
 
 
 def seed_everything(seed: int) -> None:
@@ -97,7 +110,7 @@ def save_state(state_dir: Path, state: dict) -> None:
     os.replace(tmp, state_dir / STATE_FILE)
 
 
-def load_state(state_dir: Path, fingerprint: str, say=print) -> dict | None:
+def load_state(state_dir: Path, fingerprint: str) -> dict | None:
     path = Path(state_dir) / STATE_FILE
     if not path.is_file():
         return None
@@ -106,13 +119,13 @@ def load_state(state_dir: Path, fingerprint: str, say=print) -> dict | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - UnpicklingError, or anything a damaged file raises
-        say(
+        log.warning(
             f"{path}: not loadable as plain tensors and containers (tampered, damaged, or from an older version: "
             f"{type(err).__name__}); ignored, starting fresh"
         )
         return None
     if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
-        say(f"{path}: made with other params, data or init; starting fresh")
+        log.info(f"{path}: made with other params, data or init; starting fresh")
         return None
     return state
 

@@ -3,22 +3,25 @@ stage's run around it: checks of the data and train.init, the backend (this loop
 speculators hand-off in draftline/train/speculators.py), and the swap of the new draft into models/draft;
 its logging, progress lines and report are in draftline/train/progress.py.
 
-The loop reuses speculators' data path (draftline/train/data.py) and the model's own TTT
-forward/loss; CPU runs eager attention and the eager loss, a GPU flex attention and the fused
-loss, as speculators does. It saves resume state as it goes (draftline/train/resume.py). The epoch
-kept is the one with the best validation tau_sim, not the lowest loss.
+The loop reuses speculators' data path (draftline/train/data.py) and the draft's own TTT
+forward/loss and metrics (draftline/draft/forward.py, draftline/draft/metrics.py); CPU runs eager
+attention and the eager loss, a GPU flex attention and the fused loss, as speculators does. It
+saves resume state as it goes (draftline/train/resume.py). The epoch kept is the one with the
+best validation tau_sim, not the lowest loss.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,25 +30,27 @@ from draftline.core.card import TargetCard
 from draftline.core.config import resolve_device
 from draftline.core.io import write_meta
 from draftline.draft.checkpoint import dir_sha256
+from draftline.draft.forward import autocast, device_loss_config, run_batch
+from draftline.draft.metrics import accumulate, summarize, validate
 from draftline.draft.model import build_draft, init_layer_from_target, save_draft
 from draftline.draft.pretrained import load_init_draft, prepare_init, resolve_init
 from draftline.hidden_states.online_server import OnlineServerJob, online_server
 from draftline.train.data import (
     OnlineStates,
+    TrainingData,
     VllmOnline,
-    autocast,
     check_hidden_states,
     epoch_batches,
-    hidden_states_dtype,
     hidden_states_source,
     make_dataset,
     make_loader,
     online_states,
     training_data_sha256,
 )
-from draftline.train.metrics import accumulate, run_batch, summarize, validate
+from draftline.train.paths import Paths, TrainJob, TrainPaths
 from draftline.train.progress import epoch_logger, step_reporter, train_report
 from draftline.train.resume import (
+    Resume,
     load_state,
     rng_states,
     run_fingerprint,
@@ -59,15 +64,7 @@ from draftline.train.speculators import run_speculators
 if TYPE_CHECKING:
     from draftline.train.config import TrainConfig
 
-
-@dataclass(frozen=True)
-class TrainPaths:
-    """The train stage's inputs and its resume-state directory (models/draft_checkpoints)."""
-
-    vocab: Path
-    tokenized: Path
-    hs: Path
-    state: Path
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,39 +90,43 @@ def make_scheduler(opt, kind: str, warmup_steps: int, total_steps: int):
     )
 
 
+@dataclass(frozen=True)
+class LoopCallbacks:
+    """What train_draft tells as it goes. epoch(record): each epoch's record, in order, those a
+    resume restores included. step(p): after every optimizer step, where the run stands: epoch,
+    epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this run's
+    steps so far (for tokens/s and an ETA)."""
+
+    epoch: Callable[[dict], None] | None = None
+    step: Callable[[dict], None] | None = None
+
+
 def train_draft(
     model,
     cfg: TrainConfig,
-    tokenized_dir: Path,
-    hs_dir: Path,
+    data: TrainingData,
     device: str,
-    *,
-    state_dir: Path | None = None,
-    fingerprint: str = "",
-    log=None,
-    say=print,
-    online: OnlineStates | VllmOnline | None = None,
-    progress=None,
+    resume: Resume | None = None,
+    callbacks: LoopCallbacks | None = None,
 ) -> dict:
     """Train in place; returns the best epoch's validation summary and restores its weights.
 
-    With state_dir, resumes from a matching state there and saves state as it goes; every epoch
-    record (including those restored) is passed to `log` in order. With `online`, the target makes
-    each packed batch's states (no files are read), or a vLLM extraction server each row's. progress(p) follows every optimizer step: p has
-    epoch, epochs, epoch_step, epoch_steps, step, total_steps, and the tokens and seconds of this
-    run's steps so far (for tokens/s and an ETA)."""
-    loop = _setup_loop(model, cfg, tokenized_dir, hs_dir, device, online, state_dir, fingerprint)
-    resumed_at = _resume(loop, say)
+    With `resume`, continues from a matching state in its directory and saves state as it goes.
+    With data.online, the target makes each packed batch's states (no files are read), or a vLLM
+    extraction server each row's."""
+    callbacks = callbacks or LoopCallbacks()
+    loop = _setup_loop(model, cfg, data, device, resume)
+    resumed_at = _resume(loop)
     for record in loop.pos["history"]:
-        if log:
-            log(record)
+        if callbacks.epoch:
+            callbacks.epoch(record)
     for epoch in range(loop.pos["epoch"], cfg.epochs):
-        sums = _train_epoch(loop, epoch, progress)
-        _end_epoch(loop, epoch, sums, log)
+        sums = _train_epoch(loop, epoch, callbacks.step)
+        _end_epoch(loop, epoch, sums, callbacks.epoch)
     model.load_state_dict(
         {k: v.to(device) for k, v in loop.pos["best_state"].items()}, strict=False
     )
-    return _train_result(loop, resumed_at, online)
+    return _train_result(loop, resumed_at)
 
 
 @dataclass
@@ -136,7 +137,7 @@ class _Loop:
     model: torch.nn.Module
     cfg: TrainConfig
     device: str
-    dtype: torch.dtype
+    online: OnlineStates | VllmOnline | None
     hidden_size: int
     train_set: Any  # make_dataset's ArrowDataset
     val_set: Any
@@ -145,57 +146,39 @@ class _Loop:
     total_steps: int
     loss_config: Any
     workers: int
-    pin: bool
     params: list[torch.nn.Parameter]
     opt: torch.optim.Optimizer
     sched: Any
     pos: dict
-    state_dir: Path | None
-    fingerprint: str
+    resume: Resume | None
     step_seconds: list[float] = field(default_factory=list)
     run_tokens: int = 0
     run_seconds: float = 0.0
 
 
-def _training_data(cfg: TrainConfig, tokenized_dir: Path, hs_dir: Path, dtype, online):
+def _training_data(cfg: TrainConfig, data: TrainingData, device: str):
     """(train set, val set, each epoch's packed train batches, the val batches): the split and its
     packing plan, fixed by the seed before the first step."""
     train_ratio = 1 - cfg.val_fraction
-    train_set = make_dataset(
-        tokenized_dir, hs_dir, "train", train_ratio, cfg.pack_len, dtype, online
-    )
-    val_set = make_dataset(tokenized_dir, hs_dir, "val", train_ratio, cfg.pack_len, dtype, online)
+    train_set = make_dataset(data, "train", train_ratio, cfg.pack_len, device)
+    val_set = make_dataset(data, "val", train_ratio, cfg.pack_len, device)
     plan = [epoch_batches(train_set, cfg.pack_len, cfg.seed, e) for e in range(cfg.epochs)]
     val_batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
     return train_set, val_set, plan, val_batches
 
 
 def _setup_loop(
-    model,
-    cfg: TrainConfig,
-    tokenized_dir: Path,
-    hs_dir: Path,
-    device: str,
-    online: OnlineStates | VllmOnline | None,
-    state_dir: Path | None,
-    fingerprint: str,
+    model, cfg: TrainConfig, data: TrainingData, device: str, resume: Resume | None
 ) -> _Loop:
     """train_draft's run at its start: the data, the loss, the model moved to `device`, its
     optimizer and schedule over the whole run's steps."""
-    from speculators.losses import resolve_loss_config
-
-    dtype = hidden_states_dtype(device)
     hidden_size = model.config.transformer_layer_config.hidden_size
-    train_set, val_set, plan, val_batches = _training_data(
-        cfg, tokenized_dir, hs_dir, dtype, online
-    )
+    train_set, val_set, plan, val_batches = _training_data(cfg, data, device)
     accum = cfg.grad_accum_steps
     total_steps = sum(math.ceil(len(b) / accum) for b in plan)
-    loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
     # online: the target computes each pack on the train device, nothing to read ahead of the
     # step; a vLLM server's answers are read ahead as files are (the threads' requests overlap)
-    workers = 0 if isinstance(online, OnlineStates) else cfg.loader_workers
-    pin = torch.device(device).type == "cuda"
+    workers = 0 if isinstance(data.online, OnlineStates) else cfg.loader_workers
 
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -214,31 +197,29 @@ def _setup_loop(
         model=model,
         cfg=cfg,
         device=device,
-        dtype=dtype,
+        online=data.online,
         hidden_size=hidden_size,
         train_set=train_set,
         val_set=val_set,
         plan=plan,
         val_batches=val_batches,
         total_steps=total_steps,
-        loss_config=loss_config,
+        loss_config=device_loss_config(device),
         workers=workers,
-        pin=pin,
         params=params,
         opt=opt,
         sched=sched,
         pos=pos,
-        state_dir=state_dir,
-        fingerprint=fingerprint,
+        resume=resume,
     )
 
 
-def _resume(loop: _Loop, say) -> dict | None:
-    """With a matching state in loop.state_dir, restore the weights, optimizer, schedule, RNG and
-    position from it; returns where the run resumes (None when it starts fresh)."""
-    if loop.state_dir is None:
+def _resume(loop: _Loop) -> dict | None:
+    """With a matching state in loop.resume's directory, restore the weights, optimizer, schedule,
+    RNG and position from it; returns where the run resumes (None when it starts fresh)."""
+    if loop.resume is None:
         return None
-    state = load_state(loop.state_dir, loop.fingerprint, say)
+    state = load_state(loop.resume.state_dir, loop.resume.fingerprint)
     if state is None:
         return None
     loop.model.load_state_dict(
@@ -249,21 +230,21 @@ def _resume(loop: _Loop, say) -> dict | None:
     set_rng_states(state["rng"])
     loop.pos = {k: state[k] for k in loop.pos}
     pos = loop.pos
-    say(
+    log.info(
         f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {loop.total_steps}"
     )
     return {k: pos[k] for k in ("epoch", "batch", "step")}
 
 
 def _save_checkpoint(loop: _Loop, epoch: int, batch: int, sums: dict) -> None:
-    """Save the resume state (when the run has a state_dir): the run resumes at `batch` of `epoch`
-    with these train metric sums."""
-    if loop.state_dir is None:
+    """Save the resume state (when the run has one): the run resumes at `batch` of `epoch` with
+    these train metric sums."""
+    if loop.resume is None:
         return
     save_state(
-        loop.state_dir,
+        loop.resume.state_dir,
         {
-            "fingerprint": loop.fingerprint,
+            "fingerprint": loop.resume.fingerprint,
             "epoch": epoch,
             "batch": batch,
             "step": loop.pos["step"],
@@ -317,9 +298,8 @@ def _train_epoch(loop: _Loop, epoch: int, progress) -> dict:
             batches[first:],
             cfg.pack_len,
             loop.hidden_size,
-            loop.dtype,
+            loop.device,
             loop.workers,
-            loop.pin,
         )
     )
     for start in range(first, len(batches), accum):
@@ -350,20 +330,15 @@ def _train_epoch(loop: _Loop, epoch: int, progress) -> dict:
     return sums
 
 
-def _end_epoch(loop: _Loop, epoch: int, sums: dict, log) -> None:
-    """Validate the epoch's draft, record and log the epoch, keep its weights when it is the best so
-    far, and save the resume state at the next epoch's start."""
+def _end_epoch(loop: _Loop, epoch: int, sums: dict, on_epoch) -> None:
+    """Validate the epoch's draft, record the epoch and pass it to on_epoch, keep its weights when
+    it is the best so far, and save the resume state at the next epoch's start."""
     cfg, pos = loop.cfg, loop.pos
+    packs = make_loader(
+        loop.val_set, loop.val_batches, cfg.pack_len, loop.hidden_size, loop.device, loop.workers
+    )
     val = validate(
-        loop.model,
-        loop.val_set,
-        loop.val_batches,
-        cfg.pack_len,
-        loop.device,
-        cfg.ttt_steps,
-        cfg.ttt_step_loss_decay,
-        loop.loss_config,
-        loop.workers,
+        loop.model, packs, loop.device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loop.loss_config
     )
     record = {
         "epoch": epoch,
@@ -373,15 +348,15 @@ def _end_epoch(loop: _Loop, epoch: int, sums: dict, log) -> None:
         "val": val,
     }
     pos["history"].append(record)
-    if log:
-        log(record)
+    if on_epoch:
+        on_epoch(record)
     # The epoch kept is the one with the best simulated acceptance length, not the lowest loss.
     if pos["best"] is None or val["tau_sim"] > pos["best"]["val"]["tau_sim"]:
         pos["best"], pos["best_state"] = record, trainable_state(loop.model)
     _save_checkpoint(loop, epoch + 1, 0, {})
 
 
-def _train_result(loop: _Loop, resumed_at: dict | None, online) -> dict:
+def _train_result(loop: _Loop, resumed_at: dict | None) -> dict:
     """train_draft's result: the best epoch's record, every epoch's, the steps, where the run
     resumed, the median step time, and the target forwards of the online mode."""
     pos, step_seconds = loop.pos, loop.step_seconds
@@ -394,10 +369,10 @@ def _train_result(loop: _Loop, resumed_at: dict | None, online) -> dict:
         # online: one target forward per packed batch, train and validation (a vLLM server's
         # work is counted in its own log)
         "target_forwards_per_epoch": len(loop.plan[0]) + len(loop.val_batches)
-        if isinstance(online, OnlineStates)
+        if isinstance(loop.online, OnlineStates)
         else 0,
         "target_forwards_this_run": loop.train_set.forwards + loop.val_set.forwards
-        if isinstance(online, OnlineStates)
+        if isinstance(loop.online, OnlineStates)
         else 0,
     }
 
@@ -405,25 +380,13 @@ def _train_result(loop: _Loop, resumed_at: dict | None, online) -> dict:
 # ---------------------------------------------------------------- the train stage's run
 
 
-def run_builtin(
-    cfg: TrainConfig,
-    card: TargetCard,
-    paths: TrainPaths,
-    init_dir: Path | None,
-    data_sha: str,
-    init_sha: str | None,
-    log,
-    source: dict,
-):
-    """(model, result, init remap notes) of the builtin loop, resumed from paths.state when it matches."""
+def run_builtin(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch):
+    """(model, result, init remap notes) of the builtin loop, resumed from job.paths.state when it
+    matches; each epoch's record to on_epoch."""
+    paths, source = job.paths, job.source
     device = resolve_device(cfg.device)
-    fingerprint = run_fingerprint(cfg.model_dump(), card, data_sha, init_sha, device)
+    fingerprint = run_fingerprint(cfg.model_dump(), card, job.data_sha256, job.init_sha256, device)
     attn = "eager" if device == "cpu" else "simple_flex_attention"
-    shape = dict(
-        speculative_tokens=cfg.speculative_tokens,
-        train_embeddings=cfg.train_embeddings,
-        train_lm_head=cfg.train_lm_head,
-    )
     online_cfg = source.get("online") or {}
     vllm_online = source["mode"] == "online" and online_cfg.get("engine", "hf") == "vllm"
     # before seeding: loading the target must not move the RNG the draft is built and trained with
@@ -433,53 +396,30 @@ def run_builtin(
         else None
     )
     seed_everything(cfg.seed)
-    if init_dir is None:
-        model = build_draft(
-            card,
-            paths.vocab,
-            cfg.num_layers,
-            cfg.ttt_steps,
-            attn,
-            **shape,
-            architecture=cfg.architecture or "speculators",
-        )
+    if job.init_dir is None:
+        model = build_draft(card, paths.vocab, cfg, attn)
         notes = []
         if cfg.init_layer_from_target is not None:
             notes.append(init_layer_from_target(model, card, cfg.init_layer_from_target))
-            print(f"train: {notes[-1]}")
+            log.info(f"train: {notes[-1]}")
     else:
-        model, notes = load_init_draft(
-            init_dir,
-            card,
-            paths.vocab,
-            cfg.num_layers,
-            cfg.ttt_steps,
-            attn,
-            **shape,
-            remap_aux=cfg.init_remap_aux_layers,
-            remap_vocab=cfg.init_remap_vocab,
-            architecture=cfg.architecture,
-        )
+        model, notes = load_init_draft(job.init_dir, card, paths.vocab, cfg, attn)
         for note in notes:
-            print(f"train.init remap: {note}")
+            log.info(f"train.init remap: {note}")
     with contextlib.ExitStack() as stack:
         if vllm_online:  # the server the loop asks for each row's states, stopped after
-            job = OnlineServerJob.for_training(
+            server_job = OnlineServerJob.for_training(
                 source, paths.tokenized, paths.state, paths.state / "online_vllm"
             )
-            endpoint, staging = stack.enter_context(online_server(card, job))[:2]
+            endpoint, staging = stack.enter_context(online_server(card, server_job))[:2]
             online = VllmOnline.of(online_cfg, endpoint, staging)
         result = train_draft(
             model,
             cfg,
-            paths.tokenized,
-            paths.hs,
+            TrainingData(paths.tokenized, paths.hs, online),
             device,
-            state_dir=paths.state,
-            fingerprint=fingerprint,
-            log=log,
-            online=online,
-            progress=step_reporter(),
+            Resume(paths.state, fingerprint),
+            LoopCallbacks(epoch=on_epoch, step=step_reporter()),
         )
     return model, result, notes
 
@@ -497,37 +437,36 @@ def train(
     paths.state.mkdir(parents=True, exist_ok=True)
     check_hidden_states(paths.hs, card)
     init_source = resolve_init(cfg.init) if cfg.init else None  # a hub id: its cached snapshot
-    init_dir = (
-        prepare_init(init_source, card, cfg.init_convert, paths.state) if init_source else None
+    job = TrainJob(
+        paths,
+        init_dir=prepare_init(init_source, card, cfg.init_convert, paths.state)
+        if init_source
+        else None,
+        source=hidden_states_source(paths.hs),
+        data_sha256=training_data_sha256(paths.tokenized, paths.hs),
+        init_sha256=dir_sha256(init_source) if init_source else None,
     )
-    source = hidden_states_source(paths.hs)
-    data_sha = training_data_sha256(paths.tokenized, paths.hs)
-    init_sha = dir_sha256(init_source) if init_source else None
 
     with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
         if cfg.backend == "speculators":
-            model, result, notes = run_speculators(
-                cfg, card, paths, init_dir, epoch_logger(live), live_dir, source
-            )
+            model, result, notes = run_speculators(cfg, card, job, epoch_logger(live), live_dir)
         else:
-            model, result, notes = run_builtin(
-                cfg, card, paths, init_dir, data_sha, init_sha, epoch_logger(live), source
-            )
+            model, result, notes = run_builtin(cfg, card, job, epoch_logger(live))
 
     out = Path(out_dir)
     staged = out.with_name(f".{out.name}.new")
     shutil.rmtree(staged, ignore_errors=True)
     vllm_fields = save_draft(model, staged)
-    best = result["best"]
+    best, source = result["best"], job.source
     write_meta(
         staged,
         "train",
         cfg.model_dump(),
         target=card.model,
         target_revision=card.revision,
-        data_sha256=data_sha,
+        data_sha256=job.data_sha256,
         init=cfg.init,
-        init_sha256=init_sha,
+        init_sha256=job.init_sha256,
         init_remaps=notes,
         best_epoch=best["epoch"],
         vllm_speculator=vllm_fields,
@@ -536,26 +475,15 @@ def train(
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staged, out)
     last_run = (
-        {"data_sha256": data_sha, "steps": result["steps"], "best_epoch": best["epoch"]}
+        {"data_sha256": job.data_sha256, "steps": result["steps"], "best_epoch": best["epoch"]}
         if cfg.backend == "builtin"
         else None
     )
     return TrainRun(train_report(cfg, result, source), last_run)
 
 
-class Paths(NamedTuple):
-    card: Path  # models/target/card.json
-    vocab: Path  # models/vocab
-    tokenized: Path  # datasets/tokenized
-    hs: Path  # datasets/hidden_states
-    out: Path  # models/draft
-    live: Path  # reports/train: dvclive's per-epoch metrics and plots
-    state: Path  # models/draft_checkpoints: resume state
-
-
 def run(params, paths: Paths) -> TrainRun:
     """Stage `train`: the draft trained by params.train into paths.out; the run, whose report
     the stage writes and whose last_run finishes the resume state."""
     card = TargetCard.load(paths.card)
-    data = TrainPaths(vocab=paths.vocab, tokenized=paths.tokenized, hs=paths.hs, state=paths.state)
-    return train(params.train, card, data, paths.out, paths.live)
+    return train(params.train, card, paths.inputs, paths.out, paths.live)

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import DraftlineError
 from draftline.draft.checkpoint import (
     ARCHITECTURES,
-    InitMismatch,
     architecture_of,
     load_saved_draft,
     load_vocab,
 )
+from draftline.draft.forward import device_loss_config
+from draftline.draft.init_checks import InitMismatch
+from draftline.draft.metrics import validate_many
 from draftline.draft.model import speculators_config
 from draftline.draft.pretrained import load_init_draft
 from draftline.hidden_states.online_server import (
@@ -38,19 +43,26 @@ from draftline.target.model import (
 )
 from draftline.train.data import (
     OnlineStates,
+    TrainingData,
     VllmOnline,
     check_target_fits,
     epoch_batches,
-    hidden_states_dtype,
     make_dataset,
+    make_loader,
     online_states,
 )
-from draftline.train.metrics import validate_many
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.train.config import TrainConfig
-    from draftline.train.run import TrainPaths
+    from draftline.train.paths import TrainJob
+
+log = logging.getLogger(__name__)
+
+
+class SpeculatorsRefused(DraftlineError):
+    """The speculators hand-off cannot run here, or its run failed; the message says why and the
+    way out."""
 
 
 def verifier_for_speculators(card: TargetCard, directory: Path) -> str:
@@ -99,78 +111,76 @@ def verifier_for_speculators(card: TargetCard, directory: Path) -> str:
     return str(view)
 
 
+@dataclass(frozen=True)
+class SpeculatorsLaunch:
+    """One `speculators.train` run beside the train params: what it reads (the draft vocabulary,
+    the tokenized rows, the hidden_states stage's directory), where it saves a checkpoint per
+    epoch (save_path) and its logs, on how many GPUs, and optionally the checkpoint it starts
+    from, the norms (`architecture`, an ARCHITECTURES name), where the states come from
+    (speculators_hidden_states_args; None: the bf16 files in hs) and what it loads the verifier
+    from (verifier_for_speculators; None: the card's model)."""
+
+    vocab: Path
+    tokenized: Path
+    hs: Path
+    save_path: Path
+    log_dir: Path
+    nproc: int
+    init_dir: Path | None = None
+    architecture: str = "speculators"
+    hidden_states_args: list[str] | None = None
+    verifier: str | None = None
+
+
 def speculators_train_command(
-    cfg: TrainConfig,
-    card: TargetCard,
-    vocab_dir: Path,
-    tokenized_dir: Path,
-    hs_dir: Path,
-    save_path: Path,
-    log_dir: Path,
-    nproc: int,
-    init_dir: Path | None = None,
-    architecture: str = "speculators",
-    hidden_states_args: list[str] | None = None,
-    verifier: str | None = None,
+    cfg: TrainConfig, card: TargetCard, launch: SpeculatorsLaunch
 ) -> list[str]:
-    """`torchrun ... -m speculators.train ...` with the same params as the builtin loop; the norm
-    flags of `architecture` (ARCHITECTURES); `hidden_states_args` (speculators_hidden_states_args)
-    say where the states come from, by default the bf16 files in hs_dir.
+    """`torchrun ... -m speculators.train ...` with the same params as the builtin loop.
 
     Differences speculators imposes: no gradient accumulation (refused in config), gradient
     clipping fixed at norm 1, packed batch = pack_len tokens per GPU; it saves a checkpoint per
-    epoch under save_path and resumes from the last one on rerun. verifier: what it loads the
-    verifier from (verifier_for_speculators), the card's model when None."""
-    torchrun = ["torchrun", f"--nproc-per-node={nproc}"]
+    epoch under launch.save_path and resumes from the last one on rerun."""
+    torchrun = ["torchrun", f"--nproc-per-node={launch.nproc}"]
     torchrun += list(cfg.torchrun_args) or ["--standalone", "--nnodes=1"]
     args = [
-        *_speculators_data_args(
-            cfg, card, vocab_dir, tokenized_dir, hs_dir, architecture, hidden_states_args, verifier
-        ),
+        *_speculators_data_args(cfg, card, launch),
         *_speculators_training_args(cfg),
         "--save-path",
-        str(save_path),
+        str(launch.save_path),
         "--log-dir",
-        str(log_dir),
+        str(launch.log_dir),
         "--checkpoint-freq",
         "1",
-        *_speculators_shape_args(cfg, card, init_dir),
+        *_speculators_shape_args(cfg, card, launch.init_dir),
     ]
     return torchrun + ["-m", "speculators.train"] + args
 
 
 def _speculators_data_args(
-    cfg: TrainConfig,
-    card: TargetCard,
-    vocab_dir: Path,
-    tokenized_dir: Path,
-    hs_dir: Path,
-    architecture: str,
-    hidden_states_args: list[str] | None,
-    verifier: str | None,
+    cfg: TrainConfig, card: TargetCard, launch: SpeculatorsLaunch
 ) -> list[str]:
     """speculators_train_command's verifier, data, draft vocabulary, aux layers, norm flags and
     packing arguments."""
-    d2t, _ = load_vocab(vocab_dir)
+    d2t, _ = load_vocab(launch.vocab)
     return [
         "--speculator-type",
         "eagle3",
         "--verifier-name-or-path",
-        verifier or card.model,
+        launch.verifier or card.model,
         "--data-path",
-        str(tokenized_dir),
-        *(hidden_states_args or speculators_hidden_states_args(hs_dir)),
+        str(launch.tokenized),
+        *(launch.hidden_states_args or speculators_hidden_states_args(launch.hs)),
         "--d2t-path",
-        str(Path(vocab_dir) / "d2t.npy"),
+        str(Path(launch.vocab) / "d2t.npy"),
         "--t2d-path",
-        str(Path(vocab_dir) / "t2d.npy"),
+        str(Path(launch.vocab) / "t2d.npy"),
         "--draft-vocab-size",
         str(int(d2t.shape[0])),
         "--target-layer-ids",
         *[str(i) for i in card.aux_ids],
         *[
             f"--{'' if on else 'no-'}{key.replace('_', '-')}"
-            for key, on in ARCHITECTURES[architecture].items()
+            for key, on in ARCHITECTURES[launch.architecture].items()
         ],
         "--total-seq-len",
         str(cfg.pack_len),
@@ -254,18 +264,7 @@ def retarget_init(
     `verifier` (verifier_for_speculators): speculators reads it to resolve the aux layers and load
     the verifier tensors, without trust_remote_code. architecture: the ARCHITECTURES name of its
     norms, None when the train CLI cannot set them."""
-    model, notes = load_init_draft(
-        init_dir,
-        card,
-        vocab_dir,
-        cfg.num_layers,
-        cfg.ttt_steps,
-        speculative_tokens=cfg.speculative_tokens,
-        train_embeddings=cfg.train_embeddings,
-        remap_aux=cfg.init_remap_aux_layers,
-        remap_vocab=cfg.init_remap_vocab,
-        architecture=cfg.architecture,
-    )
+    model, notes = load_init_draft(init_dir, card, vocab_dir, cfg)
     model.config.speculators_config.verifier.name_or_path = verifier
     model.save_pretrained(out_dir)
     return out_dir, notes, cfg.architecture or architecture_of(model.config)
@@ -308,29 +307,23 @@ def best_speculators_epoch(
     save_path: Path,
     cfg: TrainConfig,
     card: TargetCard,
-    tokenized_dir: Path,
-    hs_dir: Path,
+    data: TrainingData,
     device: str,
-    log=None,
-    online: OnlineStates | None = None,
+    on_epoch=None,
 ):
     """(draft, result): of speculators' per-epoch checkpoints, the one with the best validation
-    tau_sim on the same held-out rows (speculators itself can only keep the lowest loss).
+    tau_sim on the same held-out rows (speculators itself can only keep the lowest loss); each
+    epoch's record to on_epoch.
 
-    The epoch drafts are scored together (draft_metrics.validate_many): each validation pack is
-    read once, read ahead by train.loader_workers threads (with online, the target computes it
-    once), and goes through every draft of the pass; as many drafts share a pass as fit the device
-    (drafts_per_pass), so the split is read once in all when they fit, never more than once per
-    epoch."""
-    from speculators.losses import resolve_loss_config
-
-    dtype = hidden_states_dtype(device)
-    val_set = make_dataset(
-        tokenized_dir, hs_dir, "val", 1 - cfg.val_fraction, cfg.pack_len, dtype, online
-    )
+    The epoch drafts are scored together (draftline/draft/metrics.py validate_many): each
+    validation pack is read once, read ahead by train.loader_workers threads (with data.online,
+    the target computes it once), and goes through every draft of the pass; as many drafts share a
+    pass as fit the device (drafts_per_pass), so the split is read once in all when they fit, never
+    more than once per epoch."""
+    val_set = make_dataset(data, "val", 1 - cfg.val_fraction, cfg.pack_len, device)
     batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
-    loss_config = resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
-    workers = 0 if online is not None else cfg.loader_workers
+    loss_config = device_loss_config(device)
+    workers = 0 if data.online is not None else cfg.loader_workers
     checkpoints = epoch_checkpoints(save_path)
     if not checkpoints:
         raise FileNotFoundError(f"{save_path}: speculators train left no epoch checkpoints")
@@ -347,16 +340,10 @@ def best_speculators_epoch(
         models = [first if first is not None else load(group[0])]
         models += [load(d) for d in group[1:]]
         first = None
+        hidden_size = models[0].config.transformer_layer_config.hidden_size
+        packs = make_loader(val_set, batches, cfg.pack_len, hidden_size, device, workers)
         vals = validate_many(
-            models,
-            val_set,
-            batches,
-            cfg.pack_len,
-            device,
-            cfg.ttt_steps,
-            cfg.ttt_step_loss_decay,
-            loss_config,
-            workers,
+            models, packs, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
         )
         for directory, model, val in zip(group, models, vals):
             record = {
@@ -366,8 +353,8 @@ def best_speculators_epoch(
                 "checkpoint": str(directory),
             }
             history.append(record)
-            if log:
-                log(record)
+            if on_epoch:
+                on_epoch(record)
             if best is None or val["tau_sim"] > best["val"]["tau_sim"]:
                 best, best_model = record, model
         del models, model  # the drafts not kept are freed before the next pass loads its own
@@ -384,29 +371,24 @@ def best_speculators_epoch(
 # ---------------------------------------------------------------- the train stage's run
 
 
-def run_speculators(
-    cfg: TrainConfig,
-    card: TargetCard,
-    paths: TrainPaths,
-    init_dir: Path | None,
-    log,
-    live_dir: Path,
-    source: dict,
-):
+def run_speculators(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch, live_dir: Path):
     """(model, result, init remap notes): speculators trains on the visible GPUs, then the epoch with
-    the best validation tau_sim is loaded."""
+    the best validation tau_sim is loaded; each epoch's record to on_epoch."""
+    paths, source = job.paths, job.source
     nproc = _speculators_gpus(cfg)
     online_cfg = source.get("online") or {}
     mooncake = source["mode"] == "online" and online_cfg.get("transfer") == "mooncake"
     if mooncake:  # best-epoch selection then loads it after training: check first
         check_target_fits(card, "cuda", "best-epoch selection of the online mode with mooncake")
-    verifier, init_dir, notes, architecture = _speculators_init(cfg, card, paths, init_dir)
+    verifier, init_dir, notes, architecture = _speculators_init(cfg, card, job)
     save_path = paths.state / "speculators"
     with contextlib.ExitStack() as stack:
         endpoint = staging = launched = None
         if source["mode"] == "online":  # the server the trainers ask for states, stopped after
-            job = OnlineServerJob.for_training(source, paths.tokenized, paths.state, live_dir)
-            endpoint, staging, launched = stack.enter_context(online_server(card, job))[:3]
+            server_job = OnlineServerJob.for_training(
+                source, paths.tokenized, paths.state, live_dir
+            )
+            endpoint, staging, launched = stack.enter_context(online_server(card, server_job))[:3]
         hs_args = speculators_hidden_states_args(
             paths.hs,
             source["format"],
@@ -414,9 +396,7 @@ def run_speculators(
             endpoint,
             staging,
         )
-        cmd = speculators_train_command(
-            cfg,
-            card,
+        launch = SpeculatorsLaunch(
             paths.vocab,
             paths.tokenized,
             paths.hs,
@@ -428,11 +408,10 @@ def run_speculators(
             hs_args,
             verifier,
         )
-        _launch_speculators(cmd, launched, live_dir)
+        _launch_speculators(speculators_train_command(cfg, card, launch), launched, live_dir)
         online = _selection_states(card, source, online_cfg, mooncake, endpoint, staging)
-        model, result = best_speculators_epoch(
-            save_path, cfg, card, paths.tokenized, paths.hs, "cuda", log, online
-        )
+        data = TrainingData(paths.tokenized, paths.hs, online)
+        model, result = best_speculators_epoch(save_path, cfg, card, data, "cuda", on_epoch)
     model.config.speculators_config = speculators_config(
         card, cfg.speculative_tokens or cfg.ttt_steps
     )  # the target, not the view
@@ -445,29 +424,28 @@ def _speculators_gpus(cfg: TrainConfig) -> int:
 
     nproc = cfg.gpus or torch.cuda.device_count()
     if nproc < 1:
-        raise SystemExit(
+        raise SpeculatorsRefused(
             "error: train.backend: speculators needs CUDA GPUs (none visible); use backend builtin"
         )
     return nproc
 
 
 def _speculators_init(
-    cfg: TrainConfig, card: TargetCard, paths: TrainPaths, init_dir: Path | None
+    cfg: TrainConfig, card: TargetCard, job: TrainJob
 ) -> tuple[str, Path | None, list[str], str]:
     """(verifier, init_dir, remap notes, architecture) of the train command: the verifier view
     (verifier_for_speculators) and train.init re-targeted (retarget_init); an init whose norms
-    the train CLI cannot set, or a target it cannot load, is an error."""
-    try:
-        verifier = verifier_for_speculators(card, paths.state / "verifier_view")
-    except InitMismatch as err:
-        raise SystemExit(f"error: {err}") from None
+    the train CLI cannot set (SpeculatorsRefused), or a target it cannot load (InitMismatch), is
+    an error."""
+    paths, init_dir = job.paths, job.init_dir
+    verifier = verifier_for_speculators(card, paths.state / "verifier_view")
     notes, architecture = [], cfg.architecture or "speculators"
     if init_dir is not None:
         init_dir, notes, architecture = retarget_init(
             cfg, card, paths.vocab, init_dir, paths.state / RETARGETED_INIT_DIR, verifier
         )
     if architecture is None:
-        raise SystemExit(
+        raise SpeculatorsRefused(
             "error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
             f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin"
         )
@@ -476,14 +454,16 @@ def _speculators_init(
 
 def _launch_speculators(cmd: list[str], launched: list[str] | None, live_dir: Path) -> None:
     """Run speculators' train command, first written to live_dir/command.txt (after the command of
-    the extraction server launched for it, if any) and printed; its failure is an error."""
+    the extraction server launched for it, if any) and logged; its failure is an error."""
     live_dir.mkdir(parents=True, exist_ok=True)
     (live_dir / "command.txt").write_text(
         "\n".join(" ".join(c) for c in ([launched] if launched else []) + [cmd]) + "\n"
     )
-    print(" ".join(cmd), flush=True)
+    log.info(" ".join(cmd))
     if subprocess.run(cmd).returncode != 0:
-        raise SystemExit(f"error: speculators train failed; command in {live_dir / 'command.txt'}")
+        raise SpeculatorsRefused(
+            f"error: speculators train failed; command in {live_dir / 'command.txt'}"
+        )
 
 
 def _selection_states(

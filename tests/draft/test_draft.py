@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from draftline.draft import checkpoint
 from draftline.draft import model as draft_model
 from draftline.draft import pretrained as draft_init
+from draftline.draft.init_checks import InitMismatch
 from draftline.engines.config import VllmEngineConfig
 from draftline.hidden_states.online_server import speculators_hidden_states_args
 from draftline.target.model import load_target
@@ -30,9 +31,7 @@ def target(random_target):
 def saved_draft(tmp_path_factory, random_target, vocab_dir):
     """A draft with non-trivial trained parts, saved in speculators format."""
     torch.manual_seed(3)
-    model = draft_model.build_draft(
-        random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=4
-    )
+    model = draft_model.build_draft(random_target, vocab_dir, TrainConfig(speculative_tokens=4))
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
@@ -47,7 +46,7 @@ def trained_parts(model) -> dict:
 
 
 def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_dir, target):
-    model = draft_model.build_draft(random_target, vocab_dir, num_layers=2, ttt_steps=3)
+    model = draft_model.build_draft(random_target, vocab_dir, TrainConfig(num_layers=2))
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
     assert (
         len(model.layers) == 2
@@ -65,7 +64,7 @@ def test_embeddings_lm_head_and_norm_come_from_the_target(random_target, vocab_d
     } <= frozen
     assert "fc.weight" not in frozen
     opened = draft_model.build_draft(
-        random_target, vocab_dir, 1, 3, train_embeddings=True, train_lm_head=True
+        random_target, vocab_dir, TrainConfig(train_embeddings=True, train_lm_head=True)
     )
     assert opened.embed_tokens.weight.requires_grad and opened.lm_head.weight.requires_grad
     assert not opened.verifier_lm_head.weight.requires_grad and opened.config.embed_requires_grad
@@ -112,7 +111,7 @@ def test_finetune_init_takes_trained_parts_and_our_target(
 ):
     path, model, _ = saved_draft
     loaded, notes = draft_init.load_init_draft(
-        path, random_target, vocab_dir, num_layers=1, ttt_steps=3, speculative_tokens=2
+        path, random_target, vocab_dir, TrainConfig(speculative_tokens=2)
     )
     assert notes == []
     for name, value in trained_parts(model).items():
@@ -144,8 +143,8 @@ def test_finetune_init_takes_trained_parts_and_our_target(
 )
 def test_init_mismatch_is_a_clear_error(saved_draft, random_target, vocab_dir, tmp_path, edit, key):
     bad = copy_with_config(saved_draft[0], tmp_path / "bad", edit)
-    with pytest.raises(checkpoint.InitMismatch, match=key):
-        draft_init.load_init_draft(bad, random_target, vocab_dir, num_layers=1, ttt_steps=3)
+    with pytest.raises(InitMismatch, match=key):
+        draft_init.load_init_draft(bad, random_target, vocab_dir, TrainConfig())
 
 
 def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_path):
@@ -155,7 +154,7 @@ def test_aux_layer_remap_is_explicit(saved_draft, random_target, vocab_dir, tmp_
         lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]),
     )
     loaded, notes = draft_init.load_init_draft(
-        other, random_target, vocab_dir, 1, 3, remap_aux=True
+        other, random_target, vocab_dir, TrainConfig(init_remap_aux_layers=True)
     )
     assert notes == ["aux layers [0, 2, 4] -> [1, 2, 3]"]
     assert loaded.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
@@ -173,11 +172,10 @@ def test_vocab_remap_matches_lm_head_rows_by_target_token(
     t2d = np.zeros(random_target.vocab_size, dtype=bool)
     t2d[100 : 100 + n] = True
     np.save(shifted / "t2d.npy", t2d)
-    with pytest.raises(checkpoint.InitMismatch, match="train.init_remap_vocab"):
-        draft_init.load_init_draft(saved_draft[0], random_target, shifted, 1, 3)
-    loaded, notes = draft_init.load_init_draft(
-        saved_draft[0], random_target, shifted, 1, 3, remap_vocab=True, train_lm_head=True
-    )
+    with pytest.raises(InitMismatch, match="train.init_remap_vocab"):
+        draft_init.load_init_draft(saved_draft[0], random_target, shifted, TrainConfig())
+    cfg = TrainConfig(init_remap_vocab=True, train_lm_head=True)
+    loaded, notes = draft_init.load_init_draft(saved_draft[0], random_target, shifted, cfg)
     assert notes and loaded.lm_head.weight.shape == (n, random_target.hidden_size)
     old_head = saved_draft[1].lm_head.weight
     assert torch.equal(
@@ -218,7 +216,7 @@ def test_finetune_keeps_the_drafters_lm_head(
     """Without train_lm_head the drafter's head is kept, frozen, not replaced by the target's rows;
     on another draft vocabulary its rows follow the tokens, new tokens take the target's rows."""
     path, head = drafter_with_head
-    loaded, notes = draft_init.load_init_draft(path, random_target, vocab_dir, 1, 3)
+    loaded, notes = draft_init.load_init_draft(path, random_target, vocab_dir, TrainConfig())
     assert torch.equal(loaded.lm_head.weight, head) and not loaded.lm_head.weight.requires_grad
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
     assert torch.equal(loaded.verifier_lm_head.weight, target.lm_head.weight[t2d])  # the teacher
@@ -226,7 +224,8 @@ def test_finetune_keeps_the_drafters_lm_head(
 
     n = random_target.vocab_size // 2
     shifted = shifted_vocab(tmp_path / "vocab", random_target)
-    loaded, notes = draft_init.load_init_draft(path, random_target, shifted, 1, 3, remap_vocab=True)
+    remap = TrainConfig(init_remap_vocab=True)
+    loaded, notes = draft_init.load_init_draft(path, random_target, shifted, remap)
     assert torch.equal(loaded.lm_head.weight[: n - 100], head[100:])  # tokens 100 .. n-1: shared
     assert torch.equal(loaded.lm_head.weight[n - 100 :], target.lm_head.weight[n : n + 100])
     assert "lm_head: 100 tokens new to the draft take the target's rows" in notes
@@ -264,14 +263,16 @@ def test_speculators_handoff_starts_from_the_drafters_head(
     cmd = handoff.speculators_train_command(
         cfg,
         random_target,
-        shifted,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        2,
-        init_dir=out,
-        architecture=architecture,
+        handoff.SpeculatorsLaunch(
+            shifted,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            2,
+            init_dir=out,
+            architecture=architecture,
+        ),
     )
     run = SpeculatorsTrainConfig.resolve(
         get_args_parser().parse_args(cmd[1:]).training_script_args
@@ -287,7 +288,7 @@ def test_speculators_handoff_starts_from_the_drafters_head(
 
 def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_target, vocab_dir):
     assert checkpoint.architecture_of(saved_draft[1].config) == "speculators"  # the default
-    original = draft_model.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    original = draft_model.build_draft(random_target, vocab_dir, TrainConfig(architecture="eagle3"))
     assert checkpoint.architecture_of(original.config) == "eagle3" and original.input_norm is None
     assert (
         checkpoint.architecture_of(
@@ -295,12 +296,12 @@ def test_architecture_sets_the_norms_and_init_must_match_it(saved_draft, random_
         )
         is None
     )
-    with pytest.raises(checkpoint.InitMismatch, match="train.architecture"):
+    with pytest.raises(InitMismatch, match="train.architecture"):
         draft_init.load_init_draft(
-            saved_draft[0], random_target, vocab_dir, 1, 3, architecture="eagle3"
+            saved_draft[0], random_target, vocab_dir, TrainConfig(architecture="eagle3")
         )
     loaded, _ = draft_init.load_init_draft(
-        saved_draft[0], random_target, vocab_dir, 1, 3, architecture="speculators"
+        saved_draft[0], random_target, vocab_dir, TrainConfig(architecture="speculators")
     )
     assert checkpoint.architecture_of(loaded.config) == "speculators"
 
@@ -341,7 +342,7 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     }
     save_file({k: v.contiguous() for k, v in weights.items()}, str(eagle / "model.safetensors"))
 
-    with pytest.raises(checkpoint.InitMismatch, match="init_convert"):
+    with pytest.raises(InitMismatch, match="init_convert"):
         draft_init.prepare_init(eagle, random_target, {"bogus": True}, tmp_path / "work")
     convert = {
         "norm_before_residual": True,
@@ -364,7 +365,7 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     assert checkpoint.architecture_of(seen) == checkpoint.architecture_of(made)
     assert torch.equal(d2t, load_file(str(converted / "model.safetensors"))["d2t"])
     assert "layers.0.self_attn.q_proj.weight" in load_file(str(converted / "model.safetensors"))
-    loaded, _ = draft_init.load_init_draft(converted, random_target, vocab_dir, 1, 3)
+    loaded, _ = draft_init.load_init_draft(converted, random_target, vocab_dir, TrainConfig())
     assert loaded.input_norm is None  # EAGLE checkpoints have no norm before fc
     for name in (
         "fc.weight",
@@ -398,12 +399,14 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     cmd = handoff.speculators_train_command(
         cfg,
         random_target,
-        vocab_dir,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        nproc=8,
+        handoff.SpeculatorsLaunch(
+            vocab_dir,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            nproc=8,
+        ),
     )
     assert cmd[0] == "torchrun"
     launch = get_args_parser().parse_args(cmd[1:])
@@ -448,13 +451,15 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     init_cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        vocab_dir,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        2,
-        init_dir=tmp_path / "init",
+        handoff.SpeculatorsLaunch(
+            vocab_dir,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            2,
+            init_dir=tmp_path / "init",
+        ),
     )
     init_run = SpeculatorsTrainConfig.resolve(
         get_args_parser().parse_args(init_cmd[1:]).training_script_args
@@ -464,13 +469,15 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     eagle3_cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        vocab_dir,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        2,
-        architecture="eagle3",
+        handoff.SpeculatorsLaunch(
+            vocab_dir,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            2,
+            architecture="eagle3",
+        ),
     )
     eagle3_run = SpeculatorsTrainConfig.resolve(
         get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args
@@ -520,7 +527,7 @@ def test_a_tied_target_builds_its_draft_without_loader_warnings(tied_target, voc
     verifier tensors name the embeddings as the lm_head instead."""
     assert "lm_head.weight" not in load_file(Path(tied_target.model) / "model.safetensors")
     capfd.readouterr()
-    model = draft_model.build_draft(tied_target, vocab_dir, 1, 3)
+    model = draft_model.build_draft(tied_target, vocab_dir, TrainConfig())
     err = capfd.readouterr().err
     assert "not found" not in err and "WARNING" not in err, err
     t2d = torch.from_numpy(np.load(vocab_dir / "t2d.npy"))
@@ -558,13 +565,15 @@ def test_online_speculators_command_and_vllm_server_parse(
     cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        vocab_dir,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        8,
-        hidden_states_args=args,
+        handoff.SpeculatorsLaunch(
+            vocab_dir,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            8,
+            hidden_states_args=args,
+        ),
     )
     run = SpeculatorsTrainConfig.resolve(
         get_args_parser().parse_args(cmd[1:]).training_script_args
@@ -643,13 +652,15 @@ def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(
     cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        vocab_dir,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        2,
-        hidden_states_args=args,
+        handoff.SpeculatorsLaunch(
+            vocab_dir,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            2,
+            hidden_states_args=args,
+        ),
     )
     run = SpeculatorsTrainConfig.resolve(
         get_args_parser().parse_args(cmd[1:]).training_script_args
@@ -672,7 +683,7 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
     from draftline.draft.model import build_draft, init_layer_from_target
 
     layer = random_target.aux_layer_ids[-1]
-    model = build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3")
+    model = build_draft(random_target, vocab_dir, TrainConfig(architecture="eagle3"))
     note = init_layer_from_target(model, random_target, "last_aux")  # = layer
     assert f"target layer {layer}" in note and "passes aux slot 2" in note
     target = AutoModelForCausalLM.from_pretrained(random_target.model, dtype=torch.float32)
@@ -713,7 +724,7 @@ def test_draft_layer_starts_as_the_target_layer(random_target, vocab_dir):
 def test_init_layer_from_target_refuses_a_layer_the_target_lacks(random_target, vocab_dir):
     from draftline.draft.model import build_draft, init_layer_from_target
 
-    model = build_draft(random_target, vocab_dir, 1, 3)
+    model = build_draft(random_target, vocab_dir, TrainConfig())
     with pytest.raises(ValueError, match="not a decoder layer"):
         init_layer_from_target(model, random_target, random_target.num_layers)
 

@@ -19,8 +19,9 @@ from draftline.draft import pretrained as draft_init
 from draftline.draft.checkpoint import load_draft, read_draft_facts
 from draftline.draft.preflight import check_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
-from draftline.evaluate.specdec import speculative_generate
+from draftline.evaluate.specdec import SpecPair, speculative_generate
 from draftline.target.model import load_target
+from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +68,7 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
         tmp_path / "work",
     )
     back, notes = draft_init.load_init_draft(
-        back_dir, random_target, vocab_dir, 1, 3, architecture="eagle3"
+        back_dir, random_target, vocab_dir, TrainConfig(architecture="eagle3")
     )
     original = load_draft(eagle3_draft_dir, random_target, "cpu")
     sd = original.state_dict()
@@ -77,27 +78,31 @@ def test_export_reads_back_as_the_same_draft(eagle3_draft_dir, random_target, vo
     back.eval()
     target, _ = load_target(random_target)
     for prompt in ([1, 40, 41, 42, 2, 1, 50], list(range(20, 60))):
-        ours = speculative_generate(target, original, random_target.aux_ids, prompt, 30, 3, {-1})
-        theirs = speculative_generate(target, back, random_target.aux_ids, prompt, 30, 3, {-1})
+        ours = speculative_generate(
+            SpecPair(target, original, random_target.aux_ids), prompt, 30, 3, {-1}
+        )
+        theirs = speculative_generate(
+            SpecPair(target, back, random_target.aux_ids), prompt, 30, 3, {-1}
+        )
         assert ours.accepted_per_round == theirs.accepted_per_round and ours.tokens == theirs.tokens
     assert notes == []
 
 
 def test_drafts_sglang_would_serve_differently_are_refused(random_target, vocab_dir, tmp_path):
     speculators_arch = tmp_path / "speculators"
-    draft_model.build_draft(random_target, vocab_dir, 1, 3).save_pretrained(speculators_arch)
+    draft_model.build_draft(random_target, vocab_dir, TrainConfig()).save_pretrained(
+        speculators_arch
+    )
     with pytest.raises(SglangExportError, match="train.architecture: eagle3"):
         export_sglang(speculators_arch, random_target, tmp_path / "out")
     two_layers = tmp_path / "two_layers"
-    draft_model.build_draft(random_target, vocab_dir, 2, 3, architecture="eagle3").save_pretrained(
-        two_layers
-    )
+    eagle3 = TrainConfig(architecture="eagle3")
+    two = TrainConfig(architecture="eagle3", num_layers=2)
+    draft_model.build_draft(random_target, vocab_dir, two).save_pretrained(two_layers)
     with pytest.raises(SglangExportError, match="train.num_layers: 1"):
         export_sglang(two_layers, random_target, tmp_path / "out")
     one_layer = tmp_path / "one_layer"
-    draft_model.build_draft(random_target, vocab_dir, 1, 3, architecture="eagle3").save_pretrained(
-        one_layer
-    )
+    draft_model.build_draft(random_target, vocab_dir, eagle3).save_pretrained(one_layer)
     with pytest.raises(SglangExportError, match="aux layer id 0"):
         export_sglang(one_layer, replace(random_target, aux_layer_ids=[0, 2, 3]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -123,7 +128,9 @@ def test_cli_exports_or_says_why_not(eagle3_draft_dir, random_target, vocab_dir,
         and (tmp_path / "sglang/config.json").is_file()
     )
     speculators_arch = tmp_path / "speculators"
-    draft_model.build_draft(random_target, vocab_dir, 1, 3).save_pretrained(speculators_arch)
+    draft_model.build_draft(random_target, vocab_dir, TrainConfig()).save_pretrained(
+        speculators_arch
+    )
     refused = run(speculators_arch, tmp_path / "no")
     assert (
         refused.returncode != 0

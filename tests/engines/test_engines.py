@@ -362,10 +362,11 @@ def draft_dir(tmp_path_factory, random_target, vocab_dir):
     import torch
 
     from draftline.draft.model import build_draft
+    from draftline.train.config import TrainConfig
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("draft")
-    build_draft(random_target, vocab_dir, 1, 3).save_pretrained(path)
+    build_draft(random_target, vocab_dir, TrainConfig()).save_pretrained(path)
     return path
 
 

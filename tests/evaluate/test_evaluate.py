@@ -15,13 +15,20 @@ from transformers import DynamicCache
 from draftline.core.io import read_json, write_json, write_jsonl
 from draftline.draft.model import build_draft
 from draftline.evaluate.acceptance import (
+    NotLossless,
     acceptance_summary,
     simulated_acceptance,
     teacher_forced_sample,
     teacher_forced_sums,
 )
-from draftline.evaluate.specdec import DraftRunner, greedy_generate, speculative_generate
+from draftline.evaluate.specdec import (
+    DraftRunner,
+    SpecPair,
+    greedy_generate,
+    speculative_generate,
+)
 from draftline.target.model import load_target
+from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 40, 41, 42, 2, 1, 50, 51]
@@ -45,7 +52,8 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
     completion = greedy_generate(model, PROMPT, m, eos_ids={-1}).tokens
     star = Counter(completion[1:]).most_common(1)[0][0]
     vocab = random_target.vocab_size
-    draft = build_draft(random_target, tail_vocab_dir(tmp_path / "vocab", vocab, star), 1, 3).eval()
+    tail_vocab = tail_vocab_dir(tmp_path / "vocab", vocab, star)
+    draft = build_draft(random_target, tail_vocab, TrainConfig()).eval()
     with torch.no_grad():
         draft.lm_head.weight.zero_()  # all logits equal: argmax = draft id 0 = target id T*
 
@@ -75,27 +83,19 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
 def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vocab_dir):
     """Step 0 of speculators' forward over the tau_sim sample proposes, at every completion
     position, the same token as the built-in decoder's draft given the same context."""
-    from speculators.losses import resolve_loss_config
-    from speculators.models.eagle3 import shift_batch
-    from speculators.train.data import CollateFn
-
-    from draftline.train.metrics import run_batch
+    from draftline.draft.forward import device_loss_config, pack_collate, run_batch
 
     model, _ = load_target(random_target)
     torch.manual_seed(3)
-    draft = build_draft(random_target, vocab_dir, 1, 3).eval()
+    draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()
     completion = greedy_generate(model, PROMPT, 12, eos_ids={-1}).tokens
     sample = teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion)
-    batch = CollateFn(
-        len(sample["input_ids"]) - 1,
-        sample["verifier_last_hidden_states"].shape[-1],
-        3,
-        torch.float32,
-        preprocess=shift_batch,
-    )([sample])
+    collate = pack_collate(
+        len(sample["input_ids"]) - 1, sample["verifier_last_hidden_states"].shape[-1], torch.float32
+    )
     with torch.no_grad():
         draft_tokens, _, _ = run_batch(
-            draft, batch, "cpu", 3, 1.0, resolve_loss_config("kl_div", "eager")
+            draft, collate([sample]), "cpu", 3, 1.0, device_loss_config("cpu")
         )
     runner = DraftRunner(draft)
     ids, aux = sample["input_ids"].tolist(), sample["hidden_states"].unsqueeze(0)  # (1, L, 3H)
@@ -203,7 +203,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engi
     rounds, verdicts = [], []
     for row in rows[:3]:
         ids = first_turn_ids(tokenizer, row)
-        spec = speculative_generate(model, draft, card.aux_ids, ids, 10, 2, stop)
+        spec = speculative_generate(SpecPair(model, draft, card.aux_ids), ids, 10, 2, stop)
         plain = greedy_generate(model, ids, 10, stop, margins=True, tie_tolerance=tolerance)
         rounds += spec.accepted_per_round
         verdicts.append(compare_to_greedy(spec.tokens, plain, tolerance))
@@ -250,7 +250,7 @@ def test_evaluate_stage_writes_flat_metrics(tmp_path, trained_draft, dtype, engi
 
 
 def test_lossless_summary_counts_and_caps_near_ties():
-    from draftline.evaluate.acceptance import lossless_summary
+    from draftline.evaluate.acceptance import NotLossless, lossless_summary
 
     one_in_four = {"a": "identical", "b": "near_tie", "c": "identical", "d": "identical"}
     assert lossless_summary(one_in_four, 0.5, "bfloat16", 0.25) == {
@@ -258,9 +258,11 @@ def test_lossless_summary_counts_and_caps_near_ties():
         "near_tie_divergences": 1,
         "near_tie_share": 0.25,
     }
-    with pytest.raises(SystemExit, match=r"1 of 4 prompts \(25%\).*max_near_tie_share 0.2"):
+    with pytest.raises(
+        NotLossless, match=r"^error: 1 of 4 prompts \(25%\).*max_near_tie_share 0.2"
+    ):
         lossless_summary(one_in_four, 0.5, "bfloat16", 0.2)
-    with pytest.raises(SystemExit, match="differed from greedy target output on 1 prompts"):
+    with pytest.raises(NotLossless, match="differed from greedy target output on 1 prompts"):
         lossless_summary({**one_in_four, "e": "mismatch"}, 0.5, "bfloat16", 1.0)
 
 
@@ -272,10 +274,11 @@ def seed_divergence(monkeypatch, pick: str, prompts: int, tie_tolerance: float) 
 
     real, seeded = speculative_generate, []  # the decoder itself, not an earlier seeding
 
-    def diverging(target, draft, aux, prompt, max_new_tokens, k, stop):
-        gen = real(target, draft, aux, prompt, max_new_tokens, k, stop)
+    def diverging(pair, prompt, max_new_tokens, k, stop):
+        gen = real(pair, prompt, max_new_tokens, k, stop)
         if len(seeded) == prompts:
             return gen
+        target = pair.target
         plain = specdec.greedy_generate(target, prompt, max_new_tokens, stop, True, tie_tolerance)
         i = min(range(5), key=lambda j: plain.margins[j])
         with torch.no_grad():
@@ -299,7 +302,9 @@ def evaluate_in_process(tmp_path, random_target, vocab_dir, prompts: int, **cfg)
     from draftline.target.corpus import generate_conversations
 
     torch.manual_seed(0)
-    build_draft(random_target, vocab_dir, 1, 2).save_pretrained(tmp_path / "draft")
+    build_draft(random_target, vocab_dir, TrainConfig(ttt_steps=2)).save_pretrained(
+        tmp_path / "draft"
+    )
     rows = [{"id": f"e{i}", **c} for i, c in enumerate(generate_conversations(prompts, 5))]
     write_jsonl(tmp_path / "eval.jsonl", rows)
     config = EvaluateConfig(k=2, max_new_tokens=10, device="cpu", **cfg)
@@ -312,7 +317,7 @@ def test_a_divergence_at_a_near_tie_to_a_token_that_was_no_contender_fails(
     """Greedy's top two were within the tolerance there, but the speculative token is the one
     greedy put last: not a reordering of a near-tie, so evaluate fails."""
     seeded = seed_divergence(monkeypatch, "far", 1, 0.1)
-    with pytest.raises(SystemExit, match="differed from greedy target output on 1 prompts"):
+    with pytest.raises(NotLossless, match="differed from greedy target output on 1 prompts"):
         evaluate_in_process(tmp_path, random_target, vocab_dir, 3, tie_tolerance=0.1)
     assert seeded[0]["margin"] <= 0.1 < seeded[0]["gap"]  # the premise: a near-tie, a far token
 
@@ -333,7 +338,7 @@ def test_near_ties_past_the_share_fail_and_within_it_are_reported(
     ) == (1, 0.25, 3)
     (tmp_path / "more").mkdir()
     seed_divergence(monkeypatch, "runner_up", 2, 0.1)
-    with pytest.raises(SystemExit, match=r"2 of 4 prompts \(50%\).*max_near_tie_share 0.25"):
+    with pytest.raises(NotLossless, match=r"2 of 4 prompts \(50%\).*max_near_tie_share 0.25"):
         evaluate_in_process(
             tmp_path / "more",
             random_target,

@@ -11,10 +11,12 @@ from draftline.evaluate.acceptance import acceptance_summary, compare_to_greedy
 from draftline.evaluate.specdec import (
     DraftRunner,
     Generation,
+    SpecPair,
     greedy_generate,
     speculative_generate,
 )
 from draftline.target.model import load_target
+from draftline.train.config import TrainConfig
 
 
 def test_greedy_matches_hf_generate(random_target):
@@ -30,12 +32,12 @@ def test_greedy_matches_hf_generate(random_target):
 def test_speculative_equals_greedy_with_untrained_draft(random_target, vocab_dir):
     model, _ = load_target(random_target)
     torch.manual_seed(1)
-    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()
     for prompt in ([1, 40, 41, 42, 2, 1, 50], [7] * 30, [3, 99, 150, 12]):
         for k in (1, 3, 5):
             plain = greedy_generate(model, prompt, 40, eos_ids={-1})
             spec = speculative_generate(
-                model, draft, random_target.aux_ids, prompt, 40, k, eos_ids={-1}
+                SpecPair(model, draft, random_target.aux_ids), prompt, 40, k, eos_ids={-1}
             )
             assert spec.tokens == plain.tokens
             assert sum(spec.accepted_per_round) + 1 >= len(
@@ -58,7 +60,7 @@ def test_speculative_equals_greedy_with_a_draft_that_accepts(trained_draft):
         plain = greedy_generate(model, prompt, 40, eos_ids={-1})
         for k in (1, 3):
             spec = speculative_generate(
-                model, draft, trained_draft.card.aux_ids, prompt, 40, k, eos_ids={-1}
+                SpecPair(model, draft, trained_draft.card.aux_ids), prompt, 40, k, eos_ids={-1}
             )
             assert spec.tokens == plain.tokens
             accepted = sum(a - 1 for a in spec.accepted_per_round)  # draft tokens kept
@@ -69,12 +71,14 @@ def test_speculative_equals_greedy_with_a_draft_that_accepts(trained_draft):
 
 def test_eos_stops_both(random_target, vocab_dir):
     model, _ = load_target(random_target)
-    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()
     prompt = [1, 40, 41, 42]
     free = greedy_generate(model, prompt, 30, eos_ids={-1}).tokens
     stop = {free[5]}  # pretend the 6th generated token is end-of-turn
     plain = greedy_generate(model, prompt, 30, eos_ids=stop)
-    spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 30, 4, eos_ids=stop)
+    spec = speculative_generate(
+        SpecPair(model, draft, random_target.aux_ids), prompt, 30, 4, eos_ids=stop
+    )
     assert plain.tokens == spec.tokens and plain.tokens[-1] in stop and len(plain.tokens) <= 6
 
 
@@ -82,7 +86,7 @@ def test_a_prompt_cut_at_max_new_tokens_mid_step(monkeypatch, random_target, voc
     """A draft that always proposes the target's greedy tokens: every round accepts all k = 3 and
     emits 4; max_new_tokens = 10 (prefill 1 + 4 + 4 + 1) keeps 1 of the third round's 4 tokens."""
     model, _ = load_target(random_target)
-    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()
     prompt = [1, 40, 41, 42, 2, 1, 50]
     greedy = greedy_generate(model, prompt, 30, eos_ids={-1}).tokens
 
@@ -91,7 +95,9 @@ def test_a_prompt_cut_at_max_new_tokens_mid_step(monkeypatch, random_target, voc
         return greedy[pending + 1 : pending + 1 + k]
 
     monkeypatch.setattr(DraftRunner, "propose", oracle)
-    spec = speculative_generate(model, draft, random_target.aux_ids, prompt, 10, 3, eos_ids={-1})
+    spec = speculative_generate(
+        SpecPair(model, draft, random_target.aux_ids), prompt, 10, 3, eos_ids={-1}
+    )
     assert spec.tokens == greedy[:10]
     assert spec.accepted_per_round == [4, 4, 4] and spec.emitted_per_round == [4, 4, 1]
     summary = acceptance_summary(spec.accepted_per_round, 3, spec.emitted_per_round)
@@ -177,9 +183,7 @@ def test_near_tie_flip_is_elementwise_on_tensors():
 def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, vocab_dir):
     model, _ = load_target(random_target, dtype=torch.bfloat16)
     torch.manual_seed(1)
-    draft = build_draft(
-        random_target, vocab_dir, num_layers=1, ttt_steps=3
-    ).eval()  # float32: aux is cast
+    draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()  # float32: aux is cast
     verdicts = []
     for prompt in ([1, 40, 41, 42, 2, 1, 50], [7] * 30, [3, 99, 150, 12], list(range(20, 60))):
         plain = greedy_generate(
@@ -188,7 +192,7 @@ def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, v
         assert len(plain.margins) == len(plain.tokens) and min(plain.margins) >= 0
         for k in (1, 3):
             spec = speculative_generate(
-                model, draft, random_target.aux_ids, prompt, 40, k, eos_ids={-1}
+                SpecPair(model, draft, random_target.aux_ids), prompt, 40, k, eos_ids={-1}
             )
             verdicts.append(compare_to_greedy(spec.tokens, plain, TIE_TOLERANCE["bfloat16"]))
     # 16-bit rounding does reorder near-ties here (a float32 target never diverged above), and never more
@@ -201,14 +205,16 @@ def test_a_target_placed_by_device_map_decodes_the_same(random_target, vocab_dir
 
     placed = load_target_model(random_target, device_map="cpu")
     plain, _ = load_target(random_target)
-    draft = build_draft(random_target, vocab_dir, num_layers=1, ttt_steps=3).eval()
+    draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()
     prompt = [1, 40, 41, 42, 2, 1, 50]
-    ours = speculative_generate(placed, draft, random_target.aux_ids, prompt, 20, 3, eos_ids={-1})
+    ours = speculative_generate(
+        SpecPair(placed, draft, random_target.aux_ids), prompt, 20, 3, eos_ids={-1}
+    )
     assert ours.tokens == greedy_generate(plain, prompt, 20, eos_ids={-1}).tokens
     assert (
         ours.accepted_per_round
         == speculative_generate(
-            plain, draft, random_target.aux_ids, prompt, 20, 3, eos_ids={-1}
+            SpecPair(plain, draft, random_target.aux_ids), prompt, 20, 3, eos_ids={-1}
         ).accepted_per_round
     )
 
@@ -226,9 +232,9 @@ def test_acceptance_at_every_k_from_one_pass_equals_direct_runs(trained_draft):
     for prompt in trained_draft.prompts:
         plain = greedy_generate(model, prompt, 30, eos_ids={-1})
         for stop in ({-1}, {plain.tokens[17]}):  # cut at max_new_tokens, then at an "eos" midway
-            tokens, runs = acceptance_runs(model, draft, aux, prompt, 30, 4, stop)
+            tokens, runs = acceptance_runs(SpecPair(model, draft, aux), prompt, 30, 4, stop)
             for k in (1, 2, 3, 4):
-                direct = speculative_generate(model, draft, aux, prompt, 30, k, stop)
+                direct = speculative_generate(SpecPair(model, draft, aux), prompt, 30, k, stop)
                 assert tokens == direct.tokens
                 assert walk_rounds(runs, len(tokens), k) == direct.accepted_per_round, (k, stop)
                 compared += 1

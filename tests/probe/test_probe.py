@@ -14,6 +14,7 @@ import yaml
 
 from draftline.draft import model as draft_model
 from draftline.probe.checks import STAMP
+from draftline.train.config import TrainConfig
 from stages.probe import main
 from tests.hidden_states.test_hidden import fake_vllm_python, free_port
 
@@ -31,7 +32,8 @@ def drafter(tmp_path_factory, random_target, vocab_dir):
     draft vocabulary of half the target's)."""
     torch.manual_seed(2)
     path = tmp_path_factory.mktemp("drafter") / "drafter"
-    draft_model.save_draft(draft_model.build_draft(random_target, vocab_dir, 1, 3), path)
+    draft = draft_model.build_draft(random_target, vocab_dir, TrainConfig())
+    draft_model.save_draft(draft, path)
     return path
 
 

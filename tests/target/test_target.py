@@ -233,16 +233,10 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
         assert "--trust-remote-code" in commands.benchmark_serve_command(
             engine, card, BenchmarkConfig(engine=engine), "/draft"
         )
-    train_cmd = handoff.speculators_train_command(
-        TrainConfig(backend="speculators"),
-        card,
-        vocab_dir,
-        tmp_path / "tok",
-        tmp_path / "hs",
-        tmp_path / "ckpt",
-        tmp_path / "logs",
-        nproc=2,
+    run = handoff.SpeculatorsLaunch(
+        vocab_dir, tmp_path / "tok", tmp_path / "hs", tmp_path / "ckpt", tmp_path / "logs", 2
     )
+    train_cmd = handoff.speculators_train_command(TrainConfig(backend="speculators"), card, run)
     launch = get_args_parser().parse_args(train_cmd[1:])
     assert (
         SpeculatorsTrainConfig.resolve(launch.training_script_args).flatten()["trust_remote_code"]
@@ -288,17 +282,10 @@ def test_speculators_train_gets_a_verifier_view_it_can_load(wrapped_card, vocab_
     assert torch.equal(model.verifier_norm.weight, tensors["norm"])
     assert torch.equal(model.embed_tokens.weight, tensors["embed_tokens"])
     assert torch.equal(model.verifier_lm_head.weight, tensors["lm_head"][:size])
-    cmd = handoff.speculators_train_command(
-        draft_cfg(),
-        wrapped_card,
-        vocab_dir,
-        tmp_path,
-        tmp_path,
-        tmp_path,
-        tmp_path,
-        2,
-        verifier=view,
+    launch = handoff.SpeculatorsLaunch(
+        vocab_dir, tmp_path, tmp_path, tmp_path, tmp_path, 2, verifier=view
     )
+    cmd = handoff.speculators_train_command(draft_cfg(), wrapped_card, launch)
     assert cmd[cmd.index("--verifier-name-or-path") + 1] == view
 
 

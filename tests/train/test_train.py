@@ -21,13 +21,14 @@ from safetensors.torch import load_file
 
 from draftline.core.io import write_json
 from draftline.draft import checkpoint
+from draftline.draft import metrics as draft_metrics
 from draftline.draft import model as draft_model
 from draftline.draft import pretrained as draft_init
+from draftline.draft.forward import device_loss_config
 from draftline.hidden_states.capture import capture
 from draftline.hidden_states.files import hs_path, save_hidden_states
 from draftline.target.model import load_target
 from draftline.train import data as draft_data
-from draftline.train import metrics as draft_metrics
 from draftline.train import resume as train_state
 from draftline.train import run as training
 from draftline.train import speculators as handoff
@@ -84,26 +85,24 @@ def data(tmp_path_factory, random_target, vocab_dir):
         "vocab": vocab_dir,
         "tokenized": root / "tokenized",
         "hs": root / "hs",
+        "rows": draft_data.TrainingData(root / "tokenized", root / "hs"),
     }
 
 
 def train_in_process(data, **overrides):
     cfg = TrainConfig(**{**TRAIN, **overrides})
     train_state.seed_everything(cfg.seed)
-    model = draft_model.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
-    result = training.train_draft(
-        model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None
-    )
+    model = draft_model.build_draft(data["card"], data["vocab"], cfg)
+    result = training.train_draft(model, cfg, data["rows"], "cpu")
     return model, result
 
 
 def test_progress_follows_every_step_with_tokens_and_time(data):
     seen = []
     cfg = TrainConfig(**{**TRAIN, "epochs": 2})
-    model = draft_model.build_draft(data["card"], data["vocab"], cfg.num_layers, cfg.ttt_steps)
-    result = training.train_draft(
-        model, cfg, data["tokenized"], data["hs"], "cpu", say=lambda _m: None, progress=seen.append
-    )
+    model = draft_model.build_draft(data["card"], data["vocab"], cfg)
+    callbacks = training.LoopCallbacks(step=seen.append)
+    result = training.train_draft(model, cfg, data["rows"], "cpu", callbacks=callbacks)
     assert [p["step"] for p in seen] == list(range(1, result["steps"] + 1))
     assert seen[-1]["step"] == seen[-1]["total_steps"] and seen[-1]["epoch"] == 1
     ends = [p for p in seen if p["epoch_step"] == p["epoch_steps"]]
@@ -113,13 +112,11 @@ def test_progress_follows_every_step_with_tokens_and_time(data):
     )
 
 
-def test_step_reporter_prints_steps_tokens_per_s_and_eta():
+def test_step_reporter_prints_steps_tokens_per_s_and_eta(capsys):
     from draftline.train.progress import step_reporter
 
-    now, lines = [0.0], []
-    progress = step_reporter(
-        every_s=10, clock=lambda: now[0], out=lambda line, flush: lines.append(line)
-    )
+    now = [0.0]
+    progress = step_reporter(every_s=10, clock=lambda: now[0])
     for step in range(1, 21):  # 10 steps an epoch, 2 s and 1,000 tokens a step
         now[0] = 2.0 * step
         progress(
@@ -134,6 +131,7 @@ def test_step_reporter_prints_steps_tokens_per_s_and_eta():
                 "seconds": 2.0 * step,
             }
         )
+    lines = capsys.readouterr().out.splitlines()
     # the first step, the end of each epoch, and every 10 s between
     assert [line.split(" (")[0] for line in lines] == [
         "train: epoch 1/2 step 1/10",
@@ -150,15 +148,13 @@ def test_step_reporter_prints_steps_tokens_per_s_and_eta():
 
 
 def test_same_params_and_seed_give_identical_weights(data):
-    untrained = draft_model.build_draft(data["card"], data["vocab"], 1, 3)
+    untrained = draft_model.build_draft(data["card"], data["vocab"], TrainConfig(**TRAIN))
     first, result = train_in_process(data, epochs=1, grad_accum_steps=2)
     second, _ = train_in_process(data, epochs=1, grad_accum_steps=2)
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(a, b), name
     assert not torch.equal(first.fc.weight, untrained.fc.weight)
-    train_set = draft_data.make_dataset(
-        data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32
-    )
+    train_set = draft_data.make_dataset(data["rows"], "train", 0.75, 128, "cpu")
     batches = len(draft_data.epoch_batches(train_set, 128, 0, 0))
     assert result["steps"] == -(-batches // 2) >= 3  # one optimizer step per 2 micro-batches
 
@@ -184,12 +180,10 @@ def count_reads(monkeypatch) -> dict[int, int]:
 def test_read_ahead_trains_the_same_packs_to_the_same_weights(data, monkeypatch):
     """train.loader_workers reads packs ahead in threads: the same packs in the same order, so the
     same losses and weights as reading each pack between steps; every row once per epoch."""
-    train_set = draft_data.make_dataset(
-        data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32
-    )
+    train_set = draft_data.make_dataset(data["rows"], "train", 0.75, 128, "cpu")
     plan = draft_data.epoch_batches(train_set, 128, 0, 0)
     packs = {
-        workers: list(draft_data.make_loader(train_set, plan, 128, 64, torch.float32, workers))
+        workers: list(draft_data.make_loader(train_set, plan, 128, 64, "cpu", workers))
         for workers in (0, 3)
     }
     assert len(packs[3]) == len(plan) >= 3
@@ -326,24 +320,12 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
     init = tmp_path / "init"
     shutil.copytree(ref_run / "draft", init)
     # before any step, the fine-tune starts exactly where the previous run ended
-    model, notes = draft_init.load_init_draft(
-        init, data["card"], data["vocab"], num_layers=1, ttt_steps=3
-    )
-    from speculators.losses import resolve_loss_config
-
-    val_set = draft_data.make_dataset(
-        data["tokenized"], data["hs"], "val", 0.75, 128, torch.float32
-    )
-    val = draft_metrics.validate(
-        model,
-        val_set,
-        draft_data.epoch_batches(val_set, 128, 0, 0),
-        128,
-        "cpu",
-        3,
-        1.0,
-        resolve_loss_config("kl_div", "eager"),
-    )
+    model, notes = draft_init.load_init_draft(init, data["card"], data["vocab"], TrainConfig())
+    val_set = draft_data.make_dataset(data["rows"], "val", 0.75, 128, "cpu")
+    hidden_size = model.config.transformer_layer_config.hidden_size
+    plan = draft_data.epoch_batches(val_set, 128, 0, 0)
+    packs = draft_data.make_loader(val_set, plan, 128, hidden_size, "cpu")
+    val = draft_metrics.validate(model, packs, "cpu", 3, 1.0, device_loss_config("cpu"))
     assert notes == [] and val["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
 
     report = run_stage_in_process(
@@ -363,7 +345,7 @@ def test_finetune_keeps_the_drafters_head_through_training(data, tmp_path, monke
     """A drafter whose lm_head is its own (not the target's rows): the fine-tuned draft the stage
     saves still has exactly that head (kept and frozen without train.train_lm_head)."""
     torch.manual_seed(4)
-    drafter = draft_model.build_draft(data["card"], data["vocab"], 1, 3)
+    drafter = draft_model.build_draft(data["card"], data["vocab"], TrainConfig())
     with torch.no_grad():
         drafter.lm_head.weight.normal_()
     init = tmp_path / "drafter"
@@ -385,14 +367,12 @@ def test_stage_refuses_its_own_output_as_init(data, tmp_path, monkeypatch):
         )
 
 
-def test_state_of_other_params_is_not_resumed(tmp_path):
+def test_state_of_other_params_is_not_resumed(tmp_path, capsys):
     train_state.save_state(tmp_path, {"fingerprint": "a", "step": 3})
-    assert train_state.load_state(tmp_path, "a", say=lambda _m: None)["step"] == 3
-    said = []
-    assert (
-        train_state.load_state(tmp_path, "b", say=said.append) is None
-        and "starting fresh" in said[0]
-    )
+    assert train_state.load_state(tmp_path, "a")["step"] == 3
+    assert capsys.readouterr().out == ""
+    assert train_state.load_state(tmp_path, "b") is None
+    assert "starting fresh" in capsys.readouterr().out
 
 
 class RunsCodeWhenUnpickled:
@@ -405,7 +385,7 @@ class RunsCodeWhenUnpickled:
         return (Path.touch, (self.marker,))
 
 
-def test_a_tampered_resume_state_runs_no_code(tmp_path):
+def test_a_tampered_resume_state_runs_no_code(tmp_path, capsys):
     """Issue #16.9: models/draft_checkpoints/state.pt comes back with `dvc pull`; loading it must not
     unpickle code (before: torch.load(weights_only=False) ran whatever the file carried)."""
     marker = tmp_path / "code-ran"
@@ -413,9 +393,8 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
         {"fingerprint": "a", "step": 3, "payload": RunsCodeWhenUnpickled(marker)},
         tmp_path / train_state.STATE_FILE,
     )
-    said = []
-    assert train_state.load_state(tmp_path, "a", say=said.append) is None
-    assert not marker.exists() and "starting fresh" in said[0]
+    assert train_state.load_state(tmp_path, "a") is None
+    assert not marker.exists() and "starting fresh" in capsys.readouterr().out
 
     # the state the loop writes (optimizer, scheduler, RNG states) loads without any pickled code
     import random
@@ -440,7 +419,7 @@ def test_a_tampered_resume_state_runs_no_code(tmp_path):
         },
     )
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    state = train_state.load_state(tmp_path, "b", say=said.append)
+    state = train_state.load_state(tmp_path, "b")
     train_state.set_rng_states(state["rng"])
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
     opt.load_state_dict(state["optimizer"])
@@ -459,7 +438,7 @@ def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path, 
     in one pass over them when the drafts fit together, else never more than once per epoch."""
     ref_run, ref_report = reference
     shutil.copytree(ref_run / "draft", tmp_path / "1")  # trained
-    draft_model.build_draft(data["card"], data["vocab"], 1, 3).save_pretrained(
+    draft_model.build_draft(data["card"], data["vocab"], TrainConfig()).save_pretrained(
         tmp_path / "0"
     )  # untrained
     (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' lowest-loss pointer is ignored
@@ -470,7 +449,7 @@ def test_best_speculators_epoch_is_chosen_by_tau_sim(reference, data, tmp_path, 
             monkeypatch.setattr(handoff, "drafts_per_pass", lambda _bytes, _device, n=per_pass: n)
         reads = count_reads(monkeypatch)
         chosen, result = handoff.best_speculators_epoch(
-            tmp_path, TrainConfig(**TRAIN), data["card"], data["tokenized"], data["hs"], "cpu"
+            tmp_path, TrainConfig(**TRAIN), data["card"], data["rows"], "cpu"
         )
         assert [r["epoch"] for r in result["history"]] == [0, 1] and result["best"]["epoch"] == 1
         assert result["best"]["val"]["tau_sim"] == pytest.approx(
@@ -585,10 +564,9 @@ def test_trainer_reads_fp8_files_as_the_states_they_quantize(data, tmp_path):
             stored["hidden_states"].float(),
             torch.float8_e4m3fn,
         )
-    plain = draft_data.make_dataset(
-        data["tokenized"], data["hs"], "train", 0.75, 128, torch.float32
-    )
-    fp8 = draft_data.make_dataset(data["tokenized"], fp8_dir, "train", 0.75, 128, torch.float32)
+    plain = draft_data.make_dataset(data["rows"], "train", 0.75, 128, "cpu")
+    fp8_rows = draft_data.TrainingData(data["tokenized"], fp8_dir)
+    fp8 = draft_data.make_dataset(fp8_rows, "train", 0.75, 128, "cpu")
     for i in range(len(plain)):
         a, b = {k: v.float() if v.is_floating_point() else v for k, v in plain[i].items()}, fp8[i]
         assert b["hidden_states"].dtype == torch.float32 and torch.equal(
@@ -632,5 +610,8 @@ def test_online_mode_refuses_a_target_larger_than_its_device_before_the_spend(
     size = checkpoint_bytes(random_target.model)
     check_target_fits(random_target, "cpu", "hidden_states.mode: online")  # fits: no error
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=size))
-    with pytest.raises(SystemExit, match=r"above 80% of the RAM free now.*mode: offline"):
+    with pytest.raises(
+        draft_data.OnlineStatesRefused,
+        match=r"^error: .*above 80% of the RAM free now.*mode: offline",
+    ):
         check_target_fits(random_target, "cpu", "hidden_states.mode: online")
