@@ -1,23 +1,23 @@
-"""Stage `vocab`: the draft vocabulary, the most frequent trainable target tokens.
+"""Stage `vocab`: the draft vocabulary, the most frequent trainable target tokens
+(draftline/tokens/vocab.py).
 
     python -m stages.vocab models/target/card.json datasets/tokenized/token_freq.pt models/vocab reports/vocab.json
 
-Built by speculators' build_vocab_mappings_from_distribution, in its conventions and file names:
-d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
-[target_vocab_size], True for the target ids the draft can emit. Frequencies count trainable
-(loss-masked) tokens only. The report says which share of trainable tokens the draft covers
-(draftline/tokens/vocab.py); below vocab.min_coverage the stage fails after writing it, naming
-vocab.draft_vocab_size and the size that would reach the threshold.
+Writes models/vocab (d2t.npy, t2d.npy, meta.json) and the report (which share of the trainable
+tokens the draft covers) to reports/vocab.json; below vocab.min_coverage the stage fails after writing
+it, naming vocab.draft_vocab_size and the size that would reach the threshold.
 """
 
 import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.tokens.config import VocabConfig
 
 
+@entry_point
 def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None:
     params = stage_sections(vocab=VocabConfig)
     apply_thread_policy("vocab")  # before torch loads: draftline/core/threads.py
