@@ -60,7 +60,7 @@ def parse_params(raw: dict) -> Params:
             lines.append(f"  {key}: {redact_url(e['msg'])}")
         params = None
     if lines:
-        raise ParamsError("invalid params.yaml:\n" + "\n".join(lines)) from None
+        raise ParamsError("error: invalid params.yaml:\n" + "\n".join(lines)) from None
     return params
 
 
@@ -68,13 +68,5 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
     if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: top level must be a mapping")
+        raise ParamsError(f"error: {path}: top level must be a mapping")
     return parse_params(raw)
-
-
-def stage_params(path: str | Path = "params.yaml") -> Params:
-    """load_params for a stage's main(): print the error and exit 2 instead of a traceback."""
-    try:
-        return load_params(path)
-    except ParamsError as err:
-        raise SystemExit(f"error: {err}") from None

@@ -20,14 +20,16 @@ train run replaces, and its config.json and weight headers readable.
 import sys
 from pathlib import Path
 
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
-from draftline.params import stage_params
+from draftline.params import load_params
 
 STAMP = "params.yaml is valid: checked by stages/check_params.py before any other stage runs.\n"
 
 
+@entry_point
 def main(sources_yaml: str, draft_dir: str, out_path: str) -> None:
-    params = stage_params()  # every section; exits 2 naming each bad key
+    params = load_params()  # every section; a ParamsError names each bad key
     # as every stage does (draftline/core/threads.py); torch is never loaded here
     apply_thread_policy("check_params")
     from draftline.data.workspace import params_problems

@@ -16,11 +16,13 @@ import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.data.config import Datasets, MixConfig
 from draftline.evaluate.config import EvaluateConfig
 
 
+@entry_point
 def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str) -> None:
     # evaluate: its eval sets (evaluate.sets), held out of train like the eval split
     params = stage_sections(

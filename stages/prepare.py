@@ -17,10 +17,12 @@ import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.data.config import DATASET_NAME, Datasets
 
 
+@entry_point
 def write_sources(path: str = "datasets/sources.yaml") -> None:
     from draftline.data.workspace import write_sources as write_sources_file
 
@@ -29,6 +31,7 @@ def write_sources(path: str = "datasets/sources.yaml") -> None:
     print(f"{path}: source deps of {write_sources_file(params.datasets, path)} datasets")
 
 
+@entry_point
 def main(name: str, out_jsonl: str, report_json: str, *options: str) -> None:
     params = stage_sections(datasets=Datasets)
     if not DATASET_NAME.fullmatch(name):

@@ -6,7 +6,8 @@ before any stage does work. Each field says its kind where it is declared (`shap
 `operational`). Output-shaping: a change makes a different output, so the field is in the stage's
 fingerprint or resume identity (`output_shaping(section)`) and old outputs are not reused.
 Operational: where, how fast and by which engine the work runs; a change never redoes work.
-A leaf of the project: it imports no other project module (tests/core/test_config.py).
+Near a leaf of the project: of the project it imports core/errors.py alone (ParamsError's base),
+which imports only core/log.py (tests/core/test_config_leaf.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticUndefined
+
+from draftline.core.errors import DraftlineError
 
 KINDS = ("shaping", "operational")
 
@@ -124,7 +127,7 @@ def _shaping_value(value):
     return value
 
 
-class ParamsError(ValueError):
+class ParamsError(DraftlineError, ValueError):
     """A params.yaml that does not validate; the message names every bad key."""
 
 
@@ -173,7 +176,7 @@ def load_sections(path: str | Path = "params.yaml", **types) -> dict[str, Any]:
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
     if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: top level must be a mapping")
+        raise ParamsError(f"error: {path}: top level must be a mapping")
     lines, values = [], {}
     for key, spec in types.items():
         kind, default = spec if isinstance(spec, tuple) else (spec, _default(spec))
@@ -188,17 +191,14 @@ def load_sections(path: str | Path = "params.yaml", **types) -> dict[str, Any]:
                 dotted = ".".join([key, *(str(p) for p in e["loc"])])
                 lines.append(f"  {dotted}: {redact_url(e['msg'])}")
     if lines:
-        raise ParamsError("invalid params.yaml:\n" + "\n".join(lines))
+        raise ParamsError("error: invalid params.yaml:\n" + "\n".join(lines))
     return values
 
 
 def stage_sections(path: str | Path = "params.yaml", **types) -> SimpleNamespace:
-    """load_sections for a stage's main(), each key an attribute (`params.tokenize`): the error
-    printed and exit 2 instead of a traceback."""
-    try:
-        return SimpleNamespace(**load_sections(path, **types))
-    except ParamsError as err:
-        raise SystemExit(f"error: {err}") from None
+    """load_sections for a stage's main(), each key an attribute (`params.tokenize`); a ParamsError
+    is the stage's exit (core/errors.entry_point)."""
+    return SimpleNamespace(**load_sections(path, **types))
 
 
 def _default(kind):
