@@ -14,19 +14,18 @@ import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.target.config import TargetConfig
 
 
+@entry_point
 def main(out_dir: str) -> None:
     params = stage_sections(target=TargetConfig)
     apply_thread_policy("target")  # before torch loads: draftline/core/threads.py
-    from draftline.target.source import Paths, TargetUnavailable, run
+    from draftline.target.source import Paths, run
 
-    try:
-        card = run(params, Paths(Path(out_dir)))
-    except TargetUnavailable as err:
-        raise SystemExit(f"error: {err}") from None
+    card = run(params, Paths(Path(out_dir)))
     print(
         f"target: {card.architecture} {card.num_layers} layers, hidden {card.hidden_size}, "
         f"vocab {card.vocab_size}, aux layers {card.aux_ids}; verifier tensors {card.verifier_tensors}"

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.tokens.config import TokenizeConfig
 
 
+@entry_point
 def main(
     card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str
 ) -> None:
@@ -30,13 +32,10 @@ def main(
     apply_thread_policy("tokenize")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
     from draftline.tokens.report import truncation_error
-    from draftline.tokens.tokenize import Paths, TokenizeError, run
+    from draftline.tokens.tokenize import Paths, run
 
     paths = Paths(Path(card_path), Path(prompts_path), Path(regenerated_path), Path(out_dir))
-    try:
-        report = run(params, paths)
-    except TokenizeError as err:
-        raise SystemExit(f"error: {err}") from None
+    report = run(params, paths)
     write_json(report_path, report)
     print(
         f"tokenize: {report['conversations']} conversations -> {report['rows']} rows, {report['tokens']} tokens, "

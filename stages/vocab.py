@@ -22,12 +22,9 @@ def main(card_path: str, freq_path: str, out_dir: str, report_path: str) -> None
     params = stage_sections(vocab=VocabConfig)
     apply_thread_policy("vocab")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
-    from draftline.tokens.vocab import Paths, VocabSizeError, coverage_error, run
+    from draftline.tokens.vocab import Paths, coverage_error, run
 
-    try:
-        report = run(params, Paths(Path(card_path), Path(freq_path), Path(out_dir)))
-    except VocabSizeError as err:
-        raise SystemExit(f"error: {err}") from None
+    report = run(params, Paths(Path(card_path), Path(freq_path), Path(out_dir)))
     write_json(report_path, report)
     print(
         f"vocab: {params.vocab.draft_vocab_size} draft tokens cover {report['coverage']:.2%} of trainable tokens "

@@ -17,11 +17,15 @@ The conversion is checked before the card is written:
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline.core.errors import entry_point
 from draftline.core.io import file_sha256
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,13 @@ def convert(name: str, out_dir: Path) -> dict:
     }
 
 
-if __name__ == "__main__":
+@entry_point
+def main(argv: list[str]) -> None:
+    """The conversion outside the pipeline (module docstring): its card entry, as JSON."""
     import json
 
-    print(json.dumps(convert(sys.argv[1], Path(sys.argv[2])), indent=2))
+    log.info(json.dumps(convert(argv[0], Path(argv[1])), indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

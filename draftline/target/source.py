@@ -8,9 +8,11 @@ this module, so the builders are code deps of that stage alone.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import write_meta
 from draftline.target.gguf import GGUF_TARGETS, convert
 from draftline.target.model import RemoteCodeRequired, build_card
@@ -20,8 +22,10 @@ if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.target.config import TargetConfig
 
+log = logging.getLogger(__name__)
 
-class TargetUnavailable(Exception):
+
+class TargetUnavailable(DraftlineError):
     """A GGUF target that cannot be converted, or a hub / local target that cannot be read into a card."""
 
 
@@ -48,8 +52,8 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
         try:
             gguf = convert(cfg.model, out)
         except RuntimeError as err:
-            raise TargetUnavailable(str(err)) from None
-        print(
+            raise TargetUnavailable(f"error: {err}") from None
+        log.info(
             f"target: {cfg.model} converted; greedy check answer {gguf['check']['greedy_answer']!r}, "
             f"logits max |diff| vs the GGUF-loaded model {gguf['check']['logits_max_abs_diff']:.3g}"
         )
@@ -59,7 +63,7 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
             cfg.model, "hub-or-local", cfg.revision, cfg.aux_layer_ids, {}, cfg.trust_remote_code
         )
     except (RemoteCodeRequired, ValueError, FileNotFoundError) as err:
-        raise TargetUnavailable(str(err)) from None
+        raise TargetUnavailable(f"error: {err}") from None
 
 
 class Paths(NamedTuple):

@@ -11,15 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, write_json
 
 if TYPE_CHECKING:
-    from draftline.tokens.tokenize import Line
-
-    pass
+    from draftline.tokens.lines import Line
 
 
-class TokenizeError(Exception):
+class TokenizeError(DraftlineError):
     """The conversations cannot become a dataset (no row left, a token id outside the vocabulary)."""
 
 
@@ -185,7 +184,7 @@ def rows_table(rows: list[dict], schema, vocab_size: int):
         if name == "input_ids" and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
             at = int(np.flatnonzero((flat >= vocab_size) | (flat < 0))[0])
             raise TokenizeError(
-                f"conversation {rows[int(np.searchsorted(ends, at, side='right'))]['id']}: token "
+                f"error: conversation {rows[int(np.searchsorted(ends, at, side='right'))]['id']}: token "
                 f"id {flat[at]} is outside the target vocabulary ({vocab_size}); tokenizer and "
                 "model disagree"
             )

@@ -1,7 +1,7 @@
 """Tokenizing regenerated conversations into the speculators Arrow layout, with token frequencies.
 
 Rows are append-only: conversations come ordered by the regenerate run that wrote them, then by
-prompt order within a run (draftline.regenerate.index.run_of), restricted to the prompts of
+prompt order within a run (draftline/tokens/lines.py), restricted to the prompts of
 train.jsonl. A rerun that fills prompts which failed before, or that grows `samples`, appends their
 rows after every existing one, so hidden-state file hs_{i} stays row i and only the new rows are
 extracted (ordering by prompt alone would shift every row after a filled gap; by finish order, two
@@ -34,7 +34,6 @@ tokenize_dataset for what a rerun keeps.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -49,7 +48,6 @@ from draftline.core.card import TargetCard
 from draftline.core.code import code_sha256
 from draftline.core.config import output_shaping
 from draftline.core.io import atomic_path, file_sha256, read_json, write_meta
-from draftline.regenerate.index import run_of
 from draftline.tokens import chat
 from draftline.tokens.chat import (
     ServerTurn,
@@ -60,6 +58,7 @@ from draftline.tokens.chat import (
     plan_conversation,
     tokenize_rows,
 )
+from draftline.tokens.lines import Line, regenerated_lines
 from draftline.tokens.output import (
     INDEX,
     ROW_FORMAT,
@@ -109,54 +108,6 @@ def server_turns(regeneration: dict) -> list | None:
         )
         for k in range(max(len(ids), len(counts)))
     ]
-
-
-# ---- the conversations to tokenize, in row order ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """One regenerated conversation to tokenize: where its line lies, and a hash of its bytes."""
-
-    id: str
-    offset: int
-    size: int
-    sha256: str  # of the line without its newline: any change to it tokenizes it again
-
-
-def regenerated_lines(prompts_path: str, regenerated_path: str) -> tuple[list[Line], int, int]:
-    """(the conversations to tokenize in row order, prompts in train.jsonl, unreadable regenerated
-    lines). Both files are streamed: what is kept of each line is its id, place and hash."""
-    position: dict[str, int] = {}
-    with open(prompts_path, "rb") as f:
-        for raw in f:
-            if raw.strip():
-                position.setdefault(json.loads(raw)["id"], len(position))
-    found, seen, bad, offset = [], set(), 0, 0
-    path = Path(regenerated_path)
-    with open(path, "rb") if path.exists() else contextlib.nullcontext(()) as f:
-        for raw in f:
-            at, offset = offset, offset + len(raw)
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                bad += 1
-                continue
-            pid = row.get("id") if isinstance(row, dict) else None
-            if not isinstance(pid, str):
-                bad += 1
-                continue
-            if pid in seen:  # a prompt's first line holds (conversation_store keeps one)
-                continue
-            seen.add(pid)
-            if pid in position:
-                body = raw.rstrip(b"\r\n")
-                line = Line(pid, at, len(body), hashlib.sha256(body).hexdigest()[:32])
-                found.append((run_of(row), position[pid], line))
-    found.sort(key=lambda entry: entry[:2])
-    return [line for *_, line in found], len(position), bad
 
 
 BATCH_CONVERSATIONS = 64  # conversations tokenized in one batched call
@@ -572,7 +523,9 @@ def tokenize_dataset(
     report = index_report(index_tmp, cfg, prompts - len(lines), bad_lines, stops)
     lengths = report.pop("_lengths")
     if not report["rows"]:
-        raise TokenizeError(no_rows_message(report, lengths, regenerated_path, cfg.max_length))
+        raise TokenizeError(
+            "error: " + no_rows_message(report, lengths, regenerated_path, cfg.max_length)
+        )
 
     publish_output(
         out,

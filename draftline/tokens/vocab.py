@@ -17,23 +17,24 @@ from typing import NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
+from draftline.core.errors import DraftlineError
 from draftline.core.io import write_meta
 
 
-class VocabSizeError(ValueError):
+class VocabSizeError(DraftlineError, ValueError):
     """The draft vocabulary does not fit the target's (too large, or frequencies of ids outside it)."""
 
 
 def check_sizes(draft_vocab_size: int, target_vocab_size: int, freq: dict[int, int]) -> None:
     if draft_vocab_size > target_vocab_size:
         raise VocabSizeError(
-            f"vocab.draft_vocab_size ({draft_vocab_size}) is larger than the target vocabulary "
+            f"error: vocab.draft_vocab_size ({draft_vocab_size}) is larger than the target vocabulary "
             f"({target_vocab_size}); it must be at most that"
         )
     outside = [t for t in freq if not 0 <= t < target_vocab_size]
     if outside:
         raise VocabSizeError(
-            f"token frequencies name ids outside the target vocabulary ({target_vocab_size}): {sorted(outside)[:5]}"
+            f"error: token frequencies name ids outside the target vocabulary ({target_vocab_size}): {sorted(outside)[:5]}"
         )
 
 
