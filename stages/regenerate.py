@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from draftline.core.config import stage_sections
+from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.regenerate.config import RegenerateConfig
 
@@ -29,6 +30,7 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the server is stopped, files closed
 
 
+@entry_point
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
     params = stage_sections(regenerate=RegenerateConfig)
     apply_thread_policy("regenerate")  # before torch loads: draftline/core/threads.py
