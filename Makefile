@@ -12,7 +12,7 @@
 #   make exps    experiments side by side: the params that differ and the headline metrics
 #   make docs-figures   rewrite the measured figures in README.md, docs/*.md, params.yaml, scripts and
 #                       code comments from the committed JSON reports, and fail on a figure there that
-#                       none gives (after make repro / make overhead; tests/tools/test_docs_figures.py)
+#                       none gives (after make repro / make overhead; tests/devtools/test_docs_figures.py)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -128,9 +128,9 @@ exps:
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
 
 # Every figure between `<!-- fig ... -->` / `<!-- figures:NAME:begin -->` markers, from its JSON
-# (draftline/tools/docs_figures.py); `--check` instead lists the figures that differ and changes nothing.
+# (devtools/docs_figures.py); `--check` instead lists the figures that differ and changes nothing.
 docs-figures: setup
-	$(BIN)/python -m draftline.tools.docs_figures
+	$(BIN)/python -m devtools.docs_figures
 
 # No set-up: the GPU host is bare and offline; the script installs what is missing from wheels/gpu.
 gpu-check:

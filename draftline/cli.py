@@ -6,14 +6,18 @@
     draftline conversations restore datasets/regenerated --dry-run
     draftline COMMAND --help
 
-Each command is one module's `main(argv)`, which `python -m draftline.<module>` runs as well; the
-stages themselves run from `dvc.yaml` (`dvc repro`, `python -m stages.<name>`).
+Each command is one module's `main(argv)`, which `python -m draftline.<module>` runs as well, run
+under entry_point: a DraftlineError is exit status 1 with its message. The stages themselves run
+from `dvc.yaml` (`dvc repro`, `python -m stages.<name>`); the developer tools (the docs' figures,
+a recipe run's record) are not installed: `python -m devtools.<name>` from the repository.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from draftline.core.errors import entry_point
 
 # command -> (module whose main(argv) it runs, what it does)
 COMMANDS = {
@@ -41,11 +45,6 @@ COMMANDS = {
         "draftline.engines.batch_server",
         "the greedy batched chat server (backend hf)",
     ),
-    "recipe-record": ("draftline.tools.recipe_record", "one recipe run's figures into its table"),
-    "docs-figures": (
-        "draftline.tools.docs_figures",
-        "the figures of the docs, params.yaml, scripts and code comments from the JSON reports",
-    ),
 }
 
 
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     module = importlib.import_module(COMMANDS[name][0])
     sys.argv = [f"draftline {name}", *rest]  # argparse's prog in the commands' own messages
-    module.main(rest)
+    entry_point(module.main)(rest)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ passive wait on one thread: what `train` used before it moved to every core,
         --out reports/overhead/cpu_load_train_threads.json
 ).
 Each is timed idle and with one busy-looping process per core started beside it, in alternating
-rounds (--rounds; idle then loaded, then the reverse, ...: draftline/tools/ab_timing.py), median per
+rounds (--rounds; idle then loaded, then the reverse, ...: devtools/ab_timing.py), median per
 side; `ratio` = loaded / idle (the issue's target: <= 3 for the tiny target and train on 2 cores).
 The machine's load averages at the start and end and the CPU count are recorded: on a shared
 machine "idle" is only as idle as the others let it be.
@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from draftline.tools.ab_timing import alternate, loadavg, machine_load, medians  # noqa: E402
+from devtools.ab_timing import alternate, loadavg, machine_load, medians  # noqa: E402
 
 STAGES = ["target", "train", "hidden_states", "regenerate", "evaluate"]
 CONFIGS = ["policy", "torch_default", "passive_all_cores", "passive_one_thread"]

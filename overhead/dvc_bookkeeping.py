@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftline.tools.ab_timing import loadavg, machine_load
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import loadavg, machine_load
 
 PRODUCER = """
 import os, sys

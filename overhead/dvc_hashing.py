@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from draftline.tools.ab_timing import drop_page_cache, machine_load  # noqa: E402
+from devtools.ab_timing import drop_page_cache, machine_load  # noqa: E402
 
 CHUNK = 1 << 20  # dvc_data's fobj_md5 reads 1 MiB at a time
 

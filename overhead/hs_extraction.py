@@ -10,19 +10,22 @@ the 3 aux states and the last pre-norm state, stacked to [L, 4, H], cast to bf16
 safetensors file per row (atomic rename), plus the extraction plan file; "bare" is the same forward
 with `output_hidden_states=True`, writing nothing: ours minus our code, so the ratio ours / bare
 is what our code adds to the target's forward (capture, copy, cast, files). The sides alternate
-round by round (draftline/tools/ab_timing.py), medians per side, both under the hidden_states stage's
+round by round (devtools/ab_timing.py), medians per side, both under the hidden_states stage's
 thread policy (draftline/core/threads.py); the load averages and CPU count are recorded. Also reports
 the bytes written per token over the minimum 4 x H x 2 (bf16). Targets: ratio <= 1.10, bytes 1.00.
 """
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import alternate, loadavg, machine_load, medians
 from draftline.core.threads import apply_thread_policy
-from draftline.tools.ab_timing import alternate, loadavg, machine_load, medians
 
 
 def main() -> None:

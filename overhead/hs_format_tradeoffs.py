@@ -21,18 +21,21 @@ averages and CPU count are recorded.
 import argparse
 import contextlib
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import loadavg, machine_load
 from draftline.core.card import TargetCard
 from draftline.draft import model as draft_model
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states.batches import BatchJob, extract_batches
 from draftline.params import load_params
-from draftline.tools.ab_timing import loadavg, machine_load
 from draftline.train import data as draft_data
 from draftline.train import resume as train_state
 from draftline.train import run as training

@@ -16,11 +16,14 @@ import argparse
 import json
 import random
 import resource
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import loadavg, machine_load
 from draftline.data.holdout import NearTwinIndex, jaccard, near_words
-from draftline.tools.ab_timing import loadavg, machine_load
 
 THRESHOLD = 0.7  # mix.near_twin_jaccard's default
 

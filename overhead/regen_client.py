@@ -24,7 +24,7 @@ exchange. With `c` requests in flight the ideal rate is c / latency.
 Both are also timed by the stub (first request in to last answer out), the same clock for both,
 and `stub_cpu_ms_per_request` is the stub's CPU time for each side's requests: a streamed answer
 costs the stub more than a whole one, on the same cores as the client.
-At each level the clients alternate for `rounds` rounds (draftline/tools/ab_timing.py: ours, bare,
+At each level the clients alternate for `rounds` rounds (devtools/ab_timing.py: ours, bare,
 speculators, then the reverse, ...); each side's figures are its median round by ratio, with
 every round's ratios beside them; the load averages and CPU count are recorded.
 Each level runs `waves` x c requests: a fixed latency keeps the requests in lockstep, so the first
@@ -61,9 +61,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import alternate, drop_page_cache, loadavg, machine_load, median_run
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
 from draftline.regenerate.replay import Sampling, regenerate_all
-from draftline.tools.ab_timing import alternate, drop_page_cache, loadavg, machine_load, median_run
 
 TARGET_RATIO = 0.98  # ours achieved / ideal, at every level
 

@@ -23,7 +23,7 @@ of prompts whose regenerated answer equals the bare greedy decode (batched left-
 flip a near-tie; a low share means the server is not decoding the target greedily).
 
 The sides (ours, vllm, bare) alternate for `--rounds` rounds per target, each round in the reverse
-order of the last (draftline/tools/ab_timing.py); each side's figures are its median round by tokens/s,
+order of the last (devtools/ab_timing.py); each side's figures are its median round by tokens/s,
 with every round's tokens/s beside them, and the answers compared are those of the median rounds.
 The bare side's model stays loaded (and warmed up) across its rounds; each stage run is a fresh
 scratch repo. The load averages at the start and end and the CPU count are recorded: on a shared
@@ -50,8 +50,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.ab_timing import alternate, loadavg, machine_load, median_run  # noqa: E402
 from draftline.core.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
-from draftline.tools.ab_timing import alternate, loadavg, machine_load, median_run  # noqa: E402
 
 
 def single_turn_prompts(n: int) -> list[dict]:

@@ -55,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from draftline.tools.ab_timing import loadavg, machine_load  # noqa: E402
+from devtools.ab_timing import loadavg, machine_load  # noqa: E402
 
 STAGES = ("prepare", "mix", "tokenize", "vocab")
 # Peak RSS any of the four stages may reach, at any size. What grows with the corpus is small

@@ -10,8 +10,12 @@ averages and CPU count are recorded.
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import loadavg, machine_load
 from draftline.benchmark.config import BenchmarkConfig
 from draftline.benchmark.hf import benchmark_hf
 from draftline.core.card import TargetCard
@@ -20,7 +24,6 @@ from draftline.draft.checkpoint import load_draft
 from draftline.evaluate.acceptance import eos_ids
 from draftline.target.model import load_target
 from draftline.tokens.chat import first_turn_ids
-from draftline.tools.ab_timing import loadavg, machine_load
 
 
 def main() -> None:

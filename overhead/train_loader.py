@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.ab_timing import drop_page_cache, machine_load  # noqa: E402
 from draftline.core.threads import apply_thread_policy  # noqa: E402
-from draftline.tools.ab_timing import drop_page_cache, machine_load  # noqa: E402
 
 VARIANTS = ("read_ahead", "in_memory", "synchronous")
 

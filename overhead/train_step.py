@@ -16,7 +16,7 @@ the end of the last, over the steps in between (the cold first step is left out 
 - bare: forward + backward + AdamW (the same lr and weight decay) on the same packed batches,
   collated in memory beforehand, nothing written.
 
-The sides alternate round by round (draftline/tools/ab_timing.py), median per side, both under the train
+The sides alternate round by round (devtools/ab_timing.py), median per side, both under the train
 stage's thread policy (draftline/core/threads.py); the load averages and CPU count are recorded.
 `ours_step_median_s` is the median of ours' step-to-step times: a step without a checkpoint.
 Target: ratio <= 1.10.
@@ -25,12 +25,15 @@ Target: ratio <= 1.10.
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not installed
+
+from devtools.ab_timing import alternate, loadavg, machine_load, medians
 from draftline.core.threads import apply_thread_policy
-from draftline.tools.ab_timing import alternate, loadavg, machine_load, medians
 
 
 def per_step(stamps: list[float]) -> float:

@@ -2,7 +2,7 @@
 
     python overhead/vllm_startup.py --out reports/overhead/vllm_startup.json   # after make repro
 
-Two sides, in alternating rounds (draftline/tools/ab_timing.py):
+Two sides, in alternating rounds (devtools/ab_timing.py):
 - `processes`: VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's default: a server is its front end, an
   engine-core process and, on the CPU build, a worker process the engine core spawns; the offline
   engine (`evaluate.engine: vllm`) the same behind the caller's process;
@@ -34,9 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from devtools.ab_timing import alternate, loadavg, machine_load  # noqa: E402
 from draftline.engines.config import VllmEngineConfig  # noqa: E402
 from draftline.evaluate.vllm_engine import GENERATE_SCRIPT  # noqa: E402
-from draftline.tools.ab_timing import alternate, loadavg, machine_load  # noqa: E402
 
 SIDES = {"processes": "1", "one_process": "0"}
 FLAG = "VLLM_ENABLE_V1_MULTIPROCESSING"

@@ -7,7 +7,7 @@
 #     bash scripts/recipe_smollm2.sh L27-500    # one of them
 #     dvc exp show --md --only-changed          # the comparison table
 #
-# After each run its headline figures go to reports/recipe_smollm2/ (draftline/tools/recipe_record.py);
+# After each run its headline figures go to reports/recipe_smollm2/ (devtools/recipe_record.py);
 # `make docs-figures` then regenerates docs/recipe_smollm2.md from them.
 #
 # They run in the workspace, one after the other, not `dvc exp run --queue`: `regenerate` and
@@ -87,7 +87,7 @@ run() { # run NAME: one experiment in the workspace
   d500-emb-head-verdict) record=() ;; # the whole pipeline: its benchmark is this run's
   c125-* | d500-*) record=(--no-benchmark) ;;
   esac
-  python -m draftline.tools.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"
+  python -m devtools.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"
 }
 
 if [[ $# -gt 0 ]]; then

@@ -179,7 +179,7 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
     want += ["-S", "train.ttt_steps=3", "-S", "++train.speculative_tokens=null"]
     want += ["-S", "vocab.draft_vocab_size=4096", "-S", "regenerate.max_tokens=128"]
     want += ["-S", "++train.train_lm_head=false", "-S", "++train.train_embeddings=false"]
-    record = ["python", "-m", "draftline.tools.recipe_record", "reports/recipe_smollm2", "L27-500"]
+    record = ["python", "-m", "devtools.recipe_record", "reports/recipe_smollm2", "L27-500"]
     assert calls(root) == [
         ["dvc", "exp", "run", "-n", "L27-500", *smollm2_params(), *want],
         record,  # its figures, written by the script that ran it

@@ -1,2 +1,2 @@
-"""The tools beside the stages (`draftline COMMAND`): forecast, recipe records, the docs'
-figures, the overhead benchmarks' A/B timing."""
+"""The tools beside the stages (`draftline COMMAND`): the hidden-state plan, the acceptance
+forecast, the serving verdict again, superseded conversations."""

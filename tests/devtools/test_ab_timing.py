@@ -3,8 +3,8 @@ side by its median, and record the machine load."""
 
 import pytest
 
-from draftline.tools import ab_timing
-from draftline.tools.ab_timing import (
+from devtools import ab_timing
+from devtools.ab_timing import (
     alternate,
     machine_load,
     median_run,

@@ -1,8 +1,8 @@
 """A recipe experiment's results, recorded from the workspace's reports into the recipe's committed
 files right after its `dvc exp run` (scripts/recipe_smollm2.sh calls it after each run):
 
-    draftline recipe-record reports/recipe_smollm2 L27-500 --samples-point
-    draftline recipe-record reports/recipe_smollm2 c125-emb --no-benchmark
+    python -m devtools.recipe_record reports/recipe_smollm2 L27-500 --samples-point
+    python -m devtools.recipe_record reports/recipe_smollm2 c125-emb --no-benchmark
 
 - OUT/experiments.json (DVC metrics): NAME -> the headline figures of reports/acceptance.json (the
   reported test split), `dev_acceptance_length` / `dev_tau_sim` of reports/acceptance_dev.json (the

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.tools import docs_figures
-from draftline.tools.docs_figures import FIGURES, FigureError, Reports, render, run
+from devtools import docs_figures
+from devtools.docs_figures import FIGURES, FigureError, Reports, render, run
 
 ROOT = Path(__file__).resolve().parents[2]
 

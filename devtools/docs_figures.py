@@ -1,7 +1,7 @@
 """Measured figures in the docs, generated from the committed JSON reports (`make docs-figures`).
 
-    draftline docs-figures            # rewrite every figure in README.md and docs/*.md (and below)
-    draftline docs-figures --check    # list the figures that differ from their JSON; exit 1
+    python -m devtools.docs_figures            # rewrite every figure in README.md and docs/*.md (and below)
+    python -m devtools.docs_figures --check    # list the figures that differ from their JSON; exit 1
 
 A figure is the text between two HTML comments (invisible once rendered), in two forms:
 
@@ -14,10 +14,10 @@ A figure is the text between two HTML comments (invisible once rendered), in two
   below, which renders it from its JSON files (each column with its own format spec) and ends it
   with a line naming those files and key paths.
 
-`--check` (tests/tools/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
+`--check` (tests/devtools/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
 edited without regenerating, a number edited by hand inside a figure, a key that is gone.
 
-params.yaml, scripts/*.sh, scripts/*.py and the comments and docstrings of draftline/ and stages/
+params.yaml, scripts/*.sh, scripts/*.py and the comments and docstrings of draftline/, stages/ and devtools/
 hold value figures the same way, regenerated with the docs, and no other figure: both commands fail
 on a decimal (1.52, 3.3x), a count ("0 of 969"), an approximation (~35 s) or a ratio (4x) there
 outside a figure, which no regenerating would ever update. Code and names are not figures: a
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from draftline.hidden_states.formats import bytes_per_token
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DOC_GLOBS = ("README.md", "docs/*.md")
 
 VALUE = re.compile(
@@ -130,7 +130,7 @@ OVERHEAD = "reports/overhead"
 
 
 def rounds_text(data: dict) -> str:
-    """How a report's sides were timed: alternating rounds (draftline/tools/ab_timing.py), or, in a file
+    """How a report's sides were timed: alternating rounds (devtools/ab_timing.py), or, in a file
     written before the overhead scripts alternated, one after the other."""
     if "rounds" in data:
         return f"each side its median of {fmt(data['rounds'], 'd')} alternating rounds"
@@ -813,7 +813,7 @@ def _recipe_data(r: Reports, path: str, known: dict) -> dict:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise FigureError(
-            f"{path}: runs {unknown} have no line in draftline/tools/docs_figures.py's table of runs"
+            f"{path}: runs {unknown} have no line in devtools/docs_figures.py's table of runs"
         )
     return data
 
@@ -1031,9 +1031,16 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
 # number there is a copy that no rerun updates. Only the prose is read (a Python file's comments
 # and docstrings; the comment part of a params.yaml or shell line) and in it only what reads as a
 # measurement: a decimal (1.52, 3.3x), a count "N of M", an approximation (~35 s), a ratio (4x).
-CODE_GLOBS = ("params.yaml", "scripts/*.sh", "scripts/*.py", "draftline/**/*.py", "stages/*.py")
+CODE_GLOBS = (
+    "params.yaml",
+    "scripts/*.sh",
+    "scripts/*.py",
+    "draftline/**/*.py",
+    "stages/*.py",
+    "devtools/*.py",
+)
 # this module's docstring shows the marker syntax with an example figure
-NOT_SCANNED = ("draftline/tools/docs_figures.py",)
+NOT_SCANNED = ("devtools/docs_figures.py",)
 
 FIGURE = re.compile(
     r"(?<![\w.~/#-])(?:"

@@ -1,8 +1,8 @@
 """The recipe script records each run from its own reports: headline figures, speedup only when the
 run reached `benchmark`, the samples point, a rerun replacing its entry in place."""
 
+from devtools.recipe_record import record
 from draftline.core.io import read_json, write_json
-from draftline.tools.recipe_record import record
 
 
 def test_a_run_is_recorded_from_its_reports(tmp_path):
