@@ -25,7 +25,8 @@ from pathlib import Path
 from draftline.core.errors import entry_point
 from draftline.core.io import file_sha256
 
-log = logging.getLogger(__name__)
+# by name: `python -m draftline.target.gguf` runs this module as __main__, a logger nothing sets up
+log = logging.getLogger("draftline.target.gguf")
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from draftline.core.errors import DraftlineError, entry_point
+
+# by name: `python -m draftline.tools.forecast` runs this module as __main__, a logger nothing sets up
+log = logging.getLogger("draftline.tools.forecast")
 
 ALPHAS = np.round(np.arange(0.05, 2.001, 0.01), 3)
 TRUST_FACTOR = 4.0  # extrapolation beyond this times the largest measured samples is not trusted
@@ -279,6 +285,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", help="JSON lists of {samples, acceptance_length}")
@@ -297,17 +304,17 @@ def main(argv: list[str] | None = None) -> None:
             ["dvc", "exp", "show", "--json", "--all-commits"], capture_output=True, text=True
         )
         if proc.returncode != 0:
-            raise SystemExit(f"error: dvc exp show failed: {proc.stderr.strip()[-500:]}")
+            raise DraftlineError(f"error: dvc exp show failed: {proc.stderr.strip()[-500:]}")
         points += points_from_dvc_exps(json.loads(proc.stdout))
     try:
         report = build_report(points, args.targets, args.k)
     except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+        raise DraftlineError(f"error: {err}") from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    log.info(markdown(report))
 
 
 if __name__ == "__main__":

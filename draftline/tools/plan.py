@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
+from draftline.core.errors import DraftlineError, entry_point
 from draftline.hidden_states.plan import (
     HASHING_REPORT,
     LINK_TYPES,
@@ -25,6 +27,9 @@ from draftline.hidden_states.plan import (
     render,
 )
 from draftline.params import Params
+
+# by name: `python -m draftline.tools.plan` runs this module as __main__, a logger nothing sets up
+log = logging.getLogger("draftline.tools.plan")
 
 
 def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, int, str]:
@@ -46,6 +51,7 @@ def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, i
     return rows * params.tokenize.max_length, rows, "upper bound: samples x tokenize.max_length"
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="draftline plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", default="params.yaml")
@@ -76,23 +82,22 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from draftline.core.card import TargetCard
-    from draftline.core.config import ParamsError
     from draftline.params import load_params
 
     try:
-        params = load_params(args.params)
-    except (ParamsError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+        params = load_params(args.params)  # a ParamsError names each bad key
+    except FileNotFoundError as err:
+        raise DraftlineError(f"error: {err}") from None
     hidden_size = args.hidden_size
     if hidden_size is None:
         card = Path(args.card)
         if not card.is_file():
-            raise SystemExit(
+            raise DraftlineError(
                 f"error: no {card} yet (run the target stage) and no --hidden-size given"
             )
         hidden_size = TargetCard.load(card).hidden_size
     if (args.samples is None) != (args.tokens_per_sample is None):
-        raise SystemExit("error: --samples and --tokens-per-sample go together")
+        raise DraftlineError("error: --samples and --tokens-per-sample go together")
     if args.samples is not None:
         tokens, rows = args.samples * args.tokens_per_sample, args.samples
         source = f"{args.samples:,} samples x {args.tokens_per_sample:,} tokens"
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cache_type:
         types = [t.strip() for t in args.cache_type.split(",")]
         if bad := [t for t in types if t not in LINK_TYPES]:
-            raise SystemExit(f"error: --cache-type {bad}: DVC knows {', '.join(LINK_TYPES)}")
+            raise DraftlineError(f"error: --cache-type {bad}: DVC knows {', '.join(LINK_TYPES)}")
         link = types[0]  # what the named host does: its filesystem is not this one
     else:
         types = dvc_cache_types(Path(args.dvc_dir))
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.hash_gbps is not None:
         rates = {**rates, "hash_gbps": args.hash_gbps, "hash_from": "--hash-gbps"}
     add_dvc(plan, types, link, rates)
-    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    log.info(json.dumps(plan, indent=2) if args.json else render(plan))
 
 
 if __name__ == "__main__":

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from types import SimpleNamespace
 
 from draftline.benchmark.verdict import decide
+from draftline.core.errors import DraftlineError, entry_point
 from draftline.core.io import read_json, write_json
+
+# by name: `python -m draftline.tools.verdict` runs this module as __main__, a logger nothing sets up
+log = logging.getLogger("draftline.tools.verdict")
 
 
 def levels_from(detail: dict) -> dict:
@@ -54,6 +59,7 @@ def read_points(paths: list[str], k: int | None) -> list[dict]:
     return points
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("detail", help="a benchmark.detail.json (or a recipe's verdict_NAME.json)")
@@ -68,24 +74,23 @@ def main(argv: list[str] | None = None) -> None:
         levels = levels_from(detail)
         points = read_points(args.points, args.points_k)
     except (OSError, ValueError, KeyError) as err:
-        raise SystemExit(f"error: draftline verdict: {err}") from None
+        raise DraftlineError(f"error: draftline verdict: {err}") from None
     recorded = detail.get("verdict", {})
     serve = args.serve_concurrency or recorded.get("serve_concurrency") or min(levels)
     if serve not in levels:
-        raise SystemExit(
+        raise DraftlineError(
             f"error: --serve-concurrency {serve}: the sweep measured {sorted(levels)} requests in "
             "flight; the verdict is given at a measured load"
         )
     cfg = SimpleNamespace(serve_concurrency=serve, speedup_goals=args.goals or [1.0, 1.2])
     v = decide(levels, cfg, recorded.get("engine") or detail.get("engine", "?"), points)
-    print(v["words"])
+    log.info(v["words"])
     if args.out:
         write_json(args.out, v)
     else:
-        json.dump(
-            {key: v[key] for key in ("serve_concurrency", "k", "speedup", "pays_off")}, sys.stdout
+        log.info(
+            json.dumps({key: v[key] for key in ("serve_concurrency", "k", "speedup", "pays_off")})
         )
-        print()
 
 
 if __name__ == "__main__":
