@@ -500,15 +500,20 @@ class PrepareStats:
         return out
 
 
+@dataclass(frozen=True)
+class RecordRules:
+    """How a dataset's rows become records and which are kept: the keys of datasets.<name> that
+    iter_records reads (format, fields, parse_markup, max_prompt_tokens, scripts)."""
+
+    format: str = "auto"
+    fields: dict[str, str] | None = None  # canonical field -> source column
+    parse_markup: bool = False
+    max_prompt_tokens: int | None = None
+    scripts: Iterable[str] | None = None
+
+
 def iter_records(
-    rows: Iterable[dict | None],
-    source: str,
-    stats: PrepareStats,
-    fmt: str = "auto",
-    fields: dict[str, str] | None = None,
-    parse_markup: bool = False,
-    max_prompt_tokens: int | None = None,
-    scripts: Iterable[str] | None = None,
+    rows: Iterable[dict | None], source: str, stats: PrepareStats, rules: RecordRules
 ) -> Iterator[dict]:
     """Records of one dataset, one at a time, counting every row into `stats`.
 
@@ -518,6 +523,8 @@ def iter_records(
     earlier row), duplicate_id (an earlier row's source id with other content). Raises ValueError
     once the rows are exhausted if none was kept, naming the dataset and its top reasons.
     """
+    fmt, fields, parse_markup = rules.format, rules.fields, rules.parse_markup
+    max_prompt_tokens, scripts = rules.max_prompt_tokens, rules.scripts
     if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; supported: auto, {', '.join(FORMATS)}")
     wanted = frozenset(scripts) if scripts else None
@@ -571,5 +578,5 @@ def prepare_records(
 ) -> tuple[list[dict], dict]:
     """All records of one dataset plus its stats dict; iter_records collected (small inputs, tests)."""
     stats = PrepareStats()
-    records = list(iter_records(rows, source, stats, fmt, **filters))
+    records = list(iter_records(rows, source, stats, RecordRules(fmt, **filters)))
     return records, stats.as_dict()

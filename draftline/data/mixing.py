@@ -199,23 +199,6 @@ def under_caps(rows: Iterator[dict], caps: dict[str, int]) -> Iterator[dict]:
             yield row
 
 
-def mix_datasets(
-    pools: dict[str, list[dict]],
-    weights: dict[str, float],
-    samples: int,
-    eval_samples: int,
-    long_threshold_tokens: int,
-    seed: int,
-    caps: dict[str, int] | None = None,
-    holdout: str = "template",
-) -> tuple[list[dict], list[dict], dict]:
-    """(train, eval, report) of a mix without a dev split (mix_splits)."""
-    splits, report = mix_splits(
-        pools, weights, samples, eval_samples, 0, long_threshold_tokens, seed, caps, holdout
-    )
-    return splits["train"], splits["eval"], report
-
-
 def next_rows(
     ordered: dict[str, list[dict]], weights: dict[str, float], starts: dict[str, int], n: int
 ) -> tuple[list[dict], dict[str, int]]:
@@ -283,26 +266,37 @@ def hold_out(
     return HeldOut(eval_rows, dev, ordered, starts, skipped)
 
 
+@dataclass
+class Drawn:
+    """What mix_splits drew and set aside on the way, as its report counts it."""
+
+    requested: dict[str, int]  # rows asked of each split (train: `samples`)
+    splits: dict[str, list[dict]]  # train, eval, dev
+    skipped: dict[str, Counter]  # per dataset, its rows skipped as twins of held-out prompts
+    copies: dict[str, dict[str, int]]  # per dataset, its copies of an earlier dataset's rows
+    renamed: int  # ids renamed to be unique across datasets
+
+
 def mix_splits(
     pools: dict[str, list[dict]],
-    weights: dict[str, float],
+    cfg: MixConfig,
     samples: int,
-    eval_samples: int,
-    dev_samples: int,
-    long_threshold_tokens: int,
     seed: int,
-    caps: dict[str, int] | None = None,
-    holdout: str | Holdout = "template",
+    sets: dict[str, list[dict]] | None = None,
 ) -> tuple[dict[str, list[dict]], dict]:
-    """({"train", "eval", "dev"}: rows, report) from prepared records per dataset; see the module
-    docstring for the rule (`holdout`: a Holdout, or its rule alone).
+    """({"train", "eval", "dev"}: rows, report) from prepared records per dataset, by params.mix,
+    `samples` and `seed`, the eval sets' rows (`sets`: evaluate.sets, name -> rows) held out of
+    train first; see the module docstring for the rule.
 
     Fewer rows than requested is not an error here: everything is taken, and the report has the
     numbers per dataset for the stage to decide (`shortfall_problems`). A train split left empty
     (every row went to eval and dev) or a cap naming no dataset raises ValueError.
     """
-    caps = caps or {}
-    holdout = holdout if isinstance(holdout, Holdout) else Holdout(holdout)
+    weights, caps = cfg.weights, cfg.caps
+    eval_samples, dev_samples = cfg.eval_samples, cfg.dev_samples
+    long_threshold_tokens = cfg.long_threshold_tokens
+    sources = None if cfg.holdout_from is None else tuple(cfg.holdout_from)
+    holdout = Holdout(cfg.holdout, sources, sets or {})
     if holdout.rule not in HOLDOUT_RULES:
         raise ValueError(f"mix.holdout must be one of {HOLDOUT_RULES}, not {holdout.rule!r}")
     if unknown := sorted(set(caps) - set(pools)):
@@ -330,25 +324,18 @@ def mix_splits(
         )
     splits = {"train": train, "eval": eval_rows, "dev": dev}
     requested = {"train": samples, "eval": eval_samples, "dev": dev_samples}
-    report = mix_report(
-        pools, weights, caps, holdout, requested, splits, held.skipped, copies, renamed
-    )
-    return splits, report
+    drawn = Drawn(requested, splits, held.skipped, copies, renamed)
+    return splits, mix_report(pools, cfg, holdout, drawn)
 
 
 def mix_report(
-    pools: dict[str, list[dict]],
-    weights: dict[str, float],
-    caps: dict[str, int],
-    holdout: Holdout,
-    requested: dict[str, int],
-    splits: dict[str, list[dict]],
-    skipped: dict[str, Counter],
-    copies: dict[str, dict[str, int]],
-    renamed: int,
+    pools: dict[str, list[dict]], cfg: MixConfig, holdout: Holdout, drawn: Drawn
 ) -> dict:
-    """mix_splits' report: what was asked (`requested`, per split) and drawn (`splits`), per
-    dataset, the duplicates dropped (`copies`), ids renamed and the hold-out's twins (`skipped`)."""
+    """mix_splits' report: what was asked and drawn per split, per dataset, the duplicates
+    dropped, ids renamed and the hold-out's twins."""
+    weights, caps = cfg.weights, cfg.caps
+    requested, splits, skipped = drawn.requested, drawn.splits, drawn.skipped
+    copies, renamed = drawn.copies, drawn.renamed
     train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
     total = sum(weights[name] for name in pools)
     train_counts = Counter(row["source"] for row in train)
@@ -357,9 +344,11 @@ def mix_report(
         {name: weights[name] / total for name in pools},
         caps,
         requested["train"],
-        train_counts,
-        Counter(row["source"] for row in eval_rows),
-        Counter(row["source"] for row in dev),
+        {
+            "train": train_counts,
+            "eval": Counter(row["source"] for row in eval_rows),
+            "dev": Counter(row["source"] for row in dev),
+        },
         {name: sum(c.values()) for name, c in skipped.items()},
     )
     return {
@@ -469,40 +458,28 @@ def read_pools(
 
 def mix_prepared(
     names: list[str],
-    prepared_dir: Path,
-    prepare_reports: Path,
+    sets: list[str],
+    paths: Paths,
     cfg: MixConfig,
     samples: int,
     seed: int,
-    sets: list[str] = (),
 ) -> Mixed:
-    """Mix the prepared files of the datasets `names` (<prepared_dir>/<name>.jsonl, with the prepare
-    report <prepare_reports>/<name>.json) by `cfg`, the eval sets `sets` (prepared the same way)
+    """Mix the prepared files of the datasets `names` (paths.prepared/<name>.jsonl, with the prepare
+    report paths.prepare_reports/<name>.json) by `cfg`, the eval sets `sets` (prepared the same way)
     held out of train. ValueError for a missing or mislabelled file, a mix that cannot be drawn, a
     hold-out that does not hold, or a shortfall that mix.allow_shortfall does not accept."""
-    pools, paths, inputs, prepared = read_pools([*names, *sets], prepared_dir, prepare_reports)
+    pools, files, inputs, prepared = read_pools(
+        [*names, *sets], paths.prepared, paths.prepare_reports
+    )
     set_rows = {name: tag_partition(pools.pop(name), cfg.long_threshold_tokens) for name in sets}
-    holdout = Holdout(
-        cfg.holdout, None if cfg.holdout_from is None else tuple(cfg.holdout_from), set_rows
-    )
-    splits, report = mix_splits(
-        pools,
-        cfg.weights,
-        samples,
-        cfg.eval_samples,
-        cfg.dev_samples,
-        cfg.long_threshold_tokens,
-        seed,
-        cfg.caps,
-        holdout,
-    )
+    splits, report = mix_splits(pools, cfg, samples, seed, set_rows)
     train, eval_rows = splits["train"], splits["eval"]
     if problem := holdout_problem(report["holdout"], cfg.max_template_twin_share):
         raise ValueError(problem)
     held = {"eval": eval_rows, "dev": splits["dev"], **set_rows}
     near = near_twins(
-        {group: list(full_records(rows, paths)) for group, rows in held.items()},
-        full_records(train, paths),
+        {group: list(full_records(rows, files)) for group, rows in held.items()},
+        full_records(train, files),
         cfg.near_twin_jaccard,
     )
     report["holdout"]["near_twins"] = near
@@ -529,7 +506,7 @@ def mix_prepared(
     reasons["duplicate_across_datasets"] = report["duplicates_dropped"]["total"]
     report["prepare"] = prepared
     report["dropped_by_reason"] = dict(sorted((+reasons).items(), key=lambda kv: (-kv[1], kv[0])))
-    return Mixed(train, eval_rows, splits["dev"], report, paths, inputs, shortfall, set_rows)
+    return Mixed(train, eval_rows, splits["dev"], report, files, inputs, shortfall, set_rows)
 
 
 class Paths(NamedTuple):
@@ -545,13 +522,7 @@ def run(params, paths: Paths) -> Mixed:
     sets = list(params.evaluate.sets)
     check_weights(params.datasets, params.mix, sets)
     mixed = mix_prepared(
-        train_datasets(params.datasets, sets),
-        paths.prepared,
-        paths.prepare_reports,
-        params.mix,
-        params.samples,
-        params.seed,
-        sets,
+        train_datasets(params.datasets, sets), sets, paths, params.mix, params.samples, params.seed
     )
     for split in ("train", "eval", "dev"):
         write_jsonl(paths.out / f"{split}.jsonl", full_records(getattr(mixed, split), mixed.paths))

@@ -4,10 +4,6 @@ samples the weights allow, and the message that names the numbers."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 
 def dataset_table(
@@ -15,15 +11,15 @@ def dataset_table(
     shares: dict[str, float],
     caps: dict[str, int],
     samples: int,
-    train_counts: Counter,
-    eval_counts: Counter,
-    dev_counts: Counter,
+    counts: dict[str, Counter],
     twins: dict[str, int],
 ) -> dict[str, dict]:
     """Per dataset: its weight share, the train rows the weights ask of it, rows available (after the
     cross-dataset duplicates), rows drawn for eval and dev, twins of those kept out of train, rows
-    drawn for train, the realised train share, and whether it fell short of its weight. A capped dataset is asked for its share up to its cap; the others
+    drawn for train, the realised train share, and whether it fell short of its weight (`counts`:
+    each split's rows per dataset). A capped dataset is asked for its share up to its cap; the others
     share the rest by weight; one drawn more than one row short of that ran out (the others filled in)."""
+    train_counts, eval_counts, dev_counts = counts["train"], counts["eval"], counts["dev"]
     drawn = sum(train_counts.values())
     capped_rows = sum(train_counts.get(name, 0) for name in pools if name in caps)
     open_share = sum(share for name, share in shares.items() if name not in caps)

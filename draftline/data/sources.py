@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.io import write_jsonl
-from draftline.data.formats import Malformed, PrepareStats, iter_records
+from draftline.data.formats import Malformed, PrepareStats, RecordRules, iter_records
 
 if TYPE_CHECKING:
     from draftline.data.config import DatasetSpec
@@ -205,16 +205,10 @@ def source_rows(name: str, spec: DatasetSpec) -> Iterator[dict | Malformed | Non
 def spec_records(spec: DatasetSpec, source: str, stats: PrepareStats) -> Iterator[dict]:
     """The records of a dataset spec (path, split, name, revision, streaming, data_files, max_rows, format,
     fields, parse_markup, max_prompt_tokens, scripts), streamed."""
-    return iter_records(
-        islice(source_rows(source, spec), spec.max_rows),
-        source,
-        stats,
-        spec.format,
-        spec.fields,
-        spec.parse_markup,
-        spec.max_prompt_tokens,
-        spec.scripts,
+    rules = RecordRules(
+        spec.format, spec.fields, spec.parse_markup, spec.max_prompt_tokens, spec.scripts
     )
+    return iter_records(islice(source_rows(source, spec), spec.max_rows), source, stats, rules)
 
 
 def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:

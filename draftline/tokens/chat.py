@@ -564,7 +564,18 @@ def conversation_rows(
     server_turns: list[ServerTurn | None] | None = None,
     use_server_ids: bool = False,
 ) -> list[dict]:
-    """The rows of tokenize_conversation from a plan and its rows' tokenize_rows."""
+    """The rows of one conversation from its plan and its rows' tokenize_rows (as
+    tokenize_conversation gives them).
+
+    server_turns: what the server said of each assistant message, in order (regenerate's record).
+    Each turn's re-tokenized span (the tokens it trains on when re-tokenized) is compared with
+    them; with use_server_ids the server's ids replace the turn's tokens in the row, between the
+    template's own tokens (the header before the turn and what follows its end-of-turn stay as
+    tokenized). A turn without server ids, or whose span starts inside a pre-filled generation
+    prompt, keeps its re-tokenized span.
+
+    Each row is cut to max_length tokens after that (its tail is lost; the caller drops rows left
+    with no trainable token)."""
     messages, stops = plan.messages, plan.stops
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     said = dict(zip(assistant, server_turns or []))
@@ -617,25 +628,15 @@ def tokenize_conversation(
     max_length: int,
     stops: list[str] | None = None,
     template_kwargs: dict | None = None,
-    server_turns: list[ServerTurn | None] | None = None,
-    use_server_ids: bool = False,
 ) -> list[dict]:
     """Rows for one conversation: [{"input_ids", "loss_mask", "truncated", "length", "turns",
     "messages", "whole", "checks"}] (`length`: tokens before the cut; `turns`: assistant turns it
     trains; `messages`: how many messages it renders; `whole`: see tokenize_row; `checks`:
-    check_turn of each turn it trains).
-
-    server_turns: what the server said of each assistant message, in order (regenerate's record).
-    Each turn's re-tokenized span (the tokens it trains on when re-tokenized) is compared with
-    them; with use_server_ids the server's ids replace the turn's tokens in the row, between the
-    template's own tokens (the header before the turn and what follows its end-of-turn stay as
-    tokenized). A turn without server ids, or whose span starts inside a pre-filled generation
-    prompt, keeps its re-tokenized span.
-
-    Each row is cut to max_length tokens after that (its tail is lost; the caller drops rows left
-    with no trainable token). Many conversations at once: plan_conversation of each, one
-    tokenize_rows over all their rows, then conversation_rows of each.
+    check_turn of each turn it trains), without the server's token ids (conversation_rows takes
+    them). Many conversations at once: plan_conversation of each, one tokenize_rows over all
+    their rows, then conversation_rows of each.
     """
     plan = plan_conversation(tokenizer, messages, tools, stops, template_kwargs)
-    tokenized = tokenize_rows(tokenizer, plan.row_spans())
-    return conversation_rows(tokenizer, plan, tokenized, max_length, server_turns, use_server_ids)
+    return conversation_rows(
+        tokenizer, plan, tokenize_rows(tokenizer, plan.row_spans()), max_length
+    )

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from draftline.data.config import MixConfig
 from draftline.data.formats import content_hash, prepare_records
 from draftline.data.holdout import holdout_problem, near_twin_problem, near_twins
-from draftline.data.mixing import Holdout, mix_datasets, mix_splits, tag_partition
+from draftline.data.mixing import mix_splits, tag_partition
 from draftline.data.shortfall import shortfall_problems, shortfall_table
 from draftline.data.sources import read_rows
 
@@ -61,8 +61,12 @@ def make_pool(source: str, n: int, prompt_chars=lambda i: 8) -> list[dict]:
     ]
 
 
-def mix(pools, weights, samples, eval_samples=24, threshold=1024, seed=0, caps=None):
-    return mix_datasets(pools, weights, samples, eval_samples, threshold, seed, caps)
+def mix(pools, weights, samples, seed=0, **settings):
+    """(train, eval, report) of a mix without a dev split; `settings`: other mix.* keys."""
+    splits, report = mix_splits(
+        pools, MixConfig(weights=weights, dev_samples=0, **settings), samples, seed
+    )
+    return splits["train"], splits["eval"], report
 
 
 def test_train_is_prefix_stable_and_eval_does_not_move(pools):
@@ -120,9 +124,7 @@ def bundled_mix(**mix_overrides) -> tuple[dict, dict, dict, dict]:
     }
     set_names = params["evaluate"]["sets"]
     sets = {name: tag_partition(records.pop(name), 1024) for name in set_names}
-    rule = Holdout(cfg.holdout, None if cfg.holdout_from is None else tuple(cfg.holdout_from), sets)
-    args = (cfg.eval_samples, cfg.dev_samples, cfg.long_threshold_tokens, params["seed"])
-    splits, report = mix_splits(records, cfg.weights, params["samples"], *args, cfg.caps, rule)
+    splits, report = mix_splits(records, cfg, params["samples"], params["seed"], sets)
     held = {"eval": splits["eval"], "dev": splits["dev"], **sets}
     near = near_twins(held, splits["train"], cfg.near_twin_jaccard)
     return splits, report, sets, near
@@ -213,12 +215,11 @@ def test_eval_set_prompts_are_held_out_of_train(pools):
     """A train row that is a twin of an eval set's prompt is skipped like an eval twin; the set's
     rows are never drawn."""
     weights = {"messages": 0.5, "sharegpt": 0.5}
-    base, _ = mix_splits(pools, weights, 300, 24, 0, 1024, 0)
+    cfg = MixConfig(weights=weights, dev_samples=0)
+    base, _ = mix_splits(pools, cfg, 300, 0)
     taken = base["train"][0]
     twin = {**taken, "id": "set-0", "source": "bench"}
-    splits, report = mix_splits(
-        pools, weights, 300, 24, 0, 1024, 0, None, Holdout("template", None, {"bench": [twin]})
-    )
+    splits, report = mix_splits(pools, cfg, 300, 0, {"bench": [twin]})
     assert taken["id"] not in {r["id"] for r in splits["train"]}
     assert "set-0" not in {r["id"] for r in splits["train"] + splits["eval"]}
     assert report["holdout"]["sets"]["bench"]["with_twin_in_train"] == {"exact": 0, "template": 0}
@@ -253,12 +254,15 @@ def test_partition_tagging():
     pool = make_pool(
         "p", 100, prompt_chars=lambda i: 4000 if i % 4 == 0 else 40
     )  # 1000 vs 10 tokens
-    train, eval_rows, report = mix({"p": pool}, {"p": 1}, 76, threshold=999)
+    train, eval_rows, report = mix({"p": pool}, {"p": 1}, 76, long_threshold_tokens=999)
     for row in train + eval_rows:
         assert row["partition"] == ("long" if row["prompt_tokens_est"] > 999 else "short")
     assert report["train"]["by_partition"]["long"] + report["eval"]["by_partition"]["long"] == 25
     assert (
-        mix({"p": pool}, {"p": 1}, 76, threshold=1000)[2]["train"]["by_partition"]["long"] == 0
+        mix({"p": pool}, {"p": 1}, 76, long_threshold_tokens=1000)[2]["train"]["by_partition"][
+            "long"
+        ]
+        == 0
     )  # "above" is strict
 
 
@@ -415,7 +419,9 @@ def test_mix_stage(tmp_path, pools):
     train = [json.loads(line) for line in open(tmp_path / "mixed/train.jsonl")]
     eval_rows = [json.loads(line) for line in open(tmp_path / "mixed/eval.jsonl")]
     assert len(train) == 100 and len(eval_rows) == 12
-    expected_train, expected_eval, _ = mix(pools, {"messages": 0.5, "sharegpt": 0.5}, 100, 12, 100)
+    expected_train, expected_eval, _ = mix(
+        pools, {"messages": 0.5, "sharegpt": 0.5}, 100, eval_samples=12, long_threshold_tokens=100
+    )
     assert train == expected_train and eval_rows == expected_eval  # light rows in, full records out
     assert set(train[0]) == {"id", "source", "messages", "tools", "prompt_tokens_est", "partition"}
     report = json.loads((tmp_path / "reports/mix.json").read_text())
@@ -483,7 +489,7 @@ def mixes(draw):
 
 def mix_or_none(pools, weights, samples, eval_samples, seed, caps):
     try:
-        return mix_datasets(pools, weights, samples, eval_samples, 1024, seed, caps)
+        return mix(pools, weights, samples, seed, eval_samples=eval_samples, caps=caps)
     except ValueError as err:
         assert "no rows left for train" in str(err)
         return None
@@ -522,7 +528,10 @@ def test_reports_break_sources_down_by_the_rows_own_source():
         for i, row in enumerate(make_pool("blend", 60))
     ]
     train, eval_rows, report = mix(
-        {"blend": blend, "plain": make_pool("plain", 60)}, {"blend": 1, "plain": 1}, 40, 10
+        {"blend": blend, "plain": make_pool("plain", 60)},
+        {"blend": 1, "plain": 1},
+        40,
+        eval_samples=10,
     )
     counts = report["train"]["by_source_detail"]
     assert (
@@ -533,7 +542,7 @@ def test_reports_break_sources_down_by_the_rows_own_source():
     assert all(r.get("source_detail") for r in train if r["source"] == "blend")
     assert (
         "by_source_detail"
-        not in mix({"plain": make_pool("plain", 60)}, {"plain": 1}, 40, 10)[2]["train"]
+        not in mix({"plain": make_pool("plain", 60)}, {"plain": 1}, 40, eval_samples=10)[2]["train"]
     )
 
 
@@ -562,7 +571,7 @@ def test_eval_is_held_out_by_content_not_only_by_id(pools):
         holdout["train_rows_skipped"]["exact"] > 0 and holdout["train_rows_skipped"]["template"] > 0
     )
     # holdout: exact keeps the template twins, and says how many eval prompts have one
-    train_x, eval_x, report_x = mix_datasets(pools, weights, 600, 24, 1024, 0, None, "exact")
+    train_x, eval_x, report_x = mix(pools, weights, 600, holdout="exact")
     assert eval_x == eval_rows
     exact = lambda row: (json.dumps(row["messages"][:-1]), json.dumps(row["tools"]))  # noqa: E731
     assert not {exact(r) for r in eval_x if len(r["messages"]) == 2} & {exact(r) for r in train_x}
@@ -576,8 +585,9 @@ def test_holdout_keeps_prefix_stability_and_weights(pools):
     train_500, eval_500, report = mix(pools, weights, 500)
     assert train_500[:50] == train_50 and eval_50 == eval_500
     assert abs(report["train"]["by_source"]["messages"] / 500 - 0.75) < 0.02
+    fuzzy = MixConfig(weights=weights).model_copy(update={"holdout": "fuzzy"})  # unvalidated
     with pytest.raises(ValueError, match="mix.holdout must be one of"):
-        mix_datasets(pools, weights, 50, 24, 1024, 0, None, "fuzzy")
+        mix_splits(pools, fuzzy, 50, 0)
 
 
 def test_mix_stage_fails_when_eval_keeps_template_twins(tmp_path, pools):
@@ -601,7 +611,7 @@ def test_dev_split_is_held_out_from_train_and_eval(pools):
     exact or template twin of a dev prompt in train, none of an eval prompt in dev; with 0 the
     mix is exactly the mix without one."""
     weights = {"messages": 0.5, "sharegpt": 0.5}
-    splits, report = mix_splits(pools, weights, 300, 24, 12, 1024, 0)
+    splits, report = mix_splits(pools, MixConfig(weights=weights), 300, 0)
     train, eval_rows, dev = splits["train"], splits["eval"], splits["dev"]
     assert len(dev) == 12 and len(eval_rows) == 24 and len(train) == 300
     masked = lambda row: re.sub(r"\d+", "0", first_user_turn(row))  # noqa: E731
@@ -621,11 +631,11 @@ def test_dev_split_is_held_out_from_train_and_eval(pools):
     assert sum(row["dev"] for row in report["per_dataset"].values()) == 12
     # eval does not move; train for a larger `samples` extends this one
     assert splits_eval_only(pools, weights) == eval_rows
-    assert mix_splits(pools, weights, 400, 24, 12, 1024, 0)[0]["train"][:300] == train
-    no_dev, _ = mix_splits(pools, weights, 300, 24, 0, 1024, 0)
+    assert mix_splits(pools, MixConfig(weights=weights), 400, 0)[0]["train"][:300] == train
+    no_dev, _ = mix_splits(pools, MixConfig(weights=weights, dev_samples=0), 300, 0)
     assert no_dev["dev"] == [] and no_dev["train"] == mix(pools, weights, 300)[0]
     with pytest.raises(ValueError, match="690 to dev"):  # dev took every row left
-        mix_splits(pools, weights, 10, 24, 5000, 1024, 0)
+        mix_splits(pools, MixConfig(weights=weights, dev_samples=5000), 10, 0)
 
 
 def splits_eval_only(pools, weights):

@@ -17,10 +17,13 @@ from draftline.target.corpus import arithmetic, multi_turn, tool_call
 from draftline.tokens.chat import (
     ServerTurn,
     TemplateMismatch,
+    conversation_rows,
     end_of_turn_tokens,
     normalize_messages,
+    plan_conversation,
     render,
     tokenize_conversation,
+    tokenize_rows,
     trained_runs,
 )
 
@@ -263,6 +266,13 @@ def split_a_token(tok, ids: list[int]) -> tuple[int, list[int]]:
     raise AssertionError("no token to split")
 
 
+def with_server(tok, messages, tools, max_length, server_turns, use_server_ids=False):
+    """tokenize_conversation's rows, each turn checked against what the server said of it."""
+    plan = plan_conversation(tok, messages, tools)
+    tokenized = tokenize_rows(tok, plan.row_spans())
+    return conversation_rows(tok, plan, tokenized, max_length, server_turns, use_server_ids)
+
+
 def test_server_ids_are_compared_with_each_turn_and_spliced_verbatim(tiny_tokenizer):
     tok = tiny_tokenizer
     conv = tool_call(random.Random(5))  # two turns: a tool call (markup tokens), then an answer
@@ -275,9 +285,7 @@ def test_server_ids_are_compared_with_each_turn_and_spliced_verbatim(tiny_tokeni
     # the server generated exactly the re-tokenized spans: equal, and splicing changes nothing
     exact = [ServerTurn(r, len(r)) for r in runs]
     for use in (False, True):
-        (same,) = tokenize_conversation(
-            tok, messages, tools, 2048, server_turns=exact, use_server_ids=use
-        )
+        (same,) = with_server(tok, messages, tools, 2048, exact, use)
         assert (same["input_ids"], same["loss_mask"]) == (row["input_ids"], row["loss_mask"])
         assert [(c["equal"], c["spliced"]) for c in same["checks"]] == [(True, use), (True, use)]
 
@@ -285,7 +293,7 @@ def test_server_ids_are_compared_with_each_turn_and_spliced_verbatim(tiny_tokeni
     # comes back without its end-of-turn token (the template's is put after it)
     k, drifted = split_a_token(tok, runs[0])
     server = [ServerTurn(drifted, len(drifted)), ServerTurn(runs[1][:-1], len(runs[1]) - 1)]
-    (kept,) = tokenize_conversation(tok, messages, tools, 2048, server_turns=server)
+    (kept,) = with_server(tok, messages, tools, 2048, server)
     assert (kept["input_ids"], kept["loss_mask"]) == (row["input_ids"], row["loss_mask"])
     first, second = kept["checks"]
     assert (first["equal"], first["first_difference"], first["end_of_turn_added"]) == (
@@ -299,9 +307,7 @@ def test_server_ids_are_compared_with_each_turn_and_spliced_verbatim(tiny_tokeni
         len(runs[0]),
     )
 
-    (spliced,) = tokenize_conversation(
-        tok, messages, tools, 2048, server_turns=server, use_server_ids=True
-    )
+    (spliced,) = with_server(tok, messages, tools, 2048, server, use_server_ids=True)
     start = row["loss_mask"].index(1)
     gap = row["input_ids"][start + len(runs[0]) : len(row["input_ids"]) - len(runs[1])]
     assert spliced["input_ids"] == row["input_ids"][:start] + drifted + gap + runs[1]
@@ -320,7 +326,7 @@ def test_server_ids_of_a_cut_turn_or_a_prefilled_prompt(tiny_tokenizer):
     ]
     (row,) = tokenize_conversation(tok, cut, None, 512)
     ids = trained_runs(row["input_ids"], row["loss_mask"])[0]
-    (checked,) = tokenize_conversation(tok, cut, None, 512, server_turns=[ServerTurn(ids, None)])
+    (checked,) = with_server(tok, cut, None, 512, [ServerTurn(ids, None)])
     # no end-of-turn token added to a turn max_tokens cut; no usage: nothing to compare it with
     assert checked["checks"][0] == {
         "message": 1,
@@ -333,7 +339,7 @@ def test_server_ids_of_a_cut_turn_or_a_prefilled_prompt(tiny_tokenizer):
         "end_of_turn_added": False,
         "spliced": False,
     }
-    (usage_only,) = tokenize_conversation(tok, cut, None, 512, server_turns=[ServerTurn(None, 9)])
+    (usage_only,) = with_server(tok, cut, None, 512, [ServerTurn(None, 9)])
     assert usage_only["checks"][0]["server_ids"] is False
     assert usage_only["checks"][0]["usage_completion_tokens"] == 9
 
@@ -345,9 +351,7 @@ def test_server_ids_of_a_cut_turn_or_a_prefilled_prompt(tiny_tokenizer):
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     (plain,) = tokenize_conversation(prefill, messages, None, 512)
     other = [ServerTurn([7, 8, prefill.eos_token_id], 3)]
-    (row,) = tokenize_conversation(
-        prefill, messages, None, 512, server_turns=other, use_server_ids=True
-    )
+    (row,) = with_server(prefill, messages, None, 512, other, use_server_ids=True)
     assert row["checks"][0]["prefilled"] and not row["checks"][0]["spliced"]
     assert row["input_ids"] == plain["input_ids"]  # the span is not all the model's: kept
 

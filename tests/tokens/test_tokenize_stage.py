@@ -25,13 +25,13 @@ def write_inputs(
     conversations: list[dict],
     max_length: int,
     regen_meta: dict | None = None,
-    max_truncated_share: float | None = None,
-    assistant_ids: str = "retokenize",
+    tokenize: dict | None = None,
 ) -> None:
-    share = "" if max_truncated_share is None else f", max_truncated_share: {max_truncated_share}"
+    """The stage's inputs under root; `tokenize`: params.yaml tokenize keys besides max_length."""
+    section = {"max_length": max_length, "assistant_ids": "retokenize", **(tokenize or {})}
     (root / "params.yaml").write_text(
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
-        f"tokenize: {{max_length: {max_length}{share}, assistant_ids: {assistant_ids}}}\n"
+        f"tokenize: {json.dumps(section)}\n"
     )
     card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
@@ -114,7 +114,7 @@ def test_layout_order_frequencies_and_report(tmp_path, random_target):
 
     # truncation to max_length: counted, rows cut, and rerunning replaces the old dataset whole
     # (past tokenize.max_truncated_share the stage fails: see the test below)
-    write_inputs(tmp_path, random_target, convs, 24, max_truncated_share=1.0)
+    write_inputs(tmp_path, random_target, convs, 24, tokenize={"max_truncated_share": 1.0})
     report = run(tmp_path)
     data = load_from_disk(str(tmp_path / "tokenized"))
     assert max(data.with_format(None)["seq_len"]) <= 24
@@ -161,7 +161,9 @@ def test_rows_cut_by_max_length_fail_the_stage_naming_it(tmp_path, random_target
     assert check["verdict"] == "fail" and check["max_length_for_threshold"] == longest
     assert f"{longest} would cut at most 5% of these rows" in message
 
-    write_inputs(tmp_path, random_target, convs, cut_at, max_truncated_share=1.0)  # the override
+    write_inputs(
+        tmp_path, random_target, convs, cut_at, tokenize={"max_truncated_share": 1.0}
+    )  # the override
     assert run(tmp_path)["check"]["verdict"] == "pass"
 
 
@@ -344,7 +346,7 @@ def test_server_token_ids_are_checked_per_source_and_can_be_used_verbatim(tmp_pa
     (shown,) = report["first_differences"]
     assert (shown["id"], shown["first_difference"]) == ("c1", k)
 
-    write_inputs(tmp_path, random_target, convs, 512, assistant_ids="server")
+    write_inputs(tmp_path, random_target, convs, 512, tokenize={"assistant_ids": "server"})
     report = run(tmp_path)["server_token_ids"]
     verbatim = load_from_disk(str(tmp_path / "tokenized")).with_format(None)
     assert report["spliced"] == report["server_ids"] == 4 + tool_turns - 2
