@@ -1,20 +1,14 @@
-"""Stage `check_params`: params.yaml validated before DVC runs, and deletes the outputs of, any stage.
+"""Stage `check_params`: params.yaml validated before DVC runs, and deletes the outputs of, any
+stage (draftline/params.py: every section; draftline/data/workspace.py: what must fit the workspace).
 
     python -m stages.check_params datasets/sources.yaml models/draft reports/params_check.txt
 
-DVC deletes a stage's non-persist outputs before it runs the stage's command, and a stage with a
-persist output (train) skips the run cache, so a check inside a stage comes too late: a typo in
-`train` would cost `models/draft`. Every other stage depends on this stage's output, so `dvc
-repro` (and `dvc exp run`) runs it first whenever params.yaml or the validation code changed: a
-bad key stops the run here, in about a second, naming it, before any output is touched. The output
-is the same text for every valid params.yaml, so passing never makes another stage stale: a typo
-and then its fix reruns only this stage.
-
-Checks: every section (draftline/params.py and each phase's config.py: unknown keys, bad values, plain dataset names, aux
-layer ids against the target's layer count when it is known offline, credentials in URLs, ports);
-datasets/sources.yaml in step with `datasets` (the prepare@<name> deps in dvc.yaml); each local
-dataset file there (unless a .dvc file tracks it); train.init not inside the draft output that a
-train run replaces, and its config.json and weight headers readable.
+A stage of its own because DVC deletes a stage's non-persist outputs before it runs the stage's
+command, and a stage with a persist output (train) skips the run cache, so a check inside a stage
+comes too late: a typo in `train` would cost `models/draft`. Every other stage depends on this
+stage's output, so `dvc repro` (and `dvc exp run`) runs it first whenever params.yaml or the
+validation code changed. The output is the same text for every valid params.yaml, so passing never
+makes another stage stale: a typo and then its fix reruns only this stage.
 """
 
 import sys

@@ -1,15 +1,11 @@
-"""Stage `mix`: prepared datasets → the weighted, prefix-stable train split, a held-out eval split
-(reported: evaluate, benchmark), a held-out dev split (for choosing: evaluate_dev) and the eval
-sets (evaluate.sets: datasets only evaluated, held out of train the same way).
+"""Stage `mix`: the prepared datasets -> the train, eval and dev prompts and the eval sets
+(draftline/data/mixing.py).
 
     python -m stages.mix datasets/prepared reports/prepare datasets/prompts reports/mix.json
 
-Reads PREPARED_DIR/<name>.jsonl and PREPARE_REPORTS/<name>.json for every dataset in params.yaml
-and writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl, OUT_DIR/dev.jsonl (records of draftline/data/formats.py plus
-"partition": short|long), OUT_DIR/sets/<name>.jsonl for each eval set, OUT_DIR/meta.json and a
-report: rows per source and partition, caps, cross-dataset duplicates, twins and near-twins of the
-held-out prompts, and every dataset's drop counts by reason. Uses `samples`, `seed` and
-`mix.*`; the rule is in draftline/data/mixing.py.
+Reads PREPARED_DIR/<name>.jsonl and PREPARE_REPORTS/<name>.json of every dataset; writes
+OUT_DIR/train.jsonl, eval.jsonl, dev.jsonl, sets/<name>.jsonl and meta.json, and the report to its
+last argument. A shortfall that mix.allow_shortfall accepts is said on stderr.
 """
 
 import sys

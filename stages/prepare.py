@@ -1,16 +1,13 @@
-"""Stage `prepare`: one dataset of params.yaml → normalized records + a drop report.
+"""Stage `prepare`: one dataset of params.yaml -> normalized records + a drop report
+(draftline/data/sources.py; record and report schemas: draftline/data/formats.py).
 
     python -m stages.prepare sharegpt_sample datasets/prepared/sharegpt_sample.jsonl reports/prepare/sharegpt_sample.json
     python -m stages.prepare --write-sources datasets/sources.yaml   # after adding/renaming a dataset
 
-Reads `datasets.<NAME>` (a preset, a local .jsonl/.json/.parquet file or dataset directory, or a
-hub dataset id; format, split, config name, revision, streaming, field mapping, filters). Rows are
-streamed: read, converted, filtered and written one at a time. Rows that cannot be used are dropped
-and counted by reason; a dataset with no usable row fails and leaves no output. Record and report
-schemas: draftline/data/formats.py.
-
 `--source-dep PATH` (what dvc.yaml passes) is checked against the dataset's source, so a stale
-datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead of tracking the wrong file.
+datasets/sources.yaml (see --write-sources and docs/datasets.md) fails instead of tracking the wrong
+file. The report is written before the stage fails on more malformed rows than
+datasets.<name>.max_drop_share.
 """
 
 import sys

