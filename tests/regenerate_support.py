@@ -22,9 +22,7 @@ from stubs import StubHandler
 
 from draftline.core.card import TargetCard
 from draftline.core.io import write_jsonl
-from draftline.engines.commands import (
-    transformers_serve_command,
-)
+from draftline.engines.commands import ServeSettings, transformers_serve_command
 from draftline.engines.servers import ManagedServer, server_env
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
 from draftline.regenerate.replay import Sampling, regenerate_all
@@ -249,7 +247,7 @@ def served_chatty(tmp_path_factory, chatty_target):
 
     port, log_dir = free_port(), tmp_path_factory.mktemp("served")
     url = f"http://127.0.0.1:{port}"
-    cmd = transformers_serve_command(chatty_target.model, "127.0.0.1", port, "cpu", False, 16, [])
+    cmd = transformers_serve_command(ServeSettings(chatty_target.model, "127.0.0.1", port), "cpu")
     with ManagedServer(
         cmd, server_env(log_dir / "hf"), url, log_dir / "server.log", 120
     ) as base_url:

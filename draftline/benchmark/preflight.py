@@ -12,10 +12,10 @@ import logging
 import shlex
 from typing import TYPE_CHECKING
 
+from draftline.benchmark.commands import benchmark_serve_command, draft_path_for
 from draftline.benchmark.config import BenchmarkError
 from draftline.draft.checkpoint import DraftFacts, read_draft_facts
 from draftline.draft.preflight import check_draft
-from draftline.engines.commands import benchmark_serve_command, draft_path_for
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig

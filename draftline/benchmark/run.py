@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.benchmark import lossless, verdict
+from draftline.benchmark.commands import (
+    benchmark_serve_command,
+    draft_path_for,
+    k_per_batch_size_command,
+)
 from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.hf import benchmark_hf
 from draftline.benchmark.preflight import preflight_deploy
@@ -25,7 +30,6 @@ from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
 from draftline.draft.checkpoint import load_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
-from draftline.engines.commands import benchmark_serve_command, draft_path_for
 from draftline.engines.preflight import PreflightError
 from draftline.evaluate.acceptance import eos_ids
 from draftline.target.model import card_tokenizer, load_target
@@ -178,11 +182,8 @@ def deploy_commands(
             info["k"] = v["k"]
     schedule = v["k_per_batch_size"]
     if cfg.engine != "hf" and len(schedule) > 1 and any(k for _, _, k in schedule):
-        top = max(k for _, _, k in schedule)
         deploy["vllm"]["command_k_per_batch_size"] = shlex.join(
-            benchmark_serve_command(
-                "vllm", card, cfg, paths["vllm"], k=top, k_per_batch_size=schedule
-            )
+            k_per_batch_size_command(card, cfg, paths["vllm"], schedule)
         )
         deploy["vllm"]["k_per_batch_size"] = schedule
     deploy["verdict"] = {

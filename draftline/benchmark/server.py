@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from draftline.benchmark import lossless
+from draftline.benchmark.commands import benchmark_serve_command
 from draftline.benchmark.loadgen import Load, LoadTarget, run_load, summarize_load
 from draftline.benchmark.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
-from draftline.engines.commands import benchmark_serve_command
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -106,7 +106,7 @@ def mode_server(
     if mode in cfg.endpoints:  # already running: checked, not started
         base_url = cfg.endpoints[mode].rstrip("/")
         algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
-        seen = preflight_benchmark(engine, mode, base_url, card, draft_path, algorithm, attempts=3)
+        seen = preflight_benchmark(engine, base_url, card, draft_path, algorithm)
         log.info(
             f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
             f"`{shlex.join(commands[0])}` would be"
@@ -127,7 +127,6 @@ def mode_server(
         server_url(cfg.host, cfg.port),
         log_path,
         limit,
-        say=log.info,
     )
 
 

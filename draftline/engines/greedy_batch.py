@@ -3,24 +3,23 @@ and leave between steps), near-ties of the target's top two logits counted."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from draftline.engines.batch_server import Request
-
 import contextlib
 import copy
 import inspect
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass
-class Row:
-    """One prompt of a GreedyBatch and what it generated."""
+class Row(Generic[R]):
+    """One prompt of a GreedyBatch and what it generated; `request` is the caller's own handle on
+    it (the batch server's Request), carried along untouched."""
 
     prompt_ids: list[int]
     max_tokens: int
-    request: Request | None = None
+    request: R | None = None
     tokens: list[int] = field(default_factory=list)
     ties: int = 0
     processors: object = None  # the target's generation-config logits processors, if any
@@ -244,17 +243,16 @@ def _pad_left(cache, mask, columns: int):
 def decode_batch(
     model,
     prompts: list[list[int]],
-    max_new_tokens: int,
+    max_tokens: int | list[int],
     pad_id: int,
     eos_ids: set[int],
     tie_tolerance: float,
-    max_tokens: list[int] | None = None,
 ) -> list[tuple[list[int], int]]:
     """Greedy answers of the prompts decoded together: per prompt (generated ids up to and including
-    the first end token and at most its own max_tokens (default max_new_tokens), near-tie count
+    the first end token and at most max_tokens, the same for all or one per prompt; near-tie count
     among them: each row leaves the batch at its own cut)."""
     batch = GreedyBatch(model, pad_id, eos_ids, tie_tolerance)
-    cuts = max_tokens or [max_new_tokens] * len(prompts)
+    cuts = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
     rows = [Row(p, cut) for p, cut in zip(prompts, cuts, strict=True)]
     batch.join(rows)
     while len(batch):

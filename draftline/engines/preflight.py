@@ -39,10 +39,12 @@ import json
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.config import redact_url
+from draftline.core.errors import DraftlineError
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -59,8 +61,27 @@ PROBE_MESSAGES = [
 ]
 
 
-class PreflightError(RuntimeError):
+class PreflightError(DraftlineError, RuntimeError):
     """An endpoint that must not be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class ProbeLimits:
+    """How long a preflight waits for each answer, and how many times it asks (1 s, 2 s, ...
+    between tries) before it gives up on the endpoint."""
+
+    timeout_s: float
+    attempts: int
+
+
+@dataclass(frozen=True)
+class ServedTarget:
+    """The target a regeneration endpoint must serve: the name requests give it, and the prompt ids
+    its own tokenizer and chat template give a conversation, prompt_ids(messages, tools)."""
+
+    model_name: str
+    prompt_ids: Callable[[list[dict], list | None], list[int]]
+    chat_template_kwargs: dict = field(default_factory=dict)
 
 
 def _request(client, method: str, url: str, attempts: int, **kwargs):
@@ -224,28 +245,22 @@ def _check_served_name(shown: str, models: list, model_name: str) -> list:
 
 
 def _check_probe_count(
-    client,
-    base_url: str,
-    shown: str,
-    model_name: str,
-    expected: list[int],
-    chat_template_kwargs: dict,
-    attempts: int,
+    client, base_url: str, shown: str, target: ServedTarget, expected: list[int], attempts: int
 ) -> int:
     """The prompt tokens the server counts for the probe chat request; raises PreflightError unless
     the request succeeds and the count is that of `expected`, the target's own ids."""
     body = {
-        "model": model_name,
+        "model": target.model_name,
         "messages": PROBE_MESSAGES,
         "max_tokens": 1,
         "temperature": 0.0,
     }
-    if chat_template_kwargs:
-        body["chat_template_kwargs"] = chat_template_kwargs
+    if target.chat_template_kwargs:
+        body["chat_template_kwargs"] = target.chat_template_kwargs
     resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
     if resp.status_code != 200:
         raise PreflightError(
-            f"{shown}: the probe request for model {model_name!r} got HTTP {resp.status_code}: "
+            f"{shown}: the probe request for model {target.model_name!r} got HTTP {resp.status_code}: "
             f"{resp.text[:300]}"
         )
     try:
@@ -269,26 +284,21 @@ def _check_probe_count(
 
 
 def _vllm_probe_ids_match(
-    client,
-    base_url: str,
-    shown: str,
-    model_name: str,
-    expected: list[int],
-    chat_template_kwargs: dict,
-    attempts: int,
+    client, base_url: str, shown: str, target: ServedTarget, expected: list[int], attempts: int
 ) -> bool:
     """Exact ids through vLLM's /tokenize (chat form): True when they are `expected`, False when
     /tokenize does not answer 200; raises PreflightError when they differ."""
+    kwargs = target.chat_template_kwargs
     tok = _request(
         client,
         "POST",
         f"{base_url}/tokenize",
         attempts,
         json={
-            "model": model_name,
+            "model": target.model_name,
             "messages": PROBE_MESSAGES,
             "add_generation_prompt": True,
-            **({"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}),
+            **({"chat_template_kwargs": kwargs} if kwargs else {}),
         },
     )
     if tok.status_code != 200:
@@ -304,21 +314,18 @@ def _vllm_probe_ids_match(
 def preflight_regeneration(
     base_url: str,
     engine: str,
-    model_name: str,
-    prompt_ids: Callable[[list[dict], list | None], list[int]],
-    chat_template_kwargs: dict,
+    target: ServedTarget,
     api_key: str | None = None,
-    timeout_s: float = 60,
-    attempts: int = 4,
+    limits: ProbeLimits = ProbeLimits(60, 4),
 ) -> dict:
     """Check one regeneration endpoint before the first request (see the module docstring); returns
-    what it saw. prompt_ids(messages, tools): the token ids the target's tokenizer and chat template
-    (with chat_template_kwargs) give a conversation's prompt."""
+    what it saw."""
     import httpx
 
     shown = redact_url(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(timeout=timeout_s, headers=headers) as client:
+    attempts = limits.attempts
+    with httpx.Client(timeout=limits.timeout_s, headers=headers) as client:
         # transformers serve lists only hub-cached models (none for a local path; HTTP 500 without
         # an HF_HUB_CACHE); it is pinned to the model it was started with and answers 400 to any
         # other name: the probe below checks both.
@@ -333,13 +340,13 @@ def preflight_regeneration(
             **{k: v for k, v in probe.items() if k not in ("engines", "checked", "speculative")},
             "speculative": False,
         }
-        seen["served_models"] = _check_served_name(shown, models, model_name)
-        expected = prompt_ids(PROBE_MESSAGES, None)
+        seen["served_models"] = _check_served_name(shown, models, target.model_name)
+        expected = target.prompt_ids(PROBE_MESSAGES, None)
         seen["probe_prompt_tokens"] = _check_probe_count(
-            client, base_url, shown, model_name, expected, chat_template_kwargs, attempts
+            client, base_url, shown, target, expected, attempts
         )
         if engine == "vllm" and _vllm_probe_ids_match(
-            client, base_url, shown, model_name, expected, chat_template_kwargs, attempts
+            client, base_url, shown, target, expected, attempts
         ):
             seen["probe_token_ids"] = "match"
     return seen
@@ -392,8 +399,7 @@ def preflight_extraction(
     card: TargetCard,
     aux_layer_ids: list[int],
     probe_ids: list[int],
-    timeout_s: float = 120,
-    attempts: int = 3,
+    limits: ProbeLimits = ProbeLimits(120, 3),
     probe_file: bool = True,
 ) -> dict:
     """Check an already-running vLLM extraction server (see the module docstring); returns what it saw.
@@ -402,7 +408,8 @@ def preflight_extraction(
     import httpx
     from safetensors import safe_open
 
-    with httpx.Client(timeout=timeout_s) as client:
+    attempts = limits.attempts
+    with httpx.Client(timeout=limits.timeout_s) as client:
         model = served_model(client, base_url, card, attempts)
         seen = {"url": base_url, "model": model}
         spec = vllm_speculative_config(client, base_url, attempts)
@@ -465,18 +472,19 @@ def preflight_extraction(
 
 def preflight_benchmark(
     engine: str,
-    role: str,
     base_url: str,
     card: TargetCard,
     draft_path: str | None,
     algorithm: str,
-    timeout_s: float = 60,
-    attempts: int = 3,
+    limits: ProbeLimits = ProbeLimits(60, 3),
 ) -> dict:
-    """Check an already-running benchmark server: role "baseline" (no draft) or "speculative" (this draft)."""
+    """Check an already-running benchmark server: the baseline (draft_path None: no draft) or the
+    speculative one (this draft, run with `algorithm`)."""
     import httpx
 
-    with httpx.Client(timeout=timeout_s) as client:
+    role = "speculative" if draft_path else "baseline"
+    attempts = limits.attempts
+    with httpx.Client(timeout=limits.timeout_s) as client:
         seen = {"url": base_url, "role": role}
         if engine == "vllm":
             seen["model"] = served_model(client, base_url, card, attempts)

@@ -1,8 +1,8 @@
 """Server processes and nothing else: launch, health, stop, ports.
 
 `ManagedServer` runs a server in its own process group with its output in a log file, waits for
-/health (printing the log tail when it fails), and always stops the whole group, also on Ctrl-C
-or an exception, escalating from SIGTERM to SIGKILL. The group id goes to a pid file so a run
+/health (its progress logged, the log tail in the error when it fails), and always stops the
+whole group, also on Ctrl-C or an exception, escalating from SIGTERM to SIGKILL. The group id goes to a pid file so a run
 killed with SIGKILL has its orphaned server stopped by the next run; the server also gets SIGTERM
 when the stage process dies (PR_SET_PDEATHSIG). Without a fixed port (params `port: null`) it
 picks a free one at start, and when another process takes that port first (two pipelines on one
@@ -13,6 +13,7 @@ another. Commands are argv lists, never run through a shell; draftline/engines/c
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 from draftline.engines.config import vllm_engine
+
+log = logging.getLogger(__name__)
 
 
 def has_cuda() -> bool:
@@ -192,12 +195,11 @@ def wait_healthy(
     proc: subprocess.Popen,
     timeout_s: float,
     log_path: Path,
-    say=None,
     progress_every_s: float = 30.0,
     check_owner: bool = False,
 ) -> None:
     """Poll /health until it answers 200 from the server `proc` started; every progress_every_s a
-    line (elapsed, limit, the log's last line) through `say`. A server that exits fails at once with
+    line (elapsed, limit, the log's last line) logged. A server that exits fails at once with
     its log's last lines; PortTaken when another process holds its port (it exited unable to bind,
     or, with check_owner, what answers is a process outside its group)."""
     import httpx
@@ -229,9 +231,9 @@ def wait_healthy(
                 )
             return
         now = time.monotonic()
-        if say is not None and now - last_line >= progress_every_s:
+        if now - last_line >= progress_every_s:
             last_line = now
-            say(
+            log.info(
                 f"server: loading, {now - start:.0f}s of {timeout_s:.0f}s; log: {log_tail(log_path, 1).strip()[-160:]}"
             )
         time.sleep(0.5)
@@ -328,10 +330,9 @@ class ManagedServer:
         log_path: Path,
         startup_timeout_s: float,
         pid_file: Path | None = None,
-        say=None,
     ):
         self.command, self.env, self.base_url = command, env, base_url
-        self.log_path, self.startup_timeout_s, self.say = log_path, startup_timeout_s, say
+        self.log_path, self.startup_timeout_s = log_path, startup_timeout_s
         self.pid_file = pid_file or log_path.with_suffix(".pid")
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None  # launch to healthy, once started
@@ -339,7 +340,7 @@ class ManagedServer:
     def __enter__(self) -> str:
         host, port = _split_url(self.base_url)
         if stop_orphan(self.pid_file):
-            print(f"stopped the server a killed run left behind ({self.pid_file})", file=sys.stderr)
+            log.warning(f"stopped the server a killed run left behind ({self.pid_file})")
             deadline = (
                 time.monotonic() + 10
             )  # its listening socket closes as the process finishes exiting
@@ -368,9 +369,8 @@ class ManagedServer:
                     raise RuntimeError(
                         f"{err}; choose another port (or null: a free one is chosen at start)"
                     ) from None
-                print(
-                    f"port {port} was taken by another process; trying another ({attempt + 1}/{self.PORT_ATTEMPTS})",
-                    file=sys.stderr,
+                log.warning(
+                    f"port {port} was taken by another process; trying another ({attempt + 1}/{self.PORT_ATTEMPTS})"
                 )
                 continue
             self.base_url = url
@@ -383,10 +383,10 @@ class ManagedServer:
 
     def _start(self, command: list[str], url: str, check_owner: bool) -> None:
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        with open(self.log_path, "w") as log:  # an argv list: no shell sees the params
+        with open(self.log_path, "w") as server_log:  # an argv list: no shell sees the params
             self.proc = subprocess.Popen(
                 command,
-                stdout=log,
+                stdout=server_log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
@@ -400,15 +400,13 @@ class ManagedServer:
                 self.proc,
                 self.startup_timeout_s,
                 self.log_path,
-                self.say,
                 check_owner=check_owner,
             )
         except BaseException:
             self.stop()
             raise
         self.startup_s = round(time.monotonic() - started, 1)  # launch to healthy
-        if self.say:
-            self.say(f"server at {url} ready in {self.startup_s} s (log: {self.log_path})")
+        log.info(f"server at {url} ready in {self.startup_s} s (log: {self.log_path})")
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -28,9 +28,14 @@ from datasets import load_from_disk
 from draftline.core.card import TargetCard
 from draftline.core.config import resolve_device
 from draftline.core.io import read_json, write_meta
-from draftline.engines.commands import generate_offline_data_command, vllm_extract_command
+from draftline.engines.commands import (
+    ExtractServe,
+    OfflineDataRun,
+    generate_offline_data_command,
+    vllm_extract_command,
+)
 from draftline.engines.config import vllm_engine
-from draftline.engines.preflight import PreflightError, preflight_extraction
+from draftline.engines.preflight import PreflightError, ProbeLimits, preflight_extraction
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states import plan, resume
@@ -101,20 +106,22 @@ def vllm_extract_serve(job: ExtractionJob, staging: Path, longest: int, port: in
     v = cfg.vllm
     return vllm_extract_command(
         vllm_engine(),
-        card.model,
-        card.revision,
-        job.aux_ids,
-        card.num_layers,
-        staging,
-        v.host,
-        port,
-        cfg.dtype,
-        v.tensor_parallel_size,
-        v.max_model_len or longest + 1,
-        v.gpu_memory_utilization,
-        v.extra_args,
-        transfer=cfg.format if cfg.format == "fp8" else "file",
-        trust_remote_code=card.trust_remote_code,
+        ExtractServe(
+            card.model,
+            card.revision,
+            job.aux_ids,
+            card.num_layers,
+            staging,
+            v.host,
+            port,
+            cfg.dtype,
+            v.tensor_parallel_size,
+            v.max_model_len or longest + 1,
+            v.gpu_memory_utilization,
+            v.extra_args,
+            transfer=cfg.format if cfg.format == "fp8" else "file",
+            trust_remote_code=card.trust_remote_code,
+        ),
     )
 
 
@@ -127,9 +134,8 @@ def offline_server(job: ExtractionJob, todo: dict[int, int], staging: Path, long
         base_url = v.endpoint.rstrip("/")
         probe = job.rows.with_format(None)[min(todo)]["input_ids"]
         try:
-            seen = preflight_extraction(
-                base_url, card, job.aux_ids, probe, v.request_timeout_s, v.max_retries + 1
-            )
+            limits = ProbeLimits(v.request_timeout_s, v.max_retries + 1)
+            seen = preflight_extraction(base_url, card, job.aux_ids, probe, limits)
         except PreflightError as err:
             raise HiddenStatesError(f"error: hidden_states.vllm.endpoint: {err}") from None
         log.info(
@@ -151,7 +157,6 @@ def offline_server(job: ExtractionJob, todo: dict[int, int], staging: Path, long
         server_url(v.host, v.port),
         job.log_path,
         limit,
-        say=log.info,
     )
 
 
@@ -161,13 +166,15 @@ def generate_offline_data(job: ExtractionJob, base_url: str) -> None:
     cfg = job.cfg
     v = cfg.vllm
     client = generate_offline_data_command(
-        f"{base_url}/v1",
-        job.tokenized,
-        job.out,
-        v.concurrency,
-        v.request_timeout_s,
-        v.max_retries,
-        validate=cfg.format != "fp8",
+        OfflineDataRun(
+            f"{base_url}/v1",
+            job.tokenized,
+            job.out,
+            v.concurrency,
+            v.request_timeout_s,
+            v.max_retries,
+            validate=cfg.format != "fp8",
+        )
     )
     log.info("hidden_states: running " + " ".join(client))
     code = subprocess.run(client).returncode  # its own tqdm bar shows rows/s

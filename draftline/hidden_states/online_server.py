@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from draftline.engines.commands import vllm_extract_command
+from draftline.engines.commands import ExtractServe, vllm_extract_command
 from draftline.engines.config import vllm_engine
-from draftline.engines.preflight import PreflightError, preflight_extraction
+from draftline.engines.preflight import PreflightError, ProbeLimits, preflight_extraction
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 from draftline.hidden_states.config import HiddenStatesError
 
@@ -151,21 +151,23 @@ def serve_command(card: TargetCard, job: OnlineServerJob, staging: Path | None, 
     v = params.get("vllm") or {}
     return vllm_extract_command(
         vllm_engine(),
-        card.model,
-        card.revision,
-        card.aux_ids,
-        card.num_layers,
-        staging,
-        v.get("host") or "127.0.0.1",
-        port,
-        params.get("dtype", "bfloat16"),
-        v.get("tensor_parallel_size", 1),
-        v.get("max_model_len") or job.longest + 1,
-        v.get("gpu_memory_utilization", 0.9),
-        v.get("extra_args", []),
-        transfer=transfer,
-        mooncake=online.get("mooncake"),
-        trust_remote_code=card.trust_remote_code,
+        ExtractServe(
+            card.model,
+            card.revision,
+            card.aux_ids,
+            card.num_layers,
+            staging,
+            v.get("host") or "127.0.0.1",
+            port,
+            params.get("dtype", "bfloat16"),
+            v.get("tensor_parallel_size", 1),
+            v.get("max_model_len") or job.longest + 1,
+            v.get("gpu_memory_utilization", 0.9),
+            v.get("extra_args", []),
+            transfer=transfer,
+            mooncake=online.get("mooncake"),
+            trust_remote_code=card.trust_remote_code,
+        ),
     )
 
 
@@ -180,8 +182,7 @@ def check_endpoint(card: TargetCard, job: OnlineServerJob, endpoint: str) -> dic
             card,
             card.aux_ids,
             job.probe_ids,
-            online.get("request_timeout_s", 600),
-            online.get("max_retries", 3) + 1,
+            ProbeLimits(online.get("request_timeout_s", 600), online.get("max_retries", 3) + 1),
             probe_file=(online.get("transfer") or "file") != "mooncake",
         )
     except PreflightError as err:
@@ -219,5 +220,5 @@ def online_server(card: TargetCard, job: OnlineServerJob) -> Iterator[Served]:
     job.log_path.parent.mkdir(parents=True, exist_ok=True)
     env = launch_env("vllm", card.model, job.log_path.parent / ".hf_cache")
     base = server_url(v.get("host") or "127.0.0.1", v.get("port"))
-    with ManagedServer(launch, env, base, job.log_path, limit, say=log.info) as base_url:
+    with ManagedServer(launch, env, base, job.log_path, limit) as base_url:
         yield Served(f"{base_url}/v1", staging, launched[-1], None)

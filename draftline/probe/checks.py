@@ -39,7 +39,12 @@ from draftline.core.io import read_json, write_json
 from draftline.draft.checkpoint import architecture_of, read_draft_facts
 from draftline.draft.init_checks import InitMismatch, init_weights_problem, read_init_config
 from draftline.draft.preflight import check_vocab
-from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_extraction
+from draftline.engines.preflight import (
+    PROBE_MESSAGES,
+    PreflightError,
+    ProbeLimits,
+    preflight_extraction,
+)
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states.config import HiddenStatesError
 from draftline.hidden_states.online_server import OnlineServerJob, online_server, recorded_source
@@ -264,8 +269,7 @@ def probe_online(
                 card,
                 list(card.aux_ids),
                 ids,
-                hs.online.request_timeout_s,
-                hs.online.max_retries + 1,
+                ProbeLimits(hs.online.request_timeout_s, hs.online.max_retries + 1),
                 probe_file=transfer != "mooncake",
             )
     except HiddenStatesError as err:  # the external server's preflight refused it

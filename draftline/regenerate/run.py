@@ -2,7 +2,7 @@
 
 Checks first that the backend can answer as asked; counts the conversations already made that
 still hold (draftline/regenerate/store.py); starts the server of `regenerate.backend` on the
-target (draftline/engines/servers.py, command lines in draftline/engines/commands.py), or takes the `external`
+target (draftline/engines/servers.py, its command line from draftline/regenerate/launch.py), or takes the `external`
 endpoints; checks each endpoint before the first request (draftline/engines/preflight.py: the card's
 target, not speculative); only then moves the stale lines to superseded.jsonl (and the
 superseded ones that hold again back), and sends the missing prompts (draftline/regenerate/replay.py)
@@ -27,11 +27,17 @@ from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
 from draftline.core.io import read_json, write_meta
 from draftline.engines import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
-from draftline.engines.commands import regenerate_command, transformers_serve_loads
-from draftline.engines.preflight import PreflightError, preflight_regeneration
+from draftline.engines.commands import transformers_serve_loads
+from draftline.engines.preflight import (
+    PreflightError,
+    ProbeLimits,
+    ServedTarget,
+    preflight_regeneration,
+)
 from draftline.engines.servers import launch_env, server_url, startup_timeout_s
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
 from draftline.regenerate.index import all_entries
+from draftline.regenerate.launch import regenerate_command
 from draftline.regenerate.progress import failure_error, progress_bar
 from draftline.regenerate.replay import Sampling, regenerate_all
 from draftline.regenerate.settings import engine_record, wanted_settings
@@ -328,7 +334,6 @@ def server_or_endpoints(
         server_url(cfg.host, cfg.port),
         out / "server.log",
         limit,
-        say=print,
     )
     return server, []
 
@@ -364,21 +369,12 @@ def preflight_endpoints(
 ) -> list[dict]:
     """What each endpoint's preflight saw, in order; the first endpoint refused stops the run
     before anything is sent or moved."""
+    target = ServedTarget(model_name, count_ids, dict(cfg.chat_template_kwargs))
+    limits = ProbeLimits(cfg.first_token_timeout_s, cfg.max_retries + 1)
     seen = []
     for url in urls:
         try:
-            seen.append(
-                preflight_regeneration(
-                    url,
-                    engine,
-                    model_name,
-                    count_ids,
-                    dict(cfg.chat_template_kwargs),
-                    api_key,
-                    timeout_s=cfg.first_token_timeout_s,
-                    attempts=cfg.max_retries + 1,
-                )
-            )
+            seen.append(preflight_regeneration(url, engine, target, api_key, limits))
         except PreflightError as err:
             raise SystemExit(
                 f"error: preflight refused the endpoint: {err} (nothing was sent or "

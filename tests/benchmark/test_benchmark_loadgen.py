@@ -4,7 +4,7 @@ import asyncio
 import socket
 
 from draftline.benchmark.loadgen import Load, LoadTarget, RequestResult, run_load, summarize_load
-from draftline.engines.commands import transformers_serve_command
+from draftline.engines.commands import ServeSettings, transformers_serve_command
 from draftline.engines.servers import ManagedServer, server_env
 from draftline.evaluate.acceptance import eos_ids
 from draftline.evaluate.specdec import greedy_generate
@@ -35,13 +35,7 @@ def test_load_generator_streams_from_transformers_serve(tmp_path, random_target)
     port, max_tokens = free_port(), 8
     url = f"http://127.0.0.1:{port}"
     command = transformers_serve_command(
-        model=random_target.model,
-        host="127.0.0.1",
-        port=port,
-        device="cpu",
-        continuous_batching=False,
-        cb_num_blocks=16,
-        extra_args=[],
+        ServeSettings(model=random_target.model, host="127.0.0.1", port=port), device="cpu"
     )
     with ManagedServer(
         command, server_env(tmp_path / "hf_cache"), url, tmp_path / "server.log", 180

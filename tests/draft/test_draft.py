@@ -611,20 +611,22 @@ def test_online_speculators_command_and_vllm_server_parse(
 
     serve = commands.vllm_extract_command(
         VllmEngineConfig(python="python"),
-        "org/target",
-        None,
-        [2, 16, 29],
-        32,
-        tmp_path / "staging",
-        "0.0.0.0",
-        8012,
-        "bfloat16",
-        8,
-        8193,
-        0.9,
-        [],
-        transfer=transfer,
-        mooncake=online["mooncake"],
+        commands.ExtractServe(
+            "org/target",
+            None,
+            [2, 16, 29],
+            32,
+            tmp_path / "staging",
+            "0.0.0.0",
+            8012,
+            "bfloat16",
+            8,
+            8193,
+            0.9,
+            [],
+            transfer=transfer,
+            mooncake=online["mooncake"],
+        ),
     )
     kv = json.loads(serve[serve.index("--kv-transfer-config") + 1])
     connector = {

@@ -101,11 +101,11 @@ def test_near_ties_are_counted_within_each_requests_own_answer(random_target):
     ]
     pad = tokenizer.pad_token_id
     # every position a near-tie: each count is the length of the answer it belongs to
-    answers = decode_batch(model, prompts, 6, pad, set(), 1e9, max_tokens=[2, 6])
+    answers = decode_batch(model, prompts, [2, 6], pad, set(), 1e9)
     assert [(len(tokens), ties) for tokens, ties in answers] == [(2, 2), (6, 6)]
     # an end token cuts the count where it cuts the answer
     ((alone, _),) = decode_batch(model, [prompts[1]], 6, pad, set(), 1e9)
-    answers = decode_batch(model, prompts, 6, pad, {alone[2]}, 1e9, max_tokens=[2, 6])
+    answers = decode_batch(model, prompts, [2, 6], pad, {alone[2]}, 1e9)
     (first, first_ties), (second, second_ties) = answers
     assert second == alone[: alone.index(alone[2]) + 1] and second_ties == len(second) <= 3
     assert first_ties == len(first) <= 2
@@ -310,7 +310,13 @@ def test_streamed_chunks_put_together_the_whole_answer_with_reasoning_and_tool_c
 
     from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS
 
-    from draftline.engines.batch_server import ChunkStream, assistant_message, text_fields
+    from draftline.engines.batch_server import (
+        AnswerReader,
+        ChunkStream,
+        StreamOptions,
+        assistant_message,
+        text_fields,
+    )
     from draftline.regenerate.stream import StreamedAnswer, answer_choice
 
     tokenizer = copy.deepcopy(tiny_tokenizer)
@@ -325,15 +331,15 @@ def test_streamed_chunks_put_together_the_whole_answer_with_reasoning_and_tool_c
     )
     tokens = tokenizer(answer, add_special_tokens=False)["input_ids"]
     eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    whole, finish = assistant_message(tokenizer, model, eos, "chatcmpl-1", prompt, tokens, 200)
+    reader = AnswerReader(tokenizer, model, eos)
+    whole, finish = assistant_message(reader, "chatcmpl-1", prompt, tokens, 200)
     assert whole["reasoning_content"] and whole["content"] and whole["tool_calls"]
     chunks = ChunkStream(
         "chatcmpl-1",
         "target",
         len(prompt),
-        True,
-        True,
         lambda t: text_fields(tokenizer, model, prompt, t),
+        StreamOptions(include_usage=True, continuous_usage=True),
     )
     sent = chunks.opening()
     for n in range(1, len(tokens) + 1):
@@ -358,7 +364,7 @@ def test_streamed_chunks_put_together_the_whole_answer_with_reasoning_and_tool_c
 def test_a_parse_that_changes_streamed_text_ends_the_stream_instead_of_a_wrong_answer():
     from draftline.engines.batch_server import ChunkStream, StreamMismatch
 
-    chunks = ChunkStream("r", "m", 3, False, False, lambda t: {"content": "draft " * len(t)})
+    chunks = ChunkStream("r", "m", 3, lambda t: {"content": "draft " * len(t)})
     assert chunks.update([5, 6, 7])[0]["choices"][0]["delta"] == {"content": "draft draft"}
     with pytest.raises(StreamMismatch):
         chunks.end([5, 6, 7, 8], {"role": "assistant", "content": "final"}, "stop")
@@ -370,9 +376,10 @@ def test_a_parse_that_changes_streamed_text_ends_the_stream_instead_of_a_wrong_a
 @pytest.fixture(scope="module")
 def served(random_target, tmp_path_factory):
     from draftline.engines.batch_server import BatchServer
+    from draftline.engines.commands import BatchSettings
 
     stats = tmp_path_factory.mktemp("served") / "server_stats.json"
-    return BatchServer(random_target.model, "target", 4, 0.05, 1e-4, stats)
+    return BatchServer(random_target.model, "target", BatchSettings(4, 50, 1e-4), stats)
 
 
 def serve(server, scenario):

@@ -332,6 +332,10 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
+from draftline.benchmark.commands import (  # noqa: E402
+    benchmark_serve_command,
+    k_per_batch_size_command,
+)
 from draftline.benchmark.config import BenchmarkConfig  # noqa: E402
 from draftline.benchmark.preflight import check_engine_settings, preflight_engines  # noqa: E402
 from draftline.benchmark.spec_metrics import (  # noqa: E402
@@ -345,7 +349,6 @@ from draftline.core.io import read_json, write_json, write_jsonl  # noqa: E402
 from draftline.draft.checkpoint import read_draft_facts  # noqa: E402
 from draftline.draft.preflight import check_draft  # noqa: E402
 from draftline.draft.sglang_export import export_sglang  # noqa: E402
-from draftline.engines.commands import benchmark_serve_command  # noqa: E402
 
 
 def free_port() -> int:
@@ -497,10 +500,14 @@ def test_serve_commands_at_each_k_and_k_per_batch_size(random_target):
         cmd = benchmark_serve_command("vllm", random_target, cfg, "/d", **kw)
         return json.loads(cmd[cmd.index("--speculative-config") + 1])
 
+    def scheduled(schedule) -> dict:
+        cmd = k_per_batch_size_command(random_target, cfg, "/d", schedule)
+        return json.loads(cmd[cmd.index("--speculative-config") + 1])
+
     assert spec()["num_speculative_tokens"] == 3 and cfg.ks == [1, 2, 3]
     assert spec(k=1) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 1}
     schedule = [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
-    assert spec(k=3, k_per_batch_size=schedule) == {
+    assert scheduled(schedule) == {
         "method": "eagle3",
         "model": "/d",
         "num_speculative_tokens": 3,
@@ -956,8 +963,8 @@ def test_benchmark_on_already_running_servers(
     import httpx
     from pydantic import ValidationError
 
+    from draftline.benchmark.commands import draft_path_for
     from draftline.draft.sglang_export import export_sglang
-    from draftline.engines.commands import draft_path_for
 
     draft = draft_dir if engine == "vllm" else eagle3_draft_dir
     load = {**LOAD, "k": 3}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from draftline.engines.preflight import PreflightError, preflight_extraction
+from draftline.engines.preflight import PreflightError, ProbeLimits, preflight_extraction
 from tests.hidden_states.test_hidden import FAKE_VLLM, free_port
 
 
@@ -67,20 +67,20 @@ def test_extraction_endpoint_preflight(tmp_path, random_target, case):
     try:
         probe = [5, 6, 7, 8, 9]
         if case == "ok":
-            seen = preflight_extraction(url, card, aux, probe, 30, 1)
+            seen = preflight_extraction(url, card, aux, probe, ProbeLimits(30, 1))
             assert seen["probe_shape"] == [5, 4, H] and seen["model"] == card.model
             assert not list(storage.iterdir())  # the probe's file is removed
         elif (
             case == "no_file"
         ):  # a Mooncake transfer: the model is checked, no probe file is asked for
             assert "probe_shape" not in preflight_extraction(
-                url, card, aux, probe, 30, 1, probe_file=False
+                url, card, aux, probe, ProbeLimits(30, 1), probe_file=False
             )
             assert not list(storage.iterdir())
         else:
             match = "have shape" if case == "three_layers" else "not the target"
             with pytest.raises(PreflightError, match=match):
-                preflight_extraction(url, card, aux, probe, 30, 1)
+                preflight_extraction(url, card, aux, probe, ProbeLimits(30, 1))
     finally:
         proc.terminate()
         proc.wait()

@@ -3,6 +3,7 @@ and the server log's last lines when it dies before it is ready; the environment
 gets (the user's hub cache and network settings, the offline trick only for transformers serve of a
 local directory)."""
 
+import logging
 import subprocess
 import sys
 import time
@@ -43,19 +44,25 @@ def test_progress_lines_while_loading_then_the_log_tail_when_it_dies(tmp_path):
     log = tmp_path / "server.log"
     lines = []
 
-    def say(line):
-        lines.append(line)
-        marker.touch()
+    class Reported(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+            marker.touch()
 
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-c", child], stdout=f, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60  # the first progress line quotes the log: let it be written
     while "loading shard 59" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.02)
-    with pytest.raises(
-        RuntimeError, match=r"(?s)exited with code 3.*loading shard 59.*CUDA out of memory"
-    ):
-        servers.wait_healthy("http://127.0.0.1:9", proc, 600, log, say, progress_every_s=0)
+    handler = Reported()
+    servers.log.addHandler(handler)
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"(?s)exited with code 3.*loading shard 59.*CUDA out of memory"
+        ):
+            servers.wait_healthy("http://127.0.0.1:9", proc, 600, log, progress_every_s=0)
+    finally:
+        servers.log.removeHandler(handler)
     assert (
         lines
         and lines[0].startswith("server: loading,")

@@ -124,15 +124,17 @@ def test_a_draft_naming_the_wrong_aux_layers_trips_the_parity_gate(tmp_path, ser
 def test_our_server_commands_parse_with_vllms_own_parser(tmp_path, served_draft):
     """Regeneration, extraction and both benchmark servers: vLLM's api_server parser (the one
     `python -m vllm.entrypoints.openai.api_server` runs) takes every command we launch."""
+    from draftline.benchmark.commands import benchmark_serve_command
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.engines import commands
     from draftline.regenerate.config import RegenerateConfig
+    from draftline.regenerate.launch import regenerate_command
 
     card = served_draft.card
     engine = VllmEngineConfig()
     assert engine.resolved_python() == str(VLLM_PYTHON)
     launched = {
-        "regenerate": commands.regenerate_command(
+        "regenerate": regenerate_command(
             RegenerateConfig(backend="vllm", reasoning_parser="qwen3", tool_call_parser="hermes"),
             card,
             "target",
@@ -141,21 +143,23 @@ def test_our_server_commands_parse_with_vllms_own_parser(tmp_path, served_draft)
         ),
         "extract": commands.vllm_extract_command(
             engine,
-            card.model,
-            None,
-            card.aux_ids,
-            5,
-            tmp_path / "staging",
-            "127.0.0.1",
-            8001,
-            "float32",
-            1,
-            512,
-            0.9,
-            [],
+            commands.ExtractServe(
+                card.model,
+                None,
+                card.aux_ids,
+                5,
+                tmp_path / "staging",
+                "127.0.0.1",
+                8001,
+                "float32",
+                1,
+                512,
+                0.9,
+                [],
+            ),
         ),
-        "baseline": commands.benchmark_serve_command("vllm", card, BenchmarkConfig(), None, 8002),
-        "speculative": commands.benchmark_serve_command(
+        "baseline": benchmark_serve_command("vllm", card, BenchmarkConfig(), None, 8002),
+        "speculative": benchmark_serve_command(
             "vllm", card, BenchmarkConfig(), str(served_draft.dir), 8003
         ),
     }

@@ -664,7 +664,7 @@ def test_generate_offline_data_command_parses_with_speculators_own_cli():
     from speculators.cli import app
 
     cmd = commands.generate_offline_data_command(
-        "http://127.0.0.1:8012/v1", Path("tok"), Path("hs"), 8, 60.0, 2
+        commands.OfflineDataRun("http://127.0.0.1:8012/v1", Path("tok"), Path("hs"), 8, 60.0, 2)
     )
     assert cmd[:3] == [sys.executable, "-m", "speculators"]
     group = typer.main.get_command(app)
@@ -694,18 +694,20 @@ def test_vllm_extract_command_asks_for_aux_layers_and_the_last_one(tmp_path):
 
     cmd = commands.vllm_extract_command(
         VllmEngineConfig(python="/venv/bin/python"),
-        "org/target",
-        "abc123",
-        [2, 16, 29],
-        32,
-        tmp_path / "staging",
-        "127.0.0.1",
-        8012,
-        "bfloat16",
-        4,
-        4097,
-        0.8,
-        ["--enforce-eager"],
+        commands.ExtractServe(
+            "org/target",
+            "abc123",
+            [2, 16, 29],
+            32,
+            tmp_path / "staging",
+            "127.0.0.1",
+            8012,
+            "bfloat16",
+            4,
+            4097,
+            0.8,
+            ["--enforce-eager"],
+        ),
     )
     assert cmd[:5] == [
         "/venv/bin/python",

@@ -9,6 +9,7 @@ from regenerate_support import ROOT
 
 from draftline.core.config import ParamsError
 from draftline.engines.commands import (
+    ServeSettings,
     sglang_regenerate_command,
     vllm_regenerate_command,
 )
@@ -62,17 +63,19 @@ def sglang_launch_parser() -> argparse.ArgumentParser:
 
 def test_vllm_command_uses_documented_flags():
     cmd = vllm_regenerate_command(
-        "Qwen/Qwen3-8B",
-        "Qwen/Qwen3-8B",
-        "0.0.0.0",
-        8000,
-        "abc123",
-        4,
-        2,
-        32768,
-        "qwen3",
-        "hermes",
-        ["--gpu-memory-utilization", "0.85"],
+        ServeSettings(
+            "Qwen/Qwen3-8B",
+            "0.0.0.0",
+            8000,
+            served_name="Qwen/Qwen3-8B",
+            revision="abc123",
+            tensor_parallel_size=4,
+            data_parallel_size=2,
+            max_model_len=32768,
+            reasoning_parser="qwen3",
+            tool_call_parser="hermes",
+            extra_args=["--gpu-memory-utilization", "0.85"],
+        )
     )
     assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen3-8B"]
     args, unknown = vllm_serve_parser().parse_known_args(cmd[3:])
@@ -91,24 +94,25 @@ def test_vllm_command_uses_documented_flags():
     )
     assert args.gpu_memory_utilization == 0.85 and args.speculative_config is None
     bare, unknown = vllm_serve_parser().parse_known_args(
-        vllm_regenerate_command("m", "m", "h", 1, None, 1, 1, None, None, None, [])[3:]
+        vllm_regenerate_command(ServeSettings("m", "h", 1))[3:]
     )
     assert not unknown and not bare.enable_auto_tool_choice and bare.max_model_len is None
 
 
 def test_sglang_command_uses_documented_flags():
     cmd = sglang_regenerate_command(
-        "/models/glm",
-        "glm",
-        "0.0.0.0",
-        30000,
-        None,
-        8,
-        2,
-        65536,
-        "glm45",
-        "glm45",
-        ["--mem-fraction-static", "0.8"],
+        ServeSettings(
+            "/models/glm",
+            "0.0.0.0",
+            30000,
+            served_name="glm",
+            tensor_parallel_size=8,
+            data_parallel_size=2,
+            max_model_len=65536,
+            reasoning_parser="glm45",
+            tool_call_parser="glm45",
+            extra_args=["--mem-fraction-static", "0.8"],
+        )
     )
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     args, unknown = sglang_launch_parser().parse_known_args(cmd[3:])

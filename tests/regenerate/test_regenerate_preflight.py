@@ -14,7 +14,12 @@ from regenerate_support import (
 )
 
 from draftline.core.io import read_json
-from draftline.engines.preflight import PreflightError, preflight_regeneration
+from draftline.engines.preflight import (
+    PreflightError,
+    ProbeLimits,
+    ServedTarget,
+    preflight_regeneration,
+)
 from draftline.regenerate.settings import prompt_sha256
 from draftline.tokens.chat import chat_prompt_ids
 
@@ -35,7 +40,9 @@ def test_preflight_accepts_the_plain_target(stub, random_target, engine):
 
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, _ = stub(engine=engine, tokenizer=tokenizer)
-    seen = preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
+    seen = preflight_regeneration(
+        url, engine, ServedTarget("m", rendered(tokenizer)), limits=ProbeLimits(60, 1)
+    )
     assert seen["served_models"] == ["m"] and seen["probe_prompt_tokens"] > 10
     assert seen.get("probe_token_ids") == ("match" if engine == "vllm" else None)
 
@@ -63,7 +70,9 @@ def test_preflight_refuses(stub, random_target, engine, attrs, message):
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, _ = stub(**{"engine": engine, "tokenizer": tokenizer, **attrs})
     with pytest.raises(PreflightError, match=message):
-        preflight_regeneration(url, engine, "m", rendered(tokenizer), {}, attempts=1)
+        preflight_regeneration(
+            url, engine, ServedTarget("m", rendered(tokenizer)), limits=ProbeLimits(60, 1)
+        )
 
 
 @pytest.mark.parametrize(
@@ -85,7 +94,9 @@ def test_preflight_probes_what_the_server_is_whatever_is_declared(
     tokenizer = AutoTokenizer.from_pretrained(random_target.model)
     url, handler = stub(engine=actual, speculative=speculative, tokenizer=tokenizer)
     with pytest.raises(PreflightError, match=message):
-        preflight_regeneration(url, "transformers", "m", rendered(tokenizer), {}, attempts=1)
+        preflight_regeneration(
+            url, "transformers", ServedTarget("m", rendered(tokenizer)), limits=ProbeLimits(60, 1)
+        )
     assert handler.requests == []  # refused before the probe request, let alone the data
 
 

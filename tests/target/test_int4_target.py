@@ -122,13 +122,11 @@ def test_hf_extraction_last_state_reproduces_the_logits(int4_dir, tmp_path):
 
 
 def test_engine_command_lines_take_the_quantization_from_the_checkpoint(int4_card, tmp_path):
+    from draftline.benchmark.commands import benchmark_serve_command
     from draftline.benchmark.config import BenchmarkConfig
-    from draftline.engines.commands import (
-        benchmark_serve_command,
-        regenerate_command,
-        vllm_extract_command,
-    )
+    from draftline.engines.commands import ExtractServe, vllm_extract_command
     from draftline.regenerate.config import RegenerateConfig
+    from draftline.regenerate.launch import regenerate_command
 
     card = int4_card
     commands = [
@@ -138,18 +136,7 @@ def test_engine_command_lines_take_the_quantization_from_the_checkpoint(int4_car
     commands.append(
         vllm_extract_command(
             VllmEngineConfig(python="python"),
-            card.model,
-            None,
-            AUX,
-            5,
-            tmp_path,
-            "h",
-            1,
-            "bfloat16",
-            8,
-            4096,
-            0.9,
-            [],
+            ExtractServe(card.model, None, AUX, 5, tmp_path, "h", 1, "bfloat16", 8, 4096, 0.9, []),
         )
     )
     commands += [

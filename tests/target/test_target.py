@@ -198,39 +198,43 @@ def test_trust_remote_code_reaches_every_command_line(wrapped_card, vocab_dir, t
     from torch.distributed.run import get_args_parser
     from transformers.cli.serve import Serve
 
+    from draftline.benchmark.commands import benchmark_serve_command
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.engines import commands
     from draftline.regenerate.config import RegenerateConfig
+    from draftline.regenerate.launch import regenerate_command
     from draftline.train import speculators as handoff
     from draftline.train.config import TrainConfig
 
     card = replace(wrapped_card, architecture="LlamaForCausalLM")
     assert "trust_remote_code" in inspect.signature(Serve.__init__).parameters
     for backend in ("transformers", "vllm", "sglang"):
-        cmd = commands.regenerate_command(RegenerateConfig(backend=backend), card, "m")
+        cmd = regenerate_command(RegenerateConfig(backend=backend), card, "m")
         assert cmd.count("--trust-remote-code") == 1, backend
-        assert "--trust-remote-code" not in commands.regenerate_command(
+        assert "--trust-remote-code" not in regenerate_command(
             RegenerateConfig(backend=backend), replace(card, trust_remote_code=False), "m"
         )
     cmd = commands.vllm_extract_command(
         VllmEngineConfig(python="python"),
-        card.model,
-        None,
-        AUX,
-        5,
-        tmp_path,
-        "h",
-        1,
-        "bfloat16",
-        1,
-        64,
-        0.9,
-        [],
-        trust_remote_code=True,
+        commands.ExtractServe(
+            card.model,
+            None,
+            AUX,
+            5,
+            tmp_path,
+            "h",
+            1,
+            "bfloat16",
+            1,
+            64,
+            0.9,
+            [],
+            trust_remote_code=True,
+        ),
     )
     assert "--trust-remote-code" in cmd
     for engine in ("vllm", "sglang"):
-        assert "--trust-remote-code" in commands.benchmark_serve_command(
+        assert "--trust-remote-code" in benchmark_serve_command(
             engine, card, BenchmarkConfig(engine=engine), "/draft"
         )
     run = handoff.SpeculatorsLaunch(

@@ -132,10 +132,15 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     from regenerate_support import free_port
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftline.engines.commands import regenerate_command
-    from draftline.engines.preflight import PROBE_MESSAGES, PreflightError, preflight_regeneration
+    from draftline.engines.preflight import (
+        PROBE_MESSAGES,
+        PreflightError,
+        ServedTarget,
+        preflight_regeneration,
+    )
     from draftline.engines.servers import ManagedServer, server_env
     from draftline.regenerate.config import RegenerateConfig
+    from draftline.regenerate.launch import regenerate_command
     from draftline.target.model import build_card
     from draftline.tokens.chat import chat_prompt_ids
 
@@ -175,11 +180,11 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
         300,
     ) as url:
         assert (
-            preflight_regeneration(url, "transformers", card.model, render(kwargs), kwargs)[
-                "probe_prompt_tokens"
-            ]
+            preflight_regeneration(
+                url, "transformers", ServedTarget(card.model, render(kwargs), kwargs)
+            )["probe_prompt_tokens"]
             == off
         )
         # a client that forgets the switch still gets the server's default: counted as thinking off, not as the tokenizer's
         with pytest.raises(PreflightError, match=f"server counts {off} prompt tokens"):
-            preflight_regeneration(url, "transformers", card.model, render({}), {})
+            preflight_regeneration(url, "transformers", ServedTarget(card.model, render({})))

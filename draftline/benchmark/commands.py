@@ -1,0 +1,83 @@
+"""The benchmark's server command lines: benchmark params in the engines' terms (EngineServe,
+SpeculativeDraft); draftline/engines/commands.py spells each engine's flags. The same commands
+without a port are the deployment commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftline.engines.commands import EngineServe, SpeculativeDraft, engine_serve_command
+
+if TYPE_CHECKING:
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.core.card import TargetCard
+
+
+def _serve(
+    engine: str,
+    cfg: BenchmarkConfig,
+    draft_path: str | None,
+    port: int | None,
+    k: int | None,
+    k_per_batch_size: list[list[int]] | None,
+) -> EngineServe:
+    k = max(cfg.k) if k is None else k
+    port = cfg.port if port is None else port
+    draft = None
+    if engine == "vllm":
+        launcher, args = cfg.vllm.launcher, cfg.vllm.args
+        if draft_path:
+            schedule = (
+                {"num_speculative_tokens_per_batch_size": k_per_batch_size}
+                if k_per_batch_size
+                else {}
+            )
+            extra = {**schedule, **cfg.vllm.speculative_config}
+            draft = SpeculativeDraft(draft_path, cfg.vllm.method, k, vllm_config=extra)
+    elif engine == "sglang":
+        sg = cfg.sglang
+        launcher, args = sg.launcher, sg.args
+        if draft_path:  # benchmark.sglang.num_steps, when set, wins over k
+            draft = SpeculativeDraft(
+                draft_path, sg.algorithm, sg.num_steps or k, sg.eagle_topk, sg.num_draft_tokens
+            )
+    else:
+        raise ValueError(f"benchmark.engine: no server command for engine {engine!r}")
+    return EngineServe(engine, launcher, args, cfg.host, port, draft)
+
+
+def benchmark_serve_command(
+    engine: str,
+    card: TargetCard,
+    cfg: BenchmarkConfig,
+    draft_path: str | None,
+    port: int | None = None,
+    *,
+    k: int | None = None,
+) -> list[str]:
+    """The server command line; draft_path None gives the non-speculative baseline. `port` (else
+    benchmark.port); with neither, no --port: the engine's default (the deployment command).
+    k: draft tokens per step (None: the largest of benchmark.k)."""
+    return engine_serve_command(card, _serve(engine, cfg, draft_path, port, k, None))
+
+
+def k_per_batch_size_command(
+    card: TargetCard, cfg: BenchmarkConfig, draft_path: str, schedule: list[list[int]]
+) -> list[str]:
+    """vLLM's deployment command that picks k per batch size: `schedule`, [[first batch size, last,
+    k], ...], as num_speculative_tokens_per_batch_size in its speculative config, at the
+    schedule's largest k."""
+    top = max(k for _, _, k in schedule)
+    return engine_serve_command(card, _serve("vllm", cfg, draft_path, None, top, schedule))
+
+
+def draft_path_for(
+    engine: str, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
+) -> str:
+    """The draft directory an engine serves: for SGLang benchmark.sglang.draft_model_path, else the
+    stage's export of the draft (sglang_draft), else the draft itself (refused by
+    benchmark/preflight.py's check_engine_settings)."""
+    if engine == "sglang" and (cfg.sglang.draft_model_path or sglang_draft):
+        return str(Path(cfg.sglang.draft_model_path or sglang_draft).resolve())
+    return str(Path(draft_dir).resolve())
