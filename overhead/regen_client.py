@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not
 
 from devtools.ab_timing import alternate, drop_page_cache, loadavg, machine_load, median_run
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
-from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.regenerate.replay import ReplayJob, Sampling, regenerate_all
 
 TARGET_RATIO = 0.98  # ours achieved / ideal, at every level
 
@@ -199,17 +199,16 @@ async def run_ours(
     pool = open_pool([url], None, concurrency)
     try:
         start, cpu = time.perf_counter(), time.process_time()
-        tally = await regenerate_all(
-            pool,
+        job = ReplayJob(
             "stub",
-            rows,
             Sampling(16, 0.0, 1.0, 0),
             RetryPolicy(0, 0.1, 1.0, 30.0),
             {"short": (concurrency, None), "long": (1, None)},
-            out_dir / "conversations.jsonl",
-            out_dir / "failures.jsonl",
-            tags=tags or {},
+            tags or {},
             prompt_digests=digests,
+        )
+        tally = await regenerate_all(
+            pool, job, rows, out_dir / "conversations.jsonl", out_dir / "failures.jsonl"
         )
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
@@ -410,7 +409,7 @@ def write_startup_files(directory: Path, url: str, lines: int, tokens: int, new:
     cfg = startup_config(url)
     out = directory / "out"
     out.mkdir(parents=True)
-    wanted = wanted_settings(cfg, startup_card(), out)
+    wanted = wanted_settings(cfg, startup_card())
     tags = {
         "fingerprint": wanted.fingerprint,
         "settings": wanted.settings,
@@ -461,11 +460,13 @@ def startup_child(directory: Path, url: str) -> None:
     prints when each phase ended (time.monotonic, as the stub's clock)."""
     main_at = time.monotonic()
     from draftline.regenerate.run import pending
+    from draftline.regenerate.store import set_aside_superseded
 
     imported_at = time.monotonic()
     todo = pending(
         startup_config(url), "vllm", startup_card(), directory / "train.jsonl", directory / "out"
     )
+    set_aside_superseded(todo.finished)  # the index written where it was off, as the stage does
     pending_at = time.monotonic()
     elapsed, _ = asyncio.run(
         run_ours(

@@ -2,18 +2,12 @@
 
     python -m stages.regenerate models/target/card.json datasets/prompts/train.jsonl datasets/regenerated reports/regenerate.json
 
-Starts the server of `regenerate.backend` on the target (transformers serve on CPU by default;
-vllm or sglang from params), or uses the `external` endpoints; checks each endpoint before the
-first request (the card's target, not speculative); sends the prompts with an aiohttp client
-(draftline/regenerate/client.py), per short/long partition concurrency; stops the server
-(draftline/regenerate/run.py). Output datasets/regenerated/conversations.jsonl is append-only
-and keyed by prompt id (persist: true in dvc.yaml), with its index beside it
-(draftline/regenerate/index.py): a rerun after a crash, or after growing `samples`, sends only
-the prompts not yet there; lines made with other settings move to superseded.jsonl beside it,
-never deleted (`draftline conversations restore` brings them back). failures.jsonl
-has one line per conversation that failed in the last run; the report counts everything. The
-stage fails (its conversations kept) when too many prompts failed (regenerate.max_failure_rate)
-or too many answers ended at max_tokens (regenerate.max_length_share).
+The stage file reads the `regenerate` section, sets the thread policy before torch loads, makes
+SIGTERM unwind like Ctrl-C (the server is stopped, files closed), runs the phase
+(draftline/regenerate/run.py: the server of `regenerate.backend`, `hf` by default, started and
+stopped around the run, or the `external` endpoints) and writes its report; it fails, the
+conversations kept, with the phase's error (too many failures, or answers that mostly ended at
+max_tokens).
 """
 
 import signal

@@ -25,7 +25,7 @@ from draftline.core.io import write_jsonl
 from draftline.engines.commands import ServeSettings, transformers_serve_command
 from draftline.engines.servers import ManagedServer, server_env
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
-from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.regenerate.replay import ReplayJob, Sampling, regenerate_all
 from draftline.tokens.chat import chat_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -493,19 +493,18 @@ def run_rows(
     async def go():
         pool = open_pool(urls, api_key, slots=slots)
         try:
-            return await regenerate_all(
-                pool,
+            job = ReplayJob(
                 "m",
-                rows,
                 sampling or Sampling(8, 0.0, 1.0, 0),
                 policy,
                 partitions or {"short": (4, None), "long": (1, None)},
-                tmp_path / "c.jsonl",
-                tmp_path / "f.jsonl",
                 {"fingerprint": "f"},
                 count_ids,
                 max_failures,
                 extra_body=extra_body,
+            )
+            return await regenerate_all(
+                pool, job, rows, tmp_path / "c.jsonl", tmp_path / "f.jsonl"
             ), pool
         finally:
             await close_pool(pool)

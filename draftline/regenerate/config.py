@@ -8,6 +8,11 @@ from typing import Literal
 from pydantic import model_validator
 
 from draftline.core.config import Port, Section, operational, shaping
+from draftline.core.errors import DraftlineError
+
+
+class RegenerateError(DraftlineError):
+    """What stops a regenerate run or the conversations tools: the message says why and what to do."""
 
 
 class RegeneratePartition(Section):

@@ -8,7 +8,6 @@ stage's error: per failure reason, its count and what to change.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,12 +86,9 @@ def progress_bar(total: int, slots: int | None):
 
         def on_tick(t):
             update(t)
-            if not console.is_terminal:
-                print(
-                    progress_line(t, total, time.monotonic() - start, slots),
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if not console.is_terminal:  # the bar's plain form in a log file, on its console
+                line = progress_line(t, total, time.monotonic() - start, slots)
+                console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
         yield update, on_tick
 

@@ -62,6 +62,32 @@ class Sampling:
         return temperature, (rng.randrange(2**31) if self.seed is not None else None)
 
 
+@dataclass(frozen=True)
+class ReplayJob:
+    """What every conversation of one run is sent and recorded with, built once by the stage."""
+
+    model: str  # the target's name in requests
+    sampling: Sampling
+    policy: RetryPolicy  # timeouts and retries of every request
+    partitions: dict[str, tuple[int, int | None]]  # "short"/"long" -> (concurrency, max_context)
+    tags: dict  # on every line's `regeneration` record (settings, fingerprint, engine, run)
+    # count_ids(messages, tools) -> the prompt's token ids, where a partition has a max_context
+    count_ids: Callable | None = None
+    max_failures: int | None = None  # past this many failures the run stops early
+    extra_body: dict | None = None  # into every request (see regenerate_conversation)
+    prompt_digests: dict[str, str] | None = None  # id -> prompt_line of its raw prompt line
+
+
+@dataclass(frozen=True)
+class ProgressHooks:
+    """How a run shows its progress: on_done(tally) after every finished conversation, on_tick(tally)
+    every tick_s whatever happens."""
+
+    on_done: Callable | None = None
+    on_tick: Callable | None = None
+    tick_s: float = 30.0
+
+
 # ---- one conversation ------------------------------------------------------------------------
 
 
@@ -153,19 +179,18 @@ async def answer_budget(
 
 
 def chat_request(
-    model: str,
+    job: ReplayJob,
     messages: list[dict],
+    tools,
     max_tokens: int,
     temperature: float,
     seed: int | None,
-    sampling: Sampling,
-    tools,
-    extra_body: dict | None,
 ) -> dict:
     """The request body of the next answer to `messages` (regenerate_conversation's docstring
-    says where extra_body goes)."""
+    says where job.extra_body goes)."""
+    sampling = job.sampling
     request = {
-        "model": model,
+        "model": job.model,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -175,7 +200,7 @@ def chat_request(
         request["seed"] = seed
     if sampling.chat_template_kwargs:
         request["chat_template_kwargs"] = sampling.chat_template_kwargs
-    extras = dict(extra_body or {})
+    extras = dict(job.extra_body or {})
     with_tools = extras.pop("with_tools", {})  # only beside tools (engine_request_fields)
     request.update(extras)
     if tools:
@@ -196,25 +221,26 @@ def add_answer(stats: dict, choice: dict, usage: dict) -> str:
 
 async def regenerate_conversation(
     pool: EndpointPool,
-    model: str,
+    job: ReplayJob,
     row: dict,
-    sampling: Sampling,
-    policy: RetryPolicy,
     max_context: int | None,
     count_tokens,
-    retries: Counter,
-    extra_body: dict | None = None,
-    on_token=None,
+    tally: Tally,
 ) -> tuple[list[dict], dict]:
     """(regenerated messages, stats). Raises ConversationFailed when a request fails for good.
     With max_context, `await count_tokens(messages, tools)` is the prompt's token count before
     each turn (the chat template rendered and tokenized: regenerate_all does it off the loop).
-    extra_body goes into every request as it is (e.g. vLLM's stream_options, return_token_ids),
-    but for its `with_tools` fields, which go only into requests with tools.
+    job.extra_body goes into every request as it is (e.g. vLLM's stream_options,
+    return_token_ids), but for its `with_tools` fields, which go only into requests with tools.
     The ids and usage of each answer are kept in stats, not on its message: the message goes back
-    to the server in the next turn's request."""
+    to the server in the next turn's request. `tally` counts the retries, and the tokens as they
+    stream in (the live tokens/s)."""
     original, tools = row["messages"], row.get("tools")
-    temperature, seed = sampling.for_conversation(row["id"])
+    temperature, seed = job.sampling.for_conversation(row["id"])
+
+    def on_token(n: int) -> None:
+        tally.streamed_tokens += n
+
     messages: list[dict] = []
     stats = conversation_stats(temperature, seed)
     i = 0
@@ -224,17 +250,15 @@ async def regenerate_conversation(
             messages.append(turn)
             i += 1
             continue
-        max_tokens = sampling.max_tokens
+        max_tokens = job.sampling.max_tokens
         if max_context:
             max_tokens = await answer_budget(
                 max_tokens, max_context, count_tokens, messages, tools, stats
             )
             if max_tokens is None:
                 break
-        request = chat_request(
-            model, messages, max_tokens, temperature, seed, sampling, tools, extra_body
-        )
-        choice, usage = await complete(pool, request, policy, retries, on_token)
+        request = chat_request(job, messages, tools, max_tokens, temperature, seed)
+        choice, usage = await complete(pool, request, job.policy, tally.retries, on_token)
         reply = reply_message(choice)
         messages = messages + [reply]  # a new list: the request above keeps its own
         if add_answer(stats, choice, usage) == "length":
@@ -337,47 +361,39 @@ class Tally:
 
 async def regenerate_all(
     pool: EndpointPool,
-    model: str,
+    job: ReplayJob,
     rows: list[dict],
-    sampling: Sampling,
-    policy: RetryPolicy,
-    partitions: dict[str, tuple[int, int | None]],
     out_path: Path,
     failures_path: Path,
-    tags: dict,
-    count_ids=None,
-    max_failures: int | None = None,
-    on_done=None,
-    on_tick=None,
-    tick_s: float = 30.0,
-    extra_body: dict | None = None,
-    prompt_digests: dict[str, str] | None = None,
+    hooks: ProgressHooks = ProgressHooks(),
 ) -> Tally:
-    """Regenerate `rows`; `partitions` maps "short"/"long" to (concurrency, max_context).
+    """Regenerate `rows`; job.partitions maps "short"/"long" to (concurrency, max_context).
 
     Each finished conversation is one flushed line of out_path (the row with its regenerated
-    messages and a `regeneration` record: `tags` plus its own stats), then its entry in the index
+    messages and a `regeneration` record: job.tags plus its own stats), then its entry in the index
     beside it (draftline/regenerate/index.py); each failed one is one line of failures_path with
-    its reason. Past `max_failures` failures the run stops early: the stage
+    its reason. Past job.max_failures failures the run stops early: the stage
     would fail anyway, so the conversations in flight are cancelled (their streams closed, which
     stops the server's work on them) and what is done stays done.
 
     A partition runs at most `concurrency` conversations, and no more than the pool's slots: a
-    conversation beyond them would only wait. on_done(tally) follows every finished conversation;
-    on_tick(tally) comes every tick_s whatever happens (tally.in_flight: requests at the servers).
+    conversation beyond them would only wait. hooks.on_done(tally) follows every finished
+    conversation; hooks.on_tick(tally) comes every hooks.tick_s whatever happens (tally.in_flight:
+    requests at the servers).
 
-    count_ids(messages, tools) -> the prompt's token ids (the chat template rendered and
+    job.count_ids(messages, tools) -> the prompt's token ids (the chat template rendered and
     tokenized; needed where a partition has a max_context) runs in one thread beside the event
     loop: at 4k tokens it takes milliseconds a turn, during which the loop would send and read
     nothing. The fast tokenizers encode with the GIL released, so the loop goes on meanwhile; one
     thread, since a tokenizer called from two at once can fail ("Already borrowed").
-    prompt_digests: id -> the prompt_line of its raw prompt line, for the index entries.
+    job.prompt_digests: id -> the prompt_line of its raw prompt line, for the index entries.
     """
+    partitions = job.partitions
     tally = Tally(partitions={name: PartitionTally() for name in partitions})
     queues = partition_queues(rows, partitions)
     counting = (
         ThreadPoolExecutor(1, thread_name_prefix="count-ids")
-        if count_ids and any(max_context for _, max_context in partitions.values())
+        if job.count_ids and any(max_context for _, max_context in partitions.values())
         else None
     )
     with (
@@ -387,23 +403,15 @@ async def regenerate_all(
     ):
         runner = ConversationRunner(
             pool=pool,
-            model=model,
-            sampling=sampling,
-            policy=policy,
-            partitions=partitions,
+            job=job,
             tally=tally,
-            count_ids=count_ids,
             counting=counting,
             out=out,
             failures=failures,
             index=IndexWriter(out_path, out),
-            tags=tags,
-            prompt_digests=prompt_digests,
-            max_failures=max_failures,
-            on_done=on_done,
-            extra_body=extra_body,
+            on_done=hooks.on_done,
         )
-        await run_partitions(runner, queues, on_tick, tick_s)
+        await run_partitions(runner, queues, hooks.on_tick, hooks.tick_s)
     tally.in_flight = pool.in_flight
     tally.aborted = runner.stop.is_set()
     return tally
@@ -428,34 +436,22 @@ def partition_queues(
 @dataclass
 class ConversationRunner:
     """What regenerate_all's workers share: each conversation sent, then its flushed line (in
-    out, or in failures) and its counts; `stop` is set past max_failures failures."""
+    out, or in failures) and its counts; `stop` is set past job.max_failures failures."""
 
     pool: EndpointPool
-    model: str
-    sampling: Sampling
-    policy: RetryPolicy
-    partitions: dict[str, tuple[int, int | None]]
+    job: ReplayJob
     tally: Tally
-    count_ids: Callable | None
-    counting: ThreadPoolExecutor | None  # the thread count_ids runs in
+    counting: ThreadPoolExecutor | None  # the thread job.count_ids runs in
     out: IO[bytes]
     failures: IO[str]
     index: IndexWriter
-    tags: dict
-    prompt_digests: dict[str, str] | None
-    max_failures: int | None
     on_done: Callable | None
-    extra_body: dict | None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def on_token(self, n: int) -> None:
-        """Counts tokens as they stream in (the live tokens/s)."""
-        self.tally.streamed_tokens += n
-
     async def count_tokens(self, messages: list[dict], tools) -> int:
-        """The prompt's token count: count_ids run in the counting thread, off the loop."""
+        """The prompt's token count: job.count_ids run in the counting thread, off the loop."""
         loop = asyncio.get_running_loop()
-        return len(await loop.run_in_executor(self.counting, self.count_ids, messages, tools))
+        return len(await loop.run_in_executor(self.counting, self.job.count_ids, messages, tools))
 
     async def worker(self, name: str, queue) -> None:
         """Regenerates rows of a partition's queue, one at a time, until it is empty or `stop`."""
@@ -470,20 +466,11 @@ class ConversationRunner:
         part = tally.partitions[name]
         part.sent += 1
         part.first_start = part.first_start or time.monotonic()
-        max_context = self.partitions[name][1]
+        max_context = self.job.partitions[name][1]
         tally.conversations_in_flight += 1
         try:
             messages, stats = await regenerate_conversation(
-                self.pool,
-                self.model,
-                row,
-                self.sampling,
-                self.policy,
-                max_context,
-                self.count_tokens,
-                tally.retries,
-                self.extra_body,
-                self.on_token,
+                self.pool, self.job, row, max_context, self.count_tokens, tally
             )
         except ConversationFailed as err:
             self.record_failure(name, row, err)
@@ -519,18 +506,19 @@ class ConversationRunner:
             + "\n"
         )
         self.failures.flush()
-        if self.max_failures is not None and tally.failed > self.max_failures:
+        max_failures = self.job.max_failures
+        if max_failures is not None and tally.failed > max_failures:
             self.stop.set()
 
     def record_conversation(self, name: str, row: dict, messages: list[dict], stats: dict) -> None:
         """Writes a regenerated conversation's flushed line, then its index entry, and counts it."""
         record = {k: v for k, v in row.items() if k != "messages"}
         record["messages"] = messages
-        record["regeneration"] = {**self.tags, "prompt_sha256": prompt_sha256(row), **stats}
+        record["regeneration"] = {**self.job.tags, "prompt_sha256": prompt_sha256(row), **stats}
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
         self.out.write(line)
         self.out.flush()  # the conversation is done once its line is out, then its index entry
-        self.index.add(line, record, (self.prompt_digests or {}).get(row["id"]))
+        self.index.add(line, record, (self.job.prompt_digests or {}).get(row["id"]))
         tally, part = self.tally, self.tally.partitions[name]
         turns = len(stats["finish_reasons"])
         tally.ok += 1
@@ -563,7 +551,7 @@ async def run_partitions(
     pool, stop = runner.pool, runner.stop
     workers = []
     slots = pool.slots * len(pool.endpoints) if pool.slots else None
-    for name, (concurrency, _) in runner.partitions.items():
+    for name, (concurrency, _) in runner.job.partitions.items():
         queue = iter(queues[name])
         n = min(concurrency, len(queues[name]), slots or concurrency)
         workers += [asyncio.create_task(runner.worker(name, queue)) for _ in range(n)]

@@ -1,13 +1,14 @@
 """One run of the regenerate stage, from its prompts to its report.
 
 Checks first that the backend can answer as asked; counts the conversations already made that
-still hold (draftline/regenerate/store.py); starts the server of `regenerate.backend` on the
-target (draftline/engines/servers.py, its command line from draftline/regenerate/launch.py), or takes the `external`
-endpoints; checks each endpoint before the first request (draftline/engines/preflight.py: the card's
-target, not speculative); only then moves the stale lines to superseded.jsonl (and the
-superseded ones that hold again back), and sends the missing prompts (draftline/regenerate/replay.py)
-with a progress bar, or a plain progress line every tick in a log file. The report counts
-everything; too many failures come back as an error that says, per failure reason, what to change
+still hold (draftline/regenerate/store.py: load_finished, which moves nothing); starts the server
+of `regenerate.backend` on the target (draftline/engines/servers.py, its command line from
+draftline/regenerate/launch.py), or takes the `external` endpoints; checks each endpoint before
+the first request (draftline/engines/preflight.py: the card's target, not speculative); only then
+moves the stale lines to superseded.jsonl and the superseded ones that hold again back
+(set_aside_superseded), and sends the missing prompts (draftline/regenerate/replay.py) with a
+progress bar, or a plain progress line every tick in a log file. The report counts everything;
+too many failures come back as an error that says, per failure reason, what to change
 (draftline/regenerate/progress.py), and so does a run whose answers mostly ended at max_tokens
 (regenerate.max_length_share, over every conversation kept: this run's and earlier ones').
 """
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -36,18 +39,41 @@ from draftline.engines.preflight import (
 )
 from draftline.engines.servers import launch_env, server_url, startup_timeout_s
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
+from draftline.regenerate.config import RegenerateError
 from draftline.regenerate.index import all_entries
 from draftline.regenerate.launch import regenerate_command
 from draftline.regenerate.progress import failure_error, progress_bar
-from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.regenerate.replay import ProgressHooks, ReplayJob, Sampling, regenerate_all
 from draftline.regenerate.settings import engine_record, wanted_settings
-from draftline.regenerate.store import SUPERSEDED, PromptFile, cut_last_line, load_finished
+from draftline.regenerate.store import (
+    SUPERSEDED,
+    Finished,
+    PromptFile,
+    load_finished,
+    set_aside_superseded,
+)
 from draftline.tokens.chat import chat_prompt_ids
 
 if TYPE_CHECKING:
     from draftline.regenerate.config import RegenerateConfig
     from draftline.regenerate.replay import Tally
     from draftline.regenerate.settings import Wanted
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegenerateRun:
+    """One run's who and where, settled before any work: the params, the target, the engine that
+    answers (the backend, or regenerate.external_engine), the name and API key requests carry,
+    and the output directory."""
+
+    cfg: RegenerateConfig
+    card: TargetCard
+    engine: str
+    model_name: str
+    api_key: str | None
+    out: Path
 
 
 class Pending(NamedTuple):
@@ -57,40 +83,39 @@ class Pending(NamedTuple):
     digests: dict[str, str]  # id -> prompt_line of its raw line (regenerate/index.py)
     wanted: Wanted
     tags: dict  # the regeneration record's settings, engine and run, on every line of this run
-    resume: dict  # load_finished's counts
+    finished: Finished  # load_finished's reading: what is done, its counts, what is to move
     todo: list[dict]  # the prompts to send
-    to_rewrite: bool  # lines to move to superseded.jsonl or back, or a cut line to set aside
+
+    @property
+    def resume(self) -> dict:
+        """load_finished's counts (the report's `resume`)."""
+        return self.finished.counts
 
 
 def pending(
     cfg: RegenerateConfig, engine: str, card: TargetCard, prompts_path: str | Path, out: Path
 ) -> Pending:
     """Reads the prompts and counts the conversations already made that still hold, moving
-    nothing yet: lines made with other settings (or cut by a kill) move to superseded.jsonl, and
-    superseded lines that hold again come back, only once every endpoint passed its preflight, so
-    a refused server (wrong endpoint, a draft attached...) leaves conversations.jsonl exactly as
-    it was. This is the whole of a rerun's start-up before its server: on a conversations file of
-    gigabytes it reads the index beside it (draftline/regenerate/index.py)."""
+    nothing: lines made with other settings (or cut by a kill) move to superseded.jsonl, and
+    superseded lines that hold again come back, only once every endpoint passed its preflight
+    (set_aside_superseded), so a refused server (wrong endpoint, a draft attached...) leaves
+    conversations.jsonl exactly as it was. This is the whole of a rerun's start-up before its
+    server: on a conversations file of gigabytes it reads the index beside it
+    (draftline/regenerate/index.py)."""
     by_id = PromptFile(prompts_path)  # rows read when asked for: the ones to send, mostly
     digests = by_id.digests
     out.mkdir(parents=True, exist_ok=True)
     # what shaped the answers (compared) and what answered them (provenance), on every line
-    wanted = wanted_settings(cfg, card, out)
+    wanted = wanted_settings(cfg, card)
     tags = {
         "fingerprint": wanted.fingerprint,
         "settings": wanted.settings,
         "engine": engine_record(cfg, engine),
     }
-    conversations_path = out / "conversations.jsonl"
-    done, resume = load_finished(conversations_path, by_id, wanted, False, digests)
-    tags["run"] = resume["last_run"] + 1  # this run's lines sort after every kept one (tokenize)
-    to_rewrite = (
-        bool(moved_counts(resume))
-        or bool(resume["restored"] or resume["upgraded"])
-        or cut_last_line(conversations_path)
-    )
-    todo = [by_id[pid] for pid in by_id if pid not in done]
-    return Pending(by_id, digests, wanted, tags, resume, todo, to_rewrite)
+    finished = load_finished(out / "conversations.jsonl", by_id, wanted, digests)
+    tags["run"] = finished.counts["last_run"] + 1  # after every kept line (tokenize's order)
+    todo = [by_id[pid] for pid in by_id if pid not in finished.done]
+    return Pending(by_id, digests, wanted, tags, finished, todo)
 
 
 def moved_counts(resume: dict) -> dict:
@@ -98,7 +123,7 @@ def moved_counts(resume: dict) -> dict:
     return {
         k: v
         for k, v in resume.items()
-        if v and k not in ("not_in_prompts", "last_run", "restored", "upgraded", "named")
+        if v and k not in ("not_in_prompts", "last_run", "restored", "named")
     }
 
 
@@ -108,55 +133,59 @@ class Regenerated(NamedTuple):
     error: str | None  # more failures than regenerate.max_failure_rate: by cause, what to change
 
 
+class Sent(NamedTuple):
+    """What sending gave: the tally (None: nothing sent), what each endpoint's preflight saw, when
+    sending started, the requests one endpoint runs at once."""
+
+    tally: Tally | None
+    seen: list[dict]
+    start: float
+    slots: int | None
+
+
 def regenerate(
     cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path
 ) -> Regenerated:
     """Regenerates the prompts of `prompts_path` not yet in out/conversations.jsonl (append-only,
     keyed by prompt id); failures.jsonl gets one line per conversation that failed in this run."""
-    model_name = cfg.served_model_name or card.model
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
     check_backend(cfg, card, engine)
-    api_key = endpoint_api_key(cfg)
-
-    by_id, digests, wanted, tags, resume, todo, to_rewrite = pending(
-        cfg, engine, card, prompts_path, out
+    run = RegenerateRun(
+        cfg, card, engine, cfg.served_model_name or card.model, endpoint_api_key(cfg), out
     )
+    p = pending(cfg, engine, card, prompts_path, out)
     conversations_path = out / "conversations.jsonl"
+    resume = p.resume
     moving = moved_counts(resume)
-    print(
-        f"regenerate: {len(by_id) - len(todo)} of {len(by_id)} conversations already done, {len(todo)} to send"
+    log.info(
+        f"regenerate: {len(p.by_id) - len(p.todo)} of {len(p.by_id)} conversations already done, {len(p.todo)} to send"
         + "".join(f", {v} {k.replace('_', ' ')} to move to {SUPERSEDED}" for k, v in moving.items())
         + (f", {resume['restored']} back from {SUPERSEDED}" if resume["restored"] else "")
     )
     for reason, lines in resume["named"].items():  # what is set aside, and why: the first few
-        print(f"regenerate: {reason.replace('_', ' ')}: {', '.join(lines)}")
+        log.info(f"regenerate: {reason.replace('_', ' ')}: {', '.join(lines)}")
 
-    def move_stale_lines() -> None:
-        if to_rewrite:
-            load_finished(conversations_path, by_id, wanted, True, digests)
-
-    tally, seen, start, slots = None, [], time.perf_counter(), None
-    if todo:
-        tally, seen, start, slots = send(
-            cfg, card, engine, model_name, api_key, todo, tags, out, move_stale_lines, digests
-        )
+    sent = Sent(None, [], time.perf_counter(), None)
+    if p.todo:
+        sent = send(run, p)
     else:
-        move_stale_lines()  # nothing to send: lines to move or bring back, or a cut line
-    report = run_report(
-        cfg, len(by_id), len(todo), resume, tally, seen, slots, time.perf_counter() - start, out
-    )
+        set_aside_superseded(
+            p.finished
+        )  # nothing to send: lines to move or bring back, or a cut line
+    report = run_report(run, p, sent, time.perf_counter() - sent.start)
     # over every conversation the next stages will read, so a rerun that sends nothing checks too
     report["check"] = length_check(
-        conversations_path, by_id, tags["fingerprint"], cfg.max_length_share
+        conversations_path, p.by_id, p.tags["fingerprint"], cfg.max_length_share
     )
     errors = [length_error(cfg, report["check"], conversations_path)]
+    tally = sent.tally
     if tally is not None:
-        print(
+        log.info(
             f"regenerate: {tally.ok} ok, {tally.failed} failed, {tally.truncated} truncated, "
-            f"{report['streamed_tokens_per_s']} tok/s; {report['missing']} of {len(by_id)} still missing"
+            f"{report['streamed_tokens_per_s']} tok/s; {report['missing']} of {len(p.by_id)} still missing"
         )
-        errors.insert(0, failure_error(cfg, tally, len(todo), out))
-    return Regenerated(report, tags["fingerprint"], "\n".join(e for e in errors if e) or None)
+        errors.insert(0, failure_error(cfg, tally, len(p.todo), out))
+    return Regenerated(report, p.tags["fingerprint"], "\n".join(e for e in errors if e) or None)
 
 
 def length_check(
@@ -208,7 +237,7 @@ def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
         if not transformers_serve_loads(
             card.architecture, card.config_model_type or card.model_type
         ):
-            raise SystemExit(
+            raise RegenerateError(
                 f"error: regenerate.backend: transformers serve loads only model classes transformers ships; "
                 f"the target's {card.architecture} is the checkpoint's own code. Use backend vllm or "
                 "sglang (they get --trust-remote-code from target.trust_remote_code) or external endpoints"
@@ -227,7 +256,7 @@ def check_backend(cfg: RegenerateConfig, card: TargetCard, engine: str) -> None:
         except OSError:
             do_sample = False
         if not do_sample:  # transformers serve would silently answer a temperature > 0 greedily
-            raise SystemExit(
+            raise RegenerateError(
                 "error: regenerate.temperature > 0 but the target's generation_config has no "
                 "do_sample: true, so `transformers serve` would decode greedily"
             )
@@ -239,41 +268,31 @@ def endpoint_api_key(cfg: RegenerateConfig) -> str | None:
         return None
     api_key = os.environ.get(cfg.api_key_env)
     if not api_key:
-        raise SystemExit(f"error: regenerate.api_key_env names {cfg.api_key_env}, which is not set")
+        raise RegenerateError(
+            f"error: regenerate.api_key_env names {cfg.api_key_env}, which is not set"
+        )
     return api_key
 
 
-def send(
-    cfg: RegenerateConfig,
-    card: TargetCard,
-    engine: str,
-    model_name: str,
-    api_key: str | None,
-    todo: list[dict],
-    tags: dict,
-    out: Path,
-    move_stale_lines: Callable[[], None],
-    prompt_digests: dict[str, str] | None = None,
-) -> tuple[Tally | None, list[dict], float, int | None]:
+def send(run: RegenerateRun, p: Pending) -> Sent:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
-    preflights each, moves the stale lines aside, sends `todo`, stops the server. (tally, what each
-    endpoint's preflight saw, when sending started, server slots)."""
+    preflights each, moves the stale lines aside, sends p.todo, stops the server."""
     # bound at call time: tests replace target.card_tokenizer
     from draftline.target.model import card_tokenizer
 
-    tokenizer = card_tokenizer(card)
-    server, urls = server_or_endpoints(cfg, card, model_name, out)
-    sampling, policy = request_settings(cfg)
-    slots = server_slots(cfg, engine)
-    extra_body = engine_request_fields(engine, cfg.tool_call_parser)
+    cfg = run.cfg
+    tokenizer = card_tokenizer(run.card)
+    server, urls = server_or_endpoints(run)
+    slots = server_slots(cfg, run.engine)
 
     def count_ids(messages, tools):
         return chat_prompt_ids(tokenizer, messages, tools, cfg.chat_template_kwargs)
 
+    job = replay_job(run, p, count_ids)
     with server as launched:
         urls = urls or [launched]
-        seen = preflight_endpoints(cfg, engine, model_name, api_key, urls, count_ids, out)
-        move_stale_lines()
+        seen = preflight_endpoints(run, urls, count_ids)
+        set_aside_superseded(p.finished)
         import aiohttp  # noqa: F401  its import is set-up, not sending time
 
         start = time.perf_counter()
@@ -282,54 +301,57 @@ def send(
             if slots
             else ""
         )
-        print(
-            f"regenerate: sending {len(todo)} conversations to {len(urls)} endpoint(s){bound}",
-            flush=True,
+        log.info(
+            f"regenerate: sending {len(p.todo)} conversations to {len(urls)} endpoint(s){bound}"
         )
-        with progress_bar(len(todo), slots and slots * len(urls)) as (on_done, on_tick):
+        with progress_bar(len(p.todo), slots and slots * len(urls)) as (on_done, on_tick):
+            hooks = ProgressHooks(on_done, on_tick, cfg.progress_every_s)
             try:
-                tally = asyncio.run(
-                    send_over_pool(
-                        cfg,
-                        model_name,
-                        api_key,
-                        urls,
-                        slots,
-                        todo,
-                        tags,
-                        out,
-                        sampling,
-                        policy,
-                        extra_body,
-                        count_ids,
-                        prompt_digests,
-                        on_done,
-                        on_tick,
-                    )
-                )
+                tally = asyncio.run(send_over_pool(run, urls, slots, job, p.todo, hooks))
             except KeyboardInterrupt:
-                raise SystemExit(
+                raise RegenerateError(
                     "regenerate: interrupted; finished conversations are kept, a rerun sends the rest"
                 ) from None
-    return tally, seen, start, slots
+    return Sent(tally, seen, start, slots)
+
+
+def replay_job(run: RegenerateRun, p: Pending, count_ids: Callable) -> ReplayJob:
+    """What every conversation of this run is sent and recorded with (regenerate_all)."""
+    cfg = run.cfg
+    sampling, policy = request_settings(cfg)
+    return ReplayJob(
+        model=run.model_name,
+        sampling=sampling,
+        policy=policy,
+        partitions={
+            "short": (cfg.short.concurrency, cfg.short.max_context),
+            "long": (cfg.long.concurrency, cfg.long.max_context),
+        },
+        tags=p.tags,
+        count_ids=count_ids,
+        max_failures=math.floor(cfg.max_failure_rate * len(p.todo)),
+        extra_body=engine_request_fields(run.engine, cfg.tool_call_parser),
+        prompt_digests=p.digests,
+    )
 
 
 def server_or_endpoints(
-    cfg: RegenerateConfig, card: TargetCard, model_name: str, out: Path
+    run: RegenerateRun,
 ) -> tuple[contextlib.AbstractContextManager, list[str]]:
     """(the server to enter, no URLs: entering it gives its URL), or for regenerate.backend
     external (a null context, the endpoints' URLs). Nothing starts before it is entered."""
     # bound at call time: tests replace servers.ManagedServer
     from draftline.engines.servers import ManagedServer
 
+    cfg, card, out = run.cfg, run.card, run.out
     if cfg.backend == "external":
         return contextlib.nullcontext(), [u.rstrip("/") for u in cfg.endpoints]
     limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
-    print(
+    log.info(
         f"regenerate: starting {cfg.backend} server, start-up limit {limit:.0f}s ({why}); log {out / 'server.log'}"
     )
     server = ManagedServer(
-        lambda port: regenerate_command(cfg, card, model_name, out, port),
+        lambda port: regenerate_command(cfg, card, run.model_name, out, port),
         launch_env(cfg.backend, card.model, out / ".hf_cache"),
         server_url(cfg.host, cfg.port),
         out / "server.log",
@@ -358,90 +380,49 @@ def request_settings(cfg: RegenerateConfig) -> tuple[Sampling, RetryPolicy]:
     return sampling, policy
 
 
-def preflight_endpoints(
-    cfg: RegenerateConfig,
-    engine: str,
-    model_name: str,
-    api_key: str | None,
-    urls: list[str],
-    count_ids: Callable,
-    out: Path,
-) -> list[dict]:
+def preflight_endpoints(run: RegenerateRun, urls: list[str], count_ids: Callable) -> list[dict]:
     """What each endpoint's preflight saw, in order; the first endpoint refused stops the run
     before anything is sent or moved."""
-    target = ServedTarget(model_name, count_ids, dict(cfg.chat_template_kwargs))
+    cfg = run.cfg
+    target = ServedTarget(run.model_name, count_ids, dict(cfg.chat_template_kwargs))
     limits = ProbeLimits(cfg.first_token_timeout_s, cfg.max_retries + 1)
     seen = []
     for url in urls:
         try:
-            seen.append(preflight_regeneration(url, engine, target, api_key, limits))
+            seen.append(preflight_regeneration(url, run.engine, target, run.api_key, limits))
         except PreflightError as err:
-            raise SystemExit(
+            raise RegenerateError(
                 f"error: preflight refused the endpoint: {err} (nothing was sent or "
-                f"moved: {out / 'conversations.jsonl'} is as it was)"
+                f"moved: {run.out / 'conversations.jsonl'} is as it was)"
             ) from None
     return seen
 
 
 async def send_over_pool(
-    cfg: RegenerateConfig,
-    model_name: str,
-    api_key: str | None,
+    run: RegenerateRun,
     urls: list[str],
     slots: int | None,
+    job: ReplayJob,
     todo: list[dict],
-    tags: dict,
-    out: Path,
-    sampling: Sampling,
-    policy: RetryPolicy,
-    extra_body: dict,
-    count_ids: Callable,
-    prompt_digests: dict[str, str] | None,
-    on_done,
-    on_tick,
+    hooks: ProgressHooks,
 ) -> Tally:
     """Sends `todo` (regenerate_all) through a pool of the endpoints opened in the running loop,
     and closes the pool however the run ends."""
-    partitions = {
-        "short": (cfg.short.concurrency, cfg.short.max_context),
-        "long": (cfg.long.concurrency, cfg.long.max_context),
-    }
-    pool = open_pool(urls, api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
+    cfg, out = run.cfg, run.out
+    pool = open_pool(urls, run.api_key, cfg.short.concurrency + cfg.long.concurrency, slots)
     try:
         return await regenerate_all(
-            pool,
-            model_name,
-            todo,
-            sampling,
-            policy,
-            partitions,
-            out / "conversations.jsonl",
-            out / "failures.jsonl",
-            tags,
-            count_ids,
-            math.floor(cfg.max_failure_rate * len(todo)),
-            on_done,
-            on_tick,
-            cfg.progress_every_s,
-            extra_body,
-            prompt_digests,
+            pool, job, todo, out / "conversations.jsonl", out / "failures.jsonl", hooks
         )
     finally:
         await close_pool(pool)
 
 
-def run_report(
-    cfg: RegenerateConfig,
-    prompts: int,
-    todo: int,
-    resume: dict,
-    tally: Tally | None,
-    seen: list[dict],
-    slots: int | None,
-    elapsed: float,
-    out: Path,
-) -> dict:
-    """reports/regenerate.json: `prompts` prompted, `todo` of them sent in this run."""
+def run_report(run: RegenerateRun, p: Pending, sent: Sent, elapsed: float) -> dict:
+    """reports/regenerate.json: the prompts of `p`, those of p.todo sent in this run."""
+    cfg, out = run.cfg, run.out
+    prompts, todo, resume = len(p.by_id), len(p.todo), p.resume
+    tally, seen, slots = sent.tally, sent.seen, sent.slots
     turns = sum(tally.finish_reasons.values()) if tally else 0
     server_stats = None
     if cfg.backend == "hf" and todo and (out / "server_stats.json").is_file():

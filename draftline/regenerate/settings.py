@@ -1,17 +1,14 @@
-"""What shaped a regenerated line: the settings recorded with it and their fingerprint, the engine
-that answered (provenance, never compared), and how a rerun reads the settings of lines made by
-runs that did not record them."""
+"""What shaped a regenerated line: the settings recorded with it and their fingerprint, and the
+engine that answered (provenance, never compared)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.config import output_shaping
-from draftline.core.io import read_json
 from draftline.regenerate.config import RegenerateConfig
 
 if TYPE_CHECKING:
@@ -44,10 +41,6 @@ ANSWER_SHAPING_ARGS = (
     "--preferred-sampling-params",
     "--sampling-defaults",
 )
-
-# Output-shaping before the engine became provenance: lines of those runs have a fingerprint of
-# the settings with these fields in it, and no `settings` record.
-LEGACY_ENGINE_SHAPING = ("backend", "external_engine", "extra_args")
 
 
 def _sha256(obj) -> str:
@@ -98,48 +91,38 @@ def engine_record(cfg: RegenerateConfig, engine: str) -> dict:
     return {"engine": engine, **cfg.model_dump(include=set(ENGINE_FIELDS))}
 
 
-def _plain(obj):
+def plain(obj):
+    """`obj` as it reads back from JSON (tuples as lists...): what a line records."""
     return json.loads(json.dumps(obj))
 
 
 @dataclass(frozen=True)
 class Wanted:
-    """The settings the kept lines must have been made with. `known`: fingerprint -> (settings,
-    where they come from) of lines written before settings were recorded per line."""
+    """The settings the kept lines must have been made with."""
 
     fingerprint: str
     settings: dict
-    known: dict[str, tuple[dict, str]] = field(default_factory=dict)
     defaults: dict = field(default_factory=dict)  # a field a line does not record: its default
 
 
-def wanted_settings(cfg: RegenerateConfig, card: TargetCard, directory: Path) -> Wanted:
-    """The current settings, and how to read the lines of runs that did not record theirs: a
-    fingerprint the current params give with the engine fields still in it, or the one of the
-    meta.json beside them (its params, hashed again, must give its fingerprint)."""
-    settings = _plain(regeneration_settings(cfg, card))
-    legacy = {k: v for k, v in settings.items() if k != "answer_shaping_args"}
-    legacy.update(_plain(cfg.model_dump(include=set(LEGACY_ENGINE_SHAPING))))
-    known = {fingerprint(legacy): ({**settings, **legacy}, "params")}
-    meta_path = Path(directory) / "meta.json"
-    try:
-        meta = read_json(meta_path) if meta_path.is_file() else {}
-    except (OSError, ValueError):
-        meta = {}
-    params = meta.get("params") if isinstance(meta, dict) else None
-    if isinstance(params, dict) and isinstance(meta.get("fingerprint"), str):
-        old = {
-            "model": meta.get("target"),
-            "revision": card.revision,
-            "chat_template_sha256": meta.get("chat_template_sha256"),
-            **params,
-        }
-        if fingerprint(old) == meta["fingerprint"]:
-            old["answer_shaping_args"] = answer_shaping_args(old.get("extra_args") or [])
-            known.setdefault(meta["fingerprint"], (old, "meta.json"))
-    defaults = _plain(output_shaping(RegenerateConfig()))
+def wanted_settings(cfg: RegenerateConfig, card: TargetCard) -> Wanted:
+    """The current settings, and the default of each (what a line made before a field was added
+    to the settings was made with)."""
+    settings = plain(regeneration_settings(cfg, card))
+    defaults = plain(output_shaping(RegenerateConfig()))
     defaults["answer_shaping_args"] = []
-    return Wanted(fingerprint(settings), settings, known, defaults)
+    return Wanted(fingerprint(settings), settings, defaults)
+
+
+def predates_settings(regen: dict) -> bool:
+    """A `regeneration` record of the format before settings were recorded per line: a fingerprint
+    alone (no `settings`, and not accepted for other settings by hand). Only
+    draftline/regenerate/migrate.py reads those."""
+    return (
+        isinstance(regen.get("fingerprint"), str)
+        and "settings" not in regen
+        and "accepted_for" not in regen
+    )
 
 
 def changed_fields(regen: dict, recorded: dict, wanted: Wanted) -> list[str]:

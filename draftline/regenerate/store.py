@@ -9,10 +9,17 @@ prompt. A rerun keeps the lines whose settings still match, field by field, and 
 missing prompts. Nothing finished is deleted: a line made with other settings, for a changed
 prompt, a duplicate of an id or an unreadable line moves to superseded.jsonl beside it
 (append-only, with the reason and when), and a superseded line that matches the settings again
-comes back instead of being sent again. By hand, `draftline conversations restore` (draftline/tools/conversations.py) does what the
-stage does before sending (moves stale lines out, matching ones back);
-the second brings the chosen lines back whatever settings made them, accepted for the current
-ones (`regeneration.accepted_for`), in place of the line that holds their id.
+comes back instead of being sent again.
+
+Reading and moving are two steps: `load_finished` reads both files and writes nothing;
+`set_aside_superseded` then moves what it found (the stage calls it once every endpoint passed
+its preflight). By hand, `draftline conversations restore` (draftline/tools/conversations.py)
+does what the stage does before sending (moves stale lines out, matching ones back), or brings
+chosen lines back whatever settings made them, accepted for the current ones
+(`regeneration.accepted_for`), in place of the line that holds their id. A file whose lines
+record only a settings fingerprint (the format before settings were recorded per line) is
+refused with OldFormatError until `draftline conversations migrate` rewrote it
+(draftline/regenerate/migrate.py).
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from draftline.core.io import atomic_path
+from draftline.regenerate.config import RegenerateError
 from draftline.regenerate.index import entry as index_entry
 from draftline.regenerate.index import (
     prompt_line,
@@ -38,45 +45,48 @@ from draftline.regenerate.index import (
     write_index,
 )
 from draftline.regenerate.settings import (
-    LEGACY_ENGINE_SHAPING,
     Wanted,
     changed_fields,
+    predates_settings,
     prompt_sha256,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SUPERSEDED = "superseded.jsonl"  # beside conversations.jsonl; nothing downstream reads it
 
 
-def _verdict(row: dict, prompts: dict, wanted: Wanted) -> tuple[str | None, list[str], dict]:
-    """(why the line does not hold, or None; the settings that changed; what to add to its record:
-    the settings recovered for a line of a run that did not record them)."""
+class OldFormatError(RegenerateError):
+    """conversations.jsonl holds lines of the format before settings were recorded per line."""
+
+    def __init__(self, path: Path, n: int, pid: str):
+        super().__init__(
+            f"error: {path} line {n} ({pid}) records only its settings' fingerprint, the format "
+            "before the settings were recorded with each line; rewrite the file once with "
+            f"`draftline conversations migrate {Path(path).parent}` (with the params that made "
+            "it, or its meta.json beside it), then run again"
+        )
+
+
+def _verdict(row: dict, prompts: dict, wanted: Wanted) -> tuple[str | None, list[str]]:
+    """(why the line does not hold, or None; the settings that changed). "old_format": a record
+    of the format before settings were recorded per line (predates_settings)."""
     regen = row.get("regeneration")
     if not isinstance(regen, dict):
-        return "unrecorded_settings", [], {}
-    made_with, addition, changed = regen.get("fingerprint"), {}, []
-    if made_with == wanted.fingerprint or regen.get("accepted_for") == wanted.fingerprint:
+        return "unrecorded_settings", []
+    changed = []
+    if wanted.fingerprint in (regen.get("fingerprint"), regen.get("accepted_for")):
         pass  # the same settings, or accepted for them by hand (restore --reason/--id)
     elif isinstance(regen.get("settings"), dict) and wanted.settings:
         changed = changed_fields(regen, regen["settings"], wanted)
-    elif made_with in wanted.known:
-        recorded, source = wanted.known[made_with]
-        addition = {
-            "settings": {k: recorded[k] for k in wanted.settings if k in recorded},
-            "engine": {k: recorded[k] for k in LEGACY_ENGINE_SHAPING if k in recorded},
-            "settings_from": source,
-        }
-        changed = changed_fields({**regen, **addition}, recorded, wanted)
+    elif predates_settings(regen):
+        return "old_format", []
     else:
-        return "unrecorded_settings", [], {}
+        return "unrecorded_settings", []
     if changed:
-        return "stale_settings", changed, addition
+        return "stale_settings", changed
     pid = row["id"]
     if pid in prompts and regen.get("prompt_sha256") != prompt_sha256(prompts[pid]):
-        return "stale_prompt", [], addition
-    return None, [], addition
+        return "stale_prompt", []
+    return None, []
 
 
 def _with(row: dict, addition: dict) -> dict:
@@ -94,7 +104,7 @@ def _parse(line: bytes) -> dict | None:
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    """The prompt rows, each with a string `id` (unique) and a `messages` list; else the stage stops."""
+    """The prompt rows, each with a string `id` (unique) and a `messages` list; else RegenerateError."""
     return list(PromptFile(path).values())
 
 
@@ -131,7 +141,9 @@ class PromptFile(Mapping):
                     pid = row["id"]
                     self._rows[pid] = row
                 if pid in self._where:
-                    raise SystemExit(f"error: {self.path} line {n}: duplicate prompt id {pid!r}")
+                    raise RegenerateError(
+                        f"error: {self.path} line {n}: duplicate prompt id {pid!r}"
+                    )
                 self._where[pid] = (n, start, len(line))
                 self.digests[pid] = prompt_line(line)
 
@@ -141,11 +153,11 @@ class PromptFile(Mapping):
             or not isinstance(row.get("id"), str)
             or not isinstance(row.get("messages"), list)
         ):
-            raise SystemExit(
+            raise RegenerateError(
                 f"error: {self.path} line {n}: a prompt needs a string `id` and a `messages` list"
             )
         if pid is not None and row["id"] != pid:
-            raise SystemExit(
+            raise RegenerateError(
                 f"error: {self.path} line {n}: the line starts with id {pid!r} and has {row['id']!r}"
             )
         return row
@@ -187,8 +199,9 @@ def superseded_path(conversations_path: Path) -> Path:
 
 @dataclass
 class _Plan:
-    # per line of conversations.jsonl: None = kept as is; ("keep", addition) = kept, record
-    # completed; (reason, changed, addition) = moved to superseded.jsonl; "blank" = dropped
+    # per line of conversations.jsonl: None = kept as is; ("keep", addition) = kept, its record
+    # completed (the migration); (reason, changed, addition) = moved to superseded.jsonl;
+    # "blank" = dropped
     actions: list = field(default_factory=list)
     restore: dict[int, dict] = field(default_factory=dict)  # superseded line -> record additions
     held: set[bytes] | None = None  # digests of what superseded.jsonl holds (read by _apply)
@@ -328,16 +341,17 @@ def _plan_stage(
         if row["id"] in plan.done:
             plan.set_aside("duplicates", n, row["id"], ("duplicate", [], {}))
             continue
-        reason, changed, addition = _verdict(row, prompts, wanted)
+        reason, changed = _verdict(row, prompts, wanted)
+        if reason == "old_format":
+            raise OldFormatError(path, n, row["id"])
         if reason:
-            plan.set_aside(reason, n, row["id"], (reason, changed, addition))
+            plan.set_aside(reason, n, row["id"], (reason, changed, {}))
             continue
         plan.done.add(row["id"])
         plan.counts["not_in_prompts"] += row["id"] not in prompts
-        plan.counts["upgraded"] += bool(addition)
         plan.last_run = max(plan.last_run, run_of(row))
-        plan.actions.append(("keep", addition) if addition else None)
-        if indexed is not None and not addition and row["id"] in prompts:
+        plan.actions.append(None)
+        if indexed is not None and row["id"] in prompts:
             same_prompt(indexed, row["id"], checked=True)  # the entry learns the prompt line
     for i, entry in _superseded_entries(superseded_path(path)):
         if entry is None:
@@ -347,10 +361,9 @@ def _plan_stage(
             continue
         if row["id"] in plan.done:
             continue
-        reason, _, addition = _verdict(row, prompts, wanted)
-        if reason is not None:
-            continue
-        plan.restore[i] = addition
+        if _verdict(row, prompts, wanted)[0] is not None:
+            continue  # an old-format line too: `draftline conversations migrate` reads those
+        plan.restore[i] = {}
         plan.done.add(row["id"])
         plan.counts["restored"] += 1
         plan.last_run = max(plan.last_run, run_of(row))
@@ -381,10 +394,8 @@ def _plan_chosen(
         ):
             skipped["prompt_changed"] += 1
             continue
-        reason, _, addition = _verdict(row, prompts, wanted)
-        plan.restore[i] = (
-            addition if reason is None else {**addition, "accepted_for": wanted.fingerprint}
-        )
+        reason, _ = _verdict(row, prompts, wanted)
+        plan.restore[i] = {} if reason is None else {"accepted_for": wanted.fingerprint}
         plan.done.add(pid)
         plan.counts["restored"] += 1
     for line in _lines(path):
@@ -485,34 +496,65 @@ COUNTS = (
     "stale_prompt",
     "not_in_prompts",
     "restored",
-    "upgraded",
 )
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What load_finished read of conversations.jsonl and superseded.jsonl; nothing moved yet."""
+
+    path: Path  # conversations.jsonl
+    done: set[str]  # the ids a run need not send
+    counts: dict  # per kind of line (COUNTS), `last_run` and `named`: the report's `resume`
+    plan: _Plan = field(repr=False)  # what set_aside_superseded does
+
+    @property
+    def moves(self) -> bool:
+        """Lines to move to superseded.jsonl or back, or a cut line to set aside."""
+        return self.plan.changes()
 
 
 def load_finished(
     path: Path,
     prompts: dict[str, dict],
     wanted: Wanted | str,
-    rewrite: bool = True,
     prompt_digests: dict[str, str] | None = None,
-) -> tuple[set[str], dict]:
-    """Ids of the conversations a run need not send: the lines of previous runs that still hold
+) -> Finished:
+    """The conversations a run need not send: the lines of previous runs that still hold
     (well-formed, first of their id, made with the wanted settings and, for ids still prompted,
     from the same prompt) and the superseded lines that hold again; with counts of each kind and
     `last_run`, the highest run number kept (see run_of). Lines of ids no longer prompted stay
-    (shrinking `samples` and growing it back loses nothing). With `rewrite` (the stage first
-    counts, and moves lines only once the servers passed their preflight), the lines that do not
-    hold move to superseded.jsonl and the ones that hold again come back; both files are streamed,
-    never held in memory (they reach gigabytes). `wanted` as a bare fingerprint: lines match by it."""
+    (shrinking `samples` and growing it back loses nothing). Writes nothing: what does not hold is
+    moved by set_aside_superseded. Both files are streamed, never held in memory (they reach
+    gigabytes). `wanted` as a bare fingerprint: lines match by it. OldFormatError for a line of
+    the format before settings were recorded per line."""
     if isinstance(wanted, str):
         wanted = Wanted(wanted, {})
     plan = _plan_stage(path, prompts, wanted, prompt_digests)
-    if rewrite and plan.changes():
-        _apply(plan, path, "regenerate")
-    elif not plan.indexed or plan.refreshed:
-        write_index(path, plan.entries)  # a cache beside the file: the next start reads it
     counts = {k: plan.counts[k] for k in COUNTS}
-    return plan.done, {**counts, "last_run": plan.last_run, "named": plan.named}
+    return Finished(
+        Path(path), plan.done, {**counts, "last_run": plan.last_run, "named": plan.named}, plan
+    )
+
+
+def set_aside_superseded(finished: Finished) -> None:
+    """Moves what load_finished found: the lines that do not hold to superseded.jsonl, the
+    superseded ones that hold again back, a cut last line aside, the index rewritten with the
+    file; the files must be as it read them (the stage runs it once every endpoint passed its
+    preflight). With nothing to move: refresh_index."""
+    if finished.moves:
+        _apply(finished.plan, finished.path, "regenerate")
+    else:
+        refresh_index(finished)
+
+
+def refresh_index(finished: Finished) -> None:
+    """The index beside conversations.jsonl written anew where load_finished found it off, or
+    learnt the prompt lines its entries were checked against: a cache, the next start reads it
+    instead of the lines (draftline/regenerate/index.py)."""
+    plan = finished.plan
+    if not plan.indexed or plan.refreshed:
+        write_index(finished.path, plan.entries)
 
 
 def restore(
@@ -524,7 +566,7 @@ def restore(
     dry_run: bool = False,
 ) -> dict:
     """Superseded lines back into conversations.jsonl, never two lines of one id. Without reasons
-    or ids: what the stage does before sending (see load_finished). With them: the chosen lines,
+    or ids: what the stage does before sending (load_finished, set_aside_superseded). With them: the chosen lines,
     whatever made them (see _plan_chosen). Returns the counts."""
     path = Path(directory) / "conversations.jsonl"
     skipped = Counter()
@@ -549,3 +591,46 @@ def restore(
         "skipped": dict(skipped),
         "dry_run": dry_run,
     }
+
+
+def complete_records(
+    path: Path, addition_of: Callable[[dict | None], dict | None], dry_run: bool = False
+) -> Counter:
+    """Rewrites the `regeneration` records of conversations.jsonl (`path`) and of the lines in
+    superseded.jsonl by addition_of(row) (row None: an unreadable line): {} leaves the line as it
+    is, a dict is added to its record, None moves a line of conversations.jsonl aside as
+    `unrecorded_settings` (by "migrate"; a superseded one stays as it is). Counts `upgraded` and
+    `unrecorded_settings` of conversations.jsonl, `superseded_upgraded`; with dry_run, writes
+    nothing. superseded.jsonl goes first: a kill between the files leaves records a rerun
+    completes, no line lost."""
+    counts: Counter = Counter()
+    plan = _Plan()
+    for line in _lines(path):
+        addition = addition_of(_parse(line))
+        if addition is None:
+            plan.actions.append(("unrecorded_settings", [], {}))
+            counts["unrecorded_settings"] += 1
+        elif addition:
+            plan.actions.append(("keep", addition))
+            counts["upgraded"] += 1
+        else:
+            plan.actions.append(None)
+    spath = superseded_path(path)
+    upgraded = {}
+    for i, entry in _superseded_entries(spath):
+        row = entry.get("line") if entry else None
+        addition = addition_of(row) if isinstance(row, dict) else {}
+        if addition:
+            upgraded[i] = {**entry, "line": _with(row, addition)}
+    counts["superseded_upgraded"] = len(upgraded)
+    if dry_run:
+        return counts
+    if upgraded:
+        with atomic_path(spath) as tmp, open(tmp, "wb") as dst:
+            for i, line in enumerate(_lines(spath)):
+                if i in upgraded:
+                    line = (json.dumps(upgraded[i], ensure_ascii=False) + "\n").encode()
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+    if counts["upgraded"] or counts["unrecorded_settings"]:
+        _apply(plan, path, "migrate")
+    return counts

@@ -15,8 +15,8 @@ from pathlib import Path
 from stubs import StubHandler
 
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
-from draftline.regenerate.replay import Sampling, regenerate_all
-from draftline.regenerate.store import load_finished
+from draftline.regenerate.replay import ReplayJob, Sampling, regenerate_all
+from draftline.regenerate.store import load_finished, set_aside_superseded
 from draftline.target.corpus import generate_conversations
 
 PARAMS = """\
@@ -64,24 +64,22 @@ class FlakyServer(StubHandler):
 def regenerate(url: str, rows: list[dict], root: Path) -> None:
     """What the regenerate stage does: keep the finished lines, send only the missing prompts."""
     out = root / "regenerated" / "conversations.jsonl"
-    done, resume = load_finished(out, {r["id"]: r for r in rows}, "f")
-    todo = [r for r in rows if r["id"] not in done]
-    tags = {"fingerprint": "f", "run": resume["last_run"] + 1}
+    finished = load_finished(out, {r["id"]: r for r in rows}, "f")
+    set_aside_superseded(finished)
+    todo = [r for r in rows if r["id"] not in finished.done]
+    tags = {"fingerprint": "f", "run": finished.counts["last_run"] + 1}
 
     async def go():
         pool = open_pool([url], None)
         try:
-            await regenerate_all(
-                pool,
+            job = ReplayJob(
                 "m",
-                todo,
                 Sampling(8, 0.0, 1.0, 0),
                 RetryPolicy(1, 0.01, 0.02, 5),
                 {"short": (4, None), "long": (1, None)},
-                out,
-                root / "failures.jsonl",
                 tags,
             )
+            await regenerate_all(pool, job, todo, out, root / "failures.jsonl")
         finally:
             await close_pool(pool)
 

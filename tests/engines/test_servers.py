@@ -101,10 +101,10 @@ def launch_of(monkeypatch, tmp_path, card, backend: str) -> tuple[list[str], dic
 
     monkeypatch.setattr(servers, "ManagedServer", Recorder)
     monkeypatch.setattr(target, "card_tokenizer", lambda card: None)
+    run = regeneration_run.RegenerateRun(cfg, card, backend, card.model, None, tmp_path / "out")
+    nothing = regeneration_run.Pending({}, {}, None, {}, None, [])
     with pytest.raises(Launched):
-        regeneration_run.send(
-            cfg, card, backend, card.model, None, [], {}, tmp_path / "out", lambda: None
-        )
+        regeneration_run.send(run, nothing)
     return launched["argv"], launched["env"]
 
 

@@ -2,7 +2,8 @@
 arguments are provenance recorded per line; a line made with other sampling moves to
 superseded.jsonl and comes back, by the stage or `draftline conversations
 restore`, when the settings match again; lines of runs that did not record their settings are
-kept when their fingerprint proves them, else superseded, never deleted.
+refused until `draftline conversations migrate` recorded them where their fingerprint proves them
+(the others superseded, never deleted).
 
 The stage runs for real, as in the test_regenerate_*.py files (regenerate_support.py's fixtures): a launched `hf` batch server,
 then a real `transformers serve` kept running and given as `external`; a `vllm` launch whose
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 if __name__ == "__main__":  # run as a stand-in server: the helpers beside the tests by their names
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,8 +41,9 @@ from draftline.core.config import kind_of
 from draftline.core.io import read_json, write_json, write_jsonl
 from draftline.engines.preflight import PROBE_MESSAGES
 from draftline.regenerate.config import RegenerateConfig
+from draftline.regenerate.migrate import migrate
 from draftline.regenerate.settings import ENGINE_FIELDS, fingerprint, prompt_sha256, wanted_settings
-from draftline.regenerate.store import load_finished, restore
+from draftline.regenerate.store import OldFormatError, load_finished, restore, set_aside_superseded
 
 ROOT = Path(__file__).resolve().parents[2]
 # the fixtures of regenerate_support.py: a random target made chatty, a real transformers serve on
@@ -55,17 +59,23 @@ def superseded(workdir: Path) -> list[dict]:
 
 
 def restore_cmd(workdir: Path, *args: str) -> dict:
+    return conversations_cmd(workdir, "restore", *args)
+
+
+def conversations_cmd(workdir: Path, command: str, *args: str) -> dict:
+    """`draftline conversations COMMAND out ...` in workdir (its card.json, params.yaml and
+    train.jsonl); its JSON line."""
+    prompts_file = ["--prompts", "train.jsonl"] if command == "restore" else []
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "draftline.tools.conversations",
-            "restore",
+            command,
             "out",
             "--card",
             "card.json",
-            "--prompts",
-            "train.jsonl",
+            *prompts_file,
             *args,
         ],
         cwd=workdir,
@@ -344,7 +354,7 @@ def test_engine_fields_are_operational_and_answer_shaping_args_are_compared():
     card = SimpleNamespace(model="m", revision=None, chat_template_sha256="c")
 
     def fp(**cfg):
-        return wanted_settings(RegenerateConfig(**cfg), card, Path("/nonexistent")).fingerprint
+        return wanted_settings(RegenerateConfig(**cfg), card).fingerprint
 
     base = fp(backend="vllm")
     assert fp(backend="vllm", extra_args=["--max-num-seqs", "8", "--dtype=float16"]) == base
@@ -379,13 +389,17 @@ def old_fingerprint(cfg: RegenerateConfig, card) -> tuple[str, dict]:
     ), shaping
 
 
-def test_lines_of_runs_before_settings_were_recorded_are_kept_or_superseded(
+def test_a_directory_of_the_format_before_settings_were_recorded_is_migrated_once(
     tmp_path, random_target
 ):
-    """Lines written before this change carry only a fingerprint that had the engine in it. The
-    params that made them, hashed again, prove them (then or now, via meta.json): kept when only
-    the engine changed, their settings recorded; unproven ones are superseded, and a restore by
-    reason brings them back accepted for the current settings, which the next run keeps."""
+    """Lines written before settings were recorded per line carry only a fingerprint that had the
+    engine in it. The stage refuses them, naming `draftline conversations migrate`; the migration
+    proves them by the params that made them (then or now, via meta.json), records their settings,
+    and moves the unproven ones aside; the stage then reads the directory as it read such a
+    directory before: the proven lines kept when only the engine changed, their settings, engine
+    and what proved them added to their record, the unproven ones in superseded.jsonl as
+    unrecorded_settings, from where a restore by reason brings them back, accepted for the
+    current settings."""
     rows = prompts(6)
     by_id = {r["id"]: r for r in rows}
     out = tmp_path / "out"
@@ -406,40 +420,59 @@ def test_lines_of_runs_before_settings_were_recorded_are_kept_or_superseded(
     lines = [line(r, {"fingerprint": old_fp, "run": 1}) for r in rows[:4]]
     lines += [line(r, {"fingerprint": "from-long-ago", "run": 1}) for r in rows[4:]]
     write_jsonl(path, lines)
+    written = path.read_bytes()
 
     # the engine switched (external vLLM) in the same run that first reads them
     now = RegenerateConfig(
         backend="external", endpoints=["http://h:1"], external_engine="vllm", max_tokens=8
     )
-    wanted = wanted_settings(now, random_target, out)
-    done, counts = load_finished(path, by_id, wanted)
-    assert done == {"p0", "p1", "p2", "p3"}
-    assert counts["upgraded"] == 4 and counts["unrecorded_settings"] == 2
+    wanted = wanted_settings(now, random_target)
+    with pytest.raises(OldFormatError, match=f"draftline conversations migrate {out}"):
+        load_finished(path, by_id, wanted)
+    assert migrate(out, now, random_target, dry_run=True) == {
+        "upgraded": 4,
+        "unrecorded_settings": 2,
+        "superseded_upgraded": 0,
+        "dry_run": True,
+    }
+    assert path.read_bytes() == written and not (out / "superseded.jsonl").exists()
+    assert migrate(out, now, random_target)["upgraded"] == 4
+    assert migrate(out, now, random_target) == {  # once: nothing of the old format is left
+        "upgraded": 0,
+        "unrecorded_settings": 0,
+        "superseded_upgraded": 0,
+        "dry_run": False,
+    }
+
+    # what the reader of the old format gave: the proven lines kept, their records completed
+    finished = load_finished(path, by_id, wanted)
+    set_aside_superseded(finished)
+    assert finished.done == {"p0", "p1", "p2", "p3"}
+    engine = {"backend": "vllm", "external_engine": None, "extra_args": ["--max-num-seqs", "4"]}
+    completed = {"settings": wanted.settings, "engine": engine, "settings_from": "meta.json"}
     kept = [json.loads(x) for x in path.read_text().splitlines()]
-    assert [r["messages"] for r in kept] == [r["messages"] for r in lines[:4]]
-    assert all(r["regeneration"]["settings"] == wanted.settings for r in kept)
-    assert {r["regeneration"]["engine"]["backend"] for r in kept} == {"vllm"}
-    assert {r["regeneration"]["settings_from"] for r in kept} == {"meta.json"}
+    assert kept == [{**r, "regeneration": {**r["regeneration"], **completed}} for r in lines[:4]]
     aside = [json.loads(x) for x in (out / "superseded.jsonl").read_text().splitlines()]
     assert [e["line"] for e in aside] == lines[4:]
     assert {e["reason"] for e in aside} == {"unrecorded_settings"}
     # meta.json rewritten by this run: the kept lines hold on their own record now
     (out / "meta.json").unlink()
-    assert load_finished(path, by_id, wanted_settings(now, random_target, out))[0] == done
+    assert load_finished(path, by_id, wanted_settings(now, random_target)).done == finished.done
 
     # the old params unchanged, no meta.json: the fingerprint they give proves the lines
     path2 = tmp_path / "again" / "conversations.jsonl"
     write_jsonl(path2, lines[:4])
-    assert load_finished(path2, by_id, wanted_settings(old_cfg, random_target, path2.parent))[
-        0
-    ] == {"p0", "p1", "p2", "p3"}
+    assert migrate(path2.parent, old_cfg, random_target)["upgraded"] == 4
+    again = load_finished(path2, by_id, wanted_settings(old_cfg, random_target))
+    assert again.done == {"p0", "p1", "p2", "p3"} and not again.moves
+    assert {json.loads(x)["regeneration"]["settings_from"] for x in path2.open()} == {"params"}
 
     # restore by reason: the unproven lines come back, accepted; no duplicate, nothing lost
     result = restore(out, by_id, wanted, reasons=["unrecorded_settings"])
     assert result["restored"] == 2 and result["accepted"] == 2
     assert not (out / "superseded.jsonl").read_text()
-    done, counts = load_finished(path, by_id, wanted)
-    assert done == set(by_id) and counts["unrecorded_settings"] == 0
+    finished = load_finished(path, by_id, wanted)
+    assert finished.done == set(by_id) and finished.counts["unrecorded_settings"] == 0
     ids = [json.loads(x)["id"] for x in path.read_text().splitlines()]
     assert sorted(ids) == sorted(by_id)
 
@@ -447,10 +480,11 @@ def test_lines_of_runs_before_settings_were_recorded_are_kept_or_superseded(
     other = RegenerateConfig(
         backend="external", endpoints=["http://h:1"], external_engine="vllm", max_tokens=3
     )
-    load_finished(path, by_id, wanted_settings(other, random_target, out))  # all 6 aside
-    assert not path.read_text()
-    done, _ = load_finished(path, by_id, wanted)  # back: the settings match again
-    assert done == set(by_id)
+    set_aside_superseded(load_finished(path, by_id, wanted_settings(other, random_target)))
+    assert not path.read_text()  # all 6 aside
+    finished = load_finished(path, by_id, wanted)  # back: the settings match again
+    set_aside_superseded(finished)
+    assert finished.done == set(by_id)
     lines_now = [json.loads(x) for x in path.read_text().splitlines()]
     p0_other = line(by_id["p0"], {"fingerprint": "x", "settings": {"max_tokens": 3}})
     with open(out / "superseded.jsonl", "a") as f:
@@ -465,6 +499,32 @@ def test_lines_of_runs_before_settings_were_recorded_are_kept_or_superseded(
     assert [e["line"] for e in replaced if e["reason"] == "replaced"] == [
         r for r in lines_now if r["id"] == "p0"
     ]
+
+
+def test_migrate_command_rewrites_an_old_directory_and_prints_its_counts(tmp_path, random_target):
+    """`draftline conversations migrate DIR [--dry-run]`, with the card and params beside it."""
+    import yaml
+
+    rows = prompts(3)
+    stage_dir(tmp_path, random_target, rows, backend="vllm", max_tokens=8)
+    cfg = RegenerateConfig(**yaml.safe_load((tmp_path / "params.yaml").read_text())["regenerate"])
+    fp, _ = old_fingerprint(cfg, random_target)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    write_jsonl(tmp_path / "out/conversations.jsonl", [line(r, {"fingerprint": fp}) for r in rows])
+    assert conversations_cmd(tmp_path, "migrate", "--dry-run") == {
+        "upgraded": 3,
+        "unrecorded_settings": 0,
+        "superseded_upgraded": 0,
+        "dry_run": True,
+    }
+    assert conversations_cmd(tmp_path, "migrate")["upgraded"] == 3
+    kept = [json.loads(x) for x in (tmp_path / "out/conversations.jsonl").open()]
+    assert {r["regeneration"]["settings_from"] for r in kept} == {"params"}
+    assert conversations_cmd(tmp_path, "restore", "--dry-run") == {
+        "accepted": 0,
+        "skipped": {},
+        "dry_run": True,
+    }
 
 
 def test_a_kill_between_the_steps_leaves_every_line_somewhere_and_none_twice(tmp_path, monkeypatch):
@@ -484,13 +544,14 @@ def test_a_kill_between_the_steps_leaves_every_line_somewhere_and_none_twice(tmp
     with monkeypatch.context() as m:
         m.setattr(store, "atomic_path", killed)
         try:
-            load_finished(path, rows, wanted)
+            set_aside_superseded(load_finished(path, rows, wanted))
         except KeyboardInterrupt:
             pass
     aside = (tmp_path / "superseded.jsonl").read_text().splitlines()
     assert len(aside) == 4 and len(path.read_text().splitlines()) == 4  # in both files
-    done, counts = load_finished(path, rows, wanted)
-    assert not done and counts["stale_settings"] == 4 and not path.read_text()
+    finished = load_finished(path, rows, wanted)
+    set_aside_superseded(finished)
+    assert not finished.done and finished.counts["stale_settings"] == 4 and not path.read_text()
     assert (tmp_path / "superseded.jsonl").read_text().splitlines() == aside  # not twice
 
 

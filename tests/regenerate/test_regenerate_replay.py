@@ -15,7 +15,14 @@ from regenerate_support import (
 )
 
 from draftline.regenerate.client import close_pool, open_pool
-from draftline.regenerate.replay import Sampling, called_tools, regenerate_all, relink_tool_results
+from draftline.regenerate.replay import (
+    ProgressHooks,
+    ReplayJob,
+    Sampling,
+    called_tools,
+    regenerate_all,
+    relink_tool_results,
+)
 from draftline.regenerate.run import engine_request_fields
 from draftline.tokens.chat import chat_prompt_ids
 
@@ -263,19 +270,21 @@ def test_prompt_tokens_are_counted_beside_the_event_loop(tmp_path, stub):
     async def go():
         pool = open_pool([url], None)
         try:
-            return await regenerate_all(
-                pool,
+            job = ReplayJob(
                 "m",
-                prompts(2),
                 Sampling(8, 0.0, 1.0, 0),
                 FAST_RETRY,
                 {"short": (2, 1000), "long": (1, None)},
-                tmp_path / "c.jsonl",
-                tmp_path / "f.jsonl",
                 {"fingerprint": "f"},
                 count_ids,
-                on_tick=lambda t: ticks.append(time.monotonic()),
-                tick_s=0.02,
+            )
+            return await regenerate_all(
+                pool,
+                job,
+                prompts(2),
+                tmp_path / "c.jsonl",
+                tmp_path / "f.jsonl",
+                ProgressHooks(on_tick=lambda t: ticks.append(time.monotonic()), tick_s=0.02),
             )
         finally:
             await close_pool(pool)

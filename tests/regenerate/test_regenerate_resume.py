@@ -14,7 +14,7 @@ from draftline.core.io import write_jsonl
 from draftline.regenerate.index import entry as index_entry
 from draftline.regenerate.index import index_path, read_index
 from draftline.regenerate.settings import Wanted, prompt_sha256
-from draftline.regenerate.store import load_finished
+from draftline.regenerate.store import load_finished, refresh_index, set_aside_superseded
 
 # shared fixtures (regenerate_support.py)
 stub = regenerate_support.stub
@@ -41,7 +41,7 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
         line("p0"),
         line("p1"),
         line("p0"),
-        line("p2", fp="OLD"),
+        line("p2", fp="OLD", accepted_for="OLD"),  # accepted by hand for other settings
         line("p3", prompt=other),
         {"id": "p5", "messages": []},
         line("gone", prompt=other),
@@ -53,7 +53,11 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
         "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines)
     )  # no final newline: cut by a kill
     wanted = Wanted("F", {"max_tokens": 8})
-    done, counts = load_finished(path, rows, wanted)
+    unread = path.read_bytes()
+    finished = load_finished(path, rows, wanted)
+    assert path.read_bytes() == unread and not (tmp_path / "superseded.jsonl").exists()
+    set_aside_superseded(finished)
+    done, counts = finished.done, finished.counts
     assert done == {"p0", "p1", "gone", "p4"}
     assert counts == {
         "bad_lines": 1,
@@ -63,7 +67,6 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
         "stale_prompt": 1,
         "not_in_prompts": 1,
         "restored": 0,
-        "upgraded": 0,
         "last_run": 0,
         # each line set aside named by its line number (and id): the first few of each reason
         "named": {
@@ -91,10 +94,14 @@ def test_resume_keeps_only_lines_that_still_hold(tmp_path):
     ]
     # a clean file is left untouched
     mtime = path.stat().st_mtime_ns
-    assert load_finished(path, rows, wanted)[0] == done and path.stat().st_mtime_ns == mtime
+    finished = load_finished(path, rows, wanted)
+    set_aside_superseded(finished)
+    assert finished.done == done and path.stat().st_mtime_ns == mtime
     # a line made with other settings: its changed fields are said
     path.write_text(json.dumps(line("p2", fp="G", settings={"max_tokens": 4})) + "\n")
-    assert load_finished(path, rows, wanted)[1]["stale_settings"] == 1
+    finished = load_finished(path, rows, wanted)
+    set_aside_superseded(finished)
+    assert finished.counts["stale_settings"] == 1
     last = json.loads((tmp_path / "superseded.jsonl").read_text().splitlines()[-1])
     assert last["reason"] == "stale_settings" and last["changed"] == ["max_tokens"]
 
@@ -128,17 +135,24 @@ def test_resume_reads_the_index_and_the_lines_where_it_is_off(tmp_path, stub, mo
         conversation_store, "_parse", lambda line: parsed.append(line) or real_parse(line)
     )
 
+    def read(path: Path) -> tuple[set, dict]:
+        """What load_finished reads, then the index written where it was off."""
+        finished = load_finished(path, by_id, wanted)
+        refresh_index(finished)
+        return finished.done, finished.counts
+
     def truth() -> tuple[set, dict]:  # what parsing every line gives
         plain = tmp_path / "plain"
         plain.mkdir(exist_ok=True)
         shutil.copy(path, plain / "c.jsonl")
         index_path(plain / "c.jsonl").unlink(missing_ok=True)
-        return load_finished(plain / "c.jsonl", by_id, wanted, rewrite=False)
+        finished = load_finished(plain / "c.jsonl", by_id, wanted)
+        return finished.done, finished.counts
 
     expected = truth()
     assert expected[1]["stale_prompt"] == 1 and len(expected[0]) == 23
     parsed.clear()
-    assert load_finished(path, by_id, wanted, rewrite=False) == expected and not parsed
+    assert read(path) == expected and not parsed
     assert length_check(path, by_id, "f", 0.5)["conversations"] == 24 and not parsed
     index = index_path(path)
     whole = index.read_bytes()
@@ -155,12 +169,12 @@ def test_resume_reads_the_index_and_the_lines_where_it_is_off(tmp_path, stub, mo
     for name, damage in damages.items():
         damage()
         expected, parsed[:] = truth(), []
-        assert load_finished(path, by_id, wanted, rewrite=False) == expected, name
+        assert read(path) == expected, name
         assert parsed and read_index(path) == parsed_entries(path), name  # written anew
         parsed.clear()
-        assert load_finished(path, by_id, wanted, rewrite=False) == expected and not parsed, name
+        assert read(path) == expected and not parsed, name
     # lines moved out: the rewritten file comes with its index
-    load_finished(path, by_id, wanted)
+    set_aside_superseded(load_finished(path, by_id, wanted))
     assert read_index(path) == parsed_entries(path) and len(read_index(path)) == 22
 
 
@@ -182,8 +196,9 @@ def test_a_rerun_reads_and_hashes_only_the_prompts_whose_line_changed(tmp_path, 
 
     def rerun() -> tuple[set, dict, PromptFile]:
         by_id = PromptFile(tmp_path / "train.jsonl")
-        done, counts = load_finished(path, by_id, "f", False, by_id.digests)
-        return done, counts, by_id
+        finished = load_finished(path, by_id, "f", by_id.digests)
+        refresh_index(finished)  # the index learns the prompt lines
+        return finished.done, finished.counts, by_id
 
     done, _, _ = rerun()  # the lines were written without digests: hashed once, the index told
     assert len(done) == 12 and sorted(hashed) == sorted(r["id"] for r in rows)

@@ -24,7 +24,7 @@ from regenerate_support import (
 from draftline.core.io import read_json
 from draftline.params import parse_params
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
-from draftline.regenerate.replay import Sampling, regenerate_all
+from draftline.regenerate.replay import ProgressHooks, ReplayJob, Sampling, regenerate_all
 
 
 class OneAtATimeEngine(ScriptedEngine):
@@ -320,18 +320,20 @@ def test_progress_ticks_while_no_conversation_finishes(tmp_path, slow_server):
     async def go():
         pool = open_pool([url], None, slots=1)
         try:
-            return await regenerate_all(
-                pool,
+            job = ReplayJob(
                 "m",
-                prompts(3),
                 Sampling(8, 0.0, 1.0, 0),
                 FAST_RETRY,
                 {"short": (4, None), "long": (1, None)},
+                {"fingerprint": "f"},
+            )
+            return await regenerate_all(
+                pool,
+                job,
+                prompts(3),
                 tmp_path / "c.jsonl",
                 tmp_path / "f.jsonl",
-                {"fingerprint": "f"},
-                on_tick=on_tick,
-                tick_s=0.05,
+                ProgressHooks(on_tick=on_tick, tick_s=0.05),
             )
         finally:
             await close_pool(pool)
