@@ -12,7 +12,8 @@ from draftline.core.errors import DraftlineError
 
 
 class RegenerateError(DraftlineError):
-    """What stops a regenerate run or the conversations tools: the message says why and what to do."""
+    """What stops a regenerate run or the conversations tools; the message says why and what
+    to do."""
 
 
 class RegeneratePartition(Section):

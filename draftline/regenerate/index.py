@@ -199,8 +199,8 @@ def remove_index(conversations: Path) -> None:
 class IndexWriter:
     """Appends the entry of each line the run appends to conversations.jsonl, after the line.
     `out` is the conversations file opened "ab"; entries of this run continue the chain only
-    where the index covered the file up to its end (load_finished makes it so), else the next
-    reader parses the lines and writes the index anew."""
+    where the index covered the file up to its end (set_aside_superseded makes it so), else the
+    next reader parses the lines and writes the index anew."""
 
     def __init__(self, conversations: Path, out):
         self.offset = out.tell()

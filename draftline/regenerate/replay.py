@@ -80,8 +80,8 @@ class ReplayJob:
 
 @dataclass(frozen=True)
 class ProgressHooks:
-    """How a run shows its progress: on_done(tally) after every finished conversation, on_tick(tally)
-    every tick_s whatever happens."""
+    """How a run shows its progress: on_done(tally) after every finished conversation,
+    on_tick(tally) every tick_s whatever happens."""
 
     on_done: Callable | None = None
     on_tick: Callable | None = None

@@ -104,7 +104,8 @@ def _parse(line: bytes) -> dict | None:
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    """The prompt rows, each with a string `id` (unique) and a `messages` list; else RegenerateError."""
+    """The prompt rows, each with a string `id` (unique) and a `messages` list; else
+    RegenerateError."""
     return list(PromptFile(path).values())
 
 
@@ -566,8 +567,8 @@ def restore(
     dry_run: bool = False,
 ) -> dict:
     """Superseded lines back into conversations.jsonl, never two lines of one id. Without reasons
-    or ids: what the stage does before sending (load_finished, set_aside_superseded). With them: the chosen lines,
-    whatever made them (see _plan_chosen). Returns the counts."""
+    or ids: what the stage does before sending (load_finished, set_aside_superseded). With them:
+    the chosen lines, whatever made them (see _plan_chosen). Returns the counts."""
     path = Path(directory) / "conversations.jsonl"
     skipped = Counter()
     if reasons or ids:
