@@ -13,12 +13,14 @@ from pathlib import Path
 
 from draftline.core.code import stage_fingerprint, stage_names
 from draftline.core.errors import entry_point
+from draftline.core.threads import apply_thread_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @entry_point
 def main(out_dir: str) -> None:
+    apply_thread_policy("code")  # draftline/core/threads.py
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = stage_names(ROOT)

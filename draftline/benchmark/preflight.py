@@ -1,7 +1,7 @@
 """The benchmark's preflight: every engine's settings and the draft it would serve, checked before
 any server starts (`preflight_engines`). A configuration that would run but silently feed the
 draft the wrong inputs is refused: an EAGLE-3 draft served with another algorithm (plain EAGLE
-passes one hidden state where the draft's fc expects three; acceptance collapses to ~1 with no
+passes one hidden state where the draft's fc expects three; acceptance collapses to about one token per step with no
 error, SGLang PR #21272), or SGLang given a checkpoint layout it does not load as EAGLE-3; the
 draft's own checks against the card are draftline/draft/preflight.py's `check_draft`.
 """

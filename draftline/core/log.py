@@ -28,9 +28,9 @@ class _Stdout(logging.StreamHandler):
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    """Once per process: the project's loggers (draftline.*, stages.*) at `level`, to rich on a
+    """Once per process: the project's loggers (draftline.*, stages.*, and a module run as __main__) at `level`, to rich on a
     terminal, else stdout."""
-    for name in ("draftline", "stages"):
+    for name in ("draftline", "stages", "__main__"):  # __main__: a module run with python -m
         top = logging.getLogger(name)
         top.setLevel(level)
         if top.handlers:

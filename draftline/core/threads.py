@@ -22,6 +22,7 @@ import sys
 
 # stage -> most intra-op threads (None: every core the process may run on)
 STAGE_THREADS: dict[str, int | None] = {
+    "code": 1,  # reads and hashes the code: never loads torch
     "check_params": 1,  # validation only: never loads torch
     "target": 1,  # tiny target training: 128-wide matmuls (smollm2: a one-off conversion)
     "probe": 1,  # reads configs; the vLLM probe runs in its own processes
