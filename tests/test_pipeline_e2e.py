@@ -130,11 +130,19 @@ def stage_outputs() -> set[str]:
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     paths = set()
     for stage in stages.values():
-        stage = stage.get("do", stage)  # a foreach stage: its outputs are templated by ${key}
+        items = stage.get("foreach")
+        # a foreach stage: over fixed items (evaluate), each item's paths; over the datasets, the
+        # part of the path before ${key}
+        fills = list(items.values()) if isinstance(items, dict) else [{}]
+        stage = stage.get("do", stage)
         for key in ("outs", "metrics", "plots"):
             for entry in stage.get(key, []):
                 path = next(iter(entry)) if isinstance(entry, dict) else entry
-                paths.add(path.split("${")[0])
+                for item in fills:
+                    filled = path
+                    for name, value in item.items():
+                        filled = filled.replace("${item." + name + "}", str(value))
+                    paths.add(filled.split("${")[0])
     return paths
 
 

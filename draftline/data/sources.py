@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from draftline.data.config import DatasetSpec
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
-HUB_DEP = "stages/prepare.py"  # the DVC source dep of a hub dataset (see dvc_source_dep)
+HUB_DEP = "reports/code/prepare.json"  # the DVC source dep of a hub dataset (see dvc_source_dep)
 
 
 def is_local(path: str) -> bool:

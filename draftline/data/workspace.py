@@ -21,7 +21,7 @@ SOURCES_HEADER = f"""\
 # Generated from params.yaml by `{WRITE_SOURCES}`; do not edit.
 # dvc.yaml loads it as vars, which merge into `datasets`: each prepare@<name> stage depends on
 # ${{item.source_dep}}, the local source file or directory. A hub dataset id is no file, so its stage
-# depends on stages/prepare.py (already a dep) instead; its hub id, config, split and revision are
+# depends on its code fingerprint, reports/code/prepare.json (already a dep), instead; its hub id, config, split and revision are
 # the params key datasets.<name>, and the report records the commit the id resolved to.
 """
 

@@ -125,7 +125,7 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     assert [p.returncode for p in procs] == [0] * len(PREPARES), outputs
     assert json.loads(run([dvc, "status", "--json", *PREPARES], repo).stdout) == {}
 
-    # A hub dataset id is no file: its stage depends on stages/prepare.py, and its params pin it.
+    # A hub dataset id is no file: its stage depends on its code fingerprint, and its params pin it.
     edit_params(
         repo,
         lambda p: (
@@ -149,7 +149,7 @@ def test_one_dataset_change_reruns_only_its_prepare_and_mix(repo):
     }
     assert set(deps) == code | {"params.yaml"}, (
         deps
-    )  # its code (the source dep is stages/prepare.py) and params
+    )  # its code (the source dep is reports/code/prepare.json) and params
     assert (
         json.loads(run([dvc, "status", "--json", *PREPARES], repo).stdout) == {}
     )  # the others untouched
