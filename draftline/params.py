@@ -23,7 +23,7 @@ from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig
 from draftline.hidden_states.config import HiddenStatesConfig
 from draftline.regenerate.config import RegenerateConfig
-from draftline.target.config import TargetConfig
+from draftline.targets.config import TargetConfig
 from draftline.tokens.config import TokenizeConfig, VocabConfig
 from draftline.train.config import TrainConfig
 

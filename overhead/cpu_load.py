@@ -91,7 +91,7 @@ def work(stage: str, steps: int) -> float:
         from speculators.losses import resolve_loss_config
 
         from draftline.draft.model import build_draft
-        from draftline.target.model import build_card
+        from draftline.targets.model import build_card
         from draftline.train.config import TrainConfig
 
         tmp = Path(tempfile.mkdtemp(prefix="cpu_load_"))
@@ -99,8 +99,8 @@ def work(stage: str, steps: int) -> float:
         model.save_pretrained(tmp / "target")
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        from draftline.target.corpus import generate_conversations  # a chat template for the card
-        from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer
+        from draftline.targets.corpus import generate_conversations  # a chat template for the card
+        from draftline.targets.tiny import CHAT_TEMPLATE, train_tokenizer
 
         convs = generate_conversations(200, 7)
         texts = [

@@ -47,10 +47,10 @@ def build_small(root: Path, steps: int, rows: int) -> dict:
     vocab stage's draft vocabulary, under root."""
     import yaml
 
-    from draftline.target.config import TinyTargetConfig
-    from draftline.target.corpus import generate_conversations
-    from draftline.target.model import build_card
-    from draftline.target.tiny import build_tiny_target
+    from draftline.targets.config import TinyTargetConfig
+    from draftline.targets.corpus import generate_conversations
+    from draftline.targets.model import build_card
+    from draftline.targets.tiny import build_tiny_target
 
     params = yaml.safe_load(Path("params.yaml").read_text())
     build_tiny_target(
@@ -132,7 +132,7 @@ def main() -> None:
     at_start = loadavg()
     torch.set_num_threads(1)  # see DESIGN: the intra-op pool spins on a shared 2-core machine
     from datasets import load_from_disk
-    from draftline.target.model import load_target_model
+    from draftline.targets.model import load_target_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

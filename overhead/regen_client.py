@@ -587,7 +587,7 @@ def main() -> None:
             if (
                 not args.no_speculators
             ):  # speculators decodes the token ids with the served model's tokenizer
-                from draftline.target.tiny import train_tokenizer
+                from draftline.targets.tiny import train_tokenizer
 
                 train_tokenizer([f"question {i} ok" for i in range(200)], 300).save_pretrained(
                     tokenizer_dir

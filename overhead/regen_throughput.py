@@ -86,8 +86,8 @@ def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Pat
         card = ROOT / "models" / "target" / "card.json"
         if not small and card.is_file() and read_json(card).get("source") == "tiny":
             return ROOT / "models" / "target", "models/target (the default run's tiny target)"
-        from draftline.target.config import TinyTargetConfig
-        from draftline.target.tiny import build_tiny_target
+        from draftline.targets.config import TinyTargetConfig
+        from draftline.targets.tiny import build_tiny_target
 
         build_tiny_target(
             TinyTargetConfig(**{**params["target"]["tiny"], "train_steps": tiny_steps}),
@@ -95,7 +95,7 @@ def target_dir(name: str, work: Path, small: bool, tiny_steps: int) -> tuple[Pat
         )
         return work / "tiny", f"tiny target built here, {tiny_steps} training steps"
     if name == "smollm2":
-        from draftline.target import gguf as gguf_target
+        from draftline.targets import gguf as gguf_target
 
         try:
             gguf_target.locate_gguf("smollm2")
@@ -168,7 +168,7 @@ def regenerate_stage(
 ) -> dict:
     """The regenerate stage on the prompts, in a scratch repo (a new directory); its report and
     answers."""
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
 
     repo.mkdir(parents=True)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -223,7 +223,7 @@ def smollm2_card(directory: Path) -> Path:
 
     from draftline.core.card import TargetCard
     from draftline.core.io import text_sha256
-    from draftline.target.gguf import locate_gguf
+    from draftline.targets.gguf import locate_gguf
 
     card_path = directory / "card.json"
     if card_path.is_file():
@@ -348,7 +348,7 @@ def baseline(card_path: str, regenerated: str, out: str) -> None:
     """The tokenizer's own batched throughput on the rows the stage tokenizes (run as a subprocess
     of this script: `--baseline CARD REGENERATED OUT`)."""
     from draftline.core.card import TargetCard
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
     from draftline.tokens.chat import mark_length_cut, plan_conversation
     from draftline.tokens.tokenize import BATCH_CONVERSATIONS
 
@@ -396,7 +396,7 @@ def startup(card_path: str) -> None:
     the target's tokenizer (run as a subprocess, timed whole: `--startup CARD`)."""
     import stages.tokenize  # noqa: F401
     from draftline.core.card import TargetCard
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
 
     card_tokenizer(TargetCard.load(card_path))
 
@@ -545,7 +545,7 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
 def prepare_target(directory: str, tokens: str, seed: str) -> None:
     """The card and the word scale (run as a subprocess: `--target DIR TOKENS SEED`)."""
     from draftline.core.card import TargetCard
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
 
     card = smollm2_card(Path(directory))
     scale, mean = calibrate(card_tokenizer(TargetCard.load(card)), int(tokens), int(seed))

@@ -22,7 +22,7 @@ from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl
 from draftline.draft.checkpoint import load_draft
 from draftline.evaluate.acceptance import eos_ids
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.tokens.chat import first_turn_ids
 
 

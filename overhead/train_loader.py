@@ -57,9 +57,9 @@ def build_target(root: Path, hidden_size: int):
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from draftline.target.corpus import generate_conversations
-    from draftline.target.model import build_card
-    from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer
+    from draftline.targets.corpus import generate_conversations
+    from draftline.targets.model import build_card
+    from draftline.targets.tiny import CHAT_TEMPLATE, train_tokenizer
 
     texts = [
         render_jinja_template([c["messages"]], tools=c["tools"], chat_template=CHAT_TEMPLATE)[0][0]

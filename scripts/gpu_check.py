@@ -457,7 +457,7 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
     from draftline.evaluate.acceptance import near_tie_flip
     from draftline.hidden_states import capture
     from draftline.hidden_states import formats as hs_format
-    from draftline.target.model import load_target_model
+    from draftline.targets.model import load_target_model
 
     card = TargetCard.load(sub / "models" / "target" / "card.json")
     hs_dir = sub / "datasets" / "hidden_states"

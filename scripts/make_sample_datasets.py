@@ -1,4 +1,4 @@
-"""Write the bundled sample datasets, in two real formats, from draftline.target.corpus.
+"""Write the bundled sample datasets, in two real formats, from draftline.targets.corpus.
 
     python scripts/make_sample_datasets.py datasets/samples
 
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from draftline.target.corpus import generate_conversations
+from draftline.targets.corpus import generate_conversations
 
 GOOD_ROWS = 594  # + 6 bad rows = 600 lines per file
 SHAREGPT_SEED, OPENAI_SEED = 2024, 2025

@@ -1,4 +1,4 @@
-"""Stage `target`: target.model resolved into models/target (draftline/target/source.py).
+"""Stage `target`: target.model resolved into models/target (draftline/targets/source.py).
 
     python -m stages.target models/target
 
@@ -12,14 +12,14 @@ from pathlib import Path
 from draftline.core.config import stage_sections
 from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
-from draftline.target.config import TargetConfig
+from draftline.targets.config import TargetConfig
 
 
 @entry_point
 def main(out_dir: str) -> None:
     params = stage_sections(target=TargetConfig)
     apply_thread_policy("target")  # before torch loads: draftline/core/threads.py
-    from draftline.target.source import Paths, run
+    from draftline.targets.source import Paths, run
 
     card = run(params, Paths(Path(out_dir)))
     print(

@@ -8,8 +8,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 
 from draftline.core.log import setup_logging  # noqa: E402
-from draftline.target.corpus import generate_conversations  # noqa: E402
-from draftline.target.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
+from draftline.targets.corpus import generate_conversations  # noqa: E402
+from draftline.targets.tiny import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
 
 # The longest files first (each about a minute or more on the 2-core machine, longest first):
 # `make test` hands whole files to its two workers in this order (pytest-xdist --dist loadfile
@@ -66,7 +66,7 @@ def random_llama(path, tokenizer, **overrides):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -148,7 +148,7 @@ def train_a_draft(root, random_target):
     from draftline.evaluate.specdec import greedy_generate
     from draftline.hidden_states.capture import capture
     from draftline.hidden_states.files import hs_path, save_hidden_states
-    from draftline.target.model import build_card, load_target
+    from draftline.targets.model import build_card, load_target
     from draftline.tokens.chat import first_turn_ids
     from draftline.train import resume as train_state
     from draftline.train import run as training

@@ -46,7 +46,7 @@ def port_open(port: int) -> bool:
 
 
 def prompts(n: int, seed: int = 11) -> list[dict]:
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     return [
         {"id": f"p{i}", "source": "t", "partition": "long" if i % 5 == 4 else "short", **c}
@@ -61,7 +61,7 @@ def chatty_target(tmp_path_factory, random_target):
     import torch
     from transformers import LlamaForCausalLM
 
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
 
     path = tmp_path_factory.mktemp("chatty_target")
     shutil.copytree(random_target.model, path, dirs_exist_ok=True)

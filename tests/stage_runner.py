@@ -80,7 +80,7 @@ def write_regenerated(path: Path, prompts: list[dict], conversations: list[dict]
 
 
 def corpus(n: int, seed: int) -> list[dict]:
-    from draftline.target.corpus import arithmetic, tool_call
+    from draftline.targets.corpus import arithmetic, tool_call
 
     rng = random.Random(seed)
     return [(arithmetic if k % 2 else tool_call)(rng) for k in range(n)]

@@ -78,7 +78,7 @@ def test_closure_follows_imports_inside_functions():
     found = imported_modules(ROOT, ROOT / "stages" / "benchmark.py")
     assert "draftline.benchmark.run" in found  # imported inside main()
     assert "draftline/tokens/config.py" in closure(ROOT, "stages.vocab")
-    assert "draftline/target/model.py" in closure(ROOT, "stages.benchmark")
+    assert "draftline/targets/model.py" in closure(ROOT, "stages.benchmark")
     assert "stages/vocab.py" in closure(ROOT, "stages.vocab")
 
 

@@ -36,3 +36,25 @@ def test_no_two_files_of_a_package_share_a_stem():
 def test_a_clash_is_found_within_a_package_only():
     assert clashes(["a/run.py", "b/run.py", "a/x.py"]) == {}
     assert clashes(["a/run.py", "a/run.sh"]) == {"a/run": ["a/run.py", "a/run.sh"]}
+
+
+# Directory names that common global ignore files (core.excludesFile) and code tools skip as build
+# output: Cargo's and Maven's target/, Python's build/ and dist/, and the like. A contributor with
+# such an ignore would never commit a new file under one, so no tracked code lives in a folder so
+# named (draftline/targets/ holds the target-model phase for that reason).
+BUILD_OUTPUT_NAMES = {"target", "build", "dist", "out", "bin", "obj", "node_modules", "vendor"}
+
+
+def test_no_code_folder_has_a_build_output_name():
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = sorted(
+        {
+            str(Path(*Path(f).parts[: i + 1]))
+            for f in files
+            for i, part in enumerate(Path(f).parts[:-1])
+            if part in BUILD_OUTPUT_NAMES
+        }
+    )
+    assert not found, f"folders that global ignores commonly skip: {found}"

@@ -99,7 +99,7 @@ def test_dvc_hashing_overhead(tmp_path):
 
 def test_specdec_speedup(tmp_path, random_target, eagle3_draft_dir):
     from draftline.core.io import write_jsonl
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     random_target.write(tmp_path / "card.json")
     write_jsonl(

@@ -32,7 +32,7 @@ from draftline.draft.checkpoint import load_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.engines.preflight import PreflightError
 from draftline.evaluate.acceptance import eos_ids
-from draftline.target.model import card_tokenizer, load_target
+from draftline.targets.model import card_tokenizer, load_target
 from draftline.tokens.chat import first_turn_ids
 from draftline.tools.forecast import read_points as read_forecast_points
 

@@ -1,7 +1,7 @@
 """The target card (`models/target/card.json`): the one place that knows its fields and what they mean.
 
 Every stage after `target` reads the card through `TargetCard.load` and uses attributes, never
-string keys. The `target` stage builds it (`draftline/target/model.py`) and writes it with `write`; the
+string keys. The `target` stage builds it (`draftline/targets/model.py`) and writes it with `write`; the
 JSON keeps the field order below, so the file (and everything fingerprinted from it) is stable.
 
 A leaf module: no torch, no transformers, nothing from the project but `io`.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from draftline.core.io import file_sha256
 from draftline.draft.init_checks import InitMismatch
-from draftline.target.model import read_verifier_tensors
+from draftline.targets.model import read_verifier_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -187,7 +187,7 @@ def load_verifier_tensors(
     model, card: TargetCard, embed: bool = True, lm_head: bool = True
 ) -> None:
     """The target's embeddings, lm_head rows of the draft vocabulary (t2d) and final norm, read by
-    the names the card recorded (draftline.target.model.read_verifier_tensors). Replaces speculators'
+    the names the card recorded (draftline.targets.model.read_verifier_tensors). Replaces speculators'
     load_verifier_weights, which matches names by suffix, falls back to a norm of ones, and reads
     the verifier's config without trust_remote_code. embed / lm_head False keep the model's own
     (trained) ones; verifier_lm_head and verifier_norm always come from the target."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftline.draft.checkpoint import ARCHITECTURES, load_verifier_tensors, load_vocab
-from draftline.target.model import _checkpoint_file, checkpoint_weight_map
+from draftline.targets.model import _checkpoint_file, checkpoint_weight_map
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard

@@ -24,7 +24,7 @@ from draftline.core.io import read_json, read_jsonl
 from draftline.draft.checkpoint import load_draft
 from draftline.draft.metrics import accumulate, summarize
 from draftline.hidden_states.formats import roundtrip
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.tokens.chat import first_turn_ids
 
 if TYPE_CHECKING:

@@ -172,7 +172,7 @@ def compare_builtin(
 def compare_vllm(cfg: EvaluateConfig, card: TargetCard, comparison: Comparison, engine) -> dict:
     """{set: {draft: figures}} by vLLM alone (first turns; no tau_sim): one run per pair."""
     from draftline.evaluate.vllm_engine import evaluate_with_vllm
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
     from draftline.tokens.chat import first_turn_ids
 
     tokenizer = card_tokenizer(card)

@@ -412,7 +412,7 @@ def vllm_only_run(cfg: EvaluateConfig, card: TargetCard, draft_dir, eval_path, s
     """evaluate.vllm.parity false: vLLM alone (the target is never loaded here); tau_sim and the
     lossless check need the target in transformers, so they are left out (null)."""
     # bound at call time: tests replace target.card_tokenizer
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
 
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:

@@ -44,7 +44,7 @@ from draftline.hidden_states.capture import DTYPES, check_aux_layer_ids
 from draftline.hidden_states.config import HiddenStatesError
 from draftline.hidden_states.disk import check_disk
 from draftline.hidden_states.files import hs_path
-from draftline.target.model import load_target_model
+from draftline.targets.model import load_target_model
 
 if TYPE_CHECKING:
     from draftline.hidden_states.config import HiddenStatesConfig

@@ -48,7 +48,7 @@ from draftline.engines.preflight import (
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states.config import HiddenStatesError
 from draftline.hidden_states.online_server import OnlineServerJob, online_server, recorded_source
-from draftline.target.model import card_tokenizer
+from draftline.targets.model import card_tokenizer
 from draftline.tokens.chat import chat_prompt_ids
 
 if TYPE_CHECKING:

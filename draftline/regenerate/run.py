@@ -278,7 +278,7 @@ def send(run: RegenerateRun, p: Pending) -> Sent:
     """Starts the server (a free port unless regenerate.port is set) or takes the external endpoints,
     preflights each, moves the stale lines aside, sends p.todo, stops the server."""
     # bound at call time: tests replace target.card_tokenizer
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
 
     cfg = run.cfg
     tokenizer = card_tokenizer(run.card)

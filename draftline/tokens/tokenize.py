@@ -484,7 +484,7 @@ def tokenize_dataset(
     from rich.progress import Progress
 
     # bound at call time: tests replace target.card_tokenizer
-    from draftline.target.model import card_tokenizer
+    from draftline.targets.model import card_tokenizer
 
     template_kwargs = recorded_template_kwargs(regenerated_path)
     tokenizer = card_tokenizer(card)

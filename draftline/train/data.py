@@ -27,7 +27,7 @@ from draftline.core.io import file_sha256
 from draftline.draft.forward import hidden_states_dtype, pack_collate
 from draftline.engines.servers import checkpoint_bytes
 from draftline.hidden_states import formats as hs_format
-from draftline.target.model import load_target_model
+from draftline.targets.model import load_target_model
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard

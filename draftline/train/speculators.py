@@ -35,7 +35,7 @@ from draftline.hidden_states.online_server import (
     online_server,
     speculators_hidden_states_args,
 )
-from draftline.target.model import (
+from draftline.targets.model import (
     _checkpoint_file,
     checkpoint_weight_map,
     load_config,

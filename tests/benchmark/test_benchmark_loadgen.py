@@ -8,7 +8,7 @@ from draftline.engines.commands import ServeSettings, transformers_serve_command
 from draftline.engines.servers import ManagedServer, server_env
 from draftline.evaluate.acceptance import eos_ids
 from draftline.evaluate.specdec import greedy_generate
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.tokens.chat import first_turn_prompt
 
 
@@ -19,7 +19,7 @@ def free_port() -> int:
 
 
 def test_load_generator_streams_from_transformers_serve(tmp_path, random_target):
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     model, tokenizer = load_target(random_target)
     rows = [{"messages": c["messages"], "tools": c["tools"]} for c in generate_conversations(3, 21)]

@@ -17,7 +17,7 @@ from stubs import StubHandler
 from draftline.regenerate.client import RetryPolicy, close_pool, open_pool
 from draftline.regenerate.replay import ReplayJob, Sampling, regenerate_all
 from draftline.regenerate.store import load_finished, set_aside_superseded
-from draftline.target.corpus import generate_conversations
+from draftline.targets.corpus import generate_conversations
 
 PARAMS = """\
 samples: 10

@@ -16,7 +16,7 @@ from draftline.draft import pretrained as draft_init
 from draftline.draft.init_checks import InitMismatch
 from draftline.engines.config import VllmEngineConfig
 from draftline.hidden_states.online_server import speculators_hidden_states_args
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.train import speculators as handoff
 from draftline.train.config import TrainConfig
 
@@ -508,7 +508,7 @@ def tied_target(tmp_path_factory, random_target):
     """The random target with lm_head tied to its embeddings: its checkpoint holds no lm_head.weight."""
     from transformers import LlamaForCausalLM
 
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
 
     model = LlamaForCausalLM.from_pretrained(random_target.model)
     model.config.tie_word_embeddings = True

@@ -20,7 +20,7 @@ from draftline.draft.checkpoint import load_draft, read_draft_facts
 from draftline.draft.preflight import check_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.evaluate.specdec import SpecPair, speculative_generate
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]

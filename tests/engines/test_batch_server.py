@@ -36,7 +36,7 @@ def free_port() -> int:
 
 
 def conversations(n: int) -> list[dict]:
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     return [
         {"id": f"p{i}", "partition": "short", **c}
@@ -558,7 +558,7 @@ def slow_target(tmp_path_factory, tiny_tokenizer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
 
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("slow_target")

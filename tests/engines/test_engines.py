@@ -620,7 +620,7 @@ def run_benchmark_stage(
     """The stage on `conversations` as eval prompts (default: 3 generated ones), as dvc.yaml runs
     it but without the acceptance-vs-samples points; `env` added to its environment (and its
     servers')."""
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["benchmark"].update(overrides)

@@ -81,7 +81,7 @@ def launch_of(monkeypatch, tmp_path, card, backend: str) -> tuple[list[str], dic
 
     from draftline.params import parse_params
     from draftline.regenerate import run as regeneration_run
-    from draftline.target import model as target
+    from draftline.targets import model as target
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
     raw["regenerate"].update(backend=backend, port=8123, temperature=0)

@@ -127,7 +127,7 @@ def test_a_later_turn_follows_the_targets_own_reply(trained_draft):
     the chat template with the generation prompt."""
     from types import SimpleNamespace
 
-    from draftline.target.model import load_target
+    from draftline.targets.model import load_target
     from draftline.tokens.chat import chat_prompt_ids
 
     _, tokenizer = load_target(trained_draft.card)

@@ -27,7 +27,7 @@ from draftline.evaluate.specdec import (
     greedy_generate,
     speculative_generate,
 )
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,7 +299,7 @@ def seed_divergence(monkeypatch, pick: str, prompts: int, tie_tolerance: float) 
 def evaluate_in_process(tmp_path, random_target, vocab_dir, prompts: int, **cfg):
     from draftline.evaluate.acceptance import evaluate_draft
     from draftline.evaluate.config import EvaluateConfig
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     torch.manual_seed(0)
     build_draft(random_target, vocab_dir, TrainConfig(ttt_steps=2)).save_pretrained(

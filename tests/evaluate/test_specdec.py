@@ -15,7 +15,7 @@ from draftline.evaluate.specdec import (
     greedy_generate,
     speculative_generate,
 )
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.train.config import TrainConfig
 
 
@@ -201,7 +201,7 @@ def test_bfloat16_target_diverges_from_greedy_only_at_near_ties(random_target, v
 
 def test_a_target_placed_by_device_map_decodes_the_same(random_target, vocab_dir):
     """The device_map path of the loader (on GPUs: "auto"; here accelerate's "cpu") gives the same decoding."""
-    from draftline.target.model import load_target_model
+    from draftline.targets.model import load_target_model
 
     placed = load_target_model(random_target, device_map="cpu")
     plain, _ = load_target(random_target)

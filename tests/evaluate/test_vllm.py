@@ -450,8 +450,8 @@ def test_which_vllm_parsers_read_the_tiny_targets_markup(tmp_path, tiny_tokenize
     llama3_json and mistral refuse the vocabulary (no <|python_tag|> / [TOOL_CALLS] token)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from draftline.target.corpus import generate_conversations
-    from draftline.target.tiny import CHAT_TEMPLATE
+    from draftline.targets.corpus import generate_conversations
+    from draftline.targets.tiny import CHAT_TEMPLATE
 
     def render(messages, tools, prompt=False):
         return render_jinja_template(

@@ -22,8 +22,8 @@ from draftline.hidden_states.capture import capture, check_aux_layer_ids
 from draftline.hidden_states.disk import check_disk, estimate_bytes
 from draftline.hidden_states.files import hs_path, is_valid_file, save_hidden_states
 from draftline.hidden_states.resume import VLLM_STAGING, fingerprint, prepare_output
-from draftline.target.corpus import generate_conversations
-from draftline.target.model import load_target_model
+from draftline.targets.corpus import generate_conversations
+from draftline.targets.model import load_target_model
 
 REPO = Path(__file__).resolve().parents[2]
 SEQS = [[5, 9, 30, 41, 7, 2, 88, 17, 3], [12, 13, 14]]

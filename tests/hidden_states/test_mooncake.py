@@ -98,7 +98,7 @@ def test_states_move_from_our_producer_to_the_trainer_through_mooncake(
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
 
     from draftline.hidden_states.mooncake import publish
-    from draftline.target.model import load_target_model
+    from draftline.targets.model import load_target_model
 
     monkeypatch.setenv("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
     hs = HiddenStatesConfig(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.target.corpus import arithmetic, multi_turn, tool_call
+from draftline.targets.corpus import arithmetic, multi_turn, tool_call
 from draftline.tokens.chat import (
     ServerTurn,
     TemplateMismatch,
@@ -470,7 +470,7 @@ def test_rows_tokenized_at_once_equal_each_row_alone(tiny_tokenizer):
             assert at_once == ids and not whole
     assert joined > 50 and any(whole for *_, whole, _ in batched)  # some differ: found
     # rows as the template renders them: every one joins, no second tokenization
-    from draftline.target.corpus import generate_conversations
+    from draftline.targets.corpus import generate_conversations
 
     for c in generate_conversations(100, 3):
         plan = plan_conversation(tok, c["messages"], c["tools"])

@@ -141,7 +141,7 @@ def test_thinking_switch_reaches_a_real_server_as_the_tokenizer(kimi, tmp_path):
     from draftline.engines.servers import ManagedServer, server_env
     from draftline.regenerate.config import RegenerateConfig
     from draftline.regenerate.launch import regenerate_command
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
     from draftline.tokens.chat import chat_prompt_ids
 
     torch.manual_seed(0)

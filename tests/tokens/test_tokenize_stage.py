@@ -14,7 +14,7 @@ import torch
 
 from draftline.core.card import TargetCard
 from draftline.core.io import text_sha256
-from draftline.target.corpus import arithmetic, multi_turn, tool_call
+from draftline.targets.corpus import arithmetic, multi_turn, tool_call
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "templates"
 

@@ -27,7 +27,7 @@ from draftline.draft import pretrained as draft_init
 from draftline.draft.forward import device_loss_config
 from draftline.hidden_states.capture import capture
 from draftline.hidden_states.files import hs_path, save_hidden_states
-from draftline.target.model import load_target
+from draftline.targets.model import load_target
 from draftline.train import data as draft_data
 from draftline.train import resume as train_state
 from draftline.train import run as training
@@ -50,7 +50,7 @@ TRAIN = {
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, random_target, vocab_dir):
     from datasets import Dataset
-    from draftline.target.model import build_card
+    from draftline.targets.model import build_card
 
     root = tmp_path_factory.mktemp("train_data")
     # the random target with a sharpened lm_head: its next-token distribution is peaked, so the

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftline.target import gguf as gguf_target
+from draftline.targets import gguf as gguf_target
 
 ROOT = Path(__file__).resolve().parents[2]
 

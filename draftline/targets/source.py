@@ -1,8 +1,8 @@
 """Where the target comes from: target.model resolved into a model directory and its card.
 
-`tiny` is built here (draftline/target/tiny.py), a GGUF target such as `smollm2` converted once
-(draftline/target/gguf.py), both into the stage's output directory; a hub id or a local path is
-only read. The card itself is draftline/target/model.py's `build_card`. Only the `target` stage imports
+`tiny` is built here (draftline/targets/tiny.py), a GGUF target such as `smollm2` converted once
+(draftline/targets/gguf.py), both into the stage's output directory; a hub id or a local path is
+only read. The card itself is draftline/targets/model.py's `build_card`. Only the `target` stage imports
 this module, so the builders are code deps of that stage alone.
 """
 
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.errors import DraftlineError
 from draftline.core.io import write_meta
-from draftline.target.gguf import GGUF_TARGETS, convert
-from draftline.target.model import RemoteCodeRequired, build_card
-from draftline.target.tiny import build_tiny_target
+from draftline.targets.gguf import GGUF_TARGETS, convert
+from draftline.targets.model import RemoteCodeRequired, build_card
+from draftline.targets.tiny import build_tiny_target
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-    from draftline.target.config import TargetConfig
+    from draftline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)
 

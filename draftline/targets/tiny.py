@@ -1,6 +1,6 @@
 """The embedded tiny target: a byte-level BPE tokenizer with chat tokens, a chat template that
 renders reasoning and tool calls, and a small Llama model trained for a few CPU minutes on the
-generated corpus of ``draftline.target.corpus``.
+generated corpus of ``draftline.targets.corpus``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.config import resolve_device
-from draftline.target.corpus import generate_conversations
+from draftline.targets.corpus import generate_conversations
 
 if TYPE_CHECKING:
-    from draftline.target.config import TinyTargetConfig
+    from draftline.targets.config import TinyTargetConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added but not "special": a server decoding with skip_special_tokens keeps them in the text,

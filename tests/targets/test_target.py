@@ -15,7 +15,7 @@ from wrapped_target import build_wrapped_target
 from draftline.core.card import TargetCard
 from draftline.engines.config import VllmEngineConfig
 from draftline.hidden_states.capture import capture, decoder_parts
-from draftline.target.model import (
+from draftline.targets.model import (
     RemoteCodeRequired,
     build_card,
     load_target,

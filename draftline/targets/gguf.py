@@ -12,7 +12,7 @@ The conversion is checked before the card is written:
   (float32 on both sides: the dequantized Q4_1 values are exact in float32);
 - the greedy answer to a fixed question contains the words a coherent answer must.
 
-    python -m draftline.target.gguf smollm2 /tmp/smollm2   # convert + check outside the pipeline
+    python -m draftline.targets.gguf smollm2 /tmp/smollm2   # convert + check outside the pipeline
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from draftline.core.errors import entry_point
 from draftline.core.io import file_sha256
 
-# by name: `python -m draftline.target.gguf` runs this module as __main__, a logger nothing sets up
-log = logging.getLogger("draftline.target.gguf")
+# by name: `python -m draftline.targets.gguf` runs this module as __main__, a logger nothing sets up
+log = logging.getLogger("draftline.targets.gguf")
 
 
 @dataclass(frozen=True)

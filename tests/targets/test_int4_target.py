@@ -17,7 +17,7 @@ from draftline.core.card import TargetCard
 from draftline.engines.config import VllmEngineConfig
 from draftline.hidden_states.capture import decoder_parts
 from draftline.hidden_states.files import hs_path
-from draftline.target.model import build_card, load_target, read_verifier_tensors
+from draftline.targets.model import build_card, load_target, read_verifier_tensors
 
 AUX = [1, 2, 3]
 
