@@ -44,6 +44,24 @@ class Params(Section):
     engines: EnginesConfig = operational(EnginesConfig())  # where each engine's software is
 
     @model_validator(mode="after")
+    def _method_fits_engines(self):
+        # the built-in decoders (evaluate and benchmark engine hf) and SGLang run EAGLE-3 drafts;
+        # vLLM serves P-EAGLE and DFlash (draftline/draft/methods.py)
+        method = self.train.method
+        if method != "eagle3":
+            if self.evaluate.engine == "hf":
+                raise ValueError(
+                    f"evaluate.engine: hf decodes EAGLE-3 drafts only; a train.method {method} "
+                    "draft is measured by vLLM (evaluate.engine: vllm)"
+                )
+            if self.benchmark.engine != "vllm":
+                raise ValueError(
+                    f"benchmark.engine: {self.benchmark.engine} serves EAGLE-3 drafts only here; "
+                    f"a train.method {method} draft is served by vLLM (benchmark.engine: vllm)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _weights_match_datasets(self):
         check_eval_sets(self.datasets, self.evaluate.sets)
         check_weights(self.datasets, self.mix, self.evaluate.sets)

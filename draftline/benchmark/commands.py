@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.draft.checkpoint import draft_method
+from draftline.draft.methods import vllm_speculative
 from draftline.engines.commands import EngineServe, SpeculativeDraft, engine_serve_command
 
 if TYPE_CHECKING:
@@ -33,8 +35,11 @@ def _serve(
                 if k_per_batch_size
                 else {}
             )
-            extra = {**schedule, **cfg.vllm.speculative_config}
-            draft = SpeculativeDraft(draft_path, cfg.vllm.method, k, vllm_config=extra)
+            served = vllm_speculative(draft_method(draft_path))
+            method = cfg.vllm.method or served.pop("method")
+            served.pop("method", None)
+            extra = {**served, **schedule, **cfg.vllm.speculative_config}
+            draft = SpeculativeDraft(draft_path, method, k, vllm_config=extra)
     elif engine == "sglang":
         sg = cfg.sglang
         launcher, args = sg.launcher, sg.args

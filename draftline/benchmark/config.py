@@ -26,9 +26,9 @@ class BenchmarkError(DraftlineError):
 class VllmBenchConfig(Section):
     # what starts the server, the target path after it (as `vllm serve`); null = engines.vllm
     launcher: list[str] | None = operational(None)
-    method: str = shaping(
-        "eagle3"
-    )  # speculative_config.method; preflight refuses anything but eagle3
+    # speculative_config.method; null = what the draft's method is served as (eagle3 for EAGLE-3,
+    # eagle3 with parallel_drafting for P-EAGLE, dflash for DFlash); preflight refuses another
+    method: str | None = shaping(None)
     speculative_config: dict[str, int | float | str | bool] = shaping(
         {}
     )  # merged in, e.g. draft_tensor_parallel_size

@@ -130,6 +130,15 @@ def _peek_tensors(draft_dir: Path) -> dict:
     return out
 
 
+def draft_method(draft_dir: str | Path) -> str:
+    """The drafter of a checkpoint (draftline/draft/methods.py): its speculators_model_type, or
+    eagle3 for a checkpoint in another layout (EAGLE/SpecForge; preflight checks it is one)."""
+    config_path = Path(draft_dir) / "config.json"
+    if not config_path.exists():
+        return "eagle3"  # a hub id or a path the engine resolves: checked where it is read
+    return str(json.loads(config_path.read_text()).get("speculators_model_type") or "eagle3")
+
+
 def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
     draft_dir = Path(draft_dir)
     config_path = draft_dir / "config.json"
@@ -144,7 +153,8 @@ def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
     if "speculators_model_type" in cfg:
         layer = cfg.get("transformer_layer_config") or {}
         layout, algorithm = "speculators", cfg["speculators_model_type"]
-        aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+        # DFlash names them aux_hidden_state_layer_ids (same convention; vLLM shifts them itself)
+        aux = cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("aux_hidden_state_layer_ids")
         hidden = cfg.get("target_hidden_size") or layer.get("hidden_size")
         vocab = layer.get("vocab_size")
         methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or [{}]
@@ -213,14 +223,19 @@ def load_verifier_tensors(
 
 
 def load_saved_draft(directory: Path, card: TargetCard, attn_impl: str = "eager"):
-    """A draft saved in speculators format, with the verifier tensors it does not store restored from
-    the card's target (Eagle3DraftModel.from_pretrained would read the verifier's config without
+    """A draft saved in speculators format, of the method its config names (EAGLE-3, P-EAGLE,
+    DFlash: draftline/draft/methods.py), with the verifier tensors it does not store restored from
+    the card's target (speculators' from_pretrained would read the verifier's config without
     trust_remote_code and match its tensors by suffix)."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from draftline.draft.forward import eager_masks
+    from draftline.draft.methods import classes, method_named
 
-    config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
+    raw = json.loads((Path(directory) / "config.json").read_text())
+    model_class, config_class = classes(method_named(raw.get("speculators_model_type", "eagle3")))
+    config = config_class.from_pretrained(str(directory))
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
-    model = Eagle3DraftModel(config)
+    model = model_class(config)
+    eager_masks(model)
     weights = read_weights(directory)
     missing, unexpected = model.load_state_dict(
         {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False

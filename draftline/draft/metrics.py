@@ -9,6 +9,10 @@ summary without it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftline.draft.methods import Forward
 
 
 def accumulate(sums: dict[str, float], metrics: dict) -> None:
@@ -17,24 +21,15 @@ def accumulate(sums: dict[str, float], metrics: dict) -> None:
             sums[key] = sums.get(key, 0.0) + float(value)
 
 
-def summarize(metric_sums: dict[str, float], ttt_steps: int) -> dict:
-    """Per-position accuracy acc_k = P(steps 0..k all correct) = prod_{i<=k} of the conditional
-    acceptance, and the simulated acceptance length tau_sim = 1 + sum_k acc_k."""
+def summarize(metric_sums: dict[str, float], forward: Forward) -> dict:
+    """Loss, per-position accuracy and tau_sim (draftline/draft/methods.py summarize)."""
+    from draftline.draft.methods import summarize as summarize_method
 
-    def ratio(name):
-        total = metric_sums.get(f"{name}_total", 0.0)
-        return metric_sums.get(f"{name}_sum", 0.0) / total if total else 0.0
-
-    acc = [ratio(f"full_acc_{k}") for k in range(ttt_steps)]
-    return {
-        "loss": ratio("loss"),
-        "position_accuracy": [round(a, 4) for a in acc],
-        "tau_sim": round(1 + sum(acc), 4),
-    }
+    return summarize_method(metric_sums, forward)
 
 
 def validate_many(
-    models: list, packs: Iterable[dict], device: str, ttt_steps: int, decay: float, loss_config
+    models: list, packs: Iterable[dict], device: str, forward: Forward, loss_config
 ) -> list[dict]:
     """Each model's summary over `packs` (packed batches, e.g. draftline/train/data.py make_loader),
     in one pass: every pack is read once and goes through all the models."""
@@ -48,11 +43,11 @@ def validate_many(
     with torch.no_grad(), autocast(device):
         for batch in packs:
             for model, model_sums in zip(models, sums):
-                _, _, metrics = run_batch(model, batch, device, ttt_steps, decay, loss_config)
+                _, _, metrics = run_batch(model, batch, device, forward, loss_config)
                 accumulate(model_sums, metrics)
-    return [summarize(model_sums, ttt_steps) for model_sums in sums]
+    return [summarize(model_sums, forward) for model_sums in sums]
 
 
-def validate(model, packs: Iterable[dict], device: str, ttt_steps: int, decay: float, loss_config):
+def validate(model, packs: Iterable[dict], device: str, forward: Forward, loss_config):
     """The model's summary over `packs` (validate_many of one model)."""
-    return validate_many([model], packs, device, ttt_steps, decay, loss_config)[0]
+    return validate_many([model], packs, device, forward, loss_config)[0]

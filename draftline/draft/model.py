@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftline.draft.checkpoint import ARCHITECTURES, load_verifier_tensors, load_vocab
-from draftline.targets.model import _checkpoint_file, checkpoint_weight_map
+from draftline.draft.forward import eager_masks
+from draftline.draft.methods import METHODS, classes, method_named, speculative_tokens
+from draftline.targets.model import _checkpoint_file, card_tokenizer, checkpoint_weight_map
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -29,15 +31,16 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- building the draft
 
 
-def draft_layer_config(card: TargetCard, num_layers: int):
-    """Llama decoder config for the draft, shaped from the target (full attention everywhere)."""
+def draft_layer_config(card: TargetCard, num_layers: int, arch: str = "llama"):
+    """The draft's decoder config (llama for EAGLE-3 and P-EAGLE, qwen3 for DFlash, whose decoder
+    layer is Qwen3's), shaped from the target (full attention everywhere)."""
     # speculators (with transformers) loads on first use: importing the draft model needs only torch
     from speculators.train.cli import create_transformer_layer_config
 
     return create_transformer_layer_config(
         verifier_name_or_path=card.model,
         num_layers=num_layers,
-        draft_arch="llama",
+        draft_arch=arch,
         hidden_act="silu",
         sliding_window=4096,
         full_attention_indices=list(range(num_layers)),
@@ -45,13 +48,13 @@ def draft_layer_config(card: TargetCard, num_layers: int):
     )
 
 
-def speculators_config(card: TargetCard, speculative_tokens: int):
+def speculators_config(card: TargetCard, speculative_tokens: int, algorithm: str = "eagle3"):
     """Algorithm, greedy proposal with its token count, and the verifier: what vLLM reads."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
 
     return SpeculatorsConfig(
-        algorithm="eagle3",
+        algorithm=algorithm,
         proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=speculative_tokens)],
         default_proposal_method="greedy",
         verifier=VerifierConfig.from_pretrained(card.model, revision=card.revision),
@@ -63,32 +66,78 @@ def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
     model.lm_head.weight.requires_grad_(train_lm_head)
     model.verifier_lm_head.weight.requires_grad_(False)
     model.verifier_norm.weight.requires_grad_(False)
-    model.config.embed_requires_grad = train_embeddings
+    if hasattr(model.config, "embed_requires_grad"):  # DFlash's embeddings are the target's
+        model.config.embed_requires_grad = train_embeddings
+
+
+def mask_token_id(card: TargetCard, cfg: TrainConfig) -> int:
+    """The token P-EAGLE's and DFlash's masked draft positions read: train.mask_token_id, else the
+    tokenizer's mask token, else the first embedding row past the tokenizer (one it never emits),
+    else its pad / eos / unk token (speculators' order of resolve_mask_token_id)."""
+    if cfg.mask_token_id is not None:
+        if cfg.mask_token_id >= card.vocab_size:
+            raise ValueError(
+                f"train.mask_token_id: {cfg.mask_token_id} is past the target's vocabulary "
+                f"({card.vocab_size} rows)"
+            )
+        return cfg.mask_token_id
+    tokenizer = card_tokenizer(card)
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    if len(tokenizer) < card.vocab_size:
+        return len(tokenizer)
+    for name in ("pad_token_id", "eos_token_id", "unk_token_id"):
+        if getattr(tokenizer, name, None) is not None:
+            return int(getattr(tokenizer, name))
+    raise ValueError(
+        f"train.mask_token_id: target {card.model!r} has no mask, pad, eos or unk token and no "
+        "embedding row past its tokenizer; set the id to use"
+    )
+
+
+def method_config_fields(card: TargetCard, cfg: TrainConfig) -> dict:
+    """The fields of train.method's speculators config beyond the shared ones."""
+    if cfg.method == "dflash":
+        return {
+            "block_size": cfg.dflash.block_size,
+            "aux_hidden_state_layer_ids": card.aux_ids,
+            "mask_token_id": mask_token_id(card, cfg),
+        }
+    fields = {
+        **ARCHITECTURES[cfg.architecture or "speculators"],
+        "fc_norm": False,
+        "embed_requires_grad": cfg.train_embeddings,
+        "eagle_aux_hidden_state_layer_ids": card.aux_ids,
+    }
+    if cfg.method == "peagle":
+        fields["mask_token_id"] = mask_token_id(card, cfg)
+    return fields
 
 
 def build_draft(card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"):
-    """A fresh draft of the train params' shape (decoder layers, norms, speculative tokens, what
-    is trainable) with embeddings, lm_head (masked to the draft vocab) and norm from the target."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
-    # what speculators' Eagle3DraftModel.from_training_args builds, with the verifier tensors
+    """A fresh draft of train.method and the train params' shape (decoder layers, norms,
+    speculative tokens, what is trainable) with embeddings, lm_head (masked to the draft vocab)
+    and norm from the target."""
+    # what speculators' <Method>DraftModel.from_training_args builds, with the verifier tensors
     # taken from the card's names (load_verifier_tensors)
+    method = METHODS[cfg.method]
+    model_class, config_class = classes(method)
     d2t, t2d = load_vocab(vocab_dir)
-    layer_config = draft_layer_config(card, cfg.num_layers)
+    layer_config = draft_layer_config(
+        card, cfg.num_layers, "llama" if method.eagle_layout else "qwen3"
+    )
     layer_config._attn_implementation = attn_impl  # noqa: SLF001
-    config = Eagle3SpeculatorConfig(
+    config = config_class(
         transformer_layer_config=layer_config,
         draft_vocab_size=int(d2t.shape[0]),
-        **ARCHITECTURES[cfg.architecture or "speculators"],
-        fc_norm=False,
-        embed_requires_grad=cfg.train_embeddings,
-        eagle_aux_hidden_state_layer_ids=card.aux_ids,
-        speculators_config=speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps),
+        speculators_config=speculators_config(card, speculative_tokens(cfg), method.name),
+        **method_config_fields(card, cfg),
     )
-    model = Eagle3DraftModel(config)
+    model = model_class(config)
     model.load_vocab_mappings(t2d, d2t)
     load_verifier_tensors(model, card)
     set_trainable(model, cfg.train_embeddings, cfg.train_lm_head)
+    eager_masks(model)
     return model
 
 
@@ -177,24 +226,46 @@ def init_layer_from_target(model, card: TargetCard, layer: int | str) -> str:
 
 
 def vllm_speculator_fields(config: dict) -> dict:
-    """What vLLM's speculators config reader takes from a speculators-format EAGLE-3 config.json
-    (vllm/transformers_utils/configs/speculators: base.py and update_eagle3 in algos.py)."""
+    """What vLLM's speculators config reader takes from a speculators-format config.json
+    (vllm/transformers_utils/configs/speculators: base.py, and update_eagle3 / update_peagle /
+    update_dflash in algos.py), with the speculative config it turns the method into: P-EAGLE is
+    served as eagle3 with parallel_drafting, DFlash as dflash (parallel drafting implied)."""
     spec = config["speculators_config"]
     layer = config["transformer_layer_config"]
-    return {
-        "method": config["speculators_model_type"],
+    method = method_named(config["speculators_model_type"]).name
+    fields = {
+        "method": method,
+        "vllm_method": "eagle3" if method == "peagle" else method,
+        "parallel_drafting": method != "eagle3",
         "num_speculative_tokens": spec["proposal_methods"][0]["speculative_tokens"],
         "verifier": spec["verifier"]["name_or_path"],
         "draft_model_type": layer["model_type"],
         "target_vocab_size": layer["vocab_size"],
         "hidden_size": layer["hidden_size"],
         "draft_vocab_size": config["draft_vocab_size"],
-        "eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
-        "norm_before_residual": config["norm_before_residual"],
-        "norm_before_fc": config["norm_before_fc"],
-        "fc_norm": config["fc_norm"],
-        "norm_output": config["norm_output"],
     }
+    if method == "dflash":
+        return {
+            **fields,
+            "aux_hidden_state_layer_ids": config["aux_hidden_state_layer_ids"],
+            "block_size": config["block_size"],
+            "mask_token_id": config["mask_token_id"],
+        }
+    fields.update(
+        {
+            key: config[key]
+            for key in (
+                "eagle_aux_hidden_state_layer_ids",
+                "norm_before_residual",
+                "norm_before_fc",
+                "fc_norm",
+                "norm_output",
+            )
+        }
+    )
+    if method == "peagle":
+        fields["mask_token_id"] = config["mask_token_id"]
+    return fields
 
 
 def save_draft(model, out_dir: Path) -> dict:
@@ -202,8 +273,8 @@ def save_draft(model, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     model.to("cpu").save_pretrained(out_dir)
     fields = vllm_speculator_fields(json.loads((out_dir / "config.json").read_text()))
-    if fields["method"] != "eagle3" or fields["draft_model_type"] not in ("llama", "qwen3"):
-        raise ValueError(
-            f"{out_dir}/config.json is not an EAGLE-3 speculator vLLM can serve: {fields}"
-        )
+    if fields["draft_model_type"] not in ("llama", "qwen3") or (
+        fields["method"] != "eagle3" and fields.get("mask_token_id") is None
+    ):
+        raise ValueError(f"{out_dir}/config.json is not a speculator vLLM can serve: {fields}")
     return fields

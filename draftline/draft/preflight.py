@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftline.draft.checkpoint import SPECULATORS_EAGLE3, DraftFacts
+from draftline.draft.checkpoint import DraftFacts
+from draftline.draft.methods import METHODS
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -37,8 +38,11 @@ def engine_aux_ids_as_card(facts: DraftFacts, engine: str, num_layers: int) -> l
 def check_draft(card: TargetCard, facts: DraftFacts, engine: str) -> list[str]:
     """Mismatches between a draft and its target that no engine reports; [] when it fits."""
     problems = []
-    if facts.algorithm != SPECULATORS_EAGLE3:
-        problems.append(f"{facts.path}: not an EAGLE-3 draft (algorithm {facts.algorithm!r})")
+    if facts.algorithm not in METHODS:
+        problems.append(
+            f"{facts.path}: not a draft of a method this pipeline serves (algorithm "
+            f"{facts.algorithm!r}; {', '.join(METHODS)})"
+        )
     aux = engine_aux_ids_as_card(facts, engine, card.num_layers)
     if sorted(aux) != sorted(card.aux_ids):
         hint = (
@@ -56,7 +60,7 @@ def check_draft(card: TargetCard, facts: DraftFacts, engine: str) -> list[str]:
             f"hidden size: the draft expects a target hidden size of {facts.target_hidden_size}, "
             f"the target card says {hidden}"
         )
-    if facts.fc_in_features is not None and facts.fc_in_features != 3 * hidden:
+    if facts.fc_in_features is not None and facts.fc_in_features != 3 * hidden:  # every method
         problems.append(
             f"hidden size: the draft's fc takes {facts.fc_in_features} features, EAGLE-3 on this "
             f"target needs 3 x {hidden} = {3 * hidden}"

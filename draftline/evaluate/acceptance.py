@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, read_jsonl
 from draftline.draft.checkpoint import load_draft
+from draftline.draft.methods import METHODS, Forward
 from draftline.draft.metrics import accumulate, summarize
 from draftline.hidden_states.formats import roundtrip
 from draftline.targets.model import load_target
@@ -197,26 +198,28 @@ def teacher_forced_sample(
     }
 
 
-def teacher_forced_sums(draft, sample: dict, k: int, device: str) -> dict[str, float]:
-    """The draft's TTT forward (draftline/draft/forward.py) over one sample, packed alone; the raw
+def teacher_forced_sums(draft, sample: dict, forward: Forward, device: str) -> dict[str, float]:
+    """The draft's own forward (draftline/draft/forward.py) over one sample, packed alone; the raw
     `*_sum`/`*_total` metric counts."""
     import torch
 
-    from draftline.draft.forward import device_loss_config, pack_collate, run_batch
+    from draftline.draft.forward import PackLayout, device_loss_config, pack_collate, run_batch
 
     hidden_size = sample["verifier_last_hidden_states"].shape[-1]
-    batch = pack_collate(len(sample["input_ids"]) - 1, hidden_size, torch.float32)([sample])
+    shifted = METHODS[forward.method].shifted
+    layout = PackLayout(len(sample["input_ids"]) - int(shifted), hidden_size, shifted)
+    batch = pack_collate(layout, torch.float32)([sample])
     loss_config = device_loss_config("cpu")  # the loss is not used: the eager one needs no Triton
     with torch.no_grad():
-        _, _, metrics = run_batch(draft, batch, device, k, 1.0, loss_config)
+        _, _, metrics = run_batch(draft, batch, device, forward, loss_config)
     sums: dict[str, float] = {}
     accumulate(sums, metrics)
     return sums
 
 
-def simulated_acceptance(sums: dict[str, float], k: int) -> dict:
+def simulated_acceptance(sums: dict[str, float], forward: Forward) -> dict:
     """tau_sim = 1 + sum_i acc_i with acc_i = P(draft steps 0..i all match the target), as in train."""
-    s = summarize(sums, k)
+    s = summarize(sums, forward)
     return {
         "tau_sim": s["tau_sim"],
         "position_accuracy": {str(i + 1): a for i, a in enumerate(s["position_accuracy"])},
@@ -283,7 +286,7 @@ def per_source_report(groups, k: int) -> dict:
         name: {
             "acceptance_length": mean(s["rounds"]),
             "tokens_per_step": mean(s["emitted"]),
-            "tau_sim": simulated_acceptance(s["sums"], k)["tau_sim"],
+            "tau_sim": simulated_acceptance(s["sums"], Forward.chain(k))["tau_sim"],
             "prompts": s["prompts"],
         }
         for name, s in groups
@@ -420,7 +423,10 @@ def evaluate_prompt(
     tally.greedy[row["id"]] = list(plain.tokens)
     tally.runner_ups[row["id"]] = plain.runner_ups
     sums = teacher_forced_sums(
-        draft, teacher_forced_sample(target, aux_ids, ids, plain.tokens), cfg.k, models.device
+        draft,
+        teacher_forced_sample(target, aux_ids, ids, plain.tokens),
+        Forward.chain(cfg.k),
+        models.device,
     )
     if tally.fp8:
         accumulate(
@@ -428,7 +434,7 @@ def evaluate_prompt(
             teacher_forced_sums(
                 draft,
                 teacher_forced_sample(target, aux_ids, ids, plain.tokens, torch.float8_e4m3fn),
-                cfg.k,
+                Forward.chain(cfg.k),
                 models.device,
             ),
         )
@@ -479,7 +485,9 @@ def evaluation_report(
         **lossless,
     }
     if tally.fp8:
-        report["tau_sim_fp8_states"] = simulated_acceptance(tally.sums_stored, cfg.k)["tau_sim"]
+        report["tau_sim_fp8_states"] = simulated_acceptance(
+            tally.sums_stored, Forward.chain(cfg.k)
+        )["tau_sim"]
     return report
 
 
@@ -537,7 +545,7 @@ def evaluate_draft(
     )
 
     real = acceptance_summary(tally.rounds, cfg.k, tally.emitted)
-    sim = simulated_acceptance(tally.sums, cfg.k)
+    sim = simulated_acceptance(tally.sums, Forward.chain(cfg.k))
     report = evaluation_report(cfg, len(rows), tally, real, sim, lossless)
     log.info(
         f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
+from draftline.draft.checkpoint import draft_method
+from draftline.draft.methods import METHODS
 from draftline.evaluate.acceptance import EvaluationRun, evaluate_draft
 from draftline.evaluate.compare import (
     HELD_OUT,
@@ -75,7 +77,14 @@ def measure(params, card: TargetCard, paths: Paths, others: dict[str, Path], set
     resolved; `sets`: each eval set's rows)."""
     cfg, failure = params.evaluate, None
     draft, prompts = str(paths.draft), str(paths.prompts)
-    if cfg.engine == "vllm" and not cfg.vllm.parity:
+    method = METHODS.get(draft_method(draft))
+    if method is not None and not method.builtin_decode:
+        # check_params refuses evaluate.engine hf for such a draft: vLLM alone measures it
+        measured = vllm_only_run(cfg, card, draft, prompts, params.samples, params.engines.vllm)
+        measured.report["parity"] = {
+            "skipped": f"the built-in engine decodes EAGLE-3 drafts only, not {method.name}"
+        }
+    elif cfg.engine == "vllm" and not cfg.vllm.parity:
         measured = vllm_only_run(cfg, card, draft, prompts, params.samples, params.engines.vllm)
     else:
         measured = evaluate_draft(cfg, card, draft, prompts, params.samples)

@@ -73,8 +73,9 @@ def run(job: dict) -> dict:
     engine_args = dict(job.get("engine_args") or {})
     speculative = None
     if job.get("draft"):
+        # the draft's method as vLLM serves it (draftline/draft/methods.py vllm_speculative)
         speculative = {
-            "method": "eagle3",
+            **job.get("served_as", {"method": "eagle3"}),
             "model": job["draft"],
             "num_speculative_tokens": job["k"],
         }

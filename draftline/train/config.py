@@ -9,7 +9,39 @@ from pydantic import Field, model_validator
 from draftline.core.config import Section, operational, shaping
 
 
+class PEagleParams(Section):
+    """train.peagle: P-EAGLE's parallel groups (speculators' COD sampling)."""
+
+    # parallel draft positions trained (K); the draft's speculative_tokens (vLLM serves up to it)
+    depths: int = shaping(8, ge=2)
+    # depth d keeps max(ratio**d, ratio_min) of the positions (geometric down-sampling)
+    down_sample_ratio: float = shaping(0.7, gt=0, lt=1)
+    down_sample_ratio_min: float = shaping(0.2, gt=0, lt=1)
+    max_anchors: int | None = shaping(
+        512, ge=1
+    )  # chain starts sampled per pack; null = all positions
+
+
+class DFlashParams(Section):
+    """train.dflash: DFlash's blocks (speculators' anchored-block training)."""
+
+    # tokens per draft block: the anchor (the bonus token) and block_size - 1 drafted in one
+    # forward; speculators' trainer default
+    block_size: int = shaping(16, ge=2)
+    max_anchors: int = shaping(512, ge=1)  # blocks sampled per pack
+    gamma: float = shaping(4.0, gt=0)  # per-position loss decay of the block (fixed-exp-decay)
+
+
 class TrainConfig(Section):
+    # the drafter: eagle3 (a chain of k draft steps, each reading the last), peagle (P-EAGLE: all k
+    # draft tokens in one forward, served by vLLM as eagle3 with parallel_drafting), dflash (a
+    # block of masked positions filled in one forward); each through speculators' own model and loss
+    method: Literal["eagle3", "peagle", "dflash"] = shaping("eagle3")
+    peagle: PEagleParams = shaping(PEagleParams())
+    dflash: DFlashParams = shaping(DFlashParams())
+    # peagle / dflash: the token id their masked draft positions read; null = the tokenizer's mask
+    # token, else the first embedding row past the tokenizer, else pad / eos / unk (as speculators)
+    mask_token_id: int | None = shaping(None, ge=0)
     # builtin: our loop on CPU (float32) or one GPU (bf16 autocast); speculators: hand off to
     # `torchrun -m speculators.train` (several GPUs, FSDP) with arguments built from these params.
     backend: Literal["builtin", "speculators"] = shaping("builtin")
@@ -84,6 +116,25 @@ class TrainConfig(Section):
             raise ValueError(
                 "train_lm_head: speculators train keeps lm_head frozen (a train.init's own head is "
                 "kept, frozen); use backend builtin to train it"
+            )
+        if self.method != "eagle3":
+            for name, value in (
+                ("init", self.init),
+                ("init_layer_from_target", self.init_layer_from_target),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        f"{name}: EAGLE-3 drafts only (train.method eagle3); method "
+                        f"{self.method} trains a new draft"
+                    )
+        if self.method == "dflash" and self.architecture is not None:
+            raise ValueError(
+                "architecture: the EAGLE-3 norm layouts; method dflash has its own decoder (null)"
+            )
+        if self.method == "dflash" and self.train_embeddings:
+            raise ValueError(
+                "train_embeddings: a DFlash draft reads the target's embeddings (its checkpoint "
+                "and vLLM keep none of its own)"
             )
         if self.init_layer_from_target is not None and (
             self.backend != "builtin" or self.init is not None

@@ -24,13 +24,15 @@ import torch
 
 from draftline.core.errors import DraftlineError
 from draftline.core.io import file_sha256
-from draftline.draft.forward import hidden_states_dtype, pack_collate
+from draftline.draft.forward import PackLayout, hidden_states_dtype, pack_collate
+from draftline.draft.methods import METHODS
 from draftline.engines.servers import checkpoint_bytes
 from draftline.hidden_states import formats as hs_format
 from draftline.targets.model import load_target_model
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
+    from draftline.train.config import TrainConfig
 
 
 class DataMismatch(DraftlineError, ValueError):
@@ -242,11 +244,15 @@ def prefetched(fetch, items, workers: int, depth: int):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def layout_of(cfg: TrainConfig, hidden_size: int) -> PackLayout:
+    """The packs train.method's forward reads: train.pack_len tokens, shifted or not."""
+    return PackLayout(cfg.pack_len, hidden_size, METHODS[cfg.method].shifted)
+
+
 def make_loader(
     dataset,
     batches: list[list[int]],
-    pack_len: int,
-    hidden_size: int,
+    layout: PackLayout,
     device: str = "cpu",
     workers: int = 0,
 ):
@@ -257,7 +263,7 @@ def make_loader(
     N x PREFETCH_PER_WORKER packs waiting) while the step computes; reading is file IO and tensor
     copies, which release the GIL, and a thread hands the pack over without the copy into shared
     memory a worker process needs. On CUDA packs come in page-locked memory."""
-    collate = pack_collate(pack_len, hidden_size, hidden_states_dtype(device))
+    collate = pack_collate(layout, hidden_states_dtype(device))
     pin_memory = torch.device(device).type == "cuda"
 
     def fetch(batch):

@@ -30,7 +30,8 @@ from draftline.core.card import TargetCard
 from draftline.core.config import resolve_device
 from draftline.core.io import write_meta
 from draftline.draft.checkpoint import dir_sha256
-from draftline.draft.forward import autocast, device_loss_config, run_batch
+from draftline.draft.forward import PackLayout, autocast, device_loss_config, run_batch
+from draftline.draft.methods import Forward
 from draftline.draft.metrics import accumulate, summarize, validate
 from draftline.draft.model import build_draft, init_layer_from_target, save_draft
 from draftline.draft.pretrained import load_init_draft, prepare_init, resolve_init
@@ -42,6 +43,7 @@ from draftline.train.data import (
     check_hidden_states,
     epoch_batches,
     hidden_states_source,
+    layout_of,
     make_dataset,
     make_loader,
     online_states,
@@ -139,6 +141,7 @@ class _Loop:
     device: str
     online: OnlineStates | VllmOnline | None
     hidden_size: int
+    forward: Forward  # the method's forward arguments (draftline/draft/methods.py)
     train_set: Any  # make_dataset's ArrowDataset
     val_set: Any
     plan: list[list[list[int]]]  # per epoch, its packed batches of row indices
@@ -154,6 +157,10 @@ class _Loop:
     step_seconds: list[float] = field(default_factory=list)
     run_tokens: int = 0
     run_seconds: float = 0.0
+
+    @property
+    def layout(self) -> PackLayout:
+        return layout_of(self.cfg, self.hidden_size)
 
 
 def _training_data(cfg: TrainConfig, data: TrainingData, device: str):
@@ -199,6 +206,7 @@ def _setup_loop(
         device=device,
         online=data.online,
         hidden_size=hidden_size,
+        forward=Forward.for_training(cfg),
         train_set=train_set,
         val_set=val_set,
         plan=plan,
@@ -268,12 +276,7 @@ def _optimizer_step(loop: _Loop, loader, n: int, sums: dict) -> None:
     for _ in range(n):
         with autocast(loop.device):
             _, loss, metrics = run_batch(
-                loop.model,
-                next(loader),
-                loop.device,
-                cfg.ttt_steps,
-                cfg.ttt_step_loss_decay,
-                loop.loss_config,
+                loop.model, next(loader), loop.device, loop.forward, loop.loss_config
             )
         (loss / n).backward()
         accumulate(sums, metrics)
@@ -293,14 +296,7 @@ def _train_epoch(loop: _Loop, epoch: int, progress) -> dict:
     sums = dict(pos["train_sums"]) if epoch == pos["epoch"] else {}
     loop.model.train()
     loader = iter(
-        make_loader(
-            loop.train_set,
-            batches[first:],
-            cfg.pack_len,
-            loop.hidden_size,
-            loop.device,
-            loop.workers,
-        )
+        make_loader(loop.train_set, batches[first:], loop.layout, loop.device, loop.workers)
     )
     for start in range(first, len(batches), accum):
         began = time.perf_counter()
@@ -333,18 +329,14 @@ def _train_epoch(loop: _Loop, epoch: int, progress) -> dict:
 def _end_epoch(loop: _Loop, epoch: int, sums: dict, on_epoch) -> None:
     """Validate the epoch's draft, record the epoch and pass it to on_epoch, keep its weights when
     it is the best so far, and save the resume state at the next epoch's start."""
-    cfg, pos = loop.cfg, loop.pos
-    packs = make_loader(
-        loop.val_set, loop.val_batches, cfg.pack_len, loop.hidden_size, loop.device, loop.workers
-    )
-    val = validate(
-        loop.model, packs, loop.device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loop.loss_config
-    )
+    pos = loop.pos
+    packs = make_loader(loop.val_set, loop.val_batches, loop.layout, loop.device, loop.workers)
+    val = validate(loop.model, packs, loop.device, loop.forward, loop.loss_config)
     record = {
         "epoch": epoch,
         "step": pos["step"],
         "lr": loop.sched.get_last_lr()[0],
-        "train": summarize(sums, cfg.ttt_steps),
+        "train": summarize(sums, loop.forward),
         "val": val,
     }
     pos["history"].append(record)

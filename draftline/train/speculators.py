@@ -27,8 +27,9 @@ from draftline.draft.checkpoint import (
 )
 from draftline.draft.forward import device_loss_config
 from draftline.draft.init_checks import InitMismatch
+from draftline.draft.methods import METHODS, Forward, speculative_tokens
 from draftline.draft.metrics import validate_many
-from draftline.draft.model import speculators_config
+from draftline.draft.model import mask_token_id, speculators_config
 from draftline.draft.pretrained import load_init_draft
 from draftline.hidden_states.online_server import (
     OnlineServerJob,
@@ -47,6 +48,7 @@ from draftline.train.data import (
     VllmOnline,
     check_target_fits,
     epoch_batches,
+    layout_of,
     make_dataset,
     make_loader,
     online_states,
@@ -164,7 +166,7 @@ def _speculators_data_args(
     d2t, _ = load_vocab(launch.vocab)
     return [
         "--speculator-type",
-        "eagle3",
+        cfg.method,
         "--verifier-name-or-path",
         launch.verifier or card.model,
         "--data-path",
@@ -178,16 +180,52 @@ def _speculators_data_args(
         str(int(d2t.shape[0])),
         "--target-layer-ids",
         *[str(i) for i in card.aux_ids],
-        *[
-            f"--{'' if on else 'no-'}{key.replace('_', '-')}"
-            for key, on in ARCHITECTURES[launch.architecture].items()
-        ],
+        *(
+            [
+                f"--{'' if on else 'no-'}{key.replace('_', '-')}"
+                for key, on in ARCHITECTURES[launch.architecture].items()
+            ]
+            if METHODS[cfg.method].eagle_layout
+            else []
+        ),
+        *_speculators_method_args(cfg, card),
         "--total-seq-len",
         str(cfg.pack_len),
         "--train-data-ratio",
         str(1 - cfg.val_fraction),
         "--hidden-states-dtype",
         "bfloat16",
+    ]
+
+
+def _speculators_method_args(cfg: TrainConfig, card: TargetCard) -> list[str]:
+    """train.method's own arguments: P-EAGLE's depths and COD sampling, DFlash's block (and its
+    Qwen3 decoder), and the mask token both read (resolved here, as the builtin loop does)."""
+    if cfg.method == "eagle3":
+        return []
+    mask = ["--mask-token-id", str(mask_token_id(card, cfg))]
+    if cfg.method == "peagle":
+        p = cfg.peagle
+        anchors = [] if p.max_anchors is None else ["--max-anchors", str(p.max_anchors)]
+        return [
+            "--num-depths",
+            str(p.depths),
+            "--down-sample-ratio",
+            str(p.down_sample_ratio),
+            "--down-sample-ratio-min",
+            str(p.down_sample_ratio_min),
+            *anchors,
+            *mask,
+        ]
+    d = cfg.dflash
+    return [
+        "--block-size",
+        str(d.block_size),
+        "--max-anchors",
+        str(d.max_anchors),
+        "--dflash-decay-gamma",
+        str(d.gamma),
+        *mask,
     ]
 
 
@@ -230,7 +268,7 @@ def _speculators_shape_args(cfg: TrainConfig, card: TargetCard, init_dir: Path |
             "--num-layers",
             str(cfg.num_layers),
             "--draft-arch",
-            "llama",
+            "llama" if METHODS[cfg.method].eagle_layout else "qwen3",  # DFlash's decoder: Qwen3
             "--full-attention-indices",
             *[str(i) for i in range(cfg.num_layers)],
         ]
@@ -341,10 +379,8 @@ def best_speculators_epoch(
         models += [load(d) for d in group[1:]]
         first = None
         hidden_size = models[0].config.transformer_layer_config.hidden_size
-        packs = make_loader(val_set, batches, cfg.pack_len, hidden_size, device, workers)
-        vals = validate_many(
-            models, packs, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
-        )
+        packs = make_loader(val_set, batches, layout_of(cfg, hidden_size), device, workers)
+        vals = validate_many(models, packs, device, Forward.for_training(cfg), loss_config)
         for directory, model, val in zip(group, models, vals):
             record = {
                 "epoch": int(directory.name),
@@ -413,7 +449,7 @@ def run_speculators(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch,
         data = TrainingData(paths.tokenized, paths.hs, online)
         model, result = best_speculators_epoch(save_path, cfg, card, data, "cuda", on_epoch)
     model.config.speculators_config = speculators_config(
-        card, cfg.speculative_tokens or cfg.ttt_steps
+        card, speculative_tokens(cfg), cfg.method
     )  # the target, not the view
     return model, result, notes
 

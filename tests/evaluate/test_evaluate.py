@@ -83,19 +83,24 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
 def test_teacher_forced_layout_matches_the_incremental_decoder(random_target, vocab_dir):
     """Step 0 of speculators' forward over the tau_sim sample proposes, at every completion
     position, the same token as the built-in decoder's draft given the same context."""
-    from draftline.draft.forward import device_loss_config, pack_collate, run_batch
+    from draftline.draft.forward import PackLayout, device_loss_config, pack_collate, run_batch
+    from draftline.draft.methods import Forward
 
     model, _ = load_target(random_target)
     torch.manual_seed(3)
     draft = build_draft(random_target, vocab_dir, TrainConfig()).eval()
     completion = greedy_generate(model, PROMPT, 12, eos_ids={-1}).tokens
     sample = teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion)
-    collate = pack_collate(
-        len(sample["input_ids"]) - 1, sample["verifier_last_hidden_states"].shape[-1], torch.float32
+    layout = PackLayout(
+        len(sample["input_ids"]) - 1, sample["verifier_last_hidden_states"].shape[-1]
     )
     with torch.no_grad():
         draft_tokens, _, _ = run_batch(
-            draft, collate([sample]), "cpu", 3, 1.0, device_loss_config("cpu")
+            draft,
+            pack_collate(layout, torch.float32)([sample]),
+            "cpu",
+            Forward.for_training(TrainConfig()),
+            device_loss_config("cpu"),
         )
     runner = DraftRunner(draft)
     ids, aux = sample["input_ids"].tolist(), sample["hidden_states"].unsqueeze(0)  # (1, L, 3H)

@@ -24,7 +24,8 @@ from draftline.draft import checkpoint
 from draftline.draft import metrics as draft_metrics
 from draftline.draft import model as draft_model
 from draftline.draft import pretrained as draft_init
-from draftline.draft.forward import device_loss_config
+from draftline.draft.forward import PackLayout, device_loss_config
+from draftline.draft.methods import Forward
 from draftline.hidden_states.capture import capture
 from draftline.hidden_states.files import hs_path, save_hidden_states
 from draftline.targets.model import load_target
@@ -183,7 +184,7 @@ def test_read_ahead_trains_the_same_packs_to_the_same_weights(data, monkeypatch)
     train_set = draft_data.make_dataset(data["rows"], "train", 0.75, 128, "cpu")
     plan = draft_data.epoch_batches(train_set, 128, 0, 0)
     packs = {
-        workers: list(draft_data.make_loader(train_set, plan, 128, 64, "cpu", workers))
+        workers: list(draft_data.make_loader(train_set, plan, PackLayout(128, 64), "cpu", workers))
         for workers in (0, 3)
     }
     assert len(packs[3]) == len(plan) >= 3
@@ -324,8 +325,10 @@ def test_finetune_from_a_previous_run(reference, data, tmp_path, monkeypatch):
     val_set = draft_data.make_dataset(data["rows"], "val", 0.75, 128, "cpu")
     hidden_size = model.config.transformer_layer_config.hidden_size
     plan = draft_data.epoch_batches(val_set, 128, 0, 0)
-    packs = draft_data.make_loader(val_set, plan, 128, hidden_size, "cpu")
-    val = draft_metrics.validate(model, packs, "cpu", 3, 1.0, device_loss_config("cpu"))
+    packs = draft_data.make_loader(val_set, plan, PackLayout(128, hidden_size), "cpu")
+    val = draft_metrics.validate(
+        model, packs, "cpu", Forward.for_training(TrainConfig()), device_loss_config("cpu")
+    )
     assert notes == [] and val["tau_sim"] == pytest.approx(ref_report["val_tau_sim"], abs=1e-4)
 
     report = run_stage_in_process(
@@ -615,3 +618,38 @@ def test_online_mode_refuses_a_target_larger_than_its_device_before_the_spend(
         match=r"^error: .*above 80% of the RAM free now.*mode: offline",
     ):
         check_target_fits(random_target, "cpu", "hidden_states.mode: online")
+
+
+@pytest.mark.parametrize("method", ["eagle3", "peagle", "dflash"])
+def test_each_method_trains_a_step_on_cpu_and_saves_what_vllm_reads(data, tmp_path, method):
+    """train.method through speculators' own model class and loss: one optimizer step on CPU
+    (eager attention) moves the weights with a finite loss, and the saved draft names the method
+    and the fields vLLM's speculators reader requires of it."""
+    from draftline.draft.model import save_draft
+
+    cfg = TrainConfig(**{**TRAIN, "method": method, "epochs": 1})
+    train_state.seed_everything(0)
+    model = draft_model.build_draft(data["card"], data["vocab"], cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = training.train_draft(model, cfg, data["rows"], "cpu")
+    record = result["history"][0]
+    assert all(
+        torch.isfinite(torch.tensor(r[key]["loss"])) for r in [record] for key in ("train", "val")
+    )
+    assert record["val"]["tau_sim"] >= 1.0
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "no weight moved"
+    fields = save_draft(model, tmp_path / "draft")
+    saved = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert saved["speculators_model_type"] == fields["method"] == method
+    assert fields["vllm_method"] == ("eagle3" if method == "peagle" else method)
+    if method != "eagle3":
+        assert fields["mask_token_id"] is not None and fields["parallel_drafting"]
+    if method == "dflash":
+        assert fields["num_speculative_tokens"] == cfg.dflash.block_size - 1
+        assert fields["aux_hidden_state_layer_ids"] == data["card"].aux_ids
+    # loaded back as the method's class with every trained weight, as evaluate loads it
+    loaded = checkpoint.load_draft(tmp_path / "draft", data["card"], "cpu")
+    assert type(loaded) is type(model)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
