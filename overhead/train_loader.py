@@ -141,7 +141,8 @@ def main() -> None:
     import torch
     from speculators.losses import resolve_loss_config
 
-    from draftline.draft.forward import run_batch
+    from draftline.draft.forward import PackLayout, run_batch
+    from draftline.draft.methods import Forward
     from draftline.draft.model import build_draft
     from draftline.hidden_states.files import hs_path
     from draftline.train.config import TrainConfig
@@ -166,7 +167,9 @@ def main() -> None:
         plan = epoch_batches(train_set, args.pack_len, cfg.seed, 0)[:packs_needed]
         if len(plan) < packs_needed:
             raise SystemExit(f"error: {len(plan)} packs, {packs_needed} needed")
-        in_memory = list(make_loader(train_set, plan, args.pack_len, args.hidden_size, "cpu"))
+        in_memory = list(
+            make_loader(train_set, plan, PackLayout(args.pack_len, args.hidden_size), "cpu")
+        )
         pack_bytes = sum(hs_path(hs, train_set.start_file_idx + j).stat().st_size for j in plan[0])
 
         seed_everything(0)
@@ -178,9 +181,7 @@ def main() -> None:
 
         def step(batch) -> None:
             opt.zero_grad(set_to_none=True)
-            _, loss, _ = run_batch(
-                model, batch, "cpu", cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
-            )
+            _, loss, _ = run_batch(model, batch, "cpu", Forward.for_training(cfg), loss_config)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
@@ -191,9 +192,11 @@ def main() -> None:
         loaders = {
             "in_memory": iter(in_memory),
             "read_ahead": make_loader(
-                train_set, plan, args.pack_len, args.hidden_size, "cpu", workers
+                train_set, plan, PackLayout(args.pack_len, args.hidden_size), "cpu", workers
             ),
-            "synchronous": make_loader(train_set, plan, args.pack_len, args.hidden_size, "cpu", 0),
+            "synchronous": make_loader(
+                train_set, plan, PackLayout(args.pack_len, args.hidden_size), "cpu", 0
+            ),
         }
         steps, waits, cpus = ({v: [] for v in VARIANTS} for _ in range(3))
         for r in range(args.rounds):

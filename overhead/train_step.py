@@ -65,9 +65,16 @@ def main() -> None:
 
     from draftline.core.card import TargetCard
     from draftline.draft.forward import run_batch
+    from draftline.draft.methods import Forward
     from draftline.draft.model import build_draft
     from draftline.train.config import TrainConfig
-    from draftline.train.data import TrainingData, epoch_batches, make_dataset, make_loader
+    from draftline.train.data import (
+        TrainingData,
+        epoch_batches,
+        layout_of,
+        make_dataset,
+        make_loader,
+    )
     from draftline.train.resume import Resume, seed_everything
     from draftline.train.run import LoopCallbacks, train_draft
 
@@ -88,8 +95,7 @@ def main() -> None:
         make_loader(
             train_set,
             epoch_batches(train_set, cfg.pack_len, cfg.seed, 0),
-            cfg.pack_len,
-            model.config.transformer_layer_config.hidden_size,
+            layout_of(cfg, model.config.transformer_layer_config.hidden_size),
             device,
         )
     )
@@ -116,9 +122,7 @@ def main() -> None:
         model.train()
         stamps = []
         for batch in batches:
-            _, loss, _ = run_batch(
-                model, batch, device, cfg.ttt_steps, cfg.ttt_step_loss_decay, loss_config
-            )
+            _, loss, _ = run_batch(model, batch, device, Forward.for_training(cfg), loss_config)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -13,6 +13,7 @@ import yaml
 from transformers import DynamicCache
 
 from draftline.core.io import read_json, write_json, write_jsonl
+from draftline.draft.methods import Forward
 from draftline.draft.model import build_draft
 from draftline.evaluate.acceptance import (
     NotLossless,
@@ -57,10 +58,9 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
     with torch.no_grad():
         draft.lm_head.weight.zero_()  # all logits equal: argmax = draft id 0 = target id T*
 
-    sums = teacher_forced_sums(
-        draft, teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion), 3, "cpu"
-    )
-    sim = simulated_acceptance(sums, 3)
+    sample = teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion)
+    sums = teacher_forced_sums(draft, sample, Forward.chain(3), "cpu")
+    sim = simulated_acceptance(sums, Forward.chain(3))
 
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT + completion])).logits[0]  # (P + m, V)
