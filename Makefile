@@ -109,6 +109,7 @@ overhead: setup setup-smollm2 setup-vllm
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_extraction.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/hs_format_tradeoffs.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/train_step.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/drafter_attention.py --out reports/overhead/drafter_attention.json
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/dvc_bookkeeping.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/specdec_speedup.py
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/cpu_load.py

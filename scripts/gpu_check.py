@@ -508,15 +508,19 @@ def check_last_state(sub: Path, device: str, rows: int = 8) -> dict:
 
 
 def check_draft_loads(draft_dir: Path, card_path: Path) -> dict:
-    """Eagle3DraftModel.from_pretrained takes the saved draft as it is, for our target's aux layers."""
-    from speculators.models.eagle3 import Eagle3DraftModel
+    """speculators' from_pretrained (the class its config names) takes the saved draft as it is,
+    for our target's aux layers."""
+    from speculators.model import SpeculatorModel
 
     from draftline.core.card import TargetCard
 
     card = TargetCard.load(card_path)
 
-    model = Eagle3DraftModel.from_pretrained(str(draft_dir))
-    aux = list(model.config.eagle_aux_hidden_state_layer_ids)
+    model = SpeculatorModel.from_pretrained(str(draft_dir))
+    aux = list(
+        getattr(model.config, "eagle_aux_hidden_state_layer_ids", None)
+        or model.config.aux_hidden_state_layer_ids
+    )
     problems = [] if aux == card.aux_ids else [f"aux layer ids {aux} != card {card.aux_ids}"]
     return {
         "passed": not problems,
@@ -525,6 +529,52 @@ def check_draft_loads(draft_dir: Path, card_path: Path) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "problems": problems,
     }
+
+
+def check_methods(sub: Path, device: str) -> dict:
+    """P-EAGLE and DFlash (train.method) through the builtin loop on this device, on the train
+    stage's own data: one epoch each (flex attention and bf16 autocast on CUDA, as train runs
+    them), a finite loss, and the saved draft loaded back by speculators' from_pretrained."""
+    import math
+
+    from speculators.model import SpeculatorModel
+
+    from draftline.core.card import TargetCard
+    from draftline.draft.model import build_draft, save_draft
+    from draftline.train.config import TrainConfig
+    from draftline.train.data import TrainingData
+    from draftline.train.resume import seed_everything
+    from draftline.train.run import train_draft
+
+    params = yaml.safe_load((sub / "params.yaml").read_text())["train"]
+    card = TargetCard.load(sub / "models" / "target" / "card.json")
+    data = TrainingData(sub / "datasets" / "tokenized", sub / "datasets" / "hidden_states")
+    attn = "eager" if device == "cpu" else "simple_flex_attention"
+    results, problems = {}, []
+    for method in ("peagle", "dflash"):
+        cfg = TrainConfig(
+            method=method, epochs=1, device=device, pack_len=params.get("pack_len", 2048)
+        )
+        seed_everything(0)
+        model = build_draft(card, sub / "models" / "vocab", cfg, attn).to(device)
+        started = time.perf_counter()
+        result = train_draft(model, cfg, data, device)
+        val = result["history"][-1]["val"]
+        out = sub / "models" / f"draft_{method}"
+        fields = save_draft(model, out)
+        loaded = SpeculatorModel.from_pretrained(str(out))
+        results[method] = {
+            "seconds": round(time.perf_counter() - started, 1),
+            "val_loss": val["loss"],
+            "val_tau_sim": val["tau_sim"],
+            "loaded_class": type(loaded).__name__,
+            "vllm": {k: fields[k] for k in ("vllm_method", "parallel_drafting")},
+        }
+        if not math.isfinite(val["loss"]):
+            problems.append(f"{method}: val loss {val['loss']}")
+        if type(loaded).__name__ != type(model).__name__:
+            problems.append(f"{method}: from_pretrained gave {type(loaded).__name__}")
+    return {"passed": not problems, "methods": results, "problems": problems}
 
 
 def check_lossless(work: Path) -> dict:
@@ -748,6 +798,10 @@ def main(argv: list[str] | None = None) -> int:
                     work / "models" / "target" / "card.json",
                 )
             )
+            if stage.cwd == ".":  # the methods on the main variant's data, once
+                report["checks"].append(
+                    run_check("methods_train_and_load", check_methods, sub, args.device)
+                )
         if module == "stages.evaluate":
             report["checks"].append(run_check("speculative_equals_greedy", check_lossless, work))
 

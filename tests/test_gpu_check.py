@@ -120,8 +120,14 @@ def test_cpu_dry_run_passes_every_stage_and_check(tmp_path):
         "last_state_reproduces_target_argmax_fp8",
         "draft_loads_with_from_pretrained_fp8",
         "draft_loads_with_from_pretrained_online",
+        "methods_train_and_load",
     }
     assert all(c["passed"] for c in checks.values())
+    methods = checks["methods_train_and_load"]["methods"]
+    assert {m: methods[m]["loaded_class"] for m in methods} == {
+        "peagle": "PEagleDraftModel",
+        "dflash": "DFlashDraftModel",
+    }
     assert checks["last_state_reproduces_target_argmax"]["positions"] > 0
     assert checks["last_state_reproduces_target_argmax_fp8"]["stored_dtype"] == "float8_e4m3fn"
     assert report["regenerated_stand_in"]["conversations"] == 40

@@ -37,6 +37,20 @@ def test_default_params_validate():
         (lambda r: r["train"].__setitem__("architecture", "medusa"), "train.architecture"),
         (lambda r: r["evaluate"].update(device="cpu", device_map="auto"), "evaluate"),
         (lambda r: r["benchmark"].update(device="cpu", device_map="auto"), "benchmark"),
+        (lambda r: r["train"].update(method="medusa"), "train.method"),
+        (lambda r: r["train"].update(method="dflash", architecture="eagle3"), "architecture"),
+        (lambda r: r["train"].update(method="dflash", train_embeddings=True), "train_embeddings"),
+        (lambda r: r["train"].update(method="peagle", init="models/draft"), "init"),
+        (lambda r: r["train"].update(method="peagle", peagle={"depths": 1}), "train.peagle.depths"),
+        (lambda r: r["train"].update(method="dflash", dflash={"block_size": 1}), "block_size"),
+        (
+            lambda r: (r["train"].update(method="peagle"), r["evaluate"].update(engine="hf")),
+            "evaluate.engine: hf decodes EAGLE-3 drafts only",
+        ),
+        (
+            lambda r: (r["train"].update(method="dflash"), r["benchmark"].update(engine="sglang")),
+            "benchmark.engine: sglang serves EAGLE-3 drafts only",
+        ),
     ],
 )
 def test_bad_params_name_the_key(mutate, key):
