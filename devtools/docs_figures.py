@@ -1006,7 +1006,63 @@ def make_exps_example(r: Reports) -> str:
     )
 
 
+DRAFTER_NAMES = {
+    "eagle3": "EAGLE-3 (chain)",
+    "peagle": "P-EAGLE (parallel)",
+    "dflash": "DFlash (block)",
+}
+
+
+def drafters(name: str) -> Callable[[Reports], str]:
+    """The drafters compared on one data set (reports/drafters/<name>.json, devtools/drafters.py):
+    train tau_sim, held-out acceptance, and the serving verdict at the serve load."""
+
+    def build(r: Reports) -> str:
+        path = f"reports/drafters/{name}.json"
+        data = r.load(path)
+        rows = []
+        for method, f in data["methods"].items():
+            rows.append(
+                [
+                    DRAFTER_NAMES.get(method, method),
+                    fmt(f["val_tau_sim"], ".2f"),
+                    f"{fmt(f['acceptance_length'], '.2f')} ({f['acceptance_engine']}, "
+                    f"k={fmt(f['evaluate_k'], 'd')})",
+                    f"{fmt(f['speedup'], '.2f')}x at k={fmt(f['k'], 'd')}",
+                    f"{fmt(f['speedup_c1'], '.2f')}x / {fmt(f['speedup_c16'], '.2f')}x",
+                    f"{fmt(f['speculative_tokens_per_s'], '.0f')} vs "
+                    f"{fmt(f['baseline_tokens_per_s'], '.0f')}",
+                    fmt(f["pays_off"], "yesno"),
+                ]
+            )
+        conc = data["methods"][next(iter(data["methods"]))]["serve_concurrency"]
+        return "\n".join(
+            [
+                table(
+                    [
+                        "train.method",
+                        "val tau_sim",
+                        "acceptance (held out)",
+                        f"speedup at {fmt(conc, 'd')} in flight",
+                        "alone / at 16",
+                        "tokens/s (draft vs plain)",
+                        "pays off",
+                    ],
+                    rows,
+                ),
+                "",
+                source(
+                    f"`{path}` (`python -m devtools.drafters`, from the committed run and its "
+                    "`dvc exp run -S train.method=...` experiments)"
+                ),
+            ]
+        )
+
+    return build
+
+
 FIGURES: dict[str, Callable[[Reports], str]] = {
+    "drafters_default": drafters("default"),
     "overhead_parts": overhead_parts,
     "regen_client_levels": regen_client_levels,
     "regen_throughput_targets": regen_throughput_targets,

@@ -61,7 +61,7 @@ def run_of(rev: str) -> dict:
             "val_tau_sim": train["val_tau_sim"],
             "acceptance_length": acceptance["acceptance_length"],
             "acceptance_engine": acceptance["engine"],
-            "evaluate_k": acceptance["k"],
+            "evaluate_k": params["evaluate"]["k"],
             "serve_concurrency": bench["serve_concurrency"],
             "k": bench["k"],
             "speedup": bench["speedup"],

@@ -65,6 +65,12 @@ run() { # run NAME: one experiment in the workspace
   # the chosen recipe through the whole pipeline: its serving verdict in vLLM's CPU build (a
   # baseline and a speculative server per k at each load; reports/recipe_smollm2/verdict_*.json)
   d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" ;;
+  # the other drafters on the verdict run's data and budget (docs/drafters.md): P-EAGLE and DFlash
+  # train a new draft (no init_layer_from_target); DFlash keeps the target's embeddings
+  d500-peagle-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=peagle' \
+    -S '++train.init_layer_from_target=null' ;;
+  d500-dflash-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=dflash' \
+    -S '++train.init_layer_from_target=null' -S '++train.train_embeddings=false' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
