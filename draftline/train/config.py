@@ -17,9 +17,7 @@ class PEagleParams(Section):
     # depth d keeps max(ratio**d, ratio_min) of the positions (geometric down-sampling)
     down_sample_ratio: float = shaping(0.7, gt=0, lt=1)
     down_sample_ratio_min: float = shaping(0.2, gt=0, lt=1)
-    max_anchors: int | None = shaping(
-        512, ge=1
-    )  # chain starts sampled per pack; null = all positions
+    max_anchors: int = shaping(512, ge=1)  # chain starts sampled per pack
 
 
 class DFlashParams(Section):

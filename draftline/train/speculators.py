@@ -206,7 +206,6 @@ def _speculators_method_args(cfg: TrainConfig, card: TargetCard) -> list[str]:
     mask = ["--mask-token-id", str(mask_token_id(card, cfg))]
     if cfg.method == "peagle":
         p = cfg.peagle
-        anchors = [] if p.max_anchors is None else ["--max-anchors", str(p.max_anchors)]
         return [
             "--num-depths",
             str(p.depths),
@@ -214,7 +213,8 @@ def _speculators_method_args(cfg: TrainConfig, card: TargetCard) -> list[str]:
             str(p.down_sample_ratio),
             "--down-sample-ratio-min",
             str(p.down_sample_ratio_min),
-            *anchors,
+            "--max-anchors",
+            str(p.max_anchors),
             *mask,
         ]
     d = cfg.dflash
@@ -225,6 +225,10 @@ def _speculators_method_args(cfg: TrainConfig, card: TargetCard) -> list[str]:
         str(d.max_anchors),
         "--dflash-decay-gamma",
         str(d.gamma),
+        # the builtin loop's loss weighting; speculators' own default for dflash (dpace) needs its
+        # cross-entropy loss, not the kl_div both backends train with
+        "--per-position-loss-weight",
+        "fixed-exp-decay",
         *mask,
     ]
 

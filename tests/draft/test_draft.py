@@ -379,6 +379,63 @@ def test_eagle_layout_checkpoint_is_converted(saved_draft, random_target, vocab_
     )  # already speculators format
 
 
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        (
+            "peagle",
+            {
+                "speculator_type": "peagle",
+                "num_depths": 4,
+                "down_sample_ratio": 0.7,
+                "down_sample_ratio_min": 0.2,
+                "max_anchors": 512,
+                "draft_arch": "llama",
+            },
+        ),
+        (
+            "dflash",
+            {
+                "speculator_type": "dflash",
+                "block_size": 6,
+                "max_anchors": 512,
+                "dflash_decay_gamma": 4.0,
+                "per_position_loss_weight": "fixed-exp-decay",
+                "draft_arch": "qwen3",
+                "loss_fn": "kl_div",
+            },
+        ),
+    ],
+)
+def test_each_methods_handoff_resolves_in_speculators_own_config(
+    method, expected, random_target, vocab_dir, tmp_path
+):
+    """train.method's hand-off arguments as speculators' trainer resolves them (its derived
+    defaults and cross-checks included: DFlash's dpace default would refuse kl_div)."""
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    cfg = TrainConfig(
+        backend="speculators", method=method, peagle={"depths": 4}, dflash={"block_size": 6}
+    )
+    cmd = handoff.speculators_train_command(
+        cfg,
+        random_target,
+        handoff.SpeculatorsLaunch(
+            vocab_dir,
+            tmp_path / "tok",
+            tmp_path / "hs",
+            tmp_path / "ckpt",
+            tmp_path / "logs",
+            nproc=1,
+        ),
+    )
+    script_args = get_args_parser().parse_args(cmd[1:]).training_script_args
+    run = SpeculatorsTrainConfig.resolve(script_args).flatten()
+    assert {k: run[k] for k in expected} == expected
+    assert run["mask_token_id"] == draft_model.mask_token_id(random_target, cfg)
+
+
 def test_speculators_command_parses_with_speculators_own_parser(random_target, vocab_dir, tmp_path):
     from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
     from torch.distributed.run import get_args_parser
