@@ -65,12 +65,6 @@ run() { # run NAME: one experiment in the workspace
   # the chosen recipe through the whole pipeline: its serving verdict in vLLM's CPU build (a
   # baseline and a speculative server per k at each load; reports/recipe_smollm2/verdict_*.json)
   d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" ;;
-  # the other drafters on the verdict run's data and budget (docs/drafters.md): P-EAGLE and DFlash
-  # train a new draft (no init_layer_from_target); DFlash keeps the target's embeddings
-  d500-peagle-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=peagle' \
-    -S '++train.init_layer_from_target=null' ;;
-  d500-dflash-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=dflash' \
-    -S '++train.init_layer_from_target=null' -S '++train.train_embeddings=false' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
@@ -78,6 +72,12 @@ run() { # run NAME: one experiment in the workspace
   c125-lr1e-3) set -- "${L27[@]}" -S '++train.train_lm_head=true' -S 'train.lr=0.001' evaluate ;;
   c125-len64) set -- "${L27[@]}" -S 'regenerate.max_tokens=64' evaluate ;;
   c125-emb) set -- "${L27[@]}" -S '++train.train_embeddings=true' evaluate ;;
+  # the other drafters on the verdict run's data and budget (docs/drafters.md): P-EAGLE and DFlash
+  # train a new draft (no init_layer_from_target); DFlash keeps the target's embeddings
+  d500-peagle-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=peagle' \
+    -S '++train.init_layer_from_target=null' ;;
+  d500-dflash-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=dflash' \
+    -S '++train.init_layer_from_target=null' -S '++train.train_embeddings=false' ;;
   *)
     echo "unknown run $name; known: ${ORDER[*]}" >&2
     exit 2
@@ -90,7 +90,7 @@ run() { # run NAME: one experiment in the workspace
   # stopped at evaluate: reports/benchmark.json is an earlier run's; the chosen recipe at 500 / 250
   # / 125 conversations: the points of the acceptance-vs-samples plot
   d500-emb-head | d250-emb-head | d125-emb-head) record=(--no-benchmark --samples-point) ;;
-  d500-emb-head-verdict) record=() ;; # the whole pipeline: its benchmark is this run's
+  d500-emb-head-verdict | d500-peagle-verdict | d500-dflash-verdict) record=() ;; # the whole pipeline: its benchmark is this run's
   c125-* | d500-*) record=(--no-benchmark) ;;
   esac
   python -m devtools.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"

@@ -627,7 +627,13 @@ def test_each_method_trains_a_step_on_cpu_and_saves_what_vllm_reads(data, tmp_pa
     and the fields vLLM's speculators reader requires of it."""
     from draftline.draft.model import save_draft
 
-    cfg = TrainConfig(**{**TRAIN, "method": method, "epochs": 1})
+    # fewer sampled anchors than the methods' 512: a dense CPU mask over them is most of a step
+    cfg = TrainConfig(
+        **{**TRAIN, "epochs": 1},
+        method=method,
+        peagle={"max_anchors": 64},
+        dflash={"max_anchors": 64},
+    )
     train_state.seed_everything(0)
     model = draft_model.build_draft(data["card"], data["vocab"], cfg)
     before = {k: v.clone() for k, v in model.state_dict().items()}
