@@ -1033,9 +1033,16 @@ def drafters(name: str) -> Callable[[Reports], str]:
                     f"{fmt(f['speculative_tokens_per_s'], '.0f')} vs "
                     f"{fmt(f['baseline_tokens_per_s'], '.0f')}",
                     fmt(f["pays_off"], "yesno"),
+                    ", ".join(f"`{k}` {v}" for k, v in f["method_params"].items()) or "defaults",
                 ]
             )
         conc = data["methods"][next(iter(data["methods"]))]["serve_concurrency"]
+        sources = data["sources"]
+        baseline = (
+            "the committed run"
+            if sources["baseline"] == "HEAD"
+            else f"experiment `{sources['baseline']}`"
+        )
         return "\n".join(
             [
                 table(
@@ -1047,13 +1054,16 @@ def drafters(name: str) -> Callable[[Reports], str]:
                         "alone / at 16",
                         "tokens/s (draft vs plain)",
                         "pays off",
+                        "method's params",
                     ],
                     rows,
                 ),
                 "",
                 source(
-                    f"`{path}` (`python -m devtools.drafters`, from the committed run and its "
-                    "`dvc exp run -S train.method=...` experiments)"
+                    f"`{path}` (`python -m devtools.drafters`, from {baseline} and the "
+                    "`dvc exp run -S train.method=...` experiments "
+                    + ", ".join(f"`{name}`" for name in sources["experiments"])
+                    + ")"
                 ),
             ]
         )

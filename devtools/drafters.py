@@ -1,11 +1,13 @@
-"""The drafters compared on one data set: the committed run (its train.method) and the DVC
-experiments that changed only train.method, read from their git refs (`dvc exp run -n NAME -S
-train.method=...` keeps each as refs/exps/.../NAME). Writes reports/drafters/<name>.json: per
-method, the train tau_sim, the held-out acceptance length, and the serving verdict's speedup
-and tokens/s at the serve load, with the params they share; docs/drafters.md's figures come
-from it (make docs-figures).
+"""The drafters compared on one data set: a baseline run (the committed one, or an experiment
+by name) and the DVC experiments that changed only train.method, read from their git refs (`dvc
+exp run -n NAME -S train.method=...` keeps each as refs/exps/.../NAME). Writes
+reports/drafters/<name>.json: per method, the train tau_sim, the held-out acceptance length, the
+serving verdict's speedup and tokens/s at the serve load, and the method's own params, with the
+params they share; docs/drafters.md's figures come from it (make docs-figures).
 
     python -m devtools.drafters --name default method-peagle method-dflash
+    python -m devtools.drafters --name smollm2 --baseline d500-emb-head-verdict \
+        d500-peagle-verdict d500-dflash-verdict
 """
 
 from __future__ import annotations
@@ -22,37 +24,47 @@ SHARED = ("samples", "seed")
 TRAIN_SHARED = ("epochs", "lr", "num_layers", "pack_len", "ttt_steps", "backend")
 
 
-def git_show(rev: str, path: str) -> str:
+def git_show(rev: str, path: str, root: Path = ROOT) -> str:
     done = subprocess.run(
-        ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=False
+        ["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise SystemExit(f"drafters: {rev} has no {path}: {done.stderr.strip()}")
     return done.stdout
 
 
-def experiment_ref(name: str) -> str:
-    refs = subprocess.run(
+def experiment_refs(root: Path = ROOT) -> list[str]:
+    return subprocess.run(
         ["git", "for-each-ref", "--format=%(refname)", "refs/exps"],
-        cwd=ROOT,
+        cwd=root,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    found = [ref for ref in refs if ref.rsplit("/", 1)[-1] == name]
+
+
+def experiment_ref(name: str, root: Path = ROOT) -> str:
+    found = [ref for ref in experiment_refs(root) if ref.rsplit("/", 1)[-1] == name]
     if len(found) != 1:
         raise SystemExit(f"drafters: no single experiment named {name!r} ({len(found)} refs)")
     return found[0]
 
 
-def run_of(rev: str) -> dict:
+def revision(name: str, root: Path = ROOT) -> str:
+    """An experiment's ref when `name` names one, else `name` itself (a commit, HEAD)."""
+    named = any(ref.rsplit("/", 1)[-1] == name for ref in experiment_refs(root))
+    return experiment_ref(name, root) if named else name
+
+
+def run_of(rev: str, root: Path = ROOT) -> dict:
     """One run's params and figures at a git revision (a commit or an experiment ref)."""
-    params = yaml.safe_load(git_show(rev, "params.yaml"))
-    train = json.loads(git_show(rev, "reports/train.json"))
-    acceptance = json.loads(git_show(rev, "reports/acceptance.json"))
-    bench = json.loads(git_show(rev, "reports/benchmark.json"))
+    params = yaml.safe_load(git_show(rev, "params.yaml", root))
+    train = json.loads(git_show(rev, "reports/train.json", root))
+    acceptance = json.loads(git_show(rev, "reports/acceptance.json", root))
+    bench = json.loads(git_show(rev, "reports/benchmark.json", root))
+    method = params["train"].get("method", "eagle3")
     return {
-        "method": params["train"].get("method", "eagle3"),
+        "method": method,
         "params": {
             **{key: params[key] for key in SHARED},
             "train": {key: params["train"].get(key) for key in TRAIN_SHARED},
@@ -72,14 +84,18 @@ def run_of(rev: str) -> dict:
             "served_acceptance_length": bench["acceptance_length"],
             "lossless_share": bench["lossless_share"],
             "pays_off": bench["pays_off"],
+            # what the method was given beyond the shared budget (train.peagle / train.dflash
+            # as params.yaml set them; the rest are the method's defaults)
+            "method_params": params["train"].get(method) or {},
         },
     }
 
 
-def compare(baseline: str, experiments: list[str]) -> dict:
+def compare(baseline: str, experiments: list[str], root: Path = ROOT) -> dict:
     """The runs side by side; refuses runs that differ in anything but train.method among the
     shared params (the comparison would not be on the same budget)."""
-    runs = [run_of(baseline)] + [run_of(experiment_ref(name)) for name in experiments]
+    runs = [run_of(revision(baseline, root), root)]
+    runs += [run_of(experiment_ref(name, root), root) for name in experiments]
     first = runs[0]["params"]
     for run in runs[1:]:
         if run["params"] != first:
@@ -97,7 +113,9 @@ def compare(baseline: str, experiments: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="reports/drafters/<name>.json")
-    parser.add_argument("--baseline", default="HEAD", help="the committed run's revision")
+    parser.add_argument(
+        "--baseline", default="HEAD", help="the baseline run: a revision or an experiment's name"
+    )
     parser.add_argument("experiments", nargs="+", help="experiment names (dvc exp run -n)")
     args = parser.parse_args()
     out = ROOT / "reports" / "drafters" / f"{args.name}.json"

@@ -73,11 +73,14 @@ run() { # run NAME: one experiment in the workspace
   c125-len64) set -- "${L27[@]}" -S 'regenerate.max_tokens=64' evaluate ;;
   c125-emb) set -- "${L27[@]}" -S '++train.train_embeddings=true' evaluate ;;
   # the other drafters on the verdict run's data and budget (docs/drafters.md): P-EAGLE and DFlash
-  # train a new draft (no init_layer_from_target); DFlash keeps the target's embeddings
+  # train a new draft (no init_layer_from_target); DFlash keeps the target's embeddings and samples
+  # 64 blocks per pack, not 512: on CPU its attention is eager, a dense mask over every block's
+  # queries (reports/overhead/drafter_attention.json), and 512 would take hours per epoch here
   d500-peagle-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=peagle' \
     -S '++train.init_layer_from_target=null' ;;
   d500-dflash-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=dflash' \
-    -S '++train.init_layer_from_target=null' -S '++train.train_embeddings=false' ;;
+    -S '++train.init_layer_from_target=null' -S '++train.train_embeddings=false' \
+    -S '++train.dflash.max_anchors=64' ;;
   *)
     echo "unknown run $name; known: ${ORDER[*]}" >&2
     exit 2
