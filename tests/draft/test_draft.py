@@ -21,6 +21,21 @@ from draftline.train import speculators as handoff
 from draftline.train.config import TrainConfig
 
 
+def launch_in(vocab: Path, tmp_path: Path, nproc: int, **extra) -> handoff.SpeculatorsLaunch:
+    """The hand-off's launch with its data, checkpoint and log folders under tmp_path."""
+    folders = [tmp_path / name for name in ("tok", "hs", "ckpt", "logs")]
+    return handoff.SpeculatorsLaunch(vocab, *folders, nproc, **extra)
+
+
+def resolved(cmd: list[str]) -> dict:
+    """What speculators' trainer runs with, given the hand-off's torchrun command."""
+    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(cmd[1:]).training_script_args
+    return SpeculatorsTrainConfig.resolve(args).flatten()
+
+
 @pytest.fixture(scope="module")
 def target(random_target):
     model, _ = load_target(random_target)
@@ -241,8 +256,6 @@ def test_speculators_handoff_starts_from_the_drafters_head(
 
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import build_draft_model
-    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
-    from torch.distributed.run import get_args_parser
 
     path, head = drafter_with_head
     n = random_target.vocab_size // 2
@@ -263,20 +276,9 @@ def test_speculators_handoff_starts_from_the_drafters_head(
     cmd = handoff.speculators_train_command(
         cfg,
         random_target,
-        handoff.SpeculatorsLaunch(
-            shifted,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            2,
-            init_dir=out,
-            architecture=architecture,
-        ),
+        launch_in(shifted, tmp_path, 2, init_dir=out, architecture=architecture),
     )
-    run = SpeculatorsTrainConfig.resolve(
-        get_args_parser().parse_args(cmd[1:]).training_script_args
-    ).flatten()
+    run = resolved(cmd)
     assert run["from_pretrained"] == str(out)
     d2t = torch.from_numpy(np.load(shifted / "d2t.npy"))
     t2d = torch.from_numpy(np.load(shifted / "t2d.npy"))
@@ -412,8 +414,6 @@ def test_each_methods_handoff_resolves_in_speculators_own_config(
 ):
     """train.method's hand-off arguments as speculators' trainer resolves them (its derived
     defaults and cross-checks included: DFlash's dpace default would refuse kl_div)."""
-    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
-    from torch.distributed.run import get_args_parser
 
     cfg = TrainConfig(
         backend="speculators", method=method, peagle={"depths": 4}, dflash={"block_size": 6}
@@ -421,17 +421,9 @@ def test_each_methods_handoff_resolves_in_speculators_own_config(
     cmd = handoff.speculators_train_command(
         cfg,
         random_target,
-        handoff.SpeculatorsLaunch(
-            vocab_dir,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            nproc=1,
-        ),
+        launch_in(vocab_dir, tmp_path, 1),
     )
-    script_args = get_args_parser().parse_args(cmd[1:]).training_script_args
-    run = SpeculatorsTrainConfig.resolve(script_args).flatten()
+    run = resolved(cmd)
     assert {k: run[k] for k in expected} == expected
     assert run["mask_token_id"] == draft_model.mask_token_id(random_target, cfg)
 
@@ -456,14 +448,7 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     cmd = handoff.speculators_train_command(
         cfg,
         random_target,
-        handoff.SpeculatorsLaunch(
-            vocab_dir,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            nproc=8,
-        ),
+        launch_in(vocab_dir, tmp_path, 8),
     )
     assert cmd[0] == "torchrun"
     launch = get_args_parser().parse_args(cmd[1:])
@@ -508,37 +493,17 @@ def test_speculators_command_parses_with_speculators_own_parser(random_target, v
     init_cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        handoff.SpeculatorsLaunch(
-            vocab_dir,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            2,
-            init_dir=tmp_path / "init",
-        ),
+        launch_in(vocab_dir, tmp_path, 2, init_dir=tmp_path / "init"),
     )
-    init_run = SpeculatorsTrainConfig.resolve(
-        get_args_parser().parse_args(init_cmd[1:]).training_script_args
-    ).flatten()
+    init_run = resolved(init_cmd)
     assert init_run["from_pretrained"] == str(tmp_path / "init") and init_run["fsdp_shard"] is False
 
     eagle3_cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        handoff.SpeculatorsLaunch(
-            vocab_dir,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            2,
-            architecture="eagle3",
-        ),
+        launch_in(vocab_dir, tmp_path, 2, architecture="eagle3"),
     )
-    eagle3_run = SpeculatorsTrainConfig.resolve(
-        get_args_parser().parse_args(eagle3_cmd[1:]).training_script_args
-    ).flatten()
+    eagle3_run = resolved(eagle3_cmd)
     assert {
         k: eagle3_run[k] for k in checkpoint.ARCHITECTURES["eagle3"]
     } == checkpoint.ARCHITECTURES["eagle3"]
@@ -599,8 +564,6 @@ def test_online_speculators_command_and_vllm_server_parse(
     `--on-missing generate --vllm-endpoint ...` with the transfer backend from params, and the
     extraction server gets that backend's kv-transfer config, built by hs-connectors itself."""
     from hs_connectors import HiddenStatesBackend
-    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
-    from torch.distributed.run import get_args_parser
 
     from draftline.engines import commands
     from draftline.hidden_states.config import HiddenStatesConfig
@@ -622,19 +585,9 @@ def test_online_speculators_command_and_vllm_server_parse(
     cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        handoff.SpeculatorsLaunch(
-            vocab_dir,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            8,
-            hidden_states_args=args,
-        ),
+        launch_in(vocab_dir, tmp_path, 8, hidden_states_args=args),
     )
-    run = SpeculatorsTrainConfig.resolve(
-        get_args_parser().parse_args(cmd[1:]).training_script_args
-    ).flatten()
+    run = resolved(cmd)
     assert run["on_missing"] == "generate" and run["vllm_endpoint"] == "http://10.0.0.9:8012/v1"
     assert (
         run["hidden_states_backend"] == transfer
@@ -704,26 +657,14 @@ def test_online_speculators_command_and_vllm_server_parse(
 def test_offline_fp8_files_go_to_speculators_through_its_fp8_backend(
     random_target, vocab_dir, tmp_path
 ):
-    from speculators.train.config import TrainConfig as SpeculatorsTrainConfig
-    from torch.distributed.run import get_args_parser
 
     args = speculators_hidden_states_args(tmp_path / "hs", "fp8")
     cmd = handoff.speculators_train_command(
         TrainConfig(backend="speculators"),
         random_target,
-        handoff.SpeculatorsLaunch(
-            vocab_dir,
-            tmp_path / "tok",
-            tmp_path / "hs",
-            tmp_path / "ckpt",
-            tmp_path / "logs",
-            2,
-            hidden_states_args=args,
-        ),
+        launch_in(vocab_dir, tmp_path, 2, hidden_states_args=args),
     )
-    run = SpeculatorsTrainConfig.resolve(
-        get_args_parser().parse_args(cmd[1:]).training_script_args
-    ).flatten()
+    run = resolved(cmd)
     assert (
         run["hidden_states_backend"] == "fp8"
         and run["on_missing"] == "raise"
