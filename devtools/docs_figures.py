@@ -787,6 +787,14 @@ RECIPE_HELDOUT = {
         "500",
         "the chosen recipe, whole pipeline; speedup: vLLM at 4 in flight, best k (L27-500's: built-in engine, 1 in flight)",
     ),
+    "d500-peagle-verdict": (
+        "500",
+        "the verdict run as P-EAGLE (train.method; drafters.md); vLLM alone measures, no tau_sim",
+    ),
+    "d500-dflash-verdict": (
+        "500",
+        "the verdict run as DFlash, 64 blocks per pack (drafters.md); vLLM alone, no tau_sim",
+    ),
     "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
     "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
     "L27-250": ("250", "the earlier recipe"),
@@ -827,6 +835,11 @@ def _recipe_rows(r: Reports, which: str) -> list[tuple[str, tuple, dict]]:
     ]
 
 
+def measured(tau_sim) -> str:
+    """A tau_sim, or a dash where vLLM alone measured (P-EAGLE, DFlash: no built-in simulation)."""
+    return "—" if tau_sim is None else fmt(tau_sim, ".4f")
+
+
 def recipe_heldout(r: Reports) -> str:
     data = _recipe_data(r, RECIPE, RECIPE_HELDOUT)
     rows = [
@@ -835,9 +848,9 @@ def recipe_heldout(r: Reports) -> str:
             samples,
             change,
             fmt(data[name]["acceptance_length"], ".4f"),
-            fmt(data[name]["tau_sim"], ".4f"),
+            measured(data[name]["tau_sim"]),
             fmt(data[name]["dev_acceptance_length"], ".4f"),
-            fmt(data[name]["dev_tau_sim"], ".4f"),
+            measured(data[name]["dev_tau_sim"]),
             " / ".join(
                 fmt(data[name]["eval_twins_in_train"][k], "d") for k in ("exact", "template")
             ),
@@ -1073,6 +1086,7 @@ def drafters(name: str) -> Callable[[Reports], str]:
 
 FIGURES: dict[str, Callable[[Reports], str]] = {
     "drafters_default": drafters("default"),
+    "drafters_smollm2": drafters("smollm2"),
     "overhead_parts": overhead_parts,
     "regen_client_levels": regen_client_levels,
     "regen_throughput_targets": regen_throughput_targets,
