@@ -43,17 +43,15 @@ def experiment_refs(root: Path = ROOT) -> list[str]:
     ).stdout.split()
 
 
-def experiment_ref(name: str, root: Path = ROOT) -> str:
+def experiment_ref(name: str, root: Path = ROOT, fallback: str | None = None) -> str:
+    """The ref of the experiment named `name`; `fallback` (e.g. `name` as a revision) when none
+    is, else an error. Two experiments of one name are always an error."""
     found = [ref for ref in experiment_refs(root) if ref.rsplit("/", 1)[-1] == name]
+    if not found and fallback is not None:
+        return fallback
     if len(found) != 1:
         raise SystemExit(f"drafters: no single experiment named {name!r} ({len(found)} refs)")
     return found[0]
-
-
-def revision(name: str, root: Path = ROOT) -> str:
-    """An experiment's ref when `name` names one, else `name` itself (a commit, HEAD)."""
-    named = any(ref.rsplit("/", 1)[-1] == name for ref in experiment_refs(root))
-    return experiment_ref(name, root) if named else name
 
 
 def run_of(rev: str, root: Path = ROOT) -> dict:
@@ -94,7 +92,7 @@ def run_of(rev: str, root: Path = ROOT) -> dict:
 def compare(baseline: str, experiments: list[str], root: Path = ROOT) -> dict:
     """The runs side by side; refuses runs that differ in anything but train.method among the
     shared params (the comparison would not be on the same budget)."""
-    runs = [run_of(revision(baseline, root), root)]
+    runs = [run_of(experiment_ref(baseline, root, fallback=baseline), root)]
     runs += [run_of(experiment_ref(name, root), root) for name in experiments]
     first = runs[0]["params"]
     for run in runs[1:]:

@@ -75,7 +75,7 @@ run() { # run NAME: one experiment in the workspace
   # the other drafters on the verdict run's data and budget (docs/drafters.md): P-EAGLE and DFlash
   # train a new draft (no init_layer_from_target); DFlash keeps the target's embeddings and samples
   # 64 blocks per pack, not 512: on CPU its attention is eager, a dense mask over every block's
-  # queries (reports/overhead/drafter_attention.json), and 512 would take hours per epoch here
+  # queries that grows with the blocks sampled (reports/overhead/drafter_attention.json)
   d500-peagle-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=peagle' \
     -S '++train.init_layer_from_target=null' ;;
   d500-dflash-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=dflash' \
