@@ -1,7 +1,8 @@
 """The draft vocabulary: the most frequent trainable target tokens, and how much of the data it covers.
 
-Built by speculators' build_vocab_mappings_from_distribution, in its conventions and file names:
-d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
+In speculators' conventions and file names, built as its build_vocab_mappings_from_distribution
+builds them (tests/tokens/test_vocab.py holds the two equal; importing speculators would cost the
+stage more than the rest of its work): d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
 [target_vocab_size], True for the target ids the draft can emit. Frequencies count trainable
 (loss-masked) tokens only.
 
@@ -56,6 +57,21 @@ def coverage_report(
     }
 
 
+def vocab_mappings(freq: dict[int, int], draft_vocab_size: int, target_vocab_size: int):
+    """(d2t, t2d) numpy arrays: the `draft_vocab_size` most frequent ids (ties to the lower id),
+    topped up with the lowest unused ids when fewer were seen, in ascending order."""
+    import numpy as np
+
+    ranked = sorted(freq, key=lambda tid: (-freq[tid], tid))[:draft_vocab_size]
+    chosen = set(ranked)
+    spare = (tid for tid in range(draft_vocab_size) if tid not in chosen)
+    ids = sorted(ranked + [next(spare) for _ in range(draft_vocab_size - len(ranked))])
+    d2t = np.asarray(ids, dtype=np.int64) - np.arange(draft_vocab_size, dtype=np.int64)
+    t2d = np.zeros(target_vocab_size, dtype=bool)
+    t2d[ids] = True
+    return d2t, t2d
+
+
 def build_draft_vocab(
     freq_path: str,
     draft_vocab_size: int,
@@ -69,15 +85,14 @@ def build_draft_vocab(
     # numpy / torch load on first use: importing this module stays light
     import numpy as np
     import torch
-    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     freq = torch.load(freq_path, weights_only=True)
     check_sizes(draft_vocab_size, target_vocab_size, freq)
-    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
+    d2t, t2d = vocab_mappings(freq, draft_vocab_size, target_vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    np.save(out / "d2t.npy", d2t.numpy())
-    np.save(out / "t2d.npy", t2d.numpy())
+    np.save(out / "d2t.npy", d2t)
+    np.save(out / "t2d.npy", t2d)
     report = coverage_report(freq, t2d, draft_vocab_size, target_vocab_size)
     return {**report, "check": coverage_check(report, freq, min_coverage)}
 

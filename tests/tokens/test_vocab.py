@@ -61,6 +61,27 @@ def test_draft_vocab_larger_than_the_distinct_tokens_is_filled(tmp_path, run):
     assert report["coverage"] == 1.0 and report["unseen_tokens_in_draft"] == 2
 
 
+@pytest.mark.parametrize(
+    "freq, draft_vocab_size, target_vocab_size",
+    [
+        ({40: 100, 3: 90, 17: 80, 45: 70, 8: 60, 30: 5, 2: 4, 11: 1}, 5, 50),
+        ({7: 3, 9: 1}, 4, 20),  # topped up with the lowest unused ids
+        ({5: 2, 1: 2, 9: 2, 0: 1}, 3, 10),  # ties go to the lower id
+        ({}, 6, 6),  # nothing seen: the first ids
+        ({i: (i * 7919) % 13 + 1 for i in range(300)}, 64, 1000),
+    ],
+)
+def test_mappings_are_the_ones_speculators_builds(freq, draft_vocab_size, target_vocab_size):
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    from draftline.tokens.vocab import vocab_mappings
+
+    ours = vocab_mappings(freq, draft_vocab_size, target_vocab_size)
+    theirs = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
+    for mine, other in zip(ours, theirs):
+        assert mine.dtype == other.numpy().dtype and np.array_equal(mine, other.numpy())
+
+
 def test_draft_vocab_larger_than_the_target_is_an_error(tmp_path, run):
     with pytest.raises(
         SystemExit,
