@@ -43,10 +43,12 @@ def speculative_config(command: str) -> dict:
     return json.loads(args[args.index("--speculative-config") + 1])
 
 
-def vllm_resolves(model: str, spec: dict) -> dict:
-    job = json.dumps({"model": model, "speculative_config": spec})
+def vllm_resolves(jobs: list[dict]) -> list[dict]:
+    """What vLLM's SpeculativeConfig resolves for each {model, speculative_config} job, all in one
+    process of the vLLM environment (its import is most of the cost); {"error": ...} where vLLM
+    refused one."""
     done = subprocess.run(
-        [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_speculative_check.py"), job],
+        [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_speculative_check.py"), json.dumps(jobs)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -56,15 +58,29 @@ def vllm_resolves(model: str, spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def deployed(drafts, random_target):
+    """method -> (the speculative config preflight's deploy command gives vLLM, what vLLM resolved)."""
+    cfg = BenchmarkConfig(k=[1, 3])
+    specs = {}
+    for method, draft in drafts.items():
+        deploy = preflight_engines(random_target, cfg, str(draft))["vllm"]
+        assert deploy["problems"] == [], (method, deploy["problems"])
+        specs[method] = speculative_config(deploy["command"])
+    seen = vllm_resolves(
+        [{"model": random_target.model, "speculative_config": spec} for spec in specs.values()]
+    )
+    return {method: (specs[method], resolved) for method, resolved in zip(specs, seen)}
+
+
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no {VLLM_VENV}: make setup-vllm")
 @pytest.mark.parametrize("method", list(METHOD_PARAMS))
-def test_the_deploy_command_of_each_method_is_what_vllm_accepts(method, drafts, random_target):
-    cfg = BenchmarkConfig(k=[1, 3])
-    deploy = preflight_engines(random_target, cfg, str(drafts[method]))["vllm"]
-    assert deploy["problems"] == []
-    spec = speculative_config(deploy["command"])
+def test_the_deploy_command_of_each_method_is_what_vllm_accepts(
+    method, deployed, drafts, random_target
+):
+    spec, seen = deployed[method]
+    assert "error" not in seen, seen["error"]
     assert spec["model"] == str(drafts[method].resolve()) and spec["num_speculative_tokens"] == 3
-    seen = vllm_resolves(random_target.model, spec)
     assert seen["num_speculative_tokens"] == 3
     assert seen["eagle_aux_hidden_state_layer_ids"] == random_target.aux_ids
     if method == "eagle3":

@@ -844,8 +844,8 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(
     "gap, tolerance, max_share, verdict",
     [
         (5.0, None, 0.0, "mismatch"),  # float32 servers: tie tolerance 0
-        (0.05, 0.1, 0.0, "near_tie"),  # the baseline's runner-up, within tie_tolerance
-        (0.5, 0.1, 0.0, "mismatch"),  # its runner-up, but beyond tie_tolerance
+        # the baseline's runner-up, within tie_tolerance (beyond it, a mismatch: test_lossless.py)
+        (0.05, 0.1, 0.0, "near_tie"),
         (5.0, None, 1.0, "mismatch"),  # counted, allowed by max_output_mismatch_share
     ],
 )

@@ -204,15 +204,17 @@ print(json.dumps(out))
 
 def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
     """benchmark.engine vllm launched by the stage: the baseline and an EAGLE-3 server with our
-    checkpoint at each k (1 and 3), the baseline's greedy outputs given back by every one of them
-    (the lossless gate on token ids, the baseline's top logprobs read by id), acceptance per
-    position from each server's /metrics, tokens/s at each level, the verdict."""
+    checkpoint at k=2, the baseline's greedy outputs given back by it (the lossless gate on token
+    ids, the baseline's top logprobs read by id), acceptance per position from its /metrics,
+    tokens/s at each level, the verdict. One k: what a second k adds is another server of the same
+    command (the sweep over several k is test_engines' on stand-in servers)."""
     import shlex
 
     from tests.engines.test_engines import LOAD, run_benchmark_stage
 
     overrides = {
-        **LOAD,  # k [1, 3] at 1 and 4 requests in flight, 6 requests of 10 tokens each
+        **LOAD,  # 1 and 4 requests in flight, 6 requests of 10 tokens each
+        "k": [2],
         "prompts": 4,
         "engine": "vllm",
         "startup_timeout_s": 600,
@@ -226,31 +228,27 @@ def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
     report = read_json(tmp_path / "bench.detail.json")
     gate = report["lossless"]
     assert gate["passed"] and gate["lossless_share"] == 1.0 and gate["mismatch"] == 0
-    assert gate["compared_outputs"] == 2 * 2 * 6  # levels x k x requests
-    assert set(report["acceptance_by_k"]) == {"1", "3"}
-    for k, acceptance in report["acceptance_by_k"].items():
-        assert 1.0 < acceptance <= int(k) + 1
+    assert gate["compared_outputs"] == 2 * 6  # levels x requests
+    assert set(report["acceptance_by_k"]) == {"2"}
+    assert 1.0 < report["acceptance_by_k"]["2"] <= 3
     for c in ("c1", "c4"):
         level = report["levels"][c]
-        assert list(level) == ["baseline", "k1", "k3"]
-        assert set(level["k1"]["position_acceptance"]) == {"1"}
-        assert set(level["k3"]["position_acceptance"]) == {"1", "2", "3"}
+        assert list(level) == ["baseline", "k2"]
+        assert set(level["k2"]["position_acceptance"]) == {"1", "2"}
         for figures in level.values():
             assert figures["requests"] == 6 and figures["failed"] == 0
             assert figures["output_tokens_per_s"] > 0
             assert figures["output_verdicts"]["mismatch"] == 0
     v = report["verdict"]
-    assert v["serve_concurrency"] == 4 and v["k"] in (1, 3) and v["words"] in proc.stdout
+    assert v["serve_concurrency"] == 4 and v["k"] == 2 and v["words"] in proc.stdout
     assert set(v["best_per_load"]) == {"1", "4"} and v["k_per_batch_size"][0][0] == 1
     assert v["pays_off"] == (v["speedup"] >= 1) and v["cost_model"]["held_out"]
     deploy = read_json(tmp_path / "deploy.json")
     served = deploy["benchmark"]["serve_commands"]
-    assert set(served) == {"baseline", "k1", "k3"}
-    for mode in ("k1", "k3"):
-        argv = shlex.split(served[mode])
-        assert "vllm.entrypoints.openai.api_server" in argv
-        spec = json.loads(argv[argv.index("--speculative-config") + 1])
-        assert spec["num_speculative_tokens"] == int(mode[1:])
+    assert set(served) == {"baseline", "k2"}
+    argv = shlex.split(served["k2"])
+    assert "vllm.entrypoints.openai.api_server" in argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2
     assert "--speculative-config" not in served["baseline"]
     assert deploy["vllm"]["k"] == v["k"] and deploy["verdict"]["k"] == v["k"]
 
