@@ -134,6 +134,7 @@ def test_an_endpoint_where_nothing_answers_is_named_as_such(tmp_path, random_tar
         backend="external",
         endpoints=[url],
         external_engine="vllm",
+        max_retries=0,  # one attempt: the retries' back-off (seconds) would change nothing here
     )
     proc = run_stage(workdir)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
