@@ -3,7 +3,7 @@ and 100k conversations of ~4k tokens, with SmolLM2's tokenizer, on this machine.
 
     python overhead/scale.py --out reports/overhead/scale.json               # 10k / 30k / 100k
     python overhead/scale.py --sizes 1000 3000 --out /tmp/scale.json        # a shorter run
-    python overhead/scale.py --quick --out /tmp/scale.json                  # smoke: a minute
+    python overhead/scale.py --quick --out /tmp/scale.json                  # smoke: what the tests run
 
 The corpus is generated from a seed: multi-turn conversations (2-4 user turns) in OpenAI format,
 assistant turns with `reasoning_content`, a third of the conversations with a `tools` schema and
@@ -576,9 +576,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000, 100_000])
     ap.add_argument("--tokens", type=int, default=4000, help="tokens per conversation, rendered")
-    ap.add_argument(
-        "--quick", action="store_true", help="smoke: 60 and 180 conversations of ~600 tokens"
-    )
+    ap.add_argument("--quick", action="store_true", help="smoke: 40 conversations of ~400 tokens")
     ap.add_argument(
         "--grow", type=float, default=0.1, help="samples grown by this share, then tokenized again"
     )

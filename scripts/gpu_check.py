@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checks use the library of this checkout, as the stages do
 
 # Overrides of params.yaml per device. cuda: the default tiny target and data, on the GPU.
-# cpu: the dry run, a few tiny steps of every stage (well under two minutes on two cores).
+# cpu: the dry run, a few tiny steps of every stage (tests/test_gpu_check.py runs it).
 PROFILES = {
     "cuda": {
         "target.tiny.device": "cuda",

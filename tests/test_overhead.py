@@ -33,8 +33,7 @@ def test_regen_client_overhead(tmp_path):
         "--latency",
         "0.05",
         "--concurrency",
-        "1",
-        "8",
+        "8",  # one level: each level starts speculators' CLI once per round, seconds of imports
         "--waves",
         "2",
         "--rounds",
@@ -48,14 +47,14 @@ def test_regen_client_overhead(tmp_path):
     )
     theirs = result["speculators_regenerate_responses"]  # side by side on the same stub
     bare = result["bare_aiohttp_client"]  # the thinnest client: the ceiling
-    assert set(result["levels"]) == set(theirs) == set(bare) == {"c1", "c8"}
+    assert set(result["levels"]) == set(theirs) == set(bare) == {"c8"}
     for name, level in result["levels"].items():
         assert level["over_bare"] == round(level["ratio"] / bare[name]["ratio"], 4)
     for level in [*result["levels"].values(), *theirs.values(), *bare.values()]:
         assert (
             0 < level["ratio"] <= 1.05
             and 0 < level["stub_clock_ratio"] <= 1.05
-            and level["requests"] in (4, 16)
+            and level["requests"] == 16
             and len(level["rounds_ratio"]) == 2  # both clients, alternating rounds
             and level["ratio"] in level["rounds_ratio"]
             and level["client_cpu_ms_per_request"] > 0
