@@ -1,8 +1,9 @@
 """The draft vocabulary: the most frequent trainable target tokens, and how much of the data it covers.
 
 In speculators' conventions and file names, built as its build_vocab_mappings_from_distribution
-builds them (tests/tokens/test_vocab.py holds the two equal; importing speculators would cost the
-stage more than the rest of its work): d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
+builds them (tests/tokens/test_vocab.py holds the two equal; importing that function would load
+speculators' whole package, transformers' model stack included):
+d2t.npy, int64 [draft_vocab_size], offsets (target id = i + d2t[i], ids ascending); t2d.npy, bool
 [target_vocab_size], True for the target ids the draft can emit. Frequencies count trainable
 (loss-masked) tokens only.
 
