@@ -28,6 +28,7 @@ from draftline.core.code import (
     stage_names,
     without_prose,
 )
+from draftline.core.environment import PIPELINE_FILES, VLLM_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE_CMD = re.compile(r"python -m stages\.(\w+)")
@@ -68,7 +69,7 @@ def test_stage_depends_on_its_code_fingerprint_and_no_source_file(name):
 def test_the_code_stage_covers_all_code_and_writes_every_stage_fingerprint():
     code = stages()["code"]
     assert STAGE_CMD.search(code["cmd"]).group(1) == "code"
-    assert dep_paths(code) == set(PACKAGES)
+    assert dep_paths(code) == {*PACKAGES, *PIPELINE_FILES, *VLLM_FILES}
     assert out_paths(code) == {f"reports/code/{n}.json" for n in stage_names(ROOT)}
     run = {STAGE_CMD.search(s["cmd"]).group(1) for s in stages().values()}
     assert run == {*stage_names(ROOT), "code"}, "a stage module no dvc.yaml stage runs"
@@ -142,6 +143,9 @@ def copy_code(tmp_path: Path) -> Path:
         shutil.copytree(
             ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
         )
+    for name in (*PIPELINE_FILES, *VLLM_FILES):  # the pins each fingerprint holds
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
     return tmp_path
 
 
@@ -186,3 +190,79 @@ def test_prose_edits_change_no_fingerprint_and_a_code_edit_exactly_its_importers
     importers = {n for n in before if "draftline/tokens/chat.py" in before[n]["modules"]}
     assert changed == importers
     assert "tokenize" in changed and "vocab" not in changed and "mix" not in changed
+
+
+def test_an_if_not_type_checking_block_runs():
+    text = (
+        "from typing import TYPE_CHECKING\n"
+        "if not TYPE_CHECKING:\n    import draftline.core.io\n"
+        "if TYPE_CHECKING:\n    import draftline.core.card\n"
+    )
+    runtime = {base for base, _ in imports(ROOT, ROOT / "stages" / "probe.py", True, text)}
+    assert "draftline.core.io" in runtime and "draftline.core.card" not in runtime
+
+
+def test_modules_loaded_by_name_are_in_the_closure_of_what_launches_them():
+    """vLLM loads the CPU connector by its name, the hf backend starts the batch server with
+    `python -m`: an edit to either reruns the stages that launch them."""
+    for stage in ("hidden_states", "regenerate", "probe"):
+        assert "draftline/hidden_states/vllm_cpu_connector.py" in closure(ROOT, f"stages.{stage}")
+    assert "draftline/engines/batch_server.py" in closure(ROOT, "stages.regenerate")
+    run_py = (ROOT / "draftline/regenerate/run.py").read_text()
+    assert "import batch_server" not in run_py  # found by name, not by an unused import
+
+
+def test_a_module_named_in_a_string_must_exist(tmp_path):
+    root = copy_code(tmp_path)
+    vocab = root / "stages" / "vocab.py"
+    vocab.write_text(vocab.read_text() + '\nSERVER = "draftline.engines.no_such_server"\n')
+    with pytest.raises(MissingModule, match="draftline.engines.no_such_server"):
+        closure(root, "stages.vocab")
+
+
+# Python 3.11 to 3.13 tokenize this alike once 3.12's f-string parts are joined back
+SAMPLE = '''"""Module prose."""
+import os  # a comment
+
+
+def f(x, w=3):
+    """Doubles."""  # and a comment
+    return f"{x!r:>{w}} {f'{os.sep}'}" "b"
+
+class C:
+    \'\'\'Only a docstring.\'\'\'
+'''
+SAMPLE_FORM = [
+    "import", "os", "<newline>",
+    "def", "f", "(", "x", ",", "w", "=", "3", ")", ":", "<newline>", "<indent>",
+    "return", "f\"{x!r:>{w}} {f'{os.sep}'}\"", '"b"', "<newline>", "<dedent>",
+    "class", "C", ":", "<newline>", "<indent>", "pass", "<newline>", "<dedent>",
+]  # fmt: skip
+
+
+def test_without_prose_is_the_same_text_on_every_python():
+    """The fingerprint's text is the language's own tokens, not a dump of the syntax tree
+    (`ast.dump` differs between 3.11, 3.12 and 3.13): stated token by token, so a Python that
+    gave another text would fail here."""
+    assert without_prose(SAMPLE).split("\n") == SAMPLE_FORM
+
+
+def test_a_pin_reruns_the_stages_its_environment_shapes(tmp_path):
+    root = copy_code(tmp_path)
+    before = fingerprints(root)
+    constraints = root / "scripts/vllm_cpu_constraints.txt"
+    text = constraints.read_text()
+    constraints.write_text(text.replace("transformers==5.19.0", "transformers==5.19.1"))
+    after = fingerprints(root)
+    changed = {name for name in before if after[name] != before[name]}
+    launchers = {n for n in before if "draftline/engines/commands.py" in before[n]["modules"]}
+    assert changed == launchers and "regenerate" in changed and "vocab" not in changed
+    makefile = root / "Makefile"
+    makefile.write_text(makefile.read_text().replace("speculators==0.9.0", "speculators==0.9.1"))
+    pinned = fingerprints(root)
+    assert all(pinned[n] != after[n] for n in before)
+    # a pin outside the set-up rules (a benchmark's baseline) and a comment shape nothing
+    makefile.write_text(
+        makefile.read_text() + "\n# pip install x==1.0\nlint:\n\tpip install y==2\n"
+    )
+    assert fingerprints(root) == pinned

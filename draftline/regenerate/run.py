@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, NamedTuple
 from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
 from draftline.core.io import read_json, write_meta
-from draftline.engines import batch_server  # noqa: F401  the server backend hf launches (commands.HF_BATCH_SERVER)
 from draftline.engines.commands import transformers_serve_loads
 from draftline.engines.preflight import (
     PreflightError,
