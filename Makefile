@@ -11,8 +11,10 @@
 #                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
 #   make exps    experiments side by side: the params that differ and the headline metrics
 #   make docs-figures   rewrite the measured figures in README.md, docs/*.md, params.yaml, scripts and
-#                       code comments from the committed JSON reports, and fail on a figure there that
-#                       none gives (after make repro / make overhead; tests/devtools/test_docs_figures.py)
+#                       code comments from the working tree's JSON reports, and fail on a figure there
+#                       that none gives (after make repro / make overhead: commit the docs with those
+#                       reports; make test compares the docs with the reports committed in HEAD,
+#                       which a run of one's own leaves alone: tests/devtools/test_docs_figures.py)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -128,8 +130,9 @@ EXPS_KEEP := 'Experiment|acceptance_length|reports/acceptance.json:acceptance_le
 exps:
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc exp show --md --no-pager --only-changed --drop $(EXPS_DROP) --keep $(EXPS_KEEP)
 
-# Every figure between `<!-- fig ... -->` / `<!-- figures:NAME:begin -->` markers, from its JSON
-# (devtools/docs_figures.py); `--check` instead lists the figures that differ and changes nothing.
+# Every figure between `<!-- fig ... -->` / `<!-- figures:NAME:begin -->` markers, from its JSON in
+# the working tree (devtools/docs_figures.py); `--check` instead lists the figures that differ from
+# the JSON committed in HEAD and changes nothing (`--reports worktree|committed` picks either).
 docs-figures: setup
 	$(BIN)/python -m devtools.docs_figures
 

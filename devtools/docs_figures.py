@@ -1,7 +1,7 @@
-"""Measured figures in the docs, generated from the committed JSON reports (`make docs-figures`).
+"""Measured figures in the docs, generated from the JSON reports (`make docs-figures`).
 
     python -m devtools.docs_figures            # rewrite every figure in README.md and docs/*.md (and below)
-    python -m devtools.docs_figures --check    # list the figures that differ from their JSON; exit 1
+    python -m devtools.docs_figures --check    # list the figures that differ from the committed JSON; exit 1
 
 A figure is the text between two HTML comments (invisible once rendered), in two forms:
 
@@ -16,6 +16,14 @@ A figure is the text between two HTML comments (invisible once rendered), in two
 
 `--check` (tests/devtools/test_docs_figures.py runs it) fails when regenerating would change a doc: a JSON
 edited without regenerating, a number edited by hand inside a figure, a key that is gone.
+
+Which reports (`--reports`, class Reports): the check compares the docs with the reports they were
+generated from, the ones committed in HEAD (`committed`, its default), not with the working tree's:
+`make repro` and `make overhead` rewrite reports/ with one's own measurements, which must not fail
+one's own `make test`. Writing (`make docs-figures`) reads the working tree's (`worktree`, its
+default): after a run of one's own, regenerate the docs from its reports and commit both together;
+until then the check still compares with HEAD's. Outside a git work tree (a copy without .git) both
+read the working tree's files.
 
 params.yaml, scripts/*.sh, scripts/*.py and the comments and docstrings of draftline/, stages/ and devtools/
 hold value figures the same way, regenerated with the docs, and no other figure: both commands fail
@@ -32,7 +40,10 @@ import ast
 import io
 import json
 import math
+import os
+import posixpath
 import re
+import subprocess
 import sys
 import tokenize
 from collections.abc import Callable
@@ -57,22 +68,85 @@ class FigureError(ValueError):
     pass
 
 
-class Reports:
-    """The committed JSON files under root, read once each."""
+SOURCES = ("committed", "worktree")  # --reports
+# git reads these from the environment before -C: a hook or a caller's repository, not root's
+GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 
-    def __init__(self, root: Path):
+
+def git(root: Path, *args: str) -> str | None:
+    """git's stdout in root; None when git fails or is not installed."""
+    env = {k: v for k, v in os.environ.items() if k not in GIT_ENV}
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, env=env, check=False
+        )
+    except OSError:
+        return None
+    return done.stdout.decode() if done.returncode == 0 else None
+
+
+class Reports:
+    """The JSON reports (and params.yaml) under root that the figures are generated from, each read
+    once: as committed in the git revision `rev`, or, with rev None, the working tree's files.
+
+    With a revision, a file is read from it (`git cat-file`) when root is the top level of a git
+    work tree; a file that is not in that revision (untracked, or added since) counts as absent,
+    as it would in a fresh clone: `make overhead` writing a report that no commit holds changes no
+    committed figure. Only when root is not the top of a git work tree (a copy without .git, the
+    suite's tmp roots; also when git is missing or refuses the repository) are the working tree's
+    files read instead; `source` says which were read."""
+
+    def __init__(self, root: Path, rev: str | None = None):
         self.root = Path(root)
         self._cache: dict[str, object] = {}
+        self.rev: str | None = None
+        self._commit = ""
+        self._files: set[str] = set()
+        self.source = "the working tree's reports"
+        if rev is None:
+            return
+        top = git(self.root, "rev-parse", "--show-toplevel")
+        if top is None or Path(top.strip()).resolve() != self.root.resolve():
+            self.source += " (root is not the top of a git work tree)"
+            return
+        commit = git(self.root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        if commit is None:
+            raise FigureError(f"{rev}: no such commit in {self.root}")
+        commit = commit.strip()
+        listing = git(self.root, "ls-tree", "-r", "-z", "--name-only", "--full-tree", commit)
+        if listing is None:
+            raise FigureError(f"{rev}: git ls-tree failed in {self.root}")
+        self.rev, self._commit = rev, commit
+        self._files = set(listing.split("\0")) - {""}
+        self.source = f"the reports committed in {rev}"
+
+    def _key(self, file: str) -> str:
+        return posixpath.normpath(file)
 
     def exists(self, file: str) -> bool:
+        if self.rev is not None:
+            return self._key(file) in self._files
         return (self.root / file).is_file()
+
+    def _git_text(self, file: str) -> str:
+        text = git(self.root, "cat-file", "blob", f"{self._commit}:{self._key(file)}")
+        if text is None:
+            raise FigureError(f"{file}: git cat-file failed on {self.rev}")
+        return text
+
+    def _file_text(self, file: str) -> str:
+        return (self.root / file).read_text()
+
+    def text(self, file: str) -> str:
+        """The file's text from this source; FigureError when it has no such file."""
+        if not self.exists(file):
+            where = f" in {self.rev} (not committed there)" if self.rev is not None else ""
+            raise FigureError(f"{file}: no such file{where}")
+        return self._git_text(file) if self.rev is not None else self._file_text(file)
 
     def load(self, file: str):
         if file not in self._cache:
-            path = self.root / file
-            if not path.is_file():
-                raise FigureError(f"{file}: no such file")
-            self._cache[file] = json.loads(path.read_text())
+            self._cache[file] = json.loads(self.text(file))
         return self._cache[file]
 
     def get(self, file: str, pointer: str):
@@ -92,10 +166,10 @@ class Reports:
         return value
 
     def params(self) -> dict:
-        """params.yaml (the settings a figure is compared against)."""
+        """params.yaml (the settings a figure is compared against), from the same source."""
         import yaml
 
-        return yaml.safe_load((self.root / "params.yaml").read_text())
+        return yaml.safe_load(self.text("params.yaml"))
 
 
 def fmt(value, spec: str) -> str:
@@ -1272,10 +1346,21 @@ def doc_paths(root: Path) -> list[Path]:
     return sorted(p for pattern in DOC_GLOBS for p in Path(root).glob(pattern))
 
 
-def run(root: Path = ROOT, write: bool = True) -> list[str]:
+def open_reports(root: Path, write: bool, source: str | None = None, rev: str = "HEAD") -> Reports:
+    """The reports a run reads: `source` (SOURCES) or by default, the committed ones (in `rev`) for a
+    check, the working tree's for a write (module docstring)."""
+    source = source or ("worktree" if write else "committed")
+    if source not in SOURCES:
+        raise FigureError(f"--reports {source}: one of {', '.join(SOURCES)}")
+    return Reports(root, rev if source == "committed" else None)
+
+
+def run(root: Path = ROOT, write: bool = True, reports: Reports | str | None = None) -> list[str]:
     """Regenerate the figures of every doc, params.yaml, script and module under root; return those
-    that changed (or would)."""
-    reports = Reports(root)
+    that changed (or would). reports: a Reports, or a source (SOURCES; by default the committed
+    reports when write is False, the working tree's when it is True)."""
+    if not isinstance(reports, Reports):
+        reports = open_reports(root, write, reports)
     changed: list[str] = []
     for path in doc_paths(root) + code_paths(root):
         text = path.read_text()
@@ -1292,12 +1377,24 @@ def main(argv: list[str] | None = None) -> None:
         "--check", action="store_true", help="change nothing; exit 1 if a figure differs"
     )
     ap.add_argument("--root", default=str(ROOT))
+    ap.add_argument(
+        "--reports",
+        choices=SOURCES,
+        help="read the reports committed in --rev (the default with --check) or the working "
+        "tree's (the default without: after a run of one's own)",
+    )
+    ap.add_argument("--rev", default="HEAD", help="the revision of --reports committed")
     args = ap.parse_args(argv)
+    root = Path(args.root)
     try:
-        changed = run(Path(args.root), write=not args.check)
+        reports = open_reports(root, not args.check, args.reports, args.rev)
     except FigureError as err:
         raise SystemExit(f"error: {err}") from None
-    loose = unsourced(Path(args.root))
+    try:
+        changed = run(root, write=not args.check, reports=reports)
+    except FigureError as err:
+        raise SystemExit(f"error: {err} (reading {reports.source})") from None
+    loose = unsourced(root)
     for line in changed + loose:
         print(line)
     if loose:  # no regenerating fixes these
@@ -1307,11 +1404,15 @@ def main(argv: list[str] | None = None) -> None:
             "it without the number"
         )
     if args.check and changed:
-        raise SystemExit(
-            f"{len(changed)} figure(s) differ from their JSON: run `make docs-figures`"
-        )
+        fix = "run `make docs-figures`"
+        if reports.rev is not None:
+            fix += (
+                " (it reads the working tree's reports) and commit the docs with the reports they "
+                "were generated from"
+            )
+        raise SystemExit(f"{len(changed)} figure(s) differ from {reports.source}: {fix}")
     if not args.check:
-        print(f"docs figures: {len(changed)} rewritten")
+        print(f"docs figures: {len(changed)} rewritten from {reports.source}")
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ def test_a_module_named_in_a_string_must_exist(tmp_path):
         closure(root, "stages.vocab")
 
 
-# Python 3.11 to 3.13 tokenize this alike once 3.12's f-string parts are joined back
+# Python 3.11 to Python 3.13 tokenize this alike once f-string parts are joined back
 SAMPLE = '''"""Module prose."""
 import os  # a comment
 
@@ -242,7 +242,7 @@ SAMPLE_FORM = [
 
 def test_without_prose_is_the_same_text_on_every_python():
     """The fingerprint's text is the language's own tokens, not a dump of the syntax tree
-    (`ast.dump` differs between 3.11, 3.12 and 3.13): stated token by token, so a Python that
+    (`ast.dump` differs between Python 3.11, Python 3.12 and Python 3.13): stated token by token, so a Python that
     gave another text would fail here."""
     assert without_prose(SAMPLE).split("\n") == SAMPLE_FORM
 

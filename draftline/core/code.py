@@ -134,7 +134,8 @@ def docstring_spans(tree: ast.AST) -> dict[tuple[int, int], tuple[tuple[int, int
 # token kinds that carry layout or prose, never what the code does
 _LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
 _MARKS = {tokenize.NEWLINE: "<newline>", tokenize.INDENT: "<indent>", tokenize.DEDENT: "<dedent>"}
-# Python 3.12+ splits an f-string into START / MIDDLE / END tokens (PEP 701); 3.11 gives one STRING
+# Python 3.12+ splits an f-string into START / MIDDLE / END tokens (PEP 701); Python 3.11 gives
+# one STRING
 _FSTRING_START = getattr(tokenize, "FSTRING_START", None)
 _FSTRING_END = getattr(tokenize, "FSTRING_END", None)
 
@@ -144,9 +145,10 @@ def without_prose(source: str, filename: str = "<code>") -> str:
     reduced to newline/indent/dedent marks: what the code does, not what it says.
 
     Tokens are the language's own units, so the text is the same on every Python the project
-    allows: a dump of the syntax tree (`ast.dump`) is not (3.12 added fields to function and class
-    nodes, 3.13 changed what it prints), and tokenize's split of f-strings since 3.12 is joined back
-    into the literal's source text. A docstring that is a whole body reads as `pass`.
+    allows: a dump of the syntax tree (`ast.dump`) is not (Python 3.12 added fields to function and
+    class nodes, Python 3.13 changed what it prints), and tokenize's split of f-strings since
+    Python 3.12 is joined back into the literal's source text. A docstring that is a whole body
+    reads as `pass`.
     """
     tree = ast.parse(source, filename=filename)  # a syntax error is named here, with the file
     docstrings = docstring_spans(tree)

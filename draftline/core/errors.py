@@ -2,7 +2,8 @@
 
 Library code raises a `DraftlineError` (or a subclass) whose text is the whole message a user
 reads; it never exits. A stage's `main()` (stages/) and the `draftline` commands are wrapped in
-`entry_point`, which sets up logging and turns such an error into exit status 1 with that message.
+`entry_point`, which sets up logging and turns such an error into exit status 1 with that message;
+a stage run by DVC that succeeded leaves its machine facts beside its outputs (core/machine.py).
 Any other exception is a bug and keeps its traceback.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from draftline.core.log import setup_logging
+from draftline.core.machine import write_machine_facts
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,8 +31,10 @@ def entry_point(main: Callable[P, R]) -> Callable[P, R]:
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         setup_logging()
         try:
-            return main(*args, **kwargs)
+            result = main(*args, **kwargs)
         except DraftlineError as err:
             raise SystemExit(str(err)) from None
+        write_machine_facts()  # beside the outputs, never in them (draftline/core/machine.py)
+        return result
 
     return run

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -127,22 +126,7 @@ def text_sha256(text: str) -> str:
 
 
 def write_meta(directory: str | Path, stage: str, params: dict, **extra) -> None:
-    """meta.json beside an artifact: what made it (stage, its params, versions, extra facts)."""
-    import importlib.metadata as md
-
-    versions = {}
-    for pkg in ("draftline", "torch", "transformers", "speculators", "datasets"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    write_json(
-        Path(directory) / "meta.json",
-        {
-            "stage": stage,
-            "params": params,
-            "versions": versions,
-            "python": platform.python_version(),
-            **extra,
-        },
-    )
+    """meta.json beside an artifact: what made it (stage, its params, extra facts). Nothing of the
+    machine or its versions: meta.json sits inside hashed outputs, where another patch release of
+    Python would change the hash; those facts go to reports/machine/ (draftline/core/machine.py)."""
+    write_json(Path(directory) / "meta.json", {"stage": stage, "params": params, **extra})

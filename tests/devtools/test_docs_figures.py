@@ -1,9 +1,12 @@
 """The measured figures in README.md and docs/*.md are what their committed JSON says: regenerating
 them (`make docs-figures`) changes nothing. A JSON edited without regenerating, a number edited by
-hand inside a figure, or a key that is gone fails here."""
+hand inside a figure, or a key that is gone fails here. The reports compared with are the ones
+committed in HEAD: `make repro` rewriting reports/ with one's own measurements fails nothing here."""
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,10 +18,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_doc_figure_matches_its_json():
-    stale = run(ROOT, write=False)
-    assert not stale, "figures differ from their JSON (run `make docs-figures`):\n" + "\n".join(
-        stale
+    stale = run(ROOT, write=False)  # the reports committed in HEAD, whatever reports/ holds now
+    assert not stale, (
+        "figures differ from their JSON committed in HEAD (run `make docs-figures`, commit the "
+        "docs with the reports):\n" + "\n".join(stale)
     )
+
+
+def test_the_check_of_this_repository_reads_no_working_tree_report(monkeypatch):
+    """What a run of one's own writes under reports/ cannot change the check above."""
+    if Reports(ROOT, "HEAD").rev is None:
+        pytest.skip("not a git work tree: the check reads the working tree's reports")
+
+    def refused(self, file):
+        raise AssertionError(f"{file} read from the working tree")
+
+    monkeypatch.setattr(Reports, "_file_text", refused)
+    assert run(ROOT, write=False) == []
 
 
 def test_every_table_figure_is_used_in_a_doc():
@@ -255,3 +271,125 @@ def test_in_python_only_comments_and_docstrings_are_read(tmp_path):
         "draftline/part.py:1: '2.47'",
         "draftline/part.py:8: '~130'",
     ]
+
+
+# ---- the committed reports, not the working tree's ----------------------------------------------
+
+GIT_ENV = {
+    **{k: v for k, v in os.environ.items() if k not in docs_figures.GIT_ENV},
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=root, env=GIT_ENV, check=True, capture_output=True)
+
+
+def commit_all(root: Path, message: str) -> None:
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", message)
+
+
+def committed_root(tmp_path: Path) -> Path:
+    """A repository whose HEAD holds a doc generated from its reports (VALUE_DOC, VALUE_REPORTS),
+    with a params.yaml and a script whose comments hold figures too."""
+    root = code_root(tmp_path, GENERATED, GENERATED)
+    (root / "docs" / "page.md").write_text(VALUE_DOC)
+    git(root, "init", "-q")
+    commit_all(root, "docs and the reports they were generated from")
+    docs_figures.main(["--check", "--root", str(root)])
+    return root
+
+
+def a_run_of_ones_own(root: Path) -> None:
+    """What `make repro` and `make overhead` do to reports/: other numbers, and a new file, nothing
+    committed."""
+    for name, value in {
+        "reports/acceptance.json": {"acceptance_length": 1.2345},
+        "reports/levels.json": {"levels": {"c256/x": {"ratio": 0.5}}},
+        "reports/overhead/hs_format_tradeoffs.json": {"hidden_size": 1},
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(json.dumps(value))
+
+
+def test_the_check_passes_after_a_run_of_ones_own(tmp_path):
+    """`make repro`, then `make test`: the check reads the reports committed in HEAD."""
+    root = committed_root(tmp_path)
+    a_run_of_ones_own(root)
+    assert run(root, write=False) == []  # what test_every_doc_figure_matches_its_json runs
+    docs_figures.main(["--check", "--root", str(root)])
+    assert not Reports(root, "HEAD").exists("reports/overhead/hs_format_tradeoffs.json")
+    # the working tree's reports, asked for, are another run's
+    assert len(run(root, write=False, reports="worktree")) == 4  # the doc's two, params, script
+    with pytest.raises(SystemExit, match="differ from the working tree's reports"):
+        docs_figures.main(["--check", "--reports", "worktree", "--root", str(root)])
+
+
+def test_a_hand_edited_figure_still_fails_after_a_run_of_ones_own(tmp_path):
+    root = committed_root(tmp_path)
+    a_run_of_ones_own(root)
+    (root / "docs" / "page.md").write_text(VALUE_DOC.replace("3.62", "3.64"))
+    assert run(root, write=False) == [
+        "docs/page.md: reports/acceptance.json#/acceptance_length is 3.62, the doc says '3.64'"
+    ]
+    with pytest.raises(SystemExit, match="differ from the reports committed in HEAD"):
+        docs_figures.main(["--check", "--root", str(root)])
+
+
+def test_a_report_committed_without_regenerating_fails(tmp_path):
+    root = committed_root(tmp_path)
+    (root / "reports" / "acceptance.json").write_text(json.dumps({"acceptance_length": 3.7297}))
+    commit_all(root, "a new report, the docs not regenerated")
+    stale = run(root, write=False)
+    assert len(stale) == 3 and all("is 3.73, the doc says '3.62'" in line for line in stale)
+    with pytest.raises(SystemExit, match="3 figure.* differ from the reports committed in HEAD"):
+        docs_figures.main(["--check", "--root", str(root)])
+    # an older revision still holds the docs' figures
+    assert run(root, write=False, reports=Reports(root, "HEAD~1")) == []
+
+
+def test_a_report_no_commit_holds_is_absent_from_the_check(tmp_path):
+    root = committed_root(tmp_path)
+    (root / "docs" / "page.md").write_text(
+        "<!-- fig reports/new.json#/x .2f -->1.00<!-- /fig -->\n"
+    )
+    (root / "reports" / "new.json").write_text(json.dumps({"x": 1}))
+    with pytest.raises(FigureError, match="reports/new.json: no such file in HEAD"):
+        run(root, write=False)
+    with pytest.raises(SystemExit, match="no such file in HEAD"):
+        docs_figures.main(["--check", "--root", str(root)])
+    assert run(root, write=False, reports="worktree") == []
+    commit_all(root, "the new report and its figure")
+    assert run(root, write=False) == []
+
+
+def test_writing_after_a_run_of_ones_own_reads_the_working_tree(tmp_path, capsys):
+    """`make repro`, then `make docs-figures`: the docs take the run's figures, to commit with its
+    reports; until then the check compares them with HEAD's."""
+    root = committed_root(tmp_path)
+    a_run_of_ones_own(root)
+    docs_figures.main(["--root", str(root)])
+    assert "4 rewritten from the working tree's reports" in capsys.readouterr().out
+    page = (root / "docs" / "page.md").read_text()
+    assert page == VALUE_DOC.replace("3.62", "1.23").replace("0.945", "0.500")
+    assert "-->1.23<!-- /fig -->" in (root / "scripts" / "recipe.sh").read_text()
+    assert run(root, write=False, reports="worktree") == []
+    assert len(run(root, write=False)) == 4  # HEAD's reports: not committed yet
+    commit_all(root, "the run's reports and the docs regenerated from them")
+    docs_figures.main(["--check", "--root", str(root)])
+
+
+def test_a_root_below_another_repository_reads_its_own_files(tmp_path):
+    """Only the top of a work tree reads from git: a directory inside another repository, its
+    files untracked there, is not that repository's committed state."""
+    git(tmp_path, "init", "-q")
+    root = doc_root(tmp_path / "sub", VALUE_DOC, VALUE_REPORTS)
+    reports = Reports(root, "HEAD")
+    assert reports.rev is None and "not the top of a git work tree" in reports.source
+    assert run(root, write=False) == []
