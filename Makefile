@@ -9,6 +9,9 @@
 #                     GPU hosts); every vLLM launch runs it (engines.vllm.python); make test too
 #   make gpu-check   on a CUDA host: every GPU path of ours in one run -> reports/gpu_check.json
 #                    (docs/gpu-check.md; the host's own Python, wheels from scripts/gpu_wheels.sh)
+#   make verify-repro   after make repro: your run against the committed one, each figure against
+#                       its tolerance in reproducibility.yaml (docs/operations.md#reproducibility)
+#   make tiny-target    rebuild the shipped tiny target (models/tiny) after an edit to its builder
 #   make exps    experiments side by side: the params that differ and the headline metrics
 #   make docs-figures   rewrite the measured figures in README.md, docs/*.md, params.yaml, scripts and
 #                       code comments from the working tree's JSON reports, and fail on a figure there
@@ -24,7 +27,7 @@ MOONCAKE := $(VENV)/.installed-mooncake
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup-test-envs setup setup-smollm2 setup-mooncake setup-vllm repro test test-unit lint format overhead bench exps docs-figures gpu-check clean-venv
+.PHONY: verify-repro tiny-target setup-test-envs setup setup-smollm2 setup-mooncake setup-vllm repro test test-unit lint format overhead bench exps docs-figures gpu-check clean-venv
 
 setup: $(STAMP)
 
@@ -121,6 +124,12 @@ overhead: setup setup-smollm2 setup-vllm
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python overhead/scale.py  # hours: 10k / 30k / 100k conversations
 
 bench: overhead  # the former name
+
+verify-repro: setup
+	$(BIN)/python -m draftline.cli verify-repro
+
+tiny-target: setup
+	$(BIN)/python -m devtools.tiny_target
 
 # `dvc exp show` lists every param and every dependency's hash (~180 columns): keep the params that
 # differ between experiments and the headline metrics (tokens/s differ on every run: in metrics diff).

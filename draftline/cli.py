@@ -41,6 +41,10 @@ COMMANDS = {
         "draftline.tools.conversations",
         "superseded regenerated conversations: list them, bring them back",
     ),
+    "verify-repro": (
+        "draftline.tools.verify_repro",
+        "your run against the committed one, each figure against its tolerance",
+    ),
     "batch-server": (
         "draftline.engines.batch_server",
         "the greedy batched chat server (backend hf)",

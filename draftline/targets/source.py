@@ -1,6 +1,7 @@
 """Where the target comes from: target.model resolved into a model directory and its card.
 
-`tiny` is built here (draftline/targets/tiny.py), a GGUF target such as `smollm2` converted once
+`tiny` is copied from the shipped model when its recipe matches (draftline/targets/bundled.py),
+else built here (draftline/targets/tiny.py); a GGUF target such as `smollm2` converted once
 (draftline/targets/gguf.py), both into the stage's output directory; a hub id or a local path is
 only read. The card itself is draftline/targets/model.py's `build_card`. Only the `target` stage imports
 this module, so the builders are code deps of that stage alone.
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.errors import DraftlineError
 from draftline.core.io import write_meta
+from draftline.targets.bundled import bundled_for, copy_bundled
 from draftline.targets.gguf import GGUF_TARGETS, convert
 from draftline.targets.model import RemoteCodeRequired, build_card
 from draftline.targets.tiny import build_tiny_target
@@ -34,6 +36,14 @@ def resolve_target(cfg: TargetConfig, out: Path) -> TargetCard:
     first; a hub id or a local path is only read. TargetUnavailable says why a target cannot be had."""
     out.mkdir(parents=True, exist_ok=True)
     if cfg.model == "tiny":
+        shipped = bundled_for(cfg.tiny)
+        if shipped is not None:  # the same bytes on every machine (draftline/targets/bundled.py)
+            copy_bundled(out)
+            log.info(
+                "target: the shipped tiny target (models/tiny), made by these target.tiny params"
+            )
+            stats = {**shipped["stats"], "shipped": True}
+            return build_card(str(out), "tiny", None, cfg.aux_layer_ids, {"tiny_training": stats})
         # rich loads only to show the tiny target's training
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -1,0 +1,256 @@
+"""Your run against the committed one: each figure against its stated tolerance, each output that
+must be identical against the committed lock, and the machine facts that explain a difference.
+
+    draftline verify-repro                       # after `make repro`: the workspace against HEAD
+    draftline verify-repro --rev v1.2 --json reports/verify_repro.json
+
+The contract (README, docs/operations.md) and its tolerances are in `reproducibility.yaml`:
+- `identical`: stages whose DVC outputs must have the committed bytes on any machine (discrete
+  work: prepared and mixed data, the shipped tiny target);
+- `may_differ`: stages whose outputs are byte-identical on the same machine and environment but
+  follow from float kernels elsewhere (greedy answers at near ties, hidden states, the draft): a
+  difference is listed with its reason, never failed;
+- `within`: figures (`file#/json/pointer`) with an absolute or relative tolerance;
+- `reported`: figures compared and shown but never failed (serving throughput on a shared CPU).
+Exit status 1 names every output or figure outside the contract; a figure missing on either side
+is outside it too. Reads the committed side with `git show`, so it needs a git work tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from draftline.core.errors import DraftlineError
+
+CONTRACT = "reproducibility.yaml"
+MACHINE_KEYS = (  # the facts shown side by side when they differ (draftline/core/machine.py)
+    ("cpu", "model"),
+    ("cpu", "flags"),
+    ("torch", "cpu_capability"),
+    ("torch", "threads"),
+    ("python",),
+    ("versions", "torch"),
+    ("versions", "transformers"),
+    ("environment",),
+)
+
+
+class VerifyError(DraftlineError):
+    """The committed side cannot be read (no git work tree, no such revision or file)."""
+
+
+def git_show(root: Path, rev: str, path: str) -> str | None:
+    """`path` as committed in `rev`, or None when that commit does not hold it."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "show", f"{rev}:{path}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise VerifyError(
+            "verify-repro: git is not installed; it reads the committed run"
+        ) from None
+    return done.stdout if done.returncode == 0 else None
+
+
+def lock_outs(text: str | None) -> dict[str, dict[str, str]]:
+    """{stage: {out path: md5}} of a dvc.lock text."""
+    stages = (yaml.safe_load(text) or {}).get("stages", {}) if text else {}
+    return {
+        name: {o["path"]: o.get("md5", "") for o in stage.get("outs", [])}
+        for name, stage in stages.items()
+    }
+
+
+def pointer(data, path: str):
+    """The value at a JSON pointer (`/a/b/0`); KeyError when it is not there."""
+    for part in [p for p in path.split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def figure(root: Path, rev: str | None, ref: str):
+    """The value of `file#/pointer` committed in `rev` (None: the workspace's), or None if absent."""
+    file, _, path = ref.partition("#")
+    text = git_show(root, rev, file) if rev else None
+    if rev is None and (root / file).is_file():
+        text = (root / file).read_text()
+    if text is None:
+        return None
+    try:
+        return pointer(json.loads(text), path)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+
+
+def within(committed, yours, tol: dict) -> tuple[bool, float | None]:
+    """Whether `yours` is within `tol` ({abs: x} or {rel: x}) of `committed`, and the difference."""
+    if isinstance(committed, bool) or not isinstance(committed, int | float):
+        return committed == yours, None
+    if not isinstance(yours, int | float) or isinstance(yours, bool):
+        return False, None
+    diff = yours - committed
+    limit = tol.get("abs", 0.0) + tol.get("rel", 0.0) * abs(committed)
+    return abs(diff) <= limit + 1e-12, diff
+
+
+def compare_outputs(contract: dict, committed: dict, yours: dict) -> list[dict]:
+    """One row per stage of the contract's identical / may_differ lists found in either lock."""
+    rows = []
+    for kind in ("identical", "may_differ"):
+        for entry in contract.get(kind, []):
+            pattern, why = (entry, "") if isinstance(entry, str) else (entry["stage"], entry["why"])
+            for stage in sorted(n for n in {*committed, *yours} if fnmatch.fnmatch(n, pattern)):
+                a, b = committed.get(stage), yours.get(stage)
+                differ = sorted(
+                    p for p in {*(a or {}), *(b or {})} if (a or {}).get(p) != (b or {}).get(p)
+                )
+                ok = not differ or kind == "may_differ"
+                if a is None or b is None:
+                    ok, differ = (
+                        False,
+                        [
+                            "(stage not in the "
+                            + ("committed" if a is None else "workspace")
+                            + " lock)"
+                        ],
+                    )
+                rows.append({"stage": stage, "kind": kind, "differ": differ, "ok": ok, "why": why})
+    return rows
+
+
+def compare_figures(root: Path, rev: str, contract: dict) -> list[dict]:
+    rows = []
+    for kind in ("within", "reported"):
+        for ref, tol in (contract.get(kind) or {}).items():
+            tol = tol or {}
+            committed, yours = figure(root, rev, ref), figure(root, None, ref)
+            ok, diff = within(committed, yours, tol)
+            if committed is None or yours is None:
+                ok = False
+            rows.append(
+                {
+                    "figure": ref,
+                    "kind": kind,
+                    "committed": committed,
+                    "yours": yours,
+                    "diff": diff,
+                    "tolerance": tol,
+                    "ok": ok or kind == "reported",
+                    "inside": ok,
+                }
+            )
+    return rows
+
+
+def machine_differences(root: Path, rev: str) -> dict[str, dict]:
+    """{stage: {fact: [committed, yours]}} for the machine facts that differ (reports/machine/)."""
+    out = {}
+    for path in sorted((root / "reports" / "machine").glob("*.json")):
+        rel = str(path.relative_to(root))
+        text = git_show(root, rev, rel)
+        if text is None:
+            continue
+        theirs, ours = json.loads(text), json.loads(path.read_text())
+        diff = {}
+        for keys in MACHINE_KEYS:
+            a, b = theirs, ours
+            for k in keys:
+                a = a.get(k) if isinstance(a, dict) else None
+                b = b.get(k) if isinstance(b, dict) else None
+            if a != b:
+                diff[".".join(keys)] = [a, b]
+        if diff:
+            out[path.stem] = diff
+    return out
+
+
+def tolerance_text(tol: dict) -> str:
+    return " + ".join(f"{k} {v:g}" for k, v in tol.items()) or "exact"
+
+
+def render(report: dict) -> str:
+    lines = [f"verify-repro: the workspace against {report['rev']} ({CONTRACT})", ""]
+    for row in report["outputs"]:
+        state = (
+            "same" if not row["differ"] else ("DIFFERS" if not row["ok"] else "differs (allowed)")
+        )
+        lines.append(
+            f"  {row['kind']:<10} {row['stage']:<28} {state}"
+            + (f": {', '.join(row['differ'])}" if row["differ"] else "")
+        )
+    lines.append("")
+    for row in report["figures"]:
+        mark = (
+            "ok"
+            if row["inside"]
+            else ("OUTSIDE" if row["kind"] == "within" else "outside (reported)")
+        )
+        diff = f"{row['diff']:+.4g}" if row["diff"] is not None else "-"
+        lines.append(
+            f"  {row['figure']:<52} {row['committed']!s:>9} -> {row['yours']!s:<9} {diff:>9}  "
+            f"tol {tolerance_text(row['tolerance']):<12} {mark}"
+        )
+    if report["machine"]:
+        lines += ["", "  machine facts that differ (committed -> yours):"]
+        for stage, facts in report["machine"].items():
+            for fact, (a, b) in facts.items():
+                lines.append(f"    {stage}: {fact}: {a} -> {b}")
+    failed = report["failed"]
+    lines += [
+        "",
+        f"verify-repro: {len(failed)} outside the contract"
+        + (f": {', '.join(failed)}" if failed else ": every output and figure within it"),
+    ]
+    return "\n".join(lines)
+
+
+def verify(root: Path, rev: str = "HEAD", contract_path: Path | None = None) -> dict:
+    """The comparison as a report dict (render() prints it; `failed` names what is outside)."""
+    if git_show(root, rev, "dvc.lock") is None:
+        raise VerifyError(
+            f"verify-repro: {root} has no dvc.lock committed in {rev!r} (a git work tree with a committed run is needed)"
+        )
+    contract = yaml.safe_load((contract_path or root / CONTRACT).read_text())
+    committed = lock_outs(git_show(root, rev, "dvc.lock"))
+    yours = lock_outs((root / "dvc.lock").read_text() if (root / "dvc.lock").is_file() else None)
+    outputs = compare_outputs(contract, committed, yours)
+    figures = compare_figures(root, rev, contract)
+    failed = [r["stage"] for r in outputs if not r["ok"]] + [
+        r["figure"] for r in figures if not r["ok"]
+    ]
+    return {
+        "rev": rev,
+        "outputs": outputs,
+        "figures": figures,
+        "machine": machine_differences(root, rev),
+        "failed": failed,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="draftline verify-repro", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--root", default=".", help="the repository (a git work tree with a run)")
+    ap.add_argument("--rev", default="HEAD", help="the committed run to compare with")
+    ap.add_argument("--contract", help=f"tolerances, instead of <root>/{CONTRACT}")
+    ap.add_argument("--json", help="also write the comparison here")
+    args = ap.parse_args(argv)
+    root = Path(args.root).resolve()
+    report = verify(root, args.rev, Path(args.contract) if args.contract else None)
+    print(render(report))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    if report["failed"]:
+        raise VerifyError(f"verify-repro: outside the contract: {', '.join(report['failed'])}")

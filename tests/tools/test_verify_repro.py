@@ -1,0 +1,119 @@
+"""`draftline verify-repro`: a user's run against the committed one, every figure against the
+tolerance reproducibility.yaml states, the discrete outputs against the committed lock."""
+
+import fnmatch
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftline.tools.verify_repro import VerifyError, main, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+}
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(root), *args],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **GIT_ENV},
+    )
+
+
+def lock(md5s: dict[str, str]) -> str:
+    stages = {s: {"cmd": "x", "outs": [{"path": f"out/{s}", "md5": m}]} for s, m in md5s.items()}
+    return yaml.safe_dump({"schema": "2.0", "stages": stages})
+
+
+def write(root: Path, md5s: dict, acceptance: float, machine: str = "AVX512") -> None:
+    (root / "dvc.lock").write_text(lock(md5s))
+    (root / "reports/machine").mkdir(parents=True, exist_ok=True)
+    (root / "reports/acceptance.json").write_text(json.dumps({"acceptance_length": acceptance}))
+    (root / "reports/benchmark.json").write_text(
+        json.dumps({"speedup": 1.19 if machine == "AVX512" else 0.88})
+    )
+    facts = {"stage": "train", "cpu": {"model": "cpu"}, "torch": {"cpu_capability": machine}}
+    (root / "reports/machine/train.json").write_text(json.dumps(facts))
+
+
+@pytest.fixture
+def committed(tmp_path: Path) -> Path:
+    (tmp_path / "reproducibility.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "identical": ["mix", "prepare@*"],
+                "may_differ": [{"stage": "train", "why": "float training"}],
+                "within": {"reports/acceptance.json#/acceptance_length": {"abs": 0.3}},
+                "reported": {"reports/benchmark.json#/speedup": None},
+            }
+        )
+    )
+    write(tmp_path, {"mix": "a", "prepare@x": "b", "train": "c"}, 3.49)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "run")
+    return tmp_path
+
+
+def test_a_run_on_other_kernels_within_the_contract_passes(committed, capsys):
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "OTHER"}, 3.23, machine="AVX2")
+    report = verify(committed)
+    assert report["failed"] == []
+    main(["--root", str(committed), "--json", str(committed / "v.json")])
+    out = capsys.readouterr().out
+    assert "differs (allowed)" in out and "train" in out
+    assert "torch.cpu_capability: AVX512 -> AVX2" in out  # the facts that explain it
+    assert "outside (reported)" in out  # the speedup moved, shown, not failed
+    assert json.loads((committed / "v.json").read_text())["failed"] == []
+
+
+def test_a_discrete_output_that_differs_is_named(committed):
+    write(committed, {"mix": "a", "prepare@x": "CHANGED", "train": "c"}, 3.49)
+    report = verify(committed)
+    assert report["failed"] == ["prepare@x"]
+    with pytest.raises(VerifyError, match="outside the contract: prepare@x"):
+        main(["--root", str(committed)])
+
+
+def test_a_figure_beyond_its_tolerance_or_missing_is_named(committed):
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "c"}, 3.10)
+    assert verify(committed)["failed"] == ["reports/acceptance.json#/acceptance_length"]
+    (committed / "reports/acceptance.json").write_text("{}")
+    assert verify(committed)["failed"] == ["reports/acceptance.json#/acceptance_length"]
+
+
+def test_a_stage_missing_from_the_run_is_named(committed):
+    write(committed, {"prepare@x": "b", "train": "c"}, 3.49)
+    assert verify(committed)["failed"] == ["mix"]
+
+
+def test_without_a_committed_run_it_says_so(tmp_path):
+    with pytest.raises(VerifyError, match="no dvc.lock committed"):
+        verify(tmp_path)
+
+
+def test_the_contract_names_every_stage_of_the_pipeline():
+    """Every stage of dvc.yaml is in the contract, as identical or as may_differ with a reason."""
+    contract = yaml.safe_load((ROOT / "reproducibility.yaml").read_text())
+    patterns = [*contract["identical"], *(e["stage"] for e in contract["may_differ"])]
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = [
+        f"{name}@{key}" if "foreach" in stage else name
+        for name, stage in spec.items()
+        for key in (stage["foreach"] if isinstance(stage.get("foreach"), dict) else ["any"])
+    ]
+    unnamed = [s for s in stages if not any(fnmatch.fnmatch(s, p) for p in patterns)]
+    assert not unnamed, f"stages reproducibility.yaml does not name: {unnamed}"
+    files = {ref.partition("#")[0] for kind in ("within", "reported") for ref in contract[kind]}
+    assert all((ROOT / f).is_file() for f in files)
