@@ -18,6 +18,14 @@ from draftline.core.aux_layers import resolve_aux_layer_ids
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def compute_dtype(compute: str, stored: str, device: str) -> torch.dtype:
+    """The dtype the target runs in: hidden_states.compute_dtype, or with `auto` the stored dtype
+    on a GPU and float32 on CPU."""
+    if compute != "auto":
+        return DTYPES[compute]
+    return DTYPES[stored if device == "cuda" else "float32"]
+
+
 def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     """Re-check the card's ids (it may have been edited) with the rule the target stage applies."""
     return resolve_aux_layer_ids(list(aux_layer_ids), num_layers)

@@ -40,7 +40,7 @@ from draftline.engines.servers import ManagedServer, launch_env, server_url, sta
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states import plan, resume
 from draftline.hidden_states.batches import BATCHES_FILE, BatchJob, extract_batches
-from draftline.hidden_states.capture import DTYPES, check_aux_layer_ids
+from draftline.hidden_states.capture import check_aux_layer_ids, compute_dtype
 from draftline.hidden_states.config import HiddenStatesError
 from draftline.hidden_states.disk import check_disk
 from draftline.hidden_states.files import hs_path
@@ -71,12 +71,8 @@ def run_hf(job: ExtractionJob, todo: dict[int, int]) -> int:
     """Backend hf: the target runs here, batch by batch; returns the tokens done."""
     cfg = job.cfg
     device = "cuda" if cfg.device_map else resolve_device(cfg.device)
-    compute = (
-        cfg.compute_dtype
-        if cfg.compute_dtype != "auto"
-        else (cfg.dtype if device == "cuda" else "float32")
-    )
-    model = load_target_model(job.card, device, DTYPES[compute], cfg.device_map)
+    dtype = compute_dtype(cfg.compute_dtype, cfg.dtype, device)
+    model = load_target_model(job.card, device, dtype, cfg.device_map)
     store_dtype = hs_format.storage_dtype(cfg.format, cfg.dtype)
     batches = BatchJob(job.aux_ids, job.out, store_dtype, cfg.token_budget)
     start = time.perf_counter()
@@ -240,6 +236,7 @@ def write_online(job: ExtractionJob, fingerprint: str) -> dict:
         states_fingerprint=fingerprint,
         files_fingerprint=files_fingerprint,
         fingerprint=files_fingerprint,
+        shaping_code=previous.get("shaping_code"),  # of the files kept, as fingerprint is
         aux_layer_ids=aux_ids,
         online=cfg.online.model_dump(),
     )
@@ -359,14 +356,13 @@ def extract_hidden_states(
     for f in work.stale + work.extra:
         f.unlink()
     if work.cleared:
-        log.info(
-            f"hidden_states: removed {work.cleared} files made for another target, aux layers, dtype or format"
-        )
+        log.info(f"hidden_states: removed {resume.cleared_text(work.cleared, work.why)}")
 
     meta = dict(
         mode="offline",
         format=cfg.format,
         fingerprint=fingerprint,
+        shaping_code=resume.shaping_code(),  # says why a later run clears them
         aux_layer_ids=aux_ids,
         layout=LAYOUTS[cfg.format],
     )

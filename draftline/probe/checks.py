@@ -17,9 +17,10 @@
   sends it the same probe the trainers' server is checked with (draftline/engines/preflight.py
   `preflight_extraction`; with the Mooncake transfer only the model and, where shown, the
   speculative config are checked: the states go to the store). It costs one start of the server
-  (a giant target: its full load), so a pass is recorded under a key of the card and the
-  settings that decide it (`extraction_key`) and not repeated while they stay the same;
-  hidden_states.vllm.probe: false skips it.
+  (a giant target: its full load), so a pass is recorded under a key of the card, the
+  settings and the code that decide it (`extraction_key`) and not repeated while they stay the
+  same; hidden_states.vllm.probe: false skips it. The probing itself is
+  draftline/probe/extraction.py.
 """
 
 from __future__ import annotations
@@ -31,35 +32,19 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from safetensors import safe_open
-
 from draftline.core.card import TargetCard
-from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, write_json
+from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
 from draftline.draft.checkpoint import architecture_of, read_draft_facts
 from draftline.draft.init_checks import InitMismatch, init_weights_problem, read_init_config
 from draftline.draft.preflight import check_vocab
-from draftline.engines.preflight import (
-    PROBE_MESSAGES,
-    PreflightError,
-    ProbeLimits,
-    preflight_extraction,
-)
-from draftline.hidden_states import formats as hs_format
-from draftline.hidden_states.config import HiddenStatesError
-from draftline.hidden_states.online_server import OnlineServerJob, online_server, recorded_source
-from draftline.targets.model import card_tokenizer
-from draftline.tokens.chat import chat_prompt_ids
+from draftline.probe.extraction import ProbeFailed, probe_offline, probe_online, probe_prompt_ids
 
 if TYPE_CHECKING:
     from draftline.hidden_states.config import HiddenStatesConfig
     from draftline.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-class ProbeFailed(DraftlineError, RuntimeError):
-    """The configured vLLM path cannot extract this target's states; the message says what failed."""
 
 
 # ---------------------------------------------------------------- train.init against the card
@@ -170,9 +155,11 @@ KEY_SKIPS = {
 
 def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
     """sha256 of what decides whether `path` extracts this target: the card, the format and dtype,
-    the vLLM settings (interpreter, endpoint, parallelism, memory, context length, extra arguments)
-    and, online, the transfer."""
+    the vLLM settings (interpreter, endpoint, parallelism, memory, context length, extra arguments),
+    online the transfer, and the code that runs and checks the extraction (SHAPES["probe"] of
+    draftline/core/shaping.py)."""
     settings = {
+        "code": shaping_fingerprint("probe"),
         "path": path,
         "format": hs.format,
         "dtype": hs.dtype,
@@ -183,101 +170,6 @@ def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
         settings["online"] = {k: v for k, v in online.items() if k not in KEY_SKIPS["online"]}
     blob = json.dumps({"card": card.to_dict(), "settings": settings}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def probe_prompt_ids(card: TargetCard) -> list[int]:
-    """A short chat prompt through the target's tokenizer and template (as regeneration renders
-    one), so the probe row is the kind of row extraction will get."""
-    return chat_prompt_ids(card_tokenizer(card), PROBE_MESSAGES, None, {})
-
-
-def describe_file(path: Path, ids: list[int], hidden_size: int, store_dtype) -> str:
-    """Why the probe row's file is not the states asked for."""
-    if not path.exists():
-        return "no hidden-state file came back for the probe row"
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = sorted(f.keys())
-            if "hidden_states" not in keys or "token_ids" not in keys:
-                return f"the probe row's file holds {keys}, not token_ids and hidden_states"
-            hs = f.get_slice("hidden_states")
-            shape, dtype = list(hs.get_shape()), hs.get_dtype()
-            same_ids = f.get_tensor("token_ids").tolist() == list(ids)
-    except Exception as err:  # noqa: BLE001 - unreadable: say so
-        return f"the probe row's file cannot be read ({type(err).__name__}: {err})"
-    want = [len(ids), 4, hidden_size]
-    if shape != want:
-        return (
-            f"the probe row's states have shape {shape}, the card needs {want} "
-            "(3 aux layers + the last layer, hidden size)"
-        )
-    if not same_ids:
-        return "the probe row's file holds other token ids than were sent"
-    return f"the probe row's states ({dtype}) are not {store_dtype} or not finite"
-
-
-def probe_offline(
-    hs: HiddenStatesConfig, card: TargetCard, ids: list[int], work: Path, log_path: Path
-) -> dict:
-    """One row through the hidden_states stage's vLLM path (run_vllm), its file checked as that
-    stage checks its files. speculators' client reads the tokenized rows from disk, so the row is
-    saved as the tokenize stage saves its rows."""
-    # torch and datasets load on first use: a probe without the offline vLLM path never needs them
-    from datasets import Dataset, load_from_disk
-    from draftline.hidden_states.capture import check_aux_layer_ids
-    from draftline.hidden_states.extract import ExtractionJob, run_vllm
-    from draftline.hidden_states.files import hs_path, is_valid_file
-
-    tokenized = work / "tokenized"
-    rows = Dataset.from_dict(
-        {"input_ids": [ids], "loss_mask": [[1] * len(ids)], "seq_len": [len(ids)]}
-    )
-    rows.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])
-    rows.save_to_disk(str(tokenized))
-    rows = load_from_disk(str(tokenized))
-    out = work / "hidden_states"
-    out.mkdir()
-    aux = check_aux_layer_ids(list(card.aux_ids), card.num_layers)
-    job = ExtractionJob(hs, card, aux, rows, tokenized, out, log_path)
-    try:
-        run_vllm(job, {0: len(ids)})
-    except HiddenStatesError as err:  # the client failed, or the endpoint's preflight refused it
-        raise ProbeFailed(str(err).removeprefix("error: ")) from None
-    except RuntimeError as err:  # the server did not start (its log's last lines are in it)
-        raise ProbeFailed(str(err)) from None
-    store = hs_format.storage_dtype(hs.format, hs.dtype)
-    file = hs_path(out, 0)
-    if not is_valid_file(file, ids, card.hidden_size, store, full=True):
-        raise ProbeFailed(describe_file(file, ids, card.hidden_size, store))
-    return {"tokens": len(ids), "shape": [len(ids), 4, card.hidden_size]}
-
-
-def probe_online(
-    hs: HiddenStatesConfig, card: TargetCard, ids: list[int], work: Path, log_path: Path
-) -> dict:
-    """The server the train stage would start for speculators' trainers (or the running one of
-    hidden_states.online.endpoint, whose preflight is the probe), asked for the probe row as the
-    train stage checks it."""
-    job = OnlineServerJob(recorded_source(hs), len(ids), ids, work, log_path, "probe")
-    transfer = hs.online.resolved_transfer(hs.format)
-    try:
-        with online_server(card, job) as served:
-            if served.seen is not None:  # an external server: checked with the probe row
-                return served.seen
-            return preflight_extraction(
-                served.endpoint.removesuffix("/v1"),
-                card,
-                list(card.aux_ids),
-                ids,
-                ProbeLimits(hs.online.request_timeout_s, hs.online.max_retries + 1),
-                probe_file=transfer != "mooncake",
-            )
-    except HiddenStatesError as err:  # the external server's preflight refused it
-        raise ProbeFailed(str(err).removeprefix("error: ")) from None
-    except PreflightError as err:
-        raise ProbeFailed(str(err)) from None
-    except RuntimeError as err:  # the server did not start (its log's last lines are in it)
-        raise ProbeFailed(str(err)) from None
 
 
 def probe_extraction(
@@ -295,16 +187,26 @@ def probe_extraction(
         return {"path": None, "probed": False, "why": "no vLLM extraction configured"}
     if not hs.vllm.probe:
         return {"path": path, "probed": False, "why": "hidden_states.vllm.probe: false"}
-    key = extraction_key(card, hs, path)
+    key, code = extraction_key(card, hs, path), shaping_fingerprint("probe")
     if previous and previous.get("key") == key and previous.get("passed"):
         log.info(f"probe: vLLM extraction ({path}) passed before for this card and these settings")
         return {**previous, "probed": False, "why": "passed before with the same key"}
+    if previous and previous.get("passed") and previous.get("shaping_code") not in (None, code):
+        log.info(f"probe: vLLM extraction passed before, but {CODE_CHANGED}: probing again")
     ids = probe_prompt_ids(card)
     log.info(f"probe: one {len(ids)}-token row through the {path} vLLM extraction path")
     with tempfile.TemporaryDirectory(prefix="draftline_probe_") as tmp:
         run = probe_offline if path == "offline" else probe_online
         seen = run(hs, card, ids, Path(tmp), log_path)
-    return {"path": path, "probed": True, "key": key, "passed": True, "seen": seen}
+    # shaping_code: the code's share of the key, so that a rerun can say why it probes again
+    return {
+        "path": path,
+        "probed": True,
+        "key": key,
+        "shaping_code": code,
+        "passed": True,
+        "seen": seen,
+    }
 
 
 STAMP = "train.init and vLLM extraction fit the target: checked by stages/probe.py.\n"

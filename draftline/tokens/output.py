@@ -1,5 +1,7 @@
-"""The tokenized output on disk: its Arrow layout and shards' frequencies, the files a finished
-run publishes, and the previous output a rerun may keep (its key, its rows)."""
+"""The tokenized output on disk: its Arrow layout, the shards and their frequencies as they are
+written, and the files a finished run publishes (the previous output a rerun may keep:
+draftline/tokens/previous.py). The code here shapes the files a rerun keeps: it is in their key
+(draftline/core/shaping.py)."""
 
 from __future__ import annotations
 
@@ -7,26 +9,15 @@ import hashlib
 import itertools
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from draftline.core.errors import DraftlineError
-from draftline.core.io import read_json, write_json
-
-if TYPE_CHECKING:
-    from draftline.tokens.lines import Line
+from draftline.core.io import atomic_path, write_json
 
 
 class TokenizeError(DraftlineError):
     """The conversations cannot become a dataset (no row left, a token id outside the vocabulary)."""
 
-
-# ---- what the rows depend on ------------------------------------------------------------------
-
-ROW_FORMAT = (
-    1  # raise when the rows a conversation gives change here (draftline/tokens/chat.py is hashed)
-)
 
 SHARD_CONVERSATIONS = 2048  # conversations per Arrow file
 
@@ -57,87 +48,6 @@ def short_sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# ---- the previous output: what a rerun keeps ----------------------------------------------------
-
-
-@dataclass
-class Previous:
-    """A previous output made under the same key (meta.json, its index and shards checked)."""
-
-    shards: list[dict]  # meta.json's: file, conversations, rows, bytes, freq
-    keys: list[tuple[str, str]]  # (id, sha256) of each conversation, in row order
-    lines: list[bytes]  # its index line
-    row_start: list[int]  # its first row within its shard
-    shard_of: list[int]
-
-
-def previous_output(out: Path, key: dict) -> tuple[Previous | None, str]:
-    """(the previous output, "") when meta.json was made under `key` and every file it names is
-    there at its size; else (None, why the rows are all tokenized again)."""
-    meta_path = out / "meta.json"
-    if not meta_path.is_file():
-        return None, "no previous output"
-    try:
-        meta = read_json(meta_path)
-        shards, index = meta["shards"], out / meta["index"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, "previous output without an index"
-    if meta.get("key_sha256") != short_sha(key):
-        old = meta.get("key") if isinstance(meta.get("key"), dict) else {}
-        changed = sorted(k for k in key if old.get(k) != key[k])
-        return None, f"made under another key ({', '.join(changed) or 'unrecorded'})"
-    for shard in shards:
-        for name, size in ((shard["file"], shard["bytes"]), (shard["freq"], None)):
-            path = out / name
-            if not path.is_file() or (size is not None and path.stat().st_size != size):
-                return None, f"previous output incomplete ({name})"
-    if not index.is_file():
-        return None, f"previous output incomplete ({index.name})"
-    prev = Previous(shards, [], [], [], [])
-    with open(index, "rb") as f:
-        bounds = iter(enumerate(shards))
-        k, shard = next(bounds, (None, None))
-        left, row = (shard["conversations"] if shard else 0), 0
-        for raw in f:
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                return None, f"previous index unreadable ({index.name})"
-            while shard is not None and left == 0:
-                k, shard = next(bounds, (None, None))
-                left, row = (shard["conversations"] if shard else 0), 0
-            if shard is None:
-                return None, "previous index longer than its shards"
-            prev.keys.append((entry["id"], entry["sha256"]))
-            prev.lines.append(raw)
-            prev.row_start.append(row)
-            prev.shard_of.append(k)
-            row += entry["rows"]
-            left -= 1
-    if len(prev.keys) != sum(s["conversations"] for s in shards):
-        return None, "previous index shorter than its shards"
-    return prev, ""
-
-
-def kept_prefix(prev: Previous | None, lines: list[Line]) -> int:
-    """How many shards of the previous output stay as they are: those whose conversations are the
-    first ones of the new order, unchanged."""
-    if prev is None:
-        return 0
-    same = 0
-    for old, line in zip(prev.keys, lines):
-        if old != (line.id, line.sha256):
-            break
-        same += 1
-    kept, covered = 0, 0
-    for shard in prev.shards:
-        if covered + shard["conversations"] > same:
-            break
-        covered += shard["conversations"]
-        kept += 1
-    return kept
-
-
 def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
     """Trainable-token counts over every shard, keyed in the order speculators'
     save_token_frequency_distribution inserts them (by first row, then id): the same file."""
@@ -160,6 +70,106 @@ def token_frequencies(out: Path, shards: list[dict]) -> dict[int, int]:
     unique, earliest = ids[starts], first[starts]
     order = np.lexsort((unique, earliest))
     return dict(zip(unique[order].tolist(), total[order].tolist()))
+
+
+# ---- writing shards ---------------------------------------------------------------------------
+
+
+class ShardWriter:
+    """Arrow files of at most `per_shard` conversations, each with the frequencies of its
+    trainable tokens (.freq.npy: token ids, counts and first row, [3, n] int64), named by what they
+    hold; written beside the output under a temporary name, renamed once complete."""
+
+    def __init__(
+        self, out: Path, key_sha: str, vocab_size: int, per_shard: int, per_write: int
+    ) -> None:
+        """`per_shard` conversations a shard (SHARD_CONVERSATIONS); their rows written every
+        `per_write` conversations (one record batch)."""
+        self.out, self.key_sha, self.vocab_size = out, key_sha, vocab_size
+        self.per_shard, self.per_write = per_shard, per_write
+        self.schema = features().arrow_schema
+        self.shards: list[dict] = []
+        self.pending: list = []  # tables not yet written (one record batch per flush)
+        self.pending_conversations = 0
+        self.writer = None
+
+    def _open(self):
+        import numpy as np
+        import pyarrow as pa
+
+        self.tmp = self.out / f".shard-{len(self.shards):05d}.arrow.tmp"
+        self.sink = pa.OSFile(str(self.tmp), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, self.schema)
+        self.digest = hashlib.sha256(self.key_sha.encode())
+        self.conversations = self.rows = 0
+        self.counts = np.zeros(self.vocab_size, dtype=np.int64)
+        self.first = np.full(self.vocab_size, -1, dtype=np.int64)
+
+    def add(self, key: tuple[str, str], table) -> None:
+        """One conversation's rows (a table of the schema, possibly empty)."""
+        if self.writer is None:
+            self._open()
+        self.digest.update(f"{key[0]}\0{key[1]}\n".encode())
+        self.conversations += 1
+        if table.num_rows:
+            self.pending.append(table)
+        self.pending_conversations += 1
+        if self.pending_conversations >= self.per_write:
+            self.flush()
+        if self.conversations >= self.per_shard:
+            self.close_shard()
+
+    def flush(self) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.pending_conversations = 0
+        if not self.pending:
+            return
+        table = pa.concat_tables(self.pending).combine_chunks()
+        self.pending = []
+        self.writer.write_table(table)
+        ids = table.column("input_ids").chunk(0)
+        mask = table.column("loss_mask").chunk(0).flatten().to_numpy().astype(bool)
+        tokens = ids.flatten().to_numpy()[mask]
+        self.counts += np.bincount(tokens, minlength=self.vocab_size)
+        unseen = self.first[tokens] < 0
+        if unseen.any():  # tokens are in row order: a token's first index is in its first row
+            rows = pc.list_parent_indices(ids).to_numpy()[mask][unseen] + self.rows
+            found, first = np.unique(tokens[unseen], return_index=True)
+            self.first[found] = rows[first]
+        self.rows += table.num_rows
+
+    def close_shard(self) -> None:
+        import numpy as np
+
+        if self.writer is None:
+            return
+        self.flush()
+        self.writer.close()
+        self.sink.close()
+        tag = self.digest.hexdigest()[:12]
+        name = f"data-{len(self.shards):05d}-{tag}"
+        os.replace(self.tmp, self.out / f"{name}.arrow")
+        ids = np.flatnonzero(self.counts)
+        freq = np.stack([ids, self.counts[ids], self.first[ids]])
+        with atomic_path(self.out / f"{name}.freq.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, freq)
+        self.shards.append(
+            {
+                "file": f"{name}.arrow",
+                "conversations": self.conversations,
+                "rows": self.rows,
+                "bytes": (self.out / f"{name}.arrow").stat().st_size,
+                "freq": f"{name}.freq.npy",
+            }
+        )
+        self.writer = None
+
+    def keep(self, shard: dict) -> None:
+        """A shard of the previous output, unchanged."""
+        self.shards.append(shard)
 
 
 # ---- one batch of conversations ---------------------------------------------------------------

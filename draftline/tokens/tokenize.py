@@ -30,6 +30,10 @@ reading a row. What a run holds in memory: one batch, the shard being written (f
 of the vocabulary's size), and per conversation its id and hash: 100k conversations of 4k tokens
 (6 GB of rows) need the same memory as 1k, bar those ids and hashes. The output persists: see
 tokenize_dataset for what a rerun keeps.
+
+This module is the run around the rows, not what they hold: what a conversation gives is
+draftline/tokens/rows.py (over draftline/tokens/chat.py), the shards and their frequencies
+draftline/tokens/output.py; those are in the rows' key (draftline/core/shaping.py), this one is not.
 """
 
 from __future__ import annotations
@@ -45,36 +49,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from draftline.core.card import TargetCard
-from draftline.core.code import code_sha256
 from draftline.core.config import output_shaping
-from draftline.core.io import atomic_path, file_sha256, read_json, write_meta
-from draftline.tokens import chat
-from draftline.tokens.chat import (
-    ServerTurn,
-    TemplateMismatch,
-    conversation_rows,
-    end_of_turn_tokens,
-    mark_length_cut,
-    plan_conversation,
-    tokenize_rows,
-)
+from draftline.core.io import file_sha256, read_json, write_meta
+from draftline.core.shaping import shaping_fingerprint
+from draftline.tokens.chat import end_of_turn_tokens
 from draftline.tokens.lines import Line, regenerated_lines
 from draftline.tokens.output import (
     INDEX,
-    ROW_FORMAT,
     SHARD_CONVERSATIONS,
-    Previous,
+    ShardWriter,
     TokenizeError,
-    features,
-    kept_prefix,
-    previous_output,
     rows_table,
     save_frequencies,
     short_sha,
     token_frequencies,
     write_dataset_files,
 )
-from draftline.tokens.report import count_turn, index_report, no_rows_message
+from draftline.tokens.previous import Previous, kept_prefix, previous_output
+from draftline.tokens.report import index_report, no_rows_message
+from draftline.tokens.rows import plan_batch, tokenize_batch
 
 if TYPE_CHECKING:
     from draftline.tokens.config import TokenizeConfig
@@ -89,25 +82,6 @@ def generation_eos_ids(card: TargetCard):
         return GenerationConfig.from_pretrained(card.model, revision=card.revision).eos_token_id
     except OSError:
         return None
-
-
-def server_turns(regeneration: dict) -> list | None:
-    """What the server said of each assistant turn of a line (draftline/regenerate/replay.py records
-    `completion_token_ids` and `turn_completion_tokens` per turn); None for a line written before
-    they were recorded."""
-    ids = regeneration.get("completion_token_ids")
-    counts = regeneration.get("turn_completion_tokens")
-    if not isinstance(ids, list) and not isinstance(counts, list):
-        return None
-    ids = ids if isinstance(ids, list) else []
-    counts = counts if isinstance(counts, list) else []
-    return [
-        ServerTurn(
-            ids[k] if k < len(ids) and isinstance(ids[k], list) else None,
-            counts[k] if k < len(counts) and isinstance(counts[k], int) else None,
-        )
-        for k in range(max(len(ids), len(counts)))
-    ]
 
 
 BATCH_CONVERSATIONS = 64  # conversations tokenized in one batched call
@@ -134,8 +108,8 @@ def rows_key(
     shaping = output_shaping(cfg)
     shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
     return {
-        "row_format": ROW_FORMAT,
-        "chat_code_sha256": code_sha256(Path(chat.__file__)),  # its code, not its prose
+        # the code that shapes the rows, its prose left out (draftline/core/shaping.py)
+        "shaping_code": shaping_fingerprint("tokenize"),
         "tokenizer_sha256": tokenizer_sha256(tokenizer),
         "chat_template_sha256": card.chat_template_sha256,
         "vocab_size": card.vocab_size,
@@ -144,191 +118,6 @@ def rows_key(
         "end_of_turn_tokens": stops,
         "versions": {pkg: md.version(pkg) for pkg in ("transformers", "tokenizers", "jinja2")},
     }
-
-
-# ---- writing shards ---------------------------------------------------------------------------
-
-
-class ShardWriter:
-    """Arrow files of at most SHARD_CONVERSATIONS conversations, each with the frequencies of its
-    trainable tokens (.freq.npy: token ids, counts and first row, [3, n] int64), named by what they
-    hold; written beside the output under a temporary name, renamed once complete."""
-
-    def __init__(self, out: Path, key_sha: str, vocab_size: int):
-        self.out, self.key_sha, self.vocab_size = out, key_sha, vocab_size
-        self.schema = features().arrow_schema
-        self.shards: list[dict] = []
-        self.pending: list = []  # tables not yet written (one record batch per flush)
-        self.pending_conversations = 0
-        self.writer = None
-
-    def _open(self):
-        import numpy as np
-        import pyarrow as pa
-
-        self.tmp = self.out / f".shard-{len(self.shards):05d}.arrow.tmp"
-        self.sink = pa.OSFile(str(self.tmp), "wb")
-        self.writer = pa.ipc.new_stream(self.sink, self.schema)
-        self.digest = hashlib.sha256(self.key_sha.encode())
-        self.conversations = self.rows = 0
-        self.counts = np.zeros(self.vocab_size, dtype=np.int64)
-        self.first = np.full(self.vocab_size, -1, dtype=np.int64)
-
-    def add(self, key: tuple[str, str], table) -> None:
-        """One conversation's rows (a table of the schema, possibly empty)."""
-        if self.writer is None:
-            self._open()
-        self.digest.update(f"{key[0]}\0{key[1]}\n".encode())
-        self.conversations += 1
-        if table.num_rows:
-            self.pending.append(table)
-        self.pending_conversations += 1
-        if self.pending_conversations >= BATCH_CONVERSATIONS:
-            self.flush()
-        if self.conversations >= SHARD_CONVERSATIONS:
-            self.close_shard()
-
-    def flush(self) -> None:
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        self.pending_conversations = 0
-        if not self.pending:
-            return
-        table = pa.concat_tables(self.pending).combine_chunks()
-        self.pending = []
-        self.writer.write_table(table)
-        ids = table.column("input_ids").chunk(0)
-        mask = table.column("loss_mask").chunk(0).flatten().to_numpy().astype(bool)
-        tokens = ids.flatten().to_numpy()[mask]
-        self.counts += np.bincount(tokens, minlength=self.vocab_size)
-        unseen = self.first[tokens] < 0
-        if unseen.any():  # tokens are in row order: a token's first index is in its first row
-            rows = pc.list_parent_indices(ids).to_numpy()[mask][unseen] + self.rows
-            found, first = np.unique(tokens[unseen], return_index=True)
-            self.first[found] = rows[first]
-        self.rows += table.num_rows
-
-    def close_shard(self) -> None:
-        import numpy as np
-
-        if self.writer is None:
-            return
-        self.flush()
-        self.writer.close()
-        self.sink.close()
-        tag = self.digest.hexdigest()[:12]
-        name = f"data-{len(self.shards):05d}-{tag}"
-        os.replace(self.tmp, self.out / f"{name}.arrow")
-        ids = np.flatnonzero(self.counts)
-        freq = np.stack([ids, self.counts[ids], self.first[ids]])
-        with atomic_path(self.out / f"{name}.freq.npy") as tmp, open(tmp, "wb") as f:
-            np.save(f, freq)
-        self.shards.append(
-            {
-                "file": f"{name}.arrow",
-                "conversations": self.conversations,
-                "rows": self.rows,
-                "bytes": (self.out / f"{name}.arrow").stat().st_size,
-                "freq": f"{name}.freq.npy",
-            }
-        )
-        self.writer = None
-
-    def keep(self, shard: dict) -> None:
-        """A shard of the previous output, unchanged."""
-        self.shards.append(shard)
-
-
-def plan_batch(
-    tokenizer, batch: list[tuple[Line, dict]], stops: list[str], template_kwargs: dict
-) -> list:
-    """Each conversation's plan (draftline/tokens/chat.py, plan_conversation), or why it has none."""
-    from jinja2 import TemplateError
-
-    plans = []
-    for _, row in batch:
-        regeneration = row.get("regeneration") or {}
-        messages = mark_length_cut(row["messages"], regeneration.get("finish_reasons"))
-        try:
-            plans.append(
-                plan_conversation(tokenizer, messages, row.get("tools"), stops, template_kwargs)
-            )
-        except TemplateMismatch:
-            plans.append("template_mismatch")
-        except (
-            TemplateError
-        ):  # the template refuses the conversation (e.g. two parallel tool calls)
-            plans.append("template_error")
-    return plans
-
-
-def tokenize_batch(
-    tokenizer,
-    batch: list[tuple[Line, dict]],
-    plans: list,
-    card: TargetCard,
-    cfg: TokenizeConfig,
-) -> list[tuple[dict, list[dict]]]:
-    """(index entry, rows) of each planned conversation: one tokenize_rows call for all their rows."""
-    spans = [s for plan in plans if not isinstance(plan, str) for s in plan.row_spans()]
-    tokenized = iter(tokenize_rows(tokenizer, spans))
-    out = []
-    for (line, row), plan in zip(batch, plans):
-        entry = {"id": line.id, "sha256": line.sha256, "source": str(row.get("source") or "?")}
-        if isinstance(plan, str):
-            out.append(({**entry, "rows": 0, "skipped": plan}, []))
-            continue
-        regeneration = row.get("regeneration") or {}
-        parts = conversation_rows(
-            tokenizer,
-            plan,
-            [next(tokenized) for _ in plan.rows],
-            cfg.max_length,
-            server_turns(regeneration),
-            cfg.assistant_ids == "server",
-        )
-        turns, differences = Counter(), []
-        for check in (c for p in parts for c in p["checks"]):
-            count_turn(turns, check)
-            if check.get("first_difference") is not None and len(differences) < 5:
-                differences.append(
-                    {
-                        "id": line.id,
-                        "message": check["message"],
-                        "first_difference": check["first_difference"],
-                        "retokenized": tokenizer.convert_ids_to_tokens(check["retokenized_around"]),
-                        "server": tokenizer.convert_ids_to_tokens(check["server_around"]),
-                    }
-                )
-        kept = [p for p in parts if any(p["loss_mask"])]  # truncation can leave a row untrained
-        rows = []
-        for k, p in enumerate(kept):  # ids outside the vocabulary: rows_table
-            rows.append(
-                {
-                    "id": line.id,
-                    "part": k,
-                    "input_ids": p["input_ids"],
-                    "loss_mask": p["loss_mask"],
-                    "seq_len": len(p["input_ids"]),
-                }
-            )
-        entry.update(
-            rows=len(kept),
-            untrained=len(parts) - len(kept),
-            lengths=[p["length"] for p in parts],  # rows dropped as untrained included
-            tokens=sum(len(p["input_ids"]) for p in kept),
-            trainable=sum(sum(p["loss_mask"]) for p in kept),
-            truncated=sum(p["truncated"] for p in kept),
-            whole=sum(p["whole"] for p in kept),
-            longest=max((len(p["input_ids"]) for p in kept), default=0),
-            turns={k: v for k, v in turns.items() if v},
-        )
-        if differences:
-            entry["differences"] = differences
-        out.append((entry, rows))
-    return out
 
 
 # ---- the stage's work -------------------------------------------------------------------------
@@ -353,7 +142,7 @@ def start_output(
     out.mkdir(parents=True, exist_ok=True)
     for stray in out.glob(".*.tmp"):  # a killed run's partial files
         stray.unlink()
-    writer = ShardWriter(out, key_sha, vocab_size)
+    writer = ShardWriter(out, key_sha, vocab_size, SHARD_CONVERSATIONS, BATCH_CONVERSATIONS)
     kept = kept_prefix(prev, lines)
     for shard in prev.shards[:kept] if prev else []:
         writer.keep(shard)

@@ -46,8 +46,10 @@ class OnlineStatesRefused(DraftlineError):
 
 def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     """The tokenized rows (file contents) and the hidden-state files (names and sizes: hashing
-    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream);
-    in online mode (no files are read) the mode, format and target fingerprint instead."""
+    terabytes of hidden states is not affordable; hs_{i} is keyed to row i and validated upstream)
+    with the fingerprint they were made under (target, weights, aux ids, dtype, the code that
+    shapes them: files redone with other values keep their names and sizes); in online mode (no
+    files are read) the mode, format and target fingerprint instead."""
     h = hashlib.sha256()
     for path in sorted(Path(tokenized_dir).glob("*.arrow")):
         h.update(f"{path.name}:{file_sha256(path)}\n".encode())
@@ -58,6 +60,7 @@ def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     for path in sorted(Path(hs_dir).iterdir()):
         if path.name.startswith("hs_") or path.name == "meta.json":
             h.update(f"{path.name}:{path.stat().st_size}\n".encode())
+    h.update(f"states:{source.get('fingerprint')}\n".encode())
     return h.hexdigest()
 
 

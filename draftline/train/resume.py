@@ -3,8 +3,9 @@
 Every `checkpoint_every_steps` optimizer steps and at each epoch end, one file (state.pt, written
 atomically) holds the trainable weights, optimizer, scheduler, step, epoch, position in the
 epoch's packing plan, RNG states, partial-epoch metric sums, the history and the best epoch so
-far, plus a fingerprint of params, data and init. A rerun with the same fingerprint continues
-from it; any other fingerprint starts fresh. A finished run leaves only last_run.json.
+far, plus a fingerprint of params, data, init and the code that shapes the state
+(draftline/core/shaping.py). A rerun with the same fingerprint continues from it; any other
+fingerprint starts fresh. A finished run leaves only last_run.json.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from draftline.core.config import kind_of
 from draftline.core.io import write_json
+from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
 from draftline.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -41,11 +43,12 @@ NOT_IN_FINGERPRINT = tuple(
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a train run keeps its resume state, and the fingerprint (run_fingerprint) a saved
-    state must carry to be continued."""
+    """Where a train run keeps its resume state, the fingerprint (run_fingerprint) a saved state
+    must carry to be continued, and the code's share of it (shaping_code), saved beside it."""
 
     state_dir: Path
     fingerprint: str
+    code: str | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -55,10 +58,17 @@ def seed_everything(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def shaping_code() -> str:
+    """The fingerprint of the code that shapes the resume state (SHAPES["train"]); a saved state
+    records it too, so that a rerun can say why it starts fresh."""
+    return shaping_fingerprint("train")
+
+
 def run_fingerprint(
     params: dict, card: TargetCard, data_sha256: str, init_sha256: str | None, device: str
 ) -> str:
-    """What a resume state must match: every param that shapes the weights, target, data, init."""
+    """What a resume state must match: every param that shapes the weights, target, data, init,
+    device, and the code that shapes the state (shaping_code)."""
     kept = {k: v for k, v in params.items() if k not in NOT_IN_FINGERPRINT}
     facts = {
         "params": kept,
@@ -67,6 +77,7 @@ def run_fingerprint(
         "data": data_sha256,
         "init": init_sha256,
         "device": device,
+        "code": shaping_code(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -125,7 +136,11 @@ def load_state(state_dir: Path, fingerprint: str) -> dict | None:
         )
         return None
     if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
-        log.info(f"{path}: made with other params, data or init; starting fresh")
+        recorded = state.get("shaping_code") if isinstance(state, dict) else None
+        if recorded is not None and recorded != shaping_code():
+            log.info(f"{path}: made by other code ({CODE_CHANGED}); starting fresh")
+        else:
+            log.info(f"{path}: made with other params, data or init; starting fresh")
         return None
     return state
 

@@ -59,6 +59,7 @@ from draftline.train.resume import (
     save_state,
     seed_everything,
     set_rng_states,
+    shaping_code,
     trainable_state,
 )
 from draftline.train.speculators import run_speculators
@@ -253,6 +254,7 @@ def _save_checkpoint(loop: _Loop, epoch: int, batch: int, sums: dict) -> None:
         loop.resume.state_dir,
         {
             "fingerprint": loop.resume.fingerprint,
+            "shaping_code": loop.resume.code,  # says why a rerun with other code starts fresh
             "epoch": epoch,
             "batch": batch,
             "step": loop.pos["step"],
@@ -410,7 +412,7 @@ def run_builtin(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch):
             cfg,
             TrainingData(paths.tokenized, paths.hs, online),
             device,
-            Resume(paths.state, fingerprint),
+            Resume(paths.state, fingerprint, shaping_code()),
             LoopCallbacks(epoch=on_epoch, step=step_reporter()),
         )
     return model, result, notes

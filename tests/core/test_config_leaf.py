@@ -1,5 +1,5 @@
 """The params schema imports nothing of the stages' work: core/config.py no project module but the
-errors every phase raises (core/errors.py, itself importing only core/log.py), and a
+errors every phase raises (core/errors.py, itself importing only core/log.py and core/machine.py), and a
 phase's config.py only core/ and its own package. So reading params pulls in no stage's code, no
 import cycle runs through the configs, and an edit to one phase's config reruns only that phase's
 stages (with check_params)."""
@@ -22,8 +22,12 @@ def project_imports(path: Path) -> set[str]:
 
 def test_core_config_imports_no_project_module():
     assert project_imports(ROOT / "draftline/core/config.py") == {"draftline.core.errors"}
-    assert project_imports(ROOT / "draftline/core/errors.py") == {"draftline.core.log"}
+    assert project_imports(ROOT / "draftline/core/errors.py") == {
+        "draftline.core.log",
+        "draftline.core.machine",
+    }
     assert not project_imports(ROOT / "draftline/core/log.py")
+    assert not project_imports(ROOT / "draftline/core/machine.py")
 
 
 def test_a_phase_config_imports_only_core_and_its_own_package():

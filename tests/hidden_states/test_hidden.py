@@ -184,6 +184,78 @@ def test_output_of_another_target_is_cleared(tmp_path, random_target):
     assert prepare_output(out, "another") == 1 and not (out / "hs_0.safetensors").exists()
 
 
+def test_states_survive_a_log_edit_and_go_when_the_code_that_shapes_them_changes(
+    tmp_path, random_target, monkeypatch, capsys
+):
+    """The fingerprint holds the code of SHAPES["hidden_states"] (draftline/core/shaping.py),
+    read here from a copy of the source tree: a log line edited in extract.py keeps every file; an
+    edit to capture.py's code clears them all, and the stage says why."""
+    from datasets import Dataset
+    from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+    from draftline.hidden_states import resume
+    from draftline.hidden_states.config import HiddenStatesConfig
+    from tests.core.test_shaping import copy_code, edit
+
+    code = copy_code(tmp_path / "code")
+    monkeypatch.setattr(resume, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    out, H = tmp_path / "hs", random_target.hidden_size
+    out.mkdir()
+    for i, seq in enumerate(SEQS):
+        save_hidden_states(hs_path(out, i), seq, torch.randn(len(seq), 4, H), torch.bfloat16)
+    made = fingerprint(random_target, "bfloat16")
+    meta = {"fingerprint": made, "shaping_code": resume.shaping_code()}
+    (out / "meta.json").write_text(json.dumps(meta))
+    rows = Dataset.from_dict({"input_ids": SEQS})
+
+    def pending() -> resume.PendingWork:
+        now = fingerprint(random_target, "bfloat16")
+        return resume.pending_work(HiddenStatesConfig(), rows, out, now, H, torch.bfloat16)
+
+    edit(code, "draftline/hidden_states/extract.py", '"hidden_states: running "', '"hs: running "')
+    assert fingerprint(random_target, "bfloat16") == made
+    kept = pending()
+    assert kept.stale == [] and kept.done == 2 and kept.todo == {}
+
+    edit(code, "draftline/hidden_states/capture.py", "logits_to_keep=1", "logits_to_keep=2")
+    assert fingerprint(random_target, "bfloat16") != made
+    capsys.readouterr()
+    redo = pending()
+    assert redo.stale == sorted(out.glob("hs_*.safetensors")) and redo.todo == {0: 9, 1: 3}
+    assert redo.why == CODE_CHANGED and redo.cleared == 2
+    assert f"2 files ({CODE_CHANGED}) to remove" in capsys.readouterr().out
+
+    (out / "meta.json").write_text(json.dumps({"fingerprint": made}))  # made before it was recorded
+    assert "not recorded" in pending().why
+
+
+def test_weights_digest_sees_a_byte_changed_in_the_middle_of_a_weight_file(tmp_path):
+    """Before, only the first and last MiB of each file were read: a byte in between went unseen
+    and the states of the old weights were kept. A .safetensors file: its header, each tensor's
+    ends and evenly spaced blocks; any other weight file: all of it."""
+    from safetensors.torch import save_file
+
+    from draftline.hidden_states.resume import weights_digest
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    # 8 MiB of tensors, 1 MiB each: the file's middle is the end of one tensor
+    save_file({f"w{k}": torch.zeros(1 << 18) for k in range(8)}, str(model / "model.safetensors"))
+    (model / "extra.bin").write_bytes(bytes(3 << 20))
+    before = weights_digest(str(model))
+    assert before == weights_digest(str(model))
+    for name in ("model.safetensors", "extra.bin"):
+        path = model / name
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+        assert weights_digest(str(model)) != before, name
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+        assert weights_digest(str(model)) == before
+    assert weights_digest("org/hub-model") is None
+
+
 # ---- the stage on a tokenized dataset ---------------------------------------------------------
 
 PARAMS = """\

@@ -328,3 +328,34 @@ def test_init_weights_that_cannot_be_read_are_named_not_a_traceback(
         run_probe(tmp_path / "run", random_target, train={"init": str(init)})
     problem = init_problem(str(init), tmp_path / "models" / "draft")
     assert re.match(f"train.init: {re.escape(str(init))}.*{what}", problem), problem
+
+
+def test_an_extraction_pass_survives_a_log_edit_and_not_the_code_that_decides_it(
+    tmp_path, random_target, monkeypatch, capsys
+):
+    """The pass's key holds the code of SHAPES["probe"] (draftline/core/shaping.py), read here
+    from a copy of the source tree: a log line edited in checks.py keeps the pass; an edit to how
+    the probe row is checked probes again, and the log says why."""
+    from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+    from draftline.hidden_states.config import HiddenStatesConfig
+    from draftline.probe import checks
+    from tests.core.test_shaping import copy_code, edit
+
+    code = copy_code(tmp_path / "code")
+    monkeypatch.setattr(checks, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    probed = []  # the offline path's probe, stood in for: no server is started here
+    monkeypatch.setattr(checks, "probe_offline", lambda *a: probed.append(a) or {"tokens": 1})
+    hs, train, log = HiddenStatesConfig(backend="vllm"), TrainConfig(), tmp_path / "probe.log"
+
+    first = checks.probe_extraction(hs, train, random_target, None, log)
+    assert first["passed"] and first["probed"] and len(probed) == 1
+
+    edit(code, "draftline/probe/checks.py", '"probe: one {len(ids)}', '"probe: a {len(ids)}')
+    kept = checks.probe_extraction(hs, train, random_target, first, log)
+    assert kept["probed"] is False and kept["key"] == first["key"] and len(probed) == 1
+
+    edit(code, "draftline/probe/extraction.py", 'probe_file=transfer != "mooncake"', "probe_file=1")
+    capsys.readouterr()
+    again = checks.probe_extraction(hs, train, random_target, first, log)
+    assert again["probed"] and again["key"] != first["key"] and len(probed) == 2
+    assert f"passed before, but {CODE_CHANGED}: probing again" in capsys.readouterr().out

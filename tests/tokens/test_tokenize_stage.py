@@ -467,6 +467,47 @@ def test_a_rerun_tokenizes_only_new_or_changed_conversations(tmp_path, random_ta
     assert dataset_files(root) == from_scratch(ids, changed, max_length=400)
 
 
+def test_rows_survive_a_bookkeeping_edit_and_are_redone_when_the_code_that_shapes_them_changes(
+    tmp_path, random_target, monkeypatch
+):
+    """The rows' key holds the code of SHAPES["tokenize"] (draftline/core/shaping.py), read here
+    from a copy of the source tree: an edit to tokenize.py (a progress label) keeps every row; an
+    edit to chat.py's code tokenizes them all again, and the report says why."""
+    from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+    from draftline.tokens import tokenize as tokenization
+    from draftline.tokens.output import short_sha
+    from tests.core.test_shaping import copy_code, edit
+
+    code = copy_code(tmp_path / "code")
+    monkeypatch.setattr(tokenization, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    rng = random.Random(5)
+    convs = [{"id": f"c{k}", **arithmetic(rng), "regeneration": {"run": 1}} for k in range(6)]
+    root = tmp_path / "run"
+    root.mkdir()
+    write_run(root, random_target, [c["id"] for c in convs], convs)
+    assert run(root)["incremental"]["conversations_tokenized"] == 6
+    made = dataset_files(root)
+
+    edit(code, "draftline/tokens/tokenize.py", 'add_task("tokenize"', 'add_task("tokenizing"')
+    kept = run(root)["incremental"]
+    assert kept["conversations_kept"] == 6 and kept["conversations_tokenized"] == 0
+
+    edit(code, "draftline/tokens/chat.py", "JOIN_WINDOW = 16", "JOIN_WINDOW = 24")
+    again = run(root)["incremental"]
+    assert again["all_tokenized_because"] == CODE_CHANGED
+    assert again["conversations_tokenized"] == 6 and again["conversations_kept"] == 0
+    assert dataset_files(root) == made  # the copy's edit runs nowhere: the same rows again
+
+    # an output made before: its key held chat.py's code and a hand-bumped ROW_FORMAT
+    meta = json.loads((root / "tokenized" / "meta.json").read_text())
+    del meta["key"]["shaping_code"]
+    meta["key"].update(row_format=1, chat_code_sha256="0" * 64)
+    meta["key_sha256"] = short_sha(meta["key"])
+    (root / "tokenized" / "meta.json").write_text(json.dumps(meta))
+    assert run(root)["incremental"]["all_tokenized_because"] == CODE_CHANGED
+    assert dataset_files(root) == made
+
+
 def test_a_token_id_outside_the_target_vocabulary_fails_naming_the_conversation(
     tmp_path, random_target
 ):

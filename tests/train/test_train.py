@@ -378,6 +378,50 @@ def test_state_of_other_params_is_not_resumed(tmp_path, capsys):
     assert "starting fresh" in capsys.readouterr().out
 
 
+def test_a_resume_state_survives_a_log_edit_and_not_the_code_that_shapes_it(
+    tmp_path, random_target, monkeypatch, capsys
+):
+    """run_fingerprint holds the code of SHAPES["train"] (draftline/core/shaping.py), read here
+    from a copy of the source tree: a progress line edited keeps the state; an edit to the loss
+    starts fresh, and the log says why."""
+    from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+    from tests.core.test_shaping import copy_code, edit
+
+    code = copy_code(tmp_path / "code")
+    monkeypatch.setattr(train_state, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    params = TrainConfig().model_dump()
+
+    def key() -> str:
+        return train_state.run_fingerprint(params, random_target, "data", None, "cpu")
+
+    made, state_dir = key(), tmp_path / "state"
+    saved = {"fingerprint": made, "shaping_code": train_state.shaping_code(), "step": 3}
+    train_state.save_state(state_dir, saved)
+
+    edit(code, "draftline/train/progress.py", "(validation aside)", "(validation not counted)")
+    assert key() == made and train_state.load_state(state_dir, key())["step"] == 3
+
+    edit(code, "draftline/draft/forward.py", 'loss_config("kl_div"', 'loss_config("ce"')
+    assert key() != made
+    capsys.readouterr()
+    assert train_state.load_state(state_dir, key()) is None
+    assert f"made by other code ({CODE_CHANGED}); starting fresh" in capsys.readouterr().out
+
+
+def test_the_data_hash_follows_the_states_fingerprint(tmp_path):
+    """Hidden states redone for another target's weights or other shaping code keep their names
+    and sizes: the fingerprint they were made under (their meta.json) is in the resume key."""
+    tokenized, hs = tmp_path / "tokenized", tmp_path / "hs"
+    tokenized.mkdir()
+    hs.mkdir()
+    (tokenized / "data-00000.arrow").write_bytes(b"rows")
+    (hs / "hs_0.safetensors").write_bytes(bytes(16))
+    (hs / "meta.json").write_text(json.dumps({"fingerprint": "a" * 64}))
+    before = draft_data.training_data_sha256(tokenized, hs)
+    (hs / "meta.json").write_text(json.dumps({"fingerprint": "b" * 64}))
+    assert draft_data.training_data_sha256(tokenized, hs) != before
+
+
 class RunsCodeWhenUnpickled:
     """What a tampered state.pt on a shared DVC remote could carry: unpickling calls Path.touch."""
 
