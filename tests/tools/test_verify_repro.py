@@ -117,3 +117,23 @@ def test_the_contract_names_every_stage_of_the_pipeline():
     assert not unnamed, f"stages reproducibility.yaml does not name: {unnamed}"
     files = {ref.partition("#")[0] for kind in ("within", "reported") for ref in contract[kind]}
     assert all((ROOT / f).is_file() for f in files)
+
+
+def test_run_facts_inside_the_regenerated_output_are_left_out_of_its_hash():
+    """The server's log and timing counters live in datasets/regenerated but are no data: DVC
+    ignores them, so the same answers give the same hash on any machine (the `may_differ` stage
+    regenerate is byte-identical where the answers are)."""
+    facts = ["server.log", "server_stats.json", "server.pid", ".hf_cache/x"]
+    done = subprocess.run(
+        ["dvc", "check-ignore", *(f"datasets/regenerated/{f}" for f in facts)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(done.stdout.split()) == len(facts)
+    kept = subprocess.run(
+        ["dvc", "check-ignore", "datasets/regenerated/conversations.jsonl"], cwd=ROOT, check=False
+    )
+    assert kept.returncode == 1
