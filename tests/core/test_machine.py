@@ -12,6 +12,8 @@ def test_a_dvc_stage_leaves_its_machine_facts_beside_its_outputs(tmp_path, monke
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DVC_STAGE", "evaluate@eval")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
 
     @entry_point
