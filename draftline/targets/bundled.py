@@ -3,7 +3,7 @@ with the default `target.tiny` params, and the recipe that made it.
 
 Training the tiny target on the spot gives other bytes on every CPU whose kernels differ (AVX2,
 AVX-512, AMX, arm64), and every stage after it inherits the difference: other answers, other
-tokens, another vocabulary. Shipping the trained model (about 6 MB) makes regeneration, tokens and
+tokens, another vocabulary. Shipping the trained model makes regeneration, tokens and
 vocabulary depend on inference alone. The target stage copies it when its recipe is the one asked
 for: the same `target.tiny` params and the same builder code (the fingerprints of BUILDER_MODULES,
 without prose); any other recipe is built on the spot, as before, and the log says why.
