@@ -35,6 +35,10 @@ class VllmBenchConfig(Section):
     # extra arguments of every server, e.g. ["--tensor-parallel-size", "8"]; the default is the CPU
     # default run's (float32 as evaluate; no torch.compile, which costs more than a few requests)
     args: list[str] = shaping(["--dtype", "float32", "--enforce-eager"])
+    # VLLM_CPU_KVCACHE_SPACE (GiB) of each benchmark server on vLLM's CPU build, unless the
+    # environment sets it: sized for the benchmark's requests, so that every server of the sweep
+    # fits beside the others (engines.vllm's is for regeneration); GPU builds ignore it
+    cpu_kvcache_space_gb: float = shaping(1, gt=0)
 
 
 class SglangBenchConfig(Section):
@@ -75,9 +79,25 @@ class BenchmarkConfig(TargetPlacement):
     warmup: int = shaping(
         1, ge=0
     )  # hf: untimed passes; servers: passes over the prompts before measuring
-    # timed passes of each level (servers: of each load level on each server), medians reported
-    # with every pass beside them: the spread the verdict weighs its choice of k against
+    # rounds of timed passes: in each, every server once at every load (hf: the baseline and each
+    # k once); each speculative pass paired with a baseline pass gives one ratio of the interval
     repeats: int = shaping(3, ge=1)
+    # servers: a timed pass lasts at least this long, cycling the prompts (0: one request per
+    # prompt or 4 per request in flight, whichever is more)
+    min_pass_s: float = shaping(0.0, ge=0)
+    # servers side by side, each round in shuffled order (side_by_side; separate_gpus: each on its
+    # share of the GPUs), or one at a time with the baseline before and after (sequential); auto:
+    # side_by_side without a GPU or with servers already running, else sequential
+    layout: Literal["auto", "side_by_side", "separate_gpus", "sequential"] = shaping("auto")
+    seed: int = shaping(0)  # the shuffled order of the servers in each round
+    # the intervals' confidence, shared by the ks compared at a load (draftline/benchmark/intervals.py)
+    confidence: float = shaping(0.9, gt=0, lt=1)
+    # k deployed at a load whose decision is undecided (0: no speculation there)
+    undecided_k: int = shaping(0, ge=0)
+    # other drafts served against the same baseline in the same run, {name: draft dir}, each at
+    # compare_k (null: at k); their directories are the stage's deps (stages/compare_drafts.py)
+    compare: dict[str, str] = shaping({})
+    compare_k: list[int] | None = shaping(None)
     # device, device_map, dtype (TargetPlacement): hf only
     concurrency: list[int] = shaping([1, 4, 16])  # servers: requests in flight, one load level each
     # the load the draft will be served at (requests in flight): the verdict's headline is the
@@ -97,7 +117,7 @@ class BenchmarkConfig(TargetPlacement):
     host: str = operational("127.0.0.1")
     port: Port = operational(
         None
-    )  # both servers, one after the other; null = a free port chosen at each start
+    )  # the first server's; side by side the i-th has port + i; null = a free port chosen at each start
     startup_timeout_s: float | None = operational(
         None, gt=0
     )  # null = from the checkpoint size (as regenerate)
@@ -134,6 +154,10 @@ class BenchmarkConfig(TargetPlacement):
             )
         if not self.speedup_goals or min(self.speedup_goals) <= 0:
             raise ValueError("speedup_goals: give at least one speedup, each > 0")
+        if self.compare and self.engine == "hf":
+            raise ValueError("compare: only for engine vllm or sglang (drafts served side by side)")
+        if self.undecided_k and self.undecided_k not in self.k:
+            raise ValueError(f"undecided_k: {self.undecided_k} is not one of k {self.k} (or 0)")
         if self.endpoints and self.engine == "hf":
             raise ValueError("endpoints: only for engine vllm or sglang")
         for url in self.endpoints.values():
@@ -145,6 +169,11 @@ class BenchmarkConfig(TargetPlacement):
     def ks(self) -> list[int]:
         """The k values in increasing order."""
         return sorted(self.k)
+
+    @property
+    def compare_ks(self) -> list[int]:
+        """The k values each benchmark.compare draft is served at."""
+        return sorted(self.compare_k or self.k)
 
     def resolved_tie_tolerance(self) -> float:
         return TIE_TOLERANCE[self.dtype] if self.tie_tolerance is None else self.tie_tolerance

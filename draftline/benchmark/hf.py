@@ -1,7 +1,8 @@
 """Benchmark engine `hf`: the built-in greedy and speculative decoders on the same prompts (batch 1).
 
-Warm-up passes, then `repeats` timed passes of the baseline and of each k, interleaved so that
-drift in machine load hits them alike; the median tokens/s of each and their ratio are reported.
+Warm-up passes, then `repeats` rounds of timed passes, the baseline and each k once in each, so
+that drift in machine load hits them alike; each k's pass over the baseline's pass of the same
+round is one paired ratio of the interval (draftline/benchmark/intervals.py).
 Every speculative output is judged against an untimed greedy reference with its logit margins
 (the near-tie rule of draftline/evaluate/acceptance.py), for the lossless gate.
 """
@@ -72,8 +73,14 @@ def benchmark_hf(
     speculative, verdicts = {}, {}
     for k in cfg.ks:
         rounds = [r for g in timed[k][0] for r in g.accepted_per_round]
+        base_tps = summary(timed[None])["runs_tokens_per_s"]
         speculative[k] = {
             **summary(timed[k]),
+            "paired_speedups": [
+                round(t / b, 4)
+                for t, b in zip(summary(timed[k])["runs_tokens_per_s"], base_tps, strict=True)
+                if b
+            ],
             "acceptance_length": round(sum(rounds) / len(rounds), 4) if rounds else None,
             "drafts": len(rounds),
         }

@@ -226,40 +226,46 @@ async def send_request(
 
 @dataclass(frozen=True)
 class Load:
-    """One load run: `requests` requests at most `concurrency` in flight, each asking for at most
+    """One load run: at least `requests` requests, and requests started for at least `min_seconds`
+    (cycling over the prompts), at most `concurrency` in flight, each asking for at most
     max_tokens and given timeout_s."""
 
     requests: int
     concurrency: int
     max_tokens: int
     timeout_s: float
+    min_seconds: float = 0.0
 
 
 async def run_load(
     endpoint: LoadTarget, prompts: list, load: Load, on_done=None
 ) -> tuple[list[RequestResult], float]:
-    """load.requests requests cycling over `prompts`; (results, wall seconds)."""
+    """Requests cycling over `prompts` from `concurrency` workers: each starts another while fewer
+    than load.requests have started or load.min_seconds have not passed; (results in start order,
+    wall seconds until the last one finished)."""
     # httpx loads on first use: importing this module stays light
     import httpx
 
-    requests, concurrency, max_tokens = load.requests, load.concurrency, load.max_tokens
-    timeout_s = load.timeout_s
-    limit = asyncio.Semaphore(concurrency)
+    concurrency = load.concurrency
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
-
-        async def one(i: int) -> RequestResult:
-            async with limit:
-                result = await send_request(
-                    client, endpoint, i % len(prompts), prompts[i % len(prompts)], max_tokens
-                )
-            if on_done:
-                on_done(result)
-            return result
-
+    results: dict[int, RequestResult] = {}
+    started = 0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(load.timeout_s), limits=limits) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(one(i) for i in range(requests)))
-        return list(results), time.perf_counter() - start
+
+        async def worker() -> None:
+            nonlocal started
+            while started < load.requests or time.perf_counter() - start < load.min_seconds:
+                i, started = started, started + 1
+                result = await send_request(
+                    client, endpoint, i % len(prompts), prompts[i % len(prompts)], load.max_tokens
+                )
+                results[i] = result
+                if on_done:
+                    on_done(result)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return [results[i] for i in sorted(results)], time.perf_counter() - start
 
 
 def percentiles_ms(

@@ -72,55 +72,116 @@ def benchmark_with_hf(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, ro
     return {1: benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg)}
 
 
+def compare_drafts(cfg: BenchmarkConfig, card: TargetCard, log_dir: Path) -> dict[str, str]:
+    """{name: the directory its engine serves} of benchmark.compare, each checked to be a draft."""
+    out = {}
+    for name, path in sorted(cfg.compare.items()):
+        if not (Path(path) / "config.json").is_file():
+            raise BenchmarkError(
+                f"error: benchmark.compare {name}: {path} is not a draft directory (no config.json)"
+            )
+        if cfg.engine == "sglang":
+            try:
+                path = str(export_sglang(path, card, log_dir / f"compare_{name}_sglang"))
+            except SglangExportError as err:
+                raise BenchmarkError(
+                    f"error: benchmark.compare {name}: {path} cannot be served by SGLang: {err}"
+                ) from None
+        out[name] = path
+    return out
+
+
 def benchmark_with_servers(
     cfg: BenchmarkConfig, card: TargetCard, draft_path: str, rows: list, deploy: dict, log_dir: Path
-) -> tuple[dict, dict]:
-    """Engines vllm / sglang: a baseline server and a speculative server per k; (levels,
-    acceptance per k), their commands, warnings and logs in deploy["benchmark"]."""
+) -> dict:
+    """Engines vllm / sglang: the sweep of draftline/benchmark/server.py (its levels, design and
+    acceptance per k), its commands, warnings and logs in deploy["benchmark"]."""
     from draftline.benchmark.server import ServerBench, benchmark_server
 
     # Only the tokenizer here: the target itself may need a whole GPU host.
     tokenizer = card_tokenizer(card)
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
+    compare = compare_drafts(cfg, card, log_dir)
     try:
-        result = benchmark_server(ServerBench(cfg.engine, cfg, card, prompts, log_dir), draft_path)
+        result = benchmark_server(
+            ServerBench(cfg.engine, cfg, card, prompts, log_dir), draft_path, compare
+        )
     except PreflightError as err:
         raise BenchmarkError(f"error: benchmark.endpoints: {err}") from None
     deploy["benchmark"] = {
         "engine": cfg.engine,
+        "design": result["design"]["layout"],
         "serve_commands": result["serve_commands"],
         "warnings": result["warnings"],
         "server_logs": str(log_dir),
     }
     for warning in result["warnings"]:
         log.warning(f"benchmark: warning: {warning}")
-    return result["levels"], result["acceptance_by_k"]
+    return result
 
 
-def level_report(level: dict, speedups: dict) -> dict:
-    """One load level as the detail report keeps it: the baseline, then each k with its speedup
-    and the lossless verdicts of its outputs."""
+def level_report(level: dict, decided: dict) -> dict:
+    """One load level as the detail report keeps it: the baseline, then each k with its speedup,
+    interval and the lossless verdicts of its outputs, and the drafts compared."""
     out = {"baseline": level["baseline"]}
     for k, spec in level["speculative"].items():
+        iv = decided["by_k"][k]
         out[f"k{k}"] = {
-            "speedup": speedups[k],
+            "speedup": iv["speedup"],
+            "speedup_low": iv["low"],
+            "speedup_high": iv["high"],
             **spec,
             "output_verdicts": lossless.tally(level["verdicts"][k]),
+        }
+    if level.get("compare"):
+        out["compare"] = {
+            name: {f"k{k}": spec for k, spec in by_k.items()}
+            for name, by_k in level["compare"].items()
         }
     return out
 
 
-def benchmark_report(cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, points) -> dict:
+ENGINE_BOUND = (
+    "The built-in tiny target's step costs are the engine's own per-step overhead, not the "
+    "target's compute (its baseline step at {c} requests in flight takes {growth:.2f}x its step at "
+    "1 while emitting {c} times the tokens): these speedups show the pipeline at work, not what a "
+    "real target gains."
+)
+
+
+def engine_bound(card: TargetCard, levels: dict) -> dict | None:
+    """For the built-in tiny target, what bounds its steps, from the baseline's passes: the step
+    time at the largest load over the step time at one request in flight."""
+    if card.source != "tiny" or len(levels) < 2:
+        return None
+    lo, hi = min(levels), max(levels)
+    tps_lo, tps_hi = (levels[c]["baseline"]["output_tokens_per_s"] for c in (lo, hi))
+    if not (tps_lo and tps_hi):
+        return None
+    growth = (hi / lo) * tps_lo / tps_hi  # step time at hi over step time at lo
+    return {
+        "concurrency": hi,
+        "baseline_step_growth": round(growth, 3),
+        "words": ENGINE_BOUND.format(c=hi, growth=growth),
+    }
+
+
+def benchmark_report(
+    cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, points, design=None, bound=None
+) -> dict:
     """The report: the verdict's headline first, then every level, the acceptance per k, the
     lossless gate and the whole verdict."""
-    v = verdict.decide(levels, cfg, cfg.engine, points)
-    table = verdict.speedups(levels)
+    v = verdict.decide(levels, cfg, cfg.engine, points, design, bound)
     gate = lossless.gate(levels, cfg.max_output_mismatch_share, cfg.resolved_tie_tolerance())
+    decided = {int(c): d for c, d in v["decisions"].items()}
     return {
         "engine": cfg.engine,
         "serve_concurrency": v["serve_concurrency"],
+        "decision": v["decision"],
         "k": v["k"],
         "speedup": v["speedup"],
+        "speedup_low": v["speedup_low"],
+        "speedup_high": v["speedup_high"],
         "pays_off": v["pays_off"],
         "baseline_tokens_per_s": v["baseline_tokens_per_s"],
         "speculative_tokens_per_s": v["speculative_tokens_per_s"],
@@ -128,12 +189,16 @@ def benchmark_report(cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, 
         "lossless_share": gate["lossless_share"],
         "break_even_concurrency": v["break_even"]["break_even_concurrency"],
         "cost_model_held_out_error": (v["cost_model"] or {}).get("held_out_mean_abs_error"),
-        **{f"speedup_c{c}": v["best_per_load"][str(c)]["speedup"] for c in sorted(levels)},
+        **{
+            f"{name}_c{c}": decided[c][key]
+            for c in sorted(levels)
+            for name, key in (("speedup", "speedup"), ("low", "low"), ("high", "high"))
+        },
         "ks": cfg.ks,
         "concurrency": sorted(levels),
         "max_new_tokens": cfg.max_new_tokens,
         "acceptance_by_k": {str(k): a for k, a in sorted(acceptance_by_k.items())},
-        "levels": {f"c{c}": level_report(levels[c], table[c]) for c in sorted(levels)},
+        "levels": {f"c{c}": level_report(levels[c], decided[c]) for c in sorted(levels)},
         "lossless": gate,
         "verdict": v,
     }
@@ -142,8 +207,11 @@ def benchmark_report(cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, 
 HEADLINE = [
     "engine",
     "serve_concurrency",
+    "decision",
     "k",
     "speedup",
+    "speedup_low",
+    "speedup_high",
     "pays_off",
     "baseline_tokens_per_s",
     "speculative_tokens_per_s",
@@ -163,8 +231,16 @@ def benchmark_plots(report: dict) -> dict[str, list[dict]]:
             {"concurrency": c, "tokens_per_s": level["baseline"]["output_tokens_per_s"]}
         )
         for key, spec in level.items():
-            if key != "baseline":
-                speedup_rows.append({"concurrency": c, "k": key[1:], "speedup": spec["speedup"]})
+            if key.startswith("k"):
+                speedup_rows.append(
+                    {
+                        "concurrency": c,
+                        "k": key[1:],
+                        "speedup": spec["speedup"],
+                        "low": spec["speedup_low"],
+                        "high": spec["speedup_high"],
+                    }
+                )
     return {"speedup_vs_load.json": speedup_rows, "baseline_tokens_per_s.json": baseline_rows}
 
 
@@ -186,17 +262,33 @@ def deploy_commands(
             k_per_batch_size_command(card, cfg, paths["vllm"], schedule)
         )
         deploy["vllm"]["k_per_batch_size"] = schedule
+    be = v["break_even"]
     deploy["verdict"] = {
         "serve_concurrency": v["serve_concurrency"],
+        "decision": v["decision"],
         "k": v["k"],
         "speedup": v["speedup"],
+        "speedup_interval": [v["speedup_low"], v["speedup_high"]],
+        "confidence": v["confidence"],
         "pays_off": v["pays_off"],
-        "recommendation": (
-            f"serve with the draft at k={v['k']}"
-            if v["pays_off"]
-            else f"serve without speculation at {v['serve_concurrency']} requests in flight"
-        ),
+        "decided_loads": be["pays_at"] + be["loses_at"],
+        "undecided_loads": be["undecided_at"],
+        "undecided_k": cfg.undecided_k,
+        "recommendation": recommendation(v, cfg.undecided_k),
     }
+
+
+def recommendation(v: dict, undecided_k: int) -> str:
+    c = v["serve_concurrency"]
+    if v["decision"] == "yes":
+        return f"serve with the draft at k={v['k']} at {c} requests in flight"
+    if v["decision"] == "no":
+        return f"serve without speculation at {c} requests in flight"
+    what = f"with the draft at k={undecided_k}" if undecided_k else "without speculation"
+    return (
+        f"undecided at {c} requests in flight: serving {what} (benchmark.undecided_k) until more "
+        "passes decide it"
+    )
 
 
 def run_benchmark(
@@ -216,15 +308,24 @@ def run_benchmark(
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise BenchmarkError(f"error: {eval_path} has no eval prompts")
+    design = None
     if cfg.engine == "hf":
         levels = benchmark_with_hf(cfg, card, draft_dir, rows)
         acceptance_by_k = {k: s["acceptance_length"] for k, s in levels[1]["speculative"].items()}
     else:
         draft_path = draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft)
-        levels, acceptance_by_k = benchmark_with_servers(
-            cfg, card, draft_path, rows, deploy, log_dir
+        result = benchmark_with_servers(cfg, card, draft_path, rows, deploy, log_dir)
+        levels, acceptance_by_k, design = (
+            result["levels"],
+            result["acceptance_by_k"],
+            result["design"],
         )
-    report = {**benchmark_report(cfg, levels, acceptance_by_k, points), "prompts": len(rows)}
+    report = {
+        **benchmark_report(
+            cfg, levels, acceptance_by_k, points, design, engine_bound(card, levels)
+        ),
+        "prompts": len(rows),
+    }
     paths = {e: draft_path_for(e, cfg, draft_dir, sglang_draft) for e in ("vllm", "sglang")}
     deploy_commands(cfg, card, deploy, report["verdict"], paths)
     return report, deploy

@@ -1,31 +1,49 @@
-"""Benchmark engines `vllm` and `sglang`: a baseline server, then a speculative server per k, same load.
+"""Benchmark engines `vllm` and `sglang`: a baseline server and a speculative server per k (and per
+k of each draft in benchmark.compare), driven by the same prompts in rounds of timed passes.
 
-Each server is started from the same command (the speculative ones add the draft and their k),
-warmed up, then driven at every concurrency level with the same prompts and max_new_tokens. Acceptance comes
-from the server itself: vLLM's spec-decode counters on /metrics (difference across each level),
-SGLang's per-request meta_info. The servers run one after the other on the same GPUs, on
-benchmark.port or, by default, a free port chosen at each start.
+Two designs (benchmark.layout), named in the report:
+- `side_by_side` (auto on a host without a GPU, and with servers already running): every server
+  of the sweep is up at once. Each round runs, at each load, every server in shuffled order, one
+  untimed request after each switch, each pass lasting at least benchmark.min_pass_s; a
+  speculative pass is paired with the baseline pass nearest it in time at that load. The CPU time
+  the idle servers take during each pass is recorded: the design must not tax the server under
+  test. `separate_gpus` is the same with each launched server on its own share of the GPUs.
+- `sequential` (auto on a GPU host: a big target fits once): the baseline's rounds, each
+  speculative server's in turn, then the baseline's again; a speculative pass is paired with
+  the baseline interpolated (in log tokens/s, over wall-clock time) between its mean before and
+  after, and that drift widens the interval (draftline/benchmark/intervals.py).
+
+Acceptance comes from the server itself: vLLM's spec-decode counters on /metrics (read before each
+visit, so that a pass's steps have been recorded by the next read; the switch request, a request
+like the pass's own, is counted with it), SGLang's per-request meta_info of the timed requests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
+import os
+import random
 import shlex
+import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 from draftline.benchmark import lossless
 from draftline.benchmark.commands import benchmark_serve_command
-from draftline.benchmark.loadgen import Load, LoadTarget, run_load, summarize_load
-from draftline.benchmark.spec_metrics import sglang_acceptance, vllm_acceptance, vllm_spec_counters
+from draftline.benchmark.rounds import Pass, ServerRun, pair_sequential, pair_side_by_side
+from draftline.benchmark.spec_metrics import (
+    add_counters,
+    counter_delta,
+    sglang_acceptance,
+    vllm_acceptance,
+    vllm_spec_counters,
+)
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -41,7 +59,9 @@ def http_get(url: str, timeout: float = 10) -> str:
         return resp.read().decode()
 
 
-def engine_endpoint(engine: str, base_url: str, top_logprobs: int = 0) -> LoadTarget:
+def engine_endpoint(engine: str, base_url: str, top_logprobs: int = 0):
+    from draftline.benchmark.loadgen import LoadTarget
+
     if engine == "sglang":
         return LoadTarget(base_url, "sglang-generate", top_logprobs=top_logprobs)
     models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
@@ -74,236 +94,492 @@ class ServerBench:
     log_dir: Path
 
 
-@dataclass
-class Level:
-    """One load level against one server: the load summary, the server's acceptance (None for
-    the baseline) and every request's result."""
+@dataclass(frozen=True)
+class Mode:
+    """One server of the sweep: `baseline`, `k<k>` for this run's draft, `<name>:k<k>` for a
+    draft of benchmark.compare."""
 
-    summary: dict
-    acceptance: dict | None
-    results: list
-    counters: tuple  # (before, after): vLLM's spec-decode counters around the level
-
-
-@dataclass
-class ModeRun:
-    command: str
-    levels: dict[int, Level]
-    reference: list | None = None  # the baseline's untimed outputs with their top logprobs
+    name: str
+    draft_path: str | None
+    k: int | None
+    draft: str | None = None  # None: this run's draft; else the benchmark.compare name
 
 
-def mode_server(
-    bench: ServerBench,
-    draft_path: str | None,
-    k: int | None,
-    commands: list[list[str]],
-    log_path: Path,
-):
-    """The server of one mode, as a context manager giving its base URL: benchmark.endpoints'
-    running one (preflight-checked), else a launched one whose commands are appended to `commands`."""
-    engine, cfg, card = bench.engine, bench.cfg, bench.card
-    mode = "speculative" if draft_path else "baseline"
-    if mode in cfg.endpoints:  # already running: checked, not started
-        base_url = cfg.endpoints[mode].rstrip("/")
-        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
-        seen = preflight_benchmark(engine, base_url, card, draft_path, algorithm)
-        log.info(
-            f"benchmark: {mode} server at {base_url} (preflight: {seen}); the same server is benchmarked as "
-            f"`{shlex.join(commands[0])}` would be"
+def sweep_modes(cfg: BenchmarkConfig, draft_path: str, compare: dict[str, str]) -> list[Mode]:
+    modes = [Mode("baseline", None, None)]
+    modes += [Mode(f"k{k}", draft_path, k) for k in cfg.ks]
+    for name, path in sorted(compare.items()):
+        modes += [Mode(f"{name}:k{k}", path, k, name) for k in cfg.compare_ks]
+    return modes
+
+
+def gpu_ids() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES, else those nvidia-smi lists."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(done.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def gpu_shares(gpus: list[str], servers: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of each of `servers` servers side by side: equal shares, in order."""
+    per = len(gpus) // servers
+    if per < 1:
+        raise RuntimeError(
+            f"benchmark.layout separate_gpus: {servers} servers need at least {servers} GPUs, "
+            f"this host has {len(gpus)}; use layout sequential"
         )
-        return contextlib.nullcontext(base_url)
+    return [",".join(gpus[i * per : (i + 1) * per]) for i in range(servers)]
+
+
+def resolve_layout(cfg: BenchmarkConfig) -> str:
+    """benchmark.layout with `auto` decided: side_by_side with servers already running or without
+    a GPU, sequential on a GPU host (one target may fill it)."""
+    if cfg.layout != "auto":
+        return cfg.layout
+    if cfg.endpoints or not gpu_ids():
+        return "side_by_side"
+    return "sequential"
+
+
+def mode_server(bench: ServerBench, mode: Mode, commands: list, log_path: Path, port, env_extra):
+    """The server of one mode, as a context manager giving (base URL, its ManagedServer or None):
+    benchmark.endpoints' running one (preflight-checked), else a launched one whose command is
+    appended to `commands`."""
+    engine, cfg, card = bench.engine, bench.cfg, bench.card
+    role = "speculative" if mode.draft_path else "baseline"
+    if role in cfg.endpoints and mode.draft is None:  # already running: checked, not started
+        base_url = cfg.endpoints[role].rstrip("/")
+        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
+        seen = preflight_benchmark(engine, base_url, card, mode.draft_path, algorithm)
+        log.info(f"benchmark: {mode.name} server at {base_url} (preflight: {seen})")
+        return contextlib.nullcontext((base_url, None))
     limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
 
-    def command(port: int) -> list[str]:  # benchmark.port, else a free port chosen at start
-        commands.append(benchmark_serve_command(engine, card, cfg, draft_path, port, k=k))
+    def command(at: int) -> list[str]:  # a fixed port, else a free port chosen at start
+        commands.append(benchmark_serve_command(engine, card, cfg, mode.draft_path, at, k=mode.k))
         log.info(
-            f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit {limit:.0f}s: {why})"
+            f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit "
+            f"{limit:.0f}s: {why})"
         )
         return commands[-1]
 
-    return ManagedServer(
-        command,
-        launch_env(engine, card.model, log_path.parent / ".hf_cache"),
-        server_url(cfg.host, cfg.port),
-        log_path,
-        limit,
-    )
+    env = {**launch_env(engine, card.model, log_path.parent / ".hf_cache"), **env_extra}
+    server = ManagedServer(command, env, server_url(cfg.host, port), log_path, limit)
+
+    @contextlib.contextmanager
+    def started():
+        with server as url:
+            yield url, server
+
+    return started()
 
 
-@dataclass(frozen=True)
-class LevelLoad:
-    """One load run against a server: the benchmark's prompts at a request count and concurrency,
-    with its own task on the shared progress bar; returns run_load's (results, wall seconds)."""
+def process_tree(pid: int) -> list:
+    import psutil
 
-    endpoint: LoadTarget
-    prompts: list
-    cfg: BenchmarkConfig
-    bar: Progress
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
-    def __call__(self, description: str, requests: int, concurrency: int):
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a server's process tree so far; None for one not launched here."""
+    if pid is None:
+        return None
+    import psutil
+
+    total = 0.0
+    for proc in process_tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def rss_gib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    import psutil
+
+    total = 0
+    for proc in process_tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += proc.memory_info().rss
+    return round(total / 2**30, 3)
+
+
+@dataclass
+class Running:
+    """A server up for the sweep: its mode, URL, launched process (None when already running),
+    command, the counters read so far and the load its last pass ran at."""
+
+    mode: Mode
+    url: str
+    pid: int | None
+    command: str
+    endpoint: object = None
+    last_snapshot: dict | None = None
+    last_c: int | None = None
+    counters: dict = field(default_factory=dict)  # {c: summed vLLM counters of its passes}
+    startup_s: float | None = None
+
+
+class Sweep:
+    """The rounds of one benchmark: the servers, the loads, the pass-level bookkeeping."""
+
+    def __init__(self, bench: ServerBench, layout: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.bench, self.cfg, self.layout = bench, bench.cfg, layout
+        self.passes: list[Pass] = []
+        self.rng = random.Random(bench.cfg.seed)
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        self.runs: dict[str, ServerRun] = {}
+        self.reference = None
+        self.memory_gib: dict[str, float | None] = {}
+        self.orders: list[list] = []  # side by side: [round, load, [server, ...]] as they ran
+
+    # ---- one server ---------------------------------------------------------------------------
+
+    def start(self, stack: contextlib.ExitStack, modes: list[Mode], envs: list[dict]) -> dict:
+        """Start `modes` at once (threads: their start-ups overlap); {name: Running}. A fixed
+        benchmark.port gives the i-th server port + i."""
+        bench, cfg = self.bench, self.cfg
+
+        def one(i: int, mode: Mode):
+            commands = [
+                benchmark_serve_command(bench.engine, bench.card, cfg, mode.draft_path, k=mode.k)
+            ]
+            log_path = bench.log_dir / f"{bench.engine}_{mode.name.replace(':', '_')}.log"
+            port = cfg.port + i if cfg.port else None
+            ctx = mode_server(bench, mode, commands, log_path, port, envs[i])
+            url, server = ctx.__enter__()
+            return ctx, Running(
+                mode,
+                url,
+                server.proc.pid if server else None,
+                shlex.join(commands[-1]),
+                startup_s=server.startup_s if server else None,
+            )
+
+        running, errors = {}, []
+        # the pool outlives the servers (the stack closes it last): a server gets SIGTERM when
+        # the thread that launched it ends (PR_SET_PDEATHSIG follows the thread, not the process)
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=len(modes)))
+        futures = [pool.submit(one, i, m) for i, m in enumerate(modes)]
+        for future in futures:
+            try:
+                ctx, run = future.result()
+            except Exception as err:  # noqa: BLE001 - the others are stopped, then it is raised
+                errors.append(err)
+                continue
+            stack.push(ctx.__exit__)
+            running[run.mode.name] = run
+        if errors:
+            raise errors[0]
+        for run in running.values():
+            run.endpoint = engine_endpoint(bench.engine, run.url)
+            self.memory_gib[run.mode.name] = rss_gib(run.pid)
+            self.runs.setdefault(
+                run.mode.name, ServerRun(run.mode.name, run.mode.k, run.mode.draft)
+            )
+            self.runs[run.mode.name].command = run.command
+        return running
+
+    def load(
+        self,
+        run: Running,
+        description: str,
+        requests: int,
+        c: int,
+        min_s: float = 0.0,
+        endpoint=None,
+    ):
+        import asyncio
+
+        from draftline.benchmark.loadgen import Load, run_load
+
         task = self.bar.add_task(description, total=requests)
-        return asyncio.run(
+        out = asyncio.run(
             run_load(
-                self.endpoint,
-                self.prompts,
-                Load(requests, concurrency, self.cfg.max_new_tokens, self.cfg.request_timeout_s),
+                endpoint or run.endpoint,
+                self.bench.prompts,
+                Load(
+                    requests,
+                    c,
+                    self.cfg.max_new_tokens,
+                    self.cfg.request_timeout_s,
+                    min_s,
+                ),
                 on_done=lambda _r: self.bar.advance(task),
             )
         )
+        self.bar.remove_task(task)
+        return out
 
-
-def measure_level(bench: ServerBench, mode: str, c: int, load: LevelLoad, base_url: str) -> Level:
-    """One concurrency level c, `benchmark.repeats` times: the summary of the median pass (by
-    output tokens/s) with every pass's tokens/s beside it, acceptance over all passes; raises when
-    every request failed."""
-    engine, cfg = bench.engine, bench.cfg
-    requests = cfg.requests_per_level or max(len(load.prompts), 4 * c)
-    before = metrics_snapshot(engine, base_url)
-    passes = [
-        load(
-            f"{mode} c={c}" + (f" ({i + 1}/{cfg.repeats})" if cfg.repeats > 1 else ""), requests, c
-        )
-        for i in range(cfg.repeats)
-    ]
-    if engine == "vllm":
-        time.sleep(1.0)  # the frontend records a step's stats after handing its tokens out
-    after = metrics_snapshot(engine, base_url)
-    summaries = [summarize_load(results, wall) for results, wall in passes]
-    order = sorted(range(len(summaries)), key=lambda i: summaries[i]["output_tokens_per_s"])
-    summary = {
-        **summaries[order[len(order) // 2]],
-        "runs_tokens_per_s": [s["output_tokens_per_s"] for s in summaries],
-    }
-    results = [r for pass_results, _ in passes for r in pass_results]
-    if engine == "vllm":
-        acceptance = vllm_acceptance(before, after)
-    else:
-        acceptance = sglang_acceptance([r.meta_info for r in results if r.ok])
-    failures = [r.error for r in results if not r.ok]
-    if failures and len(failures) == len(results):
-        raise RuntimeError(f"every request at concurrency {c} failed, e.g. {failures[0]}")
-    log.info(
-        f"benchmark: {mode} c={c}: "
-        f"{summary['output_tokens_per_s']:.1f} tok/s"
-        + (f" (passes {summary['runs_tokens_per_s']})" if cfg.repeats > 1 else "")
-        + f", ttft p50 {summary['ttft_ms_p50']} ms, {summary['failed']} failed"
-        + (f", acceptance {acceptance.get('acceptance_length')}" if acceptance else "")
-    )
-    return Level(summary, acceptance, results, (before, after))
-
-
-def run_mode(bench: ServerBench, draft_path: str | None, k: int | None) -> ModeRun:
-    """Start one server (the baseline: draft_path None), warm it up, run every level; the
-    baseline then answers every prompt once more, untimed, with its top logprobs: the reference
-    the speculative outputs are judged against."""
-    engine, cfg = bench.engine, bench.cfg
-    mode = f"k={k}" if draft_path else "baseline"
-    log_path = bench.log_dir / f"{engine}_{'baseline' if draft_path is None else f'k{k}'}.log"
-    # as deployed (no port: the engine's default)
-    commands = [benchmark_serve_command(engine, bench.card, cfg, draft_path, k=k)]
-    server = mode_server(bench, draft_path, k, commands, log_path)
-    with (
-        server as base_url,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-        ) as bar,
-    ):
-        load = LevelLoad(engine_endpoint(engine, base_url), bench.prompts, cfg, bar)
-        for i in range(cfg.warmup):
-            load(f"{mode} warm-up {i + 1}", len(bench.prompts), max(cfg.concurrency))
-        levels = {c: measure_level(bench, mode, c, load, base_url) for c in cfg.concurrency}
-        reference = None
-        if draft_path is None:
-            ask = LevelLoad(
-                engine_endpoint(engine, base_url, REFERENCE_LOGPROBS), bench.prompts, cfg, bar
+    def warm_up(self, run: Running) -> None:
+        for i in range(self.cfg.warmup):
+            self.load(
+                run,
+                f"{run.mode.name} warm-up {i + 1}",
+                len(self.bench.prompts),
+                max(self.cfg.concurrency),
             )
-            reference, _ = ask("baseline reference", len(bench.prompts), max(cfg.concurrency))
-    return ModeRun(shlex.join(commands[-1]), levels, reference)
 
+    def read_counters(self, run: Running) -> None:
+        """Credit the counters since the last read to the load of the server's last pass."""
+        if self.bench.engine != "vllm" or run.mode.draft_path is None:
+            return
+        now = metrics_snapshot(self.bench.engine, run.url)
+        if run.last_c is not None and now is not None:
+            delta = counter_delta(run.last_snapshot, now)
+            run.counters[run.last_c] = add_counters(run.counters.get(run.last_c), delta)
+        run.last_snapshot = now
 
-def check_counters(engine: str, c: int, k: int, baseline: Level, spec: Level) -> None:
-    """The baseline must not speculate and the speculative server must."""
-    if baseline.acceptance and baseline.acceptance.get("drafts"):
-        raise RuntimeError(
-            f"the baseline server reported speculative decoding at concurrency {c}: "
-            "it must run without a draft"
+    def timed_pass(self, run: Running, c: int, rnd: int, idle: list[Running]) -> None:
+        """A switch request (untimed), then one timed pass of `run` at load c; the idle servers'
+        CPU use during it recorded."""
+        cfg = self.cfg
+        self.read_counters(run)
+        # one whole request like the pass's own, so that the server's counters, which take it in,
+        # count requests of one kind
+        self.load(run, f"{run.mode.name} switch", 1, 1)
+        requests = cfg.requests_per_level or max(len(self.bench.prompts), 4 * c)
+        before = {o.mode.name: cpu_seconds(o.pid) for o in idle}
+        started = time.time()
+        results, wall = self.load(
+            run,
+            f"{run.mode.name} c={c} round {rnd + 1}/{cfg.repeats}",
+            requests,
+            c,
+            cfg.min_pass_s,
         )
-    if not spec.acceptance or not spec.acceptance.get("drafts"):
+        ended = time.time()
+        idle_cpu = {
+            o.mode.name: round((cpu_seconds(o.pid) - before[o.mode.name]) / wall, 4)
+            for o in idle
+            if before[o.mode.name] is not None and wall > 0
+        }
+        run.last_c = c
+        p = Pass(run.mode.name, c, rnd, started, ended, results, wall, idle_cpu)
+        self.passes.append(p)
+        self.runs[run.mode.name].passes.append(p)
+        failed = sum(not r.ok for r in results)
+        if failed == len(results):
+            raise RuntimeError(
+                f"every request of {run.mode.name} at concurrency {c} failed, e.g. {results[0].error}"
+            )
+        log.info(
+            f"benchmark: {run.mode.name} c={c} round {rnd + 1}: {p.tokens_per_s:.1f} tok/s "
+            f"over {wall:.2f} s, {failed} failed"
+        )
+
+    def ask_reference(self, run: Running) -> None:
+        """The baseline answers every prompt once more, untimed, with its top logprobs: the
+        reference the speculative outputs are judged against."""
+        endpoint = engine_endpoint(self.bench.engine, run.url, REFERENCE_LOGPROBS)
+        self.reference, _ = self.load(
+            run,
+            "baseline reference",
+            len(self.bench.prompts),
+            max(self.cfg.concurrency),
+            endpoint=endpoint,
+        )
+
+    def finish(self, running: list[Running]) -> None:
+        """The last counters of each server (after the frontend has recorded its last steps)."""
+        if self.bench.engine == "vllm":
+            time.sleep(1.0)
+        for run in running:
+            self.read_counters(run)
+            self.runs[run.mode.name].counters = run.counters
+
+    # ---- designs ------------------------------------------------------------------------------
+
+    def side_by_side(self, modes: list[Mode], envs: list[dict]) -> None:
+        with contextlib.ExitStack() as stack, self.bar:
+            running = self.start(stack, modes, envs)
+            for run in running.values():
+                self.warm_up(run)
+            for rnd in range(self.cfg.repeats):
+                for c in self.cfg.concurrency:
+                    order = list(running)
+                    self.rng.shuffle(order)
+                    self.orders.append([rnd + 1, c, order])
+                    for name in order:
+                        idle = [r for n, r in running.items() if n != name]
+                        self.timed_pass(running[name], c, rnd, idle)
+            self.finish(list(running.values()))
+            self.ask_reference(running["baseline"])
+
+    def sequential(self, modes: list[Mode], env: dict) -> None:
+        """One server at a time: the baseline before and after the speculative servers."""
+        baseline, speculative = modes[0], modes[1:]
+        for i, mode in enumerate([baseline, *speculative, baseline]):
+            with contextlib.ExitStack() as stack, self.bar:
+                run = self.start(stack, [mode], [env])[mode.name]
+                self.warm_up(run)
+                for rnd in range(self.cfg.repeats):
+                    for c in self.cfg.concurrency:
+                        self.timed_pass(run, c, rnd, [])
+                self.finish([run])
+                if i == 0:
+                    self.ask_reference(run)
+
+
+def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> tuple[Sweep, list]:
+    cfg = bench.cfg
+    layout = resolve_layout(cfg)
+    modes = sweep_modes(cfg, draft_path, compare)
+    sweep = Sweep(bench, layout)
+    log.info(
+        f"benchmark: design {layout}: {len(modes)} servers ({', '.join(m.name for m in modes)}), "
+        f"{cfg.repeats} rounds at loads {cfg.concurrency}, passes of at least {cfg.min_pass_s:g} s"
+    )
+    base_env = {}
+    if bench.engine == "vllm" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        base_env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.vllm.cpu_kvcache_space_gb:g}"
+    if layout == "sequential":
+        sweep.sequential(modes, base_env)
+    else:
+        envs = [dict(base_env) for _ in modes]
+        if layout == "separate_gpus":
+            for env, share in zip(envs, gpu_shares(gpu_ids(), len(modes)), strict=True):
+                env["CUDA_VISIBLE_DEVICES"] = share
+        sweep.side_by_side(modes, envs)
+    return sweep, modes
+
+
+def check_counters(engine: str, name: str, acceptance: dict | None) -> None:
+    """The baseline must not speculate and a speculative server must."""
+    if name == "baseline":
+        if acceptance and acceptance.get("drafts"):
+            raise RuntimeError(
+                "the baseline server reported speculative decoding: it must run without a draft"
+            )
+        return
+    if not acceptance or not acceptance.get("drafts"):
         raise RuntimeError(
-            f"the speculative server (k={k}) reported no speculative steps at concurrency {c} "
+            f"the speculative server {name} reported no speculative steps "
             f"({'no spec_decode counters on /metrics' if engine == 'vllm' else 'no spec_verify_ct in meta_info'})"
         )
 
 
-def benchmark_server(bench: ServerBench, draft_path: str) -> dict:
-    """The baseline server, then one speculative server per k, each at every load level.
+def acceptance_at(engine: str, run: ServerRun, c: int | None) -> dict | None:
+    """A server's acceptance at load c (None: over every load)."""
+    if engine == "vllm":
+        counters = None
+        for load, summed in run.counters.items():
+            if c is None or load == c:
+                counters = add_counters(counters, summed)
+        return vllm_acceptance(None, counters)
+    metas = [r.meta_info for p in run.passes if c is None or p.c == c for r in p.results if r.ok]
+    return sglang_acceptance(metas)
 
-    Returns {"levels": {c: {"baseline": summary, "speculative": {k: summary + acceptance},
-    "verdicts": {k: [verdict per request]}}}, "serve_commands", "warnings"}: the shape
-    draftline/benchmark/hf.py gives its one level, judged by draftline/benchmark/lossless.py."""
+
+def benchmark_server(
+    bench: ServerBench, draft_path: str, compare: dict[str, str] | None = None
+) -> dict:
+    """Every server of the sweep (sweep_modes) in the design benchmark.layout names.
+
+    Returns {"levels": {c: {"baseline": summary, "speculative": {k: summary + acceptance + paired
+    ratios}, "verdicts": {k: [verdict per request]}, "compare": {name: {k: ...}}}}, "design",
+    "serve_commands", "warnings", "acceptance_by_k"}: the shape draftline/benchmark/hf.py gives
+    its one level, judged by draftline/benchmark/lossless.py and decided by verdict.py."""
     cfg = bench.cfg
-    baseline = run_mode(bench, None, None)
-    speculative = {k: run_mode(bench, draft_path, k) for k in cfg.ks}
-    references = lossless.references(baseline.reference, len(bench.prompts))
+    sweep, modes = run_sweep(bench, draft_path, compare or {})
+    pairs = (pair_sequential if sweep.layout == "sequential" else pair_side_by_side)(sweep.passes)
+    references = lossless.references(sweep.reference, len(bench.prompts))
     tolerance = cfg.resolved_tie_tolerance()
     warnings, levels = [], {}
     for c in cfg.concurrency:
-        base = baseline.levels[c]
+        base = sweep.runs["baseline"]
         level = {
             "baseline": {
-                **base.summary,
+                **base.summary(c),
                 "output_verdicts": lossless.tally(
-                    lossless.judge_all(base.results, references, tolerance)
+                    lossless.judge_all(base.results(c), references, tolerance)
                 ),
             },
             "speculative": {},
             "verdicts": {},
+            "compare": {},
         }
-        for k, run in speculative.items():
-            spec = run.levels[c]
-            check_counters(bench.engine, c, k, base, spec)
-            level["speculative"][k] = {
-                **spec.summary,
-                **{name: v for name, v in spec.acceptance.items() if name != "drafts"},
-                "drafts": spec.acceptance["drafts"],
+        for mode in modes[1:]:
+            run = sweep.runs[mode.name]
+            acceptance = acceptance_at(bench.engine, run, c)
+            check_counters(bench.engine, mode.name, acceptance)
+            entry = {
+                **run.summary(c),
+                **{name: v for name, v in acceptance.items() if name != "drafts"},
+                "drafts": acceptance["drafts"],
+                **pairs.get((mode.name, c), {}),
             }
-            level["verdicts"][k] = lossless.judge_all(spec.results, references, tolerance)
-            if spec.acceptance.get("acceptance_length", 0) < 1.1:
+            verdicts = lossless.judge_all(run.results(c), references, tolerance)
+            if mode.draft is None:
+                level["speculative"][mode.k] = entry
+                level["verdicts"][mode.k] = verdicts
+            else:
+                entry["output_verdicts"] = lossless.tally(verdicts)
+                level["compare"].setdefault(mode.draft, {})[mode.k] = entry
+            if acceptance.get("acceptance_length", 0) < 1.1:
                 warnings.append(
-                    f"c{c} k={k}: acceptance length {spec.acceptance.get('acceptance_length')} is "
+                    f"c{c} {mode.name}: acceptance length {acceptance.get('acceptance_length')} is "
                     "~1: the draft is not helping (wrong algorithm, aux layers or vocabulary in the "
                     "server?)"
                 )
+        check_counters(
+            bench.engine, "baseline", acceptance_at(bench.engine, sweep.runs["baseline"], None)
+        )
         levels[c] = level
     return {
         "levels": levels,
+        "design": design_report(sweep, modes),
         "acceptance_by_k": {
-            k: overall_acceptance(bench.engine, run.levels, cfg.concurrency)
-            for k, run in speculative.items()
+            m.k: (acceptance_at(bench.engine, sweep.runs[m.name], None) or {}).get(
+                "acceptance_length"
+            )
+            for m in modes[1:]
+            if m.draft is None
         },
-        "serve_commands": {
-            "baseline": baseline.command,
-            **{f"k{k}": run.command for k, run in speculative.items()},
-        },
+        "serve_commands": {m.name: sweep.runs[m.name].command for m in modes},
         "warnings": warnings,
     }
 
 
-def overall_acceptance(engine: str, spec_levels: dict, concurrency: list[int]) -> float | None:
-    """Acceptance length over every measured request of one server (warm-up excluded)."""
-    if engine == "vllm":
-        first, last = (
-            spec_levels[concurrency[0]].counters[0],
-            spec_levels[concurrency[-1]].counters[1],
-        )
-        # the counters only grow; warm-up happened before the first snapshot
-        acc = vllm_acceptance(first, last)
-        return acc.get("acceptance_length") if acc else None
-    measured = [spec_levels[c].acceptance for c in concurrency if spec_levels[c].acceptance]
-    drafts = sum(a["drafts"] for a in measured)
-    if not drafts:
-        return None
-    return round(sum(a["acceptance_length"] * a["drafts"] for a in measured) / drafts, 4)
+def design_report(sweep: Sweep, modes: list[Mode]) -> dict:
+    """The design that ran, for the detail report: servers, rounds, pass lengths and what the
+    idle servers took from the one under test."""
+    cfg = sweep.cfg
+    idle = [share for p in sweep.passes for share in p.idle_cpu.values()]
+    walls = [p.wall_s for p in sweep.passes]
+    out = {
+        "layout": sweep.layout,
+        "servers": [m.name for m in modes],
+        "rounds": cfg.repeats,
+        "min_pass_s": cfg.min_pass_s,
+        "passes": len(sweep.passes),
+        "pass_s_min": round(min(walls), 3) if walls else None,
+        "pass_s_median": round(sorted(walls)[len(walls) // 2], 3) if walls else None,
+        "order": "shuffled per round and load (benchmark.seed)"
+        if sweep.layout != "sequential"
+        else "baseline, each speculative server, baseline again",
+        "servers_rss_gib": sweep.memory_gib,
+        "rounds_order": sweep.orders,
+    }
+    if idle:
+        # CPU cores' worth of time all idle servers together took during a pass
+        per_pass = [sum(p.idle_cpu.values()) for p in sweep.passes if p.idle_cpu]
+        out["idle_servers_cpu_cores"] = {
+            "per_server_median": round(sorted(idle)[len(idle) // 2], 4),
+            "per_server_max": round(max(idle), 4),
+            "all_idle_per_pass_median": round(sorted(per_pass)[len(per_pass) // 2], 4),
+            "all_idle_per_pass_max": round(max(per_pass), 4),
+        }
+    return out

@@ -66,6 +66,36 @@ def vllm_spec_counters(metrics_text: str) -> dict | None:
     return {**totals, "accepted_per_pos": per_pos}
 
 
+def counter_delta(before: dict | None, after: dict) -> dict:
+    """The counters gained between two snapshots (before None: all of after)."""
+    before = before or {
+        "drafts": 0.0,
+        "draft_tokens": 0.0,
+        "accepted_tokens": 0.0,
+        "accepted_per_pos": {},
+    }
+    return {
+        **{key: after[key] - before[key] for key in ("drafts", "draft_tokens", "accepted_tokens")},
+        "accepted_per_pos": {
+            p: v - before["accepted_per_pos"].get(p, 0.0)
+            for p, v in after["accepted_per_pos"].items()
+        },
+    }
+
+
+def add_counters(a: dict | None, b: dict | None) -> dict | None:
+    """Two counter deltas summed (None counts as nothing)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return {
+        **{key: a[key] + b[key] for key in ("drafts", "draft_tokens", "accepted_tokens")},
+        "accepted_per_pos": {
+            p: a["accepted_per_pos"].get(p, 0.0) + b["accepted_per_pos"].get(p, 0.0)
+            for p in {*a["accepted_per_pos"], *b["accepted_per_pos"]}
+        },
+    }
+
+
 def vllm_acceptance(before: dict | None, after: dict | None) -> dict | None:
     """Acceptance between two counter snapshots (vLLM's own formulas)."""
     if after is None:

@@ -21,74 +21,69 @@ import math
 
 import numpy as np
 
+from draftline.benchmark import intervals
 from draftline.tools.forecast import build_report
 
 
+def paired(spec: dict, base: dict) -> list[float]:
+    """A speculative level's paired ratios; a level measured without pairs (one summary each) gives
+    its one ratio."""
+    if spec.get("paired_speedups"):
+        return spec["paired_speedups"]
+    b = base["output_tokens_per_s"]
+    return [spec["output_tokens_per_s"] / b] if b else []
+
+
 def speedups(levels: dict) -> dict[int, dict[int, float | None]]:
-    """{c: {k: speculative tokens/s / baseline tokens/s}}."""
+    """{c: {k: speedup}}: the geometric mean of the paired ratios (draftline/benchmark/intervals.py)."""
     out = {}
     for c, level in levels.items():
-        base = level["baseline"]["output_tokens_per_s"]
-        out[c] = {
-            k: round(spec["output_tokens_per_s"] / base, 4) if base else None
-            for k, spec in level["speculative"].items()
-        }
-    return out
-
-
-def speedup_ranges(levels: dict) -> dict[int, dict[int, list[float]]]:
-    """{c: {k: [lowest, highest]}}: the speedup the passes allow at the extremes (the slowest
-    speculative pass over the fastest baseline pass, and the other way round); {} without passes."""
-    out = {}
-    for c, level in levels.items():
-        base = level["baseline"].get("runs_tokens_per_s")
-        if not base or min(base) <= 0:
-            continue
         out[c] = {}
         for k, spec in level["speculative"].items():
-            if runs := spec.get("runs_tokens_per_s"):
-                out[c][k] = [round(min(runs) / max(base), 4), round(max(runs) / min(base), 4)]
+            ratios = [r for r in paired(spec, level["baseline"]) if r > 0]
+            out[c][k] = (
+                round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 4)
+                if ratios
+                else None
+            )
     return out
 
 
-def best_per_load(table: dict, ranges: dict | None = None) -> dict[int, dict]:
-    """{c: {"k": best k, "speedup": its speedup}} (the smaller k on a tie); with the passes'
-    ranges, also the speedup range of the best k and the other ks whose range reaches into it
-    (`within_spread`: the sweep does not tell them apart)."""
-    best = {}
-    for c, by_k in table.items():
-        k = max(sorted(by_k), key=lambda k: by_k[k] or 0.0)
-        best[c] = {"k": k, "speedup": by_k[k]}
-        spread = (ranges or {}).get(c, {})
-        if k in spread:
-            best[c]["speedup_range"] = spread[k]
-            best[c]["within_spread"] = sorted(
-                other for other, (_, high) in spread.items() if other != k and high >= spread[k][0]
-            )
-    return best
+def decisions(levels: dict, confidence: float, key: str = "speculative") -> dict[int, dict]:
+    """{c: the decision at load c} (intervals.decide_load) over the ks of levels[c][key]."""
+    out = {}
+    for c, level in levels.items():
+        by_k = level[key]
+        out[c] = intervals.decide_load(
+            {k: paired(spec, level["baseline"]) for k, spec in sorted(by_k.items())},
+            confidence,
+            {k: spec["drift_log"] for k, spec in by_k.items() if spec.get("drift_log")},
+        )
+    return out
 
 
-def break_even(best: dict) -> dict:
-    """Where the best speedup falls below 1 as the load grows: the last measured load that pays,
-    the first that does not, and the load between them where the line between their speedups
-    (in log2 load) crosses 1."""
-    loads = sorted(best)
-    paying = [c for c in loads if (best[c]["speedup"] or 0) >= 1]
-    losing = [c for c in loads if (best[c]["speedup"] or 0) < 1]
+def break_even(decided: dict) -> dict:
+    """Where the draft stops paying as the load grows: the loads decided yes, no and undecided,
+    the last load that pays and the first that does not, and the load between them where the line
+    between their speedups (in log2 load) crosses 1."""
+    loads = sorted(decided)
+    paying = [c for c in loads if decided[c]["decision"] == "yes"]
+    losing = [c for c in loads if decided[c]["decision"] == "no"]
     out = {
         "pays_at": paying,
         "loses_at": losing,
+        "undecided_at": [c for c in loads if decided[c]["decision"] == "undecided"],
         "last_paying_concurrency": max(paying) if paying else None,
         "first_losing_concurrency": min(losing) if losing else None,
         "break_even_concurrency": None,
     }
-    for lo, hi in zip(loads, loads[1:]):
-        s_lo, s_hi = best[lo]["speedup"] or 0, best[hi]["speedup"] or 0
-        if s_lo >= 1 > s_hi:
+    if paying and losing and max(paying) < min(losing):
+        lo, hi = max(paying), min(losing)
+        s_lo, s_hi = decided[lo]["speedup"], decided[hi]["speedup"]
+        if s_lo and s_hi and s_lo >= 1 > s_hi:
             x_lo, x_hi = math.log2(lo), math.log2(hi)
             x = x_lo + (s_lo - 1) / (s_lo - s_hi) * (x_hi - x_lo)
             out["break_even_concurrency"] = round(2**x, 1)
-            break
     return out
 
 
@@ -232,39 +227,45 @@ def needs(model: dict, c: int, ks: list[int], goals: list[float]) -> dict:
 
 def samples_for(points: list[dict], tau: float, k: int) -> dict:
     """The training samples the acceptance-vs-samples forecast (draftline forecast) gives for an
-    acceptance length tau at k; or why it cannot say."""
+    acceptance length tau at k, how far past the largest run that is, and how far it is trusted;
+    or, with samples None, why it gives no number (`why_not`: too few runs, the points' k
+    disagreeing, a curve that never reaches tau)."""
     try:
         report = build_report(points, [tau], k)
-    except ValueError as err:
-        return {
-            "samples": None,
-            "why_not": f"{err}: run the pipeline at another `samples` (dvc exp run -S "
-            "samples=N), then `draftline forecast --dvc-exps`",
-        }
+    except ValueError as err:  # its message says what to run or fix
+        return {"samples": None, "why_not": str(err)}
     preferred = report["preferred"]
     f = report["forecasts"][str(tau)][preferred]
-    return {
+    out = {
         "samples": f.get("samples"),
         "interval_10_90": f.get("interval_10_90"),
+        "extrapolation_factor": f.get("extrapolation_factor"),
         "trust": f.get("trust"),
         "fit": preferred,
         "measured_samples": report["measured_samples"],
     }
+    if out["samples"] is None:
+        out["why_not"] = f.get("why_not") or (
+            f"the {preferred.replace('_', '-')} curve fitted to the runs never reaches {tau}"
+        )
+    return out
 
 
 # ---- the decision -----------------------------------------------------------------------------
 
 
-def k_schedule(best: dict) -> list[list[int]]:
-    """vLLM's num_speculative_tokens_per_batch_size from the best k at each measured load (0
-    where no k pays off): each load's range reaches half-way (in log2) to the next; the last
-    range ends at the largest load measured (vLLM carries it on past that)."""
-    loads = sorted(best)
+def k_schedule(decided: dict, undecided_k: int = 0) -> list[list[int]]:
+    """vLLM's num_speculative_tokens_per_batch_size from the decisions at the measured loads: the
+    rule's k where the decision is yes, 0 where it is no, benchmark.undecided_k where undecided;
+    each load's range reaches half-way (in log2) to the next; the last ends at the largest load
+    measured (vLLM carries it on past that)."""
+    loads = sorted(decided)
     schedule = []
     for i, c in enumerate(loads):
         lo = 1 if i == 0 else schedule[-1][1] + 1
         hi = c if i == len(loads) - 1 else max(lo, math.floor(math.sqrt(c * loads[i + 1])))
-        k = best[c]["k"] if (best[c]["speedup"] or 0) >= 1 else 0
+        d = decided[c]
+        k = d["k"] if d["decision"] == "yes" else undecided_k if d["decision"] == "undecided" else 0
         if schedule and schedule[-1][2] == k:
             schedule[-1][1] = hi
         else:
@@ -272,47 +273,64 @@ def k_schedule(best: dict) -> list[list[int]]:
     return schedule
 
 
+def interval_words(d: dict) -> str:
+    """ "1.45x [1.38-1.52]" of a decision, or the point and why it has no interval."""
+    if d["speedup"] is None:
+        return "no speedup measured"
+    if d["low"] is None:
+        return f"{d['speedup']:.2f}x (one pass: no interval)"
+    return f"{d['speedup']:.2f}x [{d['low']:.2f}-{d['high']:.2f}]"
+
+
+def load_words(c: int, d: dict) -> str:
+    """The decision at one load in a sentence."""
+    at = f"at {c} request{'s' if c != 1 else ''} in flight"
+    others = ", ".join(f"k={o}" for o in d.get("indistinguishable", []))
+    tied = f"; {others} within the same interval" if others else ""
+    if d["decision"] == "yes":
+        return f"{at} it pays off: k={d['k']} gives {interval_words(d)}{tied}"
+    if d["decision"] == "no":
+        return f"{at} it does not pay off: even k={d['best_k']} gives {interval_words(d)}"
+    more = (
+        f"; about {d['rounds_to_decide']} rounds of passes at this spread would decide it"
+        if d.get("rounds_to_decide")
+        else f"; {d['why']}"
+        if d.get("why")
+        else "; more passes at this spread would not decide it"
+    )
+    return (
+        f"{at} it cannot be told: k={d['k']} gives {interval_words(d)}, which holds 1{tied}{more}"
+    )
+
+
 def verdict_words(v: dict) -> str:
     """The verdict in a few sentences, as the console prints it."""
-    c, k, s = v["serve_concurrency"], v["k"], v["speedup"]
-    head = f"at {c} request{'s' if c != 1 else ''} in flight ({v['engine']}), k={k} gives {s:.2f}x"
-    chosen = v["best_per_load"][str(c)]
-    if "speedup_range" in chosen:
-        low, high = chosen["speedup_range"]
-        head += f" ({low:.2f}-{high:.2f} over the passes"
-        if chosen["within_spread"]:
-            others = ", ".join(f"k={o}" for o in chosen["within_spread"])
-            head += f"; {others} within that spread: the sweep does not tell them apart"
-        head += ")"
-    if v["pays_off"]:
-        text = f"the draft pays off: {head}."
-    else:
-        text = f"the draft does not pay off: {head}."
+    c = v["serve_concurrency"]
+    decided = v["decisions"]
+    conf = f"{v['confidence']:.0%}"
+    layout = (v.get("design") or {}).get("layout")
+    text = (
+        f"{v['engine']}{f' ({layout})' if layout else ''}, intervals at {conf} shared by the ks "
+        f"compared: {load_words(c, decided[str(c)])}."
+    )
+    rest = [load_words(int(other), d) for other, d in decided.items() if int(other) != c]
+    if rest:
+        text += " " + "; ".join(rest)[0].upper() + "; ".join(rest)[1:] + "."
     be = v["break_even"]
-    if be["pays_at"] and be["loses_at"]:
+    if be["break_even_concurrency"]:
         text += (
-            f" It pays at {be['pays_at']} requests in flight and loses at {be['loses_at']}"
-            + (
-                f" (break-even near {be['break_even_concurrency']})"
-                if be["break_even_concurrency"]
-                else ""
-            )
-            + "; serve without speculation above "
-            + (
-                f"about {be['break_even_concurrency']:g}"
-                if be["break_even_concurrency"]
-                else str(be["last_paying_concurrency"])
-            )
-            + " requests in flight."
+            f" Break-even near {be['break_even_concurrency']:g} requests in flight: serve without "
+            f"speculation above it."
         )
-    elif not be["pays_at"]:
-        text += " It loses at every load measured."
-    else:
-        text += f" It pays at every load measured ({be['pays_at']} requests in flight)."
     if (beyond := be.get("model_estimate")) and beyond.get("concurrency"):
         text += (
             f" The cost model puts break-even near {beyond['concurrency']:g} requests in flight"
             + (" (extrapolated past the loads measured)." if beyond["extrapolated"] else ".")
+        )
+    if be["undecided_at"]:
+        text += (
+            f" Deployed with k={v['undecided_k']} where undecided ({be['undecided_at']} requests "
+            "in flight)."
         )
     for goal, need in v.get("needs", {}).items():
         if need.get("met"):
@@ -343,36 +361,59 @@ def verdict_words(v: dict) -> str:
                 text += f"; samples: {forecast['why_not']}."
             else:
                 text += "."
+    if v.get("engine_bound"):
+        text += " " + v["engine_bound"]
     return text
 
 
-def decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict:
-    v = _decide(levels, cfg, engine, forecast_points)
+def decide(
+    levels: dict, cfg, engine: str, forecast_points: list[dict], design=None, bound=None
+) -> dict:
+    """The verdict (_decide) with its words; `bound`: run.engine_bound's note on the target."""
+    v = _decide(levels, cfg, engine, forecast_points, design)
+    if bound:
+        v["engine_bound"] = bound["words"]
+        v["baseline_step_growth"] = bound["baseline_step_growth"]
     v["words"] = verdict_words(v)
     return v
 
 
-def _decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict:
+def _decide(
+    levels: dict, cfg, engine: str, forecast_points: list[dict], design: dict | None
+) -> dict:
     """The verdict at benchmark.serve_concurrency (engine hf: 1 request in flight) from the
-    sweep's levels ({c: {"baseline": summary, "speculative": {k: summary + acceptance}}})."""
-    table = speedups(levels)
-    best = best_per_load(table, speedup_ranges(levels))
-    serve = cfg.serve_concurrency if cfg.serve_concurrency in best else min(best)
-    chosen = best[serve]
-    measured = levels[serve]["speculative"][chosen["k"]]
+    sweep's levels ({c: {"baseline": summary, "speculative": {k: summary + acceptance + paired
+    ratios}}})."""
+    decided = decisions(levels, cfg.confidence)
+    serve = cfg.serve_concurrency if cfg.serve_concurrency in decided else min(decided)
+    chosen = decided[serve]
+    k_shown = chosen["k"] if chosen["k"] is not None else chosen["best_k"]
+    measured = levels[serve]["speculative"][k_shown]
     v = {
         "engine": engine,
+        "design": design
+        or ({"layout": "one request at a time, modes interleaved"} if engine == "hf" else None),
         "serve_concurrency": serve,
+        "decision": chosen["decision"],
         "k": chosen["k"],
         "speedup": chosen["speedup"],
-        "pays_off": (chosen["speedup"] or 0) >= 1,
+        "speedup_low": chosen["low"],
+        "speedup_high": chosen["high"],
+        "confidence": cfg.confidence,
+        "method": intervals.METHOD,
+        "k_rule": "the smallest k whose interval overlaps the best k's (one lying above 1 when one "
+        "does); the interval Bonferroni-adjusted for the ks compared",
+        "pays_off": {"yes": True, "no": False}.get(chosen["decision"]),
+        "undecided_k": cfg.undecided_k,
         "baseline_tokens_per_s": levels[serve]["baseline"]["output_tokens_per_s"],
         "speculative_tokens_per_s": measured["output_tokens_per_s"],
         "acceptance_length": measured.get("acceptance_length"),
-        "best_per_load": {str(c): b for c, b in sorted(best.items())},
-        "break_even": break_even(best),
-        "k_per_batch_size": k_schedule(best),
+        "decisions": {str(c): d for c, d in sorted(decided.items())},
+        "break_even": break_even(decided),
+        "k_per_batch_size": k_schedule(decided, cfg.undecided_k),
     }
+    if any(level.get("compare") for level in levels.values()):
+        v["compare"] = compare_decisions(levels, cfg.confidence)
     if serve != cfg.serve_concurrency:
         v["note"] = (
             f"engine {engine} decodes one request at a time: the verdict is for 1 request in "
@@ -392,13 +433,14 @@ def _decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict
         entry = {
             "by_k": {str(k): tau for k, tau in by_k.items()},
             "max_k": max(ks),
-            "met": (chosen["speedup"] or 0) >= goal,  # measured at the serve load
+            # met where the interval at the serve load lies above the goal
+            "met": chosen["low"] is not None and chosen["low"] >= goal,
         }
         if feasible:
             # the k of the verdict when it can reach the goal, else the k needing least over k + 1
             k = (
-                chosen["k"]
-                if chosen["k"] in feasible
+                k_shown
+                if k_shown in feasible
                 else min(feasible, key=lambda k: feasible[k] / (k + 1))
             )
             entry.update(
@@ -412,6 +454,20 @@ def _decide(levels: dict, cfg, engine: str, forecast_points: list[dict]) -> dict
             entry["acceptance_length"] = None
         v["needs"][str(goal)] = entry
     return v
+
+
+def compare_decisions(levels: dict, confidence: float) -> dict:
+    """{name: {c: decision}} of each benchmark.compare draft against the same baseline passes."""
+    names = sorted({n for level in levels.values() for n in level.get("compare", {})})
+    out = {}
+    for name in names:
+        sub = {
+            c: {"baseline": level["baseline"], "speculative": level["compare"][name]}
+            for c, level in levels.items()
+            if name in level.get("compare", {})
+        }
+        out[name] = {str(c): d for c, d in sorted(decisions(sub, confidence).items())}
+    return out
 
 
 def forecast_need(model: dict, c: int, goal: float, points: list[dict], k: int) -> dict:

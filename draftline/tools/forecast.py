@@ -2,13 +2,17 @@
 requested acceptance length needs, with the fit's uncertainty.
 
     draftline forecast --dvc-exps                        # every experiment/commit dvc knows
-    draftline forecast points.json [more.json ...]       # [{"samples": N, "acceptance_length": x}, ...]
+    draftline forecast points.json [more.json ...]       # [{"samples": N, "acceptance_length": x, "k": k}, ...]
     draftline forecast --dvc-exps --targets 2.5 3.0 --out reports/forecast
 
-Points: `reports/evaluate/acceptance_vs_samples.json` of each run (what `dvc plots` draws), given
-as files, or collected from `dvc exp show --json` (params `samples`, metric `acceptance_length`
-of reports/acceptance.json) with --dvc-exps. Points at the same `samples` are kept (repeats tell
-the noise).
+The measure (the report's `measure`): every point is the evaluate stage's acceptance length on the
+held-out eval split (`acceptance_length`, as evaluate.engine measured it) at the stage's k
+(evaluate.k): the row of each run's `reports/evaluate/acceptance_vs_samples.json` (what `dvc plots`
+draws), given as files, or reports/acceptance.json's `acceptance_length` and `k` against
+params.yaml's `samples`, collected from `dvc exp show --json` with --dvc-exps. An acceptance length
+at another k is another measure: points whose `k` differs from the first point's are refused, and
+so is a --k other than the points' own. Points at the same `samples` are kept (repeats tell the
+noise).
 
 Two curves, least squares:
 - log-linear: tau = a + b ln(n). Two parameters, so it is defined from two points; it grows
@@ -16,13 +20,22 @@ Two curves, least squares:
 - saturating: tau = tau_max - c n^(-alpha), tau_max <= k + 1 (alpha on a grid, tau_max and c
   linear for each alpha); needs at least 4 points, and is the one to prefer when it fits better.
 
-Uncertainty: residual standard error and the parameter covariance of the linear fit; 4,000 draws
-of the parameters from that normal give the 10th-90th percentile of the forecast samples. With as
-many points as parameters there is no residual, hence no interval: the report says so.
-How far it is trusted (`trust`): inside the measured samples range it is an interpolation; up
-to 4x the largest measured run it is an extrapolation of the kind this curve family usually
-gets right within its interval; past that the number says which order of magnitude to budget
-for, not a plan. Writes <out>.json and <out>.md.
+Too few points: the curves are fitted from two distinct `samples` values on, but a forecast
+number is given only from MIN_POINTS distinct `samples` values on; with fewer, each forecast has
+samples None and a `why_not` that says how many there are and what to run.
+
+Uncertainty: residual standard error and the parameter covariance of the linear fit, with the
+residual degrees of freedom (points - parameters; alpha counts as one). The 10th-90th percentile of
+the forecast samples comes from 4,000 draws of the parameters from the multivariate Student t with
+those degrees of freedom (normal draws with the fit's covariance, each divided by
+sqrt(chi2(dof) / dof)), not from a normal: with few residual degrees of freedom the interval is as
+wide as the data allow. With as many points as parameters there is no residual, hence no interval:
+the report says so.
+How far it is trusted (`trust`, and `extrapolation_factor`: the forecast samples over the largest
+measured run's): inside the measured samples range it is an interpolation; up to TRUST_FACTOR
+times the largest measured run it is an extrapolation, indicative within its interval; past that
+the trust says how far it is extrapolated ("extrapolated N.Nx past the largest run (M samples)"):
+the number says which order of magnitude to budget for, not a plan. Writes <out>.json and <out>.md.
 """
 
 from __future__ import annotations
@@ -43,7 +56,14 @@ from draftline.core.errors import DraftlineError, entry_point
 log = logging.getLogger("draftline.tools.forecast")
 
 ALPHAS = np.round(np.arange(0.05, 2.001, 0.01), 3)
-TRUST_FACTOR = 4.0  # extrapolation beyond this times the largest measured samples is not trusted
+TRUST_FACTOR = 2.0  # extrapolation beyond this times the largest measured samples is not trusted
+MIN_POINTS = 4  # distinct `samples` values a forecast number needs (the curves fit from 2)
+DRAWS = 4000  # parameter draws for the 10-90 interval
+DEFAULT_K = 3  # evaluate.k's default: the k of points that carry none, without --k
+MEASURE = (
+    "acceptance_length: the evaluate stage's held-out acceptance length at its k "
+    "(reports/evaluate/acceptance_vs_samples.json, reports/acceptance.json)"
+)
 
 
 def read_points(paths: list[str]) -> list[dict]:
@@ -55,19 +75,21 @@ def read_points(paths: list[str]) -> list[dict]:
                 raise ValueError(
                     f"{path}: each point needs `samples` and `acceptance_length`, got {row!r}"
                 )
-            points.append(
-                {
-                    "samples": int(row["samples"]),
-                    "acceptance_length": float(row["acceptance_length"]),
-                    "source": str(path),
-                }
-            )
+            point = {
+                "samples": int(row["samples"]),
+                "acceptance_length": float(row["acceptance_length"]),
+                "source": str(path),
+            }
+            if row.get("k") is not None:
+                point["k"] = int(row["k"])  # the k the acceptance was measured at
+            points.append(point)
     return points
 
 
 def points_from_dvc_exps(exp_show: list | dict) -> list[dict]:
     """Points from `dvc exp show --json`: every node that has params.yaml's `samples` and
-    reports/acceptance.json's `acceptance_length` (workspace, commits, experiments)."""
+    reports/acceptance.json's `acceptance_length` (workspace, commits, experiments), with that
+    report's `k` where it gives one."""
     points = []
 
     def walk(node, name):
@@ -76,20 +98,20 @@ def points_from_dvc_exps(exp_show: list | dict) -> list[dict]:
             params, metrics = data.get("params"), data.get("metrics")
             if isinstance(params, dict) and isinstance(metrics, dict):
                 samples = ((params.get("params.yaml") or {}).get("data") or {}).get("samples")
-                acc = ((metrics.get("reports/acceptance.json") or {}).get("data") or {}).get(
-                    "acceptance_length"
-                )
+                acceptance = (metrics.get("reports/acceptance.json") or {}).get("data") or {}
+                acc = acceptance.get("acceptance_length")
                 if isinstance(samples, int) and isinstance(acc, (int, float)):
-                    points.append(
-                        {
-                            "samples": samples,
-                            "acceptance_length": float(acc),
-                            "source": node.get("name")
-                            or data.get("name")
-                            or name
-                            or data.get("rev", "?"),
-                        }
-                    )
+                    point = {
+                        "samples": samples,
+                        "acceptance_length": float(acc),
+                        "source": node.get("name")
+                        or data.get("name")
+                        or name
+                        or data.get("rev", "?"),
+                    }
+                    if isinstance(acceptance.get("k"), int):
+                        point["k"] = acceptance["k"]
+                    points.append(point)
             for key, value in node.items():
                 if key not in ("params", "metrics"):
                     walk(value, node.get("name") or name)
@@ -163,12 +185,22 @@ def solve(fit: dict, target: float, beta=None) -> float:
     return ((tau_max - target) / c) ** (-1.0 / fit["alpha"])
 
 
-def forecast(fit: dict, target: float, draws: int = 4000, seed: int = 0) -> dict:
+def t_draws(beta: np.ndarray, cov: np.ndarray, dof: int, draws: int, seed: int) -> np.ndarray:
+    """Parameter draws from the multivariate Student t centred on beta with scale matrix cov and
+    dof degrees of freedom: normal draws divided by sqrt(chi2(dof) / dof)."""
+    rng = np.random.default_rng(seed)
+    z = rng.multivariate_normal(np.zeros(len(beta)), cov, size=draws, method="svd")
+    w = rng.chisquare(dof, size=draws) / dof
+    return np.asarray(beta) + z / np.sqrt(w)[:, None]
+
+
+def forecast(fit: dict, target: float, draws: int = DRAWS, seed: int = 0) -> dict:
+    """The samples the curve reaches target at, and the 10-90 percentile of that over draws of the
+    parameters from the multivariate t with the fit's residual degrees of freedom."""
     point = solve(fit, target)
     out = {"samples": _round(point), "interval_10_90": None}
-    if fit["cov"] is not None:
-        rng = np.random.default_rng(seed)
-        betas = rng.multivariate_normal(fit["beta"], fit["cov"], size=draws, method="svd")
+    if fit["cov"] is not None and fit["dof"] > 0:
+        betas = t_draws(fit["beta"], fit["cov"], fit["dof"], draws, seed)
         values = np.array([solve(fit, target, b) for b in betas])
         lo, hi = np.quantile(
             values, [0.1, 0.9], method="inverted_cdf"
@@ -181,6 +213,11 @@ def _round(x: float):
     return None if not math.isfinite(x) else int(round(x))
 
 
+def extrapolation_factor(samples_needed, max_measured: int) -> float | None:
+    """The forecast samples over the largest measured run's (None where the curve never gets there)."""
+    return None if samples_needed is None else round(samples_needed / max_measured, 2)
+
+
 def trust(samples_needed, max_measured: int, min_measured: int) -> str:
     if samples_needed is None:
         return "not reached by this curve"
@@ -191,25 +228,68 @@ def trust(samples_needed, max_measured: int, min_measured: int) -> str:
             else "below the smallest run measured"
         )
     if samples_needed <= TRUST_FACTOR * max_measured:
-        return f"extrapolation up to {TRUST_FACTOR:g}x the largest run: indicative, within its interval"
+        return (
+            f"extrapolation up to {TRUST_FACTOR:g}x the largest run ({max_measured:,} samples): "
+            "indicative, within its interval"
+        )
     return (
-        f"beyond {TRUST_FACTOR:g}x the largest run: an order of magnitude to budget for, not a plan"
+        f"extrapolated {samples_needed / max_measured:.1f}x past the largest run "
+        f"({max_measured:,} samples): an order of magnitude to budget for, not a plan"
     )
 
 
-def build_report(points: list[dict], targets: list[float], k: int) -> dict:
-    if len({p["samples"] for p in points}) < 2:
+def measured_k(points: list[dict], k: int | None) -> int:
+    """The one k the points' acceptance was measured at: refused when their `k`s differ (each k's
+    acceptance length is another measure) or differ from k; k, else DEFAULT_K, where none says."""
+    carrying = [p for p in points if p.get("k") is not None]
+    if carrying:
+        first = carrying[0]
+        for p in carrying[1:]:
+            if int(p["k"]) != int(first["k"]):
+                raise ValueError(
+                    f"points measured at different k: {p.get('source', '?')} (samples "
+                    f"{p['samples']}) at k={p['k']}, {first.get('source', '?')} at k={first['k']}; "
+                    "acceptance lengths at different k are different measures: forecast one k's points"
+                )
+        if k is not None and int(k) != int(first["k"]):
+            raise ValueError(
+                f"the points were measured at k={first['k']}, the forecast was asked at k={k}: "
+                "forecast at the points' k"
+            )
+        return int(first["k"])
+    return DEFAULT_K if k is None else int(k)
+
+
+def too_few_points(distinct: int) -> str | None:
+    """Why there is no forecast number with `distinct` distinct `samples` values (None: there is)."""
+    if distinct >= MIN_POINTS:
+        return None
+    return (
+        f"{distinct} point{'s' if distinct != 1 else ''} at distinct sample counts: a forecast needs "
+        f"at least {MIN_POINTS}; run `dvc exp run -S samples=N` at more sizes"
+    )
+
+
+def build_report(points: list[dict], targets: list[float], k: int | None = None) -> dict:
+    k = measured_k(points, k)
+    distinct = len({p["samples"] for p in points})
+    if distinct < 2:
         raise ValueError(
             f"need runs at two or more distinct `samples` values to fit a curve, got "
-            f"{sorted({p['samples'] for p in points})}"
+            f"{sorted({p['samples'] for p in points})}; a forecast needs at least {MIN_POINTS}: run "
+            "`dvc exp run -S samples=N` at more sizes"
         )
+    why_not = too_few_points(distinct)
     n = np.array([p["samples"] for p in points], dtype=float)
     tau = np.array([p["acceptance_length"] for p in points], dtype=float)
     fits = {"log_linear": fit_log_linear(n, tau), "saturating": fit_saturating(n, tau, k + 1.0)}
     report = {
+        "measure": MEASURE,
         "k": k,
         "points": sorted(points, key=lambda p: p["samples"]),
+        "distinct_samples": distinct,
         "measured_samples": [int(n.min()), int(n.max())],
+        "why_not": why_not,
         "fits": {},
         "forecasts": {},
     }
@@ -224,8 +304,18 @@ def build_report(points: list[dict], targets: list[float], k: int) -> dict:
             "residual_dof": fit["dof"],
         }
         for target in targets:
-            f = forecast(fit, target)
-            f["trust"] = trust(f["samples"], int(n.max()), int(n.min()))
+            if why_not:
+                f = {
+                    "samples": None,
+                    "interval_10_90": None,
+                    "extrapolation_factor": None,
+                    "trust": None,
+                    "why_not": why_not,
+                }
+            else:
+                f = forecast(fit, target)
+                f["extrapolation_factor"] = extrapolation_factor(f["samples"], int(n.max()))
+                f["trust"] = trust(f["samples"], int(n.max()), int(n.min()))
             report["forecasts"].setdefault(str(target), {})[name] = f
     usable = {k_: v for k_, v in fits.items() if v is not None}
     report["preferred"] = (
@@ -240,9 +330,16 @@ def markdown(report: dict) -> str:
     lines = [
         "# Acceptance length vs training samples: forecast",
         "",
-        f"k = {report['k']}; runs measured between {report['measured_samples'][0]:,} and "
-        f"{report['measured_samples'][1]:,} samples (`draftline forecast`).",
+        f"Measure: {report['measure']}.",
         "",
+        f"k = {report['k']}; runs measured between {report['measured_samples'][0]:,} and "
+        f"{report['measured_samples'][1]:,} samples, at {report['distinct_samples']} distinct "
+        "sample counts (`draftline forecast`).",
+        "",
+    ]
+    if report["why_not"]:
+        lines += [f"**No forecast**: {report['why_not']}.", ""]
+    lines += [
         "| samples | acceptance length | run |",
         "|---|---|---|",
     ]
@@ -261,25 +358,33 @@ def markdown(report: dict) -> str:
             )
     lines += [
         "",
-        "| target acceptance length | curve | samples needed | 10-90% | trust |",
-        "|---|---|---|---|---|",
+        "| target acceptance length | curve | samples needed | 10-90% | x largest run | trust |",
+        "|---|---|---|---|---|---|",
     ]
     for target, by_curve in report["forecasts"].items():
         for name, f in by_curve.items():
+            if f.get("why_not"):
+                lines.append(f"| {target} | {name} | no forecast | — | — | {f['why_not']} |")
+                continue
             samples = f"{f['samples']:,}" if f["samples"] is not None else "never"
             interval = (
                 "no residual: no interval"
                 if f["interval_10_90"] is None
                 else " – ".join("never" if v is None else f"{v:,}" for v in f["interval_10_90"])
             )
-            lines.append(f"| {target} | {name} | {samples} | {interval} | {f['trust']} |")
+            factor = "—" if f["extrapolation_factor"] is None else f"{f['extrapolation_factor']:g}x"
+            lines.append(
+                f"| {target} | {name} | {samples} | {interval} | {factor} | {f['trust']} |"
+            )
     lines += [
         "",
         f"Preferred curve (lower rmse): {report['preferred']}. The log-linear curve has no ceiling, so "
-        "near k + 1 it forecasts too few samples; the saturating one needs 4 or more runs. Inside the measured "
-        f"range a forecast is an interpolation; up to {TRUST_FACTOR:g}x the largest run it is indicative within "
-        "its interval; beyond, it gives the order of magnitude to budget for, not a plan: measure one more "
-        "run nearer the target before spending GPU-days.",
+        "near k + 1 it forecasts too few samples; the saturating one needs 4 or more runs. A forecast "
+        f"needs runs at {MIN_POINTS} or more distinct sample counts. The 10-90% interval is of parameter "
+        "draws from the multivariate Student t with the fit's residual degrees of freedom. Inside the "
+        f"measured range a forecast is an interpolation; up to {TRUST_FACTOR:g}x the largest run it is "
+        "indicative within its interval; beyond, it gives the order of magnitude to budget for, not a "
+        "plan: measure one more run nearer the target before spending GPU-days.",
         "",
     ]
     return "\n".join(lines)
@@ -294,7 +399,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--targets", nargs="+", type=float, default=[2.5, 3.0])
     ap.add_argument(
-        "--k", type=int, default=3, help="draft tokens per step the runs were evaluated with"
+        "--k",
+        type=int,
+        help="draft tokens per step the runs were evaluated with (default: the points' `k`, else "
+        f"{DEFAULT_K}); one the points contradict is refused",
     )
     ap.add_argument("--out", default="reports/forecast", help="writes OUT.json and OUT.md")
     args = ap.parse_args(argv)

@@ -26,11 +26,20 @@ log = logging.getLogger("draftline.tools.verdict")
 
 
 def levels_from(detail: dict) -> dict:
-    """{c: {"baseline": summary, "speculative": {k: summary}}} from a report's `levels`."""
+    """{c: {"baseline": summary, "speculative": {k: summary}, "compare": {name: {k: summary}}}}
+    from a report's `levels`."""
     levels = {}
     for name, level in detail["levels"].items():
-        spec = {int(key[1:]): v for key, v in level.items() if key != "baseline"}
-        levels[int(name[1:])] = {"baseline": level["baseline"], "speculative": spec}
+        spec = {int(key[1:]): v for key, v in level.items() if key.startswith("k")}
+        compare = {
+            draft: {int(key[1:]): v for key, v in by_k.items()}
+            for draft, by_k in level.get("compare", {}).items()
+        }
+        levels[int(name[1:])] = {
+            "baseline": level["baseline"],
+            "speculative": spec,
+            "compare": compare,
+        }
     return levels
 
 
@@ -67,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--goals", type=float, nargs="+", help="speedup goals (default: 1.0 1.2)")
     ap.add_argument("--points", nargs="*", default=[], help="acceptance-vs-samples points files")
     ap.add_argument("--points-k", type=int, help="the k of points files that do not record one")
+    ap.add_argument("--confidence", type=float, help="of the intervals (default: the report's)")
+    ap.add_argument(
+        "--undecided-k", type=int, help="k deployed where undecided (default: the report's)"
+    )
     ap.add_argument("--out", help="write the verdict here as JSON")
     args = ap.parse_args(argv)
     try:
@@ -82,14 +95,39 @@ def main(argv: list[str] | None = None) -> None:
             f"error: --serve-concurrency {serve}: the sweep measured {sorted(levels)} requests in "
             "flight; the verdict is given at a measured load"
         )
-    cfg = SimpleNamespace(serve_concurrency=serve, speedup_goals=args.goals or [1.0, 1.2])
-    v = decide(levels, cfg, recorded.get("engine") or detail.get("engine", "?"), points)
+    cfg = SimpleNamespace(
+        serve_concurrency=serve,
+        speedup_goals=args.goals or [1.0, 1.2],
+        confidence=args.confidence or recorded.get("confidence", 0.9),
+        undecided_k=recorded.get("undecided_k", 0)
+        if args.undecided_k is None
+        else args.undecided_k,
+    )
+    v = decide(
+        levels,
+        cfg,
+        recorded.get("engine") or detail.get("engine", "?"),
+        points,
+        recorded.get("design"),
+    )
     log.info(v["words"])
     if args.out:
         write_json(args.out, v)
     else:
         log.info(
-            json.dumps({key: v[key] for key in ("serve_concurrency", "k", "speedup", "pays_off")})
+            json.dumps(
+                {
+                    key: v[key]
+                    for key in (
+                        "serve_concurrency",
+                        "decision",
+                        "k",
+                        "speedup",
+                        "speedup_low",
+                        "speedup_high",
+                    )
+                }
+            )
         )
 
 

@@ -78,3 +78,15 @@ def test_failed_requests_are_counted_not_raised(tmp_path):
     assert (
         summary["failed"] == 3 and summary["output_tokens"] == 0 and summary["ttft_ms_p50"] is None
     )
+
+
+def test_a_timed_pass_keeps_starting_requests_until_its_time_is_up():
+    """Load.min_seconds: past the request count, the workers start requests (cycling the prompts)
+    until the time is up, then wait for those in flight; results come back in start order."""
+    endpoint = LoadTarget(f"http://127.0.0.1:{free_port()}", "openai-completions", model="m")
+    results, wall = asyncio.run(run_load(endpoint, ["a", "b", "c"], Load(2, 2, 4, 5, 0.3)))
+    assert wall >= 0.3 and len(results) > 2
+    assert [r.prompt_index for r in results] == [i % 3 for i in range(len(results))]
+    # without min_seconds, exactly the requests asked for
+    results, _ = asyncio.run(run_load(endpoint, ["a", "b", "c"], Load(2, 2, 4, 5)))
+    assert len(results) == 2

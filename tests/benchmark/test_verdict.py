@@ -1,4 +1,4 @@
-"""The serving verdict (draftline/benchmark/verdict.py) on hand-made sweeps: the best k per load,
+"""The serving verdict (draftline/benchmark/verdict.py) on hand-made sweeps: the decision per load,
 the break-even load, the step-cost model and its held-out error, what a speedup goal needs, the
 decision and its words, and vLLM's k per batch size (checked by vLLM's own validator)."""
 
@@ -26,71 +26,76 @@ def known_r(c: float, k: int) -> float:
     return A + B * k + (D + E * k) * math.log2(c)
 
 
-def sweep(loads=LOADS, ks=KS, r=known_r, noise=None, base=100.0) -> dict:
+SPREAD = (0.98, 1.0, 1.02, 0.99, 1.01)  # the paired ratios of a sweep: +-2% about its speedup
+
+
+def sweep(loads=LOADS, ks=KS, r=known_r, noise=None, base=100.0, spread=SPREAD) -> dict:
     """Levels in benchmark_server's shape whose speculative tokens/s make r(c, k) the step cost:
-    speedup = tau / r; `noise` {(c, k): factor} on the speculative tokens/s."""
+    speedup = tau / r, each paired pass that times a factor of `spread` (geometric mean 1);
+    `noise` {(c, k): factor} on the speculative tokens/s."""
     levels = {}
+    scale = math.exp(-sum(math.log(f) for f in spread) / len(spread))
     for c in loads:
         spec = {}
         for k in ks:
             tps = TAU[k] * base / r(c, k) * (noise or {}).get((c, k), 1.0)
-            spec[k] = {"output_tokens_per_s": tps, "acceptance_length": TAU[k]}
+            spec[k] = {
+                "output_tokens_per_s": tps,
+                "acceptance_length": TAU[k],
+                "paired_speedups": [tps / base * f * scale for f in spread],
+            }
         levels[c] = {"baseline": {"output_tokens_per_s": base}, "speculative": spec}
     return levels
 
 
-def best(**speedups) -> dict:
-    """best_per_load's shape from c<load>=(k, speedup)."""
-    return {int(c[1:]): {"k": k, "speedup": s} for c, (k, s) in speedups.items()}
+def decided(**loads) -> dict:
+    """decisions' shape from c<load>=(decision, k, speedup)."""
+    return {
+        int(c[1:]): {"decision": d, "k": k, "speedup": s, "low": None, "high": None}
+        for c, (d, k, s) in loads.items()
+    }
 
 
-# ---- best k, break-even ---------------------------------------------------------------------------
+# ---- speedups, break-even ---------------------------------------------------------------------------
 
 
-def test_speedups_and_the_best_k_per_load():
+def test_speedups_are_the_geometric_mean_of_the_paired_ratios():
     levels = {
         1: {
             "baseline": {"output_tokens_per_s": 100.0},
             "speculative": {
-                1: {"output_tokens_per_s": 150.0},
-                3: {"output_tokens_per_s": 180.0},
+                1: {"output_tokens_per_s": 150.0, "paired_speedups": [1.2, 1.875]},
+                3: {"output_tokens_per_s": 180.0},  # no pairs (an older report): the ratio
             },
         },
-        4: {  # a tie: the smaller k
-            "baseline": {"output_tokens_per_s": 200.0},
-            "speculative": {
-                3: {"output_tokens_per_s": 220.0},
-                1: {"output_tokens_per_s": 220.0},
-            },
+        8: {
+            "baseline": {"output_tokens_per_s": 0.0},
+            "speculative": {1: {"output_tokens_per_s": 10.0}},
         },
-        8: {"baseline": {"output_tokens_per_s": 0.0}, "speculative": {1: {}}},
     }
-    levels[8]["speculative"][1]["output_tokens_per_s"] = 10.0
-    table = verdict.speedups(levels)
-    assert table == {1: {1: 1.5, 3: 1.8}, 4: {3: 1.1, 1: 1.1}, 8: {1: None}}
-    assert verdict.best_per_load(table) == {
-        1: {"k": 3, "speedup": 1.8},
-        4: {"k": 1, "speedup": 1.1},
-        8: {"k": 1, "speedup": None},
-    }
+    assert verdict.speedups(levels) == {1: {1: 1.5, 3: 1.8}, 8: {1: None}}
 
 
 def test_break_even_is_where_the_line_in_log2_load_crosses_one():
-    be = verdict.break_even(best(c1=(3, 1.5), c4=(2, 1.1), c16=(1, 0.7)))
+    be = verdict.break_even(decided(c1=("yes", 3, 1.5), c4=("yes", 2, 1.1), c16=("no", None, 0.7)))
     # log2 load 2 + (1.1 - 1) / (1.1 - 0.7) x (4 - 2) = 2.5: 2 ** 2.5 = 5.66
     assert be == {
         "pays_at": [1, 4],
         "loses_at": [16],
+        "undecided_at": [],
         "last_paying_concurrency": 4,
         "first_losing_concurrency": 16,
         "break_even_concurrency": 5.7,
     }
-    exactly_one = verdict.break_even(best(c2=(1, 1.0), c8=(1, 0.5)))
-    assert exactly_one["break_even_concurrency"] == 2.0 and exactly_one["pays_at"] == [2]
-    always = verdict.break_even(best(c1=(3, 1.5), c4=(3, 1.2)))
+    # an undecided load between them: the line runs from the last decided yes to the first no
+    gap = verdict.break_even(
+        decided(c1=("yes", 3, 1.5), c4=("undecided", 2, 1.01), c16=("no", None, 0.6))
+    )
+    # 0 + (1.5 - 1) / (1.5 - 0.6) x 4 = 2.22: 2 ** 2.22 = 4.67
+    assert gap["undecided_at"] == [4] and gap["break_even_concurrency"] == 4.7
+    always = verdict.break_even(decided(c1=("yes", 3, 1.5), c4=("yes", 3, 1.2)))
     assert always["loses_at"] == [] and always["break_even_concurrency"] is None
-    assert always["first_losing_concurrency"] is None
-    never = verdict.break_even(best(c1=(1, 0.9), c4=(1, 0.6)))
+    never = verdict.break_even(decided(c1=("no", None, 0.9), c4=("no", None, 0.6)))
     assert never["pays_at"] == [] and never["last_paying_concurrency"] is None
     assert never["break_even_concurrency"] is None
 
@@ -187,14 +192,22 @@ def cfg(**overrides) -> BenchmarkConfig:
 
 
 def test_decide_at_the_serve_load_with_the_goals_met_reachable_and_out_of_reach():
-    # speedups (tau / r): c1 1.2 / 1.25 / 1.24, c4 1.0 / 1.042 / 1.033, c16 0.857 / 0.893 / 0.886
+    # speedups (tau / r): c1 1.2 / 1.25 / 1.24, c4 1.0 / 1.042 / 1.033, c16 0.857 / 0.893 / 0.886,
+    # each from five pairs within +-2%
     v = verdict.decide(sweep(), cfg(speedup_goals=[1.0, 1.2, 1.5]), "vllm", [])
-    assert (v["serve_concurrency"], v["k"], v["pays_off"]) == (4, 2, True)
-    assert v["speedup"] == round(2.5 / known_r(4, 2), 4) == 1.0417
+    assert (v["serve_concurrency"], v["decision"], v["k"], v["pays_off"]) == (4, "yes", 2, True)
+    assert v["speedup"] == pytest.approx(2.5 / known_r(4, 2), abs=1e-4)
+    assert 1 < v["speedup_low"] < v["speedup"] < v["speedup_high"] < 1.1
     assert v["acceptance_length"] == 2.5 and v["baseline_tokens_per_s"] == 100.0
-    assert {c: b["k"] for c, b in v["best_per_load"].items()} == {"1": 2, "4": 2, "16": 2}
+    decisions = {c: (d["decision"], d["k"]) for c, d in v["decisions"].items()}
+    # c1: k=1's interval (1.2, half-width ~2%) reaches into the best's (k=2, 1.25), as k=3's does:
+    # the smallest k, the others named; c4: k=1's (1.0) overlaps the best's too but holds 1: the
+    # smallest k lying above 1; c16: every interval below 1
+    assert decisions == {"1": ("yes", 1), "4": ("yes", 2), "16": ("no", None)}
+    assert v["decisions"]["1"]["indistinguishable"] == [2, 3]
+    assert v["decisions"]["4"]["indistinguishable"] == [1, 3]
     assert v["break_even"]["pays_at"] == [1, 4] and v["break_even"]["loses_at"] == [16]
-    assert v["k_per_batch_size"] == [[1, 8, 2], [9, 16, 0]]
+    assert v["k_per_batch_size"] == [[1, 2, 1], [3, 8, 2], [9, 16, 0]]
     assert v["cost_model"]["held_out_mean_abs_error"] == 0.0 and "_coef" not in v["cost_model"]
     assert "note" not in v
     met, reachable, beyond = (v["needs"][g] for g in ("1.0", "1.2", "1.5"))
@@ -210,10 +223,14 @@ def test_decide_at_the_serve_load_with_the_goals_met_reachable_and_out_of_reach(
     assert beyond["met"] is False and beyond["acceptance_length"] is None
     assert beyond["by_k"] == {"1": None, "2": None, "3": None} and beyond["max_k"] == 3
     words = v["words"]
-    assert words.startswith("the draft pays off: at 4 requests in flight (vllm), k=2 gives 1.04x.")
-    assert "It pays at [1, 4] requests in flight and loses at [16]" in words
+    low, high = v["speedup_low"], v["speedup_high"]
+    assert words.startswith(
+        f"vllm, intervals at 90% shared by the ks compared: at 4 requests in flight it pays off: "
+        f"k=2 gives 1.04x [{low:.2f}-{high:.2f}]; k=1, k=3 within the same interval. At 1 request"
+    ), words
+    assert "at 16 requests in flight it does not pay off: even k=2 gives 0.89x" in words
     be = v["break_even"]["break_even_concurrency"]
-    assert f"serve without speculation above about {be:g} requests in flight" in words
+    assert f"Break-even near {be:g} requests in flight" in words
     assert "1.0x" not in words  # met: nothing to say
     assert "1.2x needs an acceptance length of 2.88 at k=2 (measured 2.5); samples: no " in words
     assert (
@@ -223,20 +240,49 @@ def test_decide_at_the_serve_load_with_the_goals_met_reachable_and_out_of_reach(
 
 
 def test_decide_forecasts_the_samples_at_the_k_the_points_were_measured_at():
-    # acceptance 2.0 at 100 samples, 2.6 at 400, both at k=3: the log-linear curve
+    # acceptance 2.0 at 100 samples, 0.3 more per doubling to 2.9 at 800, all at k=3: the
+    # log-linear curve (the saturating one, with its ceiling k + 1, does not fit better)
     points = [
-        {"samples": 100, "acceptance_length": 2.0, "k": 3},
-        {"samples": 400, "acceptance_length": 2.6, "k": 3},
+        {"samples": n, "acceptance_length": a, "k": 3}
+        for n, a in ((100, 2.0), (200, 2.3), (400, 2.6), (800, 2.9))
     ]
     v = verdict.decide(sweep(), cfg(speedup_goals=[1.2]), "vllm", points)
     forecast = v["needs"]["1.2"]["forecast"]
-    # at k=3 the goal needs 1.2 r(4, 3) = 3.6: 100 x 4 ** ((3.6 - 2.0) / 0.6) samples
+    # at k=3 the goal needs 1.2 r(4, 3) = 3.6: 100 x 2 ** ((3.6 - 2.0) / 0.3) samples, 5.04x 800
     assert forecast["k"] == 3 and forecast["acceptance_length"] == 3.6
-    assert forecast["fit"] == "log_linear" and forecast["measured_samples"] == [100, 400]
-    assert forecast["samples"] == pytest.approx(100 * 4 ** (1.6 / 0.6), abs=2)
-    assert f"about {forecast['samples']:,} training samples" in v["words"]
+    assert forecast["fit"] == "log_linear" and forecast["measured_samples"] == [100, 800]
+    assert forecast["samples"] == pytest.approx(100 * 2 ** (1.6 / 0.3), abs=2)
+    assert forecast["extrapolation_factor"] == pytest.approx(100 * 2 ** (1.6 / 0.3) / 800, abs=0.01)
+    assert "why_not" not in forecast
+    assert (
+        f"about {forecast['samples']:,} training samples (extrapolated 5.0x past the largest run "
+        "(800 samples): an order of magnitude to budget for, not a plan)." in v["words"]
+    )
+    # three runs: no number, and the words say why instead
+    three = verdict.decide(sweep(), cfg(speedup_goals=[1.2]), "vllm", points[:3])
+    assert three["needs"]["1.2"]["forecast"]["samples"] is None
+    assert (
+        "1.2x needs an acceptance length of 2.88 at k=2 (measured 2.5); samples: 3 points at "
+        "distinct sample counts: a forecast needs at least 4; run `dvc exp run -S samples=N` at "
+        "more sizes." in three["words"]
+    )
     one_run = verdict.decide(sweep(), cfg(speedup_goals=[1.2]), "vllm", points[:1])
     assert "two or more distinct `samples`" in one_run["needs"]["1.2"]["forecast"]["why_not"]
+    assert "samples: need runs at two or more distinct" in one_run["words"]
+    mixed = [*points[:3], {**points[3], "k": 2}]  # another k's acceptance: another measure
+    refused = verdict.decide(sweep(), cfg(speedup_goals=[1.2]), "vllm", mixed)
+    assert "points measured at different k" in refused["needs"]["1.2"]["forecast"]["why_not"]
+    assert refused["needs"]["1.2"]["forecast"]["samples"] is None
+
+
+def test_samples_for_a_curve_that_never_reaches_the_acceptance_says_so():
+    points = [
+        {"samples": n, "acceptance_length": a, "k": 3}
+        for n, a in ((100, 2.6), (200, 2.4), (400, 2.2), (800, 2.0))
+    ]  # falling acceptance: the log-linear curve never reaches more
+    out = verdict.samples_for(points, 3.0, 3)
+    assert out["samples"] is None and out["extrapolation_factor"] is None
+    assert out["why_not"] == "the log-linear curve fitted to the runs never reaches 3.0"
 
 
 def test_read_points_keeps_the_k_each_point_was_measured_at(tmp_path):
@@ -257,15 +303,14 @@ def test_decide_where_no_load_pays_and_for_the_built_in_engine():
         return 2 * known_r(c, k)
 
     v = verdict.decide(sweep(r=dear), cfg(speedup_goals=[1.0]), "vllm", [])
-    assert v["pays_off"] is False and v["break_even"]["pays_at"] == []
-    assert v["k_per_batch_size"] == [[1, 16, 0]]
-    assert v["words"].startswith("the draft does not pay off: at 4 requests in flight")
-    assert "It loses at every load measured." in v["words"]
+    assert v["decision"] == "no" and v["pays_off"] is False and v["k"] is None
+    assert v["break_even"]["pays_at"] == [] and v["k_per_batch_size"] == [[1, 16, 0]]
+    assert "at 4 requests in flight it does not pay off: even k=2 gives 0.52x" in v["words"]
     # engine hf measures 1 request in flight: its verdict is there, whatever serve_concurrency says
     hf = verdict.decide(sweep(loads=[1]), cfg(engine="hf"), "hf", [])
-    assert hf["serve_concurrency"] == 1 and hf["k"] == 2 and "1 request in flight" in hf["note"]
+    assert hf["serve_concurrency"] == 1 and hf["k"] == 1 and "1 request in flight" in hf["note"]
     assert hf["cost_model"]["terms"] == ["1", "k"]
-    assert hf["words"].startswith("the draft pays off: at 1 request in flight (hf), k=2 gives")
+    assert "at 1 request in flight it pays off: k=1 gives 1.20x" in hf["words"]
 
 
 # ---- k per batch size -------------------------------------------------------------------------------
@@ -273,18 +318,33 @@ def test_decide_where_no_load_pays_and_for_the_built_in_engine():
 
 SCHEDULES = [
     # each load's range reaches half-way (in log2) to the next; the last ends at the largest load
-    (best(c1=(3, 1.4), c4=(2, 1.1), c16=(1, 0.9)), [[1, 2, 3], [3, 8, 2], [9, 16, 0]]),
-    (best(c1=(2, 1.3), c4=(2, 1.1), c16=(2, 1.05)), [[1, 16, 2]]),  # one k: one range
-    (best(c1=(3, 1.2), c4=(1, 0.9), c16=(2, 0.8)), [[1, 2, 3], [3, 16, 0]]),  # losing: 0, merged
-    (best(c1=(1, 1.2), c2=(2, 1.1), c3=(3, 1.0)), [[1, 1, 1], [2, 2, 2], [3, 3, 3]]),
-    (best(c4=(2, 1.2), c32=(1, 1.1)), [[1, 11, 2], [12, 32, 1]]),  # the first range starts at 1
-    (best(c8=(3, 1.5)), [[1, 8, 3]]),
+    (
+        decided(c1=("yes", 3, 1.4), c4=("yes", 2, 1.1), c16=("no", None, 0.9)),
+        [[1, 2, 3], [3, 8, 2], [9, 16, 0]],
+    ),
+    (decided(c1=("yes", 2, 1.3), c4=("yes", 2, 1.1), c16=("yes", 2, 1.05)), [[1, 16, 2]]),
+    # losing: 0; undecided: benchmark.undecided_k (0 here); merged
+    (
+        decided(c1=("yes", 3, 1.2), c4=("undecided", 1, 1.01), c16=("no", None, 0.8)),
+        [[1, 2, 3], [3, 16, 0]],
+    ),
+    (
+        decided(c1=("yes", 1, 1.2), c2=("yes", 2, 1.1), c3=("yes", 3, 1.1)),
+        [[1, 1, 1], [2, 2, 2], [3, 3, 3]],
+    ),
+    (decided(c4=("yes", 2, 1.2), c32=("yes", 1, 1.1)), [[1, 11, 2], [12, 32, 1]]),
+    (decided(c8=("yes", 3, 1.5)), [[1, 8, 3]]),
 ]
 
 
-@pytest.mark.parametrize("best_k, schedule", SCHEDULES)
-def test_k_schedule_ranges_merges_and_zero_where_no_k_pays(best_k, schedule):
-    assert verdict.k_schedule(best_k) == schedule
+@pytest.mark.parametrize("decisions, schedule", SCHEDULES)
+def test_k_schedule_ranges_merges_and_zero_where_no_k_pays(decisions, schedule):
+    assert verdict.k_schedule(decisions) == schedule
+
+
+def test_k_schedule_serves_undecided_loads_with_undecided_k():
+    loads = decided(c1=("yes", 3, 1.4), c4=("undecided", 2, 1.02), c16=("no", None, 0.8))
+    assert verdict.k_schedule(loads, undecided_k=1) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
 
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / VLLM_VENV / "bin" / "python"
@@ -318,49 +378,11 @@ def test_k_schedule_passes_vllms_own_validator():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lookups = json.loads(proc.stdout.strip().splitlines()[-1])
-    for (best_k, _), lookup in zip(SCHEDULES, lookups):
-        for c, b in best_k.items():
-            assert lookup[c] == (b["k"] if b["speedup"] >= 1 else 0), (c, lookup)
+    for (loads, _), lookup in zip(SCHEDULES, lookups):
+        for c, d in loads.items():
+            assert lookup[c] == (d["k"] if d["decision"] == "yes" else 0), (c, lookup)
     assert lookups[0][1:] == [3, 3, 2, 2, 2, 2, 2, 2] + [0] * 32  # 0 carried on past 16
-    assert lookups[-1][1:9] == [2] * 8 and lookups[-1][9:] == [0] * 32
-
-
-def test_the_passes_spread_says_which_ks_the_sweep_cannot_tell_apart():
-    """With every pass's tokens/s, the best k carries its speedup range, and a k whose best pass
-    reaches into that range is named as not told apart; the words say so."""
-    levels = {
-        4: {
-            "baseline": {"output_tokens_per_s": 100.0, "runs_tokens_per_s": [95.0, 100.0, 105.0]},
-            "speculative": {
-                1: {
-                    "output_tokens_per_s": 110.0,
-                    "runs_tokens_per_s": [104.0, 110.0, 112.0],
-                    "acceptance_length": 1.8,
-                },
-                2: {
-                    "output_tokens_per_s": 120.0,
-                    "runs_tokens_per_s": [118.0, 120.0, 125.0],
-                    "acceptance_length": 2.6,
-                },
-                3: {
-                    "output_tokens_per_s": 90.0,
-                    "runs_tokens_per_s": [88.0, 90.0, 91.0],
-                    "acceptance_length": 3.2,
-                },
-            },
-        }
-    }
-    ranges = verdict.speedup_ranges(levels)
-    assert ranges[4][2] == [round(118 / 105, 4), round(125 / 95, 4)]
-    best = verdict.best_per_load(verdict.speedups(levels), ranges)[4]
-    assert best["k"] == 2 and best["speedup_range"] == ranges[4][2]
-    assert best["within_spread"] == [1]  # 112 / 95 = 1.18 >= 118 / 105 = 1.12; k=3 tops at 0.96
-    v = verdict.decide(levels, cfg(serve_concurrency=4, concurrency=[4]), "vllm", [])
-    assert "k=1 within that spread: the sweep does not tell them apart" in v["words"]
-    # without passes (an older report): no range, nothing claimed
-    for level in levels.values():
-        level["baseline"].pop("runs_tokens_per_s")
-    assert "speedup_range" not in verdict.best_per_load(verdict.speedups(levels), {})[4]
+    assert lookups[-1][1:9] == [1, 1] + [2] * 6 and lookups[-1][9:] == [0] * 32
 
 
 def test_the_cost_model_estimates_break_even_past_the_loads_measured():
@@ -373,7 +395,9 @@ def test_the_cost_model_estimates_break_even_past_the_loads_measured():
     # r = 1 + 0.5 k + (0.1 + 0.05 k) log2 c: tau / r falls below 1 for every k past c = 2^2.6
     # (k = 2, the last to fall)
     assert estimate["extrapolated"] and 5.5 < estimate["concurrency"] < 6.5
-    assert "It pays at every load measured ([1, 4] requests in flight)" in v["words"]
+    assert (
+        v["break_even"]["pays_at"] == [1, 4] and v["break_even"]["break_even_concurrency"] is None
+    )
     assert "(extrapolated past the loads measured)" in v["words"]
     loads = [1, 16, 256]
     inside = verdict.decide(

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -688,25 +689,54 @@ def spec_k(engine: str, command: str) -> int | None:
     return steps
 
 
-def test_benchmark_passes_are_repeated_and_weighed(tmp_path, random_target, draft_dir):
-    """benchmark.repeats on a server engine: each level timed that many times, the median pass
-    reported with every pass beside it, every pass's outputs judged, and the verdict's best k
-    with its speedup range over the passes."""
-    overrides = {**LOAD, **stand_ins("vllm"), "k": [3], "concurrency": [1], "repeats": 2}
-    overrides["serve_concurrency"] = 1
+def test_benchmark_rounds_run_the_servers_side_by_side_shuffled_and_paired(
+    tmp_path, random_target, draft_dir
+):
+    """benchmark.repeats rounds with every server up at once: in each round every server runs one
+    pass of at least min_pass_s in a shuffled order, each speculative pass is paired with the
+    baseline pass beside it, the idle servers' CPU use is recorded, and the decision is made on
+    the pairs' interval: k=3 pays at 1 request in flight (the stand-ins' cost), decided yes; at 4
+    every k loses, decided no; vLLM's k per batch size follows."""
+    import shlex
+
+    overrides = {**LOAD, **stand_ins("vllm"), "repeats": 4, "min_pass_s": 0.5}
     proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = read_json(tmp_path / "bench.detail.json")
+    design = report["verdict"]["design"]
+    assert design["layout"] == "side_by_side" and design["servers"] == ["baseline", "k1", "k3"]
+    assert design["rounds"] == 4 and design["passes"] == 4 * 2 * 3 and design["pass_s_min"] >= 0.5
+    orders = [tuple(order) for _, _, order in design["rounds_order"]]
+    assert len(orders) == 4 * 2 and all(sorted(o) == ["baseline", "k1", "k3"] for o in orders)
+    assert len(set(orders)) > 1  # shuffled: not the same order every round
+    idle = design["idle_servers_cpu_cores"]
+    assert 0 <= idle["per_server_median"] <= idle["per_server_max"] < 1
+    assert all(gib and gib > 0 for gib in design["servers_rss_gib"].values())
     level = report["levels"]["c1"]
-    for mode in ("baseline", "k3"):
-        runs = level[mode]["runs_tokens_per_s"]
-        assert len(runs) == 2 and level[mode]["output_tokens_per_s"] in runs
-        assert level[mode]["requests"] == 6  # the median pass's own figures
-    assert report["lossless"]["compared_outputs"] == 2 * 6  # every pass judged
-    best = report["verdict"]["best_per_load"]["1"]
-    low, high = best["speedup_range"]
-    assert low <= best["speedup"] <= high and best["within_spread"] == []
-    assert "over the passes" in report["verdict"]["words"]
+    for mode in ("baseline", "k1", "k3"):
+        assert len(level[mode]["runs_tokens_per_s"]) == 4 and level[mode]["passes"] == 4
+        assert level[mode]["requests"] >= 4 * 6  # at least 6 a pass, more while 0.5 s last
+    for k in (1, 3):
+        pairs = level[f"k{k}"]["paired_speedups"]
+        assert len(pairs) == 4 and level[f"k{k}"]["speedup_low"] < level[f"k{k}"]["speedup_high"]
+    compared = sum(report["levels"][c][k]["requests"] for c in ("c1", "c4") for k in ("k1", "k3"))
+    assert report["lossless"]["compared_outputs"] == compared  # every pass judged
+    v = report["verdict"]
+    d = v["decisions"]["1"]
+    assert (d["decision"], d["k"]) == ("yes", 3) and 1 < d["low"] < d["speedup"] < d["high"]
+    assert v["confidence"] == 0.9 and "Bonferroni" in v["method"]
+    assert f"k=3 gives {d['speedup']:.2f}x [{d['low']:.2f}-{d['high']:.2f}]" in v["words"]
+    # at 4 in flight every k's interval lies below 1: no; vLLM's k per batch size from the decisions
+    assert v["decisions"]["4"]["decision"] == "no" and v["decisions"]["4"]["high"] < 1
+    assert v["break_even"]["pays_at"] == [1] and v["break_even"]["loses_at"] == [4]
+    assert 1 < v["break_even"]["break_even_concurrency"] < 4
+    deploy = read_json(tmp_path / "deploy.json")
+    assert deploy["vllm"]["k_per_batch_size"] == v["k_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    argv = shlex.split(deploy["vllm"]["command_k_per_batch_size"])
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 3
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    assert deploy["verdict"]["decision"] == "no" and deploy["verdict"]["decided_loads"] == [1, 4]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -751,51 +781,53 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(
             k = int(mode[1:])
             assert figures["acceptance_length"] == ACCEPTANCE[k]
             assert figures["position_acceptance"] == POSITIONS[k]
-            assert figures["speedup"] == round(
-                figures["output_tokens_per_s"] / level["baseline"]["output_tokens_per_s"], 4
+            assert figures["speedup"] == pytest.approx(
+                figures["output_tokens_per_s"] / level["baseline"]["output_tokens_per_s"], abs=1e-3
             )
     gate = report["lossless"]
     assert gate["passed"] and gate["compared_outputs"] == 2 * 2 * 6 == gate["identical"]
     assert gate["mismatch"] == gate["near_tie"] == 0 and gate["lossless_share"] == 1.0
     assert gate["tie_tolerance"] == 0.0  # float32 servers: no near-ties
 
-    # the verdict: k=3 pays most at 1 request in flight; at 4 every k loses (verify cost)
+    # one round: one pair per k and load, no spread to judge by: undecided at every load, and
+    # deployed without speculation (benchmark.undecided_k 0)
     v = report["verdict"]
-    best = v["best_per_load"]
-    assert best["1"]["k"] == 3 and best["1"]["speedup"] > 1.2
-    assert best["1"]["speedup"] > report["levels"]["c1"]["k1"]["speedup"]
-    assert best["4"]["speedup"] < 0.8
-    assert best["4"]["k"] in (1, 3) and best["4"]["speedup"] == max(
-        report["levels"]["c4"][f"k{k}"]["speedup"] for k in (1, 3)
-    )
-    assert v["serve_concurrency"] == 4 and v["k"] == best["4"]["k"] and v["pays_off"] is False
-    assert (bench["k"], bench["speedup"], bench["pays_off"]) == (
-        v["k"],
-        best["4"]["speedup"],
-        False,
-    )
-    assert bench["speedup_c1"] == best["1"]["speedup"]
-    assert bench["speedup_c4"] == best["4"]["speedup"]
-    assert bench["acceptance_length"] == report["levels"]["c4"][f"k{v['k']}"]["acceptance_length"]
+    assert v["decision"] == "undecided" and v["pays_off"] is None
+    for c in ("1", "4"):
+        d = v["decisions"][c]
+        assert d["decision"] == "undecided" and d["low"] is None and d["high"] is None
+        assert d["why"] == "one pass per server: no spread to judge by"
+        assert d["by_k"]["1"]["n"] == d["by_k"]["3"]["n"] == 1
+    # the point estimates still rank the ks: k=3 best at 1 in flight, every k below 1 at 4
+    c1, c4 = report["levels"]["c1"], report["levels"]["c4"]
+    assert c1["k3"]["speedup"] > c1["k1"]["speedup"] and c1["k3"]["speedup"] > 1.2
+    assert max(c4["k1"]["speedup"], c4["k3"]["speedup"]) < 0.8
+    assert v["serve_concurrency"] == 4 and v["speedup"] == v["decisions"]["4"]["speedup"]
+    assert (bench["decision"], bench["k"], bench["speedup"]) == ("undecided", v["k"], v["speedup"])
+    assert bench["speedup_c1"] == v["decisions"]["1"]["speedup"]
+    assert bench["speedup_c4"] == v["decisions"]["4"]["speedup"]
+    assert bench["acceptance_length"] == c4[f"k{v['k']}"]["acceptance_length"]
     assert bench["lossless_share"] == 1.0
     be = v["break_even"]
-    assert be["pays_at"] == [1] and be["loses_at"] == [4]
-    assert (
-        1 < be["break_even_concurrency"] < 4
-        and bench["break_even_concurrency"] == be["break_even_concurrency"]
-    )
-    assert v["k_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    assert be["pays_at"] == be["loses_at"] == [] and be["undecided_at"] == [1, 4]
+    assert be["break_even_concurrency"] is None and bench["break_even_concurrency"] is None
+    assert v["k_per_batch_size"] == [[1, 4, 0]]
     model = v["cost_model"]
     assert model["terms"] == ["1", "k", "log2c"] and len(model["held_out"]) == 4
     # (its three terms miss the stand-ins' k x load cost: a point left out may be predicted at a
     # step cost <= 0, then counted in held_out_unpredicted; the headline carries the figure)
     assert bench["cost_model_held_out_error"] == model["held_out_mean_abs_error"]
-    assert v["words"].startswith("the draft does not pay off: at 4 requests in flight")
-    assert "serve without speculation above about " in v["words"] and v["words"] in proc.stdout
+    assert "at 4 requests in flight it cannot be told" in v["words"] and v["words"] in proc.stdout
 
     # the plots: speedup against load, one line per k; the baseline's tokens/s
     assert read_json(tmp_path / "plots/speedup_vs_load.json") == [
-        {"concurrency": c, "k": str(k), "speedup": report["levels"][f"c{c}"][f"k{k}"]["speedup"]}
+        {
+            "concurrency": c,
+            "k": str(k),
+            "speedup": report["levels"][f"c{c}"][f"k{k}"]["speedup"],
+            "low": None,
+            "high": None,
+        }
         for c in (1, 4)
         for k in (1, 3)
     ]
@@ -815,24 +847,30 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(
     for cmd in served.values():
         assert f"starting {cmd}" in proc.stdout
     assert deploy[engine]["problems"] == [] and deploy["benchmark"]["warnings"] == []
-    # benchmark.port set: the server benchmarked at the verdict's k is the deployment command
-    assert deploy[engine]["command"] == served[f"k{v['k']}"]
+    # benchmark.port set: the servers side by side on port, port + 1, ...; the one benchmarked at
+    # the verdict's k is the deployment command on benchmark.port
+    ports = [int(shlex.split(cmd)[shlex.split(cmd).index("--port") + 1]) for cmd in served.values()]
+    assert ports == [ports[0], ports[0] + 1, ports[0] + 2]
+    assert deploy[engine]["command"] == served[f"k{v['k']}"].replace(
+        f"--port {ports[0] + 1 + [1, 3].index(v['k'])}", f"--port {ports[0]}"
+    )
     for name in ("vllm", "sglang"):
         assert deploy[name]["k"] == v["k"] and spec_k(name, deploy[name]["command"]) == v["k"]
-    # vLLM: k per batch size from the sweep, under the largest k it schedules
-    assert deploy["vllm"]["k_per_batch_size"] == v["k_per_batch_size"]
-    import shlex
-
-    argv = shlex.split(deploy["vllm"]["command_k_per_batch_size"])
-    spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec["num_speculative_tokens"] == 3
-    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    # vLLM: no k per batch size where no load is decided (every range would be 0)
+    assert "k_per_batch_size" not in deploy["vllm"]
     assert deploy["verdict"] == {
         "serve_concurrency": 4,
+        "decision": "undecided",
         "k": v["k"],
         "speedup": v["speedup"],
-        "pays_off": False,
-        "recommendation": "serve without speculation at 4 requests in flight",
+        "speedup_interval": [None, None],
+        "confidence": 0.9,
+        "pays_off": None,
+        "decided_loads": [],
+        "undecided_loads": [1, 4],
+        "undecided_k": 0,
+        "recommendation": "undecided at 4 requests in flight: serving without speculation "
+        "(benchmark.undecided_k) until more passes decide it",
     }
     if engine == "sglang":
         exported = Path(deploy["benchmark"]["server_logs"]) / "draft_sglang"

@@ -6,7 +6,20 @@ import math
 import numpy as np
 import pytest
 
-from draftline.tools.forecast import build_report, main, points_from_dvc_exps
+from draftline.tools.forecast import (
+    MEASURE,
+    build_report,
+    fit_log_linear,
+    forecast,
+    main,
+    points_from_dvc_exps,
+    read_points,
+)
+
+WHY_THREE = (
+    "3 points at distinct sample counts: a forecast needs at least 4; run "
+    "`dvc exp run -S samples=N` at more sizes"
+)
 
 
 def pts(samples, taus):
@@ -25,9 +38,60 @@ def test_log_linear_points_give_the_known_samples_with_an_interval_that_holds_th
     assert abs(f["samples"] - math.exp((2.5 - a) / b)) / math.exp((2.5 - a) / b) < 0.15
     lo, hi = f["interval_10_90"]
     assert lo < f["samples"] < hi
-    assert "extrapolation up to 4x" in f["trust"]
-    far = report["forecasts"]["3.0"]["log_linear"]  # e^10.4 = 32,859: past 4x the largest run
-    assert far["samples"] > 4 * 4000 and "not a plan" in far["trust"]
+    assert f["extrapolation_factor"] == round(f["samples"] / 4000, 2)
+    assert 1 < f["extrapolation_factor"] <= 2
+    assert f["trust"] == (
+        "extrapolation up to 2x the largest run (4,000 samples): indicative, within its interval"
+    )
+    assert report["measure"] == MEASURE and "held-out acceptance length" in MEASURE
+    far = report["forecasts"]["3.0"]["log_linear"]  # e^10.4 = 32,859: about 8.2x the largest run
+    assert abs(far["extrapolation_factor"] - math.exp(10.4) / 4000) / (math.exp(10.4) / 4000) < 0.2
+    assert far["extrapolation_factor"] == round(far["samples"] / 4000, 2)
+    assert far["trust"] == (
+        f"extrapolated {far['samples'] / 4000:.1f}x past the largest run (4,000 samples): "
+        "an order of magnitude to budget for, not a plan"
+    )
+
+
+def test_just_past_twice_the_largest_run_the_trust_says_how_far():
+    # tau = 1 + 0.5 ln(n / 100) exactly: tau 2.5 at 100 e^3 = 2,009, 2.51x the largest run (800)
+    samples = [100, 200, 400, 800]
+    report = build_report(
+        pts(samples, [1 + 0.5 * math.log(n / 100) for n in samples]), [2.0, 2.5], k=3
+    )
+    inside = report["forecasts"]["2.0"]["log_linear"]  # 100 e^2 = 739: inside the range
+    assert inside["samples"] == 739 and inside["extrapolation_factor"] == 0.92
+    assert inside["trust"] == "interpolation (inside the measured range)"
+    past = report["forecasts"]["2.5"]["log_linear"]
+    assert past["samples"] == 2009 and past["extrapolation_factor"] == 2.51
+    assert past["trust"].startswith("extrapolated 2.5x past the largest run (800 samples)")
+
+
+def log_linear_fit(dof: int, sd_a: float, b: float = 0.25) -> dict:
+    """A log-linear fit whose only uncertain parameter is the intercept a (standard error sd_a)."""
+    fit = fit_log_linear(np.array([100.0, 1000.0]), np.array([1.0, 1.0 + b * math.log(10)]))
+    return {**fit, "dof": dof, "cov": np.diag([sd_a**2, 0.0])}
+
+
+def interval_in_standard_errors(dof: int) -> float:
+    """The half-width of the 10-90 interval of ln(samples), in standard errors of a: the 90th
+    percentile of the draws' distribution (ln n = (target - a) / b is linear in a)."""
+    sd_a, b = 0.05, 0.25
+    f = forecast(log_linear_fit(dof, sd_a, b), 2.0)
+    lo, hi = f["interval_10_90"]
+    return math.log(hi / lo) / 2 / (sd_a / b)
+
+
+def test_the_interval_is_students_t_at_the_residual_dof_not_the_normals():
+    z_90 = 1.2816  # the normal's 90th percentile
+    t_90_one_dof = math.tan(0.4 * math.pi)  # Student t at 1 dof (Cauchy): 3.078
+    t_90_thirty_dof = 1.3104
+    one = interval_in_standard_errors(1)
+    assert abs(one - t_90_one_dof) / t_90_one_dof < 0.1
+    assert one > 2 * z_90  # the normal's interval would be less than half as wide
+    thirty = interval_in_standard_errors(30)
+    assert abs(thirty - t_90_thirty_dof) / t_90_thirty_dof < 0.05
+    assert interval_in_standard_errors(1) == one  # seeded: the same draws each time
 
 
 def test_saturating_points_are_fitted_with_a_ceiling_and_preferred():
@@ -46,12 +110,53 @@ def test_saturating_points_are_fitted_with_a_ceiling_and_preferred():
     assert report["forecasts"]["3.5"]["saturating"]["trust"] == "not reached by this curve"
 
 
-def test_two_points_fit_without_an_interval_and_one_value_is_refused():
-    report = build_report(pts([500, 1000], [1.8, 2.0]), [2.5], k=3)
-    assert report["forecasts"]["2.5"]["log_linear"]["interval_10_90"] is None
-    assert report["fits"]["saturating"] is None
-    with pytest.raises(ValueError, match="two or more distinct `samples`"):
+def test_fewer_than_four_distinct_sample_counts_give_no_number_but_say_why():
+    two = build_report(pts([500, 1000], [1.8, 2.0]), [2.5], k=3)
+    assert two["fits"]["log_linear"]["residual_dof"] == 0 and two["fits"]["saturating"] is None
+    assert two["forecasts"]["2.5"]["log_linear"] == {
+        "samples": None,
+        "interval_10_90": None,
+        "extrapolation_factor": None,
+        "trust": None,
+        "why_not": "2 points at distinct sample counts: a forecast needs at least 4; run "
+        "`dvc exp run -S samples=N` at more sizes",
+    }
+    # four runs, one repeated: three distinct sample counts still give no number
+    three = build_report(pts([500, 1000, 2000, 2000], [1.8, 2.0, 2.2, 2.25]), [2.5], k=3)
+    assert three["distinct_samples"] == 3 and three["why_not"] == WHY_THREE
+    assert three["fits"]["log_linear"]["residual_dof"] == 2  # fitted, with its residual
+    assert all(
+        f["samples"] is None and f["why_not"] == WHY_THREE
+        for f in three["forecasts"]["2.5"].values()
+    )
+    four = build_report(pts([500, 1000, 2000, 4000], [1.8, 2.0, 2.2, 2.4]), [2.5], k=3)
+    assert four["why_not"] is None and four["forecasts"]["2.5"]["log_linear"]["samples"] > 4000
+    with pytest.raises(ValueError, match="two or more distinct `samples`.*needs at least 4"):
         build_report(pts([500, 500], [1.8, 1.9]), [2.5], k=3)
+
+
+def test_points_at_another_k_are_another_measure_and_refused(tmp_path):
+    points = [{**p, "k": 3} for p in pts([100, 200, 400, 800], [1.8, 2.0, 2.2, 2.4])]
+    assert build_report(points, [2.5])["k"] == 3  # the points' k
+    mixed = points[:3] + [{**points[3], "k": 2}]
+    with pytest.raises(
+        ValueError, match=r"different k: run800 \(samples 800\) at k=2, run100 at k=3"
+    ):
+        build_report(mixed, [2.5])
+    with pytest.raises(ValueError, match="measured at k=3, the forecast was asked at k=2"):
+        build_report(points, [2.5], k=2)
+    path = tmp_path / "points.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"samples": 100, "acceptance_length": 1.8, "k": 3},
+                {"samples": 200, "acceptance_length": 2.0, "k": 2},
+            ]
+        )
+    )
+    assert [p["k"] for p in read_points([str(path)])] == [3, 2]
+    with pytest.raises(SystemExit, match="different k"):
+        main([str(path), "--out", str(tmp_path / "forecast")])
 
 
 def test_points_from_dvc_exp_show_json():
@@ -62,7 +167,9 @@ def test_points_from_dvc_exp_show_json():
             "data": {
                 "rev": name,
                 "params": {"params.yaml": {"data": {"samples": samples}}},
-                "metrics": {"reports/acceptance.json": {"data": {"acceptance_length": acc}}},
+                "metrics": {
+                    "reports/acceptance.json": {"data": {"acceptance_length": acc, "k": 3}}
+                },
             },
         }
 
@@ -77,6 +184,7 @@ def test_points_from_dvc_exp_show_json():
         },
     ]
     points = points_from_dvc_exps(exp_show)
+    assert {p["k"] for p in points} == {3}  # reports/acceptance.json's k
     assert sorted((p["samples"], p["acceptance_length"], p["source"]) for p in points) == [
         (600, 3.7, "abc123"),
         (600, 3.7, "workspace"),
@@ -90,12 +198,22 @@ def test_command_writes_json_and_markdown(tmp_path):
         json.dumps(
             [
                 {"samples": n, "acceptance_length": 1.0 + 0.2 * math.log(n / 50)}
-                for n in (100, 300, 900)
+                for n in (100, 300, 900, 2700)
             ]
         )
     )
     main([str(points), "--out", str(tmp_path / "forecast")])
     report = json.loads((tmp_path / "forecast.json").read_text())
-    assert set(report["forecasts"]) == {"2.5", "3.0"}
+    assert set(report["forecasts"]) == {"2.5", "3.0"} and report["measure"] == MEASURE
+    far = report["forecasts"]["3.0"]["log_linear"]  # 50 e^10 = 1.1M samples, 408x the largest run
+    assert far["extrapolation_factor"] == pytest.approx(50 * math.exp(10) / 2700, rel=0.01)
     text = (tmp_path / "forecast.md").read_text()
     assert "| 2.5 | log_linear |" in text and "not a plan" in text
+    assert f"{far['extrapolation_factor']:g}x | extrapolated" in text
+    points.write_text(json.dumps(json.loads(points.read_text())[:3]))  # three runs: no number
+    main([str(points), "--out", str(tmp_path / "forecast")])
+    report = json.loads((tmp_path / "forecast.json").read_text())
+    assert report["forecasts"]["2.5"]["log_linear"]["samples"] is None
+    text = (tmp_path / "forecast.md").read_text()
+    assert f"**No forecast**: {WHY_THREE}." in text
+    assert f"| 2.5 | log_linear | no forecast | — | — | {WHY_THREE} |" in text

@@ -17,7 +17,11 @@ def detail_file(tmp_path):
     for c, by_k in speedups.items():
         level = {"baseline": {"output_tokens_per_s": 100.0}}
         for k, s in by_k.items():
-            level[f"k{k}"] = {"output_tokens_per_s": 100.0 * s, "acceptance_length": tau[k]}
+            level[f"k{k}"] = {
+                "output_tokens_per_s": 100.0 * s,
+                "acceptance_length": tau[k],
+                "paired_speedups": [s * 0.99, s, s / 0.99],  # three rounds within 1%
+            }
         levels[f"c{c}"] = level
     path = tmp_path / "benchmark.detail.json"
     write_json(path, {"engine": "vllm", "levels": levels, "verdict": {"serve_concurrency": 4}})
@@ -27,12 +31,17 @@ def detail_file(tmp_path):
 def test_the_verdict_at_another_load_and_with_a_forecast(tmp_path, capsys):
     path = detail_file(tmp_path)
     main([str(path)])
-    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {
+    headline = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert {key: headline[key] for key in ("serve_concurrency", "decision", "k", "speedup")} == {
         "serve_concurrency": 4,
+        "decision": "yes",
         "k": 1,
         "speedup": 1.1,
-        "pays_off": True,
     }
+    assert 1 < headline["speedup_low"] < 1.1 < headline["speedup_high"]
+    # at 99.99% shared by two ks, three rounds no longer tell 1.05-1.1 from 1
+    main([str(path), "--confidence", "0.9999"])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["decision"] == "undecided"
     points = tmp_path / "points.json"
     write_json(
         points,
@@ -53,8 +62,10 @@ def test_the_verdict_at_another_load_and_with_a_forecast(tmp_path, capsys):
         ]
     )
     v = read_json(out)
-    assert (v["serve_concurrency"], v["k"], v["pays_off"]) == (16, 1, False)
-    assert "does not pay off: at 16 requests in flight" in capsys.readouterr().out
+    assert (v["serve_concurrency"], v["decision"], v["k"], v["pays_off"]) == (16, "no", None, False)
+    assert "at 16 requests in flight it does not pay off: even k=1 gives 0.90x" in (
+        capsys.readouterr().out
+    )
     forecast = v["needs"]["1.0"].get("forecast")
     assert forecast is None or forecast["k"] == 3  # the points' k, not the verdict's
 
