@@ -1001,6 +1001,9 @@ def _recipe_forecast(r: Reports, f: str) -> str:
     rows = []
     for target, by_fit in data["forecasts"].items():
         one = by_fit[data["preferred"]]
+        if one.get("samples") is None:  # too few points, or a curve that never reaches it
+            rows.append([target, "no number", "-", one.get("why_not") or data.get("why_not")])
+            continue
         low, high = one["interval_10_90"]
         rows.append(
             [
@@ -1107,6 +1110,8 @@ def drafters(name: str) -> Callable[[Reports], str]:
     def build(r: Reports) -> str:
         path = f"reports/drafters/{name}.json"
         data = r.load(path)
+        if "served" in data["sources"]:
+            return served_drafters(path, data)
         rows = []
         for method, f in data["methods"].items():
             rows.append(
@@ -1156,6 +1161,53 @@ def drafters(name: str) -> Callable[[Reports], str]:
         )
 
     return build
+
+
+def interval(f: dict, suffix: str = "") -> str:
+    """ "<speedup>x [<low>-<high>]" of a drafters row, the bare point where there is no interval."""
+    point, low, high = (f[f"{key}{suffix}"] for key in ("speedup", "low", "high"))
+    if low is None:
+        return f"{fmt(point, '.2f')}x (no interval)"
+    return f"{fmt(point, '.2f')}x [{fmt(low, '.2f')}-{fmt(high, '.2f')}]"
+
+
+def served_drafters(path: str, data: dict) -> str:
+    """The drafters served in one run against the same baseline passes (drafters --served)."""
+    methods = data["methods"]
+    first = next(iter(methods.values()))
+    conc = first["serve_concurrency"]
+    loads = sorted(int(key.rsplit("_c", 1)[1]) for key in first if key.startswith("speedup_c"))
+    rows = [
+        [
+            DRAFTER_NAMES.get(method, method),
+            fmt(f["val_tau_sim"], ".2f") if f["val_tau_sim"] is not None else "-",
+            fmt(f["served_acceptance_length"], ".2f"),
+            f"{f['decision']}: {interval(f)} at k={fmt(f['k'], 'd')}",
+            " / ".join(interval(f, f"_c{c}") for c in loads),
+        ]
+        for method, f in methods.items()
+    ]
+    return "\n".join(
+        [
+            table(
+                [
+                    "train.method",
+                    "val tau_sim",
+                    f"acceptance (served, {fmt(conc, 'd')} in flight)",
+                    f"decision at {fmt(conc, 'd')} in flight",
+                    " / ".join(f"{c} in flight" for c in loads),
+                ],
+                rows,
+            ),
+            "",
+            source(
+                f"`{path}` (`python -m devtools.drafters --served`): one run, every draft against "
+                f"the same baseline passes ({fmt(data['rounds'], 'd')} rounds, "
+                f"{data['design']}), intervals at {fmt(data['confidence'], '.0%')} shared by the "
+                "ks compared"
+            ),
+        ]
+    )
 
 
 FIGURES: dict[str, Callable[[Reports], str]] = {

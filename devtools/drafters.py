@@ -1,6 +1,9 @@
-"""The drafters compared on one data set: a baseline run (the committed one, or an experiment
-by name) and the DVC experiments that changed only train.method, read from their git refs (`dvc
-exp run -n NAME -S train.method=...` keeps each as refs/exps/.../NAME). Writes
+"""The drafters compared on one data set. With --served REV: one benchmark run (a commit or an
+experiment) whose benchmark.compare served the other methods' drafts (devtools/method_draft.py)
+against the same baseline passes: each method's decision and interval at every load, from that one
+run. Otherwise: a baseline run (the committed one, or an experiment by name) and the DVC
+experiments that changed only train.method, read from their git refs (`dvc exp run -n NAME -S
+train.method=...` keeps each as refs/exps/.../NAME): separate runs, separate baselines. Writes
 reports/drafters/<name>.json: per method, the train tau_sim, the held-out acceptance length, the
 serving verdict's speedup and tokens/s at the serve load, and the method's own params, with the
 params they share; docs/drafters.md's figures come from it (make docs-figures).
@@ -108,17 +111,86 @@ def compare(baseline: str, experiments: list[str], root: Path = ROOT) -> dict:
     }
 
 
+def served_figures(decisions: dict, level: dict, serve: int, acceptance) -> dict:
+    """One method's serving figures from its decisions per load (verdict.decisions or one entry
+    of verdict.compare) and its acceptance at the serve load."""
+    d = decisions[str(serve)]
+    k = d["k"] if d["k"] is not None else d.get("best_k")
+    return {
+        "serve_concurrency": serve,
+        "decision": d["decision"],
+        "k": k,
+        "speedup": d["speedup"],
+        "low": d["low"],
+        "high": d["high"],
+        **{
+            f"{name}_c{c}": decisions[str(c)][key]
+            for c in (min(map(int, decisions)), max(map(int, decisions)))
+            for name, key in (("speedup", "speedup"), ("low", "low"), ("high", "high"))
+        },
+        "served_acceptance_length": acceptance,
+        "passes": level.get("passes"),
+    }
+
+
+def served(rev: str, root: Path = ROOT) -> dict:
+    """Every method of one benchmark run with benchmark.compare: {name: method} of the compared
+    drafts is their benchmark.compare name; their train figures from <draft>/train.json."""
+    params = yaml.safe_load(git_show(rev, "params.yaml", root))
+    detail = json.loads(git_show(rev, "reports/benchmark.detail.json", root))
+    train = json.loads(git_show(rev, "reports/train.json", root))
+    v = detail["verdict"]
+    serve = v["serve_concurrency"]
+    level = detail["levels"][f"c{serve}"]
+    main = params["train"].get("method", "eagle3")
+    k_main = v["decisions"][str(serve)]["k"] or v["decisions"][str(serve)]["best_k"]
+    methods = {
+        main: {
+            "val_tau_sim": train["val_tau_sim"],
+            **served_figures(
+                v["decisions"], level[f"k{k_main}"], serve,
+                level[f"k{k_main}"].get("acceptance_length"),
+            ),
+        }
+    }  # fmt: skip
+    for name, by_load in (v.get("compare") or {}).items():
+        d = by_load[str(serve)]
+        k = d["k"] if d["k"] is not None else d.get("best_k")
+        spec = level["compare"][name][f"k{k}"]
+        report = root / params["benchmark"]["compare"][name] / "train.json"
+        tau = json.loads(report.read_text())["val_tau_sim"] if report.is_file() else None
+        methods[name] = {
+            "val_tau_sim": tau,
+            **served_figures(by_load, spec, serve, spec.get("acceptance_length")),
+        }
+    return {
+        "params": {key: params[key] for key in SHARED},
+        "methods": methods,
+        "baseline_tokens_per_s": level["baseline"]["output_tokens_per_s"],
+        "design": v.get("design", {}).get("layout"),
+        "rounds": v.get("design", {}).get("rounds"),
+        "confidence": v["confidence"],
+        "sources": {"served": rev, "compare": params["benchmark"]["compare"]},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="reports/drafters/<name>.json")
     parser.add_argument(
         "--baseline", default="HEAD", help="the baseline run: a revision or an experiment's name"
     )
-    parser.add_argument("experiments", nargs="+", help="experiment names (dvc exp run -n)")
+    parser.add_argument("--served", help="one run whose benchmark.compare served the others")
+    parser.add_argument("experiments", nargs="*", help="experiment names (dvc exp run -n)")
     args = parser.parse_args()
     out = ROOT / "reports" / "drafters" / f"{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = compare(args.baseline, args.experiments)
+    if args.served:
+        report = served(experiment_ref(args.served, ROOT, fallback=args.served))
+    elif args.experiments:
+        report = compare(args.baseline, args.experiments)
+    else:
+        raise SystemExit("drafters: give --served REV or experiment names")
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"drafters: {out.relative_to(ROOT)}: {', '.join(report['methods'])}")
 

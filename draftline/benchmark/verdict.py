@@ -274,7 +274,8 @@ def k_schedule(decided: dict, undecided_k: int = 0) -> list[list[int]]:
 
 
 def interval_words(d: dict) -> str:
-    """ "1.45x [1.38-1.52]" of a decision, or the point and why it has no interval."""
+    """A decision's speedup with its interval ("<speedup>x [<low>-<high>]"), or the point and why
+    it has no interval."""
     if d["speedup"] is None:
         return "no speedup measured"
     if d["low"] is None:
@@ -286,16 +287,19 @@ def load_words(c: int, d: dict) -> str:
     """The decision at one load in a sentence."""
     at = f"at {c} request{'s' if c != 1 else ''} in flight"
     others = ", ".join(f"k={o}" for o in d.get("indistinguishable", []))
-    tied = f"; {others} within the same interval" if others else ""
+    tied = f"; {others} not told apart from it" if others else ""
     if d["decision"] == "yes":
         return f"{at} it pays off: k={d['k']} gives {interval_words(d)}{tied}"
     if d["decision"] == "no":
         return f"{at} it does not pay off: even k={d['best_k']} gives {interval_words(d)}"
+    if d["low"] is None:
+        return (
+            f"{at} it cannot be told: k={d['k']} gives {d['speedup']:.2f}x from one pass per "
+            "server, no spread to judge by"
+        )
     more = (
         f"; about {d['rounds_to_decide']} rounds of passes at this spread would decide it"
         if d.get("rounds_to_decide")
-        else f"; {d['why']}"
-        if d.get("why")
         else "; more passes at this spread would not decide it"
     )
     return (

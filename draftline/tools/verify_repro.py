@@ -12,6 +12,8 @@ The contract (README, docs/operations.md) and its tolerances are in `reproducibi
   difference is listed with its reason, never failed;
 - `within`: figures (`file#/json/pointer`) with an absolute or relative tolerance;
 - `reported`: figures compared and shown but never failed (serving throughput on a shared CPU).
+- `decisions`: the serving decisions per load: yes in one run and no in the other is outside;
+  undecided on either side is not (the passes could not tell).
 Exit status 1 names every output or figure outside the contract; a figure missing on either side
 is outside it too. Reads the committed side with `git show`, so it needs a git work tree.
 """
@@ -152,6 +154,24 @@ def compare_figures(root: Path, rev: str, contract: dict) -> list[dict]:
     return rows
 
 
+CONTRADICTS = {("yes", "no"), ("no", "yes")}
+
+
+def compare_decisions(root: Path, rev: str, contract: dict) -> list[dict]:
+    """One row per load of each `decisions` pointer ({load: {"decision": yes / no / undecided}}):
+    a load decided yes in one run and no in the other is outside; undecided on either side is
+    not a contradiction (it says the passes could not tell)."""
+    rows = []
+    for ref in contract.get("decisions") or []:
+        committed, yours = figure(root, rev, ref) or {}, figure(root, None, ref) or {}
+        for load in sorted({*committed, *yours}, key=lambda c: int(c)):
+            a = (committed.get(load) or {}).get("decision")
+            b = (yours.get(load) or {}).get("decision")
+            ok = a is not None and b is not None and (a, b) not in CONTRADICTS
+            rows.append({"figure": f"{ref}/{load}", "committed": a, "yours": b, "ok": ok})
+    return rows
+
+
 def machine_differences(root: Path, rev: str) -> dict[str, dict]:
     """{stage: {fact: [committed, yours]}} for the machine facts that differ (reports/machine/)."""
     out = {}
@@ -200,6 +220,12 @@ def render(report: dict) -> str:
             f"  {row['figure']:<52} {row['committed']!s:>9} -> {row['yours']!s:<9} {diff:>9}  "
             f"tol {tolerance_text(row['tolerance']):<12} {mark}"
         )
+    for row in report.get("decisions", []):
+        mark = "ok" if row["ok"] else "CONTRADICTS"
+        lines.append(
+            f"  {row['figure']:<52} {row['committed']!s:>9} -> {row['yours']!s:<9} {'':>9}  "
+            f"{'decision':<16} {mark}"
+        )
     if report["machine"]:
         lines += ["", "  machine facts that differ (committed -> yours):"]
         for stage, facts in report["machine"].items():
@@ -225,13 +251,15 @@ def verify(root: Path, rev: str = "HEAD", contract_path: Path | None = None) -> 
     yours = lock_outs((root / "dvc.lock").read_text() if (root / "dvc.lock").is_file() else None)
     outputs = compare_outputs(contract, committed, yours)
     figures = compare_figures(root, rev, contract)
+    decisions = compare_decisions(root, rev, contract)
     failed = [r["stage"] for r in outputs if not r["ok"]] + [
-        r["figure"] for r in figures if not r["ok"]
+        r["figure"] for r in [*figures, *decisions] if not r["ok"]
     ]
     return {
         "rev": rev,
         "outputs": outputs,
         "figures": figures,
+        "decisions": decisions,
         "machine": machine_differences(root, rev),
         "failed": failed,
     }

@@ -226,7 +226,7 @@ def test_decide_at_the_serve_load_with_the_goals_met_reachable_and_out_of_reach(
     low, high = v["speedup_low"], v["speedup_high"]
     assert words.startswith(
         f"vllm, intervals at 90% shared by the ks compared: at 4 requests in flight it pays off: "
-        f"k=2 gives 1.04x [{low:.2f}-{high:.2f}]; k=1, k=3 within the same interval. At 1 request"
+        f"k=2 gives 1.04x [{low:.2f}-{high:.2f}]; k=1, k=3 not told apart from it. At 1 request"
     ), words
     assert "at 16 requests in flight it does not pay off: even k=2 gives 0.89x" in words
     be = v["break_even"]["break_even_concurrency"]

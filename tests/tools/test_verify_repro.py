@@ -93,6 +93,30 @@ def test_a_figure_beyond_its_tolerance_or_missing_is_named(committed):
     assert verify(committed)["failed"] == ["reports/acceptance.json#/acceptance_length"]
 
 
+def test_a_decision_reversed_is_named_and_an_undecided_one_is_not(committed):
+    """`decisions`: yes in the committed run and no in yours is outside the contract; a load one
+    run could not decide is not a contradiction."""
+    contract = yaml.safe_load((committed / "reproducibility.yaml").read_text())
+    contract["decisions"] = ["reports/benchmark.detail.json#/verdict/decisions"]
+    (committed / "reproducibility.yaml").write_text(yaml.safe_dump(contract))
+
+    def decisions(**by_load):
+        path = committed / "reports/benchmark.detail.json"
+        verdict = {"decisions": {c[1:]: {"decision": d} for c, d in by_load.items()}}
+        path.write_text(json.dumps({"verdict": verdict}))
+
+    decisions(c1="yes", c4="yes", c16="undecided")
+    git(committed, "add", ".")
+    git(committed, "commit", "-qm", "decided")
+    decisions(c1="yes", c4="undecided", c16="no")
+    report = verify(committed)
+    assert report["failed"] == [] and [r["ok"] for r in report["decisions"]] == [True] * 3
+    decisions(c1="no", c4="yes", c16="yes")
+    assert verify(committed)["failed"] == ["reports/benchmark.detail.json#/verdict/decisions/1"]
+    decisions(c1="yes", c4="yes")  # a load missing from the rerun
+    assert verify(committed)["failed"] == ["reports/benchmark.detail.json#/verdict/decisions/16"]
+
+
 def test_a_stage_missing_from_the_run_is_named(committed):
     write(committed, {"prepare@x": "b", "train": "c"}, 3.49)
     assert verify(committed)["failed"] == ["mix"]
