@@ -739,6 +739,34 @@ def test_benchmark_rounds_run_the_servers_side_by_side_shuffled_and_paired(
     assert deploy["verdict"]["decision"] == "no" and deploy["verdict"]["decided_loads"] == [1, 4]
 
 
+def test_benchmark_one_server_at_a_time_runs_the_baseline_before_and_after(
+    tmp_path, random_target, draft_dir
+):
+    """benchmark.layout sequential (a target that fits once): the baseline's rounds, the
+    speculative server's, the baseline's again; each speculative pass paired with the baseline
+    interpolated to its time, the drift between the two baselines recorded and widening the
+    interval."""
+    overrides = {**LOAD, **stand_ins("vllm"), "k": [3], "concurrency": [1], "repeats": 3}
+    overrides.update(serve_concurrency=1, layout="sequential")
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = read_json(tmp_path / "bench.detail.json")
+    design = report["verdict"]["design"]
+    assert design["layout"] == "sequential" and design["servers"] == ["baseline", "k3"]
+    assert design["passes"] == 3 * 3 and design["rounds_order"] == []  # baseline twice, k3 once
+    assert "idle_servers_cpu_cores" not in design  # nothing else runs beside the one measured
+    deploy = read_json(tmp_path / "deploy.json")
+    assert deploy["benchmark"]["design"] == "sequential"
+    assert set(deploy["benchmark"]["serve_commands"]) == {"baseline", "k3"}
+    level = report["levels"]["c1"]
+    assert level["baseline"]["passes"] == 6 and level["k3"]["passes"] == 3
+    assert len(level["k3"]["paired_speedups"]) == 3 and "drift_log" in level["k3"]
+    d = report["verdict"]["decisions"]["1"]
+    iv = d["by_k"]["3"]
+    assert iv["half_width_log"] >= abs(level["k3"]["drift_log"]) / 2
+    assert d["decision"] == "yes" and d["low"] > 1  # the stand-ins' k=3 pays at 1 in flight
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_benchmark_stage_drives_baseline_and_speculative_servers(
     tmp_path, random_target, draft_dir, eagle3_draft_dir, engine
