@@ -187,6 +187,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.served:
         report = served(experiment_ref(args.served, ROOT, fallback=args.served))
+        report["sources"]["served"] = args.served  # the name given, not the ref behind it
     elif args.experiments:
         report = compare(args.baseline, args.experiments)
     else:
