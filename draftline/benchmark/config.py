@@ -3,6 +3,7 @@ speculative decoding."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import field_validator, model_validator
@@ -95,7 +96,7 @@ class BenchmarkConfig(TargetPlacement):
     # k deployed at a load whose decision is undecided (0: no speculation there)
     undecided_k: int = shaping(0, ge=0)
     # other drafts served against the same baseline in the same run, {name: draft dir}, each at
-    # compare_k (null: at k); their directories are the stage's deps (stages/compare_drafts.py)
+    # compare_k (null: at k); each under drafts/, a dep of the stage (a changed draft reruns it)
     compare: dict[str, str] = shaping({})
     compare_k: list[int] | None = shaping(None)
     # device, device_map, dtype (TargetPlacement): hf only
@@ -154,6 +155,13 @@ class BenchmarkConfig(TargetPlacement):
             )
         if not self.speedup_goals or min(self.speedup_goals) <= 0:
             raise ValueError("speedup_goals: give at least one speedup, each > 0")
+        for name, path in self.compare.items():
+            parts = Path(path).parts
+            if Path(path).is_absolute() or not parts or parts[0] != "drafts" or ".." in parts:
+                raise ValueError(
+                    f"compare: {name}: {path} is not under drafts/: put (copy) the draft there, "
+                    "where the benchmark stage sees it change (drafts/README.md)"
+                )
         if self.compare and self.engine == "hf":
             raise ValueError("compare: only for engine vllm or sglang (drafts served side by side)")
         if self.undecided_k and self.undecided_k not in self.k:
