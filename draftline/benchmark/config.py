@@ -82,10 +82,10 @@ class BenchmarkConfig(TargetPlacement):
     )  # hf: untimed passes; servers: passes over the prompts before measuring
     # rounds of timed passes: in each, every server once at every load (hf: the baseline and each
     # k once); each speculative pass paired with a baseline pass gives one ratio of the interval
-    repeats: int = shaping(3, ge=1)
+    repeats: int = shaping(10, ge=1)
     # servers: a timed pass lasts at least this long, cycling the prompts (0: one request per
     # prompt or 4 per request in flight, whichever is more)
-    min_pass_s: float = shaping(0.0, ge=0)
+    min_pass_s: float = shaping(1.0, ge=0)
     # servers side by side, each round in shuffled order (side_by_side; separate_gpus: each on its
     # share of the GPUs), or one at a time with the baseline before and after (sequential); auto:
     # side_by_side without a GPU or with servers already running, else sequential

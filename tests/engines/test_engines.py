@@ -653,7 +653,8 @@ LOAD = {
     "concurrency": [1, 4],
     "serve_concurrency": 4,
     "requests_per_level": 6,
-    "repeats": 1,  # one timed pass per level (test_benchmark_passes_are_repeated_and_weighed: more)
+    "repeats": 1,  # one round (test_benchmark_rounds_run_the_servers_side_by_side...: more)
+    "min_pass_s": 0,  # each pass exactly requests_per_level requests
     "startup_timeout_s": 60,
     "request_timeout_s": 30,
 }
