@@ -35,7 +35,9 @@ SMOLLM2_PARAMS=(
   -S '++train.train_lm_head=true'
   -S '++evaluate.prompts=12'              # fewer than the tiny default: batch-1 speculative decoding of a 135M target is slow on CPU
   -S 'benchmark.prompts=6'
-  -S 'benchmark.repeats=1'
+  # rounds of paired passes side by side as the default, fewer of them: a pass of this target takes
+  # seconds where the tiny one's takes one (docs/evaluation.md#benchmarks-does-the-draft-pay-off)
+  -S 'benchmark.repeats=5'
   -S 'benchmark.warmup=1'
 )
 

@@ -70,15 +70,15 @@ def benchmark_hf(
             "runs_tokens_per_s": [round(t, 2) for t in tps],
         }
 
-    speculative, verdicts = {}, {}
+    speculative, verdicts, base = {}, {}, summary(timed[None])
     for k in cfg.ks:
         rounds = [r for g in timed[k][0] for r in g.accepted_per_round]
-        base_tps = summary(timed[None])["runs_tokens_per_s"]
+        own = summary(timed[k])
         speculative[k] = {
-            **summary(timed[k]),
+            **own,
             "paired_speedups": [
                 round(t / b, 4)
-                for t, b in zip(summary(timed[k])["runs_tokens_per_s"], base_tps, strict=True)
+                for t, b in zip(own["runs_tokens_per_s"], base["runs_tokens_per_s"], strict=True)
                 if b
             ],
             "acceptance_length": round(sum(rounds) / len(rounds), 4) if rounds else None,
@@ -89,4 +89,4 @@ def benchmark_hf(
             for gens in timed[k]
             for g, ref in zip(gens, reference, strict=True)
         ]
-    return {"baseline": summary(timed[None]), "speculative": speculative, "verdicts": verdicts}
+    return {"baseline": base, "speculative": speculative, "verdicts": verdicts}

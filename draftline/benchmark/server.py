@@ -188,8 +188,8 @@ def process_tree(pid: int) -> list:
         return []
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a server's process tree so far; None for one not launched here."""
+def tree_total(pid: int | None, measure) -> float | None:
+    """measure(process) summed over a server's process tree; None for one not launched here."""
     if pid is None:
         return None
     import psutil
@@ -197,21 +197,18 @@ def cpu_seconds(pid: int | None) -> float | None:
     total = 0.0
     for proc in process_tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess):
-            times = proc.cpu_times()
-            total += times.user + times.system
+            total += measure(proc)
     return total
 
 
-def rss_gib(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    import psutil
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a server's process tree so far."""
+    return tree_total(pid, lambda p: p.cpu_times().user + p.cpu_times().system)
 
-    total = 0
-    for proc in process_tree(pid):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += proc.memory_info().rss
-    return round(total / 2**30, 3)
+
+def rss_gib(pid: int | None) -> float | None:
+    total = tree_total(pid, lambda p: p.memory_info().rss)
+    return None if total is None else round(total / 2**30, 3)
 
 
 @dataclass

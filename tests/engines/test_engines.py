@@ -740,6 +740,38 @@ def test_benchmark_rounds_run_the_servers_side_by_side_shuffled_and_paired(
     assert deploy["verdict"]["decision"] == "no" and deploy["verdict"]["decided_loads"] == [1, 4]
 
 
+def test_benchmark_compare_serves_another_draft_against_the_same_baseline_passes(
+    tmp_path, random_target, draft_dir
+):
+    """benchmark.compare: another draft (under drafts/) served at compare_k in the same shuffled
+    rounds, each of its passes paired with the same baseline passes as the run's own draft, decided
+    on its own (verdict.compare), its outputs judged; it does not move the run's own verdict."""
+    import shutil
+
+    shutil.copytree(draft_dir, tmp_path / "drafts" / "other")
+    overrides = {**LOAD, **stand_ins("vllm"), "k": [1], "concurrency": [1], "repeats": 3}
+    overrides.update(serve_concurrency=1, compare={"other": "drafts/other"}, compare_k=[3])
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = read_json(tmp_path / "bench.detail.json")
+    v = report["verdict"]
+    assert v["design"]["servers"] == ["baseline", "k1", "other:k3"]
+    assert all(
+        sorted(order) == ["baseline", "k1", "other:k3"] for *_, order in v["design"]["rounds_order"]
+    )
+    level = report["levels"]["c1"]
+    other = level["compare"]["other"]["k3"]
+    assert len(other["paired_speedups"]) == len(level["k1"]["paired_speedups"]) == 3
+    assert other["acceptance_length"] == ACCEPTANCE[3] and other["output_verdicts"]["mismatch"] == 0
+    d = v["compare"]["other"]["1"]
+    assert (d["decision"], d["k"]) == ("yes", 3) and 1 < d["low"] <= d["speedup"] <= d["high"]
+    assert set(d["by_k"]) == {"3"}  # its own family: the ks it was served at
+    assert list(v["decisions"]["1"]["by_k"]) == ["1"] and report["ks"] == [1]
+    assert report["lossless"]["compared_outputs"] == level["k1"]["requests"]  # the run's own draft
+    served = read_json(tmp_path / "deploy.json")["benchmark"]["serve_commands"]
+    assert spec_k("vllm", served["other:k3"]) == 3 and "drafts/other" in served["other:k3"]
+
+
 def test_benchmark_one_server_at_a_time_runs_the_baseline_before_and_after(
     tmp_path, random_target, draft_dir
 ):
