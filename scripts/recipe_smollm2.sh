@@ -21,13 +21,14 @@ cd "$(dirname "$0")/.."
 source scripts/smollm2.sh # SMOLLM2_PARAMS: the real target and the recipe found here
 export PATH=$PWD/.venv/bin:$PATH
 
-ORDER=(L27-500 d500-emb-head d500-emb-head-ep15 d250-emb-head d125-emb-head d500-emb-head-len256)
+ORDER=(L27-500 d500-emb-head d500-emb-head-ep15 d500-drafts d500-emb-head-verdict d375-emb-head
+  d250-emb-head d125-emb-head d500-emb-head-len256)
 # Candidates are chosen on the dev split (reports/acceptance_dev.json, `evaluate_dev`); the test
 # split (reports/acceptance.json) is what the docs report. The d500-* candidates start from
 # L27-500 and stop at the two evaluate stages (no benchmark); every candidate key is given, so a
 # run does not depend on the one before (a key given twice: the last -S wins). The one chosen on
-# dev (CHOSEN: d500-emb-head) is then run at 250 and 125 conversations for the acceptance-vs-samples
-# forecast. d500-emb, d500-head, L27-250 / L27-125 (the earlier recipe's forecast), base-250,
+# dev (CHOSEN: d500-emb-head) is then run at 375, 250 and 125 conversations for the
+# acceptance-vs-samples forecast (four points with d500-emb-head). d500-emb, d500-head, L27-250 / L27-125 (the earlier recipe's forecast), base-250,
 # ep10-250 and c125-* (the earlier exploration at 250 / 125 conversations) are runnable by name.
 RECIPE=(-S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' -S 'train.lr=0.003'
   -S 'train.ttt_steps=3' -S '++train.speculative_tokens=null' -S 'vocab.draft_vocab_size=4096'
@@ -60,11 +61,16 @@ run() { # run NAME: one experiment in the workspace
   # with up to 256-token answers, more training tokens (every answer regenerated)
   d500-emb-head-len256) set -- -S '++samples=500' "${CHOSEN[@]}" -S 'regenerate.max_tokens=256' evaluate ;;
   # the chosen recipe on half and a quarter of the conversations (acceptance vs samples)
+  d375-emb-head) set -- -S '++samples=375' "${CHOSEN[@]}" evaluate ;;
   d250-emb-head) set -- -S '++samples=250' "${CHOSEN[@]}" evaluate ;;
   d125-emb-head) set -- -S '++samples=125' "${CHOSEN[@]}" evaluate ;;
   # the chosen recipe through the whole pipeline: its serving verdict in vLLM's CPU build (a
   # baseline and a speculative server per k at each load; reports/recipe_smollm2/verdict_*.json)
-  d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" ;;
+  # and the other drafters (d500-drafts) served against the same baseline passes in the same run
+  # (benchmark.compare; docs/drafters.md), each at k = 1 and 3 (seven servers side by side)
+  d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" \
+    -S '+benchmark.compare.peagle=drafts/peagle' -S '+benchmark.compare.dflash=drafts/dflash' \
+    -S 'benchmark.compare_k=[1, 3]' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
@@ -81,6 +87,15 @@ run() { # run NAME: one experiment in the workspace
   d500-dflash-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" -S '++train.method=dflash' \
     -S '++train.init_layer_from_target=null' -S '++train.train_embeddings=false' \
     -S '++train.dflash.max_anchors=64' ;;
+  # P-EAGLE and DFlash drafts on the chosen recipe's data and budget, for the verdict run's
+  # benchmark.compare (devtools/method_draft.py; drafts/ is a dependency of the benchmark stage)
+  d500-drafts)
+    dvc exp run -n d500-drafts "${SMOLLM2_PARAMS[@]}" -S '++samples=500' "${CHOSEN[@]}" train
+    python -m devtools.method_draft peagle drafts/peagle --set train.init_layer_from_target=null
+    python -m devtools.method_draft dflash drafts/dflash --set train.init_layer_from_target=null \
+      --set train.train_embeddings=false --set train.dflash.max_anchors=64
+    return
+    ;;
   *)
     echo "unknown run $name; known: ${ORDER[*]}" >&2
     exit 2
@@ -92,7 +107,7 @@ run() { # run NAME: one experiment in the workspace
   case "$name" in
   # stopped at evaluate: reports/benchmark.json is an earlier run's; the chosen recipe at 500 / 250
   # / 125 conversations: the points of the acceptance-vs-samples plot
-  d500-emb-head | d250-emb-head | d125-emb-head) record=(--no-benchmark --samples-point) ;;
+  d500-emb-head | d375-emb-head | d250-emb-head | d125-emb-head) record=(--no-benchmark --samples-point) ;;
   d500-emb-head-verdict | d500-peagle-verdict | d500-dflash-verdict) record=() ;; # the whole pipeline: its benchmark is this run's
   c125-* | d500-*) record=(--no-benchmark) ;;
   esac

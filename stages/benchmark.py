@@ -1,10 +1,11 @@
 """Stage `benchmark`: does the draft pay off? (draftline/benchmark/run.py)
 
-    python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json reports/deploy.json reports/benchmark reports/evaluate/acceptance_vs_samples.json
+    python -m stages.benchmark models/target/card.json models/draft datasets/prompts/eval.jsonl reports/benchmark.json reports/deploy.json reports/benchmark reports/evaluate/acceptance_vs_samples.json --context reports/evaluate/context.json
 
 The report goes to reports/benchmark.json, the verdict's headline and each load's speedup first;
 the stage fails on the lossless gate only after every report is written. The last argument is
-optional.
+optional; --context (the evaluate stage's acceptance by context length and the draft's trained
+length) adds what they say to the verdict's words and deploy.json.
 """
 
 import argparse
@@ -26,6 +27,7 @@ ARGS.add_argument("plots", help="reports/benchmark: speedup against load, baseli
 ARGS.add_argument(
     "points", nargs="?", help="acceptance vs samples (evaluate), the verdict's forecast of samples"
 )
+ARGS.add_argument("--context", help="reports/evaluate/context.json: acceptance by context length")
 
 
 @entry_point
@@ -44,6 +46,7 @@ def main(*argv: str) -> None:
         Path(args.deploy),
         Path(args.plots),
         Path(args.points) if args.points else None,
+        Path(args.context) if args.context else None,
     )
     report = run(params, paths)
     concurrency = [f"speedup_c{c}" for c in report["concurrency"]]

@@ -27,11 +27,12 @@ from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.hf import benchmark_hf
 from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
-from draftline.core.io import read_jsonl, write_json
+from draftline.core.io import read_json, read_jsonl, write_json
 from draftline.draft.checkpoint import load_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.engines.preflight import PreflightError
 from draftline.evaluate.acceptance import eos_ids
+from draftline.evaluate.context import deploy_context, served_context_limit
 from draftline.targets.model import card_tokenizer, load_target
 from draftline.tokens.chat import first_turn_ids
 from draftline.tools.forecast import read_points as read_forecast_points
@@ -340,6 +341,9 @@ class Paths(NamedTuple):
     forecast_points: (
         Path | None
     )  # acceptance vs samples (the evaluate stage's plot), for the verdict
+    # the evaluate stage's context.json: acceptance by context and the trained length, for the
+    # verdict's words and deploy.json's warning (None: not measured)
+    context: Path | None = None
 
 
 def read_points(path: Path | None) -> list[dict]:
@@ -366,6 +370,12 @@ def run(params, paths: Paths) -> dict:
     report, deploy = run_benchmark(
         cfg, card, str(paths.draft), str(paths.prompts), read_points(paths.forecast_points)
     )
+    summary = read_json(paths.context) if paths.context and paths.context.is_file() else None
+    notes = deploy_context(summary, served_context_limit(card.model))
+    deploy["context"] = notes["deploy"]
+    if notes["words"]:
+        report["verdict"]["context"] = notes["words"]
+        report["verdict"]["words"] += " " + " ".join(notes["words"])
     write_json(paths.deploy, deploy)
     for name, rows in benchmark_plots(report).items():
         write_json(paths.plots / name, rows)

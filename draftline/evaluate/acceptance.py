@@ -26,7 +26,17 @@ from draftline.draft.methods import METHODS, Forward
 from draftline.draft.metrics import accumulate, summarize
 from draftline.hidden_states.formats import roundtrip
 from draftline.targets.model import load_target
-from draftline.tokens.chat import first_turn_ids
+from draftline.evaluate.context import (
+    Markup,
+    Step,
+    beyond_trained,
+    by_context,
+    by_span,
+    collapse,
+    group_figures,
+    prompt_steps,
+)
+from draftline.tokens.chat import eval_prompt_ids
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -331,6 +341,8 @@ class EvaluationTally:
     # prompts whose one-pass rounds at the evaluated k equal the direct run's (a rounding flip
     # between one full forward and the incremental ones can make one differ)
     sweep_agrees: int = 0
+    # every verification step with its context and span (draftline/evaluate/context.py)
+    steps: list[Step] = field(default_factory=list)
 
     def add_sweep(self, row: dict, by_k: dict[int, list[int]], agrees: bool) -> None:
         """One prompt's rounds at every k <= the evaluated one, overall and in its source."""
@@ -364,6 +376,7 @@ class EvaluationModels:
     device: str
     stop: set[int]
     tie_tolerance: float
+    markup: Markup | None = None  # the reasoning span's tokens, where the target has them
 
 
 def load_models(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path) -> EvaluationModels:
@@ -375,8 +388,112 @@ def load_models(cfg: EvaluateConfig, card: TargetCard, draft_dir: str | Path) ->
     tie_tolerance = cfg.resolved_tie_tolerance()
     draft = load_draft(draft_dir, card, device)
     return EvaluationModels(
-        target, tokenizer, draft, device, eos_ids(tokenizer, target), tie_tolerance
+        target,
+        tokenizer,
+        draft,
+        device,
+        eos_ids(tokenizer, target),
+        tie_tolerance,
+        Markup.of(tokenizer, cfg.reasoning_markup),
     )
+
+
+def trained_longest_row(draft_dir: str | Path) -> int | None:
+    """The longest row (tokens) the draft was trained on, as its meta.json records it (train's
+    `trained_rows`); None for a draft trained elsewhere."""
+    meta = Path(draft_dir, "meta.json")
+    rows = (read_json(meta).get("trained_rows") or {}) if meta.is_file() else {}
+    return rows.get("longest")
+
+
+def context_sections(cfg: EvaluateConfig, tally: EvaluationTally, markup: Markup | None, longest):
+    """The report's sections on acceptance against context and reasoning: by_context (with its
+    collapse test), by_span where the target marks reasoning, and the prompts past the draft's
+    trained length (draftline/evaluate/context.py)."""
+    contexts = by_context(
+        tally.steps, cfg.context_buckets, cfg.confidence, "verification step context"
+    )
+    contexts["collapse"] = collapse(contexts, cfg.collapse_share)
+    lengths = {
+        prompt: len(ids) + len(tally.greedy.get(prompt, []))
+        for prompt, ids in tally.prompt_ids.items()
+    }
+    sections = {
+        "by_context": contexts,
+        "trained_length": beyond_trained(lengths, longest),
+    }
+    if markup is not None:
+        sections["by_span"] = by_span(tally.steps, cfg.confidence, cfg.reasoning_markup)
+    else:
+        sections["by_span"] = {
+            "markup": list(cfg.reasoning_markup),
+            "skipped": "the markup is not one token each in the target's tokenizer",
+        }
+    return sections
+
+
+def context_plot(report: dict) -> list[dict]:
+    """acceptance_vs_context.json: one row per bucket holding steps."""
+    return [
+        {
+            "bucket": b["bucket"],
+            "from_tokens": b["from_tokens"],
+            "acceptance_length": b["acceptance_length"],
+            "low": b["low"],
+            "high": b["high"],
+            "prompts": b["prompts"],
+            "steps": b["steps"],
+            "repetition_rate": b["repetition_rate"],
+        }
+        for b in report["by_context"]["buckets"]
+        if b["steps"]
+    ]
+
+
+def context_summary(report: dict, share: float) -> dict:
+    """reports/evaluate/context.json, what the benchmark's verdict says of context: the buckets,
+    the collapse test and its sentence, the trained length and the prompts past it (report: the
+    evaluate report, with by_context from either engine)."""
+    from draftline.evaluate.context import beyond_words, collapse_words
+
+    contexts = report["by_context"]
+    fall = contexts.get("collapse") or collapse(contexts, share)
+    return {
+        "by_context": {**contexts, "collapse": fall},
+        "collapse_share": share,
+        "collapse_words": collapse_words(fall, contexts),
+        "trained_length": report.get("trained_length"),
+        "beyond_words": beyond_words(report.get("trained_length") or {}),
+    }
+
+
+def thinking_switch(
+    models: EvaluationModels, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dict]
+) -> dict | None:
+    """Acceptance with the template's thinking switch on and off (chat_template_kwargs
+    {cfg.thinking_switch: true / false}), the same prompts decoded speculatively each way, with
+    the reasoning/answer split of each; None where the template does not read the switch."""
+    name = cfg.thinking_switch
+    template = getattr(models.tokenizer, "chat_template", None) or ""
+    if not name or not isinstance(template, str) or name not in template:
+        return None
+    from draftline.evaluate.specdec import SpecPair, speculative_generate
+
+    pair = SpecPair(models.target, models.draft, aux_ids)
+    out = {"switch": name}
+    for state, value in (("on", True), ("off", False)):
+        steps = []
+        for row in rows:
+            ids = eval_prompt_ids(models.tokenizer, row, {name: value})
+            spec = speculative_generate(pair, ids, cfg.max_new_tokens, cfg.k, models.stop)
+            steps += prompt_steps(
+                row["id"], ids, spec.tokens, spec.accepted_per_round, spec.emitted_per_round,
+                models.markup,
+            )  # fmt: skip
+        out[state] = group_figures(steps, cfg.confidence)
+        if models.markup is not None:
+            out[state]["by_span"] = by_span(steps, cfg.confidence, cfg.reasoning_markup)
+    return out
 
 
 def trained_on_fp8(draft_dir: str | Path) -> bool:
@@ -410,10 +527,17 @@ def evaluate_prompt(
 
     target, draft, stop = models.target, models.draft, models.stop
     pair = SpecPair(target, draft, aux_ids)
-    # a later turn of a multi-turn row carries its own ids (draftline/evaluate/compare.py)
-    ids = row.get("prompt_ids") or first_turn_ids(models.tokenizer, row)
+    # a later turn of a multi-turn row carries its own ids (draftline/evaluate/compare.py); a
+    # long history is decoded whole (draftline/tokens/chat.py eval_prompt_ids)
+    ids = eval_prompt_ids(models.tokenizer, row)
     tally.prompt_ids[row["id"]] = ids
     spec = speculative_generate(pair, ids, cfg.max_new_tokens, cfg.k, stop)
+    tally.steps.extend(
+        prompt_steps(
+            row["id"], ids, spec.tokens, spec.accepted_per_round, spec.emitted_per_round,
+            models.markup,
+        )
+    )  # fmt: skip
     # acceptance at every k <= cfg.k from one pass over the greedy output
     output, runs = acceptance_runs(pair, ids, cfg.max_new_tokens, cfg.k, stop)
     by_k = {k: walk_rounds(runs, len(output), k) for k in range(1, cfg.k + 1)}
@@ -547,6 +671,10 @@ def evaluate_draft(
     real = acceptance_summary(tally.rounds, cfg.k, tally.emitted)
     sim = simulated_acceptance(tally.sums, Forward.chain(cfg.k))
     report = evaluation_report(cfg, len(rows), tally, real, sim, lossless)
+    report |= context_sections(cfg, tally, models.markup, trained_longest_row(draft_dir))
+    switch = thinking_switch(models, cfg, card.aux_ids, rows)
+    if switch is not None:
+        report["thinking_switch"] = switch
     log.info(
         f"evaluate: acceptance length {report['acceptance_length']:.3f} over {real['rounds']} rounds (k={cfg.k}), "
         f"{report['tokens_per_step']:.3f} tokens emitted per step, "
@@ -554,7 +682,10 @@ def evaluate_draft(
     )
     return EvaluationRun(
         report,
-        evaluation_plots(train_prompts, samples, report, real),
+        {
+            **evaluation_plots(train_prompts, samples, report, real),
+            "acceptance_vs_context.json": context_plot(report),
+        },
         tally.prompt_ids,
         tally.greedy,
         tally.runner_ups,

@@ -49,9 +49,35 @@ class EvaluateConfig(TargetPlacement):
     compare: dict[str, str] = shaping({})
     # when fine-tuning (train.init set), the draft it started from is measured beside it as "init"
     compare_init: bool = shaping(True)
+    # Acceptance by context length (draftline/evaluate/context.py): bucket edges in tokens; the
+    # built-in engine buckets every verification step by its context (prompt + generated), vLLM
+    # each request by its prompt length. [] = one bucket
+    context_buckets: list[int] = shaping([256, 1024, 4096])
+    # of each bucket's (and span's) acceptance interval over prompts
+    confidence: float = shaping(0.9, gt=0, lt=1)
+    # the verdict names a collapse when the longest bucket measured falls below this share of the
+    # shortest one's acceptance length
+    collapse_share: float = shaping(0.8, gt=0, le=1)
+    # the tokens that open and close a reasoning span in the target's output (one token each):
+    # acceptance inside reasoning vs in the answer; not single tokens of the target: no split
+    reasoning_markup: list[str] = shaping(["<think>", "</think>"])
+    # a chat-template switch for thinking (passed as chat_template_kwargs): where the target's
+    # template reads it, the prompts are also decoded with it on and with it off (acceptance of
+    # each, built-in engine); null = no switch measured
+    thinking_switch: str | None = shaping("enable_thinking")
 
     def resolved_tie_tolerance(self) -> float:
         return TIE_TOLERANCE[self.dtype] if self.tie_tolerance is None else self.tie_tolerance
+
+    @model_validator(mode="after")
+    def _buckets_increase(self):
+        from draftline.evaluate.context import ContextBucketsError, check_edges
+
+        try:
+            check_edges(self.context_buckets)
+        except ContextBucketsError as err:
+            raise ValueError(str(err).removeprefix("error: ")) from None
+        return self
 
     @model_validator(mode="after")
     def _plain_compare_names(self):

@@ -20,7 +20,7 @@ from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
 from draftline.draft.checkpoint import draft_method
 from draftline.draft.methods import METHODS
-from draftline.evaluate.acceptance import EvaluationRun, evaluate_draft
+from draftline.evaluate.acceptance import EvaluationRun, context_summary, evaluate_draft
 from draftline.evaluate.compare import (
     HELD_OUT,
     TRAINED,
@@ -92,7 +92,10 @@ def measure(params, card: TargetCard, paths: Paths, others: dict[str, Path], set
             measured, failure = with_vllm(measured, cfg, card, draft, params.engines.vllm)
     if not paths.dev and failure is None:
         measured = with_comparison(measured, params, card, paths, Comparison(sets, others))
-    for name, rows in measured.plots.items():
+    plots = dict(measured.plots)
+    if "by_context" in measured.report:  # what the verdict says of context (benchmark reads it)
+        plots["context.json"] = context_summary(measured.report, cfg.collapse_share)
+    for name, rows in plots.items():
         write_json(paths.plots / name, rows)
     if "sets" in measured.report:
         (paths.plots / "sets.md").write_text(measured.report["sets"]["table"])

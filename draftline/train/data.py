@@ -64,6 +64,16 @@ def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     return h.hexdigest()
 
 
+def trained_rows(tokenized_dir: Path) -> dict:
+    """How many tokenized rows the draft trains on and the longest of them (tokens, after
+    tokenize.max_length's cut): the draft has never seen a position past it, which the evaluate
+    stage names (draftline/evaluate/context.py beyond_trained)."""
+    from datasets import load_from_disk
+
+    lengths = load_from_disk(str(tokenized_dir)).with_format(None)["seq_len"]
+    return {"rows": len(lengths), "longest": int(max(lengths, default=0))}
+
+
 def hidden_states_source(hs_dir: Path) -> dict:
     """What the hidden_states stage recorded: mode (offline files / online), format, aux ids..."""
     meta = Path(hs_dir) / "meta.json"

@@ -47,6 +47,7 @@ from draftline.train.data import (
     make_dataset,
     make_loader,
     online_states,
+    trained_rows,
     training_data_sha256,
 )
 from draftline.train.paths import Paths, TrainJob, TrainPaths
@@ -465,6 +466,7 @@ def train(
         best_epoch=best["epoch"],
         vllm_speculator=vllm_fields,
         hidden_states={"mode": source["mode"], "format": source["format"]},
+        trained_rows=trained_rows(paths.tokenized),
     )
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staged, out)
