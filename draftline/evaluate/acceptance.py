@@ -24,8 +24,6 @@ from draftline.core.io import read_json, read_jsonl
 from draftline.draft.checkpoint import load_draft
 from draftline.draft.methods import METHODS, Forward
 from draftline.draft.metrics import accumulate, summarize
-from draftline.hidden_states.formats import roundtrip
-from draftline.targets.model import load_target
 from draftline.evaluate.context import (
     Markup,
     Step,
@@ -36,6 +34,8 @@ from draftline.evaluate.context import (
     group_figures,
     prompt_steps,
 )
+from draftline.hidden_states.formats import roundtrip
+from draftline.targets.model import load_target
 from draftline.tokens.chat import eval_prompt_ids
 
 if TYPE_CHECKING:

@@ -171,16 +171,16 @@ def compare_builtin(
 
 
 def compare_vllm(cfg: EvaluateConfig, card: TargetCard, comparison: Comparison, engine) -> dict:
-    """{set: {draft: figures}} by vLLM alone (first turns; no tau_sim): one run per pair."""
+    """{set: {draft: figures}} by vLLM alone (each row's eval prompt; no tau_sim): one run per pair."""
     from draftline.evaluate.vllm_engine import evaluate_with_vllm
     from draftline.targets.model import card_tokenizer
-    from draftline.tokens.chat import first_turn_ids
+    from draftline.tokens.chat import eval_prompt_ids
 
     tokenizer = card_tokenizer(card)
     results: dict[str, dict] = {name: {} for name in comparison.sets}
     for draft_name, path in comparison.drafts.items():
         for set_name, rows in comparison.sets.items():
-            prompts = {row["id"]: first_turn_ids(tokenizer, row) for row in rows}
+            prompts = {row["id"]: eval_prompt_ids(tokenizer, row) for row in rows}
             vllm = evaluate_with_vllm(cfg, card, path, prompts, None, engine)
             results[set_name][draft_name] = {
                 key: vllm[key] for key in ("acceptance_length", "position_acceptance", "rounds")

@@ -292,7 +292,9 @@ def counted_buckets(
     edges = check_edges(edges)
     labels = bucket_labels(edges)
     if len(counters) != len(labels):
-        raise ValueError(f"one counter set per bucket: {len(labels)} buckets, {len(counters)} given")
+        raise ValueError(
+            f"one counter set per bucket: {len(labels)} buckets, {len(counters)} given"
+        )
     members: dict[int, list[tuple[Sequence[int], Sequence[int]]]] = defaultdict(list)
     for prompt, output in requests:
         members[bucket_index(len(prompt), edges)].append((prompt, output))

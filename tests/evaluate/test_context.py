@@ -244,9 +244,7 @@ def test_a_thinking_switch_is_measured_on_and_off(trained_draft, models_and_rows
     try:
         import dataclasses
 
-        switched = thinking_switch(
-            dataclasses.replace(models, markup=markup), cfg, aux, rows
-        )
+        switched = thinking_switch(dataclasses.replace(models, markup=markup), cfg, aux, rows)
     finally:
         tokenizer.chat_template = plain
     assert switched["switch"] == "enable_thinking"

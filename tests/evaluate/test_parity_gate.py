@@ -87,6 +87,13 @@ def test_the_stage_path_feeds_vllms_outputs_to_the_gate(monkeypatch):
         "prompt_ids_match": [True, True],
         # 4 drafts, 6 tokens accepted (3, 2, 1 at positions 1-3): 2.5, as the built-in engine
         "counters": {"drafts": 4, "accepted_tokens": 6, "accepted_per_pos": [3, 2, 1]},
+        # both one-token prompts in the shortest context bucket, the three others empty
+        "group_counters": [
+            {"drafts": 4, "accepted_tokens": 6, "accepted_per_pos": [3, 2, 1]},
+            None,
+            None,
+            None,
+        ],
         "read": {},
         "load_s": 1.0,
         "generate_s": 1.0,
@@ -94,8 +101,9 @@ def test_the_stage_path_feeds_vllms_outputs_to_the_gate(monkeypatch):
     }
     monkeypatch.setattr(vllm_engine, "run_vllm_generate", lambda *args, **kw: result)
     builtin = {"acceptance_length": 2.5, "rounds": 4, "position_acceptance": positions}
+    builtin_contexts = {"basis": "verification step context"}  # the built-in engine's own
     run = EvaluationRun(
-        {**builtin, "engine": "hf"},
+        {**builtin, "engine": "hf", "by_context": builtin_contexts},
         {"acceptance_vs_samples.json": [{"samples": 1}]},
         {"p0": [1], "p1": [2]},
         GREEDY,
@@ -108,3 +116,8 @@ def test_the_stage_path_feeds_vllms_outputs_to_the_gate(monkeypatch):
     assert gate["gap"] == 0 and not gate["passed"] and done.report["engine"] == "vllm"
     assert "p0 from token 1" in failure
     assert done.report["engines"]["vllm"]["outputs_equal_to_builtin_greedy"] == 1
+    # vLLM's by_context sits with its engine; the built-in engine's stays the report's
+    contexts = done.report["engines"]["vllm"]["by_context"]
+    assert done.report["by_context"] is builtin_contexts
+    assert [b["prompts"] for b in contexts["buckets"]] == [2, 0, 0, 0]
+    assert contexts["buckets"][0]["acceptance_length"] == 2.5

