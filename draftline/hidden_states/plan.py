@@ -271,6 +271,8 @@ def render(plan: dict) -> str:
     ]
     if "dvc" in plan:
         lines += ["", *render_dvc(plan)]
+    if "length" in plan:
+        lines += ["", *render_length(plan["length"])]
     return "\n".join(lines)
 
 
@@ -309,4 +311,72 @@ def render_dvc(plan: dict) -> list[str]:
         )
     else:
         lines.append(f"hashing: no measured rate ({HASHING_REPORT} missing; --hash-gbps)")
+    return lines
+
+
+# ---- training for length -------------------------------------------------------------------
+
+
+def length_plan(
+    max_length: int,
+    pack_len: int,
+    draft_positions: int | None,
+    served_limit: int | None,
+    longest_before_cut: int | None = None,
+    truncated_share: float | None = None,
+) -> dict:
+    """What training rows of up to `max_length` tokens (tokenize.max_length) needs, and what the
+    current settings leave untrained: a row is cut at tokenize.max_length, then again at the end
+    of its pack (train.pack_len: speculators' collate cuts it), and the draft's rotary positions
+    stop at its max_position_embeddings (the target's, copied into the draft's layer config).
+    `served_limit`: the longest context the target serves; `longest_before_cut` /
+    `truncated_share`: the tokenize stage's report, where there is one. Each finding says the
+    setting that lifts it."""
+    trained = min(max_length, pack_len)
+    findings = []
+    if pack_len < max_length:
+        findings.append(
+            f"train.pack_len {pack_len} < tokenize.max_length {max_length}: rows are cut again at "
+            f"{pack_len} tokens when packed; raise train.pack_len to at least {max_length} (a "
+            "pack's attention grows with the square of its length: fewer rows fit a pack, each "
+            "step costs more)"
+        )
+    if draft_positions is not None and max_length > draft_positions:
+        findings.append(
+            f"tokenize.max_length {max_length} > the draft's {draft_positions} positions "
+            "(max_position_embeddings): positions past it are not defined for the draft; stay "
+            "within the target's own limit"
+        )
+    if served_limit is not None and trained < served_limit:
+        findings.append(
+            f"the target serves up to {served_limit:,} tokens, the draft trains on at most "
+            f"{trained:,}: positions past {trained:,} are untrained (evaluate's by_context and "
+            "trained_length say how acceptance holds there)"
+        )
+    if longest_before_cut is not None and longest_before_cut <= max_length:
+        findings.append(
+            f"no row reaches tokenize.max_length {max_length} (the longest is "
+            f"{longest_before_cut:,} before any cut): longer rows need longer prompts (multi-turn, "
+            "documents) and regenerate.max_tokens, not a larger max_length alone"
+        )
+    return {
+        "max_length": max_length,
+        "pack_len": pack_len,
+        "trained_positions": trained,
+        "draft_positions": draft_positions,
+        "served_limit": served_limit,
+        "longest_row_before_cut": longest_before_cut,
+        "truncated_share": truncated_share,
+        "findings": findings,
+    }
+
+
+def render_length(length: dict) -> list[str]:
+    lines = [
+        f"length: rows up to {length['max_length']:,} tokens (tokenize.max_length), packs of "
+        f"{length['pack_len']:,} (train.pack_len): the draft trains on positions < "
+        f"{length['trained_positions']:,}"
+        + (f"; the target serves {length['served_limit']:,}" if length["served_limit"] else "")
+    ]
+    lines += [f"  - {finding}" for finding in length["findings"]]
     return lines

@@ -2,7 +2,8 @@
 draftline/hidden_states/plan.py).
 
     draftline plan                       # from params.yaml and whatever exists on disk
-    draftline plan --hidden-size 7168 --samples 25000 --tokens-per-sample 4000   # any scale"""
+    draftline plan --hidden-size 7168 --samples 25000 --tokens-per-sample 4000   # any scale
+    draftline plan --max-length 8192     # training on longer rows: tokens, disk, what it needs"""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from draftline.hidden_states.plan import (
     estimate_row_tokens,
     free_bytes,
     hashing_rates,
+    length_plan,
     link_type,
     make_plan,
     render,
@@ -32,9 +34,17 @@ from draftline.params import Params
 log = logging.getLogger("draftline.tools.plan")
 
 
-def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, int, str]:
-    """(tokens, rows, where they came from)."""
-    if (tokenized / "dataset_info.json").is_file() or (tokenized / "state.json").is_file():
+def token_counts(
+    params: Params, tokenized: Path, prompts: Path, max_length: int | None = None
+) -> tuple[int, int, str]:
+    """(tokens, rows, where they came from). max_length: another tokenize.max_length than the
+    params' (rows estimated from the prompts at that cap: the tokenized data holds rows cut at
+    the old one)."""
+    max_length = max_length or params.tokenize.max_length
+    tokenized_here = (tokenized / "dataset_info.json").is_file() or (
+        tokenized / "state.json"
+    ).is_file()
+    if tokenized_here and max_length == params.tokenize.max_length:
         from datasets import load_from_disk
 
         lengths = load_from_disk(str(tokenized)).with_format(None)["seq_len"]
@@ -43,12 +53,35 @@ def token_counts(params: Params, tokenized: Path, prompts: Path) -> tuple[int, i
         from draftline.core.io import read_jsonl
 
         lengths = [
-            estimate_row_tokens(p, params.regenerate.max_tokens, params.tokenize.max_length)
+            estimate_row_tokens(p, params.regenerate.max_tokens, max_length)
             for p in read_jsonl(prompts)
         ]
         return sum(lengths), len(lengths), f"estimated from the prompts {prompts}"
     rows = params.samples
-    return rows * params.tokenize.max_length, rows, "upper bound: samples x tokenize.max_length"
+    return rows * max_length, rows, "upper bound: samples x tokenize.max_length"
+
+
+def training_length(params: Params, args, card: Path) -> dict:
+    """length_plan for tokenize.max_length (or --max-length), with the target's limits from its
+    card's model config and the tokenize report's longest row where they are on disk."""
+    from draftline.evaluate.context import served_context_limit
+
+    limit = None
+    if card.is_file():
+        from draftline.core.card import TargetCard
+
+        limit = served_context_limit(TargetCard.load(card).model)
+    report = Path(args.tokenize_report)
+    tokenized = json.loads(report.read_text()) if report.is_file() else {}
+    check = tokenized.get("check") or {}
+    return length_plan(
+        args.max_length or params.tokenize.max_length,
+        params.train.pack_len,
+        limit,  # speculators' draft layer takes the target's max_position_embeddings
+        limit,
+        check.get("longest_before_cut"),
+        check.get("share"),
+    )
 
 
 @entry_point
@@ -78,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--hash-gbps", type=float, help="DVC's hashing rate, GB/s, instead of the report's"
     )
+    ap.add_argument(
+        "--max-length",
+        type=int,
+        help="plan for another tokenize.max_length: tokens, disk, and what longer rows need",
+    )
+    ap.add_argument("--tokenize-report", default="reports/tokenize.json")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
 
@@ -102,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
         tokens, rows = args.samples * args.tokens_per_sample, args.samples
         source = f"{args.samples:,} samples x {args.tokens_per_sample:,} tokens"
     else:
-        tokens, rows, source = token_counts(params, Path(args.tokenized), Path(args.prompts))
+        tokens, rows, source = token_counts(
+            params, Path(args.tokenized), Path(args.prompts), args.max_length
+        )
     hs, train = params.hidden_states, params.train
     plan = make_plan(
         tokens,
@@ -124,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.hash_gbps is not None:
         rates = {**rates, "hash_gbps": args.hash_gbps, "hash_from": "--hash-gbps"}
     add_dvc(plan, types, link, rates)
+    plan["length"] = training_length(params, args, Path(args.card))
     log.info(json.dumps(plan, indent=2) if args.json else render(plan))
 
 

@@ -64,14 +64,21 @@ def training_data_sha256(tokenized_dir: Path, hs_dir: Path) -> str:
     return h.hexdigest()
 
 
-def trained_rows(tokenized_dir: Path) -> dict:
-    """How many tokenized rows the draft trains on and the longest of them (tokens, after
-    tokenize.max_length's cut): the draft has never seen a position past it, which the evaluate
+def trained_rows(tokenized_dir: Path, pack_len: int) -> dict:
+    """How many tokenized rows the draft trains on and the longest position it sees: the longest
+    row (after tokenize.max_length's cut), at most train.pack_len (speculators' collate cuts a row
+    at the end of its pack). The draft has never seen a position past it, which the evaluate
     stage names (draftline/evaluate/context.py beyond_trained)."""
     from datasets import load_from_disk
 
     lengths = load_from_disk(str(tokenized_dir)).with_format(None)["seq_len"]
-    return {"rows": len(lengths), "longest": int(max(lengths, default=0))}
+    longest_row = int(max(lengths, default=0))
+    return {
+        "rows": len(lengths),
+        "longest_row": longest_row,
+        "pack_len": pack_len,
+        "longest": min(longest_row, pack_len),
+    }
 
 
 def hidden_states_source(hs_dir: Path) -> dict:

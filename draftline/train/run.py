@@ -466,7 +466,7 @@ def train(
         best_epoch=best["epoch"],
         vllm_speculator=vllm_fields,
         hidden_states={"mode": source["mode"], "format": source["format"]},
-        trained_rows=trained_rows(paths.tokenized),
+        trained_rows=trained_rows(paths.tokenized, cfg.pack_len),
     )
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staged, out)

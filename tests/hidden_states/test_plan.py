@@ -89,3 +89,40 @@ def test_plan_prints_the_cache_and_hashing_at_the_seeds_figures():
     hours_bf16 = bf16 / (rates["hash_gbps"] * 1e9) / 3600
     assert f"| {hours_bf16:,.1f} h |" in table
     assert f"{1e12 / (rates['hash_gbps'] * 1e9) / 3600:.2f} h per TB" in table
+
+
+def test_the_length_plan_names_what_cuts_rows_and_what_stays_untrained():
+    from draftline.hidden_states.plan import length_plan, render_length
+
+    plan = length_plan(8192, 2048, 4096, 4096, longest_before_cut=300)
+    assert plan["trained_positions"] == 2048
+    text = "\n".join(render_length(plan))
+    assert "raise train.pack_len to at least 8192" in text
+    assert "the draft's 4096 positions" in text
+    assert "positions past 2,048 are untrained" in text
+    assert "no row reaches tokenize.max_length 8192" in text
+    # settings that train every position the target serves, on rows that reach the cut: nothing
+    whole = length_plan(4096, 4096, 4096, 4096, longest_before_cut=9000)
+    assert whole["findings"] == [] and whole["trained_positions"] == 4096
+
+
+def test_plan_at_another_max_length_reestimates_from_the_prompts(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "x" * 40000}], "tools": None}) + "\n"
+    )
+    cmd = [sys.executable, "-m", "draftline.tools.plan", "--hidden-size", "64", "--free-gb", "1",
+           "--cache-type", "copy", "--prompts", str(prompts), "--tokenized", str(tmp_path / "none"),
+           "--tokenize-report", str(tmp_path / "none.json"), "--json"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+
+    def plan(*extra):
+        done = subprocess.run([*cmd, *extra], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    short, long = plan(), plan("--max-length", "8192")
+    # 10,000 tokens of prompt: cut at the params' tokenize.max_length, then at 8,192
+    assert long["tokens"] == 8192 > short["tokens"]
+    assert long["length"]["max_length"] == 8192
+    assert any("raise train.pack_len" in f for f in long["length"]["findings"])
