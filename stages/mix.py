@@ -46,6 +46,12 @@ def main(prepared_dir: str, prepare_reports: str, out_dir: str, report_json: str
         f"{sum(report['holdout']['train_rows_skipped'].values())}; "
         f"duplicates dropped {report['duplicates_dropped']['total']}"
         + (f"; capped {report['capped']}" if report["capped"] else "")
+        + (
+            f"; rows carrying a piece of {', '.join(report['holdout']['pieces']['sets'])} kept "
+            f"out of train {report['holdout']['pieces']['train_rows_skipped']}"
+            if "pieces" in report["holdout"]
+            else ""
+        )
     )
 
 

@@ -9,7 +9,9 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, model_validator
 
 from draftline.core.config import Section, operational, shaping
+from draftline.data.builtin_sources import BUILTINS
 from draftline.data.presets import PRESETS
+from draftline.data.pydoc_long import PydocLongConfig
 
 # Dataset names become file names (datasets/prepared/<name>.jsonl), DVC stage names (prepare@<name>)
 # and dotted params keys (datasets.<name>): letters, digits, _ and -, nothing that walks a path.
@@ -29,6 +31,7 @@ CANONICAL_FIELDS = (
     "system",
     "tools",
     "source",  # the row's own category or upstream set, kept as its source_detail
+    "decode",  # "history": an eval prompt decoded from its whole history (pydoc_long.DECODE_HISTORY)
 )
 
 # Language filter by Unicode script of the user turns (see formats.dominant_script).
@@ -46,14 +49,34 @@ SCRIPTS = (
 )
 
 
+# the keys that say where a dataset's rows are read from: a built-in source generates its own
+BUILTIN_REFUSES = (
+    "preset",
+    "path",
+    "split",
+    "name",
+    "data_files",
+    "revision",
+    "streaming",
+    "fields",
+)
+
+
 class DatasetSpec(Section):
-    """One source of `datasets`; a `preset` (PRESETS) fills every key not given."""
+    """One source of `datasets`; a `preset` (PRESETS) fills every key not given; a `builtin`
+    generates its rows (no path)."""
 
     # sharegpt_vicuna, ultrachat_200k, open_perfectblend, hermes_function_calling, ...
     preset: str | None = shaping(None)
-    path: str = (
-        shaping()
-    )  # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id
+    # local .jsonl/.json/.parquet file or dataset directory, or a hub dataset id (required unless
+    # `builtin`)
+    path: str | None = shaping(None)
+    # a source generated on the spot from text installed with Python, no path and no download:
+    # pydoc_long, long-context eval prompts from the Python Language Reference (docs/datasets.md);
+    # eval-only: named in evaluate.sets
+    builtin: str | None = shaping(None)
+    # the builtin's settings (null: its defaults); a second builtin adds its model to this union
+    build: PydocLongConfig | None = shaping(None)
     format: Literal["auto", "sharegpt", "openai", "alpaca", "prompt"] = shaping("auto")
     split: str = shaping("train")
     name: str | None = shaping(None)  # hub config name
@@ -81,6 +104,26 @@ class DatasetSpec(Section):
 
     @model_validator(mode="before")
     @classmethod
+    def _builtin_source(cls, raw):
+        if not isinstance(raw, dict) or raw.get("builtin") is None:
+            if isinstance(raw, dict) and raw.get("build") is not None:
+                raise ValueError("build: the settings of a builtin source; name one in `builtin`")
+            return raw
+        source = BUILTINS.get(raw["builtin"])
+        if source is None:
+            raise ValueError(
+                f"unknown builtin {raw['builtin']!r}; builtins: {', '.join(sorted(BUILTINS))}"
+            )
+        if given := [key for key in BUILTIN_REFUSES if raw.get(key) not in (None, {})]:
+            raise ValueError(
+                f"builtin {raw['builtin']} generates its rows: {', '.join(given)} do not apply"
+            )
+        if raw.get("format", source.format) not in ("auto", source.format):
+            raise ValueError(f"format: builtin {raw['builtin']} rows are {source.format}")
+        return {**raw, "format": source.format, "build": raw.get("build") or {}}
+
+    @model_validator(mode="before")
+    @classmethod
     def _apply_preset(cls, raw):
         if not isinstance(raw, dict) or raw.get("preset") is None:
             return raw
@@ -98,6 +141,15 @@ class DatasetSpec(Section):
             "streaming": preset.streaming,
         }
         return {**defaults, **raw}
+
+    @model_validator(mode="after")
+    def _a_source(self):
+        if self.path is None and self.builtin is None:
+            raise ValueError(
+                "path: required (a local file or dataset directory, or a hub dataset id), or "
+                f"builtin: a generated source ({', '.join(sorted(BUILTINS))})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _known_names(self):
@@ -163,28 +215,37 @@ def plain_names(raw):
 Datasets = Annotated[dict[str, DatasetSpec], BeforeValidator(plain_names)]
 
 
+def eval_only(spec: DatasetSpec) -> bool:
+    """A benchmark preset or an eval-only builtin: evaluated, never trained on."""
+    if spec.builtin is not None:
+        return BUILTINS[spec.builtin].eval_only
+    return spec.preset in PRESETS and PRESETS[spec.preset].eval_only
+
+
+def held_out_by_pieces(spec: DatasetSpec) -> bool:
+    """Whether mix holds the dataset's rows out of train piece by piece (a builtin assembled from
+    paragraphs: draftline/data/holdout.py `PieceIndex`), beyond the twins every eval set has."""
+    return spec.builtin is not None and BUILTINS[spec.builtin].held_out_by_pieces
+
+
 def train_datasets(datasets: dict[str, DatasetSpec], eval_sets=()) -> list[str]:
     """The datasets that give train prompts: all but the eval sets (evaluate.sets)."""
     return sorted(set(datasets) - set(eval_sets))
 
 
 def check_eval_sets(datasets: dict[str, DatasetSpec], eval_sets: list[str]) -> None:
-    """evaluate.sets against the datasets: each names one, a benchmark preset (eval_only) is
-    named there, and at least one dataset is left to train on."""
+    """evaluate.sets against the datasets: each names one, a benchmark preset or an eval-only
+    builtin (eval_only) is named there, and at least one dataset is left to train on."""
     if unknown := sorted(set(eval_sets) - set(datasets)):
         raise ValueError(
             f"evaluate.sets: {unknown} are not datasets; an eval set is a `datasets` entry (a "
             "preset such as mt_bench, or a local file) named in evaluate.sets"
         )
-    benchmarks = sorted(
-        name
-        for name, spec in datasets.items()
-        if spec.preset in PRESETS and PRESETS[spec.preset].eval_only
-    )
+    benchmarks = sorted(name for name, spec in datasets.items() if eval_only(spec))
     if untracked := sorted(set(benchmarks) - set(eval_sets)):
         raise ValueError(
-            f"datasets {untracked} are benchmark sets (an eval-only preset): name them in "
-            "evaluate.sets, never train on them"
+            f"datasets {untracked} are benchmark sets (an eval-only preset or builtin): name "
+            "them in evaluate.sets, never train on them"
         )
     if datasets and not train_datasets(datasets, eval_sets):
         raise ValueError("evaluate.sets names every dataset: none is left to train on")

@@ -3,13 +3,15 @@
 Formats: ShareGPT, OpenAI messages, Alpaca, prompt-only (reading the rows is draftline/data/sources.py).
 Every row becomes one record::
 
-    {"id": str, "source": str, "source_detail"?: str, "tools": list | None, "prompt_tokens_est": int,
+    {"id": str, "source": str, "source_detail"?: str, "decode"?: "history", "tools": list | None,
+     "prompt_tokens_est": int,
      "messages": [{"role": "system|user|assistant|tool", "content": str,
                    "reasoning_content"?: str, "tool_calls"?: [...], "tool_call_id"?: str}]}
 
 `source` is the dataset's name in params.yaml; `source_detail` is the row's own `source` column
-when it has one (the upstream subset of a blended set). A top-level `system` column becomes the
-first system turn in every format.
+when it has one (the upstream subset of a blended set); `decode: "history"`, kept from a row that
+says so, marks an eval prompt decoded from its whole history rather than its first turn. A
+top-level `system` column becomes the first system turn in every format.
 
 A row that cannot become a record is dropped with a reason (``Dropped``) that the caller counts.
 Turn-order rules:
@@ -46,6 +48,7 @@ from typing import NamedTuple
 
 from draftline.core.io import text_sha256
 from draftline.data.config import SCRIPTS
+from draftline.data.pydoc_long import DECODE_HISTORY
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt")
 # Detection by key, first match wins: (key, format).
@@ -249,6 +252,10 @@ def from_alpaca(row: dict) -> list[dict]:
 
 # the reply a record leaves to the target to write (regenerate, and evaluate's later turns)
 ASSISTANT_TO_WRITE = {"role": "assistant", "content": ""}
+# A row's `decode` that evaluate reads (draftline/tokens/chat.py eval_prompt_ids): the prompt is
+# the whole history up to the last user turn (a long document or agentic history), not the first
+# turn; the builtin sources write it (draftline/data/pydoc_long.py, where it is defined: formats
+# imports data.config, which imports the builtins). Any other value is no instruction, not kept.
 
 
 def from_prompt(row: dict) -> list[dict]:
@@ -446,6 +453,8 @@ def to_record(row: dict, fmt: str, source: str, parse_markup: bool = False) -> d
         "tools": tools,
         "prompt_tokens_est": prompt_tokens_est(messages, tools),
     }
+    if row.get("decode") == DECODE_HISTORY:
+        record["decode"] = DECODE_HISTORY
     # The row's own `source` column (open-perfectblend, Mixture-of-Thoughts: the upstream set it came
     # from) is kept beside the dataset name; reports break results down by it.
     detail = row.get("source")

@@ -275,3 +275,100 @@ def near_twin_problem(near: dict[str, dict], max_share: float, threshold: float)
         f"above mix.max_near_twin_share={max_share}. Hold out prompts from datasets whose prompts "
         "are not variations of each other (mix.holdout_from), or raise the share"
     )
+
+
+# ---- pieces: eval sets assembled from paragraphs -------------------------------------------
+
+# A piece is a paragraph of this many words at least. Shorter paragraphs (a heading, "Changed in
+# version 3.8.", a grammar line) are phrases many texts share, not the document: holding them out
+# would drain train of rows that carry nothing of the eval set.
+PIECE_MIN_WORDS = 8
+PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+def piece_words(text: str) -> tuple[str, ...]:
+    """Text as pieces compare it: its words (NFKC, lower case), so line wrapping, spacing and
+    punctuation do not hide a copy."""
+    return tuple(re.findall(r"\w+", unicodedata.normalize("NFKC", text).lower()))
+
+
+def pieces_of(messages: list[dict]) -> list[tuple[str, ...]]:
+    """The pieces of a held-out prompt: every paragraph of every user turn (a history carries its
+    document in later turns too) of at least PIECE_MIN_WORDS words."""
+    return [
+        words
+        for m in messages
+        if m["role"] == "user"
+        for paragraph in PARAGRAPH_BREAK.split(m.get("content") or "")
+        if len(words := piece_words(paragraph)) >= PIECE_MIN_WORDS
+    ]
+
+
+class PieceIndex:
+    """The pieces of held-out prompts (group -> rows with id and messages), indexed by their first
+    PIECE_MIN_WORDS words; `found(messages)` says which held-out prompt ("group/id") one of whose
+    pieces a conversation carries, word for word, in a system, user or tool turn (its assistant
+    turns are written anew by regeneration). A cost linear in the train text."""
+
+    def __init__(self, held: dict[str, list[dict]]):
+        self.anchors: dict[tuple[str, ...], list[tuple[tuple[str, ...], str]]] = {}
+        self.counts: dict[str, int] = {}  # group -> its distinct pieces
+        for group, rows in sorted(held.items()):
+            distinct = set()
+            for row in rows:
+                for words in pieces_of(row["messages"]):
+                    distinct.add(words)
+                    self.anchors.setdefault(words[:PIECE_MIN_WORDS], []).append(
+                        (words, f"{group}/{row['id']}")
+                    )
+            self.counts[group] = len(distinct)
+
+    def found(self, messages: list[dict]) -> str | None:
+        for m in messages:
+            if m["role"] == "assistant":
+                continue
+            words = piece_words(m.get("content") or "")
+            for i in range(len(words) - PIECE_MIN_WORDS + 1):
+                for piece, key in self.anchors.get(words[i : i + PIECE_MIN_WORDS], ()):
+                    if words[i : i + len(piece)] == piece:
+                        return key
+        return None
+
+
+def row_piece(row: dict, pieces: PieceIndex) -> str | None:
+    """The held-out prompt one of whose pieces a row carries: marked by light_rows (a row without
+    its messages), else found in its messages."""
+    if "messages" not in row:
+        return row.get("piece_of")
+    return pieces.found(row["messages"])
+
+
+def without_pieces(rows: Iterator[dict], pieces: PieceIndex, counts: Counter) -> Iterator[dict]:
+    """The rows, skipping those that carry a held-out piece; `counts` gets "piece" per skipped row."""
+    for row in rows:
+        if row_piece(row, pieces) is None:
+            yield row
+        else:
+            counts["piece"] += 1
+
+
+def pieces_report(pieces: PieceIndex, train: list[dict], skipped: dict[str, Counter]) -> dict:
+    """The report's `holdout.pieces`: the pieces per set, the train rows skipped for carrying one
+    and the train rows that still do (0 unless skipping is broken)."""
+    return {
+        "min_words": PIECE_MIN_WORDS,
+        "sets": dict(pieces.counts),
+        "train_rows_skipped": sum(c["piece"] for c in skipped.values()),
+        "train_rows_with_piece": sum(row_piece(row, pieces) is not None for row in train),
+    }
+
+
+def pieces_problem(holdout: dict) -> str | None:
+    """Why a set held out piece by piece still has a piece in train, or None."""
+    found = holdout.get("pieces", {}).get("train_rows_with_piece", 0)
+    if not found:
+        return None
+    return (
+        f"mix: {found} train prompts carry a paragraph of an eval set held out piece by piece "
+        f"({', '.join(holdout['pieces']['sets'])}): a bug, such rows are skipped"
+    )

@@ -27,8 +27,11 @@ place, so the weights hold); skipped rows are counted in the report (`holdout`: 
 whole remainder, whatever `samples` draws), and the mix fails when the share of eval prompts (or of
 an eval set's) that keep a template twin in train exceeds `mix.max_template_twin_share`.
 Near-twins beyond templates (draftline/data/holdout.py) are counted per held-out split and set,
-and the mix fails above `mix.max_near_twin_share`. The skip depends only on what is held out,
-which does not depend on `samples`, so train stays prefix-stable. When eval and dev come from
+and the mix fails above `mix.max_near_twin_share`. An eval set assembled from paragraphs (a
+builtin such as pydoc_long, whose prompts are pieces of one document) is held out piece by piece
+too: a train row that carries any of its paragraphs word for word, in any turn, is skipped like a
+twin, before eval and dev are drawn (`holdout.pieces` counts them). The skip depends only on
+what is held out, which does not depend on `samples`, so train stays prefix-stable. When eval and dev come from
 some datasets only, train is numbered from every dataset's first row after them, so its shares
 are the weights.
 
@@ -58,16 +61,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.io import file_sha256, read_json, text_sha256, write_jsonl, write_meta
-from draftline.data.config import check_weights, train_datasets
+from draftline.data.config import check_weights, held_out_by_pieces, train_datasets
 from draftline.data.formats import content_hash
 from draftline.data.holdout import (
     HOLDOUT_RULES,
+    PieceIndex,
     holdout_problem,
     holdout_report,
     near_twin_problem,
     near_twins,
+    pieces_problem,
+    pieces_report,
     twin_keys,
     without_eval_twins,
+    without_pieces,
 )
 from draftline.data.shortfall import (
     dataset_table,
@@ -85,11 +92,12 @@ class Holdout:
     """How the held-out prompts are chosen and kept out of train: the twin rule ("exact" /
     "template"), the datasets eval and dev are drawn from (None: every one, mix.holdout_from), and
     the eval sets' rows (evaluate.sets: name -> light rows), held out like eval before anything
-    is drawn."""
+    is drawn, and the pieces of those held out piece by piece (None: no such set)."""
 
     rule: str = "template"
     sources: tuple[str, ...] | None = None
     sets: dict[str, list[dict]] = field(default_factory=dict)
+    pieces: PieceIndex | None = None
 
 
 def drop_cross_duplicates(
@@ -229,7 +237,7 @@ def hold_out(
 ) -> HeldOut:
     """Eval, then dev (when dev_samples), from the seeded-order rows of each dataset of
     holdout.sources, skipping in what is left every twin (rule holdout.rule) of the prompts held
-    out so far, the eval sets' first."""
+    out so far, the eval sets' first, and every row that carries a piece of holdout.pieces."""
     # Each split takes a prefix of what is left of every dataset it draws from; what follows it is
     # merged on, numbered from where the split left each dataset, less the twins of the prompts
     # held out so far: with no twin skipped this is the one merged sequence continued, and a
@@ -255,6 +263,11 @@ def hold_out(
         ordered = without_twins({name: counts.get(name, 0) for name in ordered})
         return rows
 
+    if holdout.pieces is not None:
+        ordered = {
+            name: list(without_pieces(part, holdout.pieces, skipped[name]))
+            for name, part in ordered.items()
+        }
     if held:
         ordered = without_twins(dict.fromkeys(ordered, 0))
     eval_rows = take(eval_samples)
@@ -283,10 +296,12 @@ def mix_splits(
     samples: int,
     seed: int,
     sets: dict[str, list[dict]] | None = None,
+    pieces: PieceIndex | None = None,
 ) -> tuple[dict[str, list[dict]], dict]:
     """({"train", "eval", "dev"}: rows, report) from prepared records per dataset, by params.mix,
     `samples` and `seed`, the eval sets' rows (`sets`: evaluate.sets, name -> rows) held out of
-    train first; see the module docstring for the rule.
+    train first, and with them every row carrying one of `pieces` (the paragraphs of the sets
+    held out piece by piece); see the module docstring for the rule.
 
     Fewer rows than requested is not an error here: everything is taken, and the report has the
     numbers per dataset for the stage to decide (`shortfall_problems`). A train split left empty
@@ -296,7 +311,7 @@ def mix_splits(
     eval_samples, dev_samples = cfg.eval_samples, cfg.dev_samples
     long_threshold_tokens = cfg.long_threshold_tokens
     sources = None if cfg.holdout_from is None else tuple(cfg.holdout_from)
-    holdout = Holdout(cfg.holdout, sources, sets or {})
+    holdout = Holdout(cfg.holdout, sources, sets or {}, pieces)
     if holdout.rule not in HOLDOUT_RULES:
         raise ValueError(f"mix.holdout must be one of {HOLDOUT_RULES}, not {holdout.rule!r}")
     if unknown := sorted(set(caps) - set(pools)):
@@ -351,7 +366,7 @@ def mix_report(
         },
         {name: sum(c.values()) for name, c in skipped.items()},
     )
-    return {
+    report = {
         "requested": requested,
         "weights": {name: weights[name] / total for name in sorted(pools)},
         "available": {name: len(rows) for name, rows in sorted(pools.items())},
@@ -374,15 +389,19 @@ def mix_report(
         "weights_honoured": all(not row["short_of_weight"] for row in per_dataset.values()),
         "max_samples_at_weights": max_samples_at_weights(per_dataset),
     }
+    if holdout.pieces is not None:
+        report["holdout"]["pieces"] = pieces_report(holdout.pieces, train, skipped)
+    return report
 
 
 # ---- the prepared files: light rows in, full records of the chosen rows out ----------------------
 
 
-def light_rows(path: Path) -> list[dict]:
+def light_rows(path: Path, pieces: PieceIndex | None = None) -> list[dict]:
     """What mixing needs of each prepared record, plus the byte offset of its line (the full record
     is read back only if it is chosen). Hashes as ints and names interned, to keep each row small (a
-    row per prepared record is what the seeded order over all of them needs)."""
+    row per prepared record is what the seeded order over all of them needs); a record that
+    carries one of `pieces` is marked with the held-out prompt's key ("piece_of")."""
     rows, offset = [], 0
     with open(path, "rb") as f:
         for line in f:
@@ -403,6 +422,8 @@ def light_rows(path: Path) -> list[dict]:
                         "twin_keys": (int(keys["exact"], 16), int(keys["template"], 16)),
                     }
                 )
+                if pieces is not None and (held := pieces.found(record["messages"])):
+                    rows[-1]["piece_of"] = held
             offset += len(line)
     return rows
 
@@ -432,10 +453,10 @@ class Mixed:
 
 
 def read_pools(
-    names: list[str], prepared_dir: Path, prepare_reports: Path
+    names: list[str], prepared_dir: Path, prepare_reports: Path, pieces: PieceIndex | None = None
 ) -> tuple[dict[str, list[dict]], dict[str, Path], dict[str, str], dict[str, dict]]:
-    """(light rows, file, sha256, prepare figures) of each dataset's prepared file. ValueError for
-    a missing or mislabelled file."""
+    """(light rows, file, sha256, prepare figures) of each dataset's prepared file, its rows
+    marked where they carry one of `pieces`. ValueError for a missing or mislabelled file."""
     pools, paths, inputs, prepared = {}, {}, {}, {}
     for name in sorted(names):
         path, report = prepared_dir / f"{name}.jsonl", prepare_reports / f"{name}.json"
@@ -443,7 +464,7 @@ def read_pools(
             raise ValueError(
                 f"{path} or {report} not found; run `python -m stages.prepare {name} ...` first"
             )
-        pools[name], paths[name] = light_rows(path), path
+        pools[name], paths[name] = light_rows(path, pieces), path
         # A file from another dataset (renamed, stale) would silently mislabel the mix.
         if strays := sorted({row.get("source") for row in pools[name]} - {name}, key=str):
             raise ValueError(f"{path} holds rows of source {strays}, expected only {name!r}")
@@ -453,12 +474,21 @@ def read_pools(
             key: stats.get(key)
             for key in ("rows_read", "rows_kept", "dropped", "resolved_revision")
         }
+        if "builtin_source" in stats:  # what a builtin's rows were made from (its text's version)
+            prepared[name]["builtin_source"] = stats["builtin_source"]
     return pools, paths, inputs, prepared
+
+
+class EvalSets(NamedTuple):
+    names: list[str]  # evaluate.sets: whole datasets held out before anything is drawn
+    by_pieces: tuple[
+        str, ...
+    ] = ()  # of those, the ones held out piece by piece too (held_out_by_pieces)
 
 
 def mix_prepared(
     names: list[str],
-    sets: list[str],
+    sets: EvalSets,
     paths: Paths,
     cfg: MixConfig,
     samples: int,
@@ -466,15 +496,32 @@ def mix_prepared(
 ) -> Mixed:
     """Mix the prepared files of the datasets `names` (paths.prepared/<name>.jsonl, with the prepare
     report paths.prepare_reports/<name>.json) by `cfg`, the eval sets `sets` (prepared the same way)
-    held out of train. ValueError for a missing or mislabelled file, a mix that cannot be drawn, a
-    hold-out that does not hold, or a shortfall that mix.allow_shortfall does not accept."""
-    pools, files, inputs, prepared = read_pools(
-        [*names, *sets], paths.prepared, paths.prepare_reports
+    held out of train, those of sets.by_pieces piece by piece. ValueError for a missing or
+    mislabelled file, a mix that cannot be drawn, a hold-out that does not hold, or a shortfall
+    that mix.allow_shortfall does not accept."""
+    # the sets first: the pieces of those held out piece by piece mark the train rows as read
+    set_pools, files, inputs, prepared = read_pools(
+        sets.names, paths.prepared, paths.prepare_reports
     )
-    set_rows = {name: tag_partition(pools.pop(name), cfg.long_threshold_tokens) for name in sets}
-    splits, report = mix_splits(pools, cfg, samples, seed, set_rows)
+    set_rows = {
+        name: tag_partition(set_pools[name], cfg.long_threshold_tokens) for name in sets.names
+    }
+    pieces = None
+    if sets.by_pieces:
+        pieces = PieceIndex(
+            {name: list(full_records(set_rows[name], files)) for name in sets.by_pieces}
+        )
+    pools, *found = read_pools(names, paths.prepared, paths.prepare_reports, pieces)
+    # by dataset name, as one read of every file gives them
+    files, inputs, prepared = (
+        dict(sorted({**mine, **theirs}.items()))
+        for mine, theirs in zip((files, inputs, prepared), found)
+    )
+    splits, report = mix_splits(pools, cfg, samples, seed, set_rows, pieces)
     train, eval_rows = splits["train"], splits["eval"]
     if problem := holdout_problem(report["holdout"], cfg.max_template_twin_share):
+        raise ValueError(problem)
+    if problem := pieces_problem(report["holdout"]):
         raise ValueError(problem)
     held = {"eval": eval_rows, "dev": splits["dev"], **set_rows}
     near = near_twins(
@@ -521,8 +568,14 @@ def run(params, paths: Paths) -> Mixed:
     stage writes. ValueError as mix_prepared, or for mix.weights that do not name the datasets."""
     sets = list(params.evaluate.sets)
     check_weights(params.datasets, params.mix, sets)
+    by_pieces = [name for name in sets if held_out_by_pieces(params.datasets[name])]
     mixed = mix_prepared(
-        train_datasets(params.datasets, sets), sets, paths, params.mix, params.samples, params.seed
+        train_datasets(params.datasets, sets),
+        EvalSets(sets, tuple(by_pieces)),
+        paths,
+        params.mix,
+        params.samples,
+        params.seed,
     )
     for split in ("train", "eval", "dev"):
         write_jsonl(paths.out / f"{split}.jsonl", full_records(getattr(mixed, split), mixed.paths))

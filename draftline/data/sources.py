@@ -1,7 +1,8 @@
 """Dataset sources: where a dataset's rows come from and how they are read.
 
-A source is a local .jsonl/.json/.parquet file, a local dataset directory, or a hub dataset id
-(``datasets.load_dataset``, optionally streaming and pinned to a revision); the presets that name
+A source is a local .jsonl/.json/.parquet file, a local dataset directory, a hub dataset id
+(``datasets.load_dataset``, optionally streaming and pinned to a revision), or a built-in source
+that generates its rows (``draftline.data.builtin_sources.BUILTINS``); the presets that name
 the usual ones are dataset params (``draftline.data.presets.PRESETS``). This module reads raw rows
 (``read_rows``), tells which commit a hub id resolves to, says what a `prepare@<name>` stage
 depends on in DVC (the local source, or the stage script for a hub id) and streams one dataset
@@ -17,7 +18,9 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftline.core.errors import DraftlineError
 from draftline.core.io import write_jsonl
+from draftline.data.builtin_sources import BUILTINS
 from draftline.data.formats import Malformed, PrepareStats, RecordRules, iter_records
 
 if TYPE_CHECKING:
@@ -38,9 +41,17 @@ def dvc_source_dep(path: str) -> str:
     return path if is_local(path) else HUB_DEP
 
 
+def source_dep(spec: DatasetSpec) -> str:
+    """dvc_source_dep of a dataset; a built-in source is made by the stage's code, so it depends
+    on the code fingerprint (like a hub id), its settings being its params."""
+    return HUB_DEP if spec.builtin is not None else dvc_source_dep(spec.path)
+
+
 def missing_source_problem(name: str, spec: DatasetSpec) -> str | None:
     """Why datasets.<name>.path, a local file by its suffix, cannot be read because it is not
-    there, naming the param and the path; None for a file that is there, or a hub id."""
+    there, naming the param and the path; None for a file that is there, a hub id or a builtin."""
+    if spec.builtin is not None:
+        return None
     path = Path(spec.path)
     if path.suffix.lower() not in LOCAL_SUFFIXES or path.is_file():
         return None
@@ -188,9 +199,15 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
 
 
 def source_rows(name: str, spec: DatasetSpec) -> Iterator[dict | Malformed | None]:
-    """read_rows of datasets.<name>; a source that cannot be read at all (a broken JSON array or
-    parquet file, a hub id that does not load) raises ValueError naming the param, the path and
-    what is wrong."""
+    """read_rows of datasets.<name>, or a builtin's rows; a source that cannot be read at all (a
+    broken JSON array or parquet file, a hub id that does not load, a builtin that cannot make
+    what its settings ask) raises ValueError naming the param, the path and what is wrong."""
+    if spec.builtin is not None:
+        try:
+            yield from BUILTINS[spec.builtin].rows(spec.build)
+        except DraftlineError as err:  # the builtin names its key under datasets.<name>
+            raise ValueError(f"datasets.{name}.{err}") from None
+        return
     try:
         yield from read_rows(
             spec.path, spec.split, spec.name, spec.revision, spec.streaming, spec.data_files
@@ -226,14 +243,23 @@ def prepare_dataset(name: str, spec: DatasetSpec, out_jsonl: str) -> dict:
         write_jsonl(
             out_jsonl, (progress.update(task, completed=stats.rows_read) or r for r in records)
         )
+    given = spec.model_dump()
+    if spec.builtin is None:  # a file or hub source's report reads as before builtins existed
+        del given["builtin"], given["build"]
     return {
         "dataset": name,
-        **spec.model_dump(),
+        **given,
         "resolved_revision": None
-        if is_local(spec.path)
+        if spec.builtin is not None or is_local(spec.path)
         else hub_revision(spec.path, spec.name, spec.revision),
+        **({"builtin_source": builtin_facts(spec)} if spec.builtin is not None else {}),
         **stats.as_dict(),
     }
+
+
+def builtin_facts(spec: DatasetSpec) -> dict:
+    """What a builtin's rows were made from (its text's version and hash), for the report."""
+    return BUILTINS[spec.builtin].facts()
 
 
 class Paths(NamedTuple):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.io import atomic_path
-from draftline.data.sources import dvc_source_dep, missing_source_problem
+from draftline.data.sources import missing_source_problem, source_dep
 from draftline.draft.init_checks import local_init_problem
 
 if TYPE_CHECKING:
@@ -30,22 +30,25 @@ def write_sources(datasets: dict[str, DatasetSpec], path: str) -> int:
     """Write the sources file of `datasets` to `path`; the number of datasets it lists."""
     import yaml
 
-    deps = {
-        name: {"source_dep": dvc_source_dep(spec.path)} for name, spec in sorted(datasets.items())
-    }
+    deps = {name: {"source_dep": source_dep(spec)} for name, spec in sorted(datasets.items())}
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         f.write(SOURCES_HEADER + yaml.safe_dump({"datasets": deps}, sort_keys=True))
     return len(deps)
 
 
-def source_dep_problem(name: str, spec: DatasetSpec, source_dep: str) -> str | None:
+def source_dep_problem(name: str, spec: DatasetSpec, dep: str) -> str | None:
     """Why the source dep dvc.yaml passes to prepare@<name> is not the dataset's, or None."""
-    if source_dep == dvc_source_dep(spec.path):
+    if dep == source_dep(spec):
         return None
     return (
-        f"dvc.yaml makes prepare@{name} depend on {source_dep!r}, but its source is "
-        f"{spec.path!r}: datasets/sources.yaml is stale; run `{WRITE_SOURCES}`"
+        f"dvc.yaml makes prepare@{name} depend on {dep!r}, but its source is "
+        f"{source_name(spec)!r}: datasets/sources.yaml is stale; run `{WRITE_SOURCES}`"
     )
+
+
+def source_name(spec: DatasetSpec) -> str:
+    """A dataset's source as the user wrote it: its path, or `builtin:<name>`."""
+    return spec.path if spec.builtin is None else f"builtin:{spec.builtin}"
 
 
 def sources_problems(datasets: dict[str, DatasetSpec], sources_path: Path) -> list[str]:
@@ -65,10 +68,10 @@ def sources_problems(datasets: dict[str, DatasetSpec], sources_path: Path) -> li
             f"{sources_path} still lists datasets {extra} that params.yaml no longer has; {fix}"
         )
     for name in sorted(set(datasets) & set(listed)):
-        want, have = dvc_source_dep(datasets[name].path), (listed[name] or {}).get("source_dep")
+        want, have = source_dep(datasets[name]), (listed[name] or {}).get("source_dep")
         if want != have:
             problems.append(
-                f"datasets.{name}: its source is {datasets[name].path!r} but {sources_path} makes "
+                f"datasets.{name}: its source is {source_name(datasets[name])!r} but {sources_path} makes "
                 f"prepare@{name} depend on {have!r}; {fix}"
             )
     return problems
@@ -80,6 +83,8 @@ def dataset_file_problems(datasets: dict[str, DatasetSpec]) -> list[str]:
     or beside a folder above it) is left to `dvc pull` / `dvc repro --pull` to fetch."""
     problems = []
     for name, spec in sorted(datasets.items()):
+        if spec.builtin is not None:
+            continue  # generated: no file
         path = Path(spec.path)
         if any(p.with_name(p.name + ".dvc").is_file() for p in (path, *path.parents) if p.name):
             continue

@@ -451,17 +451,28 @@ def context_plot(report: dict) -> list[dict]:
 
 
 def context_summary(report: dict, share: float) -> dict:
-    """reports/evaluate/context.json, what the benchmark's verdict says of context: the buckets,
-    the collapse test and its sentence, the trained length and the prompts past it (report: the
-    evaluate report, with by_context from either engine)."""
+    """reports/evaluate/context.json, what the benchmark's verdict says of context: the buckets
+    of the held-out split and of each eval set this run's draft was measured on (report `sets`),
+    the collapse test of each and its sentence, the trained length and the prompts past it
+    (report: the evaluate report, with by_context from either engine)."""
     from draftline.evaluate.context import beyond_words, collapse_words
 
-    contexts = report["by_context"]
-    fall = contexts.get("collapse") or collapse(contexts, share)
+    measured = {"held-out split": report["by_context"]}
+    for name, drafts in ((report.get("sets") or {}).get("results") or {}).items():
+        trained = drafts.get("trained") or {}
+        if trained.get("by_context") and name != "heldout":  # the split: report["by_context"]
+            measured[f"eval set {name}"] = trained["by_context"]
+    words, sections = [], {}
+    for name, contexts in measured.items():
+        fall = collapse(contexts, share)
+        sections[name] = {**contexts, "collapse": fall}
+        if sentence := collapse_words(fall, contexts):
+            words.append(f"on the {name}, {sentence}")
     return {
-        "by_context": {**contexts, "collapse": fall},
+        "by_context": sections["held-out split"],
+        "sets": {name: c for name, c in sections.items() if name != "held-out split"},
         "collapse_share": share,
-        "collapse_words": collapse_words(fall, contexts),
+        "collapse_words": "; ".join(words) or None,
         "trained_length": report.get("trained_length"),
         "beyond_words": beyond_words(report.get("trained_length") or {}),
     }

@@ -34,7 +34,8 @@ from draftline.evaluate.acceptance import (
     lossless_summary,
     simulated_acceptance,
 )
-from draftline.tokens.chat import chat_prompt_ids, first_turn_prompt
+from draftline.evaluate.context import by_context
+from draftline.tokens.chat import HISTORY, chat_prompt_ids, first_turn_prompt
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -118,7 +119,9 @@ def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dic
     lossless check), acceptance length, tokens per step, per position and tau_sim."""
     tally = EvaluationTally()
     for row in rows:
-        turns = sum(m["role"] == "user" for m in row["messages"])
+        # a long history is one prompt, decoded whole (eval_prompt_ids), not asked turn by turn
+        whole = row.get("decode") == HISTORY
+        turns = 1 if whole else sum(m["role"] == "user" for m in row["messages"])
         replies: list[list[int]] = []
         for turn in range(turns):
             asked = row if turn == 0 else {**row, "id": f"{row['id']}#turn{turn + 1}"}
@@ -139,6 +142,9 @@ def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dic
         "turns": len(tally.verdicts),
         "rounds": real["rounds"],
         "lossless_checked_prompts": lossless["lossless_checked_prompts"],
+        "by_context": by_context(
+            tally.steps, cfg.context_buckets, cfg.confidence, "verification step context"
+        ),
     }
 
 
@@ -183,7 +189,9 @@ def compare_vllm(cfg: EvaluateConfig, card: TargetCard, comparison: Comparison, 
             prompts = {row["id"]: eval_prompt_ids(tokenizer, row) for row in rows}
             vllm = evaluate_with_vllm(cfg, card, path, prompts, None, engine)
             results[set_name][draft_name] = {
-                key: vllm[key] for key in ("acceptance_length", "position_acceptance", "rounds")
+                key: vllm[key]
+                for key in ("acceptance_length", "position_acceptance", "rounds", "by_context")
+                if key in vllm
             } | {"tokens_per_step": None, "tau_sim": None, "prompts": len(rows)}
     return results
 

@@ -391,7 +391,11 @@ def deploy_context(summary: dict | None, served_limit: int | None) -> dict:
         return {"words": [], "deploy": {"measured": False}}
     trained = summary.get("trained_length") or {}
     longest = trained.get("longest_trained_row")
-    words = [w for w in (summary.get("collapse_words"), summary.get("beyond_words")) if w]
+    words = [
+        w[0].upper() + w[1:] + ("" if w.endswith(".") else ".")
+        for w in (summary.get("collapse_words"), summary.get("beyond_words"))
+        if w
+    ]
     deploy = {
         "longest_trained_row": longest,
         "served_context_limit": served_limit,
@@ -407,4 +411,7 @@ def deploy_context(summary: dict | None, served_limit: int | None) -> dict:
             "longer rows with tokenize.max_length, docs/evaluation.md#acceptance-by-context-length)"
         )
         words.append(deploy["warning"][0].upper() + deploy["warning"][1:] + ".")
+    deploy["collapse_in_sets"] = {
+        name: contexts.get("collapse") for name, contexts in (summary.get("sets") or {}).items()
+    }
     return {"words": words, "deploy": deploy}

@@ -118,6 +118,8 @@ def builtin_figures(report: dict) -> dict | None:
         "turns": report["prompts"],
         "rounds": builtin["rounds"],
         "lossless_checked_prompts": report.get("lossless_checked_prompts"),
+        # as measure_rows gives it (the collapse test is the context summary's)
+        "by_context": {k: v for k, v in report["by_context"].items() if k != "collapse"},
     }
 
 

@@ -46,6 +46,8 @@ import weakref
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
+from draftline.data.pydoc_long import DECODE_HISTORY
+
 
 class TemplateMismatch(ValueError):
     """The template renders a conversation so that a turn's boundaries cannot be derived."""
@@ -143,7 +145,8 @@ def first_turn_ids(tokenizer, row: dict, chat_template_kwargs: dict | None = Non
     )
 
 
-HISTORY = "history"  # an eval row's `decode`: its whole history is the prompt (eval_prompt_ids)
+# an eval row's `decode`: its whole history is the prompt (eval_prompt_ids)
+HISTORY = DECODE_HISTORY
 
 
 def history_prompt(row: dict) -> list[dict]:
