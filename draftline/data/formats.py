@@ -252,7 +252,7 @@ def from_alpaca(row: dict) -> list[dict]:
 
 # the reply a record leaves to the target to write (regenerate, and evaluate's later turns)
 ASSISTANT_TO_WRITE = {"role": "assistant", "content": ""}
-# A row's `decode` that evaluate reads (draftline/tokens/chat.py eval_prompt_ids): the prompt is
+# A row's `decode` that evaluate reads (draftline/evaluate/prompts.py eval_prompt_ids): the prompt is
 # the whole history up to the last user turn (a long document or agentic history), not the first
 # turn; the builtin sources write it (draftline/data/pydoc_long.py, where it is defined: formats
 # imports data.config, which imports the builtins). Any other value is no instruction, not kept.

@@ -17,7 +17,7 @@ other source):
   with a short assistant acknowledgement after each, ending on a user turn with the question.
 
 Every row carries `decode: "history"`: evaluate decodes it from its whole history up to the last
-user turn (draftline/tokens/chat.py `eval_prompt_ids`), not from its first turn.
+user turn (draftline/evaluate/prompts.py `eval_prompt_ids`), not from its first turn.
 
 Lengths are estimated tokens, characters / 4 over every message (prepare's estimate,
 draftline/data/formats.py); a row of length L fills between FILL x L and L, so it lies in the
@@ -48,7 +48,7 @@ from draftline.core.errors import DraftlineError
 from draftline.core.io import text_sha256
 
 # a row's `decode`: evaluate decodes its whole history up to the last user turn as the prompt
-# (draftline/tokens/chat.py eval_prompt_ids), not its first turn; draftline/data/formats.py keeps it
+# (draftline/evaluate/prompts.py eval_prompt_ids), not its first turn; draftline/data/formats.py keeps it
 DECODE_HISTORY = "history"
 
 SOURCE = "pydoc_data.topics"  # the module the text comes from

@@ -34,9 +34,9 @@ from draftline.evaluate.context import (
     group_figures,
     prompt_steps,
 )
+from draftline.evaluate.prompts import eval_prompt_ids
 from draftline.hidden_states.formats import roundtrip
 from draftline.targets.model import load_target
-from draftline.tokens.chat import eval_prompt_ids
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -539,7 +539,7 @@ def evaluate_prompt(
     target, draft, stop = models.target, models.draft, models.stop
     pair = SpecPair(target, draft, aux_ids)
     # a later turn of a multi-turn row carries its own ids (draftline/evaluate/compare.py); a
-    # long history is decoded whole (draftline/tokens/chat.py eval_prompt_ids)
+    # long history is decoded whole (draftline/evaluate/prompts.py eval_prompt_ids)
     ids = eval_prompt_ids(models.tokenizer, row)
     tally.prompt_ids[row["id"]] = ids
     spec = speculative_generate(pair, ids, cfg.max_new_tokens, cfg.k, stop)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from draftline.core.errors import DraftlineError
 from draftline.core.io import read_jsonl
+from draftline.data.pydoc_long import DECODE_HISTORY
 from draftline.draft.checkpoint import load_draft, read_draft_facts
 from draftline.draft.init_checks import InitMismatch
 from draftline.draft.methods import Forward
@@ -35,7 +36,7 @@ from draftline.evaluate.acceptance import (
     simulated_acceptance,
 )
 from draftline.evaluate.context import by_context
-from draftline.tokens.chat import HISTORY, chat_prompt_ids, first_turn_prompt
+from draftline.tokens.chat import chat_prompt_ids, first_turn_prompt
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -120,7 +121,7 @@ def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dic
     tally = EvaluationTally()
     for row in rows:
         # a long history is one prompt, decoded whole (eval_prompt_ids), not asked turn by turn
-        whole = row.get("decode") == HISTORY
+        whole = row.get("decode") == DECODE_HISTORY
         turns = 1 if whole else sum(m["role"] == "user" for m in row["messages"])
         replies: list[list[int]] = []
         for turn in range(turns):
@@ -178,9 +179,9 @@ def compare_builtin(
 
 def compare_vllm(cfg: EvaluateConfig, card: TargetCard, comparison: Comparison, engine) -> dict:
     """{set: {draft: figures}} by vLLM alone (each row's eval prompt; no tau_sim): one run per pair."""
+    from draftline.evaluate.prompts import eval_prompt_ids
     from draftline.evaluate.vllm_engine import evaluate_with_vllm
     from draftline.targets.model import card_tokenizer
-    from draftline.tokens.chat import eval_prompt_ids
 
     tokenizer = card_tokenizer(card)
     results: dict[str, dict] = {name: {} for name in comparison.sets}

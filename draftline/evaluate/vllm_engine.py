@@ -2,7 +2,7 @@
 the train-serve parity gate.
 
 vLLM runs in its own environment (engines.vllm.python) as `draftline/evaluate/vllm_generate.py`: the same
-prompt ids the built-in engine decodes (draftline/tokens/chat.py `eval_prompt_ids`), greedy,
+prompt ids the built-in engine decodes (draftline/evaluate/prompts.py `eval_prompt_ids`), greedy,
 `evaluate.max_new_tokens`, the draft at k = evaluate.k, vLLM's parallelism from
 evaluate.vllm.engine_args (tensor_parallel_size: 8 on an 8-GPU host). Acceptance comes from vLLM's
 own spec-decode counters: acceptance length = 1 + accepted / drafts, per position accepted at
@@ -54,7 +54,7 @@ from draftline.evaluate.context import (
     collapse,
     counted_buckets,
 )
-from draftline.tokens.chat import eval_prompt_ids
+from draftline.evaluate.prompts import eval_prompt_ids
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard

@@ -46,8 +46,6 @@ import weakref
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from draftline.data.pydoc_long import DECODE_HISTORY
-
 
 class TemplateMismatch(ValueError):
     """The template renders a conversation so that a turn's boundaries cannot be derived."""
@@ -138,37 +136,9 @@ def first_turn_prompt(row: dict) -> list[dict]:
     return prompt
 
 
-def first_turn_ids(tokenizer, row: dict, chat_template_kwargs: dict | None = None) -> list[int]:
+def first_turn_ids(tokenizer, row: dict) -> list[int]:
     """Token ids of a row's first-turn prompt (its tools included), as a server builds them."""
-    return chat_prompt_ids(
-        tokenizer, first_turn_prompt(row), row.get("tools"), chat_template_kwargs or {}
-    )
-
-
-# an eval row's `decode`: its whole history is the prompt (eval_prompt_ids)
-HISTORY = DECODE_HISTORY
-
-
-def history_prompt(row: dict) -> list[dict]:
-    """The messages up to and including the last user turn: a multi-turn conversation asked for
-    its next answer (a long agentic or document history)."""
-    messages = row["messages"]
-    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-    if last_user is None:
-        raise ValueError(f"row {row.get('id')}: no user turn to answer")
-    return messages[: last_user + 1]
-
-
-def eval_prompt_ids(tokenizer, row: dict, chat_template_kwargs: dict | None = None) -> list[int]:
-    """The prompt an eval row is decoded from: its own `prompt_ids` where it carries them (a later
-    turn, draftline/evaluate/compare.py), its whole history up to the last user turn where its
-    `decode` says "history" (the long-context set), else its first turn."""
-    if row.get("prompt_ids"):
-        return list(row["prompt_ids"])
-    kwargs = chat_template_kwargs or {}
-    if row.get("decode") == HISTORY:
-        return chat_prompt_ids(tokenizer, history_prompt(row), row.get("tools"), kwargs)
-    return first_turn_ids(tokenizer, row, kwargs)
+    return chat_prompt_ids(tokenizer, first_turn_prompt(row), row.get("tools"), {})
 
 
 def mark_length_cut(messages: list[dict], finish_reasons: list[str] | None) -> list[dict]:

@@ -26,7 +26,6 @@ from draftline.data.pydoc_long import (
 )
 from draftline.data.sources import HUB_DEP, prepare_dataset, source_dep
 from draftline.data.workspace import sources_problems, write_sources
-from draftline.tokens.chat import HISTORY
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"lengths": [512, 2048], "per_length": 2}
@@ -119,12 +118,11 @@ def test_a_history_alternates_and_ends_on_a_user_question(tmp_path):
         assert record["messages"][-1] == {"role": "assistant", "content": ""}
         assert record["messages"][-2]["role"] == "user"
         assert record["source_detail"] == "history-512"
-        assert record["decode"] == HISTORY  # evaluate decodes it whole, not its first turn
+        assert record["decode"] == DECODE_HISTORY  # evaluate decodes it whole, not its first turn
 
 
 def test_decode_history_is_kept_and_nothing_else():
-    """The record keeps what evaluate reads (tokens/chat.py HISTORY) and no other value."""
-    assert DECODE_HISTORY == HISTORY
+    """The record keeps what evaluate reads (draftline/evaluate/prompts.py) and no other value."""
     rows = [
         {"id": i, "messages": [{"role": "user", "content": f"hi {i}"}], **decode}
         for i, decode in enumerate([{"decode": "history"}, {"decode": "whole"}, {}])

@@ -256,3 +256,23 @@ def test_a_thinking_switch_is_measured_on_and_off(trained_draft, models_and_rows
     for state in (on, off):
         spans = state["by_span"]
         assert spans["reasoning"]["steps"] + spans["answer"]["steps"] == state["steps"]
+
+
+def test_a_history_row_is_decoded_whole_and_another_row_by_its_first_turn(tiny_tokenizer):
+    from draftline.evaluate.prompts import eval_prompt_ids
+    from draftline.tokens.chat import chat_prompt_ids
+
+    messages = [
+        {"role": "user", "content": "part one"},
+        {"role": "assistant", "content": "got it"},
+        {"role": "user", "content": "part two, and the question"},
+    ]
+    whole = eval_prompt_ids(tiny_tokenizer, {"messages": messages, "decode": "history"})
+    first = eval_prompt_ids(tiny_tokenizer, {"messages": messages})
+    assert whole == chat_prompt_ids(tiny_tokenizer, messages, None, {})
+    assert first == chat_prompt_ids(tiny_tokenizer, messages[:1], None, {})
+    assert len(whole) > len(first)
+    # a trailing assistant turn is not part of what is asked
+    answered = [*messages, {"role": "assistant", "content": "an answer"}]
+    assert eval_prompt_ids(tiny_tokenizer, {"messages": answered, "decode": "history"}) == whole
+    assert eval_prompt_ids(tiny_tokenizer, {"messages": messages, "prompt_ids": [5, 6]}) == [5, 6]
