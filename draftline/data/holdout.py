@@ -279,8 +279,8 @@ def near_twin_problem(near: dict[str, dict], max_share: float, threshold: float)
 
 # ---- pieces: eval sets assembled from paragraphs -------------------------------------------
 
-# A piece is a paragraph of this many words at least. Shorter paragraphs (a heading, "Changed in
-# version 3.8.", a grammar line) are phrases many texts share, not the document: holding them out
+# A piece is a paragraph of this many words at least. Shorter paragraphs (a heading, a "Changed in
+# version" note, a grammar line) are phrases many texts share, not the document: holding them out
 # would drain train of rows that carry nothing of the eval set.
 PIECE_MIN_WORDS = 8
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
