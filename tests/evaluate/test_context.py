@@ -276,3 +276,20 @@ def test_a_history_row_is_decoded_whole_and_another_row_by_its_first_turn(tiny_t
     answered = [*messages, {"role": "assistant", "content": "an answer"}]
     assert eval_prompt_ids(tiny_tokenizer, {"messages": answered, "decode": "history"}) == whole
     assert eval_prompt_ids(tiny_tokenizer, {"messages": messages, "prompt_ids": [5, 6]}) == [5, 6]
+
+
+def test_long_rows_are_decoded_whole_and_reach_the_longer_buckets(trained_draft, models_and_rows):
+    """The long-context set's rows (draftline/data/pydoc_long.py) through the eval sets' path: a
+    history decoded once, whole, its steps in the buckets of its length, past the trained rows."""
+    from draftline.data.pydoc_long import PydocLongConfig, build_rows
+    from draftline.evaluate.compare import measure_rows
+
+    cfg, models, _ = models_and_rows
+    rows = list(build_rows(PydocLongConfig(lengths=[128, 256], per_length=1, turn_tokens=64)))
+    kinds = {row["source"].split("-")[0] for row in rows}
+    assert kinds == {"document", "history"} and all(r["decode"] == "history" for r in rows)
+    figures = measure_rows(models, cfg, trained_draft.card.aux_ids, rows)
+    assert figures["turns"] == len(rows)  # one prompt per row, however many user turns
+    buckets = figures["by_context"]["buckets"]
+    assert sum(b["steps"] for b in buckets) == figures["rounds"]
+    assert sum(b["steps"] for b in buckets if b["from_tokens"] >= 64) > 0
