@@ -302,9 +302,11 @@ def counted_buckets(
     for i, label in enumerate(labels):
         counts = counters[i] or {}
         drafts = int(counts.get("drafts") or 0)
-        emitted = sum(len(out) for _, out in members.get(i, []))
+        # the output's first token is the prefill's, which no step verified (as prompt_steps)
+        emitted = sum(max(len(out) - 1, 0) for _, out in members.get(i, []))
         repeats = sum(
-            sum(repeat_flags([*prompt, *out], len(prompt))) for prompt, out in members.get(i, [])
+            sum(repeat_flags([*prompt, *out], len(prompt) + 1))
+            for prompt, out in members.get(i, [])
         )
         buckets.append(
             {

@@ -158,6 +158,7 @@ def test_vllm_buckets_by_prompt_length_from_one_count_per_bucket():
     report = counted_buckets(requests, counters, [256], 0.9)
     short, long = report["buckets"]
     assert (short["prompts"], short["steps"], short["acceptance_length"]) == (2, 4, 2.0)
+    assert short["emitted_tokens"] == 2 + 3  # the prefill's token of each output aside
     assert (long["prompts"], long["steps"], long["acceptance_length"]) == (1, 2, 1.5)
     assert short["low"] is None  # one count per bucket: no interval over prompts
     with pytest.raises(ValueError, match="one counter set per bucket"):

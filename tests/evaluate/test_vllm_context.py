@@ -132,7 +132,8 @@ def test_by_context_from_the_groups_counters():
     section = vllm_by_context(result, prompts, cfg)
     short, middle, long = section["buckets"]
     assert (short["bucket"], short["prompts"], short["steps"]) == ("<8", 2, 3)
-    assert short["acceptance_length"] == 3.0 and short["emitted_tokens"] == 3
+    # each output's first token is the prefill's, which no step verified: (2 - 1) + (1 - 1)
+    assert short["acceptance_length"] == 3.0 and short["emitted_tokens"] == 1
     assert (middle["prompts"], middle["steps"], middle["acceptance_length"]) == (0, 0, None)
     assert (long["bucket"], long["prompts"], long["acceptance_length"]) == (">=16", 1, 1.5)
     assert section["collapse"]["ratio"] == 0.5 and section["collapse"]["collapses"]
