@@ -5,7 +5,7 @@ leave the set off (the SmolLM2 recipe's). Writes OUT (JSON): the buckets with th
 reasoning vs answer, the draft's trained length and the prompts past it, the source text's
 version, and the wall time it took.
 
-    python -m devtools.context_eval ../smol reports/recipe_smollm2/context_d500-emb-head-verdict.json \
+    python -m devtools.context_eval <workspace> reports/recipe_smollm2/context_d500-emb-head-verdict.json \
         --lengths 512 1024 2048 4096 --per-length 2 --buckets 1024 2048 4096
 
 WORKSPACE holds the run (models/target/card.json, models/draft, datasets/tokenized, params.yaml);
