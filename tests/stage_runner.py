@@ -27,6 +27,24 @@ def write_params(root: Path, target: dict, **sections) -> None:
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def mix_in(root: Path):
+    """stages/mix.py as DVC runs it, in its own process with root as the working directory (its
+    prepared/ and reports/prepare/ inputs there, mixed/ and reports/mix.json written): the
+    finished process, its output captured."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-P", str(ROOT / "stages/mix.py"), "prepared", "reports/prepare",
+         "mixed", "reports/mix.json"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+
+
 def run_stage(root: Path, name: str, *args) -> dict | None:
     """stages.<name>.main(*args) with root as the working directory; the report (last arg ending in .json) if any,
     the whole one for a metrics file (its .detail.json beside it)."""

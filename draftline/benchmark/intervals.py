@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import math
 
+from draftline.core.stats import t_quantile
+
 METHOD = (
     "paired passes (each speculative pass over the baseline pass beside it): geometric mean of the "
     "ratios, Student-t interval of their logs, Bonferroni over the ks compared"
 )
 MAX_ROUNDS = 10_000  # passes_to_decide searches no further
-
-
-def t_quantile(p: float, dof: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(p, dof))
 
 
 def interval(ratios: list[float], confidence: float, family: int = 1, drift_log: float = 0.0):

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from draftline.core.errors import DraftlineError
+from draftline.core.stats import t_quantile
 
 REPEAT_NGRAM = 4  # a repeat: these many tokens ending at the token seen before in the sequence
 
@@ -90,12 +91,6 @@ def repeat_flags(sequence: Sequence[int], start: int, n: int = REPEAT_NGRAM) -> 
     return [False] * (len(sequence) - start - len(flags)) + flags
 
 
-def student_t(confidence: float, dof: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.5 + confidence / 2, dof))
-
-
 def clustered_ratio(units: Sequence[tuple[float, float]], confidence: float) -> dict:
     """sum(a) / sum(n) over units (a, n) (per prompt: tokens per step summed, steps) with its
     interval over units: the ratio estimator's linearised variance, Student-t at units - 1 dof.
@@ -110,7 +105,7 @@ def clustered_ratio(units: Sequence[tuple[float, float]], confidence: float) -> 
         return {"value": round(ratio, 4), "low": None, "high": None}
     mean_n = steps / m
     var = sum((a - ratio * n) ** 2 for a, n in units) / (m * (m - 1) * mean_n**2)
-    half = student_t(confidence, m - 1) * var**0.5
+    half = t_quantile(0.5 + confidence / 2, m - 1) * var**0.5
     return {"value": round(ratio, 4), "low": round(ratio - half, 4), "high": round(ratio + half, 4)}
 
 
@@ -190,7 +185,7 @@ def collapse_words(fall: dict | None, report: dict) -> str | None:
         if fall["separated"]
         else "within the prompts' spread: more long prompts would tell"
         if fall["separated"] is False
-        else "too few prompts for an interval"
+        else "no interval: one prompt, or one count per bucket (vLLM)"
     )
     return (
         f"acceptance collapses with context: {long['acceptance_length']:.2f} at "

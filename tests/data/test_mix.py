@@ -18,6 +18,7 @@ from draftline.data.holdout import holdout_problem, near_twin_problem, near_twin
 from draftline.data.mixing import mix_splits, tag_partition
 from draftline.data.shortfall import shortfall_problems, shortfall_table
 from draftline.data.sources import read_rows
+from tests.stage_runner import mix_in
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = {
@@ -365,21 +366,7 @@ def run_mix_stage(tmp_path, pools, samples=100, mix_extra="") -> subprocess.Comp
         f"  sharegpt: {{path: {SAMPLES['sharegpt']}}}\n"
         f"mix: {{weights: {{messages: 0.5, sharegpt: 0.5}}, eval_samples: 12, long_threshold_tokens: 100{mix_extra}}}\n"
     )
-    return subprocess.run(
-        [
-            sys.executable,
-            "-P",
-            str(ROOT / "stages/mix.py"),
-            "prepared",
-            "reports/prepare",
-            "mixed",
-            "reports/mix.json",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
+    return mix_in(tmp_path)
 
 
 def test_mix_stage_refuses_a_shortfall_unless_allowed(tmp_path, pools):

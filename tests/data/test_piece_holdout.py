@@ -4,9 +4,6 @@ skipped and counted, so no piece of the set is in train; the mix stage does it f
 named in evaluate.sets and for nothing else."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ from draftline.data.holdout import PIECE_MIN_WORDS, PieceIndex, piece_words, pie
 from draftline.data.mixing import mix_splits
 from draftline.data.pydoc_long import PydocLongConfig, build_rows
 from draftline.data.sources import prepare_dataset
+from tests.stage_runner import mix_in
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = {"lengths": [512, 1024], "per_length": 2}
@@ -134,21 +132,7 @@ def test_the_mix_stage_holds_a_builtin_set_out_piece_by_piece(tmp_path, long_row
         "mix: {weights: {chat: 1}, eval_samples: 4, dev_samples: 0}\n"
         "evaluate: {sets: [long_docs]}\n"
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-P",
-            str(ROOT / "stages/mix.py"),
-            "prepared",
-            "reports/prepare",
-            "mixed",
-            "reports/mix.json",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
+    done = mix_in(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "rows carrying a piece of long_docs kept out of train 1" in done.stdout
     read = lambda path: [json.loads(line) for line in (tmp_path / path).read_text().splitlines()]  # noqa: E731
