@@ -90,6 +90,10 @@ class BenchmarkConfig(TargetPlacement):
     # share of the GPUs), or one at a time with the baseline before and after (sequential); auto:
     # side_by_side without a GPU or with servers already running, else sequential
     layout: Literal["auto", "side_by_side", "separate_gpus", "sequential"] = shaping("auto")
+    # side_by_side: at most this many servers up at once (the baseline stays up; the speculative
+    # servers run in groups of max_servers - 1, each group its own rounds); null: as many as the
+    # host's memory holds, measured on the baseline server (draftline/benchmark/server.py)
+    max_servers: int | None = shaping(None, ge=2)
     seed: int = shaping(0)  # the shuffled order of the servers in each round
     # the intervals' confidence, shared by the ks compared at a load (draftline/benchmark/intervals.py)
     confidence: float = shaping(0.9, gt=0, lt=1)

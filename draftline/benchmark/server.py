@@ -2,12 +2,16 @@
 k of each draft in benchmark.compare), driven by the same prompts in rounds of timed passes.
 
 Two designs (benchmark.layout), named in the report:
-- `side_by_side` (auto on a host without a GPU, and with servers already running): every server
-  of the sweep is up at once. Each round runs, at each load, every server in shuffled order, one
+- `side_by_side` (auto on a host without a GPU, and with servers already running): the servers
+  of the sweep are up at once. Each round runs, at each load, every server in shuffled order, one
   untimed request after each switch, each pass lasting at least benchmark.min_pass_s; a
   speculative pass is paired with the baseline pass nearest it in time at that load. The CPU time
   the idle servers take during each pass is recorded: the design must not tax the server under
-  test. `separate_gpus` is the same with each launched server on its own share of the GPUs.
+  test. Launched servers start with the baseline alone: what it takes from the host's memory
+  sizes the groups of speculative servers that run beside it (benchmark.max_servers caps them),
+  one group after another, each with its own rounds; where not even one fits, `auto` falls back
+  to `sequential`. `separate_gpus` is the same with each launched server on its own share of the
+  GPUs, all at once.
 - `sequential` (auto on a GPU host: a big target fits once): the baseline's rounds, each
   speculative server's in turn, then the baseline's again; a speculative pass is paired with
   the baseline interpolated (in log tokens/s, over wall-clock time) between its mean before and
@@ -44,6 +48,7 @@ from draftline.benchmark.spec_metrics import (
     vllm_acceptance,
     vllm_spec_counters,
 )
+from draftline.core.errors import DraftlineError
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -206,6 +211,25 @@ def cpu_seconds(pid: int | None) -> float | None:
     return tree_total(pid, lambda p: p.cpu_times().user + p.cpu_times().system)
 
 
+def available_gib() -> float:
+    """The host's available memory (GiB)."""
+    import psutil
+
+    return psutil.virtual_memory().available / 2**30
+
+
+def groups_of(modes: list[Mode], size: int) -> list[list[Mode]]:
+    """`modes` in order, in as few groups of at most `size` as hold them, as even as can be."""
+    count = -(-len(modes) // size)
+    base, extra = divmod(len(modes), count)
+    out, at = [], 0
+    for i in range(count):
+        n = base + (i < extra)
+        out.append(modes[at : at + n])
+        at += n
+    return out
+
+
 def rss_gib(pid: int | None) -> float | None:
     total = tree_total(pid, lambda p: p.memory_info().rss)
     return None if total is None else round(total / 2**30, 3)
@@ -241,12 +265,16 @@ class Sweep:
         self.reference = None
         self.memory_gib: dict[str, float | None] = {}
         self.orders: list[list] = []  # side by side: [round, load, [server, ...]] as they ran
+        self.groups: list[list[str]] = []  # side by side: the speculative servers up together
+        self.fit: dict | None = None  # side by side: how the groups were sized
 
     # ---- one server ---------------------------------------------------------------------------
 
-    def start(self, stack: contextlib.ExitStack, modes: list[Mode], envs: list[dict]) -> dict:
+    def start(
+        self, stack: contextlib.ExitStack, modes: list[Mode], envs: list[dict], first: int = 0
+    ) -> dict:
         """Start `modes` at once (threads: their start-ups overlap); {name: Running}. A fixed
-        benchmark.port gives the i-th server port + i."""
+        benchmark.port gives the i-th server of the sweep (`first` + its place here) port + i."""
         bench, cfg = self.bench, self.cfg
 
         def one(i: int, mode: Mode):
@@ -254,7 +282,7 @@ class Sweep:
                 benchmark_serve_command(bench.engine, bench.card, cfg, mode.draft_path, k=mode.k)
             ]
             log_path = bench.log_dir / f"{bench.engine}_{mode.name.replace(':', '_')}.log"
-            port = cfg.port + i if cfg.port else None
+            port = cfg.port + first + i if cfg.port else None
             ctx = mode_server(bench, mode, commands, log_path, port, envs[i])
             url, server = ctx.__enter__()
             return ctx, Running(
@@ -399,19 +427,87 @@ class Sweep:
 
     # ---- designs ------------------------------------------------------------------------------
 
-    def side_by_side(self, modes: list[Mode], envs: list[dict]) -> None:
+    def rounds(self, running: dict[str, Running]) -> None:
+        """benchmark.repeats rounds of the servers up: at each load, each in shuffled order."""
+        for rnd in range(self.cfg.repeats):
+            for c in self.cfg.concurrency:
+                order = list(running)
+                self.rng.shuffle(order)
+                self.orders.append([rnd + 1, c, order])
+                for name in order:
+                    idle = [r for n, r in running.items() if n != name]
+                    self.timed_pass(running[name], c, rnd, idle)
+
+    def side_by_side(self, modes: list[Mode], envs: list[dict]) -> bool:
+        """The baseline up first, then the speculative servers in groups that fit beside it (all
+        of them in one group where nothing is launched here). False, with nothing measured, where
+        layout auto finds that not even one speculative server fits beside the baseline."""
+        baseline, speculative = modes[0], modes[1:]
+        with contextlib.ExitStack() as stack, self.bar:
+            before = available_gib()
+            base = self.start(stack, [baseline], envs[:1])["baseline"]
+            self.warm_up(base)
+            size = self.group_size(base, before, len(speculative))
+            if size == 0:
+                return False
+            first = 1
+            for group in groups_of(speculative, size):
+                self.groups.append([m.name for m in group])
+                with contextlib.ExitStack() as inner:
+                    up = self.start(inner, group, envs[first : first + len(group)], first)
+                    for run in up.values():
+                        self.warm_up(run)
+                    self.rounds({"baseline": base, **up})
+                    self.finish(list(up.values()))
+                first += len(group)
+            self.finish([base])
+            self.ask_reference(base)
+        return True
+
+    def group_size(self, base: Running, before_gib: float, speculative: int) -> int:
+        """How many speculative servers run beside the baseline at once: benchmark.max_servers - 1
+        where set, else what the memory left holds (90% of it) at the baseline's footprint (its
+        process tree's RSS or what the host lost starting it, whichever is more) plus 15% for a
+        draft; every one where the servers are not launched here. 0: none fits (layout auto
+        goes sequential; side_by_side named explicitly is an error)."""
+        cfg = self.cfg
+        if base.pid is None:
+            return speculative
+        after = available_gib()
+        footprint = max(self.memory_gib.get("baseline") or 0.0, before_gib - after)
+        fits = int(0.9 * after / (1.15 * footprint)) if footprint > 0 else speculative
+        self.fit = {
+            "baseline_gib": round(footprint, 3),
+            "available_gib": round(after, 3),
+            "speculative_fit": fits,
+            "max_servers": cfg.max_servers,
+        }
+        size = min(speculative, fits, (cfg.max_servers or speculative + 1) - 1)
+        if size >= 1:
+            log.info(
+                f"benchmark: the baseline takes {footprint:.2f} GiB, {after:.2f} GiB left: "
+                f"{size} speculative server(s) beside it at a time"
+            )
+            return size
+        why = (
+            f"the baseline server takes {footprint:.2f} GiB and {after:.2f} GiB are left: no "
+            "speculative server fits beside it"
+        )
+        if cfg.layout == "side_by_side":
+            raise DraftlineError(
+                f"error: benchmark.layout side_by_side: {why}; use layout sequential"
+            )
+        log.warning(f"benchmark: {why}: one server at a time (layout sequential)")
+        return 0
+
+    def all_at_once(self, modes: list[Mode], envs: list[dict]) -> None:
+        """Every server up at once (separate_gpus: each on its own GPUs), one group."""
         with contextlib.ExitStack() as stack, self.bar:
             running = self.start(stack, modes, envs)
             for run in running.values():
                 self.warm_up(run)
-            for rnd in range(self.cfg.repeats):
-                for c in self.cfg.concurrency:
-                    order = list(running)
-                    self.rng.shuffle(order)
-                    self.orders.append([rnd + 1, c, order])
-                    for name in order:
-                        idle = [r for n, r in running.items() if n != name]
-                        self.timed_pass(running[name], c, rnd, idle)
+            self.groups.append([m.name for m in modes[1:]])
+            self.rounds(running)
             self.finish(list(running.values()))
             self.ask_reference(running["baseline"])
 
@@ -449,7 +545,10 @@ def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> t
         if layout == "separate_gpus":
             for env, share in zip(envs, gpu_shares(gpu_ids(), len(modes)), strict=True):
                 env["CUDA_VISIBLE_DEVICES"] = share
-        sweep.side_by_side(modes, envs)
+            sweep.all_at_once(modes, envs)
+        elif not sweep.side_by_side(modes, envs):
+            sweep = Sweep(bench, "sequential")
+            sweep.sequential(modes, base_env)
     return sweep, modes
 
 
@@ -570,6 +669,11 @@ def design_report(sweep: Sweep, modes: list[Mode]) -> dict:
         "servers_rss_gib": sweep.memory_gib,
         "rounds_order": sweep.orders,
     }
+    if sweep.layout != "sequential":
+        # the speculative servers up together beside the baseline, group after group
+        out["groups"] = sweep.groups
+        if sweep.fit:
+            out["fit"] = sweep.fit
     if idle:
         # CPU cores' worth of time all idle servers together took during a pass
         per_pass = [sum(p.idle_cpu.values()) for p in sweep.passes if p.idle_cpu]

@@ -772,6 +772,71 @@ def test_benchmark_compare_serves_another_draft_against_the_same_baseline_passes
     assert spec_k("vllm", served["other:k3"]) == 3 and "drafts/other" in served["other:k3"]
 
 
+def test_benchmark_servers_that_do_not_fit_at_once_run_in_groups_beside_the_baseline(
+    tmp_path, random_target, draft_dir
+):
+    """benchmark.max_servers 2: the baseline stays up and the speculative servers run one group
+    after another beside it, each group its own rounds; each speculative pass is paired with a
+    baseline pass of its own group (the nearest in time), and the report names the groups."""
+    overrides = {**LOAD, **stand_ins("vllm"), "concurrency": [1], "repeats": 2}
+    overrides.update(serve_concurrency=1, max_servers=2)
+    proc = run_benchmark_stage(tmp_path, random_target, draft_dir, overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = read_json(tmp_path / "bench.detail.json")
+    design = report["verdict"]["design"]
+    assert design["layout"] == "side_by_side" and design["groups"] == [["k1"], ["k3"]]
+    assert design["fit"]["max_servers"] == 2 and design["fit"]["speculative_fit"] >= 1
+    orders = [sorted(order) for *_, order in design["rounds_order"]]
+    assert orders == [["baseline", "k1"]] * 2 + [["baseline", "k3"]] * 2
+    level = report["levels"]["c1"]
+    assert level["baseline"]["passes"] == 4 and level["k1"]["passes"] == level["k3"]["passes"] == 2
+    assert len(level["k1"]["paired_speedups"]) == len(level["k3"]["paired_speedups"]) == 2
+    assert report["verdict"]["decisions"]["1"]["decision"] in ("yes", "undecided")
+
+
+@pytest.mark.parametrize(
+    ("layout", "max_servers", "available", "expected"),
+    [
+        ("auto", None, 16.0, 3),  # 0.9 x 16 / (1.15 x 4) = 3.1: three beside the baseline
+        ("auto", 3, 16.0, 2),  # capped by benchmark.max_servers
+        ("auto", None, 4.0, 0),  # not one: auto runs one server at a time
+        ("side_by_side", None, 4.0, "error"),
+    ],
+)
+def test_group_size_is_what_the_memory_left_holds(
+    monkeypatch, layout, max_servers, available, expected
+):
+    """A baseline of 4 GiB (its RSS, or what the host lost starting it, whichever is more)."""
+    from types import SimpleNamespace
+
+    from draftline.benchmark import server
+    from draftline.core.errors import DraftlineError
+
+    monkeypatch.setattr(server, "available_gib", lambda: available)
+    sweep = SimpleNamespace(
+        cfg=SimpleNamespace(layout=layout, max_servers=max_servers),
+        memory_gib={"baseline": 3.0},
+        fit=None,
+    )
+    base = SimpleNamespace(pid=1)
+    if expected == "error":
+        with pytest.raises(DraftlineError, match="no speculative server fits.*layout sequential"):
+            server.Sweep.group_size(sweep, base, available + 4.0, 6)
+        return
+    assert server.Sweep.group_size(sweep, base, available + 4.0, 6) == expected
+    assert sweep.fit["baseline_gib"] == 4.0
+    assert server.Sweep.group_size(sweep, SimpleNamespace(pid=None), 0.0, 6) == 6  # not launched
+
+
+def test_groups_of_split_servers_evenly_in_order():
+    from draftline.benchmark.server import groups_of
+
+    assert groups_of(list("abcdefg"), 4) == [list("abcd"), list("efg")]
+    assert groups_of(list("abcdefg"), 3) == [list("abc"), list("de"), list("fg")]
+    assert groups_of(list("abc"), 5) == [list("abc")]
+    assert groups_of(list("ab"), 1) == [["a"], ["b"]]
+
+
 def test_benchmark_one_server_at_a_time_runs_the_baseline_before_and_after(
     tmp_path, random_target, draft_dir
 ):
