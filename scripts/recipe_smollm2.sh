@@ -67,11 +67,11 @@ run() { # run NAME: one experiment in the workspace
   # the chosen recipe through the whole pipeline: its serving verdict in vLLM's CPU build (a
   # baseline and a speculative server per k at each load; reports/recipe_smollm2/verdict_*.json)
   # and the other drafters (d500-drafts) served against the same baseline passes in the same run
-  # (benchmark.compare; docs/drafters.md), each at k = 3, the recipe's chain length (six
-  # servers: a group of three, then of two, beside the baseline, as the host's memory holds them)
+  # (benchmark.compare; docs/drafters.md), each at k = 1 and 3: eight servers, more than this
+  # host's memory holds at once, so the speculative ones run in groups beside the baseline
   d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" \
     -S '+benchmark.compare.peagle=drafts/peagle' -S '+benchmark.compare.dflash=drafts/dflash' \
-    -S 'benchmark.compare_k=[3]' ;;
+    -S 'benchmark.compare_k=[1, 3]' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
