@@ -1171,6 +1171,19 @@ def interval(f: dict, suffix: str = "") -> str:
     return f"{fmt(point, '.2f')}x [{fmt(low, '.2f')}-{fmt(high, '.2f')}]"
 
 
+def against(data: dict) -> str:
+    """Which baseline passes a served drafters run paired its drafts with: one set, or each group
+    of servers its own (benchmark.max_servers, or what the host's memory held)."""
+    groups = data.get("groups") or []
+    if len(groups) < 2:
+        return "the same baseline passes"
+    sizes = "+".join(str(len(group)) for group in groups)
+    return (
+        f"the same baseline server, in {len(groups)} groups of servers ({sizes}) each with its "
+        "own rounds and baseline passes"
+    )
+
+
 def served_drafters(path: str, data: dict) -> str:
     """The drafters served in one run against the same baseline passes (drafters --served)."""
     methods = data["methods"]
@@ -1202,9 +1215,8 @@ def served_drafters(path: str, data: dict) -> str:
             "",
             source(
                 f"`{path}` (`python -m devtools.drafters --served`): one run, every draft against "
-                f"the same baseline passes ({fmt(data['rounds'], 'd')} rounds, "
-                f"{data['design']}), intervals at {fmt(data['confidence'], '.0%')} shared by the "
-                "ks compared"
+                f"{against(data)} ({fmt(data['rounds'], 'd')} rounds, {data['design']}), "
+                f"intervals at {fmt(data['confidence'], '.0%')} shared by the ks compared"
             ),
         ]
     )

@@ -169,6 +169,7 @@ def served(rev: str, root: Path = ROOT) -> dict:
         "baseline_tokens_per_s": level["baseline"]["output_tokens_per_s"],
         "design": v.get("design", {}).get("layout"),
         "rounds": v.get("design", {}).get("rounds"),
+        "groups": v.get("design", {}).get("groups"),
         "confidence": v["confidence"],
         "sources": {"served": rev, "compare": params["benchmark"]["compare"]},
     }
