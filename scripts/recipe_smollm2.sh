@@ -45,9 +45,9 @@ CHOSEN=("${RECIPE[@]}" -S '++train.train_embeddings=true' -S '++train.train_lm_h
 # evaluate.sets, so that mix holds it out of train piece by piece; and LONG_N long train rows cut
 # by the same builtin from the sections that eval set leaves at 2 rows per length (build.part
 # train, held_out: a rerun of the measurement at --per-length 2 stays clear of them too; docs/datasets.md).
-# The budget: 36 rows of 1,024-4,096 estimated tokens (6 documents and 6 histories per length);
-# `draftline plan` on this run's mix estimates 219,563 training tokens against the 500 chats'
-# 125,025 (answers at regenerate.max_tokens), in packs of 5,120 tokens, not 512
+# The budget: LONG_N rows of 1,024-4,096 estimated tokens (as many documents as histories per
+# length), in packs of 5,120 tokens, not 512; `draftline plan` with this run's params gives its
+# training tokens, disk and time against the chats' alone
 LONG_N=36
 LONG=(-S '++datasets.long_docs.builtin=pydoc_long'
   -S '++datasets.long_docs.build.lengths=[512, 1024, 2048, 4096]' -S '++datasets.long_docs.build.per_length=1'
