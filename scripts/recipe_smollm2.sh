@@ -29,7 +29,9 @@ ORDER=(L27-500 d500-emb-head d500-emb-head-ep15 d500-drafts d500-emb-head-verdic
 # run does not depend on the one before (a key given twice: the last -S wins). The one chosen on
 # dev (CHOSEN: d500-emb-head) is then run at 375, 250 and 125 conversations for the
 # acceptance-vs-samples forecast (four points with d500-emb-head). d500-emb, d500-head, L27-250 / L27-125 (the earlier recipe's forecast), base-250,
-# ep10-250 and c125-* (the earlier exploration at 250 / 125 conversations) are runnable by name.
+# ep10-250 and c125-* (the earlier exploration at 250 / 125 conversations) are runnable by name,
+# and d500-long (the chosen recipe plus long train rows, issue 57), run last: the datasets it adds
+# stay in params.yaml after it.
 RECIPE=(-S 'train.epochs=10' -S '++train.init_layer_from_target=last_aux' -S 'train.lr=0.003'
   -S 'train.ttt_steps=3' -S '++train.speculative_tokens=null' -S 'vocab.draft_vocab_size=4096'
   -S 'regenerate.max_tokens=128' -S '++train.train_lm_head=false' -S '++train.train_embeddings=false')
@@ -38,6 +40,33 @@ D500=(-S '++samples=500' "${RECIPE[@]}")
 # chosen on dev: the draft's embeddings and lm_head trained too (dev <!-- fig reports/recipe_smollm2/experiments.json#/L27-500/dev_acceptance_length .2f -->2.25<!-- /fig -->
 # -> <!-- fig reports/recipe_smollm2/experiments.json#/d500-emb-head/dev_acceptance_length .2f -->2.38<!-- /fig --> at 500, reports/recipe_smollm2/experiments.json)
 CHOSEN=("${RECIPE[@]}" -S '++train.train_embeddings=true' -S '++train.train_lm_head=true')
+# d500-long: the long-context eval set of the verdict run's context measurement (devtools/context_eval.py
+# --lengths 512 1024 2048 4096 --per-length 1: one document and one history per length), named in
+# evaluate.sets, so that mix holds it out of train piece by piece; and LONG_N long train rows cut
+# by the same builtin from the sections that eval set leaves at 2 rows per length (build.part
+# train, held_out: a rerun of the measurement at --per-length 2 stays clear of them too; docs/datasets.md).
+# The budget: LONG_N rows of 1,024-4,096 estimated tokens (as many documents as histories per
+# length), in packs of 5,120 tokens, not 512; `draftline plan` with this run's params gives its
+# training tokens, disk and time against the chats' alone
+LONG_N=36
+LONG=(-S '++datasets.long_docs.builtin=pydoc_long'
+  -S '++datasets.long_docs.build.lengths=[512, 1024, 2048, 4096]' -S '++datasets.long_docs.build.per_length=1'
+  -S 'evaluate.sets=[chitchat_more, long_docs]'
+  -S '++datasets.long_train.builtin=pydoc_long' -S '++datasets.long_train.build.part=train'
+  -S '++datasets.long_train.build.lengths=[1024, 2048, 4096]' -S "++datasets.long_train.build.per_length=$((LONG_N / 6))"
+  -S '++datasets.long_train.build.held_out.lengths=[512, 1024, 2048, 4096]'
+  -S '++datasets.long_train.build.held_out.per_length=2'
+  # the same 500 chats and the long rows on top: train is the first `samples` rows of a sequence
+  # merged by weight, in which the long set's weight (as the chats' together) puts its rows ahead
+  # of the 500th chat without reordering the chats (each dataset's rows keep their keys' order; eval
+  # and dev come from chitchat_sample alone, mix.holdout_from); its cap is its row count, so that
+  # running out is no shortfall (a capped set is asked for no more than its cap)
+  -S '++mix.weights.long_train=1.5' -S "++mix.caps.long_train=$LONG_N" -S "++samples=$((500 + LONG_N))"
+  # rows of up to 4,096 estimated tokens, with their answers (a history's every part acknowledged),
+  # stay below 5,120 of SmolLM2's tokens: neither tokenize nor a pack cuts them. Not 8,192 (SmolLM2's
+  # max_position_embeddings): the draft's attention on CPU is eager, a dense score matrix per head
+  # and TTT step that grows with the square of the pack
+  -S 'tokenize.max_length=5120' -S 'train.pack_len=5120')
 
 run() { # run NAME: one experiment in the workspace
   local name=$1
@@ -72,6 +101,13 @@ run() { # run NAME: one experiment in the workspace
   d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" \
     -S '+benchmark.compare.peagle=drafts/peagle' -S '+benchmark.compare.dflash=drafts/dflash' \
     -S 'benchmark.compare_k=[1, 3]' ;;
+  # the chosen recipe on the same 500 chats plus LONG_N long rows (LONG, above), through the whole
+  # pipeline with its serving verdict at one load (4 in flight, the verdict's serve_concurrency);
+  # regenerate and hidden_states reuse what the runs at 500 left for the same chats where their
+  # code and settings allow (the long rows are new). Then its
+  # acceptance by context length as the verdict run's: python -m devtools.context_eval . \
+  #   reports/recipe_smollm2/context_d500-long.json --lengths 512 1024 2048 4096 --per-length 1 --buckets 1024 2048 4096
+  d500-long) set -- "${CHOSEN[@]}" "${LONG[@]}" -S 'benchmark.concurrency=[4]' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
@@ -102,6 +138,12 @@ run() { # run NAME: one experiment in the workspace
     exit 2
     ;;
   esac
+  if [[ -n "${RECIPE_PRINT:-}" ]]; then # what `dvc exp run` would be given, one word a line
+    printf '%s\n' "${SMOLLM2_PARAMS[@]}" "$@"
+    return
+  fi
+  # a run that adds datasets (-S datasets.<name>...): their prepare stages' source deps first
+  python -m devtools.exp_sources datasets/sources.yaml "${SMOLLM2_PARAMS[@]}" "$@"
   dvc exp run -n "$name" "${SMOLLM2_PARAMS[@]}" "$@"
   # the run's own reports -> reports/recipe_smollm2/ (docs/recipe_smollm2.md is generated from it)
   local record=()
@@ -109,7 +151,7 @@ run() { # run NAME: one experiment in the workspace
   # stopped at evaluate: reports/benchmark.json is an earlier run's; the chosen recipe at 500 / 250
   # / 125 conversations: the points of the acceptance-vs-samples plot
   d500-emb-head | d375-emb-head | d250-emb-head | d125-emb-head) record=(--no-benchmark --samples-point) ;;
-  d500-emb-head-verdict | d500-peagle-verdict | d500-dflash-verdict) record=() ;; # the whole pipeline: its benchmark is this run's
+  d500-emb-head-verdict | d500-peagle-verdict | d500-dflash-verdict | d500-long) record=() ;; # the whole pipeline: its benchmark is this run's
   c125-* | d500-*) record=(--no-benchmark) ;;
   esac
   python -m devtools.recipe_record reports/recipe_smollm2 "$name" "${record[@]}"

@@ -1,6 +1,7 @@
 """Every `dvc exp run -S key=value` recipe under scripts/ applies to params.yaml and validates, so
 a typo in a recipe fails here rather than after an hour of pipeline."""
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -98,3 +99,54 @@ def test_a_key_only_in_the_config_defaults_needs_plus_plus():
         apply_set_params(base, "-S 'evaluate.prompts=12'")
     params, _ = apply_set_params(base, "-S '++evaluate.prompts=12'")
     assert parse_params(params).evaluate.prompts == 12
+
+
+def recipe_words(name: str) -> list[str]:
+    """The words scripts/recipe_smollm2.sh gives `dvc exp run` for the experiment NAME (its
+    RECIPE_PRINT mode: nothing run)."""
+    done = subprocess.run(
+        ["bash", "scripts/recipe_smollm2.sh", name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RECIPE_PRINT": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.splitlines()
+    assert words[::2] == ["-S"] * (len(words) // 2)
+    return words
+
+
+def test_the_long_rows_run_is_the_chosen_recipe_plus_long_rows():
+    """d500-long: valid params; the verdict run's params but for the long sets, the lengths and
+    the one load; the long eval set named in evaluate.sets (held out piece by piece); the long
+    train set capped at its row count, on top of the 500 chats; no row cut at tokenize or a pack;
+    and the datasets it adds written into the sources file dvc.yaml reads before the run."""
+    from devtools.exp_sources import with_datasets
+
+    words = recipe_words("d500-long")
+    script = " ".join(f"-S '{value}'" for value in words[1::2])
+    config = parse_params(
+        apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()), script)[0]
+    )
+    verdict = " ".join(f"-S '{v}'" for v in recipe_words("d500-emb-head-verdict")[1::2])
+    base = parse_params(
+        apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()), verdict)[0]
+    )
+    assert config.train == base.train.model_copy(update={"pack_len": 5120})
+    assert config.regenerate == base.regenerate and config.vocab == base.vocab
+    long_docs, long_train = config.datasets["long_docs"], config.datasets["long_train"]
+    assert "long_docs" in config.evaluate.sets and "long_train" not in config.evaluate.sets
+    # the eval set is the context measurement's (devtools/context_eval.py --lengths 512 1024 2048
+    # 4096 --per-length 1), and the train part holds out at least that
+    assert long_docs.build.lengths == [512, 1024, 2048, 4096] and long_docs.build.per_length == 1
+    held = long_train.build.held_out
+    assert long_train.build.part == "train" and held.per_length >= long_docs.build.per_length
+    assert set(long_docs.build.lengths) <= set(held.lengths) and held.seed == long_docs.build.seed
+    rows = len(long_train.build.lengths) * len(long_train.build.kinds) * long_train.build.per_length
+    assert config.mix.caps["long_train"] == rows and config.samples == base.samples + rows
+    assert config.mix.holdout_from == ["chitchat_sample"]
+    assert config.tokenize.max_length == config.train.pack_len >= 5120
+    assert config.benchmark.concurrency == [config.benchmark.serve_concurrency]
+    params = with_datasets(yaml.safe_load((ROOT / "params.yaml").read_text()), words)
+    assert set(params["datasets"]) == set(config.datasets)

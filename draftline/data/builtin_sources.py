@@ -23,21 +23,22 @@ class BuiltinSource:
     rows: Callable[[Section], Iterator[dict]]
     format: str  # the rows' format (draftline/data/formats.py)
     facts: Callable[[], dict]  # what it read (module, version, hash), for the prepare report
-    # only evaluated (named in evaluate.sets), never trained on
-    eval_only: bool
+    # whether a build of it is only evaluated (named in evaluate.sets), never trained on
+    eval_only: Callable[[Section], bool]
     # mix holds its rows out of train piece by piece (draftline/data/holdout.py `PieceIndex`):
     # its prompts are assembled from paragraphs that a train prompt could carry on its own
     held_out_by_pieces: bool
 
 
 BUILTINS = {
-    # long-context eval prompts (512-8k tokens) from the Python Language Reference in CPython
+    # long-context eval prompts (512-8k tokens) from the Python Language Reference in CPython;
+    # with build.part train, long rows to train on from the sections an eval build leaves
     "pydoc_long": BuiltinSource(
         config=pydoc_long.PydocLongConfig,
         rows=pydoc_long.build_rows,
         format="openai",
         facts=pydoc_long.reference_facts,
-        eval_only=True,
+        eval_only=lambda build: build.part == "eval",
         held_out_by_pieces=True,
     ),
 }

@@ -73,7 +73,7 @@ class DatasetSpec(Section):
     path: str | None = shaping(None)
     # a source generated on the spot from text installed with Python, no path and no download:
     # pydoc_long, long-context eval prompts from the Python Language Reference (docs/datasets.md);
-    # eval-only: named in evaluate.sets
+    # eval-only: named in evaluate.sets (build.part train: long rows to train on instead)
     builtin: str | None = shaping(None)
     # the builtin's settings (null: its defaults); a second builtin adds its model to this union
     build: PydocLongConfig | None = shaping(None)
@@ -216,9 +216,9 @@ Datasets = Annotated[dict[str, DatasetSpec], BeforeValidator(plain_names)]
 
 
 def eval_only(spec: DatasetSpec) -> bool:
-    """A benchmark preset or an eval-only builtin: evaluated, never trained on."""
+    """A benchmark preset or an eval-only builtin build: evaluated, never trained on."""
     if spec.builtin is not None:
-        return BUILTINS[spec.builtin].eval_only
+        return BUILTINS[spec.builtin].eval_only(spec.build)
     return spec.preset in PRESETS and PRESETS[spec.preset].eval_only
 
 
@@ -235,7 +235,8 @@ def train_datasets(datasets: dict[str, DatasetSpec], eval_sets=()) -> list[str]:
 
 def check_eval_sets(datasets: dict[str, DatasetSpec], eval_sets: list[str]) -> None:
     """evaluate.sets against the datasets: each names one, a benchmark preset or an eval-only
-    builtin (eval_only) is named there, and at least one dataset is left to train on."""
+    builtin (eval_only) is named there, a builtin built to train on is not, and at least one
+    dataset is left to train on."""
     if unknown := sorted(set(eval_sets) - set(datasets)):
         raise ValueError(
             f"evaluate.sets: {unknown} are not datasets; an eval set is a `datasets` entry (a "
@@ -246,6 +247,16 @@ def check_eval_sets(datasets: dict[str, DatasetSpec], eval_sets: list[str]) -> N
         raise ValueError(
             f"datasets {untracked} are benchmark sets (an eval-only preset or builtin): name "
             "them in evaluate.sets, never train on them"
+        )
+    built_to_train = sorted(
+        name
+        for name in eval_sets
+        if datasets[name].builtin is not None and not eval_only(datasets[name])
+    )
+    if built_to_train:
+        raise ValueError(
+            f"evaluate.sets: {built_to_train} are built to train on (build.part: train); name "
+            "an eval build of the source there instead"
         )
     if datasets and not train_datasets(datasets, eval_sets):
         raise ValueError("evaluate.sets names every dataset: none is left to train on")

@@ -29,6 +29,18 @@ Python, settings and seed give byte-identical rows. The text changes between Pyt
 
 Rows come interleaved (every length and kind, then again): a prefix of the set, as
 `evaluate.prompts` takes, covers every length.
+
+`part: train` cuts rows to train on instead (long rows for a draft that should see long
+context), from what an eval build leaves: the build named in `held_out` (its settings, as an eval
+set of this source is given them) is made first, every section its rows touch (from the heading a
+row starts at to the next heading after its last paragraph) is taken out of the reference, and
+the train rows are cut, by the same rules, from the sections left, in topic-name order as before.
+No train row shares a paragraph, or a section, with a row of that eval build, nor with a row of
+any eval build it covers: rows are prefix-stable in `per_length` and each (kind, length) is cut on
+its own, so the same seed and turn_tokens with a subset of its lengths and kinds and no more rows
+per length give a subset of its rows. Train rows carry no `decode` (it is an eval setting), and
+their ids start with `train-`. Without `part` (or with `part: eval`) the rows are those above,
+byte for byte.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from pydantic import model_validator
 from draftline.core.config import Section, shaping
 from draftline.core.errors import DraftlineError
 from draftline.core.io import text_sha256
+from draftline.data.holdout import PIECE_MIN_WORDS, piece_words
 
 # a row's `decode`: evaluate decodes its whole history up to the last user turn as the prompt
 # (draftline/evaluate/prompts.py eval_prompt_ids), not its first turn; draftline/data/formats.py keeps it
@@ -56,6 +69,9 @@ KINDS = ("document", "history")
 MIN_LENGTH = 128  # tokens: below, a row holds little more than its heading and question
 FILL = 0.8  # a row of length L is at least this share of L (estimated tokens)
 CHARS_PER_TOKEN = 4  # prepare's estimate (formats.prompt_tokens_est)
+
+PARTS = ("eval", "train")  # build.part: prompts to evaluate, or rows to train on
+TRAIN_ID = "train-"  # the ids of a train part's rows start with it
 
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 # a section heading: its title over a line of one repeated mark (*** a topic, === a section, ...)
@@ -69,6 +85,15 @@ QUESTIONS = (
     "Using only the text above, describe what the section titled '{title}' covers and how it "
     "behaves.",
 )
+# a train part's questions and history turns, worded apart from the eval rows' so that no
+# paragraph of a train row equals one of theirs (the mix holds eval sets out piece by piece:
+# draftline/data/holdout.py, any paragraph of PIECE_MIN_WORDS words)
+TRAIN_QUESTIONS = (
+    "Give a short summary of the part headed '{title}' in the documentation above.",
+    "Briefly, what does the part headed '{title}' explain?",
+    "List the key points made under the heading '{title}'.",
+    "Based on the documentation above, what is '{title}' about and how does it work?",
+)
 
 
 class PydocLongError(DraftlineError, ValueError):
@@ -76,8 +101,8 @@ class PydocLongError(DraftlineError, ValueError):
     holds instead (ValueError: prepare reports it as a dataset that cannot be read)."""
 
 
-class PydocLongConfig(Section):
-    """datasets.<name>.build of a `builtin: pydoc_long` dataset (draftline/data/pydoc_long.py)."""
+class PydocLongBuild(Section):
+    """The rows a `builtin: pydoc_long` build cuts: their lengths, kinds, count and seed."""
 
     # prompt lengths, estimated tokens (characters / 4); each row fills 80-100% of its length
     lengths: list[int] = shaping([512, 1024, 2048, 4096, 8192], min_length=1)
@@ -97,6 +122,28 @@ class PydocLongConfig(Section):
             )
         if len(set(self.lengths)) != len(self.lengths) or len(set(self.kinds)) != len(self.kinds):
             raise ValueError(f"lengths {self.lengths} and kinds {self.kinds} name each one once")
+        return self
+
+
+class PydocLongConfig(PydocLongBuild):
+    """datasets.<name>.build of a `builtin: pydoc_long` dataset (draftline/data/pydoc_long.py)."""
+
+    # eval: prompts to evaluate (an eval set, named in evaluate.sets); train: rows to train on, cut
+    # from the sections the eval build `held_out` leaves (none shares a paragraph with its rows)
+    part: Literal["eval", "train"] = shaping("eval")
+    # part train: the settings of the eval build it stays clear of, as that eval set is given them
+    # (the keys above; {}: the defaults)
+    held_out: PydocLongBuild | None = shaping(None)
+
+    @model_validator(mode="after")
+    def _held_out_with_train(self):
+        if self.part == "train" and self.held_out is None:
+            raise ValueError(
+                "held_out: part train needs the settings of the eval build it stays clear of "
+                "(e.g. held_out: {lengths: [512, 1024], per_length: 2}; {}: the defaults)"
+            )
+        if self.part == "eval" and self.held_out is not None:
+            raise ValueError("held_out: only with part: train (an eval build is what is held out)")
         return self
 
 
@@ -151,8 +198,9 @@ def _pick(seed: int, kind: str, length: int, start: int) -> str:
     return text_sha256(f"{seed}:{kind}:{length}:{start}")
 
 
-def question(seed: int, kind: str, length: int, start: int, title: str) -> str:
-    return QUESTIONS[int(_pick(seed, kind, length, start), 16) % len(QUESTIONS)].format(title=title)
+def question(seed: int, kind: str, length: int, start: int, title: str, train: bool = False) -> str:
+    asks = TRAIN_QUESTIONS if train else QUESTIONS
+    return asks[int(_pick(seed, kind, length, start), 16) % len(asks)].format(title=title)
 
 
 def turns_of(length: int, turn_tokens: int) -> int:
@@ -179,21 +227,35 @@ def document_messages(paragraphs: list[str], ask: str) -> list[dict]:
     return [{"role": "user", "content": "\n\n".join([*paragraphs, ask])}]
 
 
-def history_messages(paragraphs: list[str], ask: str, parts: int) -> list[dict]:
-    """The user turns carrying the parts, each acknowledged, then the question."""
+def history_messages(
+    paragraphs: list[str], ask: str, parts: int, train: bool = False
+) -> list[dict]:
+    """The user turns carrying the parts, each acknowledged, then the question (a train part's
+    worded apart: TRAIN_QUESTIONS)."""
     messages = []
     for k, part in enumerate(split_parts(paragraphs, parts), 1):
-        intro = (
-            f"I will paste a section of the Python Language Reference in {parts} parts, then "
-            f"ask a question about it.\n\nPart 1 of {parts}:"
-            if k == 1
-            else f"Part {k} of {parts}:"
-        )
+        if train:
+            intro = (
+                f"Here is some Python documentation, sent over {parts} messages; my question "
+                f"follows the last one.\n\nMessage 1 of {parts}:"
+                if k == 1
+                else f"Message {k} of {parts}:"
+            )
+            ack = f"Received message {k} of {parts}."
+        else:
+            intro = (
+                f"I will paste a section of the Python Language Reference in {parts} parts, then "
+                f"ask a question about it.\n\nPart 1 of {parts}:"
+                if k == 1
+                else f"Part {k} of {parts}:"
+            )
+            ack = f"Got part {k} of {parts}."
         messages += [
             {"role": "user", "content": "\n\n".join([intro, *part])},
-            {"role": "assistant", "content": f"Got part {k} of {parts}."},
+            {"role": "assistant", "content": ack},
         ]
-    return [*messages, {"role": "user", "content": f"That was the last part. {ask}"}]
+    last = "That is all of it." if train else "That was the last part."
+    return [*messages, {"role": "user", "content": f"{last} {ask}"}]
 
 
 def prompt_chars(messages: list[dict]) -> int:
@@ -206,7 +268,8 @@ class Job(NamedTuple):
     kind: str
     length: int
     count: int
-    cfg: PydocLongConfig
+    cfg: PydocLongBuild
+    train: bool = False  # a train part's row: its questions and turns worded apart
 
 
 def candidate(ref: Reference, job: Job, start: int, cum: list[int]) -> tuple[int, list] | None:
@@ -215,13 +278,13 @@ def candidate(ref: Reference, job: Job, start: int, cum: list[int]) -> tuple[int
     characters of the paragraphs before i, each with its 2-character break."""
     budget = job.length * CHARS_PER_TOKEN
     title = HEADING.match(ref.paragraphs[start]).group("title").strip()
-    ask = question(job.cfg.seed, job.kind, job.length, start, title)
+    ask = question(job.cfg.seed, job.kind, job.length, start, title, job.train)
     parts = turns_of(job.length, job.cfg.turn_tokens)
 
     def messages_of(paragraphs: list[str]) -> list[dict]:
         if job.kind == "document":
             return document_messages(paragraphs, ask)
-        return history_messages(paragraphs, ask, parts)
+        return history_messages(paragraphs, ask, parts, job.train)
 
     # the question, the turns' wrappers and a break before each part's text: paragraphs
     # start..end-1 joined by blank lines take cum[end] - cum[start] - 2 characters beside them
@@ -241,9 +304,10 @@ def candidate(ref: Reference, job: Job, start: int, cum: list[int]) -> tuple[int
     return end, messages
 
 
-def rows_of(ref: Reference, job: Job) -> list[list[dict]]:
-    """The messages of `job.count` rows: their starts in the seeded order, those whose runs
-    overlap no row taken before first. PydocLongError when the reference has too few."""
+def runs_of(ref: Reference, job: Job) -> list[tuple[int, int, list[dict]]]:
+    """(start, end, messages) of `job.count` rows, paragraphs start..end-1: their starts in the
+    seeded order, those whose runs overlap no row taken before first. PydocLongError when the
+    reference has too few."""
     cum = [0]
     for text in ref.paragraphs:
         cum.append(cum[-1] + len(text) + 2)
@@ -266,23 +330,89 @@ def rows_of(ref: Reference, job: Job) -> list[list[dict]]:
         if len(spans) < job.count and all(end <= a or s >= b for a, b in spans):
             spans.append((s, end))
     first = {s for s, _ in spans}
-    ranked = [got for s, got in found if s in first] + [got for s, got in found if s not in first]
-    return [messages for _, messages in ranked[: job.count]]
+    ranked = [(s, *got) for s, got in found if s in first]
+    ranked += [(s, *got) for s, got in found if s not in first]
+    return ranked[: job.count]
+
+
+def rows_of(ref: Reference, job: Job) -> list[list[dict]]:
+    """The messages of `job.count` rows (runs_of)."""
+    return [messages for _, _, messages in runs_of(ref, job)]
+
+
+def jobs(cfg: PydocLongBuild, train: bool = False) -> list[Job]:
+    return [
+        Job(kind, length, cfg.per_length, cfg, train)
+        for length in cfg.lengths
+        for kind in cfg.kinds
+    ]
+
+
+def sections(ref: Reference) -> list[range]:
+    """The reference's sections, in order: each heading up to the next (what comes before the
+    first heading is a section of its own)."""
+    bounds = sorted({0, *ref.headings, len(ref.paragraphs)})
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def held_sections(ref: Reference, held_out: PydocLongBuild) -> set[int]:
+    """The paragraphs of every section a row of the eval build `held_out` touches (from the
+    heading its run starts at to the next heading after its last paragraph), and of every other
+    section that repeats one of their paragraphs word for word: the reference repeats text across
+    topics (`compound` holds what `for` and `if` hold)."""
+    touched = set()
+    for job in jobs(held_out):
+        for start, end, _ in runs_of(ref, job):
+            touched.update(range(start, end))
+    held, pieces = set(), set()
+    for section in sections(ref):
+        if touched.intersection(section):
+            held.update(section)
+            pieces.update(piece_of(ref.paragraphs[i]) for i in section)
+    pieces.discard(None)
+    for section in sections(ref):
+        if any(piece_of(ref.paragraphs[i]) in pieces for i in section):
+            held.update(section)
+    return held
+
+
+def piece_of(paragraph: str) -> tuple[str, ...] | None:
+    """A paragraph's words where the mix's piece holdout would match them (PIECE_MIN_WORDS
+    words at least, draftline/data/holdout.py), else None."""
+    words = piece_words(paragraph)
+    return words if len(words) >= PIECE_MIN_WORDS else None
+
+
+def train_reference(ref: Reference, held_out: PydocLongBuild) -> Reference:
+    """The reference less the sections held_sections holds for `held_out`, what is left in the
+    same order: what a train part's rows are cut from."""
+    held = held_sections(ref, held_out)
+    kept = [text for i, text in enumerate(ref.paragraphs) if i not in held]
+    return ref._replace(
+        paragraphs=kept, headings=[i for i, text in enumerate(kept) if HEADING.match(text)]
+    )
 
 
 def build_rows(cfg: PydocLongConfig, ref: Reference | None = None) -> Iterator[dict]:
     """Every row (OpenAI messages; `source`: kind-length, kept as each record's source_detail;
-    decoded from its whole history, evaluate's `decode`), interleaved: row i of every length and
-    kind, then row i + 1. PydocLongError as rows_of, before any row is given."""
+    an eval part's decoded from its whole history, evaluate's `decode`), interleaved: row i of
+    every length and kind, then row i + 1; a train part's cut from train_reference. PydocLongError
+    as rows_of, before any row is given."""
     ref = ref or reference()
-    made = {
-        (kind, length): rows_of(ref, Job(kind, length, cfg.per_length, cfg))
-        for length in cfg.lengths
-        for kind in cfg.kinds
-    }
+    train = cfg.part == "train"
+    if train:
+        ref = train_reference(ref, cfg.held_out)
+    made = {(job.kind, job.length): rows_of(ref, job) for job in jobs(cfg, train)}
     for i in range(cfg.per_length):
         for length in cfg.lengths:
             for kind in cfg.kinds:
+                if train:
+                    yield {
+                        "id": f"{TRAIN_ID}{kind}-{length}-{i}",
+                        "source": f"{kind}-{length}",
+                        "messages": made[kind, length][i],
+                    }
+                    continue
                 yield {
                     "id": f"{kind}-{length}-{i}",
                     "source": f"{kind}-{length}",

@@ -676,3 +676,20 @@ def test_evaluate_stage_reports_an_empty_dev_split(tmp_path):
         text=True,
     )
     assert done.returncode != 0 and "unknown options ['--bogus']" in done.stderr
+
+
+def test_a_capped_set_weighted_up_comes_on_top_of_the_same_rows(pools):
+    """scripts/recipe_smollm2.sh d500-long: a set of N rows (long rows to train on) added with a
+    weight that puts them ahead of the others' last row and a cap of N, samples + N: train is the
+    rows without it, in the same order, plus its N; eval does not move; no shortfall (a capped set
+    asked for its cap is not short)."""
+    weights = {"messages": 0.35, "sharegpt": 0.8}
+    settings = {"holdout_from": ["sharegpt"]}
+    train, eval_rows, _ = mix(pools, weights, 300, **settings)
+    extra = {**pools, "long": make_pool("long", 36, prompt_chars=lambda i: 4000 + i)}
+    more, more_eval, report = mix(
+        extra, {**weights, "long": 1.15}, 336, caps={"long": 36}, **settings
+    )
+    assert [r["id"] for r in more if r["source"] != "long"] == [r["id"] for r in train]
+    assert sum(r["source"] == "long" for r in more) == 36 and more_eval == eval_rows
+    assert shortfall_problems(report) == [] and report["capped"] == ["long"]

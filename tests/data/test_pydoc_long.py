@@ -274,3 +274,61 @@ def test_prepare_stage_builds_the_set_and_names_a_bad_length(tmp_path):
         "error: datasets.long.build.lengths: 10000000 tokens is longer than the whole source"
         in done.stderr
     )
+
+
+# ---- part: train, long rows to train on, clear of an eval build -------------------------------
+
+EVAL_BUILD = {"lengths": [512, 1024, 2048, 4096], "per_length": 2}
+TRAIN_BUILD = {"part": "train", "lengths": [1024, 4096], "per_length": 3, "held_out": EVAL_BUILD}
+
+
+def test_without_part_the_rows_are_the_eval_rows():
+    assert json.dumps(rows_of(**SMALL)) == json.dumps(rows_of(**SMALL, part="eval"))
+
+
+def test_a_train_part_shares_no_piece_with_the_eval_build_it_holds_out():
+    """What the mix's piece holdout would skip (PieceIndex.found, any paragraph of 8+ words of an
+    eval row): none of the train rows, against the eval build held out and any it covers (fewer
+    rows per length, fewer lengths); the same settings as an eval part share most rows' pieces."""
+    from draftline.data.holdout import PieceIndex
+
+    train = rows_of(**TRAIN_BUILD)
+    assert len(train) == 2 * 2 * 3
+    assert all(r["id"].startswith("train-") and "decode" not in r for r in train)
+    for held in (EVAL_BUILD, {**EVAL_BUILD, "per_length": 1}, {"lengths": [2048], "per_length": 2}):
+        pieces = PieceIndex({"long_docs": rows_of(**held)})
+        assert [r["id"] for r in train if pieces.found(r["messages"])] == [], held
+    # the check has teeth: the same lengths cut for eval carry the eval rows' pieces
+    pieces = PieceIndex({"long_docs": rows_of(**EVAL_BUILD)})
+    same = rows_of(lengths=[1024, 4096], per_length=3)
+    assert sum(bool(pieces.found(r["messages"])) for r in same) >= len(same) // 2
+
+
+def test_a_train_part_keeps_its_lengths_and_is_deterministic():
+    train = rows_of(**TRAIN_BUILD)
+    assert json.dumps(train) == json.dumps(rows_of(**TRAIN_BUILD))
+    for row in train:
+        _, kind, length, _ = row["id"].split("-")
+        assert FILL * int(length) <= math.ceil(prompt_chars(row["messages"]) / 4) <= int(length)
+        assert row["messages"][-1]["role"] == "user"
+
+
+def test_a_train_part_is_trained_on_not_evaluated():
+    datasets = {"chat": DatasetSpec(path="chat.jsonl"), "long": spec(**EVAL_BUILD)}
+    datasets["long_train"] = spec(**TRAIN_BUILD)
+    check_eval_sets(datasets, ["long"])  # not a benchmark set: it need not be named there
+    with pytest.raises(ValueError, match=r"\['long_train'\] are built to train on"):
+        check_eval_sets(datasets, ["long", "long_train"])
+
+
+@pytest.mark.parametrize(
+    "build, says",
+    [
+        ({"part": "train"}, "held_out: part train needs"),
+        ({"held_out": {}}, "held_out: only with part: train"),
+        ({"part": "test"}, "part"),
+    ],
+)
+def test_a_train_part_names_what_it_holds_out(build, says):
+    with pytest.raises(ValueError, match=says):
+        PydocLongConfig(**build)
