@@ -107,7 +107,9 @@ run() { # run NAME: one experiment in the workspace
   # code and settings allow (the long rows are new). Then its
   # acceptance by context length as the verdict run's: python -m devtools.context_eval . \
   #   reports/recipe_smollm2/context_d500-long.json --lengths 512 1024 2048 4096 --per-length 1 --buckets 1024 2048 4096
-  d500-long) set -- "${CHOSEN[@]}" "${LONG[@]}" -S 'benchmark.concurrency=[4]' ;;
+  # (no benchmark.compare: the verdict run's other drafters are not served in it)
+  d500-long) set -- "${CHOSEN[@]}" "${LONG[@]}" -S 'benchmark.concurrency=[4]' \
+    -S 'benchmark.compare={}' -S 'benchmark.compare_k=null' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
