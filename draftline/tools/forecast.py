@@ -174,11 +174,17 @@ def fit_saturating(n: np.ndarray, tau: np.ndarray, ceiling: float) -> dict | Non
     }
 
 
+LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
 def solve(fit: dict, target: float, beta=None) -> float:
     """Samples at which the curve reaches `target` (inf when it never does)."""
     if fit["form"].startswith("tau = a"):
         a, b = fit["beta"] if beta is None else beta
-        return math.exp((target - a) / b) if b > 0 else math.inf
+        if b <= 0:
+            return math.inf
+        log_n = (target - a) / b  # a draw with a slope near 0 puts the target past any float
+        return math.exp(log_n) if log_n < LOG_FLOAT_MAX else math.inf
     tau_max, c = fit["beta"] if beta is None else beta
     if c <= 0 or target >= tau_max:
         return math.inf

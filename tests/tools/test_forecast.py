@@ -14,6 +14,7 @@ from draftline.tools.forecast import (
     main,
     points_from_dvc_exps,
     read_points,
+    solve,
 )
 
 WHY_THREE = (
@@ -217,3 +218,15 @@ def test_command_writes_json_and_markdown(tmp_path):
     text = (tmp_path / "forecast.md").read_text()
     assert f"**No forecast**: {WHY_THREE}." in text
     assert f"| 2.5 | log_linear | no forecast | — | — | {WHY_THREE} |" in text
+
+
+def test_a_flat_curve_never_reaches_the_target_instead_of_overflowing():
+    """A slope draw near zero puts the target past any float: that draw never gets there (inf),
+    and a flat fit's forecast has no number, not an OverflowError."""
+    fit = {"form": "tau = a + b ln(n)", "beta": np.array([1.9, 1e-4]), "cov": None, "dof": 0}
+    assert solve(fit, 3.0) == math.inf
+    assert solve(fit, 1.9 + 1e-4 * math.log(100)) == pytest.approx(100)
+    flat = pts([125, 250, 375, 500], [1.96, 1.97, 1.96, 1.98])
+    f = build_report(flat, [3.5], k=3)["forecasts"]["3.5"]["log_linear"]
+    assert f["samples"] is None or f["samples"] > 10**6
+    assert f["interval_10_90"][1] is None  # the upper draws never get there
