@@ -1103,6 +1103,68 @@ DRAFTER_NAMES = {
 }
 
 
+LONG_ROWS = "reports/recipe_smollm2/long_rows.json"
+
+
+def _bucket_cell(b: dict) -> str:
+    point = fmt(b["acceptance_length"], ".2f")
+    if b["low"] is None:
+        return f"{point} (one prompt: no interval)"
+    return f"{point} [{fmt(b['low'], '.2f')}-{fmt(b['high'], '.2f')}] ({fmt(b['prompts'], 'd')} prompts)"
+
+
+def _minutes(seconds) -> str:
+    return "(not timed)" if seconds is None else f"{fmt(seconds / 60, '.0f')} min"
+
+
+def long_rows(r: Reports) -> str:
+    """The recipe's draft beside one trained with longer rows (devtools/long_rows.py)."""
+    drafts = r.load(LONG_ROWS)["drafts"]
+    cols = list(drafts.values())
+    rows = [
+        ["longest row trained on (tokens)"] + [fmt(d["longest_trained_row"], ",d") for d in cols]
+    ]
+    for i, b in enumerate(cols[0]["by_context"]):
+        rows.append(
+            [f"acceptance at context {b['bucket']}"]
+            + [_bucket_cell(d["by_context"][i]) for d in cols]
+        )
+    rows.append(["longest bucket / shortest"] + [fmt(d["collapse_ratio"], ".0%") for d in cols])
+    rows.append(
+        ["held-out chats (test / dev)"]
+        + [
+            f"{fmt(d['chat_acceptance_length'], '.2f')} / {fmt(d['dev_acceptance_length'], '.2f')}"
+            for d in cols
+        ]
+    )
+    rows.append(
+        [f"verdict at {fmt(cols[0]['verdict']['serve_concurrency'], 'd')} in flight"]
+        + [
+            f"{d['verdict']['decision']}: {fmt(d['verdict']['speedup'], '.2f')}x "
+            f"[{fmt(d['verdict']['low'], '.2f')}-{fmt(d['verdict']['high'], '.2f')}] at k={fmt(d['verdict']['k'], 'd')}"
+            for d in cols
+        ]
+    )
+    rows.append(
+        ["training loop (steps x median step)"]
+        + [
+            f"{_minutes(d['train_seconds'])} ({fmt(d['train_steps'], ',d')} steps, pack {fmt(d['pack_len'], ',d')})"
+            for d in cols
+        ]
+    )
+    rows.append(["whole run, wall"] + [_minutes(d["run_seconds"]) for d in cols])
+    rows.append(["context measurement, wall"] + [_minutes(d["context_seconds"]) for d in cols])
+    header = [""] + [
+        f"{role.replace('_', ' ')} (`{d['experiment']}`)" for role, d in drafts.items()
+    ]
+    return "\n".join([
+        table(header, rows),
+        "",
+        source(f"`{LONG_ROWS}` (`python -m devtools.long_rows`), from each draft's context_, "
+               "verdict_ and experiments.json records and its train report"),
+    ])  # fmt: skip
+
+
 def drafters(name: str) -> Callable[[Reports], str]:
     """The drafters compared on one data set (reports/drafters/<name>.json, devtools/drafters.py):
     train tau_sim, held-out acceptance, and the serving verdict at the serve load."""
@@ -1225,6 +1287,7 @@ def served_drafters(path: str, data: dict) -> str:
 FIGURES: dict[str, Callable[[Reports], str]] = {
     "drafters_default": drafters("default"),
     "drafters_smollm2": drafters("smollm2"),
+    "long_rows_smollm2": long_rows,
     "overhead_parts": overhead_parts,
     "regen_client_levels": regen_client_levels,
     "regen_throughput_targets": regen_throughput_targets,
