@@ -1154,9 +1154,8 @@ def long_rows(r: Reports) -> str:
     )
     rows.append(["whole run, wall"] + [_minutes(d["run_seconds"]) for d in cols])
     rows.append(["context measurement, wall"] + [_minutes(d["context_seconds"]) for d in cols])
-    header = [""] + [
-        f"{role.replace('_', ' ')} (`{d['experiment']}`)" for role, d in drafts.items()
-    ]
+    roles = {"recipe": "the recipe's draft", "long_rows": "with long rows"}
+    header = [""] + [f"{roles[role]} (`{d['experiment']}`)" for role, d in drafts.items()]
     return "\n".join([
         table(header, rows),
         "",
