@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.draft.checkpoint import draft_method
-from draftline.draft.methods import vllm_speculative
 from draftline.engines.commands import EngineServe, SpeculativeDraft, engine_serve_command
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ def _serve(
                 if k_per_batch_size
                 else {}
             )
-            served = vllm_speculative(draft_method(draft_path))
+            served = draft_method(draft_path).vllm_speculative()
             method = cfg.vllm.method or served.pop("method")
             served.pop("method", None)
             extra = {**served, **schedule, **cfg.vllm.speculative_config}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from draftline.benchmark.commands import benchmark_serve_command, draft_path_for
 from draftline.benchmark.config import BenchmarkError
 from draftline.draft.checkpoint import DraftFacts, read_draft_facts
-from draftline.draft.methods import METHODS, vllm_speculative
+from draftline.draft.methods import drafter, names, serving, titles
 from draftline.draft.preflight import check_draft
 
 if TYPE_CHECKING:
@@ -25,53 +25,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-WHY_NOT = {
-    "eagle3": "vLLM's 'eagle' feeds the draft one hidden state instead of three",
-    "peagle": "a P-EAGLE draft is an EAGLE-3 one drafting all its tokens in one forward",
-    "dflash": "a DFlash draft fills a block of masked positions; no other method reads it",
-}
-
-
 def check_vllm_method(cfg: BenchmarkConfig, facts: DraftFacts) -> list[str]:
-    """vLLM's speculative config must serve the draft as its method is served
-    (draftline/draft/methods.py vllm_speculative), and ask no more parallel tokens than a P-EAGLE
-    or DFlash draft was trained for."""
-    method = facts.algorithm if facts.algorithm in METHODS else "eagle3"
-    served = vllm_speculative(method)
+    """vLLM's speculative config must serve the draft as its method is served (the drafter's
+    vllm_speculative, draftline/draft/methods/), with the method's own settings, and ask no more
+    parallel tokens than a parallel draft was trained for."""
+    method = drafter(facts.algorithm)
+    served = method.vllm_speculative()
     problems = []
     if cfg.vllm.method is not None and cfg.vllm.method.lower() != served["method"]:
         problems.append(
-            f"benchmark.vllm.method: {cfg.vllm.method!r} for a {method} draft; it must be "
-            f"{served['method']!r} or null ({WHY_NOT[method]})"
+            f"benchmark.vllm.method: {cfg.vllm.method!r} for a {method.name} draft; it must be "
+            f"{served['method']!r} or null ({method.vllm_reason})"
         )
-    parallel = cfg.vllm.speculative_config.get("parallel_drafting")
-    if method == "peagle" and parallel is False:
+    problems += method.vllm_problems(cfg)
+    if method.parallel and facts.speculative_tokens and max(cfg.k) > facts.speculative_tokens:
         problems.append(
-            "benchmark.vllm.speculative_config: parallel_drafting false for a P-EAGLE draft; "
-            "drafting one token per forward feeds its later positions what they never saw"
-        )
-    if method == "eagle3" and parallel:
-        problems.append(
-            "benchmark.vllm.speculative_config: parallel_drafting for an EAGLE-3 draft, which "
-            "was trained to draft one token per forward (train.method peagle trains one for it)"
-        )
-    if method != "eagle3" and facts.speculative_tokens and max(cfg.k) > facts.speculative_tokens:
-        problems.append(
-            f"benchmark.k: {max(cfg.k)} draft tokens, but the {method} draft {facts.path} drafts "
-            f"at most {facts.speculative_tokens} in one forward (its trained positions)"
+            f"benchmark.k: {max(cfg.k)} draft tokens, but the {method.name} draft {facts.path} "
+            f"drafts at most {facts.speculative_tokens} in one forward (its trained positions)"
         )
     return problems
 
 
 def check_engine_settings(engine: str, cfg: BenchmarkConfig, facts: DraftFacts) -> list[str]:
     """The engine's speculative algorithm and checkpoint layout must suit the draft's method."""
+    if facts.algorithm not in names():
+        return []  # check_draft refuses the draft (UnknownDrafter's words): no method to suit
     problems = []
     if engine == "vllm":
         problems += check_vllm_method(cfg, facts)
-    elif engine == "sglang" and facts.algorithm in ("peagle", "dflash"):
+    elif engine == "sglang" and not drafter(facts.algorithm).sglang:
         problems.append(
             f"benchmark.engine sglang: a {facts.algorithm} draft; this pipeline serves those "
-            "through vLLM (benchmark.engine: vllm), SGLang only EAGLE-3 drafts"
+            f"through vLLM (benchmark.engine: vllm), SGLang only {titles(serving('sglang'))} drafts"
         )
     elif engine == "sglang":
         if cfg.sglang.algorithm.upper() != "EAGLE3":

@@ -1,0 +1,105 @@
+"""DFlash: a block of block_size positions after the last accepted token, filled in one forward
+from the target's context states (training samples anchored blocks). Its decoder layer is
+Qwen3's, it reads the batch rows unshifted (its blocks start at an anchor token) and the target's
+embeddings; vLLM serves it as dflash (parallel drafting implied: vLLM sets it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from draftline.core.config import Section, shaping
+from draftline.draft.methods.base import Drafter, Forward, ratio, register
+
+if TYPE_CHECKING:
+    from draftline.core.card import TargetCard
+    from draftline.train.config import TrainConfig
+
+
+class DFlashParams(Section):
+    """train.dflash: DFlash's blocks (speculators' anchored-block training)."""
+
+    # tokens per draft block: the anchor (the bonus token) and block_size - 1 drafted in one
+    # forward; speculators' trainer default
+    block_size: int = shaping(16, ge=2)
+    max_anchors: int = shaping(512, ge=1)  # blocks sampled per pack
+    gamma: float = shaping(4.0, gt=0)  # per-position loss decay of the block (fixed-exp-decay)
+
+
+@register
+class DFlash(Drafter):
+    name = "dflash"
+    title = "DFlash"
+    label = "DFlash (block)"
+    module = "dflash"
+    model_class = "DFlashDraftModel"
+    config_class = "DFlashSpeculatorConfig"
+    params = DFlashParams
+    decoder = "qwen3"
+    shifted = False
+    masked = True
+    parallel = True
+    vllm_reason = "a DFlash draft fills a block of masked positions; no other method reads it"
+
+    def vllm_speculative(self) -> dict:
+        return {"method": self.name}
+
+    def speculative_tokens(self, cfg: TrainConfig) -> int:
+        return cfg.dflash.block_size - 1  # the anchor is the bonus token, not a draft
+
+    def check_train(self, cfg: TrainConfig) -> None:
+        super().check_train(cfg)
+        if cfg.train_embeddings:
+            raise ValueError(
+                "train_embeddings: a DFlash draft reads the target's embeddings (its checkpoint "
+                "and vLLM keep none of its own)"
+            )
+
+    def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
+        return {
+            "block_size": cfg.dflash.block_size,
+            "aux_hidden_state_layer_ids": card.aux_ids,
+            "mask_token_id": mask,
+        }
+
+    def vllm_fields(self, config: dict) -> dict:
+        return {
+            key: config[key]
+            for key in ("aux_hidden_state_layer_ids", "block_size", "mask_token_id")
+        }
+
+    def speculators_args(self, cfg: TrainConfig, mask: int | None) -> list[str]:
+        d = cfg.dflash
+        return [
+            "--block-size",
+            str(d.block_size),
+            "--max-anchors",
+            str(d.max_anchors),
+            "--dflash-decay-gamma",
+            str(d.gamma),
+            # the builtin loop's loss weighting; speculators' own default for dflash (dpace) needs
+            # its cross-entropy loss, not the kl_div both backends train with
+            "--per-position-loss-weight",
+            "fixed-exp-decay",
+            "--mask-token-id",
+            str(mask),
+        ]
+
+    def training_forward(self, cfg: TrainConfig) -> Forward:
+        d = cfg.dflash
+        kwargs = {"gamma": d.gamma, "max_anchors": d.max_anchors}
+        return Forward(self.name, d.block_size - 1, tuple(kwargs.items()))
+
+    def draft_forward(self, get, k: int) -> Forward:
+        """Its own blocks (block size - 1 positions, fixed at training, whatever k), with
+        train.dflash's default loss decay and anchors (the config records neither)."""
+        d = DFlashParams()
+        kwargs = {"gamma": d.gamma, "max_anchors": d.max_anchors}
+        return Forward(self.name, int(get("block_size")) - 1, tuple(kwargs.items()))
+
+    def accuracy(self, metric_sums: dict[str, float], positions: int) -> tuple[list[float], float]:
+        """Each block's accepted run is counted (its `eal`, bonus token included): that is
+        tau_sim; acc_k is each position's own accuracy."""
+        acc = [ratio(metric_sums, f"position_{d}_acc") for d in range(1, positions + 1)]
+        tau = ratio(metric_sums, "eal") if metric_sums.get("eal_total") else 1.0
+        return acc, tau

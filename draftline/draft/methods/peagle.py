@@ -1,0 +1,103 @@
+"""P-EAGLE: all k draft tokens in one forward, the later positions reading a mask token and a
+learnt mask state (training samples parallel groups, COD). Its decoder is EAGLE-3's; vLLM serves
+it as eagle3 with parallel_drafting (vLLM's speculators reader maps peagle so).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from draftline.core.config import Section, shaping
+from draftline.draft.methods.base import Drafter, Forward, ratio, register
+from draftline.draft.methods.eagle3 import EAGLE_FIELDS, eagle_config_fields
+
+if TYPE_CHECKING:
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.core.card import TargetCard
+    from draftline.train.config import TrainConfig
+
+
+class PEagleParams(Section):
+    """train.peagle: P-EAGLE's parallel groups (speculators' COD sampling)."""
+
+    # parallel draft positions trained (K); the draft's speculative_tokens (vLLM serves up to it)
+    depths: int = shaping(8, ge=2)
+    # depth d keeps max(ratio**d, ratio_min) of the positions (geometric down-sampling)
+    down_sample_ratio: float = shaping(0.7, gt=0, lt=1)
+    down_sample_ratio_min: float = shaping(0.2, gt=0, lt=1)
+    max_anchors: int = shaping(512, ge=1)  # chain starts sampled per pack
+
+
+@register
+class PEagle(Drafter):
+    name = "peagle"
+    title = "P-EAGLE"
+    label = "P-EAGLE (parallel)"
+    module = "peagle"
+    model_class = "PEagleDraftModel"
+    config_class = "PEagleSpeculatorConfig"
+    params = PEagleParams
+    decoder = "llama"
+    eagle_layout = True
+    masked = True
+    parallel = True
+    vllm_reason = "a P-EAGLE draft is an EAGLE-3 one drafting all its tokens in one forward"
+
+    def vllm_speculative(self) -> dict:
+        return {"method": "eagle3", "parallel_drafting": True}
+
+    def speculative_tokens(self, cfg: TrainConfig) -> int:
+        return cfg.peagle.depths
+
+    def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
+        return {**eagle_config_fields(card, cfg), "mask_token_id": mask}
+
+    def vllm_fields(self, config: dict) -> dict:
+        return {key: config[key] for key in (*EAGLE_FIELDS, "mask_token_id")}
+
+    def speculators_args(self, cfg: TrainConfig, mask: int | None) -> list[str]:
+        p = cfg.peagle
+        return [
+            "--num-depths",
+            str(p.depths),
+            "--down-sample-ratio",
+            str(p.down_sample_ratio),
+            "--down-sample-ratio-min",
+            str(p.down_sample_ratio_min),
+            "--max-anchors",
+            str(p.max_anchors),
+            "--mask-token-id",
+            str(mask),
+        ]
+
+    def training_forward(self, cfg: TrainConfig) -> Forward:
+        p = cfg.peagle
+        kwargs = {
+            "num_depths": p.depths,
+            "down_sample_ratio": p.down_sample_ratio,
+            "down_sample_ratio_min": p.down_sample_ratio_min,
+            "max_anchors": p.max_anchors,
+        }
+        return Forward(self.name, p.depths, tuple(kwargs.items()))
+
+    def draft_forward(self, get, k: int) -> Forward:
+        """k parallel depths, every position kept (no down-sampling)."""
+        kwargs = {"num_depths": k, "down_sample_ratio": 0.999, "down_sample_ratio_min": 0.999}
+        return Forward(self.name, k, tuple(kwargs.items()))
+
+    def accuracy(self, metric_sums: dict[str, float], positions: int) -> tuple[list[float], float]:
+        """Each depth reports its own accuracy: acc_k is their running product, which assumes
+        the depths err independently."""
+        acc, running = [], 1.0
+        for d in range(positions):
+            running *= ratio(metric_sums, f"position_{d}_acc")
+            acc.append(running)
+        return acc, 1 + sum(acc)
+
+    def vllm_problems(self, cfg: BenchmarkConfig) -> list[str]:
+        if cfg.vllm.speculative_config.get("parallel_drafting") is False:
+            return [
+                "benchmark.vllm.speculative_config: parallel_drafting false for a P-EAGLE draft; "
+                "drafting one token per forward feeds its later positions what they never saw"
+            ]
+        return []
