@@ -19,7 +19,7 @@ from draftline.core.config import (
     shaping,
 )
 from draftline.data.config import Datasets, MixConfig, check_eval_sets, check_weights
-from draftline.draft.methods import drafter, serving, titles
+from draftline.draft.params import method_named, serving, titles
 from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig
 from draftline.hidden_states.config import HiddenStatesConfig
@@ -47,8 +47,8 @@ class Params(Section):
     @model_validator(mode="after")
     def _method_fits_engines(self):
         # the built-in decoders (evaluate and benchmark engine hf) and SGLang run the drafters
-        # that say so; vLLM serves every one (draftline/draft/methods/)
-        method = drafter(self.train.method)
+        # that say so; vLLM serves every one (draftline/draft/params/)
+        method = method_named(self.train.method)
         if self.evaluate.engine == "hf" and not method.serves("hf"):
             raise ValueError(
                 f"evaluate.engine: hf decodes {titles(serving('hf'))} drafts only; a train.method "

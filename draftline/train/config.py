@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from draftline.core.config import Section, operational, shaping
-from draftline.draft.methods import DFlashParams, PEagleParams, drafter
+from draftline.draft.params import DFlashParams, PEagleParams, method_named
 
 
 class TrainConfig(Section):
-    # the drafter, one registered in draftline/draft/methods/: eagle3 (a chain of k draft steps,
+    # the drafter, one registered in draftline/draft/params/: eagle3 (a chain of k draft steps,
     # each reading the last), peagle (P-EAGLE: all k draft tokens in one forward, served by vLLM as
     # eagle3 with parallel_drafting), dflash (a block of masked positions filled in one forward);
     # each through speculators' own model and loss
@@ -87,7 +87,7 @@ class TrainConfig(Section):
     @field_validator("method")
     @classmethod
     def _registered_method(cls, method: str) -> str:
-        drafter(method)  # UnknownDrafter names the registered ones
+        method_named(method)  # UnknownDrafter names the registered ones
         return method
 
     @model_validator(mode="after")
@@ -102,7 +102,7 @@ class TrainConfig(Section):
                 "train_lm_head: speculators train keeps lm_head frozen (a train.init's own head is "
                 "kept, frozen); use backend builtin to train it"
             )
-        drafter(self.method).check_train(self)
+        method_named(self.method).check_train(self)
         if self.init_layer_from_target is not None and (
             self.backend != "builtin" or self.init is not None
         ):

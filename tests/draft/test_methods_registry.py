@@ -1,6 +1,7 @@
-"""The drafters' registry (draftline/draft/methods/): a method registered in a module of its own is
-validated, served, run and summarized through its drafter with no other file touched; an unknown
-one gets the same error everywhere; and no module outside the package compares method names."""
+"""The drafters' registry (draftline/draft/methods/, on the methods' facts in draftline/draft/params/):
+a method registered in a module of each is validated, served, run and summarized through its
+drafter with no other file touched; an unknown one gets the same error everywhere; and no module
+outside the two packages compares method names."""
 
 import ast
 import re
@@ -25,12 +26,14 @@ from draftline.draft.methods import (
 )
 from draftline.draft.methods.base import REGISTRY, ratio
 from draftline.draft.methods.eagle3 import Eagle3
+from draftline.draft.params import register as register_method
+from draftline.draft.params.base import METHODS
 from draftline.draft.preflight import check_draft
 from draftline.params import parse_params
 from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "draftline" / "draft" / "methods"
+PACKAGES = (ROOT / "draftline" / "draft" / "methods", ROOT / "draftline" / "draft" / "params")
 
 
 class Tandem(Eagle3):
@@ -56,14 +59,21 @@ class Tandem(Eagle3):
 
 @pytest.fixture
 def tandem():
+    register_method(Tandem)
     register(Tandem)
     yield drafter("tandem")
     REGISTRY.pop("tandem")
+    METHODS.pop("tandem")
 
 
 def test_the_three_methods_register_on_import_in_order():
     assert names() == ("eagle3", "peagle", "dflash")
-    assert [drafter(name).name for name in names()] == list(names())
+    assert [drafter(name).name for name in names()] == list(names()) == list(REGISTRY)
+
+
+def test_a_drafter_needs_its_method_registered():
+    with pytest.raises(UnknownDrafter, match="'tandem'"):
+        register(Tandem)
 
 
 def test_a_fourth_method_is_one_class(tandem):
@@ -151,20 +161,27 @@ def test_no_module_outside_the_drafters_compares_method_names():
         path
         for folder in ("draftline", "stages", "devtools", "overhead")
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if PACKAGE not in path.parents
+        if not any(package in path.parents for package in PACKAGES)
     ]
     found = [
         f"{path.relative_to(ROOT)}:{line}"
         for path in files
         for line in name_comparisons(path.read_text(), set(names()))
     ]
-    assert not found, f"method names compared outside draftline/draft/methods/: {found}"
+    assert not found, f"method names compared outside the drafters' packages: {found}"
 
 
-def test_the_registry_imports_neither_torch_nor_speculators():
+@pytest.mark.parametrize("package", ["draftline.draft.params", "draftline.draft.methods"])
+def test_the_registries_import_neither_torch_nor_speculators(package):
     code = (
-        "import sys, draftline.draft.methods; "
+        f"import sys, {package}; "
         "print(sorted(m for m in ('torch', 'speculators') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_reading_params_imports_no_drafter():
+    code = "import sys, draftline.params; print('draftline.draft.methods' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

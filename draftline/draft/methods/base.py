@@ -1,10 +1,12 @@
-"""The drafter contract and its registry: what a train.method is to the rest of the pipeline.
+"""The drafter contract and its registry: what a train.method does, for the rest of the pipeline.
 
 A drafter is one `Drafter` subclass in a module of its own beside this one, registered under its
-name (`@register`), which is also the speculators_model_type of the drafts it saves. Every caller
-looks a method up (`drafter`, `of_config`) and asks it what it needs: its classes, batch layout,
-forward and metrics, how the engines serve it, what its params allow. No caller compares names,
-so a new method is a new module (imported by the package's __init__.py) and its tests. Light at
+name (`@register`), which is also the speculators_model_type of the drafts it saves. It subclasses
+its method (draftline/draft/params/: the name, params section and serving facts the params schema
+validates with, kept apart so that reading params runs none of this). Every caller looks a
+drafter up (`drafter`, `of_config`) and asks it what it needs: its classes, batch layout, forward
+and metrics, how vLLM serves it. No caller compares names, so a new method is a module here and
+one in draftline/draft/params/ (each imported by its package's __init__.py) and its tests. Light at
 import: no torch, no speculators.
 """
 
@@ -15,17 +17,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from draftline.core.errors import DraftlineError
+from draftline.draft.params import Method, method_named
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
-    from draftline.core.config import Section
     from draftline.train.config import TrainConfig
-
-
-class UnknownDrafter(DraftlineError, ValueError):
-    """A method name no registered drafter answers to; the message lists the known ones."""
 
 
 @dataclass(frozen=True)
@@ -49,28 +46,19 @@ class Forward:
         return of_config(config).draft_forward(getter(config), k)
 
 
-class Drafter(ABC):
-    """One train.method. A subclass states its facts as class attributes and answers the
-    abstract hooks; the base holds only what follows from the facts alike for every method."""
+class Drafter(Method, ABC):
+    """One train.method's behaviour, on top of its method's facts (a subclass names its method
+    first: `class Eagle3(Eagle3Method, Drafter)`). It states its own facts as class attributes
+    and answers the abstract hooks; the base holds only what follows from the facts alike for
+    every method."""
 
-    name: ClassVar[str]  # train.method, and speculators_model_type in the draft's config.json
-    title: ClassVar[str]  # how messages name its drafts ("EAGLE-3")
-    label: ClassVar[str]  # how the docs' tables name it ("EAGLE-3 (chain)")
     module: ClassVar[str]  # speculators.models.<module>
     model_class: ClassVar[str]
     config_class: ClassVar[str]
-    params: ClassVar[type[Section] | None] = None  # its own section, train.<name>
     decoder: ClassVar[str]  # the draft decoder layer's model type (draft_arch)
     # speculators' shift_batch layout (the embedding of token i+1 beside the state of token i);
     # False: the rows as they are
     shifted: ClassVar[bool] = True
-    # draftline's own speculative decoder runs it (evaluate's built-in engine and parity gate,
-    # benchmark engine hf)
-    builtin_decode: ClassVar[bool] = False
-    # whether the EAGLE-3 norm layouts (train.architecture) apply to its decoder
-    eagle_layout: ClassVar[bool] = False
-    # train.init and train.init_layer_from_target can start it from an existing draft / layer
-    fine_tunes: ClassVar[bool] = False
     # a checkpoint naming no speculators_model_type (EAGLE/SpecForge layout, a hub id) is one of
     # its drafts; one drafter at most says so
     unnamed_checkpoints: ClassVar[bool] = False
@@ -78,8 +66,6 @@ class Drafter(ABC):
     masked: ClassVar[bool] = False
     # it drafts all its tokens in one forward, so it drafts at most its trained positions
     parallel: ClassVar[bool] = False
-    # SGLang serves it (as EAGLE3, from draftline export-sglang's layout)
-    sglang: ClassVar[bool] = False
     # why vLLM must serve it with its own speculative method and no other
     vllm_reason: ClassVar[str]
 
@@ -87,10 +73,6 @@ class Drafter(ABC):
         """(model class, config class) from speculators."""
         module = importlib.import_module(f"speculators.models.{self.module}")
         return getattr(module, self.model_class), getattr(module, self.config_class)
-
-    def serves(self, engine: str) -> bool:
-        """Whether an engine (evaluate.engine / benchmark.engine) runs its drafts here."""
-        return {"hf": self.builtin_decode, "vllm": True, "sglang": self.sglang}[engine]
 
     @abstractmethod
     def vllm_speculative(self) -> dict:
@@ -100,22 +82,6 @@ class Drafter(ABC):
     @abstractmethod
     def speculative_tokens(self, cfg: TrainConfig) -> int:
         """Draft tokens per step written into the draft's config (vLLM's default k for it)."""
-
-    def check_train(self, cfg: TrainConfig) -> None:
-        """Raise ValueError, naming the key, for train params this method cannot train with."""
-        if not self.fine_tunes:
-            for key in ("init", "init_layer_from_target"):
-                if getattr(cfg, key) is not None:
-                    raise ValueError(
-                        f"{key}: {titles(fine_tuning())} drafts only (train.method "
-                        f"{' / '.join(d.name for d in fine_tuning())}); method "
-                        f"{self.name} trains a new draft"
-                    )
-        if not self.eagle_layout and cfg.architecture is not None:
-            raise ValueError(
-                "architecture: the EAGLE-3 norm layouts; method "
-                f"{self.name} has its own decoder (null)"
-            )
 
     @abstractmethod
     def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
@@ -154,22 +120,14 @@ class Drafter(ABC):
 REGISTRY: dict[str, Drafter] = {}
 
 
-# the facts every drafter states (the others have a default in Drafter)
-FACTS = (
-    "name",
-    "title",
-    "label",
-    "module",
-    "model_class",
-    "config_class",
-    "decoder",
-    "vllm_reason",
-)
+# the facts every drafter states beyond its method's (the others have a default in Drafter)
+FACTS = ("module", "model_class", "config_class", "decoder", "vllm_reason")
 
 
 def register(cls: type[Drafter]) -> type[Drafter]:
-    """Class decorator: one instance of `cls` answers to `cls.name` (an incomplete drafter fails
-    here, at import, not where a hook is first asked)."""
+    """Class decorator: one instance of `cls` answers to `cls.name`, a registered method's (an
+    incomplete drafter fails here, at import, not where a hook is first asked)."""
+    method_named(cls.name)  # UnknownDrafter: its method is not registered (draftline/draft/params/)
     missing = [fact for fact in FACTS if not hasattr(cls, fact)]
     if missing:
         raise TypeError(f"drafter {cls.__name__}: states no {', '.join(missing)}")
@@ -181,18 +139,9 @@ def register(cls: type[Drafter]) -> type[Drafter]:
     return cls
 
 
-def names() -> tuple[str, ...]:
-    """The registered methods, in registration order."""
-    return tuple(REGISTRY)
-
-
 def drafter(name: str) -> Drafter:
-    """The drafter registered as `name`; UnknownDrafter, listing the known ones, for another."""
-    if name not in REGISTRY:
-        raise UnknownDrafter(
-            f"method {name!r} is not a drafter this pipeline trains or serves "
-            f"({', '.join(REGISTRY)})"
-        )
+    """The drafter registered as `name`; UnknownDrafter, listing the known methods, for another."""
+    method_named(name)
     return REGISTRY[name]
 
 
@@ -208,21 +157,6 @@ def of_config(config) -> Drafter:
     if name:
         return drafter(name)
     return next(d for d in REGISTRY.values() if d.unnamed_checkpoints)
-
-
-def fine_tuning() -> list[Drafter]:
-    """The drafters train.init can start from an existing draft."""
-    return [d for d in REGISTRY.values() if d.fine_tunes]
-
-
-def serving(engine: str) -> list[Drafter]:
-    """The drafters an engine runs (Drafter.serves)."""
-    return [d for d in REGISTRY.values() if d.serves(engine)]
-
-
-def titles(drafters: list[Drafter]) -> str:
-    """How a message names them: "EAGLE-3", "EAGLE-3 / P-EAGLE"."""
-    return " / ".join(d.title for d in drafters)
 
 
 def ratio(metric_sums: dict[str, float], name: str) -> float:

@@ -8,33 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftline.core.config import Section, shaping
 from draftline.draft.methods.base import Drafter, Forward, ratio, register
+from draftline.draft.params import DFlashMethod, DFlashParams
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
     from draftline.train.config import TrainConfig
 
 
-class DFlashParams(Section):
-    """train.dflash: DFlash's blocks (speculators' anchored-block training)."""
-
-    # tokens per draft block: the anchor (the bonus token) and block_size - 1 drafted in one
-    # forward; speculators' trainer default
-    block_size: int = shaping(16, ge=2)
-    max_anchors: int = shaping(512, ge=1)  # blocks sampled per pack
-    gamma: float = shaping(4.0, gt=0)  # per-position loss decay of the block (fixed-exp-decay)
-
-
 @register
-class DFlash(Drafter):
-    name = "dflash"
-    title = "DFlash"
-    label = "DFlash (block)"
+class DFlash(DFlashMethod, Drafter):
     module = "dflash"
     model_class = "DFlashDraftModel"
     config_class = "DFlashSpeculatorConfig"
-    params = DFlashParams
     decoder = "qwen3"
     shifted = False
     masked = True
@@ -46,14 +32,6 @@ class DFlash(Drafter):
 
     def speculative_tokens(self, cfg: TrainConfig) -> int:
         return cfg.dflash.block_size - 1  # the anchor is the bonus token, not a draft
-
-    def check_train(self, cfg: TrainConfig) -> None:
-        super().check_train(cfg)
-        if cfg.train_embeddings:
-            raise ValueError(
-                "train_embeddings: a DFlash draft reads the target's embeddings (its checkpoint "
-                "and vLLM keep none of its own)"
-            )
 
     def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
         return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftline.draft.methods.base import Drafter, Forward, ratio, register
+from draftline.draft.params import Eagle3Method
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
@@ -54,19 +55,12 @@ def chain(k: int) -> Forward:
 
 
 @register
-class Eagle3(Drafter):
-    name = "eagle3"
-    title = "EAGLE-3"
-    label = "EAGLE-3 (chain)"
+class Eagle3(Eagle3Method, Drafter):
     module = "eagle3"
     model_class = "Eagle3DraftModel"
     config_class = "Eagle3SpeculatorConfig"
     decoder = "llama"
-    builtin_decode = True
-    eagle_layout = True
-    fine_tunes = True
     unnamed_checkpoints = True
-    sglang = True
     vllm_reason = "vLLM's 'eagle' feeds the draft one hidden state instead of three"
 
     def vllm_speculative(self) -> dict:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftline.core.config import Section, shaping
 from draftline.draft.methods.base import Drafter, Forward, ratio, register
 from draftline.draft.methods.eagle3 import EAGLE_FIELDS, eagle_config_fields
+from draftline.draft.params import PEagleMethod
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
@@ -17,28 +17,12 @@ if TYPE_CHECKING:
     from draftline.train.config import TrainConfig
 
 
-class PEagleParams(Section):
-    """train.peagle: P-EAGLE's parallel groups (speculators' COD sampling)."""
-
-    # parallel draft positions trained (K); the draft's speculative_tokens (vLLM serves up to it)
-    depths: int = shaping(8, ge=2)
-    # depth d keeps max(ratio**d, ratio_min) of the positions (geometric down-sampling)
-    down_sample_ratio: float = shaping(0.7, gt=0, lt=1)
-    down_sample_ratio_min: float = shaping(0.2, gt=0, lt=1)
-    max_anchors: int = shaping(512, ge=1)  # chain starts sampled per pack
-
-
 @register
-class PEagle(Drafter):
-    name = "peagle"
-    title = "P-EAGLE"
-    label = "P-EAGLE (parallel)"
+class PEagle(PEagleMethod, Drafter):
     module = "peagle"
     model_class = "PEagleDraftModel"
     config_class = "PEagleSpeculatorConfig"
-    params = PEagleParams
     decoder = "llama"
-    eagle_layout = True
     masked = True
     parallel = True
     vllm_reason = "a P-EAGLE draft is an EAGLE-3 one drafting all its tokens in one forward"
