@@ -24,16 +24,14 @@ from draftline.benchmark.commands import (
     k_per_batch_size_command,
 )
 from draftline.benchmark.config import BenchmarkError
-from draftline.benchmark.hf import benchmark_hf
+from draftline.benchmark.engines import engine_named, served_engines
 from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, read_jsonl, write_json
-from draftline.draft.checkpoint import load_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.engines.preflight import PreflightError
-from draftline.evaluate.acceptance import eos_ids
 from draftline.evaluate.context import deploy_context, served_context_limit
-from draftline.targets.model import card_tokenizer, load_target
+from draftline.targets.model import card_tokenizer
 from draftline.tokens.chat import first_turn_ids
 from draftline.tools.forecast import read_points as read_forecast_points
 
@@ -48,7 +46,8 @@ def export_for_sglang(
 ) -> str | None:
     """The draft in SGLang's own layout, made under log_dir when SGLang serves it and
     benchmark.sglang.draft_model_path names none; else None."""
-    if cfg.engine != "sglang" or cfg.sglang.draft_model_path is not None:
+    engine = engine_named(cfg.engine)
+    if not engine.served or not engine.exports or engine.given_draft(cfg) is not None:
         return None
     try:
         sglang_draft = str(export_sglang(draft_dir, card, log_dir / "draft_sglang"))
@@ -60,28 +59,15 @@ def export_for_sglang(
     return sglang_draft
 
 
-def benchmark_with_hf(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list) -> dict:
-    """Engine hf: the built-in baseline and speculative decoders at each k, one request at a time;
-    {1: the level} in the shape of benchmark_with_servers' levels."""
-    # each engine's code loads only when it runs: torch for hf, numpy and rich for the servers
-    import torch
-
-    device = cfg.resolved_device()
-    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
-    draft = load_draft(draft_dir, card, device)
-    prompts = [first_turn_ids(tokenizer, row) for row in rows]
-    return {1: benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg)}
-
-
 def compare_drafts(cfg: BenchmarkConfig, card: TargetCard, log_dir: Path) -> dict[str, str]:
     """{name: the directory its engine serves} of benchmark.compare, each checked to be a draft."""
-    out = {}
+    engine, out = engine_named(cfg.engine), {}
     for name, path in sorted(cfg.compare.items()):
         if not (Path(path) / "config.json").is_file():
             raise BenchmarkError(
                 f"error: benchmark.compare {name}: {path} is not a draft directory (no config.json)"
             )
-        if cfg.engine == "sglang":
+        if engine.served and engine.exports:
             try:
                 path = str(export_sglang(path, card, log_dir / f"compare_{name}_sglang"))
             except SglangExportError as err:
@@ -251,14 +237,14 @@ def deploy_commands(
     """Every engine's command at the verdict's k; for vLLM also the one choosing k per batch size
     from the sweep (num_speculative_tokens_per_batch_size, in vLLM's speculative config), and a
     recommendation when the draft does not pay off at the serve load."""
-    for engine, info in deploy.items():
-        if engine in ("vllm", "sglang"):
-            info["command"] = shlex.join(
-                benchmark_serve_command(engine, card, cfg, paths[engine], k=v["k"])
-            )
-            info["k"] = v["k"]
+    for engine in served_engines():
+        info = deploy[engine.name]
+        info["command"] = shlex.join(
+            benchmark_serve_command(engine.name, card, cfg, paths[engine.name], k=v["k"])
+        )
+        info["k"] = v["k"]
     schedule = v["k_per_batch_size"]
-    if cfg.engine != "hf" and len(schedule) > 1 and any(k for _, _, k in schedule):
+    if engine_named(cfg.engine).served and len(schedule) > 1 and any(k for _, _, k in schedule):
         deploy["vllm"]["command_k_per_batch_size"] = shlex.join(
             k_per_batch_size_command(card, cfg, paths["vllm"], schedule)
         )
@@ -298,9 +284,10 @@ def run_benchmark(
     """(report, deploy): the benchmark report and, per engine, its deployment command at the
     verdict's k and preflight findings (plus the launched servers' commands and warnings for a
     server engine)."""
+    engine = engine_named(cfg.engine)
     log_dir = (
         Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
-        if cfg.engine != "hf"
+        if engine.served
         else None
     )
     sglang_draft = export_for_sglang(cfg, card, draft_dir, log_dir)
@@ -310,8 +297,8 @@ def run_benchmark(
     if not rows:
         raise BenchmarkError(f"error: {eval_path} has no eval prompts")
     design = None
-    if cfg.engine == "hf":
-        levels = benchmark_with_hf(cfg, card, draft_dir, rows)
+    if not engine.served:
+        levels = engine.benchmark(cfg, card, draft_dir, rows)
         acceptance_by_k = {k: s["acceptance_length"] for k, s in levels[1]["speculative"].items()}
     else:
         draft_path = draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft)
@@ -327,7 +314,7 @@ def run_benchmark(
         ),
         "prompts": len(rows),
     }
-    paths = {e: draft_path_for(e, cfg, draft_dir, sglang_draft) for e in ("vllm", "sglang")}
+    paths = {e.name: draft_path_for(e.name, cfg, draft_dir, sglang_draft) for e in served_engines()}
     deploy_commands(cfg, card, deploy, report["verdict"], paths)
     return report, deploy
 

@@ -25,14 +25,12 @@ like the pass's own, is counted with it), SGLang's per-request meta_info of the 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
 import shlex
 import subprocess
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,14 +38,9 @@ from typing import TYPE_CHECKING
 
 from draftline.benchmark import lossless
 from draftline.benchmark.commands import benchmark_serve_command
+from draftline.benchmark.engines import ServedEngine, served_engine
 from draftline.benchmark.rounds import Pass, ServerRun, pair_sequential, pair_side_by_side
-from draftline.benchmark.spec_metrics import (
-    add_counters,
-    counter_delta,
-    sglang_acceptance,
-    vllm_acceptance,
-    vllm_spec_counters,
-)
+from draftline.benchmark.spec_metrics import add_counters, counter_delta
 from draftline.core.errors import DraftlineError
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
@@ -57,31 +50,6 @@ if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
 log = logging.getLogger(__name__)
-
-
-def http_get(url: str, timeout: float = 10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read().decode()
-
-
-def engine_endpoint(engine: str, base_url: str, top_logprobs: int = 0):
-    from draftline.benchmark.loadgen import LoadTarget
-
-    if engine == "sglang":
-        return LoadTarget(base_url, "sglang-generate", top_logprobs=top_logprobs)
-    models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
-    return LoadTarget(
-        base_url,
-        "openai-completions",
-        model=models[0]["id"],
-        stream_options=True,
-        token_ids=True,
-        top_logprobs=top_logprobs,
-    )
-
-
-def metrics_snapshot(engine: str, base_url: str) -> dict | None:
-    return vllm_spec_counters(http_get(f"{base_url}/metrics")) if engine == "vllm" else None
 
 
 REFERENCE_LOGPROBS = 5  # top logprobs per token of the baseline's reference outputs (near-ties)
@@ -97,6 +65,11 @@ class ServerBench:
     card: TargetCard
     prompts: list
     log_dir: Path
+
+    @property
+    def server(self) -> ServedEngine:
+        """The engine's hooks (draftline/benchmark/engines.py)."""
+        return served_engine(self.engine)
 
 
 @dataclass(frozen=True)
@@ -158,7 +131,7 @@ def mode_server(bench: ServerBench, mode: Mode, commands: list, log_path: Path, 
     role = "speculative" if mode.draft_path else "baseline"
     if role in cfg.endpoints and mode.draft is None:  # already running: checked, not started
         base_url = cfg.endpoints[role].rstrip("/")
-        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
+        algorithm = bench.server.algorithm(cfg)
         seen = preflight_benchmark(engine, base_url, card, mode.draft_path, algorithm)
         log.info(f"benchmark: {mode.name} server at {base_url} (preflight: {seen})")
         return contextlib.nullcontext((base_url, None))
@@ -309,7 +282,7 @@ class Sweep:
         if errors:
             raise errors[0]
         for run in running.values():
-            run.endpoint = engine_endpoint(bench.engine, run.url)
+            run.endpoint = bench.server.endpoint(run.url)
             self.memory_gib[run.mode.name] = rss_gib(run.pid)
             self.runs.setdefault(
                 run.mode.name, ServerRun(run.mode.name, run.mode.k, run.mode.draft)
@@ -359,9 +332,9 @@ class Sweep:
 
     def read_counters(self, run: Running) -> None:
         """Credit the counters since the last read to the load of the server's last pass."""
-        if self.bench.engine != "vllm" or run.mode.draft_path is None:
+        if not self.bench.server.server_counters or run.mode.draft_path is None:
             return
-        now = metrics_snapshot(self.bench.engine, run.url)
+        now = self.bench.server.counters(run.url)
         if run.last_c is not None and now is not None:
             delta = counter_delta(run.last_snapshot, now)
             run.counters[run.last_c] = add_counters(run.counters.get(run.last_c), delta)
@@ -408,7 +381,7 @@ class Sweep:
     def ask_reference(self, run: Running) -> None:
         """The baseline answers every prompt once more, untimed, with its top logprobs: the
         reference the speculative outputs are judged against."""
-        endpoint = engine_endpoint(self.bench.engine, run.url, REFERENCE_LOGPROBS)
+        endpoint = self.bench.server.endpoint(run.url, REFERENCE_LOGPROBS)
         self.reference, _ = self.load(
             run,
             "baseline reference",
@@ -419,7 +392,7 @@ class Sweep:
 
     def finish(self, running: list[Running]) -> None:
         """The last counters of each server (after the frontend has recorded its last steps)."""
-        if self.bench.engine == "vllm":
+        if self.bench.server.server_counters:
             time.sleep(1.0)
         for run in running:
             self.read_counters(run)
@@ -535,9 +508,7 @@ def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> t
         f"benchmark: design {layout}: {len(modes)} servers ({', '.join(m.name for m in modes)}), "
         f"{cfg.repeats} rounds at loads {cfg.concurrency}, passes of at least {cfg.min_pass_s:g} s"
     )
-    base_env = {}
-    if bench.engine == "vllm" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-        base_env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.vllm.cpu_kvcache_space_gb:g}"
+    base_env = bench.server.launch_env(cfg)
     if layout == "sequential":
         sweep.sequential(modes, base_env)
     else:
@@ -552,7 +523,7 @@ def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> t
     return sweep, modes
 
 
-def check_counters(engine: str, name: str, acceptance: dict | None) -> None:
+def check_counters(engine: ServedEngine, name: str, acceptance: dict | None) -> None:
     """The baseline must not speculate and a speculative server must."""
     if name == "baseline":
         if acceptance and acceptance.get("drafts"):
@@ -562,21 +533,8 @@ def check_counters(engine: str, name: str, acceptance: dict | None) -> None:
         return
     if not acceptance or not acceptance.get("drafts"):
         raise RuntimeError(
-            f"the speculative server {name} reported no speculative steps "
-            f"({'no spec_decode counters on /metrics' if engine == 'vllm' else 'no spec_verify_ct in meta_info'})"
+            f"the speculative server {name} reported no speculative steps ({engine.no_counters})"
         )
-
-
-def acceptance_at(engine: str, run: ServerRun, c: int | None) -> dict | None:
-    """A server's acceptance at load c (None: over every load)."""
-    if engine == "vllm":
-        counters = None
-        for load, summed in run.counters.items():
-            if c is None or load == c:
-                counters = add_counters(counters, summed)
-        return vllm_acceptance(None, counters)
-    metas = [r.meta_info for p in run.passes if c is None or p.c == c for r in p.results if r.ok]
-    return sglang_acceptance(metas)
 
 
 def benchmark_server(
@@ -609,8 +567,8 @@ def benchmark_server(
         }
         for mode in modes[1:]:
             run = sweep.runs[mode.name]
-            acceptance = acceptance_at(bench.engine, run, c)
-            check_counters(bench.engine, mode.name, acceptance)
+            acceptance = bench.server.acceptance(run, c)
+            check_counters(bench.server, mode.name, acceptance)
             entry = {
                 **run.summary(c),
                 **{name: v for name, v in acceptance.items() if name != "drafts"},
@@ -631,16 +589,14 @@ def benchmark_server(
                     "server?)"
                 )
         check_counters(
-            bench.engine, "baseline", acceptance_at(bench.engine, sweep.runs["baseline"], None)
+            bench.server, "baseline", bench.server.acceptance(sweep.runs["baseline"], None)
         )
         levels[c] = level
     return {
         "levels": levels,
         "design": design_report(sweep, modes),
         "acceptance_by_k": {
-            m.k: (acceptance_at(bench.engine, sweep.runs[m.name], None) or {}).get(
-                "acceptance_length"
-            )
+            m.k: (bench.server.acceptance(sweep.runs[m.name], None) or {}).get("acceptance_length")
             for m in modes[1:]
             if m.draft is None
         },
