@@ -16,7 +16,8 @@ VERDICTS = ("identical", "near_tie", "mismatch")
 
 
 class LosslessError(DraftlineError, RuntimeError):
-    """Speculative outputs differed from the baseline's beyond benchmark.max_output_mismatch_share."""
+    """The lossless gate cannot pass: speculative outputs differed from the baseline's beyond
+    benchmark.max_output_mismatch_share, or the baseline gave no reference to judge them by."""
 
 
 def check_gate(gate: dict, report_path: str) -> None:
@@ -41,8 +42,8 @@ def references(results, prompts: int) -> dict:
             refs[r.prompt_index] = r
     missing = sorted(set(range(prompts)) - set(refs))
     if missing:
-        raise RuntimeError(
-            f"the baseline answered no reference request for prompts {missing[:5]}: the lossless "
+        raise LosslessError(
+            f"error: benchmark: the baseline answered no reference request for prompts {missing[:5]}: the lossless "
             "gate has nothing to compare them to"
         )
     return refs

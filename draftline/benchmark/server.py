@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 
 from draftline.benchmark import lossless
 from draftline.benchmark.commands import benchmark_serve_command
+from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.engines import ServedEngine, served_engine
 from draftline.benchmark.rounds import Pass, ServerRun, pair_sequential, pair_side_by_side
 from draftline.benchmark.spec_metrics import add_counters, counter_delta
-from draftline.core.errors import DraftlineError
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -106,8 +106,8 @@ def gpu_shares(gpus: list[str], servers: int) -> list[str]:
     """CUDA_VISIBLE_DEVICES of each of `servers` servers side by side: equal shares, in order."""
     per = len(gpus) // servers
     if per < 1:
-        raise RuntimeError(
-            f"benchmark.layout separate_gpus: {servers} servers need at least {servers} GPUs, "
+        raise BenchmarkError(
+            f"error: benchmark.layout separate_gpus: {servers} servers need at least {servers} GPUs, "
             f"this host has {len(gpus)}; use layout sequential"
         )
     return [",".join(gpus[i * per : (i + 1) * per]) for i in range(servers)]
@@ -370,8 +370,8 @@ class Sweep:
         self.runs[run.mode.name].passes.append(p)
         failed = sum(not r.ok for r in results)
         if failed == len(results):
-            raise RuntimeError(
-                f"every request of {run.mode.name} at concurrency {c} failed, e.g. {results[0].error}"
+            raise BenchmarkError(
+                f"error: benchmark: every request of {run.mode.name} at concurrency {c} failed, e.g. {results[0].error}"
             )
         log.info(
             f"benchmark: {run.mode.name} c={c} round {rnd + 1}: {p.tokens_per_s:.1f} tok/s "
@@ -467,7 +467,7 @@ class Sweep:
             "speculative server fits beside it"
         )
         if cfg.layout == "side_by_side":
-            raise DraftlineError(
+            raise BenchmarkError(
                 f"error: benchmark.layout side_by_side: {why}; use layout sequential"
             )
         log.warning(f"benchmark: {why}: one server at a time (layout sequential)")
@@ -527,13 +527,13 @@ def check_counters(engine: ServedEngine, name: str, acceptance: dict | None) -> 
     """The baseline must not speculate and a speculative server must."""
     if name == "baseline":
         if acceptance and acceptance.get("drafts"):
-            raise RuntimeError(
-                "the baseline server reported speculative decoding: it must run without a draft"
+            raise BenchmarkError(
+                "error: benchmark: the baseline server reported speculative decoding: it must run without a draft"
             )
         return
     if not acceptance or not acceptance.get("drafts"):
-        raise RuntimeError(
-            f"the speculative server {name} reported no speculative steps ({engine.no_counters})"
+        raise BenchmarkError(
+            f"error: benchmark: the speculative server {name} reported no speculative steps ({engine.no_counters})"
         )
 
 

@@ -69,9 +69,9 @@ def test_references_are_the_baselines_first_answer_per_prompt():
     first, second = result(0, ids=[1]), result(0, ids=[2])
     refs = lossless.references([result(1, ok=False), first, second, result(1, ids=[3])], 2)
     assert refs[0] is first and refs[1].token_ids == [3]
-    with pytest.raises(RuntimeError, match=r"no reference request for prompts \[1\]"):
+    with pytest.raises(lossless.LosslessError, match=r"no reference request for prompts \[1\]"):
         lossless.references([first, result(1, ok=False)], 2)
-    with pytest.raises(RuntimeError, match=r"prompts \[0\]"):
+    with pytest.raises(lossless.LosslessError, match=r"prompts \[0\]"):
         lossless.references(None, 1)
     # failed requests are not judged (the load summary counts them)
     judged = lossless.judge_all([result(0, ids=[1]), result(0, ok=False)], {0: first}, 0.0)
