@@ -22,6 +22,7 @@ from draftline.benchmark.spec_metrics import (
 from draftline.draft.checkpoint import draft_method, load_draft
 from draftline.draft.methods import drafter, serving, titles
 from draftline.engines.commands import SpeculativeDraft
+from draftline.engines.probes import EngineProbe, engine_probe
 from draftline.evaluate.acceptance import eos_ids
 from draftline.targets.model import load_target
 from draftline.tokens.chat import first_turn_ids
@@ -51,6 +52,7 @@ class ServedEngine(Protocol):
     # its acceptance counters are server-wide, read between passes (else per request)
     server_counters: bool
     no_counters: str  # where its acceptance counters were looked for, when none were
+    probe: EngineProbe  # how a running server of benchmark.endpoints is checked (engines/probes.py)
 
     def launcher(self, cfg: BenchmarkConfig) -> tuple[str, list[str]]:
         """(benchmark.<engine>.launcher, its args)."""
@@ -100,6 +102,7 @@ class Vllm:
     exports = False
     server_counters = True
     no_counters = "no spec_decode counters on /metrics"
+    probe = engine_probe("vllm")
 
     def launcher(self, cfg: BenchmarkConfig) -> tuple[str, list[str]]:
         return cfg.vllm.launcher, cfg.vllm.args
@@ -179,6 +182,7 @@ class Sglang:
     exports = True  # from draftline export-sglang's layout (draftline/draft/sglang_export.py)
     server_counters = False  # spec_verify_ct in each request's meta_info
     no_counters = "no spec_verify_ct in meta_info"
+    probe = engine_probe("sglang")
 
     def launcher(self, cfg: BenchmarkConfig) -> tuple[str, list[str]]:
         return cfg.sglang.launcher, cfg.sglang.args

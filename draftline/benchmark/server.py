@@ -132,7 +132,7 @@ def mode_server(bench: ServerBench, mode: Mode, commands: list, log_path: Path, 
     if role in cfg.endpoints and mode.draft is None:  # already running: checked, not started
         base_url = cfg.endpoints[role].rstrip("/")
         algorithm = bench.server.algorithm(cfg)
-        seen = preflight_benchmark(engine, base_url, card, mode.draft_path, algorithm)
+        seen = preflight_benchmark(bench.server.probe, base_url, card, mode.draft_path, algorithm)
         log.info(f"benchmark: {mode.name} server at {base_url} (preflight: {seen})")
         return contextlib.nullcontext((base_url, None))
     limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)

@@ -124,8 +124,9 @@ SHAPES: dict[str, tuple[str, ...]] = {
         "draftline/hidden_states/vllm_cpu_connector.py",
         # the extraction server's and the client's command lines, the kv-transfer config
         "draftline/engines/commands.py",
-        # the probe an endpoint and the online server are checked with
+        # the probe an endpoint and the online server are checked with, and its HTTP calls
         "draftline/engines/preflight.py",
+        "draftline/engines/endpoints.py",
     ),
 }
 
