@@ -19,6 +19,7 @@ from draftline.benchmark.spec_metrics import (
     vllm_acceptance,
     vllm_spec_counters,
 )
+from draftline.benchmark.sweep import Sweep
 from draftline.draft.checkpoint import draft_method, load_draft
 from draftline.draft.methods import drafter, serving, titles
 from draftline.engines.commands import SpeculativeDraft
@@ -91,8 +92,10 @@ class LocalDecoder(Protocol):
     name: str
     served: bool  # False
 
-    def benchmark(self, cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list) -> dict:
-        """{1: the level}, one request at a time, in the shape of the served engines' levels."""
+    def benchmark(
+        self, cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list
+    ) -> Sweep:
+        """One level, at one request at a time, as the served engines' sweeps give theirs."""
 
 
 class Vllm:
@@ -244,7 +247,9 @@ class Hf:
     name: ClassVar[str] = "hf"
     served = False
 
-    def benchmark(self, cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list) -> dict:
+    def benchmark(
+        self, cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list
+    ) -> Sweep:
         """The built-in baseline and speculative decoders at each k (draftline/benchmark/hf.py)."""
         # each engine's code loads only when it runs: torch for hf, numpy and rich for the servers
         import torch
@@ -254,7 +259,8 @@ class Hf:
         draft = load_draft(draft_dir, card, device)
         prompts = [first_turn_ids(tokenizer, row) for row in rows]
         eos = eos_ids(tokenizer, target)
-        return {1: benchmark_hf(target, draft, card.aux_ids, prompts, eos, cfg)}
+        level = benchmark_hf(target, draft, card.aux_ids, prompts, eos, cfg)
+        return Sweep({1: level}, {k: s["acceptance_length"] for k, s in level.speculative.items()})
 
 
 # every benchmark.engine, the served ones in the order deploy.json lists them

@@ -80,13 +80,17 @@ def tally(verdicts: list[str]) -> dict[str, int]:
     return {v: verdicts.count(v) for v in VERDICTS}
 
 
-def gate(levels: dict, max_mismatch_share: float, tie_tolerance: float) -> dict:
-    """The gate's figures over every speculative output of every k and load level (levels: the
-    shape draftline/benchmark/server.py returns); `passed` False above max_mismatch_share."""
+def gate(
+    verdicts_by_load: dict[int, dict[int, list[str]]],
+    max_mismatch_share: float,
+    tie_tolerance: float,
+) -> dict:
+    """The gate's figures over every speculative output of every k and load ({c: {k: verdicts}},
+    each Level's `verdicts`); `passed` False above max_mismatch_share."""
     counts = dict.fromkeys(VERDICTS, 0)
     where = []
-    for c, level in levels.items():
-        for k, verdicts in level["verdicts"].items():
+    for c, by_k in verdicts_by_load.items():
+        for k, verdicts in by_k.items():
             for name, n in tally(verdicts).items():
                 counts[name] += n
             if "mismatch" in verdicts:

@@ -37,6 +37,7 @@ from draftline.tools.forecast import read_points as read_forecast_points
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
+    from draftline.benchmark.sweep import Level, Sweep
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,9 @@ def compare_drafts(cfg: BenchmarkConfig, card: TargetCard, log_dir: Path) -> dic
 
 def benchmark_with_servers(
     cfg: BenchmarkConfig, card: TargetCard, draft_path: str, rows: list, deploy: dict, log_dir: Path
-) -> dict:
-    """Engines vllm / sglang: the sweep of draftline/benchmark/server.py (its levels, design and
-    acceptance per k), its commands, warnings and logs in deploy["benchmark"]."""
+) -> Sweep:
+    """Engines vllm / sglang: the sweep of draftline/benchmark/server.py, its commands, warnings
+    and logs in deploy["benchmark"]."""
     from draftline.benchmark.server import ServerBench, benchmark_server
 
     # Only the tokenizer here: the target itself may need a whole GPU host.
@@ -90,42 +91,21 @@ def benchmark_with_servers(
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
     compare = compare_drafts(cfg, card, log_dir)
     try:
-        result = benchmark_server(
+        sweep = benchmark_server(
             ServerBench(cfg.engine, cfg, card, prompts, log_dir), draft_path, compare
         )
     except PreflightError as err:
         raise BenchmarkError(f"error: benchmark.endpoints: {err}") from None
     deploy["benchmark"] = {
         "engine": cfg.engine,
-        "design": result["design"]["layout"],
-        "serve_commands": result["serve_commands"],
-        "warnings": result["warnings"],
+        "design": sweep.design["layout"],
+        "serve_commands": sweep.serve_commands,
+        "warnings": sweep.warnings,
         "server_logs": str(log_dir),
     }
-    for warning in result["warnings"]:
+    for warning in sweep.warnings:
         log.warning(f"benchmark: warning: {warning}")
-    return result
-
-
-def level_report(level: dict, decided: dict) -> dict:
-    """One load level as the detail report keeps it: the baseline, then each k with its speedup,
-    interval and the lossless verdicts of its outputs, and the drafts compared."""
-    out = {"baseline": level["baseline"]}
-    for k, spec in level["speculative"].items():
-        iv = decided["by_k"][k]
-        out[f"k{k}"] = {
-            "speedup": iv["speedup"],
-            "speedup_low": iv["low"],
-            "speedup_high": iv["high"],
-            **spec,
-            "output_verdicts": lossless.tally(level["verdicts"][k]),
-        }
-    if level.get("compare"):
-        out["compare"] = {
-            name: {f"k{k}": spec for k, spec in by_k.items()}
-            for name, by_k in level["compare"].items()
-        }
-    return out
+    return sweep
 
 
 ENGINE_BOUND = (
@@ -136,13 +116,13 @@ ENGINE_BOUND = (
 )
 
 
-def engine_bound(card: TargetCard, levels: dict) -> dict | None:
+def engine_bound(card: TargetCard, levels: dict[int, Level]) -> dict | None:
     """For the built-in tiny target, what bounds its steps, from the baseline's passes: the step
     time at the largest load over the step time at one request in flight."""
     if card.source != "tiny" or len(levels) < 2:
         return None
     lo, hi = min(levels), max(levels)
-    tps_lo, tps_hi = (levels[c]["baseline"]["output_tokens_per_s"] for c in (lo, hi))
+    tps_lo, tps_hi = (levels[c].baseline["output_tokens_per_s"] for c in (lo, hi))
     if not (tps_lo and tps_hi):
         return None
     growth = (hi / lo) * tps_lo / tps_hi  # step time at hi over step time at lo
@@ -153,13 +133,16 @@ def engine_bound(card: TargetCard, levels: dict) -> dict | None:
     }
 
 
-def benchmark_report(
-    cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, points, design=None, bound=None
-) -> dict:
+def benchmark_report(cfg: BenchmarkConfig, sweep: Sweep, points, bound=None) -> dict:
     """The report: the verdict's headline first, then every level, the acceptance per k, the
     lossless gate and the whole verdict."""
-    v = verdict.decide(levels, cfg, cfg.engine, points, design, bound)
-    gate = lossless.gate(levels, cfg.max_output_mismatch_share, cfg.resolved_tie_tolerance())
+    levels = sweep.levels
+    v = verdict.decide(levels, cfg, cfg.engine, points, sweep.design, bound)
+    gate = lossless.gate(
+        {c: level.verdicts for c, level in levels.items()},
+        cfg.max_output_mismatch_share,
+        cfg.resolved_tie_tolerance(),
+    )
     decided = {int(c): d for c, d in v["decisions"].items()}
     return {
         "engine": cfg.engine,
@@ -184,8 +167,7 @@ def benchmark_report(
         "ks": cfg.ks,
         "concurrency": sorted(levels),
         "max_new_tokens": cfg.max_new_tokens,
-        "acceptance_by_k": {str(k): a for k, a in sorted(acceptance_by_k.items())},
-        "levels": {f"c{c}": level_report(levels[c], decided[c]) for c in sorted(levels)},
+        **sweep.to_json(decided),
         "lossless": gate,
         "verdict": v,
     }
@@ -296,22 +278,13 @@ def run_benchmark(
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise BenchmarkError(f"error: {eval_path} has no eval prompts")
-    design = None
     if not engine.served:
-        levels = engine.benchmark(cfg, card, draft_dir, rows)
-        acceptance_by_k = {k: s["acceptance_length"] for k, s in levels[1]["speculative"].items()}
+        sweep = engine.benchmark(cfg, card, draft_dir, rows)
     else:
         draft_path = draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft)
-        result = benchmark_with_servers(cfg, card, draft_path, rows, deploy, log_dir)
-        levels, acceptance_by_k, design = (
-            result["levels"],
-            result["acceptance_by_k"],
-            result["design"],
-        )
+        sweep = benchmark_with_servers(cfg, card, draft_path, rows, deploy, log_dir)
     report = {
-        **benchmark_report(
-            cfg, levels, acceptance_by_k, points, design, engine_bound(card, levels)
-        ),
+        **benchmark_report(cfg, sweep, points, engine_bound(card, sweep.levels)),
         "prompts": len(rows),
     }
     paths = {e.name: draft_path_for(e.name, cfg, draft_dir, sglang_draft) for e in served_engines()}

@@ -42,6 +42,7 @@ from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.engines import ServedEngine, served_engine
 from draftline.benchmark.rounds import Pass, ServerRun, pair_sequential, pair_side_by_side
 from draftline.benchmark.spec_metrics import add_counters, counter_delta
+from draftline.benchmark.sweep import Level, Sweep
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -224,7 +225,7 @@ class Running:
     startup_s: float | None = None
 
 
-class Sweep:
+class Sweeper:
     """The rounds of one benchmark: the servers, the loads, the pass-level bookkeeping."""
 
     def __init__(self, bench: ServerBench, layout: str):
@@ -499,11 +500,11 @@ class Sweep:
                     self.ask_reference(run)
 
 
-def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> tuple[Sweep, list]:
+def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> tuple[Sweeper, list]:
     cfg = bench.cfg
     layout = resolve_layout(cfg)
     modes = sweep_modes(cfg, draft_path, compare)
-    sweep = Sweep(bench, layout)
+    sweep = Sweeper(bench, layout)
     log.info(
         f"benchmark: design {layout}: {len(modes)} servers ({', '.join(m.name for m in modes)}), "
         f"{cfg.repeats} rounds at loads {cfg.concurrency}, passes of at least {cfg.min_pass_s:g} s"
@@ -518,7 +519,7 @@ def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> t
                 env["CUDA_VISIBLE_DEVICES"] = share
             sweep.all_at_once(modes, envs)
         elif not sweep.side_by_side(modes, envs):
-            sweep = Sweep(bench, "sequential")
+            sweep = Sweeper(bench, "sequential")
             sweep.sequential(modes, base_env)
     return sweep, modes
 
@@ -539,13 +540,9 @@ def check_counters(engine: ServedEngine, name: str, acceptance: dict | None) -> 
 
 def benchmark_server(
     bench: ServerBench, draft_path: str, compare: dict[str, str] | None = None
-) -> dict:
-    """Every server of the sweep (sweep_modes) in the design benchmark.layout names.
-
-    Returns {"levels": {c: {"baseline": summary, "speculative": {k: summary + acceptance + paired
-    ratios}, "verdicts": {k: [verdict per request]}, "compare": {name: {k: ...}}}}, "design",
-    "serve_commands", "warnings", "acceptance_by_k"}: the shape draftline/benchmark/hf.py gives
-    its one level, judged by draftline/benchmark/lossless.py and decided by verdict.py."""
+) -> Sweep:
+    """Every server of the sweep (sweep_modes) in the design benchmark.layout names: its levels,
+    the design that ran, each server's command and the warnings."""
     cfg = bench.cfg
     sweep, modes = run_sweep(bench, draft_path, compare or {})
     pairs = (pair_sequential if sweep.layout == "sequential" else pair_side_by_side)(sweep.passes)
@@ -554,17 +551,15 @@ def benchmark_server(
     warnings, levels = [], {}
     for c in cfg.concurrency:
         base = sweep.runs["baseline"]
-        level = {
-            "baseline": {
+        level = Level(
+            baseline={
                 **base.summary(c),
                 "output_verdicts": lossless.tally(
                     lossless.judge_all(base.results(c), references, tolerance)
                 ),
             },
-            "speculative": {},
-            "verdicts": {},
-            "compare": {},
-        }
+            speculative={},
+        )
         for mode in modes[1:]:
             run = sweep.runs[mode.name]
             acceptance = bench.server.acceptance(run, c)
@@ -577,11 +572,11 @@ def benchmark_server(
             }
             verdicts = lossless.judge_all(run.results(c), references, tolerance)
             if mode.draft is None:
-                level["speculative"][mode.k] = entry
-                level["verdicts"][mode.k] = verdicts
+                level.speculative[mode.k] = entry
+                level.verdicts[mode.k] = verdicts
             else:
                 entry["output_verdicts"] = lossless.tally(verdicts)
-                level["compare"].setdefault(mode.draft, {})[mode.k] = entry
+                level.compare.setdefault(mode.draft, {})[mode.k] = entry
             if acceptance.get("acceptance_length", 0) < 1.1:
                 warnings.append(
                     f"c{c} {mode.name}: acceptance length {acceptance.get('acceptance_length')} is "
@@ -592,20 +587,20 @@ def benchmark_server(
             bench.server, "baseline", bench.server.acceptance(sweep.runs["baseline"], None)
         )
         levels[c] = level
-    return {
-        "levels": levels,
-        "design": design_report(sweep, modes),
-        "acceptance_by_k": {
+    return Sweep(
+        levels=levels,
+        acceptance_by_k={
             m.k: (bench.server.acceptance(sweep.runs[m.name], None) or {}).get("acceptance_length")
             for m in modes[1:]
             if m.draft is None
         },
-        "serve_commands": {m.name: sweep.runs[m.name].command for m in modes},
-        "warnings": warnings,
-    }
+        design=design_report(sweep, modes),
+        serve_commands={m.name: sweep.runs[m.name].command for m in modes},
+        warnings=warnings,
+    )
 
 
-def design_report(sweep: Sweep, modes: list[Mode]) -> dict:
+def design_report(sweep: Sweeper, modes: list[Mode]) -> dict:
     """The design that ran, for the detail report: servers, rounds, pass lengths and what the
     idle servers took from the one under test."""
     cfg = sweep.cfg

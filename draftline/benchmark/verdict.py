@@ -18,10 +18,12 @@ The fit's error is reported on each sweep point left out of it (the speedup it p
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from draftline.benchmark import intervals
+from draftline.benchmark.sweep import Level
 from draftline.tools.forecast import build_report
 
 
@@ -34,13 +36,13 @@ def paired(spec: dict, base: dict) -> list[float]:
     return [spec["output_tokens_per_s"] / b] if b else []
 
 
-def speedups(levels: dict) -> dict[int, dict[int, float | None]]:
+def speedups(levels: dict[int, Level]) -> dict[int, dict[int, float | None]]:
     """{c: {k: speedup}}: the geometric mean of the paired ratios (draftline/benchmark/intervals.py)."""
     out = {}
     for c, level in levels.items():
         out[c] = {}
-        for k, spec in level["speculative"].items():
-            ratios = [r for r in paired(spec, level["baseline"]) if r > 0]
+        for k, spec in level.speculative.items():
+            ratios = [r for r in paired(spec, level.baseline) if r > 0]
             out[c][k] = (
                 round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 4)
                 if ratios
@@ -49,13 +51,13 @@ def speedups(levels: dict) -> dict[int, dict[int, float | None]]:
     return out
 
 
-def decisions(levels: dict, confidence: float, key: str = "speculative") -> dict[int, dict]:
-    """{c: the decision at load c} (intervals.decide_load) over the ks of levels[c][key]."""
+def decisions(levels: dict[int, Level], confidence: float) -> dict[int, dict]:
+    """{c: the decision at load c} (intervals.decide_load) over the ks of levels[c]."""
     out = {}
     for c, level in levels.items():
-        by_k = level[key]
+        by_k = level.speculative
         out[c] = intervals.decide_load(
-            {k: paired(spec, level["baseline"]) for k, spec in sorted(by_k.items())},
+            {k: paired(spec, level.baseline) for k, spec in sorted(by_k.items())},
             confidence,
             {k: spec["drift_log"] for k, spec in by_k.items() if spec.get("drift_log")},
         )
@@ -90,12 +92,12 @@ def break_even(decided: dict) -> dict:
 # ---- cost model -------------------------------------------------------------------------------
 
 
-def step_costs(levels: dict) -> list[dict]:
+def step_costs(levels: dict[int, Level]) -> list[dict]:
     """Every sweep point: {c, k, tau, speedup, r} with r the relative step cost (module docstring)."""
     points = []
     for c, level in sorted(levels.items()):
-        base = level["baseline"]["output_tokens_per_s"]
-        for k, spec in sorted(level["speculative"].items()):
+        base = level.baseline["output_tokens_per_s"]
+        for k, spec in sorted(level.speculative.items()):
             tau, tps = spec.get("acceptance_length"), spec["output_tokens_per_s"]
             if not (base and tps and tau):
                 continue
@@ -138,7 +140,21 @@ def predict_r(coef: np.ndarray, terms: list[str], c: float, k: float) -> float:
     return float(_features([c], [k], terms)[0] @ coef)
 
 
-def cost_model(points: list[dict]) -> dict | None:
+@dataclass(frozen=True)
+class CostModel:
+    """The fitted relative step cost r(c, k) (module docstring): its terms and coefficients, and
+    what the verdict reports of it (`report`: the form, each point's fit, the error on each point
+    left out)."""
+
+    terms: list[str]
+    coef: np.ndarray
+    report: dict
+
+    def r(self, c: float, k: float) -> float:
+        return predict_r(self.coef, self.terms, c, k)
+
+
+def cost_model(points: list[dict]) -> CostModel | None:
     """The fitted relative step cost and its error on each sweep point left out of the fit
     (predicted speedup tau / r against the measured one); None without two points."""
     if len(points) < 2:
@@ -164,59 +180,61 @@ def cost_model(points: list[dict]) -> dict | None:
                 }
             )
     errors = [abs(h["relative_error"]) for h in held_out if h["relative_error"] is not None]
-    return {
-        "form": " + ".join(f"{c:.4g}*{t}" if t != "1" else f"{c:.4g}" for c, t in zip(coef, terms)),
-        "terms": terms,
-        "coefficients": [round(float(c), 6) for c in coef],
-        "points": [
-            {
-                "c": p["c"],
-                "k": p["k"],
-                "r": round(p["r"], 4),
-                "fitted_r": round(predict_r(coef, terms, p["c"], p["k"]), 4),
-            }
-            for p in points
-        ],
-        "held_out": held_out,
-        "held_out_mean_abs_error": round(float(np.mean(errors)), 4) if errors else None,
-        "held_out_max_abs_error": round(float(np.max(errors)), 4) if errors else None,
-        # points where the fit without them predicts a step cost <= 0 (too few points for its terms)
-        "held_out_unpredicted": sum(h["relative_error"] is None for h in held_out),
-        "_coef": coef,
-    }
+    return CostModel(
+        terms,
+        coef,
+        {
+            "form": " + ".join(
+                f"{c:.4g}*{t}" if t != "1" else f"{c:.4g}" for c, t in zip(coef, terms)
+            ),
+            "terms": terms,
+            "coefficients": [round(float(c), 6) for c in coef],
+            "points": [
+                {
+                    "c": p["c"],
+                    "k": p["k"],
+                    "r": round(p["r"], 4),
+                    "fitted_r": round(predict_r(coef, terms, p["c"], p["k"]), 4),
+                }
+                for p in points
+            ],
+            "held_out": held_out,
+            "held_out_mean_abs_error": round(float(np.mean(errors)), 4) if errors else None,
+            "held_out_max_abs_error": round(float(np.max(errors)), 4) if errors else None,
+            # points where the fit without them predicts a step cost <= 0 (too few points for its terms)
+            "held_out_unpredicted": sum(h["relative_error"] is None for h in held_out),
+        },
+    )
 
 
-def model_break_even(model: dict, levels: dict, top: int = 4096) -> dict:
+def model_break_even(model: CostModel, levels: dict[int, Level], top: int = 4096) -> dict:
     """The load where the cost model's best speedup over the measured ks (each k at its acceptance
     averaged over the loads) falls below 1, searched up to `top` requests in flight in steps of
     2^0.1; `extrapolated` when past the largest load measured. None where it stays above 1."""
     taus: dict[int, list[float]] = {}
     for level in levels.values():
-        for k, spec in level["speculative"].items():
+        for k, spec in level.speculative.items():
             if spec.get("acceptance_length"):
                 taus.setdefault(k, []).append(spec["acceptance_length"])
     tau = {k: sum(v) / len(v) for k, v in taus.items()}
     x = 0.0
     while 2**x <= top and tau:
         c = 2**x
-        best = max(
-            (t / r if (r := predict_r(model["_coef"], model["terms"], c, k)) > 0 else math.inf)
-            for k, t in tau.items()
-        )
+        best = max((t / r if (r := model.r(c, k)) > 0 else math.inf) for k, t in tau.items())
         if best < 1:
             return {"concurrency": round(c, 1), "extrapolated": c > max(levels)}
         x += 0.1
     return {"concurrency": None, "extrapolated": False}
 
 
-def needs(model: dict, c: int, ks: list[int], goals: list[float]) -> dict:
+def needs(model: CostModel, c: int, ks: list[int], goals: list[float]) -> dict:
     """{goal: {k: acceptance length needed at load c, or None where k + 1 tokens a step cannot
     reach it}}."""
     out = {}
     for goal in goals:
         row = {}
         for k in ks:
-            tau = goal * predict_r(model["_coef"], model["terms"], c, k)
+            tau = goal * model.r(c, k)
             row[k] = round(tau, 3) if tau <= k + 1 else None
         out[goal] = row
     return out
@@ -371,7 +389,7 @@ def verdict_words(v: dict) -> str:
 
 
 def decide(
-    levels: dict, cfg, engine: str, forecast_points: list[dict], design=None, bound=None
+    levels: dict[int, Level], cfg, engine: str, forecast_points: list[dict], design=None, bound=None
 ) -> dict:
     """The verdict (_decide) with its words; `bound`: run.engine_bound's note on the target."""
     v = _decide(levels, cfg, engine, forecast_points, design)
@@ -383,16 +401,15 @@ def decide(
 
 
 def _decide(
-    levels: dict, cfg, engine: str, forecast_points: list[dict], design: dict | None
+    levels: dict[int, Level], cfg, engine: str, forecast_points: list[dict], design: dict | None
 ) -> dict:
     """The verdict at benchmark.serve_concurrency (engine hf: 1 request in flight) from the
-    sweep's levels ({c: {"baseline": summary, "speculative": {k: summary + acceptance + paired
-    ratios}}})."""
+    sweep's levels."""
     decided = decisions(levels, cfg.confidence)
     serve = cfg.serve_concurrency if cfg.serve_concurrency in decided else min(decided)
     chosen = decided[serve]
     k_shown = chosen["k"] if chosen["k"] is not None else chosen["best_k"]
-    measured = levels[serve]["speculative"][k_shown]
+    measured = levels[serve].speculative[k_shown]
     v = {
         "engine": engine,
         "design": design
@@ -409,14 +426,14 @@ def _decide(
         "does); the interval Bonferroni-adjusted for the ks compared",
         "pays_off": {"yes": True, "no": False}.get(chosen["decision"]),
         "undecided_k": cfg.undecided_k,
-        "baseline_tokens_per_s": levels[serve]["baseline"]["output_tokens_per_s"],
+        "baseline_tokens_per_s": levels[serve].baseline["output_tokens_per_s"],
         "speculative_tokens_per_s": measured["output_tokens_per_s"],
         "acceptance_length": measured.get("acceptance_length"),
         "decisions": {str(c): d for c, d in sorted(decided.items())},
         "break_even": break_even(decided),
         "k_per_batch_size": k_schedule(decided, cfg.undecided_k),
     }
-    if any(level.get("compare") for level in levels.values()):
+    if any(level.compare for level in levels.values()):
         v["compare"] = compare_decisions(levels, cfg.confidence)
     if serve != cfg.serve_concurrency:
         v["note"] = (
@@ -427,9 +444,9 @@ def _decide(
     if model is None:
         v["cost_model"] = None
         return v
-    v["cost_model"] = {name: x for name, x in model.items() if name != "_coef"}
+    v["cost_model"] = model.report
     v["break_even"]["model_estimate"] = model_break_even(model, levels)
-    ks = sorted(levels[serve]["speculative"])
+    ks = sorted(levels[serve].speculative)
     per_goal = needs(model, serve, ks, cfg.speedup_goals)
     v["needs"] = {}
     for goal, by_k in per_goal.items():
@@ -450,7 +467,7 @@ def _decide(
             entry.update(
                 k=k,
                 acceptance_length=feasible[k],
-                measured_acceptance_length=levels[serve]["speculative"][k].get("acceptance_length"),
+                measured_acceptance_length=levels[serve].speculative[k].get("acceptance_length"),
             )
             if feasible[k] > (entry["measured_acceptance_length"] or 0):
                 entry["forecast"] = forecast_need(model, serve, goal, forecast_points, k)
@@ -460,21 +477,21 @@ def _decide(
     return v
 
 
-def compare_decisions(levels: dict, confidence: float) -> dict:
+def compare_decisions(levels: dict[int, Level], confidence: float) -> dict:
     """{name: {c: decision}} of each benchmark.compare draft against the same baseline passes."""
-    names = sorted({n for level in levels.values() for n in level.get("compare", {})})
+    names = sorted({n for level in levels.values() for n in level.compare})
     out = {}
     for name in names:
         sub = {
-            c: {"baseline": level["baseline"], "speculative": level["compare"][name]}
+            c: Level(level.baseline, level.compare[name])
             for c, level in levels.items()
-            if name in level.get("compare", {})
+            if name in level.compare
         }
         out[name] = {str(c): d for c, d in sorted(decisions(sub, confidence).items())}
     return out
 
 
-def forecast_need(model: dict, c: int, goal: float, points: list[dict], k: int) -> dict:
+def forecast_need(model: CostModel, c: int, goal: float, points: list[dict], k: int) -> dict:
     """The samples a goal needs at load c, by the forecast over points: at the k the points were
     measured at (their `k`; else k), the acceptance the goal needs there."""
     if not points:
@@ -483,7 +500,7 @@ def forecast_need(model: dict, c: int, goal: float, points: list[dict], k: int) 
             "why_not": "no acceptance-vs-samples points were given",
         }
     at_k = int(points[0].get("k") or k)
-    tau = round(goal * predict_r(model["_coef"], model["terms"], c, at_k), 3)
+    tau = round(goal * model.r(c, at_k), 3)
     if tau > at_k + 1:
         return {
             "k": at_k,
