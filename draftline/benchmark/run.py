@@ -25,6 +25,7 @@ from draftline.benchmark.commands import (
 )
 from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.engines import engine_named, served_engines
+from draftline.benchmark.forecast import read_points as read_forecast_points
 from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, read_jsonl, write_json
@@ -33,7 +34,6 @@ from draftline.engines.preflight import PreflightError
 from draftline.evaluate.context import deploy_context, served_context_limit
 from draftline.targets.model import card_tokenizer
 from draftline.tokens.chat import first_turn_ids
-from draftline.tools.forecast import read_points as read_forecast_points
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
