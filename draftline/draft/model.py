@@ -25,7 +25,7 @@ from draftline.targets.model import _checkpoint_file, card_tokenizer, checkpoint
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec
 
 
 # ---------------------------------------------------------------- building the draft
@@ -70,7 +70,7 @@ def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
         model.config.embed_requires_grad = train_embeddings
 
 
-def mask_token_id(card: TargetCard, cfg: TrainConfig) -> int:
+def mask_token_id(card: TargetCard, cfg: DraftSpec) -> int:
     """The token P-EAGLE's and DFlash's masked draft positions read: train.mask_token_id, else the
     tokenizer's mask token, else the first embedding row past the tokenizer (one it never emits),
     else its pad / eos / unk token (speculators' order of resolve_mask_token_id)."""
@@ -95,18 +95,18 @@ def mask_token_id(card: TargetCard, cfg: TrainConfig) -> int:
     )
 
 
-def method_mask_token_id(card: TargetCard, cfg: TrainConfig) -> int | None:
+def method_mask_token_id(card: TargetCard, cfg: DraftSpec) -> int | None:
     """mask_token_id for a method whose draft positions read a mask token, else None (the
     tokenizer is not read)."""
     return mask_token_id(card, cfg) if drafter(cfg.method).masked else None
 
 
-def method_config_fields(card: TargetCard, cfg: TrainConfig) -> dict:
+def method_config_fields(card: TargetCard, cfg: DraftSpec) -> dict:
     """The fields of train.method's speculators config beyond the shared ones."""
     return drafter(cfg.method).config_fields(card, cfg, method_mask_token_id(card, cfg))
 
 
-def build_draft(card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"):
+def build_draft(card: TargetCard, vocab_dir: Path, cfg: DraftSpec, attn_impl: str = "eager"):
     """A fresh draft of train.method and the train params' shape (decoder layers, norms,
     speculative tokens, what is trainable) with embeddings, lm_head (masked to the draft vocab)
     and norm from the target."""

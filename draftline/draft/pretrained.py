@@ -35,7 +35,7 @@ from draftline.draft.model import set_trainable, speculators_config
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec
 
 CONVERTED_INIT_DIR = "converted_init"
 
@@ -191,7 +191,7 @@ def check_architecture(config, architecture: str | None) -> None:
 
 
 def check_init(
-    config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, cfg: TrainConfig
+    config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, cfg: DraftSpec
 ) -> list[str]:
     """Refuse a checkpoint that cannot serve this target and draft vocabulary (train.num_layers,
     and the remaps cfg allows); return the remaps that were allowed."""
@@ -246,7 +246,7 @@ FROM_TARGET = {
 
 
 def load_init_draft(
-    init_dir: Path, card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"
+    init_dir: Path, card: TargetCard, vocab_dir: Path, cfg: DraftSpec, attn_impl: str = "eager"
 ):
     """(draft, notes): the checkpoint's architecture and trained weights, its lm_head included,
     re-targeted to our card: our verifier, aux layer ids and draft vocabulary (lm_head rows matched

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, ClassVar
 from draftline.draft.params import Method, method_named
 
 if TYPE_CHECKING:
-    from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec, ServingSpec
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Forward:
     kwargs: tuple[tuple[str, object], ...]
 
     @classmethod
-    def for_training(cls, cfg: TrainConfig) -> Forward:
+    def for_training(cls, cfg: DraftSpec) -> Forward:
         return drafter(cfg.method).training_forward(cfg)
 
     @classmethod
@@ -80,11 +79,11 @@ class Drafter(Method, ABC):
         callers take from it)."""
 
     @abstractmethod
-    def speculative_tokens(self, cfg: TrainConfig) -> int:
+    def speculative_tokens(self, cfg: DraftSpec) -> int:
         """Draft tokens per step written into the draft's config (vLLM's default k for it)."""
 
     @abstractmethod
-    def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
+    def config_fields(self, card: TargetCard, cfg: DraftSpec, mask: int | None) -> dict:
         """Its speculators config's fields beyond the shared ones (mask: the resolved
         train.mask_token_id of a masked method, else None)."""
 
@@ -93,11 +92,11 @@ class Drafter(Method, ABC):
         """Its own fields vLLM's speculators config reader takes from a saved config.json."""
 
     @abstractmethod
-    def speculators_args(self, cfg: TrainConfig, mask: int | None) -> list[str]:
+    def speculators_args(self, cfg: DraftSpec, mask: int | None) -> list[str]:
         """Its own arguments to `speculators.train` (mask as in config_fields)."""
 
     @abstractmethod
-    def training_forward(self, cfg: TrainConfig) -> Forward:
+    def training_forward(self, cfg: DraftSpec) -> Forward:
         """The forward training runs (and validation, best-epoch selection)."""
 
     @abstractmethod
@@ -108,7 +107,7 @@ class Drafter(Method, ABC):
     def accuracy(self, metric_sums: dict[str, float], positions: int) -> tuple[list[float], float]:
         """(acc_k per draft position, tau_sim) from its forward's summed metric counts."""
 
-    def vllm_problems(self, cfg: BenchmarkConfig) -> list[str]:
+    def vllm_problems(self, cfg: ServingSpec) -> list[str]:
         """benchmark.vllm settings that would serve its draft other than it was trained to run."""
         return []
 

@@ -13,7 +13,7 @@ from draftline.draft.params import DFlashMethod, DFlashParams
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec
 
 
 @register
@@ -30,10 +30,10 @@ class DFlash(DFlashMethod, Drafter):
     def vllm_speculative(self) -> dict:
         return {"method": self.name}
 
-    def speculative_tokens(self, cfg: TrainConfig) -> int:
+    def speculative_tokens(self, cfg: DraftSpec) -> int:
         return cfg.dflash.block_size - 1  # the anchor is the bonus token, not a draft
 
-    def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
+    def config_fields(self, card: TargetCard, cfg: DraftSpec, mask: int | None) -> dict:
         return {
             "block_size": cfg.dflash.block_size,
             "aux_hidden_state_layer_ids": card.aux_ids,
@@ -46,7 +46,7 @@ class DFlash(DFlashMethod, Drafter):
             for key in ("aux_hidden_state_layer_ids", "block_size", "mask_token_id")
         }
 
-    def speculators_args(self, cfg: TrainConfig, mask: int | None) -> list[str]:
+    def speculators_args(self, cfg: DraftSpec, mask: int | None) -> list[str]:
         d = cfg.dflash
         return [
             "--block-size",
@@ -63,7 +63,7 @@ class DFlash(DFlashMethod, Drafter):
             str(mask),
         ]
 
-    def training_forward(self, cfg: TrainConfig) -> Forward:
+    def training_forward(self, cfg: DraftSpec) -> Forward:
         d = cfg.dflash
         kwargs = {"gamma": d.gamma, "max_anchors": d.max_anchors}
         return Forward(self.name, d.block_size - 1, tuple(kwargs.items()))

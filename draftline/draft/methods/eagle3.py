@@ -13,9 +13,8 @@ from draftline.draft.methods.base import Drafter, Forward, ratio, register
 from draftline.draft.params import Eagle3Method
 
 if TYPE_CHECKING:
-    from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec, ServingSpec
 
 # The EAGLE-3 decoder's norms (train.architecture; P-EAGLE's decoder has them too). speculators:
 # its eagle3 defaults (a norm over the three aux states before fc, the hidden norm before the
@@ -38,7 +37,7 @@ EAGLE_FIELDS = (
 )
 
 
-def eagle_config_fields(card: TargetCard, cfg: TrainConfig) -> dict:
+def eagle_config_fields(card: TargetCard, cfg: DraftSpec) -> dict:
     """The EAGLE-3 decoder's config fields: its norms (train.architecture), embeddings trained or
     not, the aux layers it reads (P-EAGLE's decoder is the same)."""
     return {
@@ -66,19 +65,19 @@ class Eagle3(Eagle3Method, Drafter):
     def vllm_speculative(self) -> dict:
         return {"method": self.name}
 
-    def speculative_tokens(self, cfg: TrainConfig) -> int:
+    def speculative_tokens(self, cfg: DraftSpec) -> int:
         return cfg.speculative_tokens or cfg.ttt_steps
 
-    def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
+    def config_fields(self, card: TargetCard, cfg: DraftSpec, mask: int | None) -> dict:
         return eagle_config_fields(card, cfg)
 
     def vllm_fields(self, config: dict) -> dict:
         return {key: config[key] for key in EAGLE_FIELDS}
 
-    def speculators_args(self, cfg: TrainConfig, mask: int | None) -> list[str]:
+    def speculators_args(self, cfg: DraftSpec, mask: int | None) -> list[str]:
         return []
 
-    def training_forward(self, cfg: TrainConfig) -> Forward:
+    def training_forward(self, cfg: DraftSpec) -> Forward:
         kwargs = {"ttt_steps": cfg.ttt_steps, "ttt_step_loss_decay": cfg.ttt_step_loss_decay}
         return Forward(self.name, cfg.ttt_steps, tuple(kwargs.items()))
 
@@ -90,7 +89,7 @@ class Eagle3(Eagle3Method, Drafter):
         acc = [ratio(metric_sums, f"full_acc_{k}") for k in range(positions)]
         return acc, 1 + sum(acc)
 
-    def vllm_problems(self, cfg: BenchmarkConfig) -> list[str]:
+    def vllm_problems(self, cfg: ServingSpec) -> list[str]:
         if cfg.vllm.speculative_config.get("parallel_drafting"):
             return [
                 "benchmark.vllm.speculative_config: parallel_drafting for an EAGLE-3 draft, which "

@@ -12,9 +12,8 @@ from draftline.draft.methods.eagle3 import EAGLE_FIELDS, eagle_config_fields
 from draftline.draft.params import PEagleMethod
 
 if TYPE_CHECKING:
-    from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec, ServingSpec
 
 
 @register
@@ -30,16 +29,16 @@ class PEagle(PEagleMethod, Drafter):
     def vllm_speculative(self) -> dict:
         return {"method": "eagle3", "parallel_drafting": True}
 
-    def speculative_tokens(self, cfg: TrainConfig) -> int:
+    def speculative_tokens(self, cfg: DraftSpec) -> int:
         return cfg.peagle.depths
 
-    def config_fields(self, card: TargetCard, cfg: TrainConfig, mask: int | None) -> dict:
+    def config_fields(self, card: TargetCard, cfg: DraftSpec, mask: int | None) -> dict:
         return {**eagle_config_fields(card, cfg), "mask_token_id": mask}
 
     def vllm_fields(self, config: dict) -> dict:
         return {key: config[key] for key in (*EAGLE_FIELDS, "mask_token_id")}
 
-    def speculators_args(self, cfg: TrainConfig, mask: int | None) -> list[str]:
+    def speculators_args(self, cfg: DraftSpec, mask: int | None) -> list[str]:
         p = cfg.peagle
         return [
             "--num-depths",
@@ -54,7 +53,7 @@ class PEagle(PEagleMethod, Drafter):
             str(mask),
         ]
 
-    def training_forward(self, cfg: TrainConfig) -> Forward:
+    def training_forward(self, cfg: DraftSpec) -> Forward:
         p = cfg.peagle
         kwargs = {
             "num_depths": p.depths,
@@ -78,7 +77,7 @@ class PEagle(PEagleMethod, Drafter):
             acc.append(running)
         return acc, 1 + sum(acc)
 
-    def vllm_problems(self, cfg: BenchmarkConfig) -> list[str]:
+    def vllm_problems(self, cfg: ServingSpec) -> list[str]:
         if cfg.vllm.speculative_config.get("parallel_drafting") is False:
             return [
                 "benchmark.vllm.speculative_config: parallel_drafting false for a P-EAGLE draft; "

@@ -10,13 +10,22 @@ reads params.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from draftline.core.errors import DraftlineError
 
 if TYPE_CHECKING:
     from draftline.core.config import Section
-    from draftline.train.config import TrainConfig
+
+
+class TrainChoices(Protocol):
+    """The train params a method's facts check (check_train; train/config.py's TrainConfig gives
+    them), named here so that this package imports nothing above core/."""
+
+    init: str | None
+    init_layer_from_target: int | str | None
+    architecture: str | None
+    train_embeddings: bool
 
 
 class UnknownDrafter(DraftlineError, ValueError):
@@ -45,7 +54,7 @@ class Method:
         """Whether an engine (evaluate.engine / benchmark.engine) runs its drafts here."""
         return {"hf": self.builtin_decode, "vllm": True, "sglang": self.sglang}[engine]
 
-    def check_train(self, cfg: TrainConfig) -> None:
+    def check_train(self, cfg: TrainChoices) -> None:
         """Raise ValueError, naming the key, for train params this method cannot train with."""
         if not self.fine_tunes:
             for key in ("init", "init_layer_from_target"):

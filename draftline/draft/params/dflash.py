@@ -3,13 +3,8 @@ holds what it does). Its decoder is its own and reads the target's embeddings.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from draftline.core.config import Section, shaping
-from draftline.draft.params.base import Method, register
-
-if TYPE_CHECKING:
-    from draftline.train.config import TrainConfig
+from draftline.draft.params.base import Method, TrainChoices, register
 
 
 class DFlashParams(Section):
@@ -29,7 +24,7 @@ class DFlashMethod(Method):
     label = "DFlash (block)"
     params = DFlashParams
 
-    def check_train(self, cfg: TrainConfig) -> None:
+    def check_train(self, cfg: TrainChoices) -> None:
         super().check_train(cfg)
         if cfg.train_embeddings:
             raise ValueError(
