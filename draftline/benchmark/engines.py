@@ -12,6 +12,7 @@ import os
 import urllib.request
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from draftline.benchmark.engine_kinds import SERVED, forget_kind, register_kind
 from draftline.benchmark.hf import benchmark_hf
 from draftline.benchmark.spec_metrics import (
     add_counters,
@@ -260,11 +261,25 @@ class Hf:
         prompts = [first_turn_ids(tokenizer, row) for row in rows]
         eos = eos_ids(tokenizer, target)
         level = benchmark_hf(target, draft, card.aux_ids, prompts, eos, cfg)
-        return Sweep({1: level}, {k: s["acceptance_length"] for k, s in level.speculative.items()})
+        acceptance = {k: s["acceptance_length"] for k, s in level.speculative.items()}
+        return Sweep({1: level}, acceptance, {"layout": "one request at a time, modes interleaved"})
 
 
 # every benchmark.engine, the served ones in the order deploy.json lists them
 ENGINES: dict[str, ServedEngine | LocalDecoder] = {e.name: e for e in (Vllm(), Sglang(), Hf())}
+if {name: e.served for name, e in ENGINES.items()} != SERVED:
+    raise ImportError(f"engine_kinds.SERVED {SERVED} is not the engines registered {list(ENGINES)}")
+
+
+def register(engine: ServedEngine | LocalDecoder) -> None:
+    """Add an engine: benchmark.engine may name it from then on (engine_kinds learns it too)."""
+    ENGINES[engine.name] = engine
+    register_kind(engine.name, engine.served)
+
+
+def unregister(name: str) -> None:
+    ENGINES.pop(name, None)
+    forget_kind(name)
 
 
 class NoServer(ValueError):

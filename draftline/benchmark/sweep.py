@@ -49,7 +49,7 @@ class Level:
 @dataclass
 class Sweep:
     """A benchmark's measurements: a Level per load, the acceptance length per k over every load
-    and, for a served engine, the design that ran, each server's command and the warnings."""
+    and the design that ran (the layout of its passes), for a served engine each server's command and the warnings."""
 
     levels: dict[int, Level]
     acceptance_by_k: dict[int, float | None]

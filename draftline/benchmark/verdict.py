@@ -154,8 +154,7 @@ def _decide(
     measured = levels[serve].speculative[k_shown]
     v = {
         "engine": engine,
-        "design": design
-        or ({"layout": "one request at a time, modes interleaved"} if engine == "hf" else None),
+        "design": design,
         "serve_concurrency": serve,
         "decision": chosen["decision"],
         "k": chosen["k"],

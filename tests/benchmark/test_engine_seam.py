@@ -9,7 +9,15 @@ import pytest
 
 from draftline.benchmark.commands import benchmark_serve_command, draft_path_for
 from draftline.benchmark.config import BenchmarkConfig
-from draftline.benchmark.engines import ENGINES, NoServer, Vllm, served_engine, served_engines
+from draftline.benchmark.engines import (
+    ENGINES,
+    NoServer,
+    Vllm,
+    register,
+    served_engine,
+    served_engines,
+    unregister,
+)
 from draftline.benchmark.preflight import check_engine_settings
 from draftline.draft.checkpoint import read_draft_facts
 
@@ -25,9 +33,9 @@ class Stub(Vllm):
 
 @pytest.fixture
 def stub():
-    ENGINES["stub"] = Stub()
+    register(Stub())
     yield ENGINES["stub"]
-    ENGINES.pop("stub")
+    unregister("stub")
 
 
 def test_the_engines_in_order():
@@ -38,6 +46,7 @@ def test_the_engines_in_order():
 
 
 def test_a_stub_engine_is_one_class(stub, random_target, eagle3_draft_dir):
+    assert BenchmarkConfig(engine="stub", compare={"x": "drafts/x"}).engine == "stub"
     cfg = BenchmarkConfig()
     assert stub in served_engines()
     path = draft_path_for("stub", cfg, str(eagle3_draft_dir))
@@ -47,9 +56,8 @@ def test_a_stub_engine_is_one_class(stub, random_target, eagle3_draft_dir):
     assert command == benchmark_serve_command("vllm", random_target, cfg, path)
 
 
-# engines.py is the seam; config.py's Literal lists the names; verdict.py names the hf design in
-# its words (its split by job, issue #56's later part, moves it)
-OUTSIDE = ("engines.py", "config.py", "verdict.py")
+# engines.py is the seam, engine_kinds.py the names it registers
+OUTSIDE = ("engines.py", "engine_kinds.py")
 
 
 def test_no_benchmark_module_but_the_seam_compares_engine_names():
@@ -65,3 +73,12 @@ def test_no_benchmark_module_but_the_seam_compares_engine_names():
             ):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, f"engine names compared outside draftline/benchmark/engines.py: {found}"
+
+
+def test_the_params_name_only_registered_engines():
+    with pytest.raises(ValueError, match="engine 'nope' is none of the registered vllm, sglang, hf"):
+        BenchmarkConfig(engine="nope")
+    with pytest.raises(ValueError, match="compare: only for a served engine"):
+        BenchmarkConfig(engine="hf", compare={"x": "drafts/x"})
+    with pytest.raises(ValueError, match="endpoints: only for a served engine, not hf"):
+        BenchmarkConfig(engine="hf", endpoints={"baseline": "http://h:1"})
