@@ -5,6 +5,7 @@ outside the two packages compares method names."""
 
 import ast
 import re
+from functools import cache
 import subprocess
 import sys
 from dataclasses import fields
@@ -49,12 +50,38 @@ class Tandem(Eagle3):
     def vllm_speculative(self) -> dict:
         return {"method": self.name, "parallel_drafting": True}
 
+    def classes(self):
+        """Its speculators model and config: EAGLE-3's, registered under its own name (what a real
+        fourth method's module would bring, or find in speculators)."""
+        return tandem_classes()
+
     def draft_forward(self, get, k: int) -> Forward:
         return Forward(self.name, k, (("ttt_steps", k),))
 
     def accuracy(self, metric_sums, positions):
         acc = [ratio(metric_sums, f"position_{d}_acc") for d in range(positions)]
         return acc, 1 + sum(acc)
+
+
+@cache
+def tandem_classes():
+    from typing import ClassVar, Literal
+
+    import torch  # noqa: F401 (speculators' config annotations name it)
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    @SpeculatorModelConfig.register("tandem")
+    class TandemConfig(Eagle3SpeculatorConfig):
+        speculators_model_type: Literal["tandem"] = "tandem"
+
+    TandemConfig.model_rebuild(_types_namespace={"torch": torch})
+
+    @SpeculatorModel.register("tandem")
+    class TandemModel(Eagle3DraftModel):
+        config_class: ClassVar[type[TandemConfig]] = TandemConfig
+
+    return TandemModel, TandemConfig
 
 
 @pytest.fixture
@@ -91,6 +118,57 @@ def test_a_fourth_method_is_one_class(tandem):
     sums |= {"loss_total": 1.0}
     summary = summarize(sums, Forward("tandem", 2, ()))
     assert summary == {"loss": 2.0, "position_accuracy": [0.75, 0.25], "tau_sim": 2.0}
+
+
+def test_a_fourth_method_trains_a_step_and_is_served(tandem, random_target, vocab_dir, tmp_path):
+    """The fourth method end to end through the code every method goes through: a training step
+    on captured hidden states, its checkpoint, the benchmark's preflight and serve command."""
+    import json
+
+    import torch
+    from datasets import Dataset
+
+    from draftline.benchmark.commands import benchmark_serve_command
+    from draftline.benchmark.config import BenchmarkConfig
+    from draftline.benchmark.preflight import check_engine_settings
+    from draftline.core.io import write_json
+    from draftline.draft.checkpoint import read_draft_facts
+    from draftline.draft.model import build_draft, save_draft
+    from draftline.hidden_states.capture import capture
+    from draftline.hidden_states.files import hs_path, save_hidden_states
+    from draftline.targets.model import load_target
+    from draftline.train import data as draft_data
+    from draftline.train import run as training
+
+    target, _ = load_target(random_target)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, random_target.vocab_size, (24,), generator=g).tolist() for _ in range(4)]
+    dataset = Dataset.from_dict(
+        {"input_ids": rows, "loss_mask": [[1] * 24] * 4, "seq_len": [24] * 4}
+    )
+    dataset.set_format(type="torch", columns=["input_ids", "loss_mask", "seq_len"])
+    dataset.save_to_disk(str(tmp_path / "tokenized"))
+    (tmp_path / "hs").mkdir()
+    for i, ids in enumerate(rows):
+        hs = capture(target, [ids], random_target.aux_ids)[0]
+        save_hidden_states(hs_path(tmp_path / "hs", i), ids, hs, torch.bfloat16)
+    write_json(tmp_path / "hs" / "meta.json", {"aux_layer_ids": random_target.aux_ids})
+    cfg = TrainConfig(
+        method="tandem", ttt_steps=2, epochs=1, pack_len=48, val_fraction=0.25, device="cpu"
+    )
+    model = build_draft(random_target, vocab_dir, cfg)
+    result = training.train_draft(
+        model, cfg, draft_data.TrainingData(tmp_path / "tokenized", tmp_path / "hs"), "cpu"
+    )
+    assert result["steps"] >= 1 and result["history"]
+    save_draft(model, tmp_path / "draft")
+    facts = read_draft_facts(str(tmp_path / "draft"))
+    assert facts.algorithm == "tandem"
+    bench = BenchmarkConfig(k=[2])
+    assert check_engine_settings("vllm", bench, facts) == []
+    command = benchmark_serve_command("vllm", random_target, bench, str(tmp_path / "draft"), k=2)
+    spec = json.loads(command[command.index("--speculative-config") + 1])
+    assert spec["method"] == "tandem" and spec["num_speculative_tokens"] == 2
 
 
 def test_params_take_a_registered_method(tandem):
