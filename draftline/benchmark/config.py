@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
+from draftline.benchmark.engine_kinds import engine_served
 from draftline.core.config import (
     TIE_TOLERANCE,
     Port,
@@ -16,7 +17,6 @@ from draftline.core.config import (
     operational,
     shaping,
 )
-from draftline.benchmark.engine_kinds import engine_served
 from draftline.core.errors import DraftlineError
 
 

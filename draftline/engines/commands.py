@@ -404,7 +404,9 @@ class EngineServe:
 
 def vllm_server_command(model: str, given: list[str], serve: EngineServe) -> list[str]:
     """`vllm serve` (or benchmark.vllm.launcher) of `model`, the draft as --speculative-config."""
-    server = [*serve.launcher, model] if serve.launcher is not None else vllm_engine().server_argv(model)
+    server = (
+        [*serve.launcher, model] if serve.launcher is not None else vllm_engine().server_argv(model)
+    )
     cmd = [*server, *given]
     if serve.draft:
         draft = serve.draft

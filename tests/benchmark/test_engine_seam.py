@@ -76,7 +76,9 @@ def test_no_benchmark_module_but_the_seam_compares_engine_names():
 
 
 def test_the_params_name_only_registered_engines():
-    with pytest.raises(ValueError, match="engine 'nope' is none of the registered vllm, sglang, hf"):
+    with pytest.raises(
+        ValueError, match="engine 'nope' is none of the registered vllm, sglang, hf"
+    ):
         BenchmarkConfig(engine="nope")
     with pytest.raises(ValueError, match="compare: only for a served engine"):
         BenchmarkConfig(engine="hf", compare={"x": "drafts/x"})

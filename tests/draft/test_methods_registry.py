@@ -5,10 +5,10 @@ outside the two packages compares method names."""
 
 import ast
 import re
-from functools import cache
 import subprocess
 import sys
 from dataclasses import fields
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -126,8 +126,8 @@ def test_a_fourth_method_trains_a_step_and_is_served(tandem, random_target, voca
     import json
 
     import torch
-    from datasets import Dataset
 
+    from datasets import Dataset
     from draftline.benchmark.commands import benchmark_serve_command
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.benchmark.preflight import check_engine_settings
@@ -142,7 +142,9 @@ def test_a_fourth_method_trains_a_step_and_is_served(tandem, random_target, voca
 
     target, _ = load_target(random_target)
     g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(3, random_target.vocab_size, (24,), generator=g).tolist() for _ in range(4)]
+    rows = [
+        torch.randint(3, random_target.vocab_size, (24,), generator=g).tolist() for _ in range(4)
+    ]
     dataset = Dataset.from_dict(
         {"input_ids": rows, "loss_mask": [[1] * 24] * 4, "seq_len": [24] * 4}
     )
