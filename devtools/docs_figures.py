@@ -49,6 +49,7 @@ import tokenize
 from collections.abc import Callable
 from pathlib import Path
 
+from draftline.draft.methods import drafter, names
 from draftline.hidden_states.formats import bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1096,11 +1097,9 @@ def make_exps_example(r: Reports) -> str:
     )
 
 
-DRAFTER_NAMES = {
-    "eagle3": "EAGLE-3 (chain)",
-    "peagle": "P-EAGLE (parallel)",
-    "dflash": "DFlash (block)",
-}
+def drafter_label(method: str) -> str:
+    """A drafter as the tables name it (its label, draftline/draft/methods/); an unknown one as is."""
+    return drafter(method).label if method in names() else method
 
 
 LONG_ROWS = "reports/recipe_smollm2/long_rows.json"
@@ -1177,7 +1176,7 @@ def drafters(name: str) -> Callable[[Reports], str]:
         for method, f in data["methods"].items():
             rows.append(
                 [
-                    DRAFTER_NAMES.get(method, method),
+                    drafter_label(method),
                     fmt(f["val_tau_sim"], ".2f"),
                     f"{fmt(f['acceptance_length'], '.2f')} ({f['acceptance_engine']}, "
                     f"k={fmt(f['evaluate_k'], 'd')})",
@@ -1253,7 +1252,7 @@ def served_drafters(path: str, data: dict) -> str:
     loads = sorted(int(key.rsplit("_c", 1)[1]) for key in first if key.startswith("speedup_c"))
     rows = [
         [
-            DRAFTER_NAMES.get(method, method),
+            drafter_label(method),
             fmt(f["val_tau_sim"], ".2f") if f["val_tau_sim"] is not None else "-",
             fmt(f["served_acceptance_length"], ".2f"),
             f"{f['decision']}: {interval(f)} at k={fmt(f['k'], 'd')}",

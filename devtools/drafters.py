@@ -22,7 +22,10 @@ from pathlib import Path
 
 import yaml
 
+from draftline.train.config import TrainConfig
+
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_METHOD = TrainConfig.model_fields["method"].default  # a params.yaml that names none
 SHARED = ("samples", "seed")
 TRAIN_SHARED = ("epochs", "lr", "num_layers", "pack_len", "ttt_steps", "backend")
 
@@ -63,7 +66,7 @@ def run_of(rev: str, root: Path = ROOT) -> dict:
     train = json.loads(git_show(rev, "reports/train.json", root))
     acceptance = json.loads(git_show(rev, "reports/acceptance.json", root))
     bench = json.loads(git_show(rev, "reports/benchmark.json", root))
-    method = params["train"].get("method", "eagle3")
+    method = params["train"].get("method", DEFAULT_METHOD)
     return {
         "method": method,
         "params": {
@@ -142,7 +145,7 @@ def served(rev: str, root: Path = ROOT) -> dict:
     v = detail["verdict"]
     serve = v["serve_concurrency"]
     level = detail["levels"][f"c{serve}"]
-    main = params["train"].get("method", "eagle3")
+    main = params["train"].get("method", DEFAULT_METHOD)
     k_main = v["decisions"][str(serve)]["k"] or v["decisions"][str(serve)]["best_k"]
     methods = {
         main: {

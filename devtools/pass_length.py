@@ -25,7 +25,7 @@ from pathlib import Path
 from draftline.benchmark import intervals
 from draftline.benchmark.config import BenchmarkConfig
 from draftline.benchmark.rounds import pair_side_by_side
-from draftline.benchmark.server import ServerBench, Sweep, sweep_modes
+from draftline.benchmark.server import ServerBench, Sweeper, sweep_modes
 from draftline.core.card import TargetCard
 from draftline.core.config import stage_sections
 from draftline.core.io import read_jsonl, write_json
@@ -100,7 +100,7 @@ def main() -> None:
     modes = sweep_modes(cfg, "models/draft", {})
     results = {"servers": [m.name for m in modes], "loads": cfg.concurrency, "by_length": {}}
     env = {"VLLM_CPU_KVCACHE_SPACE": f"{cfg.vllm.cpu_kvcache_space_gb:g}"}
-    sweep = Sweep(ServerBench(cfg.engine, cfg, card, prompts, log_dir), "side_by_side")
+    sweep = Sweeper(ServerBench(cfg.engine, cfg, card, prompts, log_dir), "side_by_side")
     with contextlib.ExitStack() as stack, sweep.bar:
         started = time.monotonic()
         running = sweep.start(stack, modes, [dict(env) for _ in modes])

@@ -19,6 +19,7 @@ from draftline.core.config import (
     shaping,
 )
 from draftline.data.config import Datasets, MixConfig, check_eval_sets, check_weights
+from draftline.draft.params import method_named, serving, titles
 from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig
 from draftline.hidden_states.config import HiddenStatesConfig
@@ -45,20 +46,20 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _method_fits_engines(self):
-        # the built-in decoders (evaluate and benchmark engine hf) and SGLang run EAGLE-3 drafts;
-        # vLLM serves P-EAGLE and DFlash (draftline/draft/methods.py)
-        method = self.train.method
-        if method != "eagle3":
-            if self.evaluate.engine == "hf":
-                raise ValueError(
-                    f"evaluate.engine: hf decodes EAGLE-3 drafts only; a train.method {method} "
-                    "draft is measured by vLLM (evaluate.engine: vllm)"
-                )
-            if self.benchmark.engine != "vllm":
-                raise ValueError(
-                    f"benchmark.engine: {self.benchmark.engine} serves EAGLE-3 drafts only here; "
-                    f"a train.method {method} draft is served by vLLM (benchmark.engine: vllm)"
-                )
+        # the built-in decoders (evaluate and benchmark engine hf) and SGLang run the drafters
+        # that say so; vLLM serves every one (draftline/draft/params/)
+        method = method_named(self.train.method)
+        if self.evaluate.engine == "hf" and not method.serves("hf"):
+            raise ValueError(
+                f"evaluate.engine: hf decodes {titles(serving('hf'))} drafts only; a train.method "
+                f"{method.name} draft is measured by vLLM (evaluate.engine: vllm)"
+            )
+        engine = self.benchmark.engine
+        if not method.serves(engine):
+            raise ValueError(
+                f"benchmark.engine: {engine} serves {titles(serving(engine))} drafts only here; "
+                f"a train.method {method.name} draft is served by vLLM (benchmark.engine: vllm)"
+            )
         return self
 
     @model_validator(mode="after")

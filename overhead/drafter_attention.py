@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ is not
 from devtools.ab_timing import alternate, loadavg, machine_load, medians, timed
 from draftline.core.threads import apply_thread_policy
 
-METHODS = ("eagle3", "peagle", "dflash")
 SIDES = {"eager": "eager", "flex": "simple_flex_attention"}
 
 
@@ -44,7 +43,7 @@ def main() -> None:
 
     from draftline.core.card import TargetCard
     from draftline.draft.forward import device_loss_config, run_batch
-    from draftline.draft.methods import Forward
+    from draftline.draft.methods import Forward, names
     from draftline.draft.model import build_draft
     from draftline.train.config import TrainConfig
     from draftline.train.data import (
@@ -61,7 +60,7 @@ def main() -> None:
     plan = epoch_batches(train_set, args.pack_len, 0, 0)
     loss_config = device_loss_config("cpu")
     report = {"pack_len": args.pack_len, "rounds": args.rounds, "methods": {}}
-    for method in METHODS:
+    for method in names():
         cfg = TrainConfig(method=method, pack_len=args.pack_len)
         hidden = card.hidden_size
         batch = next(iter(make_loader(train_set, plan[:1], layout_of(cfg, hidden), "cpu")))

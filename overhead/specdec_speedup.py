@@ -54,13 +54,13 @@ def main() -> None:
         repeats=args.repeats,
     )
     level = benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg)
-    base, spec = level["baseline"], level["speculative"][args.k]
+    base, spec = level.baseline, level.speculative[args.k]
     result = {
         "speedup": round(spec["output_tokens_per_s"] / base["output_tokens_per_s"], 4),
         "acceptance_length": spec["acceptance_length"],
         "baseline_tokens_per_s": base["output_tokens_per_s"],
         "speculative_tokens_per_s": spec["output_tokens_per_s"],
-        "outputs_identical": set(level["verdicts"][args.k]) == {"identical"},
+        "outputs_identical": set(level.verdicts[args.k]) == {"identical"},
         "output_tokens": base["output_tokens"],
         "device": "cpu",
         "repeats": args.repeats,

@@ -28,7 +28,9 @@ def main(sources_yaml: str, draft_dir: str, out_path: str) -> None:
     apply_thread_policy("check_params")
     from draftline.data.workspace import params_problems
 
-    if problems := params_problems(params, Path(sources_yaml), Path(draft_dir)):
+    if problems := params_problems(
+        params.datasets, params.train.init, Path(sources_yaml), Path(draft_dir)
+    ):
         raise SystemExit(
             "error: " + "\n  ".join(["params.yaml does not fit the workspace:", *problems])
         )

@@ -1,4 +1,4 @@
-"""Stage `train`: the EAGLE-3 draft trained by params.train, from scratch or fine-tuned
+"""Stage `train`: the draft of train.method trained by params.train, from scratch or fine-tuned
 (draftline/train/run.py).
 
     python -m stages.train models/target/card.json models/vocab datasets/tokenized \
@@ -6,11 +6,12 @@
 
 Small CPU variant: `dvc exp run -S train.epochs=1 -S train.pack_len=1024`.
 
-Writes models/draft/ (speculators format, which vLLM serves with "method": "eagle3", plus
-meta.json); reports/train.json (the kept epoch's val_tau_sim and val_loss; the whole report in
-reports/train.detail.json); reports/train/, dvclive's per-epoch curves (`dvc plots show`) and,
-with backend speculators, the command it ran (command.txt); and models/draft_checkpoints/, the
-resume state (only last_run.json once a run finishes). models/draft and
+Writes models/draft/ (speculators format, which vLLM serves with the speculative method its
+drafter names, e.g. "method": "eagle3" for EAGLE-3, plus meta.json); reports/train.json (the kept
+epoch's val_tau_sim and val_loss; the whole report in reports/train.detail.json);
+reports/train/, dvclive's per-epoch curves (`dvc plots show`) and, with backend speculators, the
+command it ran (command.txt); and models/draft_checkpoints/, the resume state (only
+last_run.json once a run finishes). models/draft and
 models/draft_checkpoints are `persist: true` outputs: DVC neither deletes them before a run nor
 loses them when one dies, so a killed `dvc repro` continues from the last saved step and the last
 draft stays until its successor replaces it.

@@ -95,9 +95,9 @@ def test_an_import_for_type_checkers_only_runs_nothing_but_must_exist():
     assert "draftline.core.io" in runtime and "draftline.benchmark.config" not in runtime
 
 
-def test_no_import_cycle():
-    """No project module imports itself back through any chain of imports, at module top, inside
-    a function or for type checkers only: each package builds on those below it."""
+def import_graph() -> dict[Path, set[Path]]:
+    """Each project module and the project modules it imports, at module top, inside a function
+    or for type checkers only (a package's __init__ left out: importing a submodule runs it)."""
     graph = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -108,11 +108,16 @@ def test_no_import_cycle():
             }
             deps = {module_file(ROOT, name) for name in names} - {None, path}
             graph[path] = {d for d in deps if d.name != "__init__.py"}
-    done, cycles = set(), []
+    return graph
+
+
+def cycles(graph: dict) -> list[list]:
+    """Every cycle a depth-first walk of graph meets, each as the chain of its nodes."""
+    done, found = set(), []
 
     def visit(node, trail):
         if node in trail:
-            cycles.append(" -> ".join(str(p.relative_to(ROOT)) for p in trail[trail.index(node) :]))
+            found.append(trail[trail.index(node) :])
             return
         if node in done:
             return
@@ -122,7 +127,30 @@ def test_no_import_cycle():
 
     for node in sorted(graph):
         visit(node, [])
-    assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+    return found
+
+
+def package_of(path: Path) -> str:
+    """draftline/<package> for a module inside one, else the module itself (draftline/params.py,
+    draftline/cli.py, stages/<stage>.py)."""
+    parts = path.relative_to(ROOT).parts
+    return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts)
+
+
+def test_no_import_cycle():
+    """No project module imports itself back through any chain of imports, at module top, inside
+    a function or for type checkers only; nor does any package, through the modules of others:
+    each package builds on those below it."""
+    graph = import_graph()
+    by_module = [" -> ".join(str(p.relative_to(ROOT)) for p in c) for c in cycles(graph)]
+    assert not by_module, "import cycles:\n  " + "\n  ".join(by_module)
+    packages: dict[str, set[str]] = {}
+    for path, deps in graph.items():
+        packages.setdefault(package_of(path), set()).update(package_of(d) for d in deps)
+    for package, deps in packages.items():
+        deps.discard(package)
+    by_package = [" -> ".join(c) for c in cycles(packages)]
+    assert not by_package, "package import cycles:\n  " + "\n  ".join(by_package)
 
 
 def test_every_project_import_resolves():

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftline.draft.checkpoint import draft_method
-from draftline.draft.methods import vllm_speculative
-from draftline.engines.commands import EngineServe, SpeculativeDraft, engine_serve_command
+from draftline.benchmark.engines import served_engine
+from draftline.engines.commands import EngineServe, engine_serve_command
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
@@ -24,32 +23,11 @@ def _serve(
     k: int | None,
     k_per_batch_size: list[list[int]] | None,
 ) -> EngineServe:
+    served = served_engine(engine)
     k = max(cfg.k) if k is None else k
     port = cfg.port if port is None else port
-    draft = None
-    if engine == "vllm":
-        launcher, args = cfg.vllm.launcher, cfg.vllm.args
-        if draft_path:
-            schedule = (
-                {"num_speculative_tokens_per_batch_size": k_per_batch_size}
-                if k_per_batch_size
-                else {}
-            )
-            served = vllm_speculative(draft_method(draft_path))
-            method = cfg.vllm.method or served.pop("method")
-            served.pop("method", None)
-            extra = {**served, **schedule, **cfg.vllm.speculative_config}
-            draft = SpeculativeDraft(draft_path, method, k, vllm_config=extra)
-    elif engine == "sglang":
-        sg = cfg.sglang
-        launcher, args = sg.launcher, sg.args
-        if draft_path:  # benchmark.sglang.num_steps, when set, wins over k
-            draft = SpeculativeDraft(
-                draft_path, sg.algorithm, sg.num_steps or k, sg.eagle_topk, sg.num_draft_tokens
-            )
-    else:
-        raise ValueError(f"benchmark.engine: no server command for engine {engine!r}")
-    return EngineServe(engine, launcher, args, cfg.host, port, draft)
+    draft = served.draft(cfg, draft_path, k, k_per_batch_size) if draft_path else None
+    return EngineServe(served.spelled_as, *served.launcher(cfg), cfg.host, port, draft)
 
 
 def benchmark_serve_command(
@@ -80,9 +58,11 @@ def k_per_batch_size_command(
 def draft_path_for(
     engine: str, cfg: BenchmarkConfig, draft_dir: str, sglang_draft: str | None = None
 ) -> str:
-    """The draft directory an engine serves: for SGLang benchmark.sglang.draft_model_path, else the
-    stage's export of the draft (sglang_draft), else the draft itself (refused by
-    benchmark/preflight.py's check_engine_settings)."""
-    if engine == "sglang" and (cfg.sglang.draft_model_path or sglang_draft):
-        return str(Path(cfg.sglang.draft_model_path or sglang_draft).resolve())
+    """The draft directory an engine serves: for one serving its own layout (SGLang) the one its
+    params name (benchmark.sglang.draft_model_path), else the stage's export of the draft
+    (sglang_draft), else the draft itself (refused by benchmark/preflight.py's
+    check_engine_settings)."""
+    served = served_engine(engine)
+    if served.exports and (served.given_draft(cfg) or sglang_draft):
+        return str(Path(served.given_draft(cfg) or sglang_draft).resolve())
     return str(Path(draft_dir).resolve())

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
+from draftline.benchmark.engine_kinds import engine_served
 from draftline.core.config import (
     TIE_TOLERANCE,
     Port,
@@ -71,7 +72,8 @@ class SglangBenchConfig(Section):
 class BenchmarkConfig(TargetPlacement):
     # hf: built-in decoder, CPU or GPUs. vllm / sglang: a baseline server and a speculative
     # server, started one after the other, driven by the async load generator.
-    engine: Literal["hf", "vllm", "sglang"] = shaping("vllm")
+    # (the registered ones: draftline/benchmark/engine_kinds.py)
+    engine: str = shaping("vllm")
     # draft tokens per step (vLLM num_speculative_tokens, SGLang num_steps): one speculative
     # server per k (a single int is a list of one); the verdict picks the best k at each load
     k: list[int] = shaping([1, 2, 3])
@@ -133,6 +135,12 @@ class BenchmarkConfig(TargetPlacement):
     # launching them (each preflighted: the card's target; no draft / this draft with EAGLE3)
     endpoints: dict[Literal["baseline", "speculative"], str] = operational({})
 
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, engine: str) -> str:
+        engine_served(engine)  # UnknownEngine names the registered ones
+        return engine
+
     @field_validator("k", mode="before")
     @classmethod
     def _k_list(cls, value):
@@ -146,7 +154,8 @@ class BenchmarkConfig(TargetPlacement):
             raise ValueError(f"concurrency: {self.concurrency} repeats a level")
         if not self.k or min(self.k) < 1 or len(set(self.k)) != len(self.k):
             raise ValueError(f"k: give distinct draft token counts, each >= 1 (got {self.k})")
-        if self.engine != "hf" and self.serve_concurrency not in self.concurrency:
+        served = engine_served(self.engine)
+        if served and self.serve_concurrency not in self.concurrency:
             raise ValueError(
                 f"serve_concurrency {self.serve_concurrency} is not one of concurrency "
                 f"{self.concurrency}: the verdict's headline is measured, not interpolated; "
@@ -166,12 +175,14 @@ class BenchmarkConfig(TargetPlacement):
                     f"compare: {name}: {path} is not under drafts/: put (copy) the draft there, "
                     "where the benchmark stage sees it change (drafts/README.md)"
                 )
-        if self.compare and self.engine == "hf":
-            raise ValueError("compare: only for engine vllm or sglang (drafts served side by side)")
+        if self.compare and not served:
+            raise ValueError(
+                f"compare: only for a served engine (drafts served side by side), not {self.engine}"
+            )
         if self.undecided_k and self.undecided_k not in self.k:
             raise ValueError(f"undecided_k: {self.undecided_k} is not one of k {self.k} (or 0)")
-        if self.endpoints and self.engine == "hf":
-            raise ValueError("endpoints: only for engine vllm or sglang")
+        if self.endpoints and not served:
+            raise ValueError(f"endpoints: only for a served engine, not {self.engine}")
         for url in self.endpoints.values():
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"endpoints: {url!r} is not an http(s) base URL")

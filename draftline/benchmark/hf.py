@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
+from draftline.benchmark.sweep import Level
 from draftline.evaluate.acceptance import compare_to_greedy
 
 if TYPE_CHECKING:
@@ -25,10 +26,9 @@ def benchmark_hf(
     prompts: list[list[int]],
     stop: set[int],
     cfg: BenchmarkConfig,
-) -> dict:
-    """One load level (1 request in flight) in the shape draftline/benchmark/server.py gives each
-    level: {"baseline": summary, "speculative": {k: summary with acceptance}, "verdicts": {k:
-    [compare_to_greedy verdict per prompt and timed pass]}}."""
+) -> Level:
+    """The one load level (1 request in flight): the baseline's summary, each k's with its
+    acceptance, and each k's compare_to_greedy verdict per prompt and timed pass."""
     # torch and the decoders load on first use: benchmark.run imports this module for every engine
     import torch
 
@@ -89,4 +89,4 @@ def benchmark_hf(
             for gens in timed[k]
             for g, ref in zip(gens, reference, strict=True)
         ]
-    return {"baseline": base, "speculative": speculative, "verdicts": verdicts}
+    return Level(base, speculative, verdicts)

@@ -16,7 +16,8 @@ VERDICTS = ("identical", "near_tie", "mismatch")
 
 
 class LosslessError(DraftlineError, RuntimeError):
-    """Speculative outputs differed from the baseline's beyond benchmark.max_output_mismatch_share."""
+    """The lossless gate cannot pass: speculative outputs differed from the baseline's beyond
+    benchmark.max_output_mismatch_share, or the baseline gave no reference to judge them by."""
 
 
 def check_gate(gate: dict, report_path: str) -> None:
@@ -41,8 +42,8 @@ def references(results, prompts: int) -> dict:
             refs[r.prompt_index] = r
     missing = sorted(set(range(prompts)) - set(refs))
     if missing:
-        raise RuntimeError(
-            f"the baseline answered no reference request for prompts {missing[:5]}: the lossless "
+        raise LosslessError(
+            f"error: benchmark: the baseline answered no reference request for prompts {missing[:5]}: the lossless "
             "gate has nothing to compare them to"
         )
     return refs
@@ -79,13 +80,17 @@ def tally(verdicts: list[str]) -> dict[str, int]:
     return {v: verdicts.count(v) for v in VERDICTS}
 
 
-def gate(levels: dict, max_mismatch_share: float, tie_tolerance: float) -> dict:
-    """The gate's figures over every speculative output of every k and load level (levels: the
-    shape draftline/benchmark/server.py returns); `passed` False above max_mismatch_share."""
+def gate(
+    verdicts_by_load: dict[int, dict[int, list[str]]],
+    max_mismatch_share: float,
+    tie_tolerance: float,
+) -> dict:
+    """The gate's figures over every speculative output of every k and load ({c: {k: verdicts}},
+    each Level's `verdicts`); `passed` False above max_mismatch_share."""
     counts = dict.fromkeys(VERDICTS, 0)
     where = []
-    for c, level in levels.items():
-        for k, verdicts in level["verdicts"].items():
+    for c, by_k in verdicts_by_load.items():
+        for k, verdicts in by_k.items():
             for name, n in tally(verdicts).items():
                 counts[name] += n
             if "mismatch" in verdicts:

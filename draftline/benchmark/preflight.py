@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from draftline.benchmark.commands import benchmark_serve_command, draft_path_for
 from draftline.benchmark.config import BenchmarkError
+from draftline.benchmark.engines import engine_named, served_engine, served_engines
 from draftline.draft.checkpoint import DraftFacts, read_draft_facts
-from draftline.draft.methods import METHODS, vllm_speculative
+from draftline.draft.methods import names
 from draftline.draft.preflight import check_draft
 
 if TYPE_CHECKING:
@@ -25,69 +26,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-WHY_NOT = {
-    "eagle3": "vLLM's 'eagle' feeds the draft one hidden state instead of three",
-    "peagle": "a P-EAGLE draft is an EAGLE-3 one drafting all its tokens in one forward",
-    "dflash": "a DFlash draft fills a block of masked positions; no other method reads it",
-}
-
-
-def check_vllm_method(cfg: BenchmarkConfig, facts: DraftFacts) -> list[str]:
-    """vLLM's speculative config must serve the draft as its method is served
-    (draftline/draft/methods.py vllm_speculative), and ask no more parallel tokens than a P-EAGLE
-    or DFlash draft was trained for."""
-    method = facts.algorithm if facts.algorithm in METHODS else "eagle3"
-    served = vllm_speculative(method)
-    problems = []
-    if cfg.vllm.method is not None and cfg.vllm.method.lower() != served["method"]:
-        problems.append(
-            f"benchmark.vllm.method: {cfg.vllm.method!r} for a {method} draft; it must be "
-            f"{served['method']!r} or null ({WHY_NOT[method]})"
-        )
-    parallel = cfg.vllm.speculative_config.get("parallel_drafting")
-    if method == "peagle" and parallel is False:
-        problems.append(
-            "benchmark.vllm.speculative_config: parallel_drafting false for a P-EAGLE draft; "
-            "drafting one token per forward feeds its later positions what they never saw"
-        )
-    if method == "eagle3" and parallel:
-        problems.append(
-            "benchmark.vllm.speculative_config: parallel_drafting for an EAGLE-3 draft, which "
-            "was trained to draft one token per forward (train.method peagle trains one for it)"
-        )
-    if method != "eagle3" and facts.speculative_tokens and max(cfg.k) > facts.speculative_tokens:
-        problems.append(
-            f"benchmark.k: {max(cfg.k)} draft tokens, but the {method} draft {facts.path} drafts "
-            f"at most {facts.speculative_tokens} in one forward (its trained positions)"
-        )
-    return problems
-
-
 def check_engine_settings(engine: str, cfg: BenchmarkConfig, facts: DraftFacts) -> list[str]:
     """The engine's speculative algorithm and checkpoint layout must suit the draft's method."""
-    problems = []
-    if engine == "vllm":
-        problems += check_vllm_method(cfg, facts)
-    elif engine == "sglang" and facts.algorithm in ("peagle", "dflash"):
-        problems.append(
-            f"benchmark.engine sglang: a {facts.algorithm} draft; this pipeline serves those "
-            "through vLLM (benchmark.engine: vllm), SGLang only EAGLE-3 drafts"
-        )
-    elif engine == "sglang":
-        if cfg.sglang.algorithm.upper() != "EAGLE3":
-            problems.append(
-                f"benchmark.sglang.algorithm: {cfg.sglang.algorithm!r} for an EAGLE-3 draft; it must be "
-                "'EAGLE3' (with 'EAGLE' the aux hidden states are not captured and acceptance collapses)"
-            )
-        if facts.layout == "speculators":
-            problems.append(
-                f"{facts.path} is a speculators checkpoint ({', '.join(facts.architectures) or 'no architectures'}); "
-                "SGLang picks the draft class from config.json architectures (LlamaForCausalLMEagle3) and "
-                "loads EAGLE-3 drafts in that layout: the benchmark stage exports a draft trained with "
-                "train.architecture: eagle3 itself (draftline export-sglang makes a lasting copy), "
-                "or set benchmark.sglang.draft_model_path to such a copy"
-            )
-    return problems
+    if facts.algorithm not in names():
+        return []  # check_draft refuses the draft (UnknownDrafter's words): no method to suit
+    return served_engine(engine).check_settings(cfg, facts)
 
 
 def preflight_engines(
@@ -99,7 +42,7 @@ def preflight_engines(
     fatal for the stage, the others' are reported so the deployment command is known to be safe.
     """
     out = {}
-    for engine in ("vllm", "sglang"):
+    for engine in (e.name for e in served_engines()):
         path = draft_path_for(engine, cfg, draft_dir, sglang_draft)
         facts = read_draft_facts(path)
         problems = check_draft(card, facts, engine) + check_engine_settings(engine, cfg, facts)
@@ -130,8 +73,8 @@ def preflight_deploy(
             f"error: preflight for benchmark.engine {cfg.engine}:\n  "
             + "\n  ".join(deploy[cfg.engine]["problems"])
         )
-    if cfg.engine == "hf":
-        problems = check_draft(card, read_draft_facts(draft_dir), "hf")
+    if not engine_named(cfg.engine).served:
+        problems = check_draft(card, read_draft_facts(draft_dir), cfg.engine)
         if problems:
             raise BenchmarkError("error: preflight for the draft:\n  " + "\n  ".join(problems))
     return deploy

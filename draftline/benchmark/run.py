@@ -24,21 +24,20 @@ from draftline.benchmark.commands import (
     k_per_batch_size_command,
 )
 from draftline.benchmark.config import BenchmarkError
-from draftline.benchmark.hf import benchmark_hf
+from draftline.benchmark.engines import engine_named, served_engines
+from draftline.benchmark.forecast import read_points as read_forecast_points
 from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, read_jsonl, write_json
-from draftline.draft.checkpoint import load_draft
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.engines.preflight import PreflightError
-from draftline.evaluate.acceptance import eos_ids
 from draftline.evaluate.context import deploy_context, served_context_limit
-from draftline.targets.model import card_tokenizer, load_target
+from draftline.targets.model import card_tokenizer
 from draftline.tokens.chat import first_turn_ids
-from draftline.tools.forecast import read_points as read_forecast_points
 
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
+    from draftline.benchmark.sweep import Level, Sweep
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,8 @@ def export_for_sglang(
 ) -> str | None:
     """The draft in SGLang's own layout, made under log_dir when SGLang serves it and
     benchmark.sglang.draft_model_path names none; else None."""
-    if cfg.engine != "sglang" or cfg.sglang.draft_model_path is not None:
+    engine = engine_named(cfg.engine)
+    if not engine.served or not engine.exports or engine.given_draft(cfg) is not None:
         return None
     try:
         sglang_draft = str(export_sglang(draft_dir, card, log_dir / "draft_sglang"))
@@ -60,28 +60,15 @@ def export_for_sglang(
     return sglang_draft
 
 
-def benchmark_with_hf(cfg: BenchmarkConfig, card: TargetCard, draft_dir: str, rows: list) -> dict:
-    """Engine hf: the built-in baseline and speculative decoders at each k, one request at a time;
-    {1: the level} in the shape of benchmark_with_servers' levels."""
-    # each engine's code loads only when it runs: torch for hf, numpy and rich for the servers
-    import torch
-
-    device = cfg.resolved_device()
-    target, tokenizer = load_target(card, device, getattr(torch, cfg.dtype), cfg.device_map)
-    draft = load_draft(draft_dir, card, device)
-    prompts = [first_turn_ids(tokenizer, row) for row in rows]
-    return {1: benchmark_hf(target, draft, card.aux_ids, prompts, eos_ids(tokenizer, target), cfg)}
-
-
 def compare_drafts(cfg: BenchmarkConfig, card: TargetCard, log_dir: Path) -> dict[str, str]:
     """{name: the directory its engine serves} of benchmark.compare, each checked to be a draft."""
-    out = {}
+    engine, out = engine_named(cfg.engine), {}
     for name, path in sorted(cfg.compare.items()):
         if not (Path(path) / "config.json").is_file():
             raise BenchmarkError(
                 f"error: benchmark.compare {name}: {path} is not a draft directory (no config.json)"
             )
-        if cfg.engine == "sglang":
+        if engine.served and engine.exports:
             try:
                 path = str(export_sglang(path, card, log_dir / f"compare_{name}_sglang"))
             except SglangExportError as err:
@@ -94,9 +81,9 @@ def compare_drafts(cfg: BenchmarkConfig, card: TargetCard, log_dir: Path) -> dic
 
 def benchmark_with_servers(
     cfg: BenchmarkConfig, card: TargetCard, draft_path: str, rows: list, deploy: dict, log_dir: Path
-) -> dict:
-    """Engines vllm / sglang: the sweep of draftline/benchmark/server.py (its levels, design and
-    acceptance per k), its commands, warnings and logs in deploy["benchmark"]."""
+) -> Sweep:
+    """Engines vllm / sglang: the sweep of draftline/benchmark/server.py, its commands, warnings
+    and logs in deploy["benchmark"]."""
     from draftline.benchmark.server import ServerBench, benchmark_server
 
     # Only the tokenizer here: the target itself may need a whole GPU host.
@@ -104,42 +91,21 @@ def benchmark_with_servers(
     prompts = [first_turn_ids(tokenizer, row) for row in rows]
     compare = compare_drafts(cfg, card, log_dir)
     try:
-        result = benchmark_server(
+        sweep = benchmark_server(
             ServerBench(cfg.engine, cfg, card, prompts, log_dir), draft_path, compare
         )
     except PreflightError as err:
         raise BenchmarkError(f"error: benchmark.endpoints: {err}") from None
     deploy["benchmark"] = {
         "engine": cfg.engine,
-        "design": result["design"]["layout"],
-        "serve_commands": result["serve_commands"],
-        "warnings": result["warnings"],
+        "design": sweep.design["layout"],
+        "serve_commands": sweep.serve_commands,
+        "warnings": sweep.warnings,
         "server_logs": str(log_dir),
     }
-    for warning in result["warnings"]:
+    for warning in sweep.warnings:
         log.warning(f"benchmark: warning: {warning}")
-    return result
-
-
-def level_report(level: dict, decided: dict) -> dict:
-    """One load level as the detail report keeps it: the baseline, then each k with its speedup,
-    interval and the lossless verdicts of its outputs, and the drafts compared."""
-    out = {"baseline": level["baseline"]}
-    for k, spec in level["speculative"].items():
-        iv = decided["by_k"][k]
-        out[f"k{k}"] = {
-            "speedup": iv["speedup"],
-            "speedup_low": iv["low"],
-            "speedup_high": iv["high"],
-            **spec,
-            "output_verdicts": lossless.tally(level["verdicts"][k]),
-        }
-    if level.get("compare"):
-        out["compare"] = {
-            name: {f"k{k}": spec for k, spec in by_k.items()}
-            for name, by_k in level["compare"].items()
-        }
-    return out
+    return sweep
 
 
 ENGINE_BOUND = (
@@ -150,13 +116,13 @@ ENGINE_BOUND = (
 )
 
 
-def engine_bound(card: TargetCard, levels: dict) -> dict | None:
+def engine_bound(card: TargetCard, levels: dict[int, Level]) -> dict | None:
     """For the built-in tiny target, what bounds its steps, from the baseline's passes: the step
     time at the largest load over the step time at one request in flight."""
     if card.source != "tiny" or len(levels) < 2:
         return None
     lo, hi = min(levels), max(levels)
-    tps_lo, tps_hi = (levels[c]["baseline"]["output_tokens_per_s"] for c in (lo, hi))
+    tps_lo, tps_hi = (levels[c].baseline["output_tokens_per_s"] for c in (lo, hi))
     if not (tps_lo and tps_hi):
         return None
     growth = (hi / lo) * tps_lo / tps_hi  # step time at hi over step time at lo
@@ -167,13 +133,16 @@ def engine_bound(card: TargetCard, levels: dict) -> dict | None:
     }
 
 
-def benchmark_report(
-    cfg: BenchmarkConfig, levels: dict, acceptance_by_k: dict, points, design=None, bound=None
-) -> dict:
+def benchmark_report(cfg: BenchmarkConfig, sweep: Sweep, points, bound=None) -> dict:
     """The report: the verdict's headline first, then every level, the acceptance per k, the
     lossless gate and the whole verdict."""
-    v = verdict.decide(levels, cfg, cfg.engine, points, design, bound)
-    gate = lossless.gate(levels, cfg.max_output_mismatch_share, cfg.resolved_tie_tolerance())
+    levels = sweep.levels
+    v = verdict.decide(levels, cfg, cfg.engine, points, sweep.design, bound)
+    gate = lossless.gate(
+        {c: level.verdicts for c, level in levels.items()},
+        cfg.max_output_mismatch_share,
+        cfg.resolved_tie_tolerance(),
+    )
     decided = {int(c): d for c, d in v["decisions"].items()}
     return {
         "engine": cfg.engine,
@@ -198,8 +167,7 @@ def benchmark_report(
         "ks": cfg.ks,
         "concurrency": sorted(levels),
         "max_new_tokens": cfg.max_new_tokens,
-        "acceptance_by_k": {str(k): a for k, a in sorted(acceptance_by_k.items())},
-        "levels": {f"c{c}": level_report(levels[c], decided[c]) for c in sorted(levels)},
+        **sweep.to_json(decided),
         "lossless": gate,
         "verdict": v,
     }
@@ -251,14 +219,14 @@ def deploy_commands(
     """Every engine's command at the verdict's k; for vLLM also the one choosing k per batch size
     from the sweep (num_speculative_tokens_per_batch_size, in vLLM's speculative config), and a
     recommendation when the draft does not pay off at the serve load."""
-    for engine, info in deploy.items():
-        if engine in ("vllm", "sglang"):
-            info["command"] = shlex.join(
-                benchmark_serve_command(engine, card, cfg, paths[engine], k=v["k"])
-            )
-            info["k"] = v["k"]
+    for engine in served_engines():
+        info = deploy[engine.name]
+        info["command"] = shlex.join(
+            benchmark_serve_command(engine.name, card, cfg, paths[engine.name], k=v["k"])
+        )
+        info["k"] = v["k"]
     schedule = v["k_per_batch_size"]
-    if cfg.engine != "hf" and len(schedule) > 1 and any(k for _, _, k in schedule):
+    if engine_named(cfg.engine).served and len(schedule) > 1 and any(k for _, _, k in schedule):
         deploy["vllm"]["command_k_per_batch_size"] = shlex.join(
             k_per_batch_size_command(card, cfg, paths["vllm"], schedule)
         )
@@ -298,9 +266,10 @@ def run_benchmark(
     """(report, deploy): the benchmark report and, per engine, its deployment command at the
     verdict's k and preflight findings (plus the launched servers' commands and warnings for a
     server engine)."""
+    engine = engine_named(cfg.engine)
     log_dir = (
         Path(tempfile.mkdtemp(prefix=f"draftline-benchmark-{cfg.engine}-"))
-        if cfg.engine != "hf"
+        if engine.served
         else None
     )
     sglang_draft = export_for_sglang(cfg, card, draft_dir, log_dir)
@@ -309,25 +278,16 @@ def run_benchmark(
     rows = list(read_jsonl(eval_path))[: cfg.prompts]
     if not rows:
         raise BenchmarkError(f"error: {eval_path} has no eval prompts")
-    design = None
-    if cfg.engine == "hf":
-        levels = benchmark_with_hf(cfg, card, draft_dir, rows)
-        acceptance_by_k = {k: s["acceptance_length"] for k, s in levels[1]["speculative"].items()}
+    if not engine.served:
+        sweep = engine.benchmark(cfg, card, draft_dir, rows)
     else:
         draft_path = draft_path_for(cfg.engine, cfg, draft_dir, sglang_draft)
-        result = benchmark_with_servers(cfg, card, draft_path, rows, deploy, log_dir)
-        levels, acceptance_by_k, design = (
-            result["levels"],
-            result["acceptance_by_k"],
-            result["design"],
-        )
+        sweep = benchmark_with_servers(cfg, card, draft_path, rows, deploy, log_dir)
     report = {
-        **benchmark_report(
-            cfg, levels, acceptance_by_k, points, design, engine_bound(card, levels)
-        ),
+        **benchmark_report(cfg, sweep, points, engine_bound(card, sweep.levels)),
         "prompts": len(rows),
     }
-    paths = {e: draft_path_for(e, cfg, draft_dir, sglang_draft) for e in ("vllm", "sglang")}
+    paths = {e.name: draft_path_for(e.name, cfg, draft_dir, sglang_draft) for e in served_engines()}
     deploy_commands(cfg, card, deploy, report["verdict"], paths)
     return report, deploy
 

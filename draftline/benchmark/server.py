@@ -25,14 +25,12 @@ like the pass's own, is counted with it), SGLang's per-request meta_info of the 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
 import shlex
 import subprocess
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,15 +38,11 @@ from typing import TYPE_CHECKING
 
 from draftline.benchmark import lossless
 from draftline.benchmark.commands import benchmark_serve_command
+from draftline.benchmark.config import BenchmarkError
+from draftline.benchmark.engines import ServedEngine, served_engine
 from draftline.benchmark.rounds import Pass, ServerRun, pair_sequential, pair_side_by_side
-from draftline.benchmark.spec_metrics import (
-    add_counters,
-    counter_delta,
-    sglang_acceptance,
-    vllm_acceptance,
-    vllm_spec_counters,
-)
-from draftline.core.errors import DraftlineError
+from draftline.benchmark.spec_metrics import add_counters, counter_delta
+from draftline.benchmark.sweep import Level, Sweep
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -57,31 +51,6 @@ if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
 log = logging.getLogger(__name__)
-
-
-def http_get(url: str, timeout: float = 10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read().decode()
-
-
-def engine_endpoint(engine: str, base_url: str, top_logprobs: int = 0):
-    from draftline.benchmark.loadgen import LoadTarget
-
-    if engine == "sglang":
-        return LoadTarget(base_url, "sglang-generate", top_logprobs=top_logprobs)
-    models = json.loads(http_get(f"{base_url}/v1/models"))["data"]
-    return LoadTarget(
-        base_url,
-        "openai-completions",
-        model=models[0]["id"],
-        stream_options=True,
-        token_ids=True,
-        top_logprobs=top_logprobs,
-    )
-
-
-def metrics_snapshot(engine: str, base_url: str) -> dict | None:
-    return vllm_spec_counters(http_get(f"{base_url}/metrics")) if engine == "vllm" else None
 
 
 REFERENCE_LOGPROBS = 5  # top logprobs per token of the baseline's reference outputs (near-ties)
@@ -97,6 +66,11 @@ class ServerBench:
     card: TargetCard
     prompts: list
     log_dir: Path
+
+    @property
+    def server(self) -> ServedEngine:
+        """The engine's hooks (draftline/benchmark/engines.py)."""
+        return served_engine(self.engine)
 
 
 @dataclass(frozen=True)
@@ -133,8 +107,8 @@ def gpu_shares(gpus: list[str], servers: int) -> list[str]:
     """CUDA_VISIBLE_DEVICES of each of `servers` servers side by side: equal shares, in order."""
     per = len(gpus) // servers
     if per < 1:
-        raise RuntimeError(
-            f"benchmark.layout separate_gpus: {servers} servers need at least {servers} GPUs, "
+        raise BenchmarkError(
+            f"error: benchmark.layout separate_gpus: {servers} servers need at least {servers} GPUs, "
             f"this host has {len(gpus)}; use layout sequential"
         )
     return [",".join(gpus[i * per : (i + 1) * per]) for i in range(servers)]
@@ -158,8 +132,8 @@ def mode_server(bench: ServerBench, mode: Mode, commands: list, log_path: Path, 
     role = "speculative" if mode.draft_path else "baseline"
     if role in cfg.endpoints and mode.draft is None:  # already running: checked, not started
         base_url = cfg.endpoints[role].rstrip("/")
-        algorithm = cfg.vllm.method if engine == "vllm" else cfg.sglang.algorithm
-        seen = preflight_benchmark(engine, base_url, card, mode.draft_path, algorithm)
+        algorithm = bench.server.algorithm(cfg)
+        seen = preflight_benchmark(bench.server.probe, base_url, card, mode.draft_path, algorithm)
         log.info(f"benchmark: {mode.name} server at {base_url} (preflight: {seen})")
         return contextlib.nullcontext((base_url, None))
     limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
@@ -251,7 +225,7 @@ class Running:
     startup_s: float | None = None
 
 
-class Sweep:
+class Sweeper:
     """The rounds of one benchmark: the servers, the loads, the pass-level bookkeeping."""
 
     def __init__(self, bench: ServerBench, layout: str):
@@ -309,7 +283,7 @@ class Sweep:
         if errors:
             raise errors[0]
         for run in running.values():
-            run.endpoint = engine_endpoint(bench.engine, run.url)
+            run.endpoint = bench.server.endpoint(run.url)
             self.memory_gib[run.mode.name] = rss_gib(run.pid)
             self.runs.setdefault(
                 run.mode.name, ServerRun(run.mode.name, run.mode.k, run.mode.draft)
@@ -359,9 +333,9 @@ class Sweep:
 
     def read_counters(self, run: Running) -> None:
         """Credit the counters since the last read to the load of the server's last pass."""
-        if self.bench.engine != "vllm" or run.mode.draft_path is None:
+        if not self.bench.server.server_counters or run.mode.draft_path is None:
             return
-        now = metrics_snapshot(self.bench.engine, run.url)
+        now = self.bench.server.counters(run.url)
         if run.last_c is not None and now is not None:
             delta = counter_delta(run.last_snapshot, now)
             run.counters[run.last_c] = add_counters(run.counters.get(run.last_c), delta)
@@ -397,8 +371,8 @@ class Sweep:
         self.runs[run.mode.name].passes.append(p)
         failed = sum(not r.ok for r in results)
         if failed == len(results):
-            raise RuntimeError(
-                f"every request of {run.mode.name} at concurrency {c} failed, e.g. {results[0].error}"
+            raise BenchmarkError(
+                f"error: benchmark: every request of {run.mode.name} at concurrency {c} failed, e.g. {results[0].error}"
             )
         log.info(
             f"benchmark: {run.mode.name} c={c} round {rnd + 1}: {p.tokens_per_s:.1f} tok/s "
@@ -408,7 +382,7 @@ class Sweep:
     def ask_reference(self, run: Running) -> None:
         """The baseline answers every prompt once more, untimed, with its top logprobs: the
         reference the speculative outputs are judged against."""
-        endpoint = engine_endpoint(self.bench.engine, run.url, REFERENCE_LOGPROBS)
+        endpoint = self.bench.server.endpoint(run.url, REFERENCE_LOGPROBS)
         self.reference, _ = self.load(
             run,
             "baseline reference",
@@ -419,7 +393,7 @@ class Sweep:
 
     def finish(self, running: list[Running]) -> None:
         """The last counters of each server (after the frontend has recorded its last steps)."""
-        if self.bench.engine == "vllm":
+        if self.bench.server.server_counters:
             time.sleep(1.0)
         for run in running:
             self.read_counters(run)
@@ -494,7 +468,7 @@ class Sweep:
             "speculative server fits beside it"
         )
         if cfg.layout == "side_by_side":
-            raise DraftlineError(
+            raise BenchmarkError(
                 f"error: benchmark.layout side_by_side: {why}; use layout sequential"
             )
         log.warning(f"benchmark: {why}: one server at a time (layout sequential)")
@@ -526,18 +500,16 @@ class Sweep:
                     self.ask_reference(run)
 
 
-def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> tuple[Sweep, list]:
+def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> tuple[Sweeper, list]:
     cfg = bench.cfg
     layout = resolve_layout(cfg)
     modes = sweep_modes(cfg, draft_path, compare)
-    sweep = Sweep(bench, layout)
+    sweep = Sweeper(bench, layout)
     log.info(
         f"benchmark: design {layout}: {len(modes)} servers ({', '.join(m.name for m in modes)}), "
         f"{cfg.repeats} rounds at loads {cfg.concurrency}, passes of at least {cfg.min_pass_s:g} s"
     )
-    base_env = {}
-    if bench.engine == "vllm" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-        base_env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.vllm.cpu_kvcache_space_gb:g}"
+    base_env = bench.server.launch_env(cfg)
     if layout == "sequential":
         sweep.sequential(modes, base_env)
     else:
@@ -547,47 +519,30 @@ def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> t
                 env["CUDA_VISIBLE_DEVICES"] = share
             sweep.all_at_once(modes, envs)
         elif not sweep.side_by_side(modes, envs):
-            sweep = Sweep(bench, "sequential")
+            sweep = Sweeper(bench, "sequential")
             sweep.sequential(modes, base_env)
     return sweep, modes
 
 
-def check_counters(engine: str, name: str, acceptance: dict | None) -> None:
+def check_counters(engine: ServedEngine, name: str, acceptance: dict | None) -> None:
     """The baseline must not speculate and a speculative server must."""
     if name == "baseline":
         if acceptance and acceptance.get("drafts"):
-            raise RuntimeError(
-                "the baseline server reported speculative decoding: it must run without a draft"
+            raise BenchmarkError(
+                "error: benchmark: the baseline server reported speculative decoding: it must run without a draft"
             )
         return
     if not acceptance or not acceptance.get("drafts"):
-        raise RuntimeError(
-            f"the speculative server {name} reported no speculative steps "
-            f"({'no spec_decode counters on /metrics' if engine == 'vllm' else 'no spec_verify_ct in meta_info'})"
+        raise BenchmarkError(
+            f"error: benchmark: the speculative server {name} reported no speculative steps ({engine.no_counters})"
         )
-
-
-def acceptance_at(engine: str, run: ServerRun, c: int | None) -> dict | None:
-    """A server's acceptance at load c (None: over every load)."""
-    if engine == "vllm":
-        counters = None
-        for load, summed in run.counters.items():
-            if c is None or load == c:
-                counters = add_counters(counters, summed)
-        return vllm_acceptance(None, counters)
-    metas = [r.meta_info for p in run.passes if c is None or p.c == c for r in p.results if r.ok]
-    return sglang_acceptance(metas)
 
 
 def benchmark_server(
     bench: ServerBench, draft_path: str, compare: dict[str, str] | None = None
-) -> dict:
-    """Every server of the sweep (sweep_modes) in the design benchmark.layout names.
-
-    Returns {"levels": {c: {"baseline": summary, "speculative": {k: summary + acceptance + paired
-    ratios}, "verdicts": {k: [verdict per request]}, "compare": {name: {k: ...}}}}, "design",
-    "serve_commands", "warnings", "acceptance_by_k"}: the shape draftline/benchmark/hf.py gives
-    its one level, judged by draftline/benchmark/lossless.py and decided by verdict.py."""
+) -> Sweep:
+    """Every server of the sweep (sweep_modes) in the design benchmark.layout names: its levels,
+    the design that ran, each server's command and the warnings."""
     cfg = bench.cfg
     sweep, modes = run_sweep(bench, draft_path, compare or {})
     pairs = (pair_sequential if sweep.layout == "sequential" else pair_side_by_side)(sweep.passes)
@@ -596,21 +551,19 @@ def benchmark_server(
     warnings, levels = [], {}
     for c in cfg.concurrency:
         base = sweep.runs["baseline"]
-        level = {
-            "baseline": {
+        level = Level(
+            baseline={
                 **base.summary(c),
                 "output_verdicts": lossless.tally(
                     lossless.judge_all(base.results(c), references, tolerance)
                 ),
             },
-            "speculative": {},
-            "verdicts": {},
-            "compare": {},
-        }
+            speculative={},
+        )
         for mode in modes[1:]:
             run = sweep.runs[mode.name]
-            acceptance = acceptance_at(bench.engine, run, c)
-            check_counters(bench.engine, mode.name, acceptance)
+            acceptance = bench.server.acceptance(run, c)
+            check_counters(bench.server, mode.name, acceptance)
             entry = {
                 **run.summary(c),
                 **{name: v for name, v in acceptance.items() if name != "drafts"},
@@ -619,11 +572,11 @@ def benchmark_server(
             }
             verdicts = lossless.judge_all(run.results(c), references, tolerance)
             if mode.draft is None:
-                level["speculative"][mode.k] = entry
-                level["verdicts"][mode.k] = verdicts
+                level.speculative[mode.k] = entry
+                level.verdicts[mode.k] = verdicts
             else:
                 entry["output_verdicts"] = lossless.tally(verdicts)
-                level["compare"].setdefault(mode.draft, {})[mode.k] = entry
+                level.compare.setdefault(mode.draft, {})[mode.k] = entry
             if acceptance.get("acceptance_length", 0) < 1.1:
                 warnings.append(
                     f"c{c} {mode.name}: acceptance length {acceptance.get('acceptance_length')} is "
@@ -631,25 +584,23 @@ def benchmark_server(
                     "server?)"
                 )
         check_counters(
-            bench.engine, "baseline", acceptance_at(bench.engine, sweep.runs["baseline"], None)
+            bench.server, "baseline", bench.server.acceptance(sweep.runs["baseline"], None)
         )
         levels[c] = level
-    return {
-        "levels": levels,
-        "design": design_report(sweep, modes),
-        "acceptance_by_k": {
-            m.k: (acceptance_at(bench.engine, sweep.runs[m.name], None) or {}).get(
-                "acceptance_length"
-            )
+    return Sweep(
+        levels=levels,
+        acceptance_by_k={
+            m.k: (bench.server.acceptance(sweep.runs[m.name], None) or {}).get("acceptance_length")
             for m in modes[1:]
             if m.draft is None
         },
-        "serve_commands": {m.name: sweep.runs[m.name].command for m in modes},
-        "warnings": warnings,
-    }
+        design=design_report(sweep, modes),
+        serve_commands={m.name: sweep.runs[m.name].command for m in modes},
+        warnings=warnings,
+    )
 
 
-def design_report(sweep: Sweep, modes: list[Mode]) -> dict:
+def design_report(sweep: Sweeper, modes: list[Mode]) -> dict:
     """The design that ran, for the detail report: servers, rounds, pass lengths and what the
     idle servers took from the one under test."""
     cfg = sweep.cfg

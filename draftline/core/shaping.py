@@ -39,6 +39,11 @@ OUTPUTS: dict[str, tuple[str, str]] = {
     "probe": ("probe", "draftline/probe/"),
 }
 
+# every module of the drafters' package, a new method's included without a line here
+METHODS = tuple(
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "draftline/draft/methods").glob("*.py"))
+)
+
 SHAPES: dict[str, tuple[str, ...]] = {
     # datasets/hidden_states/hs_*.safetensors (resume.fingerprint)
     "hidden_states": (
@@ -80,8 +85,9 @@ SHAPES: dict[str, tuple[str, ...]] = {
         "draftline/draft/model.py",
         # the forward, the batch layout, the precision, the loss
         "draftline/draft/forward.py",
-        # each method's classes, forward arguments and metric summary
-        "draftline/draft/methods.py",
+        # each method's classes, forward arguments and metric summary: the registry, the
+        # drafters it holds and the imports that register them
+        *METHODS,
         # tau_sim, which picks the best epoch whose weights the state holds
         "draftline/draft/metrics.py",
         # train.init's weights loaded and remapped into the draft
@@ -118,8 +124,9 @@ SHAPES: dict[str, tuple[str, ...]] = {
         "draftline/hidden_states/vllm_cpu_connector.py",
         # the extraction server's and the client's command lines, the kv-transfer config
         "draftline/engines/commands.py",
-        # the probe an endpoint and the online server are checked with
+        # the probe an endpoint and the online server are checked with, and its HTTP calls
         "draftline/engines/preflight.py",
+        "draftline/engines/endpoints.py",
     ),
 }
 

@@ -14,7 +14,6 @@ from draftline.draft.init_checks import local_init_problem
 
 if TYPE_CHECKING:
     from draftline.data.config import DatasetSpec
-    from draftline.params import Params
 
 WRITE_SOURCES = "python -m stages.prepare --write-sources datasets/sources.yaml"
 SOURCES_HEADER = f"""\
@@ -108,11 +107,15 @@ def init_problem(init: str | None, draft_dir: Path) -> str | None:
     return None
 
 
-def params_problems(params: Params, sources_path: Path, draft_dir: Path) -> list[str]:
-    """Every way a valid params.yaml does not fit the workspace (check_params); [] when it fits."""
-    problems = sources_problems(params.datasets, sources_path)
-    problems += dataset_file_problems(params.datasets)
-    if problem := init_problem(params.train.init, draft_dir):
+def params_problems(
+    datasets: dict[str, DatasetSpec], init: str | None, sources_path: Path, draft_dir: Path
+) -> list[str]:
+    """Every way a valid params.yaml (its `datasets` and train.init) does not fit the workspace
+    (check_params); [] when it fits. It takes those, not the whole Params: params.py builds on
+    this package's sections."""
+    problems = sources_problems(datasets, sources_path)
+    problems += dataset_file_problems(datasets)
+    if problem := init_problem(init, draft_dir):
         problems.append(problem)
     return problems
 

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 from draftline.core.io import file_sha256
 from draftline.draft.init_checks import InitMismatch
+from draftline.draft.methods import of_config
+from draftline.draft.methods.eagle3 import ARCHITECTURES, ORIGINAL_NORMS
 from draftline.targets.model import read_verifier_tensors
 
 if TYPE_CHECKING:
     import torch
 
     from draftline.core.card import TargetCard
-
-
-SPECULATORS_EAGLE3 = "eagle3"  # speculators_model_type of an EAGLE-3 draft
+    from draftline.draft.methods import Drafter
 
 
 # ---------------------------------------------------------------- files of a draft
@@ -72,22 +72,14 @@ def dir_sha256(directory: Path, patterns=("*.json", "*.safetensors")) -> str:
     return h.hexdigest()
 
 
-# The draft's norms (train.architecture). speculators: its eagle3 defaults (a norm over the three
-# aux states before fc, the hidden norm before the residual, the normed state carried to the next
-# step); vLLM serves both. eagle3: the original EAGLE-3 decoder, the one SGLang's
-# LlamaForCausalLMEagle3 implements (see draftline/draft/sglang_export.py).
-ARCHITECTURES = {
-    "speculators": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True},
-    "eagle3": {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False},
-}
-
-
 def architecture_of(config) -> str | None:
-    """The ARCHITECTURES name of a draft config (object or dict), None for another combination."""
+    """The ARCHITECTURES name (train.architecture, the EAGLE-3 norm layouts:
+    draftline/draft/methods/eagle3.py) of a draft config (object or dict), None for another
+    combination."""
     get = config.get if isinstance(config, dict) else (lambda key: getattr(config, key, None))
     if get("fc_norm"):
         return None
-    flags = {key: bool(get(key)) for key in ARCHITECTURES["eagle3"]}
+    flags = {key: bool(get(key)) for key in ARCHITECTURES[ORIGINAL_NORMS]}
     return next((name for name, arch in ARCHITECTURES.items() if arch == flags), None)
 
 
@@ -100,7 +92,7 @@ class DraftFacts:
 
     path: str
     layout: str  # "speculators" (Eagle3DraftModel config) or "eagle" (flat LlamaForCausalLMEagle3-style config)
-    algorithm: str  # "eagle3" for an EAGLE-3 draft
+    algorithm: str  # the drafter's name (speculators_model_type), "eagle" for an EAGLE-1/2 draft
     architectures: tuple[str, ...]
     aux_layer_ids: tuple[int, ...] | None  # as written in the config, in that layout's convention
     fc_in_features: int | None  # fc input width = 3 x target hidden size for EAGLE-3
@@ -130,13 +122,14 @@ def _peek_tensors(draft_dir: Path) -> dict:
     return out
 
 
-def draft_method(draft_dir: str | Path) -> str:
-    """The drafter of a checkpoint (draftline/draft/methods.py): its speculators_model_type, or
-    eagle3 for a checkpoint in another layout (EAGLE/SpecForge; preflight checks it is one)."""
+def draft_method(draft_dir: str | Path) -> Drafter:
+    """The drafter of a checkpoint (draftline/draft/methods/): its speculators_model_type's, or
+    the one whose checkpoints name none for a checkpoint in another layout (EAGLE/SpecForge;
+    preflight checks it is one)."""
     config_path = Path(draft_dir) / "config.json"
     if not config_path.exists():
-        return "eagle3"  # a hub id or a path the engine resolves: checked where it is read
-    return str(json.loads(config_path.read_text()).get("speculators_model_type") or "eagle3")
+        return of_config({})  # a hub id or a path the engine resolves: checked where it is read
+    return of_config(json.loads(config_path.read_text()))
 
 
 def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
@@ -160,12 +153,9 @@ def read_draft_facts(draft_dir: str | Path) -> DraftFacts:
         methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or [{}]
         spec_tokens = methods[0].get("speculative_tokens")
     else:
-        layout = "eagle"
-        algorithm = (
-            "eagle3"
-            if any("eagle3" in a.lower() for a in architectures) or "draft_vocab_size" in cfg
-            else "eagle"
-        )
+        layout, unnamed = "eagle", of_config(cfg)
+        # EAGLE-1/2 drafts ("eagle") are no drafter's
+        algorithm = unnamed.name if unnamed.reads_flat_config(cfg) else "eagle"
         aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         hidden = cfg.get("target_hidden_size") or cfg.get("hidden_size")
         vocab, spec_tokens = cfg.get("vocab_size"), None
@@ -224,14 +214,13 @@ def load_verifier_tensors(
 
 def load_saved_draft(directory: Path, card: TargetCard, attn_impl: str = "eager"):
     """A draft saved in speculators format, of the method its config names (EAGLE-3, P-EAGLE,
-    DFlash: draftline/draft/methods.py), with the verifier tensors it does not store restored from
+    DFlash: draftline/draft/methods/), with the verifier tensors it does not store restored from
     the card's target (speculators' from_pretrained would read the verifier's config without
     trust_remote_code and match its tensors by suffix)."""
     from draftline.draft.forward import eager_masks
-    from draftline.draft.methods import classes, method_named
 
     raw = json.loads((Path(directory) / "config.json").read_text())
-    model_class, config_class = classes(method_named(raw.get("speculators_model_type", "eagle3")))
+    model_class, config_class = of_config(raw).classes()
     config = config_class.from_pretrained(str(directory))
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
     model = model_class(config)

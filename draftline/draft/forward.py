@@ -1,6 +1,6 @@
 """The draft's forward over a packed batch, the one training, best-epoch selection and
 evaluation's tau_sim all run: the method's speculators model forward (EAGLE-3's multi-step TTT,
-P-EAGLE's parallel groups, DFlash's blocks: draftline/draft/methods.py), the batch layout it
+P-EAGLE's parallel groups, DFlash's blocks: draftline/draft/methods/), the batch layout it
 reads (speculators' CollateFn, with shift_batch where the method reads it), and the precision and
 loss it runs with on a device. CPU runs float32 and the eager loss; a GPU bf16 autocast (float32 master
 weights) and the fused loss, as speculators does. Its metrics: draftline/draft/metrics.py.

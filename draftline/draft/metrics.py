@@ -22,7 +22,7 @@ def accumulate(sums: dict[str, float], metrics: dict) -> None:
 
 
 def summarize(metric_sums: dict[str, float], forward: Forward) -> dict:
-    """Loss, per-position accuracy and tau_sim (draftline/draft/methods.py summarize)."""
+    """Loss, per-position accuracy and tau_sim (draftline/draft/methods/base.py summarize)."""
     from draftline.draft.methods import summarize as summarize_method
 
     return summarize_method(metric_sums, forward)

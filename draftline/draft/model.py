@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftline.draft.checkpoint import ARCHITECTURES, load_verifier_tensors, load_vocab
+from draftline.draft.checkpoint import load_verifier_tensors, load_vocab
 from draftline.draft.forward import eager_masks
-from draftline.draft.methods import METHODS, classes, method_named, speculative_tokens
+from draftline.draft.methods import drafter
 from draftline.targets.model import _checkpoint_file, card_tokenizer, checkpoint_weight_map
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec
 
 
 # ---------------------------------------------------------------- building the draft
@@ -48,7 +48,7 @@ def draft_layer_config(card: TargetCard, num_layers: int, arch: str = "llama"):
     )
 
 
-def speculators_config(card: TargetCard, speculative_tokens: int, algorithm: str = "eagle3"):
+def speculators_config(card: TargetCard, speculative_tokens: int, algorithm: str):
     """Algorithm, greedy proposal with its token count, and the verifier: what vLLM reads."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -70,7 +70,7 @@ def set_trainable(model, train_embeddings: bool, train_lm_head: bool) -> None:
         model.config.embed_requires_grad = train_embeddings
 
 
-def mask_token_id(card: TargetCard, cfg: TrainConfig) -> int:
+def mask_token_id(card: TargetCard, cfg: DraftSpec) -> int:
     """The token P-EAGLE's and DFlash's masked draft positions read: train.mask_token_id, else the
     tokenizer's mask token, else the first embedding row past the tokenizer (one it never emits),
     else its pad / eos / unk token (speculators' order of resolve_mask_token_id)."""
@@ -95,42 +95,32 @@ def mask_token_id(card: TargetCard, cfg: TrainConfig) -> int:
     )
 
 
-def method_config_fields(card: TargetCard, cfg: TrainConfig) -> dict:
+def method_mask_token_id(card: TargetCard, cfg: DraftSpec) -> int | None:
+    """mask_token_id for a method whose draft positions read a mask token, else None (the
+    tokenizer is not read)."""
+    return mask_token_id(card, cfg) if drafter(cfg.method).masked else None
+
+
+def method_config_fields(card: TargetCard, cfg: DraftSpec) -> dict:
     """The fields of train.method's speculators config beyond the shared ones."""
-    if cfg.method == "dflash":
-        return {
-            "block_size": cfg.dflash.block_size,
-            "aux_hidden_state_layer_ids": card.aux_ids,
-            "mask_token_id": mask_token_id(card, cfg),
-        }
-    fields = {
-        **ARCHITECTURES[cfg.architecture or "speculators"],
-        "fc_norm": False,
-        "embed_requires_grad": cfg.train_embeddings,
-        "eagle_aux_hidden_state_layer_ids": card.aux_ids,
-    }
-    if cfg.method == "peagle":
-        fields["mask_token_id"] = mask_token_id(card, cfg)
-    return fields
+    return drafter(cfg.method).config_fields(card, cfg, method_mask_token_id(card, cfg))
 
 
-def build_draft(card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"):
+def build_draft(card: TargetCard, vocab_dir: Path, cfg: DraftSpec, attn_impl: str = "eager"):
     """A fresh draft of train.method and the train params' shape (decoder layers, norms,
     speculative tokens, what is trainable) with embeddings, lm_head (masked to the draft vocab)
     and norm from the target."""
     # what speculators' <Method>DraftModel.from_training_args builds, with the verifier tensors
     # taken from the card's names (load_verifier_tensors)
-    method = METHODS[cfg.method]
-    model_class, config_class = classes(method)
+    method = drafter(cfg.method)
+    model_class, config_class = method.classes()
     d2t, t2d = load_vocab(vocab_dir)
-    layer_config = draft_layer_config(
-        card, cfg.num_layers, "llama" if method.eagle_layout else "qwen3"
-    )
+    layer_config = draft_layer_config(card, cfg.num_layers, method.decoder)
     layer_config._attn_implementation = attn_impl  # noqa: SLF001
     config = config_class(
         transformer_layer_config=layer_config,
         draft_vocab_size=int(d2t.shape[0]),
-        speculators_config=speculators_config(card, speculative_tokens(cfg), method.name),
+        speculators_config=speculators_config(card, method.speculative_tokens(cfg), method.name),
         **method_config_fields(card, cfg),
     )
     model = model_class(config)
@@ -228,44 +218,23 @@ def init_layer_from_target(model, card: TargetCard, layer: int | str) -> str:
 def vllm_speculator_fields(config: dict) -> dict:
     """What vLLM's speculators config reader takes from a speculators-format config.json
     (vllm/transformers_utils/configs/speculators: base.py, and update_eagle3 / update_peagle /
-    update_dflash in algos.py), with the speculative config it turns the method into: P-EAGLE is
-    served as eagle3 with parallel_drafting, DFlash as dflash (parallel drafting implied)."""
+    update_dflash in algos.py), with the speculative config it turns the method into (each
+    drafter's vllm_speculative) and the method's own fields."""
     spec = config["speculators_config"]
     layer = config["transformer_layer_config"]
-    method = method_named(config["speculators_model_type"]).name
-    fields = {
-        "method": method,
-        "vllm_method": "eagle3" if method == "peagle" else method,
-        "parallel_drafting": method != "eagle3",
+    method = drafter(config["speculators_model_type"])
+    return {
+        "method": method.name,
+        "vllm_method": method.vllm_speculative()["method"],
+        "parallel_drafting": method.parallel,
         "num_speculative_tokens": spec["proposal_methods"][0]["speculative_tokens"],
         "verifier": spec["verifier"]["name_or_path"],
         "draft_model_type": layer["model_type"],
         "target_vocab_size": layer["vocab_size"],
         "hidden_size": layer["hidden_size"],
         "draft_vocab_size": config["draft_vocab_size"],
+        **method.vllm_fields(config),
     }
-    if method == "dflash":
-        return {
-            **fields,
-            "aux_hidden_state_layer_ids": config["aux_hidden_state_layer_ids"],
-            "block_size": config["block_size"],
-            "mask_token_id": config["mask_token_id"],
-        }
-    fields.update(
-        {
-            key: config[key]
-            for key in (
-                "eagle_aux_hidden_state_layer_ids",
-                "norm_before_residual",
-                "norm_before_fc",
-                "fc_norm",
-                "norm_output",
-            )
-        }
-    )
-    if method == "peagle":
-        fields["mask_token_id"] = config["mask_token_id"]
-    return fields
 
 
 def save_draft(model, out_dir: Path) -> dict:
@@ -274,7 +243,7 @@ def save_draft(model, out_dir: Path) -> dict:
     model.to("cpu").save_pretrained(out_dir)
     fields = vllm_speculator_fields(json.loads((out_dir / "config.json").read_text()))
     if fields["draft_model_type"] not in ("llama", "qwen3") or (
-        fields["method"] != "eagle3" and fields.get("mask_token_id") is None
+        drafter(fields["method"]).masked and fields.get("mask_token_id") is None
     ):
         raise ValueError(f"{out_dir}/config.json is not a speculator vLLM can serve: {fields}")
     return fields

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftline.draft.checkpoint import DraftFacts
-from draftline.draft.methods import METHODS
+from draftline.draft.methods import UnknownDrafter, drafter
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -38,11 +38,10 @@ def engine_aux_ids_as_card(facts: DraftFacts, engine: str, num_layers: int) -> l
 def check_draft(card: TargetCard, facts: DraftFacts, engine: str) -> list[str]:
     """Mismatches between a draft and its target that no engine reports; [] when it fits."""
     problems = []
-    if facts.algorithm not in METHODS:
-        problems.append(
-            f"{facts.path}: not a draft of a method this pipeline serves (algorithm "
-            f"{facts.algorithm!r}; {', '.join(METHODS)})"
-        )
+    try:
+        drafter(facts.algorithm)
+    except UnknownDrafter as err:
+        problems.append(f"{facts.path}: {err}")
     aux = engine_aux_ids_as_card(facts, engine, card.num_layers)
     if sorted(aux) != sorted(card.aux_ids):
         hint = (

@@ -22,6 +22,7 @@ import torch
 from draftline.core.aux_layers import eagle3_default_aux_ids
 from draftline.draft.checkpoint import (
     ARCHITECTURES,
+    ORIGINAL_NORMS,
     architecture_of,
     load_verifier_tensors,
     load_vocab,
@@ -29,11 +30,12 @@ from draftline.draft.checkpoint import (
     read_weights,
 )
 from draftline.draft.init_checks import InitMismatch, read_init_config
+from draftline.draft.methods import drafter, fine_tuning, of_config
 from draftline.draft.model import set_trainable, speculators_config
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-    from draftline.train.config import TrainConfig
+    from draftline.draft.spec import DraftSpec
 
 CONVERTED_INIT_DIR = "converted_init"
 
@@ -85,8 +87,11 @@ def _init_layout(path: Path, convert_kwargs: dict) -> dict:
     train.init_convert keys for an EAGLE/SpecForge checkpoint."""
     config = read_init_config(path)
     kind = config.get("speculators_model_type")
-    if kind is not None and kind != "eagle3":
-        raise InitMismatch(f"train.init: {path} is a {kind!r} speculator, not eagle3")
+    tunable = [d.name for d in fine_tuning()]
+    if kind is not None and kind not in tunable:
+        raise InitMismatch(
+            f"train.init: {path} is a {kind!r} speculator, not {' / '.join(tunable)}"
+        )
     unknown = sorted(set(convert_kwargs) - CONVERT_KEYS)
     if kind is None and unknown:
         raise InitMismatch(
@@ -113,12 +118,11 @@ def init_config(path: Path, card: TargetCard, convert_kwargs: dict):
     weights: a speculators config as it is; for an EAGLE/SpecForge checkpoint the config speculators'
     Eagle-3 converter builds in prepare_init (target vocabulary from the t2d shape, else the
     target's). d2t: the draft's offsets (a tensor), None for a draft over the whole vocabulary."""
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-
     raw = _init_layout(path, convert_kwargs)
     facts = read_draft_facts(path)  # d2t / t2d from the safetensors, nothing else loaded
     if raw.get("speculators_model_type") is not None:
-        config = Eagle3SpeculatorConfig.from_pretrained(str(path))
+        _, config_class = of_config(raw).classes()
+        config = config_class.from_pretrained(str(path))
     else:
         from speculators.convert.eagle.eagle3_converter import Eagle3Converter
 
@@ -176,7 +180,9 @@ def check_architecture(config, architecture: str | None) -> None:
     """train.architecture (None: any) must be the checkpoint's own norms."""
     found = architecture_of(config)
     if architecture is not None and found != architecture:
-        flags = {key: getattr(config, key, None) for key in (*ARCHITECTURES["eagle3"], "fc_norm")}
+        flags = {
+            key: getattr(config, key, None) for key in (*ARCHITECTURES[ORIGINAL_NORMS], "fc_norm")
+        }
         raise InitMismatch(
             f"train.init: its norms {flags} are the {found or 'neither'!s} architecture, "
             f"train.architecture is {architecture!r}: set train.architecture to match"
@@ -185,7 +191,7 @@ def check_architecture(config, architecture: str | None) -> None:
 
 
 def check_init(
-    config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, cfg: TrainConfig
+    config, init_d2t: torch.Tensor | None, card: TargetCard, d2t: torch.Tensor, cfg: DraftSpec
 ) -> list[str]:
     """Refuse a checkpoint that cannot serve this target and draft vocabulary (train.num_layers,
     and the remaps cfg allows); return the remaps that were allowed."""
@@ -240,7 +246,7 @@ FROM_TARGET = {
 
 
 def load_init_draft(
-    init_dir: Path, card: TargetCard, vocab_dir: Path, cfg: TrainConfig, attn_impl: str = "eager"
+    init_dir: Path, card: TargetCard, vocab_dir: Path, cfg: DraftSpec, attn_impl: str = "eager"
 ):
     """(draft, notes): the checkpoint's architecture and trained weights, its lm_head included,
     re-targeted to our card: our verifier, aux layer ids and draft vocabulary (lm_head rows matched
@@ -248,20 +254,22 @@ def load_init_draft(
     allow (train.init_remap_*, train.num_layers, train.architecture: the norms the checkpoint must
     have, null: any). lm_head stays frozen unless train.train_lm_head; the embeddings are the
     target's unless train.train_embeddings."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
+    method = drafter(cfg.method)  # one that fine-tunes (TrainConfig checks)
+    model_class, config_class = method.classes()
     train_embeddings = cfg.train_embeddings
     d2t, t2d = load_vocab(vocab_dir)
-    config = Eagle3SpeculatorConfig.from_pretrained(str(init_dir))
+    config = config_class.from_pretrained(str(init_dir))
     check_architecture(config, cfg.architecture)
     weights = read_weights(init_dir)
     notes = check_init(config, weights.get("d2t"), card, d2t, cfg)
     config.eagle_aux_hidden_state_layer_ids = card.aux_ids
     config.draft_vocab_size = int(d2t.shape[0])
     config.embed_requires_grad = train_embeddings
-    config.speculators_config = speculators_config(card, cfg.speculative_tokens or cfg.ttt_steps)
+    config.speculators_config = speculators_config(
+        card, method.speculative_tokens(cfg), method.name
+    )
     config.transformer_layer_config._attn_implementation = attn_impl  # noqa: SLF001
-    model = Eagle3DraftModel(config)
+    model = model_class(config)
     model.load_vocab_mappings(t2d, d2t)
     load_verifier_tensors(model, card)  # embeddings, lm_head rows, verifier norm/head of our target
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from draftline.core.card import TargetCard
 from draftline.core.errors import DraftlineError, entry_point
-from draftline.draft.checkpoint import architecture_of, read_weights
+from draftline.draft.checkpoint import ORIGINAL_NORMS, architecture_of, read_weights
+from draftline.draft.methods import drafter, names, serving, titles
 
 # named, not __name__: under `python -m` this module is __main__, outside the draftline loggers
 log = logging.getLogger("draftline.draft.sglang_export")
@@ -56,12 +57,12 @@ class SglangExportError(DraftlineError, ValueError):
 
 def check_exportable(config: dict, card: TargetCard) -> None:
     """Raise SglangExportError when SGLang's LlamaForCausalLMEagle3 cannot compute this draft."""
-    if config.get("speculators_model_type") != "eagle3":
+    kind = config.get("speculators_model_type")
+    if kind not in names() or not drafter(kind).sglang:
         raise SglangExportError(
-            f"not a speculators EAGLE-3 draft (speculators_model_type "
-            f"{config.get('speculators_model_type')!r})"
+            f"not a speculators {titles(serving('sglang'))} draft (speculators_model_type {kind!r})"
         )
-    if architecture_of(config) != "eagle3":
+    if architecture_of(config) != ORIGINAL_NORMS:
         flags = {
             k: config.get(k)
             for k in ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")

@@ -402,45 +402,60 @@ class EngineServe:
     draft: SpeculativeDraft | None = None
 
 
+def vllm_server_command(model: str, given: list[str], serve: EngineServe) -> list[str]:
+    """`vllm serve` (or benchmark.vllm.launcher) of `model`, the draft as --speculative-config."""
+    server = (
+        [*serve.launcher, model] if serve.launcher is not None else vllm_engine().server_argv(model)
+    )
+    cmd = [*server, *given]
+    if serve.draft:
+        draft = serve.draft
+        spec = {
+            "method": draft.method,
+            "model": draft.path,
+            "num_speculative_tokens": draft.num_steps,
+            **draft.vllm_config,
+        }
+        cmd += ["--speculative-config", json.dumps(spec)]
+    return cmd
+
+
+def sglang_server_command(model: str, given: list[str], serve: EngineServe) -> list[str]:
+    """SGLang's launcher with --model-path, the draft as its --speculative-* flags (a chain's
+    --speculative-num-draft-tokens is num_steps + 1, a tree's num_steps * eagle_topk + 1)."""
+    cmd = [*(serve.launcher or []), "--model-path", model, *given]
+    if serve.draft:
+        draft = serve.draft
+        steps, topk = draft.num_steps, draft.eagle_topk
+        draft_tokens = draft.num_draft_tokens or (steps + 1 if topk == 1 else steps * topk + 1)
+        cmd += [
+            "--speculative-algorithm",
+            draft.method,
+            "--speculative-draft-model-path",
+            draft.path,
+            "--speculative-num-steps",
+            str(steps),
+            "--speculative-eagle-topk",
+            str(topk),
+            "--speculative-num-draft-tokens",
+            str(draft_tokens),
+        ]
+    return cmd
+
+
+# each served engine's command line, by the name EngineServe.engine spells it as (the benchmark's
+# engines name theirs: draftline/benchmark/engines.py `spelled_as`)
+SERVER_COMMANDS = {"vllm": vllm_server_command, "sglang": sglang_server_command}
+
+
 def engine_serve_command(card: TargetCard, serve: EngineServe) -> list[str]:
     """The server command line of `serve` on the card's target (a local directory by its resolved
-    path, else the hub id)."""
+    path, else the hub id): the target's revision and remote code, host and port, the flags given,
+    then the engine's own (SERVER_COMMANDS)."""
+    if serve.engine not in SERVER_COMMANDS:
+        raise ValueError(f"benchmark.engine: no server command for engine {serve.engine!r}")
     revision = ["--revision", card.revision] if card.revision else []
     revision += ["--trust-remote-code"] if card.trust_remote_code else []
     model = str(Path(card.model).resolve()) if Path(card.model).exists() else card.model
     where = ["--host", serve.host] + (["--port", str(serve.port)] if serve.port else [])
-    draft = serve.draft
-    if serve.engine == "vllm":
-        if serve.launcher is not None:
-            server = [*serve.launcher, model]
-        else:
-            server = vllm_engine().server_argv(model)
-        cmd = [*server, *revision, *where, *serve.args]
-        if draft:
-            spec = {
-                "method": draft.method,
-                "model": draft.path,
-                "num_speculative_tokens": draft.num_steps,
-                **draft.vllm_config,
-            }
-            cmd += ["--speculative-config", json.dumps(spec)]
-        return cmd
-    if serve.engine == "sglang":
-        cmd = [*serve.launcher, "--model-path", model, *revision, *where, *serve.args]
-        if draft:
-            steps, topk = draft.num_steps, draft.eagle_topk
-            draft_tokens = draft.num_draft_tokens or (steps + 1 if topk == 1 else steps * topk + 1)
-            cmd += [
-                "--speculative-algorithm",
-                draft.method,
-                "--speculative-draft-model-path",
-                draft.path,
-                "--speculative-num-steps",
-                str(steps),
-                "--speculative-eagle-topk",
-                str(topk),
-                "--speculative-num-draft-tokens",
-                str(draft_tokens),
-            ]
-        return cmd
-    raise ValueError(f"benchmark.engine: no server command for engine {serve.engine!r}")
+    return SERVER_COMMANDS[serve.engine](model, [*revision, *where, *serve.args], serve)

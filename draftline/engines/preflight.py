@@ -28,41 +28,38 @@ baseline and speculative servers of the `vllm` / `sglang` benchmark (benchmark.e
   speculative_config must be eagle3 with this draft. Without /server_info vLLM does not say which
   draft it runs: the report says so, and a wrong one shows as an acceptance length of ~1.
 
-Longer than a module here usually is: the three endpoint preflights share one
-set of probes (what a server is, its models, its tokenizer's count), and this docstring is the
-reference of what each one refuses; split apart, each would restate the others' rules.
+What each engine adds (the draft it can be checked for, its exact ids, where it says what it
+loaded) is its probe's, draftline/engines/probes.py; the HTTP calls are in
+draftline/engines/endpoints.py. Longer than a module here usually is: the three endpoint
+preflights share one set of probes (what a server is, its models, its tokenizer's count), and
+this docstring is the reference of what each one refuses; split apart, each would restate the
+others' rules.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.config import redact_url
-from draftline.core.errors import DraftlineError
+from draftline.engines.endpoints import (
+    PROBE_MESSAGES,
+    PreflightError,
+    ServedTarget,
+    answer,
+    json_dict,
+    listed_models,
+    request,
+    served_model,
+    vllm_speculative_config,
+)
+from draftline.engines.probes import engine_probe
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
-
-
-# Varied text (digits, accents, CJK, emoji, code, markup) so that another tokenizer or template
-# is very unlikely to give the same count.
-PROBE_MESSAGES = [
-    {
-        "role": "user",
-        "content": "Preflight probe: 7 × 8 = 56; naïve café, 東京, 🙂, "
-        "`x = [1, 2]`, <b>bold</b> and   spaces.\nDone?",
-    }
-]
-
-
-class PreflightError(DraftlineError, RuntimeError):
-    """An endpoint that must not be used; the message says why."""
+    from draftline.engines.probes import EngineProbe
 
 
 @dataclass(frozen=True)
@@ -74,47 +71,11 @@ class ProbeLimits:
     attempts: int
 
 
-@dataclass(frozen=True)
-class ServedTarget:
-    """The target a regeneration endpoint must serve: the name requests give it, and the prompt ids
-    its own tokenizer and chat template give a conversation, prompt_ids(messages, tools)."""
-
-    model_name: str
-    prompt_ids: Callable[[list[dict], list | None], list[int]]
-    chat_template_kwargs: dict = field(default_factory=dict)
-
-
-def _request(client, method: str, url: str, attempts: int, **kwargs):
-    """One HTTP call, retried (1 s, 2 s, ...) on connection errors, timeouts, 429 and 5xx."""
-    # httpx loads on first use: importing this module stays light
-    import httpx
-
-    for attempt in range(attempts):
-        try:
-            resp = client.request(method, url, **kwargs)
-            if resp.status_code != 429 and resp.status_code < 500:
-                return resp
-            error = f"HTTP {resp.status_code}"
-        except httpx.HTTPError as err:
-            error = f"{type(err).__name__}: {err}"
-        if attempt + 1 < attempts:
-            time.sleep(min(2**attempt, 10))
-    raise PreflightError(f"{url}: no answer after {attempts} attempts ({error})")
-
-
-def _answer(client, method: str, url: str, attempts: int):
-    """`_request`, or None when the endpoint never answers (a path this engine does not have)."""
-    try:
-        return _request(client, method, url, attempts)
-    except PreflightError:
-        return None
-
-
 def check_answers(client, base_url: str, attempts: int) -> None:
     """PreflightError naming the endpoint when nothing answers there at all (any answer, a 404
     included, says a server listens), before the probes that would blame the engine instead."""
     try:
-        _request(client, "GET", f"{base_url}/health", attempts)
+        request(client, "GET", f"{base_url}/health", attempts)
     except PreflightError as err:
         why = str(err).split(" (", 1)[-1].rstrip(")")
         raise PreflightError(
@@ -134,7 +95,7 @@ def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
     `sglang:` metrics. Both: `owned_by` of /v1/models. transformers serve has none of these and
     no speculative mode."""
     engines, checked, speculative, facts = set(), set(), [], {}
-    resp = _answer(client, "GET", f"{base_url}/metrics", attempts)
+    resp = answer(client, "GET", f"{base_url}/metrics", attempts)
     text = resp.text if resp is not None and resp.status_code == 200 else ""
     if re.search(r"^vllm:", text, re.M):
         engines.add("vllm")
@@ -146,7 +107,7 @@ def probe_engine(client, base_url: str, attempts: int, models: list) -> dict:
             f"vLLM metrics {', '.join(spec)} (they exist only with --speculative-config)"
         )
     for path in ("/get_server_info", "/server_info"):
-        resp = _answer(client, "GET", f"{base_url}{path}", attempts)
+        resp = answer(client, "GET", f"{base_url}{path}", attempts)
         try:
             info = resp.json() if resp is not None and resp.status_code == 200 else None
         except ValueError:
@@ -196,25 +157,12 @@ def check_engine(base_url: str, declared: str, probe: dict) -> None:
             "(regenerate.external_engine or benchmark.engine; for a launched server, another "
             "process holds the port); say what it is so the right checks run"
         )
-    if declared in ("vllm", "sglang") and declared not in probe["checked"]:
-        how = (
-            "/metrics has no vllm: metrics (not vLLM, or started with --disable-log-stats)"
-            if declared == "vllm"
-            else "/get_server_info has no speculative_algorithm"
-        )
+    unchecked = engine_probe(declared).unchecked
+    if unchecked and declared not in probe["checked"]:
         raise PreflightError(
-            f"{base_url}: {how}, so it cannot be checked for a draft; check regenerate.external_engine"
+            f"{base_url}: {unchecked}, so it cannot be checked for a draft; check "
+            "regenerate.external_engine"
         )
-
-
-def listed_models(client, base_url: str, attempts: int) -> list:
-    """The entries of /v1/models ([] when it does not answer with a list)."""
-    try:
-        resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
-        models = resp.json().get("data", []) if resp.status_code == 200 else []
-    except (PreflightError, ValueError, AttributeError):
-        return []
-    return models if isinstance(models, list) else []
 
 
 def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> dict:
@@ -225,11 +173,7 @@ def check_not_speculative(client, base_url: str, engine: str, attempts: int) -> 
     check_answers(client, base_url, attempts)
     probe = probe_engine(client, base_url, attempts, listed_models(client, base_url, attempts))
     check_engine(redact_url(base_url), engine, probe)
-    if engine == "vllm":
-        return {"spec_decode_metrics": False}
-    if engine == "sglang":
-        return {"speculative_algorithm": None, "model_path": probe.get("model_path")}
-    return {}
+    return engine_probe(engine).plain(probe)
 
 
 def _check_served_name(shown: str, models: list, model_name: str) -> list:
@@ -257,7 +201,7 @@ def _check_probe_count(
     }
     if target.chat_template_kwargs:
         body["chat_template_kwargs"] = target.chat_template_kwargs
-    resp = _request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
+    resp = request(client, "POST", f"{base_url}/v1/chat/completions", attempts, json=body)
     if resp.status_code != 200:
         raise PreflightError(
             f"{shown}: the probe request for model {target.model_name!r} got HTTP {resp.status_code}: "
@@ -281,34 +225,6 @@ def _check_probe_count(
             "chat template than the card's target"
         )
     return counted
-
-
-def _vllm_probe_ids_match(
-    client, base_url: str, shown: str, target: ServedTarget, expected: list[int], attempts: int
-) -> bool:
-    """Exact ids through vLLM's /tokenize (chat form): True when they are `expected`, False when
-    /tokenize does not answer 200; raises PreflightError when they differ."""
-    kwargs = target.chat_template_kwargs
-    tok = _request(
-        client,
-        "POST",
-        f"{base_url}/tokenize",
-        attempts,
-        json={
-            "model": target.model_name,
-            "messages": PROBE_MESSAGES,
-            "add_generation_prompt": True,
-            **({"chat_template_kwargs": kwargs} if kwargs else {}),
-        },
-    )
-    if tok.status_code != 200:
-        return False
-    if tok.json().get("tokens") != expected:
-        raise PreflightError(
-            f"{shown}: vLLM's /tokenize gives other token ids for the probe than the "
-            "target's tokenizer and chat template"
-        )
-    return True
 
 
 def preflight_regeneration(
@@ -345,53 +261,9 @@ def preflight_regeneration(
         seen["probe_prompt_tokens"] = _check_probe_count(
             client, base_url, shown, target, expected, attempts
         )
-        if engine == "vllm" and _vllm_probe_ids_match(
-            client, base_url, shown, target, expected, attempts
-        ):
+        if engine_probe(engine).same_ids(client, base_url, target, expected, attempts):
             seen["probe_token_ids"] = "match"
     return seen
-
-
-def _json(resp) -> dict | None:
-    try:
-        value = resp.json()
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def served_model(client, base_url: str, card: TargetCard, attempts: int) -> str:
-    """The model id to send in requests; raises unless the endpoint serves the card's target."""
-    resp = _request(client, "GET", f"{base_url}/v1/models", attempts)
-    models = (_json(resp) or {}).get("data") or []
-    target = str(card.model)
-    names = {target, str(Path(target).resolve())} if Path(target).exists() else {target}
-    for m in models:
-        if m.get("id") in names or m.get("root") in names:
-            return m["id"]
-    seen = [(m.get("id"), m.get("root")) for m in models]
-    raise PreflightError(
-        f"{base_url} serves {seen} (id, root), not the target {target!r} of the card"
-    )
-
-
-def vllm_speculative_config(client, base_url: str, attempts: int) -> dict | None:
-    """speculative_config from vLLM's /server_info (only with VLLM_SERVER_DEV_MODE=1); None when unavailable."""
-    try:
-        resp = _request(client, "GET", f"{base_url}/server_info?config_format=json", attempts)
-    except PreflightError:
-        return None
-    info = _json(resp) if resp.status_code == 200 else None
-    if info is None or "vllm_config" not in info:
-        return None
-    config = info["vllm_config"]
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            return None
-    spec = config.get("speculative_config") if isinstance(config, dict) else None
-    return spec if isinstance(spec, dict) else {"method": None}
 
 
 def preflight_extraction(
@@ -432,8 +304,8 @@ def preflight_extraction(
         if not probe_file:
             return seen
         body = {"model": model, "prompt": probe_ids, "max_tokens": 1, "return_token_ids": True}
-        resp = _request(client, "POST", f"{base_url}/v1/completions", attempts, json=body)
-        answer = _json(resp) or {}
+        resp = request(client, "POST", f"{base_url}/v1/completions", attempts, json=body)
+        answer = json_dict(resp) or {}
         if resp.status_code != 200:
             raise PreflightError(
                 f"{base_url}: the probe request got HTTP {resp.status_code}: {resp.text[:300]}"
@@ -471,77 +343,26 @@ def preflight_extraction(
 
 
 def preflight_benchmark(
-    engine: str,
+    probe: EngineProbe,
     base_url: str,
     card: TargetCard,
     draft_path: str | None,
     algorithm: str,
     limits: ProbeLimits = ProbeLimits(60, 3),
 ) -> dict:
-    """Check an already-running benchmark server: the baseline (draft_path None: no draft) or the
-    speculative one (this draft, run with `algorithm`)."""
+    """Check an already-running benchmark server of the engine `probe` checks: the baseline
+    (draft_path None: no draft) or the speculative one (this draft, run with `algorithm`)."""
     import httpx
 
     role = "speculative" if draft_path else "baseline"
     attempts = limits.attempts
     with httpx.Client(timeout=limits.timeout_s) as client:
-        seen = {"url": base_url, "role": role}
-        if engine == "vllm":
-            seen["model"] = served_model(client, base_url, card, attempts)
-        if role == "baseline":
-            seen.update(check_not_speculative(client, base_url, engine, attempts))
-            if engine == "sglang":
-                _check_sglang_model(seen, base_url, card)
-            return seen
-        if engine == "sglang":
-            resp = _request(client, "GET", f"{base_url}/get_server_info", attempts)
-            info = _json(resp) or {}
-            seen["model_path"] = info.get("model_path")
-            _check_sglang_model(seen, base_url, card)
-            if str(info.get("speculative_algorithm") or "").upper() != algorithm.upper():
-                raise PreflightError(
-                    f"{base_url}: SGLang runs speculative_algorithm {info.get('speculative_algorithm')!r}, "
-                    f"the benchmark needs {algorithm} for an EAGLE-3 draft"
-                )
-            if _resolved(info.get("speculative_draft_model_path")) != _resolved(draft_path):
-                raise PreflightError(
-                    f"{base_url}: SGLang runs draft {info.get('speculative_draft_model_path')!r}, "
-                    f"not the one benchmarked ({draft_path})"
-                )
-            seen["draft"] = "checked"
-            return seen
-        text = _request(client, "GET", f"{base_url}/metrics", attempts).text
-        if "vllm:spec_decode" not in text:
-            raise PreflightError(
-                f"{base_url}: no vllm:spec_decode metrics, so it does not run speculative decoding "
-                "(started without --speculative-config?)"
-            )
-        spec = vllm_speculative_config(client, base_url, attempts)
-        if spec is None:
-            seen["draft"] = "unchecked: /server_info needs VLLM_SERVER_DEV_MODE=1"
-            return seen
-        if str(spec.get("method")).lower() != algorithm.lower():
-            raise PreflightError(
-                f"{base_url}: vLLM speculative method {spec.get('method')!r}, the benchmark needs "
-                f"{algorithm!r} for an EAGLE-3 draft"
-            )
-        if _resolved(spec.get("model")) != _resolved(draft_path):
-            raise PreflightError(
-                f"{base_url}: vLLM runs draft {spec.get('model')!r}, not the one benchmarked ({draft_path})"
-            )
-        seen["draft"] = "checked"
+        seen = {"url": base_url, "role": role, **probe.served(client, base_url, card, attempts)}
+        if role == "speculative":
+            return {
+                **seen,
+                **probe.check_draft(client, base_url, card, draft_path, algorithm, attempts),
+            }
+        seen.update(check_not_speculative(client, base_url, probe.name, attempts))
+        probe.check_target(seen, base_url, card)
         return seen
-
-
-def _resolved(path) -> str | None:
-    return (
-        str(Path(path).resolve()) if path and Path(path).exists() else (str(path) if path else None)
-    )
-
-
-def _check_sglang_model(seen: dict, base_url: str, card: TargetCard) -> None:
-    model_path = seen.get("model_path")
-    if model_path is not None and _resolved(model_path) != _resolved(card.model):
-        raise PreflightError(
-            f"{base_url}: SGLang serves {model_path!r}, not the target {card.model!r} of the card"
-        )

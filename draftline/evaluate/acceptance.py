@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from draftline.core.errors import DraftlineError
 from draftline.core.io import read_json, read_jsonl
 from draftline.draft.checkpoint import load_draft
-from draftline.draft.methods import METHODS, Forward
+from draftline.draft.methods import Forward, chain, drafter
 from draftline.draft.metrics import accumulate, summarize
 from draftline.evaluate.context import (
     Markup,
@@ -216,7 +216,7 @@ def teacher_forced_sums(draft, sample: dict, forward: Forward, device: str) -> d
     from draftline.draft.forward import PackLayout, device_loss_config, pack_collate, run_batch
 
     hidden_size = sample["verifier_last_hidden_states"].shape[-1]
-    shifted = METHODS[forward.method].shifted
+    shifted = drafter(forward.method).shifted
     layout = PackLayout(len(sample["input_ids"]) - int(shifted), hidden_size, shifted)
     batch = pack_collate(layout, torch.float32)([sample])
     loss_config = device_loss_config("cpu")  # the loss is not used: the eager one needs no Triton
@@ -296,7 +296,7 @@ def per_source_report(groups, k: int) -> dict:
         name: {
             "acceptance_length": mean(s["rounds"]),
             "tokens_per_step": mean(s["emitted"]),
-            "tau_sim": simulated_acceptance(s["sums"], Forward.chain(k))["tau_sim"],
+            "tau_sim": simulated_acceptance(s["sums"], chain(k))["tau_sim"],
             "prompts": s["prompts"],
         }
         for name, s in groups
@@ -560,7 +560,7 @@ def evaluate_prompt(
     sums = teacher_forced_sums(
         draft,
         teacher_forced_sample(target, aux_ids, ids, plain.tokens),
-        Forward.chain(cfg.k),
+        chain(cfg.k),
         models.device,
     )
     if tally.fp8:
@@ -569,7 +569,7 @@ def evaluate_prompt(
             teacher_forced_sums(
                 draft,
                 teacher_forced_sample(target, aux_ids, ids, plain.tokens, torch.float8_e4m3fn),
-                Forward.chain(cfg.k),
+                chain(cfg.k),
                 models.device,
             ),
         )
@@ -620,9 +620,9 @@ def evaluation_report(
         **lossless,
     }
     if tally.fp8:
-        report["tau_sim_fp8_states"] = simulated_acceptance(
-            tally.sums_stored, Forward.chain(cfg.k)
-        )["tau_sim"]
+        report["tau_sim_fp8_states"] = simulated_acceptance(tally.sums_stored, chain(cfg.k))[
+            "tau_sim"
+        ]
     return report
 
 
@@ -680,7 +680,7 @@ def evaluate_draft(
     )
 
     real = acceptance_summary(tally.rounds, cfg.k, tally.emitted)
-    sim = simulated_acceptance(tally.sums, Forward.chain(cfg.k))
+    sim = simulated_acceptance(tally.sums, chain(cfg.k))
     report = evaluation_report(cfg, len(rows), tally, real, sim, lossless)
     report |= context_sections(cfg, tally, models.markup, trained_longest_row(draft_dir))
     switch = thinking_switch(models, cfg, card.aux_ids, rows)

@@ -24,7 +24,7 @@ from draftline.core.io import read_jsonl
 from draftline.data.pydoc_long import DECODE_HISTORY
 from draftline.draft.checkpoint import load_draft, read_draft_facts
 from draftline.draft.init_checks import InitMismatch
-from draftline.draft.methods import Forward
+from draftline.draft.methods import chain
 from draftline.draft.preflight import check_draft
 from draftline.draft.pretrained import prepare_init
 from draftline.evaluate.acceptance import (
@@ -138,7 +138,7 @@ def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dic
         "acceptance_length": real["acceptance_length"],
         "tokens_per_step": real["tokens_per_step"],
         "position_acceptance": real["position_acceptance"],
-        "tau_sim": simulated_acceptance(tally.sums, Forward.chain(cfg.k))["tau_sim"],
+        "tau_sim": simulated_acceptance(tally.sums, chain(cfg.k))["tau_sim"],
         "prompts": len(rows),
         "turns": len(tally.verdicts),
         "rounds": real["rounds"],

@@ -19,7 +19,6 @@ from typing import NamedTuple
 from draftline.core.card import TargetCard
 from draftline.core.io import read_jsonl, write_json
 from draftline.draft.checkpoint import draft_method
-from draftline.draft.methods import METHODS
 from draftline.evaluate.acceptance import EvaluationRun, context_summary, evaluate_draft
 from draftline.evaluate.compare import (
     HELD_OUT,
@@ -77,8 +76,8 @@ def measure(params, card: TargetCard, paths: Paths, others: dict[str, Path], set
     resolved; `sets`: each eval set's rows)."""
     cfg, failure = params.evaluate, None
     draft, prompts = str(paths.draft), str(paths.prompts)
-    method = METHODS.get(draft_method(draft))
-    if method is not None and not method.builtin_decode:
+    method = draft_method(draft)
+    if not method.builtin_decode:
         # check_params refuses evaluate.engine hf for such a draft: vLLM alone measures it
         measured = vllm_only_run(cfg, card, draft, prompts, params.samples, params.engines.vllm)
         measured.report["parity"] = {

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 from draftline.core.errors import DraftlineError
 from draftline.core.io import read_jsonl
 from draftline.draft.checkpoint import draft_method
-from draftline.draft.methods import vllm_speculative
 from draftline.engines.servers import log_tail
 from draftline.evaluate import vllm_generate
 from draftline.evaluate.acceptance import (
@@ -184,7 +183,7 @@ def vllm_job(card: TargetCard, draft_dir: str | Path, cfg: EvaluateConfig, promp
     return {
         "model": model,
         "draft": str(Path(draft_dir).resolve()),
-        "served_as": vllm_speculative(draft_method(draft_dir)),
+        "served_as": draft_method(draft_dir).vllm_speculative(),
         "k": cfg.k,
         "dtype": cfg.dtype,
         "max_tokens": cfg.max_new_tokens,

@@ -113,7 +113,7 @@ def run(job: dict) -> dict:
     engine_args = dict(job.get("engine_args") or {})
     speculative = None
     if job.get("draft"):
-        # the draft's method as vLLM serves it (draftline/draft/methods.py vllm_speculative)
+        # the draft's method as vLLM serves it (its drafter's vllm_speculative, draftline/draft/methods/)
         speculative = {
             **job.get("served_as", {"method": "eagle3"}),
             "model": job["draft"],

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import orjson
 
 from draftline.core.io import atomic_path
+from draftline.core.regenerated import run_of
 
 FIELDS = (
     "start",  # byte offset of the line in conversations.jsonl
@@ -81,16 +82,6 @@ def header(conversations: Path) -> bytes:
 def prompt_line(raw: bytes) -> str:
     """Digest of a prompt's raw JSONL line (its newline left out): sha1, 64 bits of it."""
     return hashlib.sha1(raw.rstrip(b"\r\n")).hexdigest()[:16]
-
-
-def run_of(row: dict) -> int:
-    """The regenerate run that wrote a conversation line: each run of the stage that sends anything
-    numbers its lines one past the highest kept (`regeneration.run`; 0 for lines written before runs
-    were numbered). Rows are ordered by (run, prompt order) downstream: deterministic for a given
-    history of runs, whatever order the answers finished in, and append-only across runs."""
-    regen = row.get("regeneration")
-    run = regen.get("run", 0) if isinstance(regen, dict) else 0
-    return run if isinstance(run, int) else 0
 
 
 def entry(start: int, line: bytes, row: dict | None) -> Entry:

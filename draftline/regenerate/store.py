@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.core.io import atomic_path
+from draftline.core.regenerated import run_of
 from draftline.regenerate.config import RegenerateError
 from draftline.regenerate.index import entry as index_entry
 from draftline.regenerate.index import (
     prompt_line,
     read_index,
     remove_index,
-    run_of,
     write_index,
 )
 from draftline.regenerate.settings import (

@@ -2,7 +2,7 @@
 in the regenerated file and a hash of it, read without keeping any conversation in memory.
 
 The order is that of the regenerate runs that wrote them, then the prompts' order within a run
-(draftline.regenerate.index.run_of), restricted to the prompts of train.jsonl: a rerun that fills
+(draftline.core.regenerated.run_of), restricted to the prompts of train.jsonl: a rerun that fills
 prompts which failed before, or that grows `samples`, puts their rows after every existing one
 (draftline/tokens/tokenize.py says why).
 """
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.regenerate.index import run_of
+from draftline.core.regenerated import run_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,30 +17,13 @@ import logging
 import sys
 from types import SimpleNamespace
 
+from draftline.benchmark.sweep import levels_from
 from draftline.benchmark.verdict import decide
 from draftline.core.errors import DraftlineError, entry_point
 from draftline.core.io import read_json, write_json
 
 # by name: `python -m draftline.tools.verdict` runs this module as __main__, a logger nothing sets up
 log = logging.getLogger("draftline.tools.verdict")
-
-
-def levels_from(detail: dict) -> dict:
-    """{c: {"baseline": summary, "speculative": {k: summary}, "compare": {name: {k: summary}}}}
-    from a report's `levels`."""
-    levels = {}
-    for name, level in detail["levels"].items():
-        spec = {int(key[1:]): v for key, v in level.items() if key.startswith("k")}
-        compare = {
-            draft: {int(key[1:]): v for key, v in by_k.items()}
-            for draft, by_k in level.get("compare", {}).items()
-        }
-        levels[int(name[1:])] = {
-            "baseline": level["baseline"],
-            "speculative": spec,
-            "compare": compare,
-        }
-    return levels
 
 
 def read_points(paths: list[str], k: int | None) -> list[dict]:

@@ -4,37 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftline.core.config import Section, operational, shaping
-
-
-class PEagleParams(Section):
-    """train.peagle: P-EAGLE's parallel groups (speculators' COD sampling)."""
-
-    # parallel draft positions trained (K); the draft's speculative_tokens (vLLM serves up to it)
-    depths: int = shaping(8, ge=2)
-    # depth d keeps max(ratio**d, ratio_min) of the positions (geometric down-sampling)
-    down_sample_ratio: float = shaping(0.7, gt=0, lt=1)
-    down_sample_ratio_min: float = shaping(0.2, gt=0, lt=1)
-    max_anchors: int = shaping(512, ge=1)  # chain starts sampled per pack
-
-
-class DFlashParams(Section):
-    """train.dflash: DFlash's blocks (speculators' anchored-block training)."""
-
-    # tokens per draft block: the anchor (the bonus token) and block_size - 1 drafted in one
-    # forward; speculators' trainer default
-    block_size: int = shaping(16, ge=2)
-    max_anchors: int = shaping(512, ge=1)  # blocks sampled per pack
-    gamma: float = shaping(4.0, gt=0)  # per-position loss decay of the block (fixed-exp-decay)
+from draftline.draft.params import DFlashParams, PEagleParams, method_named
 
 
 class TrainConfig(Section):
-    # the drafter: eagle3 (a chain of k draft steps, each reading the last), peagle (P-EAGLE: all k
-    # draft tokens in one forward, served by vLLM as eagle3 with parallel_drafting), dflash (a
-    # block of masked positions filled in one forward); each through speculators' own model and loss
-    method: Literal["eagle3", "peagle", "dflash"] = shaping("eagle3")
+    # the drafter, one registered in draftline/draft/params/: eagle3 (a chain of k draft steps,
+    # each reading the last), peagle (P-EAGLE: all k draft tokens in one forward, served by vLLM as
+    # eagle3 with parallel_drafting), dflash (a block of masked positions filled in one forward);
+    # each through speculators' own model and loss
+    method: str = shaping("eagle3")
     peagle: PEagleParams = shaping(PEagleParams())
     dflash: DFlashParams = shaping(DFlashParams())
     # peagle / dflash: the token id their masked draft positions read; null = the tokenizer's mask
@@ -103,6 +84,12 @@ class TrainConfig(Section):
         []
     )  # extra torchrun arguments, e.g. multi-node rendezvous
 
+    @field_validator("method")
+    @classmethod
+    def _registered_method(cls, method: str) -> str:
+        method_named(method)  # UnknownDrafter names the registered ones
+        return method
+
     @model_validator(mode="after")
     def _backend_options(self):
         if self.backend == "speculators" and self.grad_accum_steps != 1:
@@ -115,25 +102,7 @@ class TrainConfig(Section):
                 "train_lm_head: speculators train keeps lm_head frozen (a train.init's own head is "
                 "kept, frozen); use backend builtin to train it"
             )
-        if self.method != "eagle3":
-            for name, value in (
-                ("init", self.init),
-                ("init_layer_from_target", self.init_layer_from_target),
-            ):
-                if value is not None:
-                    raise ValueError(
-                        f"{name}: EAGLE-3 drafts only (train.method eagle3); method "
-                        f"{self.method} trains a new draft"
-                    )
-        if self.method == "dflash" and self.architecture is not None:
-            raise ValueError(
-                "architecture: the EAGLE-3 norm layouts; method dflash has its own decoder (null)"
-            )
-        if self.method == "dflash" and self.train_embeddings:
-            raise ValueError(
-                "train_embeddings: a DFlash draft reads the target's embeddings (its checkpoint "
-                "and vLLM keep none of its own)"
-            )
+        method_named(self.method).check_train(self)
         if self.init_layer_from_target is not None and (
             self.backend != "builtin" or self.init is not None
         ):

@@ -25,7 +25,7 @@ import torch
 from draftline.core.errors import DraftlineError
 from draftline.core.io import file_sha256
 from draftline.draft.forward import PackLayout, hidden_states_dtype, pack_collate
-from draftline.draft.methods import METHODS
+from draftline.draft.methods import drafter
 from draftline.engines.servers import checkpoint_bytes
 from draftline.hidden_states import formats as hs_format
 from draftline.targets.model import load_target_model
@@ -266,7 +266,7 @@ def prefetched(fetch, items, workers: int, depth: int):
 
 def layout_of(cfg: TrainConfig, hidden_size: int) -> PackLayout:
     """The packs train.method's forward reads: train.pack_len tokens, shifted or not."""
-    return PackLayout(cfg.pack_len, hidden_size, METHODS[cfg.method].shifted)
+    return PackLayout(cfg.pack_len, hidden_size, drafter(cfg.method).shifted)
 
 
 def make_loader(

@@ -143,7 +143,7 @@ class _Loop:
     device: str
     online: OnlineStates | VllmOnline | None
     hidden_size: int
-    forward: Forward  # the method's forward arguments (draftline/draft/methods.py)
+    forward: Forward  # the method's forward arguments (draftline/draft/methods/)
     train_set: Any  # make_dataset's ArrowDataset
     val_set: Any
     plan: list[list[list[int]]]  # per epoch, its packed batches of row indices

@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING
 from draftline.core.errors import DraftlineError
 from draftline.draft.checkpoint import (
     ARCHITECTURES,
+    ORIGINAL_NORMS,
     architecture_of,
     load_saved_draft,
     load_vocab,
 )
 from draftline.draft.forward import device_loss_config
 from draftline.draft.init_checks import InitMismatch
-from draftline.draft.methods import METHODS, Forward, speculative_tokens
+from draftline.draft.methods import Forward, drafter
 from draftline.draft.metrics import validate_many
-from draftline.draft.model import mask_token_id, speculators_config
+from draftline.draft.model import method_mask_token_id, speculators_config
 from draftline.draft.pretrained import load_init_draft
 from draftline.hidden_states.online_server import (
     OnlineServerJob,
@@ -185,7 +186,7 @@ def _speculators_data_args(
                 f"--{'' if on else 'no-'}{key.replace('_', '-')}"
                 for key, on in ARCHITECTURES[launch.architecture].items()
             ]
-            if METHODS[cfg.method].eagle_layout
+            if drafter(cfg.method).eagle_layout
             else []
         ),
         *_speculators_method_args(cfg, card),
@@ -199,38 +200,9 @@ def _speculators_data_args(
 
 
 def _speculators_method_args(cfg: TrainConfig, card: TargetCard) -> list[str]:
-    """train.method's own arguments: P-EAGLE's depths and COD sampling, DFlash's block (and its
-    Qwen3 decoder), and the mask token both read (resolved here, as the builtin loop does)."""
-    if cfg.method == "eagle3":
-        return []
-    mask = ["--mask-token-id", str(mask_token_id(card, cfg))]
-    if cfg.method == "peagle":
-        p = cfg.peagle
-        return [
-            "--num-depths",
-            str(p.depths),
-            "--down-sample-ratio",
-            str(p.down_sample_ratio),
-            "--down-sample-ratio-min",
-            str(p.down_sample_ratio_min),
-            "--max-anchors",
-            str(p.max_anchors),
-            *mask,
-        ]
-    d = cfg.dflash
-    return [
-        "--block-size",
-        str(d.block_size),
-        "--max-anchors",
-        str(d.max_anchors),
-        "--dflash-decay-gamma",
-        str(d.gamma),
-        # the builtin loop's loss weighting; speculators' own default for dflash (dpace) needs its
-        # cross-entropy loss, not the kl_div both backends train with
-        "--per-position-loss-weight",
-        "fixed-exp-decay",
-        *mask,
-    ]
+    """train.method's own arguments (P-EAGLE's depths and COD sampling, DFlash's block), with the
+    mask token a masked method reads resolved here, as the builtin loop does."""
+    return drafter(cfg.method).speculators_args(cfg, method_mask_token_id(card, cfg))
 
 
 def _speculators_training_args(cfg: TrainConfig) -> list[str]:
@@ -272,7 +244,7 @@ def _speculators_shape_args(cfg: TrainConfig, card: TargetCard, init_dir: Path |
             "--num-layers",
             str(cfg.num_layers),
             "--draft-arch",
-            "llama" if METHODS[cfg.method].eagle_layout else "qwen3",  # DFlash's decoder: Qwen3
+            drafter(cfg.method).decoder,
             "--full-attention-indices",
             *[str(i) for i in range(cfg.num_layers)],
         ]
@@ -453,7 +425,7 @@ def run_speculators(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch,
         data = TrainingData(paths.tokenized, paths.hs, online)
         model, result = best_speculators_epoch(save_path, cfg, card, data, "cuda", on_epoch)
     model.config.speculators_config = speculators_config(
-        card, speculative_tokens(cfg), cfg.method
+        card, drafter(cfg.method).speculative_tokens(cfg), cfg.method
     )  # the target, not the view
     return model, result, notes
 
@@ -487,7 +459,7 @@ def _speculators_init(
     if architecture is None:
         raise SpeculatorsRefused(
             "error: train.init has norms speculators' train CLI cannot set (fc_norm, or a mix of "
-            f"{sorted(ARCHITECTURES['eagle3'])}); fine-tune it with train.backend: builtin"
+            f"{sorted(ARCHITECTURES[ORIGINAL_NORMS])}); fine-tune it with train.backend: builtin"
         )
     return verifier, init_dir, notes, architecture
 

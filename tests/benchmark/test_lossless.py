@@ -69,9 +69,9 @@ def test_references_are_the_baselines_first_answer_per_prompt():
     first, second = result(0, ids=[1]), result(0, ids=[2])
     refs = lossless.references([result(1, ok=False), first, second, result(1, ids=[3])], 2)
     assert refs[0] is first and refs[1].token_ids == [3]
-    with pytest.raises(RuntimeError, match=r"no reference request for prompts \[1\]"):
+    with pytest.raises(lossless.LosslessError, match=r"no reference request for prompts \[1\]"):
         lossless.references([first, result(1, ok=False)], 2)
-    with pytest.raises(RuntimeError, match=r"prompts \[0\]"):
+    with pytest.raises(lossless.LosslessError, match=r"prompts \[0\]"):
         lossless.references(None, 1)
     # failed requests are not judged (the load summary counts them)
     judged = lossless.judge_all([result(0, ids=[1]), result(0, ok=False)], {0: first}, 0.0)
@@ -80,10 +80,8 @@ def test_references_are_the_baselines_first_answer_per_prompt():
 
 def test_the_gate_over_every_k_and_load():
     levels = {
-        1: {
-            "verdicts": {1: ["identical"] * 4, 3: ["identical", "near_tie", "mismatch", "mismatch"]}
-        },
-        4: {"verdicts": {1: ["identical"] * 4, 3: ["near_tie"] * 3 + ["mismatch"]}},
+        1: {1: ["identical"] * 4, 3: ["identical", "near_tie", "mismatch", "mismatch"]},
+        4: {1: ["identical"] * 4, 3: ["near_tie"] * 3 + ["mismatch"]},
     }
     gate = lossless.gate(levels, 0.0, 0.1)
     assert gate == {
@@ -101,7 +99,7 @@ def test_the_gate_over_every_k_and_load():
     }
     assert lossless.gate(levels, 0.2, 0.1)["passed"] is True  # 0.1875 allowed
     assert lossless.gate(levels, 0.18, 0.1)["passed"] is False
-    clean = lossless.gate({1: {"verdicts": {2: ["identical", "near_tie"]}}}, 0.0, 0.5)
+    clean = lossless.gate({1: {2: ["identical", "near_tie"]}}, 0.0, 0.5)
     assert clean["passed"] and clean["lossless_share"] == 1.0 and clean["mismatches_at"] == []
     assert clean["identical_output_share"] == 0.5
     assert lossless.tally(["near_tie", "identical", "near_tie"]) == {

@@ -14,8 +14,8 @@ import pytest
 from scipy import stats
 
 from draftline.benchmark import intervals, verdict
+from draftline.benchmark.sweep import Level, levels_from
 from draftline.core.io import read_json
-from draftline.tools.verdict import levels_from
 
 SWEEPS = Path(__file__).parent / "sweeps"
 
@@ -44,13 +44,13 @@ def by_hand(ratios: list[float], family: int, confidence: float = 0.9) -> tuple[
 def test_the_recorded_sweep_has_ten_pairs_per_k_and_load(levels):
     assert sorted(levels) == [1, 4, 16]
     for level in levels.values():
-        assert sorted(level["speculative"]) == [1, 2, 3]
-        assert all(len(s["paired_speedups"]) == 10 for s in level["speculative"].values())
+        assert sorted(level.speculative) == [1, 2, 3]
+        assert all(len(s["paired_speedups"]) == 10 for s in level.speculative.values())
 
 
 def test_clearly_above_one_decides_yes(levels):
     d = decide(levels)["decisions"]["1"]
-    pairs = levels[1]["speculative"][d["k"]]["paired_speedups"]
+    pairs = levels[1].speculative[d["k"]]["paired_speedups"]
     low, high = by_hand(pairs, family=3)
     assert d["decision"] == "yes" and (d["low"], d["high"]) == (round(low, 4), round(high, 4))
     assert d["low"] > 1.1
@@ -71,10 +71,10 @@ def test_ks_inside_each_others_interval_give_the_rules_k(levels):
 def test_one_k_straddling_one_stays_undecided_with_the_rounds_that_would_decide(levels):
     """k=1 alone at 16 in flight: its interval holds 1, so no decision; the spread observed says
     how many rounds would decide it."""
-    alone = {16: {**levels[16], "speculative": {1: levels[16]["speculative"][1]}}}
+    alone = {16: Level(levels[16].baseline, {1: levels[16].speculative[1]})}
     v = decide(alone, serve=16)
     d = v["decisions"]["16"]
-    low, high = by_hand(levels[16]["speculative"][1]["paired_speedups"], family=1)
+    low, high = by_hand(levels[16].speculative[1]["paired_speedups"], family=1)
     assert d["decision"] == "undecided" and low < 1 < high and v["pays_off"] is None
     assert d["rounds_to_decide"] > 10
     iv = d["by_k"][1]
@@ -89,13 +89,13 @@ def test_the_same_passes_read_the_other_way_round_decide_no(levels):
     """The plain server against the draft's (each pair inverted): every k's interval lies below
     1 at four requests in flight: no, with no k to deploy."""
     inverted = {
-        4: {
-            "baseline": levels[4]["baseline"],
-            "speculative": {
+        4: Level(
+            levels[4].baseline,
+            {
                 k: {**s, "paired_speedups": [1 / r for r in s["paired_speedups"]]}
-                for k, s in levels[4]["speculative"].items()
+                for k, s in levels[4].speculative.items()
             },
-        }
+        )
     }
     v = decide(inverted)
     d = v["decisions"]["4"]
@@ -106,7 +106,7 @@ def test_the_same_passes_read_the_other_way_round_decide_no(levels):
 
 def test_fewer_rounds_of_the_same_passes_widen_the_interval(levels):
     """The first three rounds alone: the same mean spread over fewer pairs, a wider interval."""
-    pairs = levels[1]["speculative"][2]["paired_speedups"]
+    pairs = levels[1].speculative[2]["paired_speedups"]
     ten = intervals.interval(pairs, 0.9, 3)
     three = intervals.interval(pairs[:3], 0.9, 3)
     assert three["high"] - three["low"] > ten["high"] - ten["low"]

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draftline.benchmark import verdict
+from draftline.benchmark import costs, verdict
 from draftline.benchmark.config import BenchmarkConfig
+from draftline.benchmark.sweep import Level
 from draftline.engines.config import VLLM_VENV
 
 LOADS, KS = [1, 4, 16], [1, 2, 3]
@@ -44,7 +45,7 @@ def sweep(loads=LOADS, ks=KS, r=known_r, noise=None, base=100.0, spread=SPREAD) 
                 "acceptance_length": TAU[k],
                 "paired_speedups": [tps / base * f * scale for f in spread],
             }
-        levels[c] = {"baseline": {"output_tokens_per_s": base}, "speculative": spec}
+        levels[c] = Level({"output_tokens_per_s": base}, spec)
     return levels
 
 
@@ -61,17 +62,14 @@ def decided(**loads) -> dict:
 
 def test_speedups_are_the_geometric_mean_of_the_paired_ratios():
     levels = {
-        1: {
-            "baseline": {"output_tokens_per_s": 100.0},
-            "speculative": {
+        1: Level(
+            {"output_tokens_per_s": 100.0},
+            {
                 1: {"output_tokens_per_s": 150.0, "paired_speedups": [1.2, 1.875]},
                 3: {"output_tokens_per_s": 180.0},  # no pairs (an older report): the ratio
             },
-        },
-        8: {
-            "baseline": {"output_tokens_per_s": 0.0},
-            "speculative": {1: {"output_tokens_per_s": 10.0}},
-        },
+        ),
+        8: Level({"output_tokens_per_s": 0.0}, {1: {"output_tokens_per_s": 10.0}}),
     }
     assert verdict.speedups(levels) == {1: {1: 1.5, 3: 1.8}, 8: {1: None}}
 
@@ -104,26 +102,26 @@ def test_break_even_is_where_the_line_in_log2_load_crosses_one():
 
 
 def test_cost_model_recovers_a_known_step_cost_exactly():
-    points = verdict.step_costs(sweep())
+    points = costs.step_costs(sweep())
     assert len(points) == 9
     assert all(math.isclose(p["r"], known_r(p["c"], p["k"])) for p in points)
-    model = verdict.cost_model(points)
-    assert model["terms"] == ["1", "k", "log2c", "k*log2c"]
-    assert model["coefficients"] == pytest.approx([A, B, D, E], abs=1e-6)
-    assert all(p["fitted_r"] == p["r"] for p in model["points"])
+    model = costs.cost_model(points)
+    assert model.report["terms"] == ["1", "k", "log2c", "k*log2c"]
+    assert model.report["coefficients"] == pytest.approx([A, B, D, E], abs=1e-6)
+    assert all(p["fitted_r"] == p["r"] for p in model.report["points"])
     # every point left out of the fit is predicted exactly by the other eight
-    assert len(model["held_out"]) == 9
-    assert all(h["relative_error"] == 0.0 for h in model["held_out"])
-    assert all(h["predicted_speedup"] == h["measured_speedup"] for h in model["held_out"])
-    assert model["held_out_mean_abs_error"] == model["held_out_max_abs_error"] == 0.0
+    assert len(model.report["held_out"]) == 9
+    assert all(h["relative_error"] == 0.0 for h in model.report["held_out"])
+    assert all(h["predicted_speedup"] == h["measured_speedup"] for h in model.report["held_out"])
+    assert model.report["held_out_mean_abs_error"] == model.report["held_out_max_abs_error"] == 0.0
 
 
 def test_cost_model_reports_its_error_on_each_point_left_out():
     factors = [1.06, 0.95, 1.02, 0.97, 1.04, 0.93, 1.05, 0.98, 1.01]
     noise = {(c, k): f for (c, k), f in zip([(c, k) for c in LOADS for k in KS], factors)}
-    points = verdict.step_costs(sweep(noise=noise))
-    model = verdict.cost_model(points)
-    assert model["coefficients"] != pytest.approx([A, B, D, E], abs=1e-3)
+    points = costs.step_costs(sweep(noise=noise))
+    model = costs.cost_model(points)
+    assert model.report["coefficients"] != pytest.approx([A, B, D, E], abs=1e-3)
 
     # leave-one-out by hand: fit the other eight, predict the speedup tau / r of the one left out
     def features(p):
@@ -138,11 +136,16 @@ def test_cost_model_reports_its_error_on_each_point_left_out():
         )
         predicted = p["tau"] / float(np.dot(features(p), coef))
         errors.append(predicted / p["speedup"] - 1)
-        assert model["held_out"][i]["c"] == p["c"] and model["held_out"][i]["k"] == p["k"]
-        assert model["held_out"][i]["relative_error"] == pytest.approx(errors[-1], abs=1e-4)
-    assert model["held_out_mean_abs_error"] == pytest.approx(np.mean(np.abs(errors)), abs=1e-4)
-    assert model["held_out_max_abs_error"] == pytest.approx(np.max(np.abs(errors)), abs=1e-4)
-    assert 0.01 < model["held_out_mean_abs_error"] < 0.2
+        assert (
+            model.report["held_out"][i]["c"] == p["c"]
+            and model.report["held_out"][i]["k"] == p["k"]
+        )
+        assert model.report["held_out"][i]["relative_error"] == pytest.approx(errors[-1], abs=1e-4)
+    assert model.report["held_out_mean_abs_error"] == pytest.approx(
+        np.mean(np.abs(errors)), abs=1e-4
+    )
+    assert model.report["held_out_max_abs_error"] == pytest.approx(np.max(np.abs(errors)), abs=1e-4)
+    assert 0.01 < model.report["held_out_mean_abs_error"] < 0.2
 
 
 def test_a_point_the_fit_without_it_cannot_price_is_counted_not_infinite():
@@ -151,37 +154,37 @@ def test_a_point_the_fit_without_it_cannot_price_is_counted_not_infinite():
     JSON numbers."""
     r = {(1, 1): 1.0, (1, 3): 1.2, (4, 1): 0.05, (4, 3): 3.0}
     levels = sweep(loads=[1, 4], ks=[1, 3], r=lambda c, k: r[(c, k)])
-    model = verdict.cost_model(verdict.step_costs(levels))
-    unpredicted = [h for h in model["held_out"] if h["predicted_speedup"] is None]
-    assert unpredicted and model["held_out_unpredicted"] == len(unpredicted)
+    model = costs.cost_model(costs.step_costs(levels))
+    unpredicted = [h for h in model.report["held_out"] if h["predicted_speedup"] is None]
+    assert unpredicted and model.report["held_out_unpredicted"] == len(unpredicted)
     assert all(h["relative_error"] is None for h in unpredicted)
     for key in ("held_out_mean_abs_error", "held_out_max_abs_error"):
-        assert model[key] is None or math.isfinite(model[key])
-    json.dumps({k: v for k, v in model.items() if k != "_coef"}, allow_nan=False)
+        assert model.report[key] is None or math.isfinite(model.report[key])
+    json.dumps(model.report, allow_nan=False)
 
 
 def test_cost_model_terms_follow_what_the_sweep_varies():
     def terms(loads, ks):
-        return verdict.model_terms(verdict.step_costs(sweep(loads, ks)))
+        return costs.model_terms(costs.step_costs(sweep(loads, ks)))
 
     assert terms([1, 4, 16], [3]) == ["1", "log2c"]  # one k: no k slope
     assert terms([4], [1, 2, 3]) == ["1", "k"]  # one load: no load slope
     assert terms([1, 4], [1, 3]) == ["1", "k", "log2c"]  # four points: no product term
     assert terms([1, 4], [1]) == ["1"]  # two points: one left out leaves one
-    one_load = verdict.cost_model(verdict.step_costs(sweep([4], [1, 2, 3])))
-    assert one_load["coefficients"] == pytest.approx([A + 2 * D, B + 2 * E], abs=1e-6)
-    assert one_load["held_out_mean_abs_error"] == 0.0
-    assert verdict.cost_model(verdict.step_costs(sweep([4], [3]))) is None
+    one_load = costs.cost_model(costs.step_costs(sweep([4], [1, 2, 3])))
+    assert one_load.report["coefficients"] == pytest.approx([A + 2 * D, B + 2 * E], abs=1e-6)
+    assert one_load.report["held_out_mean_abs_error"] == 0.0
+    assert costs.cost_model(costs.step_costs(sweep([4], [3]))) is None
 
 
 def test_needs_is_the_acceptance_a_goal_takes_and_none_where_k_plus_one_cannot_reach_it():
-    model = verdict.cost_model(verdict.step_costs(sweep()))
+    model = costs.cost_model(costs.step_costs(sweep()))
     # at 16 requests in flight r = 1.4 + 0.7 k: 1.0x needs tau = r, 1.5x needs 1.5 r > k + 1
-    assert verdict.needs(model, 16, KS, [1.0, 1.5]) == {
+    assert costs.needs(model, 16, KS, [1.0, 1.5]) == {
         1.0: {1: None, 2: 2.8, 3: 3.5},  # k=1: 2.1 > 2 tokens a step
         1.5: {1: None, 2: None, 3: None},  # compute-bound: no draft pays off
     }
-    assert verdict.needs(model, 1, [1], [1.0]) == {1.0: {1: 1.5}}
+    assert costs.needs(model, 1, [1], [1.0]) == {1.0: {1: 1.5}}
 
 
 # ---- the decision -----------------------------------------------------------------------------------

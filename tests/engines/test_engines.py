@@ -821,11 +821,11 @@ def test_group_size_is_what_the_memory_left_holds(
     base = SimpleNamespace(pid=1)
     if expected == "error":
         with pytest.raises(DraftlineError, match="no speculative server fits.*layout sequential"):
-            server.Sweep.group_size(sweep, base, available + 4.0, 6)
+            server.Sweeper.group_size(sweep, base, available + 4.0, 6)
         return
-    assert server.Sweep.group_size(sweep, base, available + 4.0, 6) == expected
+    assert server.Sweeper.group_size(sweep, base, available + 4.0, 6) == expected
     assert sweep.fit["baseline_gib"] == 4.0
-    assert server.Sweep.group_size(sweep, SimpleNamespace(pid=None), 0.0, 6) == 6  # not launched
+    assert server.Sweeper.group_size(sweep, SimpleNamespace(pid=None), 0.0, 6) == 6  # not launched
 
 
 def test_groups_of_split_servers_evenly_in_order():

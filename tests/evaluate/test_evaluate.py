@@ -13,7 +13,7 @@ import yaml
 from transformers import DynamicCache
 
 from draftline.core.io import read_json, write_json, write_jsonl
-from draftline.draft.methods import Forward
+from draftline.draft.methods import chain
 from draftline.draft.model import build_draft
 from draftline.evaluate.acceptance import (
     NotLossless,
@@ -59,8 +59,8 @@ def test_tau_sim_counts_a_constant_draft(tmp_path, random_target):
         draft.lm_head.weight.zero_()  # all logits equal: argmax = draft id 0 = target id T*
 
     sample = teacher_forced_sample(model, random_target.aux_ids, PROMPT, completion)
-    sums = teacher_forced_sums(draft, sample, Forward.chain(3), "cpu")
-    sim = simulated_acceptance(sums, Forward.chain(3))
+    sums = teacher_forced_sums(draft, sample, chain(3), "cpu")
+    sim = simulated_acceptance(sums, chain(3))
 
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT + completion])).logits[0]  # (P + m, V)

@@ -176,7 +176,9 @@ def rule_problems(text: str) -> list[str]:
             problems.append("hidden_states: the states do not fit the disk the example names")
         if human(mode["total_bytes"]).replace(".0 ", " ") not in text:
             problems.append(f"hidden_states: the block does not quote {human(mode['total_bytes'])}")
-    problems += params_problems(p, ROOT / "datasets" / "sources.yaml", ROOT / "models" / "draft")
+    problems += params_problems(
+        p.datasets, p.train.init, ROOT / "datasets" / "sources.yaml", ROOT / "models" / "draft"
+    )
     return problems
 
 

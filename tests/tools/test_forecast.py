@@ -1,4 +1,4 @@
-"""Acceptance-vs-samples forecast (draftline/tools/forecast.py) on synthetic points with known curves."""
+"""Acceptance-vs-samples forecast (draftline/benchmark/forecast.py, draftline/tools/forecast.py) on synthetic points with known curves."""
 
 import json
 import math
@@ -6,16 +6,15 @@ import math
 import numpy as np
 import pytest
 
-from draftline.tools.forecast import (
+from draftline.benchmark.forecast import (
     MEASURE,
     build_report,
     fit_log_linear,
     forecast,
-    main,
-    points_from_dvc_exps,
     read_points,
     solve,
 )
+from draftline.tools.forecast import main, points_from_dvc_exps
 
 WHY_THREE = (
     "3 points at distinct sample counts: a forecast needs at least 4; run "
