@@ -49,6 +49,7 @@ CHOSEN=("${RECIPE[@]}" -S '++train.train_embeddings=true' -S '++train.train_lm_h
 # length), in packs of 5,120 tokens, not 512; `draftline plan` with this run's params gives its
 # training tokens, disk and time against the chats' alone
 LONG_N=36
+RECIPE_DRAFT=drafts/d500-recipe # the recipe's draft d500-long fine-tunes
 LONG=(-S '++datasets.long_docs.builtin=pydoc_long'
   -S '++datasets.long_docs.build.lengths=[512, 1024, 2048, 4096]' -S '++datasets.long_docs.build.per_length=1'
   -S 'evaluate.sets=[chitchat_more, long_docs]'
@@ -101,15 +102,24 @@ run() { # run NAME: one experiment in the workspace
   d500-emb-head-verdict) set -- -S '++samples=500' "${CHOSEN[@]}" \
     -S '+benchmark.compare.peagle=drafts/peagle' -S '+benchmark.compare.dflash=drafts/dflash' \
     -S 'benchmark.compare_k=[1, 3]' ;;
-  # the chosen recipe on the same 500 chats plus LONG_N long rows (LONG, above), through the whole
-  # pipeline with its serving verdict at one load (4 in flight, the verdict's serve_concurrency);
-  # regenerate and hidden_states reuse what the runs at 500 left for the same chats where their
-  # code and settings allow (the long rows are new). Then its
-  # acceptance by context length as the verdict run's: python -m devtools.context_eval . \
+  # the chosen recipe's draft fine-tuned on the same 500 chats plus LONG_N long rows (LONG, above),
+  # through the whole pipeline with its serving verdict at one load (4 in flight, the verdict's
+  # serve_concurrency). Not trained from scratch like the recipe: at pack 5,120 a step of this
+  # CPU's eager attention costs what the recipe's whole epoch at pack 512 nearly does
+  # (reports/recipe_smollm2/long_rows.json says how much), so its 10 epochs do not fit a working
+  # session; train.init is the recipe's draft (d500-emb-head-verdict's models/draft, copied to
+  # drafts/d500-recipe first), its vocabulary remapped to this run's (the long rows add tokens),
+  # 2 epochs at a third of the recipe's learning rate; evaluate measures the draft it started from
+  # beside it (evaluate.compare_init). regenerate and hidden_states reuse what the runs at 500 left
+  # for the same chats (the long rows are new). Then its acceptance by context length as the
+  # verdict run's: python -m devtools.context_eval . \
   #   reports/recipe_smollm2/context_d500-long.json --lengths 512 1024 2048 4096 --per-length 1 --buckets 1024 2048 4096
   # (no benchmark.compare: the verdict run's other drafters are not served in it)
-  d500-long) set -- "${CHOSEN[@]}" "${LONG[@]}" -S 'benchmark.concurrency=[4]' \
-    -S 'benchmark.compare={}' -S 'benchmark.compare_k=null' ;;
+  d500-long)
+    set -- "${CHOSEN[@]}" "${LONG[@]}" -S "train.init=$RECIPE_DRAFT" \
+      -S '++train.init_layer_from_target=null' -S '++train.init_remap_vocab=true' \
+      -S 'train.epochs=2' -S 'train.lr=0.001' -S 'benchmark.concurrency=[4]' \
+      -S 'benchmark.compare={}' -S 'benchmark.compare_k=null' ;;
   c125-lr1e-2) set -- "${L27[@]}" -S 'train.lr=0.01' evaluate ;;
   c125-ttt5) set -- "${L27[@]}" -S 'train.lr=0.01' -S 'train.ttt_steps=5' -S '++train.speculative_tokens=3' evaluate ;;
   c125-head) set -- "${L27[@]}" -S '++train.train_lm_head=true' evaluate ;;
@@ -143,6 +153,11 @@ run() { # run NAME: one experiment in the workspace
   if [[ -n "${RECIPE_PRINT:-}" ]]; then # what `dvc exp run` would be given, one word a line
     printf '%s\n' "${SMOLLM2_PARAMS[@]}" "$@"
     return
+  fi
+  if [[ "$name" == d500-long && ! -f $RECIPE_DRAFT/config.json ]]; then
+    echo "d500-long fine-tunes $RECIPE_DRAFT: dvc exp apply d500-emb-head-verdict, then" \
+      "cp -r models/draft $RECIPE_DRAFT" >&2
+    exit 2
   fi
   # a run that adds datasets (-S datasets.<name>...): their prepare stages' source deps first
   python -m devtools.exp_sources datasets/sources.yaml "${SMOLLM2_PARAMS[@]}" "$@"

@@ -118,8 +118,8 @@ def recipe_words(name: str) -> list[str]:
 
 
 def test_the_long_rows_run_is_the_chosen_recipe_plus_long_rows():
-    """d500-long: valid params; the verdict run's params but for the long sets, the lengths and
-    the one load; the long eval set named in evaluate.sets (held out piece by piece); the long
+    """d500-long: valid params; the verdict run's params but for the long sets, the lengths, the
+    one load and the fine-tuning of the recipe's draft; the long eval set named in evaluate.sets (held out piece by piece); the long
     train set capped at its row count, on top of the 500 chats; no row cut at tokenize or a pack;
     and the datasets it adds written into the sources file dvc.yaml reads before the run."""
     from devtools.exp_sources import with_datasets
@@ -133,7 +133,9 @@ def test_the_long_rows_run_is_the_chosen_recipe_plus_long_rows():
     base = parse_params(
         apply_set_params(yaml.safe_load((ROOT / "params.yaml").read_text()), verdict)[0]
     )
-    assert config.train == base.train.model_copy(update={"pack_len": 5120})
+    tuned = {"init": "drafts/d500-recipe", "init_layer_from_target": None, "init_remap_vocab": True}
+    tuned |= {"epochs": 2, "lr": 0.001, "pack_len": 5120}
+    assert config.train == base.train.model_copy(update=tuned)
     assert config.regenerate == base.regenerate and config.vocab == base.vocab
     long_docs, long_train = config.datasets["long_docs"], config.datasets["long_train"]
     assert "long_docs" in config.evaluate.sets and "long_train" not in config.evaluate.sets
