@@ -1151,6 +1151,11 @@ def long_rows(r: Reports) -> str:
             for d in cols
         ]
     )
+    scratch = r.load(LONG_ROWS)["from_scratch"]
+    rows.append(
+        [f"from scratch, {fmt(scratch['epochs'], 'd')} epochs at its pack (steps x median step)"]
+        + ["—", f"{_minutes(scratch['seconds'])} ({fmt(scratch['steps'], ',d')} steps)"]
+    )
     rows.append(["whole run, wall"] + [_minutes(d["run_seconds"]) for d in cols])
     rows.append(["context measurement, wall"] + [_minutes(d["context_seconds"]) for d in cols])
     roles = {"recipe": "the recipe's draft", "long_rows": "with long rows"}

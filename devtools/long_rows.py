@@ -56,6 +56,7 @@ def draft_figures(workspace: Path, name: str, out_dir: Path, run_seconds: float 
             "high": decided["high"],
             "rounds": decided["rounds"],
         },
+        "train_epochs": train["epochs"],
         "train_steps": steps,
         "train_step_seconds": step_s,
         # steps x the median step: the training loop's time, validation and start-up aside
@@ -89,6 +90,15 @@ def main(argv: list[str] | None = None) -> None:
             }
             for role, name in (("recipe", args.base), ("long_rows", args.long))
         }
+    }
+    recipe, long = report["drafts"]["recipe"], report["drafts"]["long_rows"]
+    # what training the long rows' run from scratch as the recipe (its epochs) would take here:
+    # this run's steps per epoch at its pack, at its median step
+    per_epoch = long["train_steps"] / long["train_epochs"]
+    report["from_scratch"] = {
+        "epochs": recipe["train_epochs"],
+        "steps": round(per_epoch * recipe["train_epochs"]),
+        "seconds": round(per_epoch * recipe["train_epochs"] * long["train_step_seconds"]),
     }
     buckets = [[b["bucket"] for b in d["by_context"]] for d in report["drafts"].values()]
     if buckets[0] != buckets[1]:
