@@ -180,7 +180,9 @@ def test_recipe_script_runs_one_named_experiment_on_the_smollm2_params(tmp_path)
     want += ["-S", "vocab.draft_vocab_size=4096", "-S", "regenerate.max_tokens=128"]
     want += ["-S", "++train.train_lm_head=false", "-S", "++train.train_embeddings=false"]
     record = ["python", "-m", "devtools.recipe_record", "reports/recipe_smollm2", "L27-500"]
+    sources = ["python", "-m", "devtools.exp_sources", "datasets/sources.yaml"]
     assert calls(root) == [
+        [*sources, *smollm2_params(), *want],  # the sources of datasets a run adds, first
         ["dvc", "exp", "run", "-n", "L27-500", *smollm2_params(), *want],
         record,  # its figures, written by the script that ran it
     ]
