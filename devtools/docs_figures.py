@@ -870,8 +870,13 @@ RECIPE_HELDOUT = {
         "500",
         "the verdict run as DFlash, 64 blocks per pack (drafters.md); vLLM alone, no tau_sim",
     ),
-    "d250-emb-head": ("250", "the chosen recipe (d500-emb-head)"),
-    "d125-emb-head": ("125", "the chosen recipe (d500-emb-head)"),
+    "d500-long": (
+        "500 + long rows",
+        "the verdict run's draft fine-tuned 2 epochs with long rows (pack 5,120); verdict at 4 in flight",
+    ),
+    "d375-emb-head": ("375", "the chosen recipe, on the verdict run's code and split"),
+    "d250-emb-head": ("250", "the chosen recipe, on the verdict run's code and split"),
+    "d125-emb-head": ("125", "the chosen recipe, on the verdict run's code and split"),
     "L27-250": ("250", "the earlier recipe"),
     "L27-125": ("125", "the earlier recipe"),
 }
@@ -997,40 +1002,39 @@ def recipe_candidates(r: Reports) -> str:
 
 
 def _recipe_forecast(r: Reports, f: str) -> str:
+    """The forecast's table: each target by each fitted curve, the preferred (lower rmse) first,
+    and the preferred fit's parameters."""
     data = r.load(f)
-    fit = data["fits"][data["preferred"]]
+    preferred = data["preferred"]
+    fit = data["fits"][preferred]
+    curves = [preferred] + [c for c, v in data["fits"].items() if c != preferred and v is not None]
     rows = []
     for target, by_fit in data["forecasts"].items():
-        one = by_fit[data["preferred"]]
-        if one.get("samples") is None:  # too few points, or a curve that never reaches it
-            rows.append([target, "no number", "-", one.get("why_not") or data.get("why_not")])
-            continue
-        low, high = one["interval_10_90"]
-        rows.append(
-            [
-                target,
-                fmt(one["samples"], ",d"),
-                f"{fmt(low, ',d')} - {fmt(high, ',d')}",
-                one["trust"],
-            ]
-        )
+        for curve in curves:
+            one = by_fit.get(curve)
+            if one is None:
+                continue
+            if one.get("samples") is None:  # too few points, or a curve that never reaches it
+                why = one.get("why_not") or data.get("why_not") or one.get("trust")
+                rows.append([target, curve, "no number", "-", why])
+                continue
+            low, high = one["interval_10_90"]
+            span = f"{fmt(low, ',d')} - {fmt(high, ',d') if high is not None else 'never'}"
+            rows.append([target, curve, fmt(one["samples"], ",d"), span, one["trust"]])
     params = ", ".join(f"{k} = {fmt(v, '.3f')}" for k, v in fit["params"].items())
     return "\n".join(
         [
             table(
-                [
-                    "target acceptance length",
-                    f"samples needed ({data['preferred']} fit)",
-                    "10-90%",
-                    "trust",
-                ],
+                ["target acceptance length", "curve", "samples needed", "10-90%", "trust"],
                 rows,
             ),
             "",
-            f"The fit: {fit['form']} with {params} (rmse {fmt(fit['rmse'], '.3f')} over "
-            f"{fmt(len(data['points']), 'd')} points; residual degrees of freedom: {fmt(fit['residual_dof'], 'd')}). "
+            f"The preferred fit (lower rmse): {fit['form']} with {params} (rmse "
+            f"{fmt(fit['rmse'], '.3f')} over {fmt(len(data['points']), 'd')} points; residual "
+            f"degrees of freedom: {fmt(fit['residual_dof'], 'd')}). "
             + source(
-                f"`{f}` (`/forecasts/<target>/{data['preferred']}/{{samples,interval_10_90,trust}}`, `/fits/{data['preferred']}`, `/points`)"
+                f"`{f}` (`/forecasts/<target>/<curve>/{{samples,interval_10_90,trust}}`, "
+                f"`/fits/{preferred}`, `/points`)"
             ),
         ]
     )
