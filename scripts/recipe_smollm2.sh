@@ -114,7 +114,9 @@ run() { # run NAME: one experiment in the workspace
   # for the same chats (the long rows are new). Then its acceptance by context length as the
   # verdict run's: python -m devtools.context_eval . \
   #   reports/recipe_smollm2/context_d500-long.json --lengths 512 1024 2048 4096 --per-length 1 --buckets 1024 2048 4096
-  # (no benchmark.compare: the verdict run's other drafters are not served in it)
+  # (benchmark.compare={} does not clear a dict the workspace's params.yaml already holds: DVC's
+  # overrides merge into it, so after the verdict run its P-EAGLE and DFlash drafts are served
+  # too, in a group of their own with its own baseline passes, which the long-rows table does not read)
   d500-long)
     set -- "${CHOSEN[@]}" "${LONG[@]}" -S "train.init=$RECIPE_DRAFT" \
       -S '++train.init_layer_from_target=null' -S '++train.init_remap_vocab=true' \
