@@ -1294,6 +1294,7 @@ def served_drafters(path: str, data: dict) -> str:
 FIGURES: dict[str, Callable[[Reports], str]] = {
     "drafters_default": drafters("default"),
     "drafters_smollm2": drafters("smollm2"),
+    "long_rows_smollm2": long_rows,
     "overhead_parts": overhead_parts,
     "regen_client_levels": regen_client_levels,
     "regen_throughput_targets": regen_throughput_targets,
