@@ -21,11 +21,13 @@ from draftline.benchmark import lossless, verdict
 from draftline.benchmark.commands import (
     benchmark_serve_command,
     draft_path_for,
+    free_serve_command,
     k_per_batch_size_command,
 )
 from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.engines import engine_named, served_engines
 from draftline.benchmark.forecast import read_points as read_forecast_points
+from draftline.benchmark.free import free_method
 from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, read_jsonl, write_json
@@ -231,6 +233,7 @@ def deploy_commands(
             k_per_batch_size_command(card, cfg, paths["vllm"], schedule)
         )
         deploy["vllm"]["k_per_batch_size"] = schedule
+        deploy["vllm"]["k_per_batch_size_covers"] = v["k_per_batch_size_covers"]
     be = v["break_even"]
     deploy["verdict"] = {
         "serve_concurrency": v["serve_concurrency"],
@@ -240,10 +243,47 @@ def deploy_commands(
         "speedup_interval": [v["speedup_low"], v["speedup_high"]],
         "confidence": v["confidence"],
         "pays_off": v["pays_off"],
-        "decided_loads": be["pays_at"] + be["loses_at"],
+        "decided_loads": be["pays_at"] + be["loses_at"] + be["no_gain_at"],
+        "no_gain_loads": be["no_gain_at"],
         "undecided_loads": be["undecided_at"],
+        "settled": v["settled"],
+        "rounds": (v.get("design") or {}).get("rounds"),
         "undecided_k": cfg.undecided_k,
         "recommendation": recommendation(v, cfg.undecided_k),
+    }
+
+
+def deploy_free(cfg: BenchmarkConfig, card: TargetCard, deploy: dict, v: dict) -> None:
+    """deploy.json's `free`: which is better at the serve load, the trained draft or a method of
+    benchmark.free (None: the paired interval cannot tell), each method's serve command and the
+    comparison it rests on (verdict.free_comparisons)."""
+    free = v.get("free")
+    if not free:
+        return
+    c = v["serve_concurrency"]
+    methods = {}
+    for name, m in free["methods"].items():
+        at = m["by_load"].get(str(c)) or {}
+        methods[name] = {
+            "k": m["k"],
+            "commands": {
+                engine: shlex.join(free_serve_command(engine, card, cfg, name, m["k"]))
+                for engine in free_method(name).engines
+            },
+            "speedup": at.get("free_speedup"),
+            "speedup_interval": [at.get("free_low"), at.get("free_high")],
+            "draft_k": at.get("draft_k"),
+            "draft_over_it": at.get("ratio"),
+            "draft_over_it_interval": [at.get("low"), at.get("high")],
+        }
+    better = free.get("better_at_serve")
+    deploy["free"] = {
+        "serve_concurrency": c,
+        "better": better,
+        "words": free.get("words"),
+        "confidence_level": free.get("level"),
+        "methods": methods,
+        **({"not_measured": free["not_measured"]} if free.get("not_measured") else {}),
     }
 
 
@@ -254,6 +294,11 @@ def recommendation(v: dict, undecided_k: int) -> str:
     if v["decision"] == "no":
         return f"serve without speculation at {c} requests in flight"
     what = f"with the draft at k={undecided_k}" if undecided_k else "without speculation"
+    if v["decision"] == "no_gain":
+        return (
+            f"no gain worth deploying at {c} requests in flight (the interval lies within "
+            f"benchmark.margin of 1): serving {what} (benchmark.undecided_k)"
+        )
     return (
         f"undecided at {c} requests in flight: serving {what} (benchmark.undecided_k) until more "
         "passes decide it"
@@ -289,6 +334,7 @@ def run_benchmark(
     }
     paths = {e.name: draft_path_for(e.name, cfg, draft_dir, sglang_draft) for e in served_engines()}
     deploy_commands(cfg, card, deploy, report["verdict"], paths)
+    deploy_free(cfg, card, deploy, report["verdict"])
     return report, deploy
 
 

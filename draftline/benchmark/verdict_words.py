@@ -19,12 +19,21 @@ def interval_words(d: dict) -> str:
 def load_words(c: int, d: dict) -> str:
     """The decision at one load in a sentence."""
     at = f"at {c} request{'s' if c != 1 else ''} in flight"
-    others = ", ".join(f"k={o}" for o in d.get("indistinguishable", []))
-    tied = f"; {others} not told apart from it" if others else ""
+    others = ", ".join(f"k={o}" for o in d.get("not_settled_against", []))
+    tied = (
+        f"; {others} not yet told within or beyond the k margin of it (more rounds could move k)"
+        if others
+        else ""
+    )
     if d["decision"] == "yes":
         return f"{at} it pays off: k={d['k']} gives {interval_words(d)}{tied}"
     if d["decision"] == "no":
         return f"{at} it does not pay off: even k={d['best_k']} gives {interval_words(d)}"
+    if d["decision"] == "no_gain":
+        return (
+            f"{at} there is no gain worth deploying: every k lies below 1 or within "
+            f"{d.get('margin', 0):.0%} of it (k={d['best_k']}: {interval_words(d)})"
+        )
     if d["low"] is None:
         return (
             f"{at} it cannot be told: k={d['k']} gives {d['speedup']:.2f}x from one pass per "
@@ -47,8 +56,8 @@ def verdict_words(v: dict) -> str:
     conf = f"{v['confidence']:.0%}"
     layout = (v.get("design") or {}).get("layout")
     text = (
-        f"{v['engine']}{f' ({layout})' if layout else ''}, intervals at {conf} shared by the ks "
-        f"compared: {load_words(c, decided[str(c)])}."
+        f"{v['engine']}{f' ({layout})' if layout else ''}, intervals at {conf} shared by every k "
+        f"and pair of ks at every load and look: {load_words(c, decided[str(c)])}."
     )
     rest = [load_words(int(other), d) for other, d in decided.items() if int(other) != c]
     if rest:
@@ -64,11 +73,13 @@ def verdict_words(v: dict) -> str:
             f" The cost model puts break-even near {beyond['concurrency']:g} requests in flight"
             + (" (extrapolated past the loads measured)." if beyond["extrapolated"] else ".")
         )
-    if be["undecided_at"]:
+    if be["undecided_at"] or be.get("no_gain_at"):
         text += (
-            f" Deployed with k={v['undecided_k']} where undecided ({be['undecided_at']} requests "
-            "in flight)."
+            f" Deployed with k={v['undecided_k']} where undecided or no gain worth deploying "
+            f"({sorted(be['undecided_at'] + be.get('no_gain_at', []))} requests in flight)."
         )
+    if v.get("k_per_batch_size_covers"):
+        text += f" The k schedule was {v['k_per_batch_size_covers']}."
     for goal, need in v.get("needs", {}).items():
         if need.get("met"):
             continue
