@@ -880,6 +880,10 @@ RECIPE_HELDOUT = {
     "L27-250": ("250", "the earlier recipe"),
     "L27-125": ("125", "the earlier recipe"),
 }
+# Speedups in experiments.json that the drafters' one run replaced: single-pass points measured
+# before the side-by-side design, which contradict that run (reports/drafters/smollm2.json):
+# the recipe table leaves them out and points to the drafters table.
+RECIPE_SPEEDUP_RETIRED = {"d500-peagle-verdict", "d500-dflash-verdict"}
 RECIPE_RUNS = {
     "base-250": ("runs", "250", "4", "random"),
     "ep10-250": ("runs", "250", "10", "random"),
@@ -934,7 +938,13 @@ def recipe_heldout(r: Reports) -> str:
             " / ".join(
                 fmt(data[name]["eval_twins_in_train"][k], "d") for k in ("exact", "template")
             ),
-            fmt(data[name]["speedup"], ".4f") if "speedup" in data[name] else "(not run)",
+            (
+                "(retired: drafters.md)"
+                if name in RECIPE_SPEEDUP_RETIRED
+                else fmt(data[name]["speedup"], ".4f")
+                if "speedup" in data[name]
+                else "(not run)"
+            ),
         ]
         for name, (samples, change) in RECIPE_HELDOUT.items()
         if name in data
@@ -1002,11 +1012,10 @@ def recipe_candidates(r: Reports) -> str:
 
 
 def _recipe_forecast(r: Reports, f: str) -> str:
-    """The forecast's table: each target by each fitted curve, the preferred (lower rmse) first,
-    and the preferred fit's parameters."""
+    """The forecast's tables: each target by each fitted curve, the preferred (lower AICc) first,
+    and each curve's parameters with their draws' 10-90% and AICc."""
     data = r.load(f)
     preferred = data["preferred"]
-    fit = data["fits"][preferred]
     curves = [preferred] + [c for c, v in data["fits"].items() if c != preferred and v is not None]
     rows = []
     for target, by_fit in data["forecasts"].items():
@@ -1014,14 +1023,45 @@ def _recipe_forecast(r: Reports, f: str) -> str:
             one = by_fit.get(curve)
             if one is None:
                 continue
-            if one.get("samples") is None:  # too few points, or a curve that never reaches it
-                why = one.get("why_not") or data.get("why_not") or one.get("trust")
-                rows.append([target, curve, "no number", "-", why])
+            if data.get("why_not"):  # too few points: no number from any curve
+                rows.append([target, curve, "no number", "-", data["why_not"]])
                 continue
-            low, high = one["interval_10_90"]
-            span = f"{fmt(low, ',d')} - {fmt(high, ',d') if high is not None else 'never'}"
+            interval = one["interval_10_90"]
+            span = (
+                "no residual: no interval"
+                if interval is None
+                else " - ".join("never" if v is None else fmt(v, ",d") for v in interval)
+            )
+            if one.get("samples") is None:  # the central fit does not get there: say how sure
+                words = one.get("why_not") or one.get("trust")
+                rows.append([target, curve, "not by the central fit", span, words])
+                continue
             rows.append([target, curve, fmt(one["samples"], ",d"), span, one["trust"]])
-    params = ", ".join(f"{k} = {fmt(v, '.3f')}" for k, v in fit["params"].items())
+    fits = []
+    for curve in curves:
+        fit = data["fits"][curve]
+        params = ", ".join(f"{k} = {fmt(v, '.3f')}" for k, v in fit["params"].items())
+        draws = fit.get("draws_10_90")
+        spread = (
+            "no residual: no draws"
+            if draws is None
+            else ", ".join(
+                f"{k} {fmt(lo, '.3f')} - {fmt(hi, '.3f')}" for k, (lo, hi) in draws.items()
+            )
+        )
+        aicc = "infinite" if fit.get("aicc") is None else fmt(fit["aicc"], ".2f")
+        fits.append(
+            [
+                curve,
+                fit["form"],
+                params,
+                spread,
+                fmt(fit["rmse"], ".4f"),
+                fmt(fit["residual_dof"], "d"),
+                aicc,
+            ]
+        )
+    undefined = data["selection"].get("undefined")
     return "\n".join(
         [
             table(
@@ -1029,14 +1069,60 @@ def _recipe_forecast(r: Reports, f: str) -> str:
                 rows,
             ),
             "",
-            f"The preferred fit (lower rmse): {fit['form']} with {params} (rmse "
-            f"{fmt(fit['rmse'], '.3f')} over {fmt(len(data['points']), 'd')} points; residual "
-            f"degrees of freedom: {fmt(fit['residual_dof'], 'd')}). "
+            table(
+                ["curve", "form", "fit", "draws, 10-90%", "rmse", "residual dof", "AICc"],
+                fits,
+            ),
+            "",
+            f"Preferred: {preferred}, "
+            + (
+                f"the lower AICc over {fmt(len(data['points']), 'd')} points"
+                if data["fits"][preferred].get("aicc") is not None
+                else f"the fewer parameters: no curve has a finite AICc over "
+                f"{fmt(len(data['points']), 'd')} points"
+            )
+            + (f"; {undefined}" if undefined else "")
+            + ". "
             + source(
-                f"`{f}` (`/forecasts/<target>/<curve>/{{samples,interval_10_90,trust}}`, "
-                f"`/fits/{preferred}`, `/points`)"
+                f"`{f}` (`/forecasts/<target>/<curve>/{{samples,interval_10_90,trust,why_not}}`, "
+                "`/fits/<curve>/{params,draws_10_90,rmse,residual_dof,aicc}`, `/selection`, `/points`)"
             ),
         ]
+    )
+
+
+# How a rerun was made, by its label without the number (devtools/benchmark_reruns.py's LABEL=...).
+RERUN_KINDS = {
+    "quiet": "quiet, nothing else running",
+    "busy": "beside a busy process",
+    "seven_servers": "with seven servers up",
+}
+
+
+def benchmark_reruns(r: Reports) -> str:
+    """How many reruns of each kind reruns.json holds, their labels, and its contradictions."""
+    f = "reports/benchmark_design/reruns.json"
+    data = r.load(f)
+    kinds: dict[str, list[str]] = {}
+    for label in data["runs"]:
+        kinds.setdefault(label.rstrip("0123456789"), []).append(label)
+    parts = [
+        f"{fmt(len(labels), 'd')} {RERUN_KINDS.get(kind, kind)} ("
+        + ", ".join(f"`{label}`" for label in labels)
+        + ")"
+        for kind, labels in kinds.items()
+    ]
+    contradictions = data["contradictions"]
+    said = (
+        "no yes/no contradiction between any two"
+        if not contradictions
+        else f"{fmt(len(contradictions), 'd')} yes/no contradictions"
+    )
+    return (
+        f"{fmt(len(data['runs']), 'd')} runs: "
+        + "; ".join(parts)
+        + f"; {said}. "
+        + source(f"`{f}` (`/runs`, `/contradictions`)")
     )
 
 
@@ -1291,9 +1377,64 @@ def served_drafters(path: str, data: dict) -> str:
     )
 
 
+def baseline_by_group(name: str) -> Callable[[Reports], str]:
+    """A served drafters run whose servers ran in groups (reports/drafters/<name>.json): the
+    baseline's own passes in each group, per load (geometric mean tokens/s), each group against
+    the first (ratio, and Welch's t test on the log tokens/s): how far the baseline drifted between
+    groups, which a comparison of rows from different groups carries."""
+
+    def build(r: Reports) -> str:
+        from scipy import stats
+
+        data = r.load(f"reports/drafters/{name}.json")
+        sweep_path = f"reports/recipe_smollm2/verdict_{data['sources']['served']}.json"
+        sweep = r.load(sweep_path)
+        design = sweep["verdict"]["design"]
+        groups = design["groups"]
+        rows = []
+        for level, results in sweep["levels"].items():
+            c = int(level.lstrip("c"))
+            passes = results["baseline"]["runs_tokens_per_s"]
+            # the baseline's passes in the order run: one per (round, load) entry, in its group
+            entries = [servers for _, load, servers in design["rounds_order"] if load == c]
+            if len(entries) != len(passes):
+                raise FigureError(
+                    f"{sweep_path}: {len(passes)} baseline passes at {level}, "
+                    f"{len(entries)} rounds run there"
+                )
+            by_group = [[] for _ in groups]
+            for servers, tokens_per_s in zip(entries, passes):
+                group = next(i for i, g in enumerate(groups) if set(g) & set(servers))
+                by_group[group].append(math.log(tokens_per_s))
+            means = [sum(g) / len(g) for g in by_group]
+            cells = [fmt(math.exp(m), ".1f") for m in means]
+            for g in by_group[1:]:
+                ratio = math.exp(sum(g) / len(g) - means[0])
+                p = stats.ttest_ind(g, by_group[0], equal_var=False).pvalue
+                cells.append(f"{fmt(ratio - 1, '+.1%')} (p = {fmt(float(p), '.2f')})")
+            rows.append([fmt(c, "d")] + cells)
+        header = ["requests in flight"]
+        header += [f"baseline tokens/s, group {i + 1}" for i in range(len(groups))]
+        header += [f"group {i + 1} vs group 1" for i in range(1, len(groups))]
+        return "\n".join(
+            [
+                table(header, rows),
+                "",
+                source(
+                    f"`{sweep_path}` (`/levels/<load>/baseline/runs_tokens_per_s`, in the order of "
+                    "`/verdict/design/rounds_order`, grouped by `/verdict/design/groups`; geometric "
+                    "means, Welch's t test on the log tokens/s)"
+                ),
+            ]
+        )
+
+    return build
+
+
 FIGURES: dict[str, Callable[[Reports], str]] = {
     "drafters_default": drafters("default"),
     "drafters_smollm2": drafters("smollm2"),
+    "drafters_smollm2_baseline_by_group": baseline_by_group("smollm2"),
     "long_rows_smollm2": long_rows,
     "overhead_parts": overhead_parts,
     "regen_client_levels": regen_client_levels,
@@ -1305,6 +1446,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "recipe_runs": recipe_runs,
     "recipe_candidates": recipe_candidates,
     "recipe_forecast": recipe_forecast,
+    "benchmark_reruns": benchmark_reruns,
     "recipe_forecast_by_id": recipe_forecast_by_id,
     "make_exps_example": make_exps_example,
     "dvc_cache_costs": dvc_cache_costs,

@@ -95,14 +95,29 @@ def markdown(report: dict) -> str:
         f"| {p['samples']:,} | {p['acceptance_length']:.3f} | {p['source']} |"
         for p in report["points"]
     ]
-    lines += ["", "| curve | form | parameters | rmse | residual dof |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| curve | form | parameters | their draws, 10-90% | rmse | residual dof | AICc |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, fit in report["fits"].items():
         if fit is None:
-            lines.append(f"| {name} | — | needs 4+ points with a ceiling of k + 1 | — | — |")
+            lines.append(
+                f"| {name} | — | needs 4+ points with a ceiling of k + 1 | — | — | — | — |"
+            )
         else:
             params = ", ".join(f"{k}={v:.4g}" for k, v in fit["params"].items())
+            spread = (
+                "no residual: no draws"
+                if fit.get("draws_10_90") is None
+                else ", ".join(
+                    f"{k} {lo:.4g} – {hi:.4g}" for k, (lo, hi) in fit["draws_10_90"].items()
+                )
+            )
+            aicc = "infinite (n <= K + 1)" if fit.get("aicc") is None else f"{fit['aicc']:.2f}"
             lines.append(
-                f"| {name} | {fit['form']} | {params} | {fit['rmse']} | {fit['residual_dof']} |"
+                f"| {name} | {fit['form']} | {params} | {spread} | {fit['rmse']} | "
+                f"{fit['residual_dof']} | {aicc} |"
             )
     lines += [
         "",
@@ -111,25 +126,32 @@ def markdown(report: dict) -> str:
     ]
     for target, by_curve in report["forecasts"].items():
         for name, f in by_curve.items():
-            if f.get("why_not"):
+            if report["why_not"]:
                 lines.append(f"| {target} | {name} | no forecast | — | — | {f['why_not']} |")
                 continue
-            samples = f"{f['samples']:,}" if f["samples"] is not None else "never"
+            samples = f"{f['samples']:,}" if f["samples"] is not None else "not by the central fit"
             interval = (
                 "no residual: no interval"
                 if f["interval_10_90"] is None
                 else " – ".join("never" if v is None else f"{v:,}" for v in f["interval_10_90"])
             )
             factor = "—" if f["extrapolation_factor"] is None else f"{f['extrapolation_factor']:g}x"
-            lines.append(
-                f"| {target} | {name} | {samples} | {interval} | {factor} | {f['trust']} |"
-            )
+            words = f["why_not"] if f["samples"] is None else f["trust"]
+            lines.append(f"| {target} | {name} | {samples} | {interval} | {factor} | {words} |")
+    selection = report["selection"]
     lines += [
         "",
-        f"Preferred curve (lower rmse): {report['preferred']}. The log-linear curve has no ceiling, so "
-        "near k + 1 it forecasts too few samples; the saturating one needs 4 or more runs. A forecast "
-        f"needs runs at {MIN_POINTS} or more distinct sample counts. The 10-90% interval is of parameter "
-        "draws from the multivariate Student t with the fit's residual degrees of freedom. Inside the "
+        f"Preferred curve (lower AICc, the criterion that charges each parameter with so few "
+        f"points; in-sample rmse always favours the curve with more; fewer parameters where no "
+        f"AICc is finite): {report['preferred']}"
+        + (f"; {selection['undefined']}" if selection.get("undefined") else "")
+        + ". Both curves are shown: where they disagree, the range between them is what the runs "
+        "leave open. The log-linear curve has no ceiling, so near k + 1 it forecasts too few "
+        "samples. A forecast needs runs at "
+        f"{MIN_POINTS} or more distinct sample counts. The 10-90% interval is over draws of every "
+        "parameter (a parametric bootstrap of the residuals with the noise scale drawn from the "
+        "residual degrees of freedom; for the line, the multivariate Student t it amounts to). "
+        '"Never reaches" is said only where the data rule the target out at 90%. Inside the '
         f"measured range a forecast is an interpolation; up to {TRUST_FACTOR:g}x the largest run it is "
         "indicative within its interval; beyond, it gives the order of magnitude to budget for, not a "
         "plan: measure one more run nearer the target before spending GPU-days.",

@@ -10,7 +10,9 @@ from draftline.benchmark.forecast import (
     MEASURE,
     build_report,
     fit_log_linear,
+    fit_saturating,
     forecast,
+    parameter_draws,
     read_points,
     solve,
 )
@@ -104,10 +106,12 @@ def test_saturating_points_are_fitted_with_a_ceiling_and_preferred():
         abs(fit["params"]["tau_max"] - tau_max) < 0.05
         and abs(fit["params"]["alpha"] - alpha) < 0.05
     )
-    assert report["preferred"] == "saturating"
+    assert report["preferred"] == "saturating"  # exact: far the lower AICc, 6 points for 3
+    assert report["selection"]["aicc"]["saturating"] < report["selection"]["aicc"]["log_linear"]
     assert abs(report["forecasts"]["3.0"]["saturating"]["samples"] - 3600) / 3600 < 0.1
-    assert report["forecasts"]["3.5"]["saturating"]["samples"] is None  # above its ceiling: never
-    assert report["forecasts"]["3.5"]["saturating"]["trust"] == "not reached by this curve"
+    above = report["forecasts"]["3.5"]["saturating"]  # above an exactly measured ceiling
+    assert above["samples"] is None and above["ruled_out"] is True
+    assert above["trust"] == "never reaches it at 90%"
 
 
 def test_fewer_than_four_distinct_sample_counts_give_no_number_but_say_why():
@@ -229,3 +233,72 @@ def test_a_flat_curve_never_reaches_the_target_instead_of_overflowing():
     f = build_report(flat, [3.5], k=3)["forecasts"]["3.5"]["log_linear"]
     assert f["samples"] is None or f["samples"] > 10**6
     assert f["interval_10_90"][1] is None  # the upper draws never get there
+
+
+# The SmolLM2 recipe's four runs (reports/recipe_smollm2/acceptance_vs_samples.json), k = 3.
+SMOLLM2 = pts([125, 250, 375, 500], [1.7628, 1.9023, 1.9613, 1.9818])
+
+
+def test_the_draws_vary_every_parameter_alpha_included():
+    """The saturating curve's draws refit alpha too (they held it at its fit before): its spread
+    is not zero."""
+    rng = np.random.default_rng(0)
+    samples = [100, 200, 400, 800, 1600, 3200]
+    taus = [3.2 - 12.0 * n**-0.5 + rng.normal(0, 0.01) for n in samples]
+    n, tau = np.array(samples, dtype=float), np.array(taus)
+    fit = fit_saturating(n, tau, 4.0)
+    draws = parameter_draws(fit)
+    assert draws.shape == (4000, 3)
+    assert np.nanstd(draws[:, 2]) > 0.01  # alpha varies
+    assert len(np.unique(draws[:, 2])) > 10
+    report = build_report(pts(samples, taus), [3.0], k=3)
+    lo, hi = report["fits"]["saturating"]["draws_10_90"]["alpha"]
+    assert lo < report["fits"]["saturating"]["params"]["alpha"] < hi
+    # on the recorded runs: alpha's 10-90% spans far more than a grid step
+    smollm2 = build_report(SMOLLM2, [2.5], k=3)["fits"]["saturating"]["draws_10_90"]
+    assert smollm2["alpha"][1] - smollm2["alpha"][0] > 0.5
+
+
+def test_aicc_prefers_the_line_when_the_saturating_curve_wins_rmse_only_marginally():
+    # a line in ln(n) with noise: the three-parameter curve bends into the noise and fits a
+    # little better in-sample, which AICc does not pay for
+    samples = [100, 200, 400, 800, 1600, 3200]
+    taus = [1.908, 2.056, 2.232, 2.35, 2.443, 2.614]
+    report = build_report(pts(samples, taus), [2.5], k=3)
+    line, curve = report["fits"]["log_linear"], report["fits"]["saturating"]
+    assert curve["rmse"] < line["rmse"] < 1.2 * curve["rmse"]  # rmse alone would pick the curve
+    assert report["selection"]["aicc"] == {"log_linear": line["aicc"], "saturating": curve["aicc"]}
+    assert line["aicc"] < curve["aicc"]
+    assert report["preferred"] == "log_linear"
+    # four points cannot carry three parameters: the saturating curve's AICc is infinite
+    four = build_report(SMOLLM2, [2.5], k=3)
+    assert four["fits"]["saturating"]["rmse"] < four["fits"]["log_linear"]["rmse"]
+    assert four["selection"]["aicc"]["saturating"] is None and four["preferred"] == "log_linear"
+    assert "saturating (3 parameters, 4 points)" in four["selection"]["undefined"]
+
+
+def test_never_reaches_only_where_the_data_rule_it_out():
+    # the recorded runs: the central ceiling is 2.08, but a ceiling at 2.5 fits with p = 0.2
+    open_ = build_report(SMOLLM2, [2.5], k=3)["forecasts"]["2.5"]["saturating"]
+    assert open_["samples"] is None and open_["ruled_out"] is False
+    assert open_["ceiling_p"] == pytest.approx(0.196, abs=0.01)
+    assert "never reaches" not in open_["why_not"] and "never" not in open_["trust"]
+    assert open_["why_not"].startswith(
+        "the saturating curve's central fit does not reach 2.5 (its ceiling tau_max = 2.08), but "
+        "the data do not rule it out at 90%: a ceiling at 2.5 fits the runs with p = 0.20"
+    )
+    # six precise points under a ceiling of 2.1: 2.5 is ruled out, and only then said so
+    rng = np.random.default_rng(0)
+    samples = [100, 200, 400, 800, 1600, 3200]
+    taus = [2.1 - 6.0 * n**-0.6 + rng.normal(0, 0.005) for n in samples]
+    shut = build_report(pts(samples, taus), [2.5], k=3)["forecasts"]["2.5"]["saturating"]
+    assert shut["ruled_out"] is True and shut["reach_share"] < 0.1 and shut["ceiling_p"] < 0.1
+    assert shut["why_not"].startswith(
+        "the saturating curve fitted to the runs never reaches 2.5 at 90%"
+    )
+    assert shut["trust"] == "never reaches it at 90%"
+    # the verdict's words are the forecast's
+    from draftline.benchmark.verdict import samples_for
+
+    said = samples_for([{**p, "k": 3} for p in pts(samples, taus)], 2.5, 3)
+    assert said["fit"] == "saturating" and said["why_not"] == shut["why_not"]
