@@ -75,6 +75,43 @@ def test_the_code_stage_covers_all_code_and_writes_every_stage_fingerprint():
     assert run == {*stage_names(ROOT), "code"}, "a stage module no dvc.yaml stage runs"
 
 
+# what a train-only experiment keeps: the regenerated answers, the rows, the vocabulary, the hidden
+# states, and every stage before them
+BEFORE_TRAIN = ("target", "prepare", "mix", "regenerate", "tokenize", "vocab", "hidden_states")
+
+
+def param_keys(stage: dict) -> list[str]:
+    """The params.yaml keys a dvc.yaml stage lists (a `{file: [keys]}` entry: its keys)."""
+    keys = []
+    for entry in stage.get("params", []):
+        keys += [entry] if isinstance(entry, str) else [k for ks in entry.values() for k in ks]
+    return keys
+
+
+def test_a_train_only_experiment_keeps_the_answers_and_the_hidden_states():
+    """`dvc exp run -S train.<key>=...` (train.loss, a position weighting, the schedule...) stales
+    train and what follows it, none of the stages before: none lists a train param, and
+    check_params, which every stage depends on and which reruns on any params edit, writes the same
+    bytes for every valid params.yaml. (hidden_states reads train.pack_len for a message alone,
+    which is why dvc.yaml does not list it.) The end-to-end run shows it through `dvc status`:
+    tests/test_pipeline_e2e.py test_staleness_table (train.epochs) and
+    test_train_param_change_stales_only_train_and_after (train.lr)."""
+    from stages.check_params import STAMP
+
+    spec = stages()
+    for name in BEFORE_TRAIN:
+        keys = param_keys(spec[name])
+        assert not [k for k in keys if k == "train" or k.startswith("train.")], (name, keys)
+        assert "reports/params_check.txt" in dep_paths(spec[name])
+    assert "train" in param_keys(spec["train"])
+    assert out_paths(spec["check_params"]) == {"reports/params_check.txt"}
+    assert "{" not in STAMP  # a constant: no params value in what the stages depend on
+    # what train reads of them: their outputs, so train reruns with them and not the reverse
+    assert {"datasets/tokenized", "datasets/hidden_states", "models/vocab"} <= dep_paths(
+        spec["train"]
+    )
+
+
 def test_closure_follows_imports_inside_functions():
     found = imported_modules(ROOT, ROOT / "stages" / "benchmark.py")
     assert "draftline.benchmark.run" in found  # imported inside main()

@@ -271,7 +271,13 @@ def test_outputs_and_metrics(repo):
     assert "eval set chitchat_more" in summary["sets"]
     deploy_context = json.loads((repo / "reports/deploy.json").read_text())["context"]
     assert deploy_context["longest_trained_row"] == trained["longest_trained_row"]
-    assert (repo / "reports/evaluate/sets.md").read_text().count("| chitchat_more |") == 1
+    by_set, paired = (
+        (repo / "reports/evaluate/sets.md").read_text().split("Gain of this run's draft")
+    )
+    assert by_set.count("| chitchat_more |") == 1
+    # no other draft in the default run: each set's detectable gain bounded from its own spread
+    assert paired.count("| chitchat_more | (unpaired bound) |") == 1
+    assert detail["sets"]["paired"]["sets"]["heldout"]["unpaired_bound"]["prompts_for_5pct"]
     assert "engines" not in report(repo, "acceptance_dev.detail.json")
     # metrics files: the headline figures only (the detail files have the rest)
     assert acceptance["engine"] == "vllm"  # the engine that measured the headline

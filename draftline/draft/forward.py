@@ -3,11 +3,13 @@ evaluation's tau_sim all run: the method's speculators model forward (EAGLE-3's 
 P-EAGLE's parallel groups, DFlash's blocks: draftline/draft/methods/), the batch layout it
 reads (speculators' CollateFn, with shift_batch where the method reads it), and the precision and
 loss it runs with on a device. CPU runs float32 and the eager loss; a GPU bf16 autocast (float32 master
-weights) and the fused loss, as speculators does. Its metrics: draftline/draft/metrics.py.
+weights) and the fused loss, as speculators does. The loss is train.loss, speculators' own
+(draftline/draft/params/objective.py). Its metrics: draftline/draft/metrics.py.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -36,12 +38,18 @@ def autocast(device: str):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def device_loss_config(device: str):
-    """speculators' kl_div loss: the eager implementation on CPU (it needs no Triton), the fused
-    one on a GPU."""
+def loss_spec(loss: str | dict[str, float]) -> str:
+    """train.loss as speculators reads a loss (resolve_loss_config, `--loss-fn`): a name, or a
+    weighted mix as a JSON object, its terms summed in the order given."""
+    return loss if isinstance(loss, str) else json.dumps(loss)
+
+
+def device_loss_config(device: str, loss: str | dict[str, float] = "kl_div"):
+    """speculators' loss `loss` (train.loss; kl_div by default): its eager implementation on CPU
+    (it needs no Triton), its fused one on a GPU."""
     from speculators.losses import resolve_loss_config
 
-    return resolve_loss_config("kl_div", "eager" if device == "cpu" else "fused")
+    return resolve_loss_config(loss_spec(loss), "eager" if device == "cpu" else "fused")
 
 
 class PackLayout(NamedTuple):

@@ -28,6 +28,7 @@ class DraftSpec(Protocol):
     train_embeddings: bool
     train_lm_head: bool
     ttt_steps: int
+    loss: str | dict[str, float]
     ttt_step_loss_decay: float
     speculative_tokens: int | None
 

@@ -34,6 +34,7 @@ from draftline.evaluate.context import (
     group_figures,
     prompt_steps,
 )
+from draftline.evaluate.paired import per_prompt_acceptance
 from draftline.evaluate.prompts import eval_prompt_ids
 from draftline.hidden_states.formats import roundtrip
 from draftline.targets.model import load_target
@@ -683,6 +684,8 @@ def evaluate_draft(
     sim = simulated_acceptance(tally.sums, chain(cfg.k))
     report = evaluation_report(cfg, len(rows), tally, real, sim, lossless)
     report |= context_sections(cfg, tally, models.markup, trained_longest_row(draft_dir))
+    # each prompt's own acceptance: other drafts are paired with this one over them (compare.py)
+    report["per_prompt_acceptance"] = per_prompt_acceptance(tally.steps)
     switch = thinking_switch(models, cfg, card.aux_ids, rows)
     if switch is not None:
         report["thinking_switch"] = switch

@@ -4,7 +4,8 @@ by the same engine on the same prompts.
 
 A set's rows come from `mix` (datasets/prompts/sets/<name>.jsonl: held out from train by content
 like the split). A row with later user turns (MT-Bench) is asked turn by turn: the prompt of turn
-t is the conversation so far with the target's own greedy replies, as a served model sees it.
+t is the conversation so far with the target's own greedy replies, as a served model sees it. The
+held-out split is asked as the headline asks it, first turns only, for every draft.
 The engine is the built-in one, whose figures the parity gate holds equal to vLLM's on the split;
 where the built-in engine cannot hold the target (evaluate.vllm.parity false) vLLM measures each
 (set, draft) pair, first turns only.
@@ -36,6 +37,7 @@ from draftline.evaluate.acceptance import (
     simulated_acceptance,
 )
 from draftline.evaluate.context import by_context
+from draftline.evaluate.paired import per_prompt_acceptance
 from draftline.tokens.chat import chat_prompt_ids, first_turn_prompt
 
 if TYPE_CHECKING:
@@ -115,17 +117,23 @@ def turn_prompts(models, row: dict, replies: list[list[int]]) -> list[int]:
     return chat_prompt_ids(models.tokenizer, messages, row.get("tools"), {})
 
 
-def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dict]) -> dict:
-    """One draft on one set: every user turn of every row decoded speculatively and greedily (the
-    lossless check), acceptance length, tokens per step, per position and tau_sim."""
+def measure_rows(
+    models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dict], first_turns: bool = False
+) -> dict:
+    """One draft on one set: every user turn of every row (first_turns: each row's first, as the
+    headline asks the held-out split) decoded speculatively and greedily (the lossless check),
+    acceptance length, tokens per step, per position and tau_sim, and each row's own acceptance
+    (its turns pooled: draftline/evaluate/paired.py pairs drafts over them)."""
     tally = EvaluationTally()
+    row_of: dict[str, str] = {}  # each turn asked -> its row
     for row in rows:
         # a long history is one prompt, decoded whole (eval_prompt_ids), not asked turn by turn
         whole = row.get("decode") == DECODE_HISTORY
-        turns = 1 if whole else sum(m["role"] == "user" for m in row["messages"])
+        turns = 1 if whole or first_turns else sum(m["role"] == "user" for m in row["messages"])
         replies: list[list[int]] = []
         for turn in range(turns):
             asked = row if turn == 0 else {**row, "id": f"{row['id']}#turn{turn + 1}"}
+            row_of[asked["id"]] = row["id"]
             if turn:
                 asked["prompt_ids"] = turn_prompts(models, row, replies)
             evaluate_prompt(models, cfg, aux_ids, asked, tally)
@@ -146,6 +154,7 @@ def measure_rows(models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dic
         "by_context": by_context(
             tally.steps, cfg.context_buckets, cfg.confidence, "verification step context"
         ),
+        "per_prompt": per_prompt_acceptance(tally.steps, row_of.__getitem__),
     }
 
 
@@ -171,7 +180,11 @@ def compare_builtin(
             models = dataclasses.replace(models, draft=load_draft(path, card, models.device))
         for set_name, rows in todo.items():
             log.info(f"evaluate: draft {draft_name} on {set_name} ({len(rows)} prompts)")
-            results[set_name][draft_name] = measure_rows(models, cfg, card.aux_ids, rows)
+            # the split as the headline measured this run's draft on it: first turns only, so
+            # every draft is measured on the same prompts there too
+            results[set_name][draft_name] = measure_rows(
+                models, cfg, card.aux_ids, rows, first_turns=set_name == HELD_OUT
+            )
     return {
         name: {draft: row[draft] for draft in comparison.drafts} for name, row in results.items()
     }

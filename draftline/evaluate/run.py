@@ -31,6 +31,7 @@ from draftline.evaluate.compare import (
     set_rows,
     sets_table,
 )
+from draftline.evaluate.paired import paired_report, paired_table
 from draftline.evaluate.vllm_engine import vllm_only_run, with_vllm
 
 SET_PLOT_KEYS = ("acceptance_length", "tokens_per_step", "tau_sim", "prompts")
@@ -119,6 +120,7 @@ def builtin_figures(report: dict) -> dict | None:
         "lossless_checked_prompts": report.get("lossless_checked_prompts"),
         # as measure_rows gives it (the collapse test is the context summary's)
         "by_context": {k: v for k, v in report["by_context"].items() if k != "collapse"},
+        "per_prompt": report.get("per_prompt_acceptance"),
     }
 
 
@@ -141,13 +143,16 @@ def with_comparison(
     else:  # the trained draft on the split: the headline run's own built-in measurement
         known = {HELD_OUT: {TRAINED: builtin}}
         results, engine = compare_builtin(cfg, card, comparison, known), "builtin"
-    table = sets_table(results, engine, cfg.k)
+    # this run's draft against each other one, prompt by prompt, and what each set can detect
+    paired = paired_report(results, TRAINED, cfg.confidence)
+    table = sets_table(results, engine, cfg.k) + "\n" + paired_table(paired)
     log.info(table)
     sets_report = {
         "engine": engine,
         "k": cfg.k,
         "results": results,
         "gain_over_init": gains(results),
+        "paired": paired,
         "table": table,
     }
     rows = [

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from draftline.core.config import Section, operational, shaping
-from draftline.draft.params import DFlashParams, PEagleParams, method_named
+from draftline.draft.params import DFlashParams, PEagleParams, check_loss, method_named
 
 
 class TrainConfig(Section):
@@ -57,6 +57,13 @@ class TrainConfig(Section):
     max_grad_norm: float = shaping(1.0, gt=0)
     weight_decay: float = shaping(0.0, ge=0)
     ttt_steps: int = shaping(3, ge=1)
+    # the objective, speculators' own loss in both backends (draftline/draft/params/objective.py):
+    # kl_div (forward KL to the target's distribution, the default), ce (cross-entropy on the
+    # target's argmax: what greedy verification accepts), nla (-log sum min(p, q)), lk_hybrid, tv,
+    # jsd, rkl; or a weighted mix {name: weight, ...} (docs/training.md#the-objective)
+    loss: str | dict[str, float] = shaping("kl_div")
+    # eagle3: TTT step s's loss weighted ttt_step_loss_decay**s (1.0: every step alike); the
+    # position weighting of train.method dflash is train.dflash.position_weight
     ttt_step_loss_decay: float = shaping(1.0, gt=0)
     # speculative_tokens written to the draft config (vLLM defaults num_speculative_tokens to it)
     speculative_tokens: int | None = shaping(None, ge=1)  # null = ttt_steps
@@ -89,6 +96,11 @@ class TrainConfig(Section):
     def _registered_method(cls, method: str) -> str:
         method_named(method)  # UnknownDrafter names the registered ones
         return method
+
+    @field_validator("loss")
+    @classmethod
+    def _speculators_loss(cls, loss: str | dict[str, float]) -> str | dict[str, float]:
+        return check_loss(loss)  # a ValueError names speculators' losses
 
     @model_validator(mode="after")
     def _backend_options(self):

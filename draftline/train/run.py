@@ -214,7 +214,7 @@ def _setup_loop(
         plan=plan,
         val_batches=val_batches,
         total_steps=total_steps,
-        loss_config=device_loss_config(device),
+        loss_config=device_loss_config(device, cfg.loss),
         workers=workers,
         params=params,
         opt=opt,

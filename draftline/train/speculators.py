@@ -26,7 +26,7 @@ from draftline.draft.checkpoint import (
     load_saved_draft,
     load_vocab,
 )
-from draftline.draft.forward import device_loss_config
+from draftline.draft.forward import device_loss_config, loss_spec
 from draftline.draft.init_checks import InitMismatch
 from draftline.draft.methods import Forward, drafter
 from draftline.draft.metrics import validate_many
@@ -206,8 +206,8 @@ def _speculators_method_args(cfg: TrainConfig, card: TargetCard) -> list[str]:
 
 
 def _speculators_training_args(cfg: TrainConfig) -> list[str]:
-    """speculators_train_command's optimizer, schedule, TTT loss, seed and loader arguments: the
-    builtin loop's train params."""
+    """speculators_train_command's optimizer, schedule, loss (train.loss, and EAGLE-3's TTT step
+    weighting), seed and loader arguments: the builtin loop's train params."""
     return [
         "--epochs",
         str(cfg.epochs),
@@ -226,7 +226,7 @@ def _speculators_training_args(cfg: TrainConfig) -> list[str]:
         "--ttt-step-loss-decay",
         str(cfg.ttt_step_loss_decay),
         "--loss-fn",
-        "kl_div",
+        loss_spec(cfg.loss),
         "--seed",
         str(cfg.seed),
         "--num-workers",
@@ -336,7 +336,7 @@ def best_speculators_epoch(
     more than once per epoch."""
     val_set = make_dataset(data, "val", 1 - cfg.val_fraction, cfg.pack_len, device)
     batches = epoch_batches(val_set, cfg.pack_len, cfg.seed, 0)
-    loss_config = device_loss_config(device)
+    loss_config = device_loss_config(device, cfg.loss)
     workers = 0 if data.online is not None else cfg.loader_workers
     checkpoints = epoch_checkpoints(save_path)
     if not checkpoints:

@@ -28,7 +28,7 @@ EDITS = {
     ),
     "train": (
         ("draftline/train/progress.py", "(validation aside)", "(validation not counted)"),
-        ("draftline/draft/forward.py", 'resolve_loss_config("kl_div"', 'resolve_loss_config("ce"'),
+        ("draftline/draft/forward.py", '"eager" if device == "cpu"', '"fused" if device == "cpu"'),
     ),
     "probe": (
         (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from draftline.core.io import read_json, write_json, write_jsonl
+from draftline.core.io import read_json, read_jsonl, write_json, write_jsonl
 from draftline.evaluate.compare import HELD_OUT, INIT, TRAINED, turn_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +78,11 @@ def test_sets_and_drafts_side_by_side(tmp_path, trained_draft, eagle3_draft_dir)
     raw = yaml.safe_load((ws / "params.yaml").read_text())
     raw["train"]["init"] = str(start)
     (ws / "params.yaml").write_text(yaml.safe_dump(raw))
+    # a split row with a later turn: the headline asks its first turn, and so does every draft
+    split = list(read_jsonl(ws / "eval.jsonl"))
+    later = [{"role": "user", "content": "And again."}, {"role": "assistant", "content": ""}]
+    split[0]["messages"] = [*split[0]["messages"], *later]
+    write_jsonl(ws / "eval.jsonl", split)
     proc = run_evaluate(ws, trained_draft.dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = read_json(ws / "acc.detail.json")
@@ -100,6 +105,22 @@ def test_sets_and_drafts_side_by_side(tmp_path, trained_draft, eagle3_draft_dir)
     assert "| set | prompts | trained | init | other | gain over init |" in table
     assert f"| chat2 | 2 (4 turns) | {chat2[TRAINED]['acceptance_length']:.3f}" in table
     assert "at k = 2" in table
+    # paired over prompts (draftline/evaluate/paired.py): init is the same weights, so its gain is
+    # 0 on every prompt; a row asked turn by turn is one prompt, its turns pooled
+    paired = sets["paired"]
+    assert paired["draft"] == TRAINED and paired["confidence"] == 0.9
+    assert list(held[TRAINED]["per_prompt"]) == ["e0", "e1", "e2"]
+    assert list(chat2[TRAINED]["per_prompt"]) == ["t0", "t1"]
+    for name in (HELD_OUT, "chat2"):
+        same = paired["sets"][name]["drafts"][INIT]
+        assert (same["gain"], same["low"], same["high"], same["decision"]) == (
+            0,
+            0,
+            0,
+            "cannot tell",
+        )
+        assert paired["sets"][name]["drafts"]["other"]["prompts"] == (3 if name == HELD_OUT else 2)
+    assert "| chat2 | other | 2 |" in table and "paired over prompts" in table
     plot = read_json(ws / "plots/sets.json")
     assert {(p["set"], p["draft"]) for p in plot} == {
         (s, d) for s in (HELD_OUT, "chat2") for d in (TRAINED, INIT, "other")

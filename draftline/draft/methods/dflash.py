@@ -16,6 +16,18 @@ if TYPE_CHECKING:
     from draftline.draft.spec import DraftSpec
 
 
+def block_kwargs(d: DFlashParams) -> tuple[tuple[str, object], ...]:
+    """The DFlash forward's own arguments: anchors sampled, and the loss's position weighting
+    (speculators' per_position_loss_weight with its constant)."""
+    kwargs = {
+        "gamma": d.gamma,
+        "max_anchors": d.max_anchors,
+        "per_position_loss_weight": d.position_weight,
+        "dpace_alpha": d.dpace_alpha,
+    }
+    return tuple(kwargs.items())
+
+
 @register
 class DFlash(DFlashMethod, Drafter):
     module = "dflash"
@@ -53,27 +65,25 @@ class DFlash(DFlashMethod, Drafter):
             str(d.block_size),
             "--max-anchors",
             str(d.max_anchors),
+            # the position weighting, given always: speculators' own default for dflash (dpace,
+            # with ce) is not ours (fixed-exp-decay, with train.loss's default kl_div)
+            "--per-position-loss-weight",
+            d.position_weight,
             "--dflash-decay-gamma",
             str(d.gamma),
-            # the builtin loop's loss weighting; speculators' own default for dflash (dpace) needs
-            # its cross-entropy loss, not the kl_div both backends train with
-            "--per-position-loss-weight",
-            "fixed-exp-decay",
+            "--dpace-alpha",
+            str(d.dpace_alpha),
             "--mask-token-id",
             str(mask),
         ]
 
     def training_forward(self, cfg: DraftSpec) -> Forward:
-        d = cfg.dflash
-        kwargs = {"gamma": d.gamma, "max_anchors": d.max_anchors}
-        return Forward(self.name, d.block_size - 1, tuple(kwargs.items()))
+        return Forward(self.name, cfg.dflash.block_size - 1, block_kwargs(cfg.dflash))
 
     def draft_forward(self, get, k: int) -> Forward:
         """Its own blocks (block size - 1 positions, fixed at training, whatever k), with
-        train.dflash's default loss decay and anchors (the config records neither)."""
-        d = DFlashParams()
-        kwargs = {"gamma": d.gamma, "max_anchors": d.max_anchors}
-        return Forward(self.name, int(get("block_size")) - 1, tuple(kwargs.items()))
+        train.dflash's default loss weighting and anchors (the config records neither)."""
+        return Forward(self.name, int(get("block_size")) - 1, block_kwargs(DFlashParams()))
 
     def accuracy(self, metric_sums: dict[str, float], positions: int) -> tuple[list[float], float]:
         """Each block's accepted run is counted (its `eal`, bonus token included): that is

@@ -26,6 +26,8 @@ class TrainChoices(Protocol):
     init_layer_from_target: int | str | None
     architecture: str | None
     train_embeddings: bool
+    loss: str | dict[str, float]
+    ttt_step_loss_decay: float
 
 
 class UnknownDrafter(DraftlineError, ValueError):
@@ -49,6 +51,11 @@ class Method:
     fine_tunes: ClassVar[bool] = False
     # SGLang serves it (as EAGLE3, from draftline export-sglang's layout)
     sglang: ClassVar[bool] = False
+    # the train keys (dotted below train) that weigh its loss by draft position, each with the
+    # value that leaves them unset: given another value, another method's drafts refuse them
+    position_weights: ClassVar[dict[str, object]] = {}
+    # how its loss weighs the draft positions, as a refusal's message says it
+    weighting: ClassVar[str] = "weighs its draft positions alike"
 
     def serves(self, engine: str) -> bool:
         """Whether an engine (evaluate.engine / benchmark.engine) runs its drafts here."""
@@ -69,6 +76,27 @@ class Method:
                 "architecture: the EAGLE-3 norm layouts; method "
                 f"{self.name} has its own decoder (null)"
             )
+        self.check_position_weights(cfg)
+
+    def check_position_weights(self, cfg: TrainChoices) -> None:
+        """Refuse another method's position weighting given a value (ValueError naming the key,
+        its method and how this one weighs its positions)."""
+        for other in METHODS.values():
+            for key, unset in other.position_weights.items():
+                if key in self.position_weights or train_value(cfg, key) == unset:
+                    continue
+                raise ValueError(
+                    f"{key}: weighs the positions of {other.title} drafts (train.method "
+                    f"{other.name}); method {self.name} {self.weighting}"
+                )
+
+
+def train_value(cfg: TrainChoices, key: str) -> object:
+    """A train param by its dotted key below train ("dflash.gamma")."""
+    value: object = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 METHODS: dict[str, Method] = {}

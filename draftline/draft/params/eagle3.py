@@ -16,3 +16,6 @@ class Eagle3Method(Method):
     eagle_layout = True
     fine_tunes = True
     sglang = True
+    # TTT step s's loss weighted ttt_step_loss_decay**s (speculators' exp_loss_decay); 1.0: alike
+    position_weights = {"ttt_step_loss_decay": 1.0}
+    weighting = "weighs its TTT steps by train.ttt_step_loss_decay"

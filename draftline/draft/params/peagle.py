@@ -25,3 +25,7 @@ class PEagleMethod(Method):
     label = "P-EAGLE (parallel)"
     params = PEagleParams
     eagle_layout = True
+    weighting = (
+        "weighs its parallel depths alike (train.peagle's down-sampling sets how many positions "
+        "each depth trains)"
+    )
