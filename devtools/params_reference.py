@@ -161,7 +161,8 @@ def _value(value) -> str:
         value = value.model_dump()
     if isinstance(value, str):
         return f"`{value}`" if value else '`""`'
-    return f"`{json.dumps(value)}`"
+    # sections inside a mapping or list (benchmark.free's) as their fields
+    return f"`{json.dumps(value, default=lambda section: section.model_dump())}`"
 
 
 def tables(

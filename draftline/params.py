@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError, model_validator
 
 from draftline.benchmark.config import BenchmarkConfig
+from draftline.benchmark.free import unavailable
 from draftline.core.config import (
     ParamsError,
     Section,
@@ -60,6 +61,15 @@ class Params(Section):
                 f"benchmark.engine: {engine} serves {titles(serving(engine))} drafts only here; "
                 f"a train.method {method.name} draft is served by vLLM (benchmark.engine: vllm)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _free_methods_install(self):
+        # a benchmark.free method whose package vLLM's interpreter lacks (suffix:
+        # arctic-inference) is refused here, before any stage runs, not when its server starts
+        for name in self.benchmark.measured_free:
+            if why := unavailable(name, self.engines.vllm.resolved_python()):
+                raise ValueError(f"benchmark.free: {why}")
         return self
 
     @model_validator(mode="after")

@@ -13,21 +13,26 @@ from draftline.engines.commands import EngineServe, engine_serve_command
 if TYPE_CHECKING:
     from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
+    from draftline.engines.commands import SpeculativeDraft
 
 
 def _serve(
+    engine: str, cfg: BenchmarkConfig, port: int | None, draft: SpeculativeDraft | None
+) -> EngineServe:
+    served = served_engine(engine)
+    port = cfg.port if port is None else port
+    return EngineServe(served.spelled_as, *served.launcher(cfg), cfg.host, port, draft)
+
+
+def _draft(
     engine: str,
     cfg: BenchmarkConfig,
     draft_path: str | None,
-    port: int | None,
     k: int | None,
     k_per_batch_size: list[list[int]] | None,
-) -> EngineServe:
-    served = served_engine(engine)
+) -> SpeculativeDraft | None:
     k = max(cfg.k) if k is None else k
-    port = cfg.port if port is None else port
-    draft = served.draft(cfg, draft_path, k, k_per_batch_size) if draft_path else None
-    return EngineServe(served.spelled_as, *served.launcher(cfg), cfg.host, port, draft)
+    return served_engine(engine).draft(cfg, draft_path, k, k_per_batch_size) if draft_path else None
 
 
 def benchmark_serve_command(
@@ -42,7 +47,22 @@ def benchmark_serve_command(
     """The server command line; draft_path None gives the non-speculative baseline. `port` (else
     benchmark.port); with neither, no --port: the engine's default (the deployment command).
     k: draft tokens per step (None: the largest of benchmark.k)."""
-    return engine_serve_command(card, _serve(engine, cfg, draft_path, port, k, None))
+    draft = _draft(engine, cfg, draft_path, k, None)
+    return engine_serve_command(card, _serve(engine, cfg, port, draft))
+
+
+def free_serve_command(
+    engine: str,
+    card: TargetCard,
+    cfg: BenchmarkConfig,
+    method: str,
+    k: int,
+    port: int | None = None,
+) -> list[str]:
+    """The server command line of a benchmark.free method (draftline/benchmark/free.py): no draft
+    model, k tokens per step from the method itself; `port` as benchmark_serve_command's."""
+    draft = served_engine(engine).free_draft(cfg, method, k)
+    return engine_serve_command(card, _serve(engine, cfg, port, draft))
 
 
 def k_per_batch_size_command(
@@ -52,7 +72,8 @@ def k_per_batch_size_command(
     k], ...], as num_speculative_tokens_per_batch_size in its speculative config, at the
     schedule's largest k."""
     top = max(k for _, _, k in schedule)
-    return engine_serve_command(card, _serve("vllm", cfg, draft_path, None, top, schedule))
+    draft = _draft("vllm", cfg, draft_path, top, schedule)
+    return engine_serve_command(card, _serve("vllm", cfg, None, draft))
 
 
 def draft_path_for(

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from draftline.benchmark.engine_kinds import engine_served
+from draftline.benchmark.free import DEFAULT_FREE, UnknownFreeMethod, free_method
 from draftline.core.config import (
     TIE_TOLERANCE,
     Port,
@@ -69,6 +70,16 @@ class SglangBenchConfig(Section):
         return self
 
 
+class FreeBenchConfig(Section):
+    """One method of benchmark.free: served with no draft at one k (draftline/benchmark/free.py)."""
+
+    # draft tokens per step of its one server (vLLM num_speculative_tokens)
+    k: int = shaping(2, ge=1)
+    # its own fields of vLLM's speculative_config over the method's defaults (free.py lists them:
+    # ngram's prompt_lookup_min / prompt_lookup_max, suffix's suffix_decoding_*)
+    speculative_config: dict[str, int | float] = shaping({})
+
+
 class BenchmarkConfig(TargetPlacement):
     # hf: built-in decoder, CPU or GPUs. vllm / sglang: a baseline server and a speculative
     # server, started one after the other, driven by the async load generator.
@@ -82,9 +93,16 @@ class BenchmarkConfig(TargetPlacement):
     warmup: int = shaping(
         1, ge=0
     )  # hf: untimed passes; servers: passes over the prompts before measuring
-    # rounds of timed passes: in each, every server once at every load (hf: the baseline and each
-    # k once); each speculative pass paired with a baseline pass gives one ratio of the interval
-    repeats: int = shaping(10, ge=1)
+    # the budget of rounds of timed passes: in each, every server once at every load (hf: the
+    # baseline and each k once); each speculative pass paired with a baseline pass gives one ratio
+    # of the interval. Served engines look at the passes after min_rounds rounds, then every
+    # look_every rounds, and stop at the first look where every load's decision and k are settled
+    # (draftline/benchmark/intervals.py: the confidence is split over the planned looks)
+    repeats: int = shaping(12, ge=1)
+    min_rounds: int = shaping(8, ge=2)  # rounds before the first look (at most repeats)
+    look_every: int = shaping(4, ge=1)  # rounds between looks
+    # seconds of timed rounds per group of servers: no look is planned past it (null: rounds only)
+    budget_s: float | None = shaping(None, gt=0)
     # servers: a timed pass lasts at least this long, cycling the prompts (0: one request per
     # prompt or 4 per request in flight, whichever is more)
     min_pass_s: float = shaping(1.0, ge=0)
@@ -97,14 +115,30 @@ class BenchmarkConfig(TargetPlacement):
     # host's memory holds, measured on the baseline server (draftline/benchmark/server.py)
     max_servers: int | None = shaping(None, ge=2)
     seed: int = shaping(0)  # the shuffled order of the servers in each round
-    # the intervals' confidence, shared by the ks compared at a load (draftline/benchmark/intervals.py)
+    # the confidence shared by every interval of the schedule: each k and each pair of ks at every
+    # load and every planned look (Bonferroni; draftline/benchmark/intervals.py)
     confidence: float = shaping(0.9, gt=0, lt=1)
+    # a larger k is deployed only where it beats a smaller one by more than this (the paired
+    # interval of log(k'/k) above log(1 + k_margin)); fixed before any run, at most 5%
+    k_margin: float = shaping(0.05, ge=0, le=0.05)
+    # a load whose every interval lies below 1 or within [1/(1+margin), 1+margin] is settled as no
+    # gain worth deploying (deployed as undecided_k); at most 5%
+    margin: float = shaping(0.05, gt=0, le=0.05)
     # k deployed at a load whose decision is undecided (0: no speculation there)
     undecided_k: int = shaping(0, ge=0)
+    # the largest batch deploy.json's k_per_batch_size covers: past the largest load measured it
+    # deploys undecided_k (vLLM would carry the last measured k on to every larger batch)
+    max_batch_size: int = shaping(1024, ge=1)
     # other drafts served against the same baseline in the same run, {name: draft dir}, each at
     # compare_k (null: at k); each under drafts/, a dep of the stage (a changed draft reruns it)
     compare: dict[str, str] = shaping({})
     compare_k: list[int] | None = shaping(None)
+    # speculation that needs no trained draft, {method: {k, speculative_config}}: one server each,
+    # beside the draft's against the same baseline; the verdict says per load whether the draft
+    # beats it (paired interval) and deploy.json names the better one. Registered methods:
+    # draftline/benchmark/free.py (ngram; suffix where arctic-inference installs). Measured by the
+    # engines that serve it (vLLM); another engine's report says it was not measured
+    free: dict[str, FreeBenchConfig] = shaping(DEFAULT_FREE, validate_default=True)
     # device, device_map, dtype (TargetPlacement): hf only
     concurrency: list[int] = shaping([1, 4, 16])  # servers: requests in flight, one load level each
     # the load the draft will be served at (requests in flight): the verdict's headline is the
@@ -179,6 +213,20 @@ class BenchmarkConfig(TargetPlacement):
             raise ValueError(
                 f"compare: only for a served engine (drafts served side by side), not {self.engine}"
             )
+        if self.max_batch_size < max(self.concurrency):
+            raise ValueError(
+                f"max_batch_size {self.max_batch_size} is below the largest load measured "
+                f"({max(self.concurrency)})"
+            )
+        for name, settings in self.free.items():
+            try:
+                method = free_method(name)
+            except UnknownFreeMethod as err:
+                raise ValueError(f"free: {err}") from None
+            if problems := method.problems(settings.speculative_config):
+                raise ValueError(f"free: {name}: " + "; ".join(problems))
+        if both := sorted(set(self.free) & set(self.compare)):
+            raise ValueError(f"compare: {', '.join(both)} also named in free: rename the draft")
         if self.undecided_k and self.undecided_k not in self.k:
             raise ValueError(f"undecided_k: {self.undecided_k} is not one of k {self.k} (or 0)")
         if self.endpoints and not served:
@@ -189,9 +237,30 @@ class BenchmarkConfig(TargetPlacement):
         return self
 
     @property
+    def looks(self) -> list[int]:
+        """The rounds after which a served engine's sweep looks at its passes: min_rounds (at most
+        repeats), then every look_every rounds, and repeats last; the engine hf runs every round
+        and looks once."""
+        first = min(self.min_rounds, self.repeats)
+        return sorted({*range(first, self.repeats, self.look_every), self.repeats})
+
+    @property
     def ks(self) -> list[int]:
         """The k values in increasing order."""
         return sorted(self.k)
+
+    @property
+    def measured_free(self) -> dict[str, FreeBenchConfig]:
+        """The benchmark.free methods this run's engine serves (the others are reported as not
+        measured); none beside servers already running (benchmark.endpoints): a server launched
+        here would not share their host."""
+        if self.endpoints:
+            return {}
+        return {
+            name: settings
+            for name, settings in sorted(self.free.items())
+            if self.engine in free_method(name).engines
+        }
 
     @property
     def compare_ks(self) -> list[int]:

@@ -13,6 +13,7 @@ import urllib.request
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from draftline.benchmark.engine_kinds import SERVED, forget_kind, register_kind
+from draftline.benchmark.free import free_method
 from draftline.benchmark.hf import benchmark_hf
 from draftline.benchmark.spec_metrics import (
     add_counters,
@@ -63,6 +64,11 @@ class ServedEngine(Protocol):
         self, cfg: BenchmarkConfig, draft_path: str, k: int, k_per_batch_size: list | None
     ) -> SpeculativeDraft:
         """The speculative part of its serve command, drafting k tokens per step."""
+
+    def free_draft(self, cfg: BenchmarkConfig, method: str, k: int) -> SpeculativeDraft:
+        """The speculative part of its serve command for a method that needs no trained draft
+        (benchmark.free, draftline/benchmark/free.py), drafting k tokens per step; NoServer where
+        it serves none."""
 
     def given_draft(self, cfg: BenchmarkConfig) -> str | None:
         """A draft directory its params name to serve instead of the stage's."""
@@ -122,6 +128,14 @@ class Vllm:
         served.pop("method", None)
         extra = {**served, **schedule, **cfg.vllm.speculative_config}
         return SpeculativeDraft(draft_path, method, k, vllm_config=extra)
+
+    def free_draft(self, cfg: BenchmarkConfig, method: str, k: int) -> SpeculativeDraft:
+        """No draft model: the method's speculative_config (its defaults, then benchmark.free's)."""
+        settings = cfg.free[method].speculative_config if method in cfg.free else {}
+        spec = free_method(method).vllm_speculative(k, settings)
+        return SpeculativeDraft(
+            None, spec.pop("method"), spec.pop("num_speculative_tokens"), vllm_config=spec
+        )
 
     def given_draft(self, cfg: BenchmarkConfig) -> str | None:
         return None
@@ -199,6 +213,9 @@ class Sglang:
         return SpeculativeDraft(
             draft_path, sg.algorithm, sg.num_steps or k, sg.eagle_topk, sg.num_draft_tokens
         )
+
+    def free_draft(self, cfg: BenchmarkConfig, method: str, k: int) -> SpeculativeDraft:
+        raise NoServer(f"benchmark.engine sglang: free method {method!r} is not served here")
 
     def given_draft(self, cfg: BenchmarkConfig) -> str | None:
         return cfg.sglang.draft_model_path

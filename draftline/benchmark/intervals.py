@@ -65,11 +65,15 @@ class Rule:
     loads: int = 1
     ks: int = 1
     looks: int = 1
+    # statements beside the schedule's, held in the same family: each benchmark.free method's
+    # speedup and the draft over it, at each load (draftline/benchmark/verdict.py)
+    extra: int = 0
 
     @property
     def statements(self) -> int:
-        """Intervals the schedule rests on: each k's speedup and each pair of ks, at each load."""
-        return self.loads * (self.ks + self.ks * (self.ks - 1) // 2)
+        """Intervals a look rests on: each k's speedup and each pair of ks, at each load, and the
+        extra ones."""
+        return self.loads * (self.ks + self.ks * (self.ks - 1) // 2) + self.extra
 
     @property
     def family(self) -> int:
@@ -108,9 +112,7 @@ def interval(ratios: list[float], level: float, drift_log: float = 0.0) -> dict:
     return {**out, "low": round(math.exp(mean - half), 4), "high": round(math.exp(mean + half), 4)}
 
 
-def paired_difference(
-    a: list[float], b: list[float], level: float, drift_log: float = 0.0
-) -> dict:
+def paired_difference(a: list[float], b: list[float], level: float, drift_log: float = 0.0) -> dict:
     """a over b, round by round: the interval of log(a_i / b_i) where a and b are the paired ratios
     of two servers measured in the same rounds (they share each round's baseline pass, which
     cancels). {ratio, low, high, n, mean_log, sd_log, half_width_log, paired}; where the rounds do
@@ -197,9 +199,7 @@ def choose_k(candidates: list[int], versus: dict, k_margin: float) -> tuple[int,
         beaten_by = [
             o
             for o in candidates
-            if o > k
-            and versus[(o, k)]["low"] is not None
-            and versus[(o, k)]["low"] > 1 + k_margin
+            if o > k and versus[(o, k)]["low"] is not None and versus[(o, k)]["low"] > 1 + k_margin
         ]
         if not beaten_by:
             return k, passed

@@ -31,18 +31,21 @@ import random
 import shlex
 import subprocess
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.benchmark import lossless
-from draftline.benchmark.commands import benchmark_serve_command
+from draftline.benchmark.commands import benchmark_serve_command, free_serve_command
 from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.engines import ServedEngine, served_engine
+from draftline.benchmark.intervals import Rule, decide_load
 from draftline.benchmark.rounds import Pass, ServerRun, pair_sequential, pair_side_by_side
 from draftline.benchmark.spec_metrics import add_counters, counter_delta
 from draftline.benchmark.sweep import Level, Sweep
+from draftline.benchmark.verdict import free_statements
 from draftline.engines.preflight import preflight_benchmark
 from draftline.engines.servers import ManagedServer, launch_env, server_url, startup_timeout_s
 
@@ -76,17 +79,40 @@ class ServerBench:
 @dataclass(frozen=True)
 class Mode:
     """One server of the sweep: `baseline`, `k<k>` for this run's draft, `<name>:k<k>` for a
-    draft of benchmark.compare."""
+    draft of benchmark.compare or a method of benchmark.free (no draft model)."""
 
     name: str
     draft_path: str | None
     k: int | None
-    draft: str | None = None  # None: this run's draft; else the benchmark.compare name
+    draft: str | None = None  # None: this run's draft; else the benchmark.compare / free name
+    free: bool = False  # `draft` names a benchmark.free method (draftline/benchmark/free.py)
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft_path is not None or self.free
+
+    @property
+    def free_method(self) -> str | None:
+        """The benchmark.free method this server runs instead of a draft (None: not one)."""
+        return self.draft if self.free else None
+
+
+def mode_command(bench: ServerBench, mode: Mode, port: int | None = None) -> list[str]:
+    """The serve command of a mode's server: a free method's, else the draft's or the baseline's."""
+    if mode.free:
+        return free_serve_command(bench.engine, bench.card, bench.cfg, mode.draft, mode.k, port)
+    return benchmark_serve_command(
+        bench.engine, bench.card, bench.cfg, mode.draft_path, port, k=mode.k
+    )
 
 
 def sweep_modes(cfg: BenchmarkConfig, draft_path: str, compare: dict[str, str]) -> list[Mode]:
     modes = [Mode("baseline", None, None)]
     modes += [Mode(f"k{k}", draft_path, k) for k in cfg.ks]
+    # the free methods next to the draft's ks: side by side they share its first group's rounds
+    modes += [
+        Mode(f"{name}:k{f.k}", None, f.k, name, True) for name, f in cfg.measured_free.items()
+    ]
     for name, path in sorted(compare.items()):
         modes += [Mode(f"{name}:k{k}", path, k, name) for k in cfg.compare_ks]
     return modes
@@ -129,7 +155,7 @@ def mode_server(bench: ServerBench, mode: Mode, commands: list, log_path: Path, 
     benchmark.endpoints' running one (preflight-checked), else a launched one whose command is
     appended to `commands`."""
     engine, cfg, card = bench.engine, bench.cfg, bench.card
-    role = "speculative" if mode.draft_path else "baseline"
+    role = "speculative" if mode.speculative else "baseline"
     if role in cfg.endpoints and mode.draft is None:  # already running: checked, not started
         base_url = cfg.endpoints[role].rstrip("/")
         algorithm = bench.server.algorithm(cfg)
@@ -139,7 +165,7 @@ def mode_server(bench: ServerBench, mode: Mode, commands: list, log_path: Path, 
     limit, why = startup_timeout_s(cfg.startup_timeout_s, card.model, card.revision)
 
     def command(at: int) -> list[str]:  # a fixed port, else a free port chosen at start
-        commands.append(benchmark_serve_command(engine, card, cfg, mode.draft_path, at, k=mode.k))
+        commands.append(mode_command(bench, mode, at))
         log.info(
             f"benchmark: starting {shlex.join(commands[-1])}  (log: {log_path}, start-up limit "
             f"{limit:.0f}s: {why})"
@@ -241,6 +267,8 @@ class Sweeper:
         self.orders: list[list] = []  # side by side: [round, load, [server, ...]] as they ran
         self.groups: list[list[str]] = []  # side by side: the speculative servers up together
         self.fit: dict | None = None  # side by side: how the groups were sized
+        self.looks: list[dict] = []  # side by side: each planned look at the passes, group by group
+        self.stops: list[dict] = []  # side by side: where each group's rounds stopped, and why
 
     # ---- one server ---------------------------------------------------------------------------
 
@@ -252,9 +280,7 @@ class Sweeper:
         bench, cfg = self.bench, self.cfg
 
         def one(i: int, mode: Mode):
-            commands = [
-                benchmark_serve_command(bench.engine, bench.card, cfg, mode.draft_path, k=mode.k)
-            ]
+            commands = [mode_command(bench, mode)]
             log_path = bench.log_dir / f"{bench.engine}_{mode.name.replace(':', '_')}.log"
             port = cfg.port + first + i if cfg.port else None
             ctx = mode_server(bench, mode, commands, log_path, port, envs[i])
@@ -333,7 +359,7 @@ class Sweeper:
 
     def read_counters(self, run: Running) -> None:
         """Credit the counters since the last read to the load of the server's last pass."""
-        if not self.bench.server.server_counters or run.mode.draft_path is None:
+        if not self.bench.server.server_counters or not run.mode.speculative:
             return
         now = self.bench.server.counters(run.url)
         if run.last_c is not None and now is not None:
@@ -402,15 +428,63 @@ class Sweeper:
     # ---- designs ------------------------------------------------------------------------------
 
     def rounds(self, running: dict[str, Running]) -> None:
-        """benchmark.repeats rounds of the servers up: at each load, each in shuffled order."""
-        for rnd in range(self.cfg.repeats):
-            for c in self.cfg.concurrency:
+        """Rounds of the servers up, at each load each in shuffled order, until a planned look
+        (benchmark.looks) finds every decision of these servers settled, or the budget
+        (benchmark.repeats rounds, benchmark.budget_s seconds) is spent."""
+        cfg, started = self.cfg, time.time()
+        group = len(self.stops)
+        for rnd in range(cfg.repeats):
+            for c in cfg.concurrency:
                 order = list(running)
                 self.rng.shuffle(order)
                 self.orders.append([rnd + 1, c, order])
                 for name in order:
                     idle = [r for n, r in running.items() if n != name]
                     self.timed_pass(running[name], c, rnd, idle)
+            if rnd + 1 not in cfg.looks:
+                continue
+            look = self.look(running, rnd + 1, time.time() - started, group)
+            self.looks.append(look)
+            if look["stop"]:
+                self.stops.append(look)
+                return
+        self.stops.append({"group": group, "round": cfg.repeats, "stop": "repeats"})
+
+    def look(self, running: dict[str, Running], done: int, elapsed: float, group: int) -> dict:
+        """Whether the rounds of these servers stop after round `done`: every load of every draft
+        among them settled (draftline/benchmark/intervals.py), or the next planned look past the
+        budget; what was unsettled."""
+        cfg = self.cfg
+        names = set(running)
+        passes = [p for p in self.passes if p.server in names]
+        pairs = pair_side_by_side(passes)
+        rule = look_rule(cfg, running)
+        unsettled = []
+        for draft, by_c in drafts_of(running, pairs).items():
+            for c, ratios in sorted(by_c.items()):
+                d = decide_load(ratios, rule)
+                if not d["settled"]:
+                    unsettled.append(f"{draft or 'draft'}@c{c}")
+        out = {"group": group, "round": done, "seconds": round(elapsed, 1), "unsettled": unsettled}
+        later = [n for n in cfg.looks if n > done]
+        if not unsettled:
+            out["stop"] = "settled"
+        elif not later:
+            out["stop"] = "repeats"
+        elif cfg.budget_s and elapsed / done * later[0] > cfg.budget_s:
+            out["stop"] = "budget_s"
+        else:
+            out["stop"] = None
+        if out["stop"]:
+            log.info(
+                f"benchmark: rounds stop after {done}: "
+                + (
+                    "every decision settled"
+                    if not unsettled
+                    else f"budget ({out['stop']}) spent, unsettled: {', '.join(unsettled)}"
+                )
+            )
+        return out
 
     def side_by_side(self, modes: list[Mode], envs: list[dict]) -> bool:
         """The baseline up first, then the speculative servers in groups that fit beside it (all
@@ -500,6 +574,35 @@ class Sweeper:
                     self.ask_reference(run)
 
 
+def look_rule(cfg: BenchmarkConfig, running: dict[str, Running]) -> Rule:
+    """The family the looks judge by: the verdict's (every load, every k of a draft, every planned
+    look), so that a look settles only what the verdict will hold settled."""
+    ks = Counter(r.mode.draft for r in running.values() if r.mode.k is not None)
+    return Rule(
+        confidence=cfg.confidence,
+        k_margin=cfg.k_margin,
+        margin=cfg.margin,
+        loads=len(cfg.concurrency),
+        ks=max([len(cfg.ks), *ks.values()]),
+        looks=len(cfg.looks),
+        extra=free_statements(len(cfg.measured_free), len(cfg.concurrency)),
+    )
+
+
+def drafts_of(running: dict[str, Running], pairs: dict) -> dict:
+    """{draft: {c: {k: paired ratios}}} of the speculative servers up (draft None: this run's)."""
+    out: dict = {}
+    for name, run in running.items():
+        if run.mode.k is None:
+            continue
+        for (server, c), entry in pairs.items():
+            if server == name:
+                out.setdefault(run.mode.draft, {}).setdefault(c, {})[run.mode.k] = entry[
+                    "paired_speedups"
+                ]
+    return out
+
+
 def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> tuple[Sweeper, list]:
     cfg = bench.cfg
     layout = resolve_layout(cfg)
@@ -507,7 +610,8 @@ def run_sweep(bench: ServerBench, draft_path: str, compare: dict[str, str]) -> t
     sweep = Sweeper(bench, layout)
     log.info(
         f"benchmark: design {layout}: {len(modes)} servers ({', '.join(m.name for m in modes)}), "
-        f"{cfg.repeats} rounds at loads {cfg.concurrency}, passes of at least {cfg.min_pass_s:g} s"
+        f"up to {cfg.repeats} rounds (looks after {cfg.looks}) at loads {cfg.concurrency}, passes of "
+        f"at least {cfg.min_pass_s:g} s"
     )
     base_env = bench.server.launch_env(cfg)
     if layout == "sequential":
@@ -571,6 +675,13 @@ def benchmark_server(
                 **pairs.get((mode.name, c), {}),
             }
             verdicts = lossless.judge_all(run.results(c), references, tolerance)
+            if mode.free:  # no draft: its acceptance is what prompt lookup finds, not a fault
+                level.free[mode.draft] = {
+                    "k": mode.k,
+                    **entry,
+                    "output_verdicts": lossless.tally(verdicts),
+                }
+                continue
             if mode.draft is None:
                 level.speculative[mode.k] = entry
                 level.verdicts[mode.k] = verdicts
@@ -600,6 +711,11 @@ def benchmark_server(
     )
 
 
+def rounds_run(sweep: Sweeper) -> int:
+    """The most rounds any server ran (each group stops on its own)."""
+    return max((p.round + 1 for p in sweep.passes), default=0)
+
+
 def design_report(sweep: Sweeper, modes: list[Mode]) -> dict:
     """The design that ran, for the detail report: servers, rounds, pass lengths and what the
     idle servers took from the one under test."""
@@ -609,7 +725,17 @@ def design_report(sweep: Sweeper, modes: list[Mode]) -> dict:
     out = {
         "layout": sweep.layout,
         "servers": [m.name for m in modes],
-        "rounds": cfg.repeats,
+        "rounds": rounds_run(sweep),
+        "rounds_budget": cfg.repeats,
+        # the side-by-side rounds look at their passes at these rounds (the confidence is split
+        # over them); the sequential design runs every round and looks once
+        "looks_planned": len(cfg.looks) if sweep.layout != "sequential" else 1,
+        "looks_at": cfg.looks if sweep.layout != "sequential" else [cfg.repeats],
+        "stopping_rule": "rounds stop at the first planned look where every load of every draft "
+        "is settled, or when benchmark.repeats or benchmark.budget_s is spent; every interval at "
+        "1 - (1 - confidence) / (statements x looks planned)",
+        "looks": sweep.looks,
+        "stops": sweep.stops,
         "min_pass_s": cfg.min_pass_s,
         "passes": len(sweep.passes),
         "pass_s_min": round(min(walls), 3) if walls else None,

@@ -17,12 +17,14 @@ from draftline.benchmark.lossless import tally
 class Level:
     """One load's measurements: the baseline server's summary; each k's summary with its
     acceptance and paired ratios; the lossless verdicts of each k's outputs; each compared draft's
-    summaries by k (benchmark.compare)."""
+    summaries by k (benchmark.compare); each free method's summary at its k (benchmark.free: its
+    `k`, acceptance and paired ratios against the same baseline passes)."""
 
     baseline: dict
     speculative: dict[int, dict]
     verdicts: dict[int, list[str]] = field(default_factory=dict)
     compare: dict[str, dict[int, dict]] = field(default_factory=dict)
+    free: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self, decided: dict) -> dict:
         """The level as the detail report keeps it: the baseline, then each k with its speedup,
@@ -43,6 +45,8 @@ class Level:
                 name: {f"k{k}": spec for k, spec in by_k.items()}
                 for name, by_k in self.compare.items()
             }
+        if self.free:
+            out["free"] = self.free
         return out
 
 
@@ -78,5 +82,6 @@ def levels_from(detail: dict) -> dict[int, Level]:
                 draft: {int(key[1:]): v for key, v in by_k.items()}
                 for draft, by_k in level.get("compare", {}).items()
             },
+            free=level.get("free", {}),
         )
     return levels

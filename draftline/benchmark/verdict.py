@@ -13,6 +13,7 @@ import math
 from draftline.benchmark import intervals
 from draftline.benchmark.costs import CostModel, cost_model, model_break_even, needs, step_costs
 from draftline.benchmark.forecast import build_report
+from draftline.benchmark.free import free_method
 from draftline.benchmark.sweep import Level
 from draftline.benchmark.verdict_words import verdict_words
 
@@ -46,6 +47,7 @@ def rule_of(cfg, levels: dict[int, Level], looks: int | None = None) -> interval
     the looks the design planned (its `looks_planned`; one where it records none)."""
     ks = max((len(level.speculative) for level in levels.values()), default=1)
     planned = looks or 1  # a design that records no looks looked once, at its end
+    free = {name for level in levels.values() for name in level.free}
     return intervals.Rule(
         confidence=cfg.confidence,
         k_margin=getattr(cfg, "k_margin", 0.05),
@@ -53,7 +55,13 @@ def rule_of(cfg, levels: dict[int, Level], looks: int | None = None) -> interval
         loads=len(levels),
         ks=max(ks, 1),
         looks=planned,
+        extra=free_statements(len(free), len(levels)),
     )
+
+
+def free_statements(methods: int, loads: int) -> int:
+    """Two intervals per benchmark.free method and load: its speedup and the draft over it."""
+    return 2 * methods * loads
 
 
 def decisions(levels: dict[int, Level], rule: intervals.Rule) -> dict[int, dict]:
@@ -138,7 +146,9 @@ def deployed_k(d: dict, undecided_k: int) -> int:
     return 0 if d["decision"] == "no" else undecided_k
 
 
-def k_schedule(decided: dict, undecided_k: int = 0, max_batch: int | None = None) -> list[list[int]]:
+def k_schedule(
+    decided: dict, undecided_k: int = 0, max_batch: int | None = None
+) -> list[list[int]]:
     """vLLM's num_speculative_tokens_per_batch_size from the decisions at the measured loads
     (deployed_k at each). Batch sizes between two measured loads go to the nearer one in log2 (a
     load's range reaches half-way to the next, geometric mean rounded down); past the largest
@@ -238,7 +248,7 @@ def _decide(
     }
     if any(level.compare for level in levels.values()):
         v["compare"] = compare_decisions(levels, rule)
-    v.update(free_comparisons(levels, decided, rule, cfg, serve))
+    v.update(free_comparisons(levels, decided, rule, cfg, serve, design))
     if serve != cfg.serve_concurrency:
         v["note"] = (
             f"engine {engine} decodes one request at a time: the verdict is for 1 request in "
@@ -332,30 +342,54 @@ FREE_METHOD = (
 
 
 def free_comparisons(
-    levels: dict[int, Level], decided: dict[int, dict], rule: intervals.Rule, cfg, serve: int
+    levels: dict[int, Level],
+    decided: dict[int, dict],
+    rule: intervals.Rule,
+    cfg,
+    serve: int,
+    design: dict | None = None,
 ) -> dict:
     """{"free": ...}: at each load, each benchmark.free method's speedup and whether the draft beats
     it (the paired interval of draft over free), and which is better at the serve load ("draft",
     the method's name, or None where the intervals cannot tell); {} without benchmark.free. The
-    methods this engine does not serve are named as not measured."""
+    methods this engine does not serve are named as not measured. `design`'s groups (side by
+    side) say whether the two servers shared their baseline passes (`same_group`)."""
     names = sorted({name for level in levels.values() for name in level.free})
     missing = {
         name: f"benchmark.engine {cfg.engine} does not serve it"
+        if cfg.engine not in free_method(name).engines
+        else "the servers are benchmark.endpoints' (a free server launched here would not share "
+        "their host)"
+        if getattr(cfg, "endpoints", None)
+        else "not in the sweep measured (recorded before benchmark.free named it)"
         for name in sorted(getattr(cfg, "free", {}) or {})
         if name not in names
     }
     if not names:
-        return {"free": {"methods": {}, "not_measured": missing}} if missing else {}
-    # two statements per method and load: its speedup and the draft over it
-    added = 2 * len(names) * len(levels)
-    level = 1 - (1 - rule.confidence) / ((rule.statements + added) * rule.looks)
+        if not missing:
+            return {}
+        words = "; ".join(f"{name} not measured: {why}" for name, why in missing.items())
+        return {
+            "free": {
+                "methods": {},
+                "better_at_serve": None,
+                "not_measured": missing,
+                "words": words,
+            }
+        }
+    # two statements per method and load, in the rule's family (rule_of): its speedup and the
+    # draft over it
+    added = free_statements(len(names), len(levels))
+    level = rule.level
     methods = {}
     for name in names:
         by_load = {}
         for c, lvl in sorted(levels.items()):
             if name not in lvl.free:
                 continue
-            by_load[str(c)] = _draft_over_free(lvl, decided[c], lvl.free[name], level, name)
+            cmp = _draft_over_free(lvl, decided[c], lvl.free[name], level, name)
+            cmp["same_group"] = _same_group(design, cmp["draft_k"], f"{name}:k{cmp['free_k']}")
+            by_load[str(c)] = cmp
         free_k = next(lvl.free[name]["k"] for lvl in levels.values() if name in lvl.free)
         methods[name] = {"k": free_k, "by_load": by_load}
     at_serve = {name: m["by_load"].get(str(serve)) for name, m in methods.items()}
@@ -400,6 +434,16 @@ def _free_words(c: int, better: str | None, methods: dict, at_serve: dict) -> st
         f"{cmp['ratio']:.2f}x [{cmp['low']:.2f}-{cmp['high']:.2f}] of its speed); {better} gives "
         f"{own} over no speculation" + ("" if pays else ", which does not itself clear 1")
     )
+
+
+def _same_group(design: dict | None, k: int | None, server: str) -> bool | None:
+    """Whether this run's draft at k and `server` ran in the same group beside the baseline (the
+    same baseline passes); None where the design has no groups (sequential, or not recorded)."""
+    groups = (design or {}).get("groups")
+    if not groups or k is None:
+        return None
+    where = {name: i for i, group in enumerate(groups) for name in group}
+    return where.get(f"k{k}") is not None and where.get(f"k{k}") == where.get(server)
 
 
 def _draft_over_free(lvl: Level, d: dict, free: dict, level: float, name: str) -> dict:

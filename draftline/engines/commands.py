@@ -376,9 +376,10 @@ def generate_offline_data_command(run: OfflineDataRun) -> list[str]:
 
 @dataclass(frozen=True)
 class SpeculativeDraft:
-    """The EAGLE-3 draft a vLLM or SGLang server attaches, in the engine's own terms."""
+    """The draft a vLLM or SGLang server attaches, in the engine's own terms; path None for a
+    method that needs no draft model (vLLM's ngram, suffix: draftline/benchmark/free.py)."""
 
-    path: str
+    path: str | None
     method: str  # vLLM speculative_config.method, SGLang --speculative-algorithm
     num_steps: (
         int  # draft tokens per step: vLLM num_speculative_tokens, SGLang --speculative-num-steps
@@ -412,7 +413,7 @@ def vllm_server_command(model: str, given: list[str], serve: EngineServe) -> lis
         draft = serve.draft
         spec = {
             "method": draft.method,
-            "model": draft.path,
+            **({"model": draft.path} if draft.path is not None else {}),
             "num_speculative_tokens": draft.num_steps,
             **draft.vllm_config,
         }
@@ -426,6 +427,11 @@ def sglang_server_command(model: str, given: list[str], serve: EngineServe) -> l
     cmd = [*(serve.launcher or []), "--model-path", model, *given]
     if serve.draft:
         draft = serve.draft
+        if draft.path is None:
+            raise CommandError(
+                f"sglang: --speculative-algorithm {draft.method} without a draft model is not "
+                "wired here; serve it with vLLM"
+            )
         steps, topk = draft.num_steps, draft.eagle_topk
         draft_tokens = draft.num_draft_tokens or (steps + 1 if topk == 1 else steps * topk + 1)
         cmd += [

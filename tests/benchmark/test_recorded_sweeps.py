@@ -107,9 +107,11 @@ def test_two_ks_told_apart_by_the_paired_test_but_not_by_their_intervals_give_th
     diffs = [b / a for a, b in zip(*(level.speculative[k]["paired_speedups"] for k in (1, 3)))]
     low, _ = by_hand(diffs, family=3)  # one load, 2 ks and their pair
     assert d["versus"]["k3/k1"]["low"] == round(low, 4) > 1.05
-    assert d["decision"] == "yes" and d["k"] == 3 and d["passed_over"] == {
-        1: "k=3 beats it by more than 5%"
-    }
+    assert (
+        d["decision"] == "yes"
+        and d["k"] == 3
+        and d["passed_over"] == {1: "k=3 beats it by more than 5%"}
+    )
     assert v["k_per_batch_size"] == [[1, 4, 3]]
 
 
@@ -147,7 +149,9 @@ def test_passes_centred_on_one_settle_as_no_gain_worth_deploying(levels):
     pairs = levels[16].speculative[1]["paired_speedups"]
     mean = sum(math.log(r) for r in pairs) / len(pairs)
     centred = [round(math.exp((math.log(r) - mean) / 10), 4) for r in pairs]
-    level = Level(levels[16].baseline, {1: {**levels[16].speculative[1], "paired_speedups": centred}})
+    level = Level(
+        levels[16].baseline, {1: {**levels[16].speculative[1], "paired_speedups": centred}}
+    )
     v = decide({16: level}, serve=16)
     d = v["decisions"]["16"]
     assert d["decision"] == "no_gain" and d["settled"] and d["k"] is None

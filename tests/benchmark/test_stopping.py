@@ -33,7 +33,7 @@ def test_peeking_after_every_round_breaks_the_confidence_and_the_rule_keeps_it()
 
 
 def test_the_schedules_family_holds_at_its_stop():
-    """The default's schedule (3 loads x 3 ks, four looks) with speedups like the default's: the
+    """The default's schedule (3 loads x 3 ks, two looks) with speedups like the default's: the
     intervals it stops on all hold their truth in at least 90% of the runs."""
     out = stopping_rule.simulate(SCENARIOS["schedule_mixed"], naive=False, runs=300, seed=2)
     assert out["error_rate_95"][1] < 0.1

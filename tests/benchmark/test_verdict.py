@@ -222,8 +222,9 @@ def test_decide_at_the_serve_load_with_the_goals_met_reachable_and_out_of_reach(
     assert v["break_even"]["pays_at"] == [1, 4] and v["break_even"]["loses_at"] == [16]
     # past 16, the largest load measured: benchmark.undecided_k up to benchmark.max_batch_size
     assert v["k_per_batch_size"] == [[1, 2, 1], [3, 8, 2], [9, 1024, 0]]
-    assert "1024 (past the largest load measured) get benchmark.undecided_k = 0" in (
-        v["k_per_batch_size_covers"]
+    assert (
+        "1024 (past the largest load measured) get benchmark.undecided_k = 0"
+        in (v["k_per_batch_size_covers"])
     )
     assert v["cost_model"]["held_out_mean_abs_error"] == 0.0 and "_coef" not in v["cost_model"]
     assert "note" not in v
@@ -299,7 +300,9 @@ def test_samples_for_a_curve_that_never_reaches_the_acceptance_says_so():
     ]  # falling acceptance: the log-linear curve never reaches more
     out = verdict.samples_for(points, 3.0, 3)
     assert out["samples"] is None and out["extrapolation_factor"] is None
-    assert out["why_not"].startswith("the log-linear curve fitted to the runs never reaches 3.0 at 90%")
+    assert out["why_not"].startswith(
+        "the log-linear curve fitted to the runs never reaches 3.0 at 90%"
+    )
 
 
 def test_read_points_keeps_the_k_each_point_was_measured_at(tmp_path):

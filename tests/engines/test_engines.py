@@ -304,7 +304,10 @@ def stand_in_main(argv: list[str]) -> None:
         StandIn.model = args.model
         spec = args.speculative_config
         if spec:
-            assert spec["method"] == "eagle3" and Path(spec["model"]).is_dir()
+            # a draft served as EAGLE-3, or n-gram prompt lookup with no draft (benchmark.free)
+            assert (spec["method"] == "eagle3" and Path(spec["model"]).is_dir()) or (
+                spec["method"] == "ngram" and "model" not in spec
+            )
             StandIn.k = spec["num_speculative_tokens"]
     else:
         StandIn.server_info = {
@@ -624,7 +627,9 @@ def run_benchmark_stage(
     from draftline.targets.corpus import generate_conversations
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["benchmark"].update(overrides)
+    # no benchmark.free servers unless asked: the stand-ins serve drafts only (a real n-gram
+    # server: tests/benchmark/test_free_methods.py)
+    raw["benchmark"].update({"free": {}, **overrides})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     card.write(tmp_path / "card.json")
     conversations = generate_conversations(3, 9) if conversations is None else conversations
@@ -732,11 +737,11 @@ def test_benchmark_rounds_run_the_servers_side_by_side_shuffled_and_paired(
     assert v["break_even"]["pays_at"] == [1] and v["break_even"]["loses_at"] == [4]
     assert 1 < v["break_even"]["break_even_concurrency"] < 4
     deploy = read_json(tmp_path / "deploy.json")
-    assert deploy["vllm"]["k_per_batch_size"] == v["k_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    assert deploy["vllm"]["k_per_batch_size"] == v["k_per_batch_size"] == [[1, 2, 3], [3, 1024, 0]]
     argv = shlex.split(deploy["vllm"]["command_k_per_batch_size"])
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == 3
-    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 1024, 0]]
     assert deploy["verdict"]["decision"] == "no" and deploy["verdict"]["decided_loads"] == [1, 4]
 
 
@@ -937,7 +942,7 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(
     be = v["break_even"]
     assert be["pays_at"] == be["loses_at"] == [] and be["undecided_at"] == [1, 4]
     assert be["break_even_concurrency"] is None and bench["break_even_concurrency"] is None
-    assert v["k_per_batch_size"] == [[1, 4, 0]]
+    assert v["k_per_batch_size"] == [[1, 1024, 0]]
     model = v["cost_model"]
     assert model["terms"] == ["1", "k", "log2c"] and len(model["held_out"]) == 4
     # (its three terms miss the stand-ins' k x load cost: a point left out may be predicted at a
@@ -993,7 +998,10 @@ def test_benchmark_stage_drives_baseline_and_speculative_servers(
         "confidence": 0.9,
         "pays_off": None,
         "decided_loads": [],
+        "no_gain_loads": [],
         "undecided_loads": [1, 4],
+        "settled": {"1": False, "4": False},
+        "rounds": 1,
         "undecided_k": 0,
         "recommendation": "undecided at 4 requests in flight: serving without speculation "
         "(benchmark.undecided_k) until more passes decide it",

@@ -238,7 +238,9 @@ def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
     checkpoint at k=2, the baseline's greedy outputs given back by it (the lossless gate on token
     ids, the baseline's top logprobs read by id), acceptance per position from its /metrics,
     tokens/s at each level, the verdict. One k: what a second k adds is another server of the same
-    command (the sweep over several k is test_engines' on stand-in servers)."""
+    command (the sweep over several k is test_engines' on stand-in servers). Beside them n-gram
+    prompt lookup at k=2 (benchmark.free), no draft model: its spec-decode counters, and the
+    verdict's and deploy.json's comparison of the draft with it."""
     import shlex
 
     from tests.engines.test_engines import LOAD, run_benchmark_stage
@@ -251,6 +253,7 @@ def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
         "engine": "vllm",
         "startup_timeout_s": 600,
         "vllm": {"args": ["--dtype", "float32", "--max-num-seqs", "4", *EAGER]},
+        "free": {"ngram": {"k": 2}},
     }
     # the conversations the draft learned: on others this 16-row draft accepts next to nothing
     proc = run_benchmark_stage(
@@ -260,27 +263,34 @@ def test_benchmark_serves_our_draft_in_vllm(tmp_path, served_draft):
     report = read_json(tmp_path / "bench.detail.json")
     gate = report["lossless"]
     assert gate["passed"] and gate["lossless_share"] == 1.0 and gate["mismatch"] == 0
-    assert gate["compared_outputs"] == 2 * 2 * 6  # rounds x levels x requests
+    assert gate["compared_outputs"] == 2 * 2 * 6  # rounds x levels x requests (the draft's)
     assert set(report["acceptance_by_k"]) == {"2"}
     assert 1.0 < report["acceptance_by_k"]["2"] <= 3
     for c in ("c1", "c4"):
         level = report["levels"][c]
-        assert list(level) == ["baseline", "k2"]
+        assert list(level) == ["baseline", "k2", "free"]
         assert set(level["k2"]["position_acceptance"]) == {"1", "2"}
-        for figures in level.values():
+        ngram = level["free"]["ngram"]  # vLLM counts n-gram's steps as speculative ones
+        assert ngram["k"] == 2 and ngram["drafts"] > 0 and ngram["acceptance_length"] >= 1
+        assert ngram["output_verdicts"]["mismatch"] == 0
+        for figures in (level["baseline"], level["k2"], ngram):
             assert figures["requests"] == 2 * 6 and figures["failed"] == 0
             assert figures["output_tokens_per_s"] > 0
             assert figures["output_verdicts"]["mismatch"] == 0
     v = report["verdict"]
     assert v["serve_concurrency"] == 4 and v["k"] in (2, None) and v["words"] in proc.stdout
     assert set(v["decisions"]) == {"1", "4"} and v["k_per_batch_size"][0][0] == 1
-    assert v["design"]["layout"] == "side_by_side" and v["design"]["passes"] == 2 * 2 * 2
+    assert v["design"]["layout"] == "side_by_side" and v["design"]["passes"] == 2 * 2 * 3
     assert v["speedup_low"] <= v["speedup"] <= v["speedup_high"] and v["cost_model"]["held_out"]
     assert v["pays_off"] == {"yes": True, "no": False}.get(v["decision"])
     assert v["design"]["idle_servers_cpu_cores"]["per_server_max"] >= 0
     deploy = read_json(tmp_path / "deploy.json")
     served = deploy["benchmark"]["serve_commands"]
-    assert set(served) == {"baseline", "k2"}
+    assert set(served) == {"baseline", "k2", "ngram:k2"}
+    ngram_spec = json.loads(shlex.split(served["ngram:k2"])[-1])
+    assert ngram_spec["method"] == "ngram" and "model" not in ngram_spec
+    assert set(v["free"]["methods"]["ngram"]["by_load"]) == {"1", "4"}
+    assert deploy["free"]["better"] == v["free"]["better_at_serve"]
     argv = shlex.split(served["k2"])
     assert "vllm.entrypoints.openai.api_server" in argv
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2
