@@ -1126,6 +1126,60 @@ def benchmark_reruns(r: Reports) -> str:
     )
 
 
+def benchmark_reruns_paired(r: Reports) -> str:
+    """The reruns under the paired rule side by side: each run's rounds and why they stopped, each
+    load's decision, k and interval, its k per batch size; how many share the most common
+    schedule, each load's k against the best k pooled over the runs, and contradictions."""
+    f = "reports/benchmark_design/reruns_paired.json"
+    data = r.load(f)
+    loads = sorted({c for run in data["runs"].values() for c in run["loads"]}, key=int)
+
+    def cell(d: dict) -> str:
+        k = f" k={fmt(d['k'], 'd')}" if d["k"] is not None else ""
+        iv = (
+            f" [{fmt(d['low'], '.2f')}-{fmt(d['high'], '.2f')}]" if d["low"] is not None else ""
+        )
+        return f"{d['decision']}{k}, {fmt(d['speedup'], '.2f')}x{iv}"
+
+    rows = []
+    for label, run in data["runs"].items():
+        stop = (run.get("stops") or [{}])[-1].get("stop") or "-"
+        rows.append(
+            [
+                f"`{label}`",
+                f"{fmt(run['rounds'], 'd')} ({stop})",
+                *(cell(run["loads"][c]) for c in loads),
+                f"`{json.dumps(run['k_per_batch_size'])}`",
+            ]
+        )
+    sched = data["schedules"]
+    within = [
+        v["within_k_margin_of_pooled_best"]
+        for p in data.get("pooled", {}).values()
+        for v in p["runs"].values()
+        if v["within_k_margin_of_pooled_best"] is not None
+    ]
+    said = (
+        "no yes/no contradiction between any two"
+        if not data["contradictions"]
+        else f"{fmt(len(data['contradictions']), 'd')} yes/no contradictions"
+    )
+    return "\n".join(
+        [
+            table(
+                ["run", "rounds (stop)", *(f"{c} in flight" for c in loads), "k per batch size"],
+                rows,
+            ),
+            "",
+            f"{fmt(sched['runs_with_most_common'], 'd')} of {fmt(len(data['runs']), 'd')} runs "
+            f"deploy the same schedule ({fmt(sched['distinct'], 'd')} distinct); a deployed k "
+            f"within the k margin of the best k pooled over the runs in "
+            f"{fmt(sum(within), 'd')} of {fmt(len(within), 'd')} load-runs decided yes; {said}. "
+            + source(f"`{f}` (`/runs`, `/schedules`, `/pooled`, `/contradictions`)"),
+        ]
+    )
+
+
 def recipe_forecast(r: Reports) -> str:
     return _recipe_forecast(r, "reports/forecast.json")
 
@@ -1447,6 +1501,7 @@ FIGURES: dict[str, Callable[[Reports], str]] = {
     "recipe_candidates": recipe_candidates,
     "recipe_forecast": recipe_forecast,
     "benchmark_reruns": benchmark_reruns,
+    "benchmark_reruns_paired": benchmark_reruns_paired,
     "recipe_forecast_by_id": recipe_forecast_by_id,
     "make_exps_example": make_exps_example,
     "dvc_cache_costs": dvc_cache_costs,
