@@ -1136,9 +1136,7 @@ def benchmark_reruns_paired(r: Reports) -> str:
 
     def cell(d: dict) -> str:
         k = f" k={fmt(d['k'], 'd')}" if d["k"] is not None else ""
-        iv = (
-            f" [{fmt(d['low'], '.2f')}-{fmt(d['high'], '.2f')}]" if d["low"] is not None else ""
-        )
+        iv = f" [{fmt(d['low'], '.2f')}-{fmt(d['high'], '.2f')}]" if d["low"] is not None else ""
         return f"{d['decision']}{k}, {fmt(d['speedup'], '.2f')}x{iv}"
 
     rows = []
