@@ -445,10 +445,9 @@ class Sweeper:
                 continue
             look = self.look(running, rnd + 1, time.time() - started, group)
             self.looks.append(look)
-            if look["stop"]:
+            if look["stop"]:  # the last look (repeats is one) always stops
                 self.stops.append(look)
                 return
-        self.stops.append({"group": group, "round": cfg.repeats, "stop": "repeats"})
 
     def look(self, running: dict[str, Running], done: int, elapsed: float, group: int) -> dict:
         """Whether the rounds of these servers stop after round `done`: every load of every draft
