@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # per persisted output: the stage that makes it and its phase package (the guard's scope)
 OUTPUTS: dict[str, tuple[str, str]] = {
+    "regenerate": ("regenerate", "draftline/regenerate/"),
     "hidden_states": ("hidden_states", "draftline/hidden_states/"),
     "tokenize": ("tokenize", "draftline/tokens/"),
     "train": ("train", "draftline/train/"),
@@ -45,6 +46,23 @@ METHODS = tuple(
 )
 
 SHAPES: dict[str, tuple[str, ...]] = {
+    # datasets/regenerated/conversations.jsonl: each line's answers (regenerate/settings.py keys
+    # every line on this fingerprint with the target's weights and the pins)
+    "regenerate": (
+        # every assistant turn asked again in order, what each request carries
+        "draftline/regenerate/replay.py",
+        # the request body: sampling, max_tokens, the chat template's arguments
+        "draftline/regenerate/client.py",
+        # the streamed answer put together: content, reasoning, tool calls
+        "draftline/regenerate/stream.py",
+        # the launched server's settings (the batch server's batch size, the engines' flags)
+        "draftline/regenerate/launch.py",
+        # backend hf: the batch server renders the chat and decodes (loaded by name)
+        "draftline/engines/batch_server.py",
+        "draftline/engines/greedy_batch.py",
+        # how the target is loaded there: dtype, device
+        "draftline/targets/model.py",
+    ),
     # datasets/hidden_states/hs_*.safetensors (resume.fingerprint)
     "hidden_states": (
         # the forward, the hooks that read the aux layers' inputs and the pre-norm last state, and
@@ -133,6 +151,16 @@ SHAPES: dict[str, tuple[str, ...]] = {
 # Modules of an output's phase package that its stage runs and that shape none of its values (a
 # module may be bookkeeping for its own phase's output and shape another's: extract.py).
 BOOKKEEPING: tuple[str, ...] = (
+    # regenerate: the stage's run, its params, the line store (which lines are kept, where the
+    # others go), its index, the settings compared, the migration tool, progress lines
+    "draftline/regenerate/__init__.py",
+    "draftline/regenerate/run.py",
+    "draftline/regenerate/config.py",
+    "draftline/regenerate/store.py",
+    "draftline/regenerate/index.py",
+    "draftline/regenerate/settings.py",
+    "draftline/regenerate/migrate.py",
+    "draftline/regenerate/progress.py",
     # hidden_states: the stage's run, its params, the disk plan and check, the resume decisions
     "draftline/hidden_states/extract.py",
     "draftline/hidden_states/config.py",

@@ -26,7 +26,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from datasets import load_from_disk
 from draftline.core.card import TargetCard
-from draftline.core.config import resolve_device
 from draftline.core.io import read_json, write_meta
 from draftline.engines.commands import (
     ExtractServe,
@@ -40,7 +39,7 @@ from draftline.engines.servers import ManagedServer, launch_env, server_url, sta
 from draftline.hidden_states import formats as hs_format
 from draftline.hidden_states import plan, resume
 from draftline.hidden_states.batches import BATCHES_FILE, BatchJob, extract_batches
-from draftline.hidden_states.capture import check_aux_layer_ids, compute_dtype
+from draftline.hidden_states.capture import DTYPES, check_aux_layer_ids
 from draftline.hidden_states.config import HiddenStatesError
 from draftline.hidden_states.disk import check_disk
 from draftline.hidden_states.files import hs_path
@@ -70,8 +69,8 @@ class ExtractionJob:
 def run_hf(job: ExtractionJob, todo: dict[int, int]) -> int:
     """Backend hf: the target runs here, batch by batch; returns the tokens done."""
     cfg = job.cfg
-    device = "cuda" if cfg.device_map else resolve_device(cfg.device)
-    dtype = compute_dtype(cfg.compute_dtype, cfg.dtype, device)
+    resolved = resume.resolved_settings(cfg, job.card, job.aux_ids)  # as the states' key has them
+    device, dtype = resolved["device"], DTYPES[resolved["compute_dtype"]]
     model = load_target_model(job.card, device, dtype, cfg.device_map)
     store_dtype = hs_format.storage_dtype(cfg.format, cfg.dtype)
     batches = BatchJob(job.aux_ids, job.out, store_dtype, cfg.token_budget)
@@ -236,7 +235,7 @@ def write_online(job: ExtractionJob, fingerprint: str) -> dict:
         states_fingerprint=fingerprint,
         files_fingerprint=files_fingerprint,
         fingerprint=files_fingerprint,
-        shaping_code=previous.get("shaping_code"),  # of the files kept, as fingerprint is
+        key=previous.get("key"),  # of the files kept, as fingerprint is
         aux_layer_ids=aux_ids,
         online=cfg.online.model_dump(),
     )
@@ -345,13 +344,13 @@ def extract_hidden_states(
     out = paths.out
     H, store_dtype = card.hidden_size, hs_format.storage_dtype(cfg.format, cfg.dtype)
 
-    fingerprint = resume.fingerprint(card, hs_format.storage_name(cfg.format, cfg.dtype))
+    wanted = resume.derivation(cfg, card, aux_ids)
     if cfg.mode == "online":
-        return write_online(job, fingerprint)
+        return write_online(job, wanted.key)
     resume.remove_temporaries(out)  # *.tmp and vLLM staging of a killed run: never finished files
     # Decide what to remove and redo, check the disk, and only then remove anything: a refusal
     # leaves every file in place.
-    work = resume.pending_work(cfg, rows, out, fingerprint, H, store_dtype)
+    work = resume.pending_work(cfg, rows, out, wanted, H, store_dtype)
     free = check_disk_for(job, work, pack_len)
     for f in work.stale + work.extra:
         f.unlink()
@@ -361,8 +360,8 @@ def extract_hidden_states(
     meta = dict(
         mode="offline",
         format=cfg.format,
-        fingerprint=fingerprint,
-        shaping_code=resume.shaping_code(),  # says why a later run clears them
+        fingerprint=wanted.key,
+        key=wanted.record(),  # its parts: a later run names what changed
         aux_layer_ids=aux_ids,
         layout=LAYOUTS[cfg.format],
     )

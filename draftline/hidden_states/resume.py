@@ -1,8 +1,9 @@
 """What a rerun of the hidden_states stage keeps, redoes and clears in its output directory.
 
-The directory's meta.json carries a fingerprint of what made the states (target and its weights,
-aux ids, dtype, and the code that shapes them: draftline/core/shaping.py): a different
-fingerprint clears the directory instead of mixing states. Otherwise each file is
+The directory's meta.json carries the key of what made the states and its parts (`derivation`,
+draftline/core/derivation.py: the target and its weights, aux ids, shaping params, the settings
+resolved at run time, the code that shapes them and the engine's pins): another key clears the
+directory instead of mixing states, and the log names what changed. Otherwise each file is
 checked (draftline/hidden_states/files.py) and only the missing or broken ones are redone. The
 stage decides what it would remove (`pending_work`) and checks the disk first
 (draftline/hidden_states/disk.py), then removes it.
@@ -10,21 +11,21 @@ stage decides what it would remove (`pending_work`) and checks the disk first
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+from draftline.core.derivation import Derivation, derive, superseded, weights_digest
+from draftline.core.shaping import shaping_fingerprint
 from draftline.hidden_states.batches import BATCHES_FILE
 from draftline.hidden_states.disk import estimate_bytes
 from draftline.hidden_states.files import file_problem, hs_path
-from draftline.hidden_states.formats import bytes_per_token
+from draftline.hidden_states.formats import bytes_per_token, storage_name
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
@@ -35,89 +36,72 @@ log = logging.getLogger(__name__)
 VLLM_STAGING = ".vllm_staging"  # where vLLM's connector writes inside the output directory
 
 
-SAMPLED_BLOCKS = 64  # evenly spaced blocks of a .safetensors file's data hashed by weights_digest
-BLOCK = 64 << 10
-TENSOR_END = 4 << 10  # hashed at both ends of each tensor
-
-
-def _safetensors_digest(h, fh, size: int) -> None:
-    """Feed `h` a .safetensors file's header, its tensors' ends and evenly spaced blocks of its
-    data (see weights_digest)."""
-    head = fh.read(8)
-    n = int.from_bytes(head, "little") if len(head) == 8 else 0
-    header = fh.read(min(n, max(0, size - 8))) if n else b""
-    h.update(head + header)
-    start = 8 + len(header)
-    spans = []
-    try:
-        tensors = json.loads(header)
-    except ValueError:  # not a readable header: the blocks alone
-        tensors = {}
-    for info in tensors.values() if isinstance(tensors, dict) else ():
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        ok = isinstance(offsets, list) and len(offsets) == 2
-        if ok and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]:
-            a, b = start + offsets[0], start + offsets[1]
-            spans += [(a, min(b, a + TENSOR_END)), (max(a, b - TENSOR_END), b)]
-    data = max(0, size - start)
-    step = max(0, data - BLOCK) / max(1, SAMPLED_BLOCKS - 1)
-    spans += [(start + int(k * step), start + int(k * step) + BLOCK) for k in range(SAMPLED_BLOCKS)]
-    for a, b in sorted(set(spans)):
-        fh.seek(a)
-        h.update(fh.read(max(0, min(b, size) - a)))
-
-
-def weights_digest(model: str) -> str | None:
-    """A digest of the weight files (and config.json) of a local model: changes when it is
-    retrained, fine-tuned, re-quantized or edited. None for a hub id (model + revision name it).
-
-    Every file's name and size. A .bin/.pt file or config.json: its whole content. A .safetensors
-    file: its header (every tensor's name, dtype, shape and offsets), the first and last 4 KiB of
-    each tensor, and 64 evenly spaced 64 KiB blocks of its data; a file of up to 4 MiB of data is
-    thereby read whole. Hashing a whole checkpoint costs minutes per hundred GB at every run of the
-    stage; this costs 4 MiB plus 8 KiB per tensor, whatever the size. What it sees: a retrain
-    changes nearly every value (the spaced blocks), a fine-tune of some tensors changes each of
-    them throughout (their ends), a re-quantization or resize changes the header. What it can miss:
-    an edit confined to a few bytes no block covers, which no training makes."""
-    root = Path(model)
-    if not root.is_dir():
-        return None
-    h = hashlib.sha256()
-    for f in sorted(
-        p
-        for p in root.iterdir()
-        if p.suffix in {".safetensors", ".bin", ".pt"} or p.name == "config.json"
-    ):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}\n".encode())
-        with open(f, "rb") as fh:
-            if f.suffix == ".safetensors":
-                _safetensors_digest(h, fh, size)
-            else:
-                h.update(hashlib.file_digest(fh, "sha256").digest())
-    return h.hexdigest()
-
-
 def shaping_code() -> str:
     """The fingerprint of the code that shapes the states (SHAPES["hidden_states"])."""
     return shaping_fingerprint("hidden_states")
 
 
-def fingerprint(card: TargetCard, dtype_name: str) -> str:
-    """What the stored values depend on, besides the tokens each file already records: the target
-    (its weights too), the aux ids, the stored dtype and the code that shapes the states
-    (draftline/core/shaping.py)."""
-    parts = {
-        "model": card.model,
-        "revision": card.revision,
-        "weights": weights_digest(card.model),
-        "num_layers": card.num_layers,
-        "hidden_size": card.hidden_size,
-        "aux_layer_ids": card.aux_ids,
-        "dtype": dtype_name,
-        "code": shaping_code(),
+# Params of the stage left out of the files' key, and why:
+# - mode, online: `online` stores no files (the train stage makes its states, keyed there); the
+#   files of an earlier offline run are kept for a switch back;
+# - the other backend's params: vllm.* with backend hf, device and compute_dtype with backend vllm.
+NOT_IN_KEY = ("mode", "online")
+
+
+def resolved_settings(cfg: HiddenStatesConfig, card: TargetCard, aux_ids: list[int]) -> dict:
+    """What the stage decides at run time that shapes the stored values, as values (so that
+    extract.py's bookkeeping stays out of the key): backend hf, the device type, the dtype the
+    target computes in and the padded tokens per forward (a batch's make-up rounds bf16 states);
+    backend vllm, the layer ids and stored dtype sent to vLLM and its extra arguments."""
+    if cfg.backend == "hf":
+        from draftline.core.config import resolve_device
+        from draftline.hidden_states.capture import compute_dtype
+
+        device = "cuda" if cfg.device_map else resolve_device(cfg.device)
+        dtype = compute_dtype(cfg.compute_dtype, cfg.dtype, device)
+        return {
+            "backend": "hf",
+            "device": device,
+            "compute_dtype": str(dtype).removeprefix("torch."),
+            "token_budget": cfg.token_budget,
+        }
+    return {
+        "backend": "vllm",
+        "layer_ids": [*aux_ids, card.num_layers],
+        "dtype": cfg.dtype,
+        "extra_args": list(cfg.vllm.extra_args),
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def derivation(cfg: HiddenStatesConfig, card: TargetCard, aux_ids: list[int]) -> Derivation:
+    """The key of the stored states (draftline/core/derivation.py): the stage's shaping params,
+    the target and its weights, the aux ids, the resolved settings, the code that shapes the
+    states and the pins of the engine that computes them."""
+    from draftline.core.config import output_shaping
+
+    params = {k: v for k, v in output_shaping(cfg).items() if k not in NOT_IN_KEY}
+    if cfg.backend == "hf":
+        params.pop("vllm", None)
+    else:
+        params.pop("device", None)
+        params.pop("compute_dtype", None)
+    inputs = {
+        "target": {"model": card.model, "revision": card.revision},
+        "target_weights": weights_digest(card.model),
+        "shape": {
+            "num_layers": card.num_layers,
+            "hidden_size": card.hidden_size,
+            "aux_layer_ids": list(aux_ids),
+        },
+        "format": storage_name(cfg.format, cfg.dtype),
+    }
+    return derive(
+        "hidden_states",
+        params=params,
+        inputs=inputs,
+        resolved=resolved_settings(cfg, card, aux_ids),
+        vllm=cfg.backend == "vllm",
+    )
 
 
 def remove_temporaries(out: Path) -> None:
@@ -129,9 +113,9 @@ def remove_temporaries(out: Path) -> None:
 
 
 def stale_files(out: Path, expected_fingerprint: str) -> list[Path]:
-    """The hidden-state files (and the batches file) to clear because another target, aux ids,
-    dtype or shaping code made them; [] when the fingerprint matches or there is nothing. Removes
-    nothing."""
+    """The hidden-state files (and the batches file) to clear because they were made under another
+    key (`derivation`: target, weights, params, resolved settings, code, pins); [] when the key
+    matches or there is nothing. Removes nothing."""
     meta_path = out / "meta.json"
     found = json.loads(meta_path.read_text()).get("fingerprint") if meta_path.exists() else None
     files = sorted(out.glob("hs_*.safetensors"))
@@ -140,27 +124,17 @@ def stale_files(out: Path, expected_fingerprint: str) -> list[Path]:
     return files + [p for p in [out / BATCHES_FILE] if p.exists()]
 
 
-OTHER_INPUTS = "made for another target, aux layers, dtype or format"
-
-
-def stale_reason(out: Path) -> str:
-    """Why stale_files are cleared, as the stage says it: the code that shapes the states changed
-    since meta.json recorded it (`shaping_code`), it was not recorded then, or else the files were
-    OTHER_INPUTS."""
+def stale_reason(out: Path, wanted: Derivation) -> list[str]:
+    """What changed since meta.json recorded the key's parts (`Derivation.changed`)."""
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    recorded = meta.get("shaping_code")
-    if recorded is None:
-        return "the code that shapes them was not recorded when they were made"
-    if recorded != shaping_code():
-        return CODE_CHANGED
-    return OTHER_INPUTS
+    return wanted.changed(meta.get("key"))
 
 
-def cleared_text(n: int, why: str) -> str:
-    """How the log counts the stale files and says why: `12 files made for another target, ...`,
-    or `12 files (the code that shapes them changed)`."""
-    return f"{n} files {why}" if why == OTHER_INPUTS else f"{n} files ({why})"
+def cleared_text(n: int, changed: list[str], verb: str = "removed") -> str:
+    """How the log says why the stale files go and counts them: `target weights changed: 12 files
+    removed`."""
+    return superseded(changed, n, "files", verb)
 
 
 def prepare_output(out: Path, expected_fingerprint: str) -> int:
@@ -236,14 +210,14 @@ class PendingWork:
     reclaimable: int  # bytes the removed and overwritten files free
     # files that exist but are redone, by reason (truncated, other tokens, ...): their names
     redone: dict[str, list[str]]
-    why: str = ""  # why the stale files go (stale_reason); "" when there are none
+    why: list[str] = field(default_factory=list)  # what changed (stale_reason); [] when none go
 
 
 def pending_work(
-    cfg: HiddenStatesConfig, rows, out: Path, expected_fingerprint: str, H: int, store_dtype
+    cfg: HiddenStatesConfig, rows, out: Path, wanted: Derivation, H: int, store_dtype
 ) -> PendingWork:
     """What to remove and redo in out (PendingWork), logged; nothing is removed yet."""
-    stale = stale_files(out, expected_fingerprint)
+    stale = stale_files(out, wanted.key)
     redone: dict[str, list[str]] = {}
     if stale:
         todo, done, extra = all_rows(rows), 0, []
@@ -252,14 +226,14 @@ def pending_work(
         todo, done = pending_rows(rows, out, H, store_dtype, full, redone)
         extra = extra_files(out, len(rows))
     cleared = sum(f.name != BATCHES_FILE for f in stale)
-    why = stale_reason(out) if stale else ""
+    why = stale_reason(out, wanted) if stale else []
     overwritten = [hs_path(out, i) for i in todo]
     reclaimable = sum(f.stat().st_size for f in stale + extra + overwritten if f.exists())
     needed = estimate_bytes(list(todo.values()), H, store_dtype)
     log.info(
         f"hidden_states: {done} rows done, {len(todo)} to extract: {sum(todo.values()):,} tokens x "
         f"{bytes_per_token(H, cfg.format, cfg.dtype):,} B ({cfg.format}) = {needed / 1e9:.3f} GB"
-        + (f"; {cleared_text(cleared, why)} to remove" if cleared else "")
+        + (f"; {cleared_text(cleared, why, 'to remove')}" if cleared else "")
     )
     for reason, files in sorted(redone.items()):
         log.info(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from draftline.core.io import read_json
 from draftline.regenerate import store
 from draftline.regenerate.settings import (
+    DERIVED,
     Wanted,
     answer_shaping_args,
     fingerprint,
@@ -47,7 +48,9 @@ def proven_settings(
     still in it, and the one of the meta.json in `directory` (its params, hashed again, must give
     its fingerprint)."""
     settings = plain(regeneration_settings(cfg, card))
-    legacy = {k: v for k, v in settings.items() if k != "answer_shaping_args"}
+    # the old format recorded neither the launch arguments nor the weights, code and pins: the
+    # lines it proves are taken as made by today's (the migration is run by whoever made them)
+    legacy = {k: v for k, v in settings.items() if k not in ("answer_shaping_args", *DERIVED)}
     legacy.update(plain(cfg.model_dump(include=set(LEGACY_ENGINE_SHAPING))))
     known = {fingerprint(legacy): ({**settings, **legacy}, "params")}
     meta_path = Path(directory) / "meta.json"
@@ -65,6 +68,7 @@ def proven_settings(
         }
         if fingerprint(old) == meta["fingerprint"]:
             old["answer_shaping_args"] = answer_shaping_args(old.get("extra_args") or [])
+            old.update({k: settings[k] for k in DERIVED})
             known.setdefault(meta["fingerprint"], (old, "meta.json"))
     return known
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
+from draftline.core.derivation import superseded
 from draftline.core.io import read_json, write_meta
 from draftline.engines.commands import transformers_serve_loads
 from draftline.engines.preflight import (
@@ -43,7 +44,7 @@ from draftline.regenerate.index import all_entries
 from draftline.regenerate.launch import regenerate_command
 from draftline.regenerate.progress import failure_error, progress_bar
 from draftline.regenerate.replay import ProgressHooks, ReplayJob, Sampling, regenerate_all
-from draftline.regenerate.settings import engine_record, wanted_settings
+from draftline.regenerate.settings import SETTING_NAMES, engine_record, wanted_settings
 from draftline.regenerate.store import (
     SUPERSEDED,
     Finished,
@@ -161,6 +162,10 @@ def regenerate(
         + "".join(f", {v} {k.replace('_', ' ')} to move to {SUPERSEDED}" for k, v in moving.items())
         + (f", {resume['restored']} back from {SUPERSEDED}" if resume["restored"] else "")
     )
+    # "target weights changed: 12 conversations superseded"
+    for fields, n in sorted(p.finished.plan.changed.items()):
+        names = [SETTING_NAMES.get(f, f"params ({f})") for f in fields.split(", ")]
+        log.info(f"regenerate: {superseded(names, n, 'conversations')}")
     for reason, lines in resume["named"].items():  # what is set aside, and why: the first few
         log.info(f"regenerate: {reason.replace('_', ' ')}: {', '.join(lines)}")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from draftline.core.config import output_shaping
+from draftline.core.derivation import Derivation, derive, weights_digest
 from draftline.regenerate.config import RegenerateConfig
 
 if TYPE_CHECKING:
@@ -71,16 +72,50 @@ def answer_shaping_args(extra_args: list[str]) -> list[list[str]]:
     return found
 
 
+# the settings that are no regenerate param: answer_derivation's, as digests
+DERIVED = ("target_weights", "code", "pins")
+
+# what a rerun calls a changed setting (the others by their param's name)
+SETTING_NAMES = {
+    "model": "target",
+    "revision": "target revision",
+    "target_weights": "target weights",
+    "chat_template_sha256": "chat template",
+    "code": "the code that shapes them",
+    "pins": "environment pins",
+}
+
+
+def answer_derivation(card: TargetCard) -> Derivation:
+    """The share of the answers' key (draftline/core/derivation.py) that is not a regenerate
+    param: the target's weights, the code that shapes the answers (SHAPES["regenerate"]: the
+    replay, the requests, the batch server's decoding) and the pins of the engines that answer
+    (the batch server's torch and transformers, the vLLM environment's pins)."""
+    return derive(
+        "regenerate",
+        params={},
+        inputs={"target_weights": weights_digest(card.model)},
+        vllm=True,
+    )
+
+
 def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
-    """Everything that shapes the answers: the target, its chat template, the output-shaping
-    regenerate params (draftline/regenerate/config.py) and the answer-shaping launch arguments. A line made
-    under other settings is superseded and its conversation sent again."""
+    """Everything that shapes the answers: the target and its weights, its chat template, the
+    output-shaping regenerate params (draftline/regenerate/config.py), the answer-shaping launch
+    arguments, the code that shapes the answers and the engines' pins (`answer_derivation`, as
+    short digests: every line records them). A line made under other settings is superseded and
+    its conversation sent again."""
+    parts = answer_derivation(card).parts
+    weights = parts["inputs"]["target_weights"]
     return {
         "model": card.model,
         "revision": card.revision,
+        "target_weights": weights[:16] if weights else None,
         "chat_template_sha256": card.chat_template_sha256,
         **output_shaping(cfg),
         "answer_shaping_args": answer_shaping_args(cfg.extra_args),
+        "code": parts["code"][:16],
+        "pins": _sha256(parts["pins"])[:16],
     }
 
 

@@ -217,10 +217,14 @@ class _Plan:
     named: dict[str, list[str]] = field(default_factory=dict)
     last_run: int = 0
     cut_last_line: bool = False
+    # lines made under other settings, per the settings that changed (sorted names, joined)
+    changed: Counter = field(default_factory=Counter)
 
     def set_aside(self, reason: str, n: int, pid: str | None, action) -> None:
         """Count (and name, the first few) a line that does not hold, and plan its move."""
         self.counts[reason] += 1
+        if reason == "stale_settings":
+            self.changed[", ".join(sorted(action[1]))] += 1
         names = self.named.setdefault(reason, [])
         if len(names) < NAMED:
             names.append(f"line {n}" + (f" ({pid})" if pid else ""))

@@ -18,6 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # per output: an edit that shapes nothing (a log line, a progress label) in a module of its stage,
 # and an edit to what a shaping module does
 EDITS = {
+    "regenerate": (
+        (
+            "draftline/regenerate/progress.py",
+            'f"{minutes}m{sec:02d}s"',
+            'f"{minutes} m {sec:02d} s"',
+        ),
+        (
+            "draftline/engines/greedy_batch.py",
+            'kwargs["logits_to_keep"] = 1',
+            'kwargs["logits_to_keep"] = 2',
+        ),
+    ),
     "hidden_states": (
         ("draftline/hidden_states/extract.py", '"hidden_states: running "', '"hs: running "'),
         ("draftline/hidden_states/capture.py", "logits_to_keep=1", "logits_to_keep=2"),

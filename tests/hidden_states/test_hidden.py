@@ -21,7 +21,7 @@ from draftline.hidden_states.batches import BATCHES_FILE, token_budget_batches
 from draftline.hidden_states.capture import capture, check_aux_layer_ids
 from draftline.hidden_states.disk import check_disk, estimate_bytes
 from draftline.hidden_states.files import hs_path, is_valid_file, save_hidden_states
-from draftline.hidden_states.resume import VLLM_STAGING, fingerprint, prepare_output
+from draftline.hidden_states.resume import VLLM_STAGING, derivation, prepare_output
 from draftline.targets.corpus import generate_conversations
 from draftline.targets.model import load_target_model
 
@@ -170,62 +170,110 @@ def test_disk_guard(tmp_path, capsys):
     )  # + the fp8 scale
 
 
+def states_key(card, **params):
+    from draftline.hidden_states.config import HiddenStatesConfig
+
+    return derivation(HiddenStatesConfig(**params), card, list(card.aux_layer_ids))
+
+
 def test_output_of_another_target_is_cleared(tmp_path, random_target):
     out = tmp_path / "hs"
     out.mkdir()
     (out / "hs_0.safetensors").write_bytes(b"x")
     (out / "hs_1.safetensors.tmp").write_bytes(b"x")
-    fp = fingerprint(random_target, "bfloat16")
-    assert fp != fingerprint(random_target, "float32")
-    assert fp != fingerprint(replace(random_target, aux_layer_ids=[1, 2, 4]), "bfloat16")
+    fp = states_key(random_target).key
+    assert fp != states_key(random_target, dtype="float32").key
+    assert fp != states_key(replace(random_target, aux_layer_ids=[1, 2, 4])).key
     (out / "meta.json").write_text(json.dumps({"fingerprint": fp}))
     assert prepare_output(out, fp) == 0 and (out / "hs_0.safetensors").exists()
     assert not (out / "hs_1.safetensors.tmp").exists()
     assert prepare_output(out, "another") == 1 and not (out / "hs_0.safetensors").exists()
 
 
+def test_states_key_names_what_changed_weights_resolved_dtype_and_pins(
+    tmp_path, random_target, monkeypatch
+):
+    """The target's weights scaled by 1.01, the compute dtype rule forced to bfloat16 (a resolved
+    value, extract.py stays bookkeeping) and a transformers pin each change the key, and the
+    stored parts name which; the token budget (operational in params) shapes the batches, so it
+    is keyed too; a port is not."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from draftline.core import derivation as derivation_module
+
+    model = tmp_path / "model"
+    shutil.copytree(random_target.model, model)
+    card = replace(random_target, model=str(model))
+    made = states_key(card)
+    record = made.record()
+    assert states_key(card).changed(record) == []
+    assert states_key(card, disk_margin=2.0).key == made.key
+    assert states_key(card, token_budget=64).changed(record) == ["resolved settings (token_budget)"]
+    assert states_key(card, compute_dtype="bfloat16").changed(record) == [
+        "params (compute_dtype)",
+        "resolved settings (compute_dtype)",
+    ]
+    weights = next(model.glob("*.safetensors"))
+    save_file({k: v * 1.01 for k, v in load_file(weights).items()}, str(weights), {"format": "pt"})
+    assert states_key(card).changed(record) == ["target weights"]
+    record = states_key(card).record()
+    real = derivation_module.md.version
+    monkeypatch.setattr(
+        derivation_module.md, "version", lambda n: "9.9" if n == "transformers" else real(n)
+    )
+    assert states_key(card).changed(record) == ["environment pins (installed.transformers)"]
+    assert states_key(card).changed(None) == ["what made them was not recorded"]
+
+
 def test_states_survive_a_log_edit_and_go_when_the_code_that_shapes_them_changes(
     tmp_path, random_target, monkeypatch, capsys
 ):
-    """The fingerprint holds the code of SHAPES["hidden_states"] (draftline/core/shaping.py),
-    read here from a copy of the source tree: a log line edited in extract.py keeps every file; an
-    edit to capture.py's code clears them all, and the stage says why."""
+    """The key holds the code of SHAPES["hidden_states"] (draftline/core/shaping.py), read here
+    from a copy of the source tree: a log line edited in extract.py keeps every file; an edit to
+    capture.py's code clears them all, and the stage says why."""
     from datasets import Dataset
-    from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+    from draftline.core import derivation as derivation_module
+    from draftline.core.shaping import shaping_fingerprint
     from draftline.hidden_states import resume
     from draftline.hidden_states.config import HiddenStatesConfig
     from tests.core.test_shaping import copy_code, edit
 
     code = copy_code(tmp_path / "code")
-    monkeypatch.setattr(resume, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    monkeypatch.setattr(
+        derivation_module, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code)
+    )
     out, H = tmp_path / "hs", random_target.hidden_size
     out.mkdir()
     for i, seq in enumerate(SEQS):
         save_hidden_states(hs_path(out, i), seq, torch.randn(len(seq), 4, H), torch.bfloat16)
-    made = fingerprint(random_target, "bfloat16")
-    meta = {"fingerprint": made, "shaping_code": resume.shaping_code()}
+    made = states_key(random_target)
+    meta = {"fingerprint": made.key, "key": made.record()}
     (out / "meta.json").write_text(json.dumps(meta))
     rows = Dataset.from_dict({"input_ids": SEQS})
 
     def pending() -> resume.PendingWork:
-        now = fingerprint(random_target, "bfloat16")
+        now = states_key(random_target)
         return resume.pending_work(HiddenStatesConfig(), rows, out, now, H, torch.bfloat16)
 
     edit(code, "draftline/hidden_states/extract.py", '"hidden_states: running "', '"hs: running "')
-    assert fingerprint(random_target, "bfloat16") == made
+    assert states_key(random_target).key == made.key
     kept = pending()
     assert kept.stale == [] and kept.done == 2 and kept.todo == {}
 
     edit(code, "draftline/hidden_states/capture.py", "logits_to_keep=1", "logits_to_keep=2")
-    assert fingerprint(random_target, "bfloat16") != made
+    assert states_key(random_target).key != made.key
     capsys.readouterr()
     redo = pending()
     assert redo.stale == sorted(out.glob("hs_*.safetensors")) and redo.todo == {0: 9, 1: 3}
-    assert redo.why == CODE_CHANGED and redo.cleared == 2
-    assert f"2 files ({CODE_CHANGED}) to remove" in capsys.readouterr().out
+    assert redo.why == ["the code that shapes them"] and redo.cleared == 2
+    assert "; the code that shapes them changed: 2 files to remove" in capsys.readouterr().out
 
-    (out / "meta.json").write_text(json.dumps({"fingerprint": made}))  # made before it was recorded
-    assert "not recorded" in pending().why
+    (out / "meta.json").write_text(
+        json.dumps({"fingerprint": made.key})
+    )  # made before it was recorded
+    assert pending().why == ["what made them was not recorded"]
 
 
 def test_weights_digest_sees_a_byte_changed_in_the_middle_of_a_weight_file(tmp_path):
@@ -234,7 +282,7 @@ def test_weights_digest_sees_a_byte_changed_in_the_middle_of_a_weight_file(tmp_p
     ends and evenly spaced blocks; any other weight file: all of it."""
     from safetensors.torch import save_file
 
-    from draftline.hidden_states.resume import weights_digest
+    from draftline.core.derivation import weights_digest
 
     model = tmp_path / "model"
     model.mkdir()
@@ -327,7 +375,8 @@ def all_valid(root: Path, tokenized: str, out: str, H: int) -> bool:
 def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_target):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = stage_dir / "hs_kill"
-    # one row per forward pass, so the kill lands mid-run; the rerun batches normally
+    # one row per forward pass, so the kill lands mid-run; the rerun batches the same way (the
+    # token budget shapes the batches, so it is in the files' key)
     (stage_dir / "params.yaml").write_text(PARAMS.replace("token_budget: 1024", "token_budget: 16"))
     proc = subprocess.Popen(
         [
@@ -352,7 +401,6 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
-    (stage_dir / "params.yaml").write_text(PARAMS)
     rows = 120
     from datasets import load_from_disk
 
@@ -369,7 +417,10 @@ def test_sigkill_then_rerun_redoes_nothing_that_was_complete(stage_dir, random_t
     (out / damaged).write_bytes((out / damaged).read_bytes()[:-100])
     del complete[damaged]
 
-    report = run_stage(stage_dir, "tokenized", "hs_kill")
+    try:
+        report = run_stage(stage_dir, "tokenized", "hs_kill")
+    finally:
+        (stage_dir / "params.yaml").write_text(PARAMS)
     assert all_valid(stage_dir, "tokenized", "hs_kill", H)
     assert not list(out.glob("*.tmp"))
     assert report["reused"] == len(complete) and report["extracted_now"] == rows - len(complete)
@@ -453,10 +504,7 @@ def test_a_disk_refusal_after_a_dtype_change_removes_nothing(
         with pytest.raises(SystemExit, match="not enough disk"):
             run_stage(subsets, "tokenized_20", "hs_dtype")
         assert {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.iterdir()} == stamps
-        assert (
-            "20 files made for another target, aux layers, dtype or format to remove"
-            in capsys.readouterr().out
-        )
+        assert "format, params (dtype) changed: 20 files to remove" in capsys.readouterr().out
 
         (subsets / "params.yaml").write_text(PARAMS.replace("dtype: bfloat16", "dtype: float16"))
         report = run_stage(subsets, "tokenized_20", "hs_dtype")
@@ -912,8 +960,10 @@ def fake_vllm_python(tmp_path, random_target, monkeypatch) -> Path:
 def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(
     subsets, hs_read, random_target, monkeypatch, tmp_path
 ):
-    """The stage with backend vllm: launches the server, runs speculators' real client, keeps the
-    valid files of an earlier (hf) run, redoes missing and mismatched ones, stops the server."""
+    """The stage with backend vllm: launches the server, runs speculators' real client, stops the
+    server. The files of an earlier hf run were computed by another engine (its key names the
+    backend): all redone. A second vllm run keeps the valid files, redoes missing and mismatched
+    ones."""
     import shutil
 
     from safetensors.torch import load_file
@@ -941,6 +991,16 @@ def test_vllm_backend_hands_off_to_generate_offline_data_and_resumes(
     )
     (stage_dir / "params.yaml").write_text(params)
     try:
+        report = run_stage(stage_dir, "tokenized_20", "hs_vllm")
+        assert report["removed_for_new_fingerprint"] == 17 and report["extracted_now"] == 20
+        for i in (2, 7, 11):
+            hs_path(out, i).unlink()
+        shutil.copy(hs_path(out, 0), hs_path(out, 5))  # another row's tokens
+        kept = {
+            f.name: f.stat().st_mtime_ns
+            for f in out.glob("hs_*.safetensors")
+            if f.name != "hs_5.safetensors"
+        }
         report = run_stage(stage_dir, "tokenized_20", "hs_vllm")
     finally:
         (stage_dir / "params.yaml").write_text(PARAMS)

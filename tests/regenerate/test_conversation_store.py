@@ -557,3 +557,42 @@ def test_a_kill_between_the_steps_leaves_every_line_somewhere_and_none_twice(tmp
 
 if __name__ == "__main__":
     serve_as_vllm(sys.argv[1:])
+
+
+def test_target_weights_scaled_in_place_supersede_every_answer_and_say_so(tmp_path, random_target):
+    """The target's path, revision and chat template unchanged, its weights scaled by 1.01 (a
+    fine-tune in place): every kept line was made by another model, so all are superseded, and
+    what changed is named per line ("target weights"). The code that decodes them and the pins
+    are in every line's settings too (draftline/regenerate/settings.py answer_derivation)."""
+    import shutil
+    from dataclasses import replace
+
+    from safetensors.torch import load_file, save_file
+
+    from draftline.core.derivation import superseded
+    from draftline.regenerate.settings import SETTING_NAMES
+
+    model = tmp_path / "model"
+    shutil.copytree(random_target.model, model)
+    card = replace(random_target, model=str(model))
+    cfg = RegenerateConfig(max_tokens=8)
+    made = wanted_settings(cfg, card)
+    assert {"target_weights", "code", "pins"} <= set(made.settings)
+    rows = prompts(3)
+    path = tmp_path / "conversations.jsonl"
+    write_jsonl(
+        path, [line(r, {"fingerprint": made.fingerprint, "settings": made.settings}) for r in rows]
+    )
+    by_id = {r["id"]: r for r in rows}
+    assert len(load_finished(path, by_id, wanted_settings(cfg, card)).done) == 3
+
+    weights = next(model.glob("*.safetensors"))
+    save_file({k: v * 1.01 for k, v in load_file(weights).items()}, str(weights), {"format": "pt"})
+    finished = load_finished(path, by_id, wanted_settings(cfg, card))
+    assert finished.done == set() and finished.counts["stale_settings"] == 3
+    assert dict(finished.plan.changed) == {"target_weights": 3}
+    names = [SETTING_NAMES[f] for f in finished.plan.changed]
+    assert (
+        superseded(names, 3, "conversations")
+        == "target weights changed: 3 conversations superseded"
+    )
