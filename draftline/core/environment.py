@@ -15,7 +15,8 @@ import re
 import tomllib
 from pathlib import Path
 
-PIN = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9_.\[\],-]*==[A-Za-z0-9_.+!-]+)")
+# a pin where it stands alone or as a shell default (`${VLLM_SPEC:-vllm==0.33.0}`, the CUDA pin)
+PIN = re.compile(r"(?<![\w.])(?<![^:]-)([A-Za-z0-9][A-Za-z0-9_.\[\],-]*==[A-Za-z0-9_.+!-]+)")
 # the files the pins live in (the code stage depends on each, dvc.yaml)
 PIPELINE_FILES = ("pyproject.toml", "Makefile")
 VLLM_FILES = ("scripts/vllm_env.sh", "scripts/vllm_cpu_constraints.txt")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.card import TargetCard
+from draftline.core.derivation import pins
 from draftline.core.io import read_json, write_json
 from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
 from draftline.draft.checkpoint import architecture_of, read_draft_facts
@@ -160,6 +161,9 @@ def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
     draftline/core/shaping.py)."""
     settings = {
         "code": shaping_fingerprint("probe"),
+        # what the vLLM path runs with: the vLLM environment's pins (CPU and CUDA builds) and the
+        # packages here that shape the check (draftline/core/derivation.py)
+        "pins": pins("probe", vllm=True),
         "path": path,
         "format": hs.format,
         "dtype": hs.dtype,

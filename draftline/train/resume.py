@@ -3,15 +3,14 @@
 Every `checkpoint_every_steps` optimizer steps and at each epoch end, one file (state.pt, written
 atomically) holds the trainable weights, optimizer, scheduler, step, epoch, position in the
 epoch's packing plan, RNG states, partial-epoch metric sums, the history and the best epoch so
-far, plus a fingerprint of params, data, init and the code that shapes the state
-(draftline/core/shaping.py). A rerun with the same fingerprint continues from it; any other
-fingerprint starts fresh. A finished run leaves only last_run.json.
+far, plus the key of what made it and the key's parts (`run_derivation`, draftline/core/derivation.py:
+params, the target's weights, data, init, draft vocabulary, device, the code that shapes the state,
+pins). A rerun with the same key continues from it, after checking that its weights fit the draft;
+another key starts fresh and says what changed. A finished run leaves only last_run.json.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import random
@@ -23,8 +22,9 @@ import numpy as np
 import torch
 
 from draftline.core.config import kind_of
+from draftline.core.derivation import Derivation, derive, superseded, weights_digest
 from draftline.core.io import write_json
-from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+from draftline.core.shaping import shaping_fingerprint
 from draftline.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -43,12 +43,13 @@ NOT_IN_FINGERPRINT = tuple(
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a train run keeps its resume state, the fingerprint (run_fingerprint) a saved state
-    must carry to be continued, and the code's share of it (shaping_code), saved beside it."""
+    """Where a train run keeps its resume state, the key (run_fingerprint) a saved state must carry
+    to be continued, and the key's parts (run_derivation), saved beside it so that a rerun names
+    what changed."""
 
     state_dir: Path
     fingerprint: str
-    code: str | None = None
+    derivation: Derivation | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -64,22 +65,30 @@ def shaping_code() -> str:
     return shaping_fingerprint("train")
 
 
-def run_fingerprint(
-    params: dict, card: TargetCard, data_sha256: str, init_sha256: str | None, device: str
-) -> str:
-    """What a resume state must match: every param that shapes the weights, target, data, init,
-    device, and the code that shapes the state (shaping_code)."""
+def run_derivation(
+    params: dict, card: TargetCard, inputs: dict, device: str, vllm: bool = False
+) -> Derivation:
+    """What a resume state must match (draftline/core/derivation.py): every param that shapes the
+    weights, the target and its weights, `inputs` (the data, the init draft, the draft
+    vocabulary: their digests), the device, the code that shapes the state and the pins (vLLM's
+    too where an online vLLM server makes the states)."""
     kept = {k: v for k, v in params.items() if k not in NOT_IN_FINGERPRINT}
-    facts = {
-        "params": kept,
-        "target": card.model,
-        "revision": card.revision,
-        "data": data_sha256,
-        "init": init_sha256,
-        "device": device,
-        "code": shaping_code(),
-    }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    target = {"model": card.model, "revision": card.revision}
+    inputs = {"target": target, "target_weights": weights_digest(card.model), **inputs}
+    return derive("train", params=kept, inputs=inputs, resolved={"device": device}, vllm=vllm)
+
+
+def run_fingerprint(
+    params: dict,
+    card: TargetCard,
+    data_sha256: str,
+    init_sha256: str | None,
+    device: str,
+    vocab_sha256: str | None = None,
+) -> str:
+    """The key of run_derivation (the builtin loop without an online vLLM server)."""
+    inputs = {"data": data_sha256, "init": init_sha256, "vocab": vocab_sha256}
+    return run_derivation(params, card, inputs, device).key
 
 
 def rng_states() -> dict:
@@ -121,7 +130,7 @@ def save_state(state_dir: Path, state: dict) -> None:
     os.replace(tmp, state_dir / STATE_FILE)
 
 
-def load_state(state_dir: Path, fingerprint: str) -> dict | None:
+def load_state(state_dir: Path, fingerprint: str, wanted: Derivation | None = None) -> dict | None:
     path = Path(state_dir) / STATE_FILE
     if not path.is_file():
         return None
@@ -136,13 +145,30 @@ def load_state(state_dir: Path, fingerprint: str) -> dict | None:
         )
         return None
     if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
-        recorded = state.get("shaping_code") if isinstance(state, dict) else None
-        if recorded is not None and recorded != shaping_code():
-            log.info(f"{path}: made by other code ({CODE_CHANGED}); starting fresh")
+        recorded = state.get("key") if isinstance(state, dict) else None
+        if wanted is not None:
+            log.info(
+                f"{path}: {superseded(wanted.changed(recorded), 1, 'state', 'set aside')}; starting fresh"
+            )
         else:
-            log.info(f"{path}: made with other params, data or init; starting fresh")
+            log.info(f"{path}: made with other params, data, init or code; starting fresh")
         return None
     return state
+
+
+def check_state_fits(state: dict, model, path: Path) -> None:
+    """The saved weights must be the draft's trainable weights, name for name and shape for shape
+    (the state holds no frozen tensor, so it loads with strict=False): a mismatch (another draft
+    vocabulary, say) stops the run instead of resuming a draft it does not fit."""
+    own = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+    saved = {n: tuple(t.shape) for n, t in state["model"].items()}
+    if saved != own:
+        differ = sorted(n for n in set(own) | set(saved) if own.get(n) != saved.get(n))
+        shown = "; ".join(f"{n}: saved {saved.get(n)}, draft {own.get(n)}" for n in differ[:4])
+        raise RuntimeError(
+            f"error: {path} does not fit the draft being trained ({shown}); its key matched, so "
+            "what made it was not all in the key: delete it to train fresh"
+        )
 
 
 def finish_state(state_dir: Path, summary: dict) -> None:

@@ -53,14 +53,15 @@ from draftline.train.data import (
 from draftline.train.paths import Paths, TrainJob, TrainPaths
 from draftline.train.progress import epoch_logger, step_reporter, train_report
 from draftline.train.resume import (
+    STATE_FILE,
     Resume,
+    check_state_fits,
     load_state,
     rng_states,
-    run_fingerprint,
+    run_derivation,
     save_state,
     seed_everything,
     set_rng_states,
-    shaping_code,
     trainable_state,
 )
 from draftline.train.speculators import run_speculators
@@ -229,9 +230,10 @@ def _resume(loop: _Loop) -> dict | None:
     RNG and position from it; returns where the run resumes (None when it starts fresh)."""
     if loop.resume is None:
         return None
-    state = load_state(loop.resume.state_dir, loop.resume.fingerprint)
+    state = load_state(loop.resume.state_dir, loop.resume.fingerprint, loop.resume.derivation)
     if state is None:
         return None
+    check_state_fits(state, loop.model, loop.resume.state_dir / STATE_FILE)
     loop.model.load_state_dict(
         {k: v.to(loop.device) for k, v in state["model"].items()}, strict=False
     )
@@ -255,7 +257,8 @@ def _save_checkpoint(loop: _Loop, epoch: int, batch: int, sums: dict) -> None:
         loop.resume.state_dir,
         {
             "fingerprint": loop.resume.fingerprint,
-            "shaping_code": loop.resume.code,  # says why a rerun with other code starts fresh
+            # the key's parts: a rerun names what changed
+            "key": loop.resume.derivation.record() if loop.resume.derivation else None,
             "epoch": epoch,
             "batch": batch,
             "step": loop.pos["step"],
@@ -380,7 +383,15 @@ def run_builtin(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch):
     matches; each epoch's record to on_epoch."""
     paths, source = job.paths, job.source
     device = resolve_device(cfg.device)
-    fingerprint = run_fingerprint(cfg.model_dump(), card, job.data_sha256, job.init_sha256, device)
+    inputs = {"data": job.data_sha256, "init": job.init_sha256, "vocab": dir_sha256(paths.vocab)}
+    wanted = run_derivation(
+        cfg.model_dump(),
+        card,
+        inputs,
+        device,
+        vllm=job.source["mode"] == "online"
+        and (job.source.get("online") or {}).get("engine", "hf") == "vllm",
+    )
     attn = "eager" if device == "cpu" else "simple_flex_attention"
     online_cfg = source.get("online") or {}
     vllm_online = source["mode"] == "online" and online_cfg.get("engine", "hf") == "vllm"
@@ -413,7 +424,7 @@ def run_builtin(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch):
             cfg,
             TrainingData(paths.tokenized, paths.hs, online),
             device,
-            Resume(paths.state, fingerprint, shaping_code()),
+            Resume(paths.state, wanted.key, wanted),
             LoopCallbacks(epoch=on_epoch, step=step_reporter()),
         )
     return model, result, notes

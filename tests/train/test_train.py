@@ -381,25 +381,28 @@ def test_state_of_other_params_is_not_resumed(tmp_path, capsys):
 def test_a_resume_state_survives_a_log_edit_and_not_the_code_that_shapes_it(
     tmp_path, random_target, monkeypatch, capsys
 ):
-    """run_fingerprint holds the code of SHAPES["train"] (draftline/core/shaping.py), read here
+    """The resume key holds the code of SHAPES["train"] (draftline/core/shaping.py), read here
     from a copy of the source tree: a progress line edited keeps the state; an edit to the loss
     starts fresh, and the log says why."""
-    from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
+    from draftline.core import derivation
+    from draftline.core.shaping import shaping_fingerprint
     from tests.core.test_shaping import copy_code, edit
 
     code = copy_code(tmp_path / "code")
-    monkeypatch.setattr(train_state, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    monkeypatch.setattr(derivation, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
     params = TrainConfig().model_dump()
 
-    def key() -> str:
-        return train_state.run_fingerprint(params, random_target, "data", None, "cpu")
+    def key():
+        inputs = {"data": "data", "init": None, "vocab": "v1"}
+        return train_state.run_derivation(params, random_target, inputs, "cpu")
 
     made, state_dir = key(), tmp_path / "state"
-    saved = {"fingerprint": made, "shaping_code": train_state.shaping_code(), "step": 3}
+    saved = {"fingerprint": made.key, "key": made.record(), "step": 3}
     train_state.save_state(state_dir, saved)
 
     edit(code, "draftline/train/progress.py", "(validation aside)", "(validation not counted)")
-    assert key() == made and train_state.load_state(state_dir, key())["step"] == 3
+    assert key().key == made.key
+    assert train_state.load_state(state_dir, key().key, key())["step"] == 3
 
     edit(
         code,
@@ -407,10 +410,38 @@ def test_a_resume_state_survives_a_log_edit_and_not_the_code_that_shapes_it(
         '"eager" if device == "cpu"',
         '"fused" if device == "cpu"',
     )
-    assert key() != made
+    assert key().key != made.key
     capsys.readouterr()
-    assert train_state.load_state(state_dir, key()) is None
-    assert f"made by other code ({CODE_CHANGED}); starting fresh" in capsys.readouterr().out
+    assert train_state.load_state(state_dir, key().key, key()) is None
+    said = capsys.readouterr().out
+    assert "the code that shapes them changed: 1 state set aside; starting fresh" in said
+
+
+def test_a_vocabulary_change_mid_train_starts_fresh_and_a_state_that_does_not_fit_stops(
+    tmp_path, random_target, capsys
+):
+    """The draft vocabulary is in the resume key: an interrupted run whose models/vocab changed
+    starts fresh and names it. A state whose key matched but whose weights do not fit the draft
+    (what made it was not all in the key) stops the run instead of loading with strict=False."""
+    params = TrainConfig().model_dump()
+
+    def key(vocab: str):
+        inputs = {"data": "data", "init": None, "vocab": vocab}
+        return train_state.run_derivation(params, random_target, inputs, "cpu")
+
+    made, state_dir = key("vocab-a"), tmp_path / "state"
+    saved = {"fingerprint": made.key, "key": made.record(), "step": 3}
+    train_state.save_state(state_dir, saved)
+    capsys.readouterr()
+    assert train_state.load_state(state_dir, key("vocab-b").key, key("vocab-b")) is None
+    assert "draft vocabulary changed: 1 state set aside" in capsys.readouterr().out
+
+    model = torch.nn.Linear(4, 3)
+    fits = {"model": {"weight": torch.zeros(3, 4), "bias": torch.zeros(3)}}
+    train_state.check_state_fits(fits, model, state_dir / "state.pt")
+    other = {"model": {"weight": torch.zeros(5, 4), "bias": torch.zeros(3)}}
+    with pytest.raises(RuntimeError, match=r"weight: saved \(5, 4\), draft \(3, 4\)"):
+        train_state.check_state_fits(other, model, state_dir / "state.pt")
 
 
 def test_the_data_hash_follows_the_states_fingerprint(tmp_path):
