@@ -1138,3 +1138,81 @@ def test_plan_estimates_tokens_from_the_prompts_before_tokenizing(tmp_path):
         and tokens == min(256, 110 + 2 * params.regenerate.max_tokens)
         and "estimated" in source
     )
+
+
+# The hidden_states params by how the files' key treats them (resume.derivation): a param added
+# to HiddenStatesConfig without a line here fails test_every_hidden_states_param_is_classified.
+KEYED_PARAMS = {"format", "backend", "device", "dtype", "compute_dtype", "vllm"}
+KEYED_AS_RESOLVED = {"token_budget"}  # operational in params, but it shapes the batches
+NOT_KEYED = {
+    "mode": "online stores no files; the offline files stay for a switch back",
+    "online": "shapes the train stage's states, keyed there",
+    "device_map": "where the layers sit, not what they compute (cuda either way: resolved device)",
+    "disk_margin": "the free space required",
+    "verify_existing": "how finished files are checked",
+}
+
+
+def test_every_hidden_states_param_is_classified():
+    from draftline.core.config import kind_of
+    from draftline.hidden_states.config import HiddenStatesConfig
+
+    fields = set(HiddenStatesConfig.model_fields)
+    assert fields == KEYED_PARAMS | KEYED_AS_RESOLVED | set(NOT_KEYED), (
+        "classify the new hidden_states param here and in hidden_states/resume.py's key"
+    )
+    assert all(kind_of(HiddenStatesConfig, f) == "shaping" for f in KEYED_PARAMS)
+
+
+def test_wherever_the_stored_bytes_change_the_key_changes(subsets, random_target, tmp_path):
+    """The differential check of the files' key: two rows extracted under the default params,
+    then under one change at a time (each keyed param the hf backend reads, the token budget, the
+    target's weights, and operational params that must change nothing); wherever a file's bytes
+    differ from the default's, the key differs too."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from datasets import load_from_disk
+    from draftline.hidden_states.config import HiddenStatesConfig
+    from draftline.hidden_states.extract import Paths, extract_hidden_states
+
+    tokenized = tmp_path / "tokenized_2"
+    load_from_disk(str(subsets / "tokenized_20")).select(range(2)).save_to_disk(str(tokenized))
+    model = tmp_path / "model"
+    shutil.copytree(random_target.model, model)
+    card = replace(random_target, model=str(model))
+    (tmp_path / "card.json").write_text(json.dumps(card.to_dict()))
+
+    def extract(name: str, target=card, **params) -> tuple[str, bytes]:
+        cfg = HiddenStatesConfig(device="cpu", **params)
+        out = tmp_path / name
+        paths = Paths(tmp_path / "card.json", tokenized, out, tmp_path / f"{name}.log")
+        extract_hidden_states(cfg, target, paths, 64)
+        data = b"".join(hs_path(out, i).read_bytes() for i in range(2))
+        return resume.derivation(cfg, target, list(target.aux_layer_ids)).key, data
+
+    from draftline.hidden_states import resume
+
+    base_key, base_bytes = extract("base")
+    changes = {
+        "dtype": {"dtype": "float16"},
+        "format": {"format": "fp8"},
+        "compute_dtype": {"compute_dtype": "bfloat16"},
+        "token_budget": {"token_budget": 16},
+        "disk_margin": {"disk_margin": 2.0},
+        "verify_existing": {"verify_existing": "full"},
+    }
+    changed_bytes = set()
+    for name, params in changes.items():
+        key, data = extract(name, **params)
+        if data != base_bytes:
+            changed_bytes.add(name)
+            assert key != base_key, f"{name} changed the stored bytes but not the key"
+    assert {"dtype", "format", "compute_dtype"} <= changed_bytes
+    assert not {"disk_margin", "verify_existing"} & changed_bytes
+
+    weights = next(model.glob("*.safetensors"))
+    save_file({k: v * 1.01 for k, v in load_file(weights).items()}, str(weights), {"format": "pt"})
+    key, data = extract("weights")
+    assert data != base_bytes and key != base_key
