@@ -13,6 +13,7 @@ from draftline.benchmark.config import BenchmarkConfig
 from draftline.benchmark.free import unavailable
 from draftline.core.config import (
     ParamsError,
+    ResumeConfig,
     Section,
     credential_problems,
     operational,
@@ -44,6 +45,7 @@ class Params(Section):
     evaluate: EvaluateConfig = shaping(EvaluateConfig())
     benchmark: BenchmarkConfig = shaping(BenchmarkConfig())
     engines: EnginesConfig = operational(EnginesConfig())  # where each engine's software is
+    resume: ResumeConfig = operational(ResumeConfig())  # how kept work is checked on a rerun
 
     @model_validator(mode="after")
     def _method_fits_engines(self):

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from draftline.core.config import stage_sections
+from draftline.core.config import ResumeConfig, stage_sections
 from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.regenerate.config import RegenerateConfig
@@ -26,7 +26,7 @@ def _exit_on_sigterm(signum, frame):
 
 @entry_point
 def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> None:
-    params = stage_sections(regenerate=RegenerateConfig)
+    params = stage_sections(regenerate=RegenerateConfig, resume=ResumeConfig)
     apply_thread_policy("regenerate")  # before torch loads: draftline/core/threads.py
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from draftline.core.io import write_json

@@ -90,6 +90,17 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ResumeConfig(Section):
+    """params.yaml `resume`: how a rerun checks the work it keeps before trusting it
+    (operational: a change never reruns a stage)."""
+
+    # kept units spot-checked before a rerun trusts them (regenerate: conversations scored by the
+    # server answering now, draftline/regenerate/spot_check.py); 0 turns the check off
+    verify_sample: int = operational(8, ge=0)
+    # nats: a kept token the scorer ranks below its top pick by at most this is a near tie
+    verify_margin: float = operational(0.1, gt=0)
+
+
 class TargetPlacement(Section):
     """Where the built-in decoder runs the target (evaluate, and benchmark with engine hf)."""
 

@@ -161,6 +161,8 @@ BOOKKEEPING: tuple[str, ...] = (
     "draftline/regenerate/settings.py",
     "draftline/regenerate/migrate.py",
     "draftline/regenerate/progress.py",
+    # the spot-check of kept conversations: it reads and checks, it writes no line
+    "draftline/regenerate/spot_check.py",
     # hidden_states: the stage's run, its params, the disk plan and check, the resume decisions
     "draftline/hidden_states/extract.py",
     "draftline/hidden_states/config.py",

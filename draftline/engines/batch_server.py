@@ -571,6 +571,56 @@ class BatchServer:
             pass
         return response
 
+    def prompt_logprobs(self, ids: list[int], k: int) -> list[dict | None]:
+        """vLLM's `prompt_logprobs` of `ids` teacher-forced: per position after the first, the
+        logprob and rank of the token there and of the k most likely ({token id: {...}})."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            logits = self.model(torch.tensor([ids], device=device)).logits[0].float()
+        dists = torch.log_softmax(logits, dim=-1)[:-1].cpu()
+        out: list[dict | None] = [None]
+        for t, dist in enumerate(dists, start=1):
+            top = torch.topk(dist, k)
+            picked = {int(i): float(v) for i, v in zip(top.indices, top.values)}
+            picked.setdefault(ids[t], float(dist[ids[t]]))
+            out.append(
+                {
+                    str(i): {"logprob": v, "rank": int((dist > v).sum()) + 1}
+                    for i, v in picked.items()
+                }
+            )
+        return out
+
+    async def completions(self, request):
+        """/v1/completions for scoring only: the prompt's token ids teacher-forced, with
+        `prompt_logprobs` as vLLM gives them; nothing is generated (the regenerate stage's
+        spot-check of kept answers: draftline/regenerate/spot_check.py)."""
+        from aiohttp import web
+
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
+        ids, k = body.get("prompt"), body.get("prompt_logprobs")
+        if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
+            message = "this server's /v1/completions scores a prompt of token ids only"
+            return web.json_response({"error": {"message": message}}, status=400)
+        if not isinstance(k, int) or k < 1:
+            message = "this server's /v1/completions only scores: give prompt_logprobs >= 1"
+            return web.json_response({"error": {"message": message}}, status=400)
+        scored = await asyncio.to_thread(self.prompt_logprobs, ids, k)
+        choice = {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": scored}
+        return web.json_response(
+            {
+                "object": "text_completion",
+                "model": self.served_name,
+                "choices": [choice],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": 0},
+            }
+        )
+
     async def models(self, request):
         from aiohttp import web
 
@@ -623,6 +673,7 @@ def make_app(server: BatchServer):
             web.get("/health", server.health),
             web.get("/v1/models", server.models),
             web.post("/v1/chat/completions", server.chat_completions),
+            web.post("/v1/completions", server.completions),
         ]
     )
     return app

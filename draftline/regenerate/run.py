@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftline.core.card import TargetCard
-from draftline.core.config import output_shaping
+from draftline.core.config import ResumeConfig, output_shaping
 from draftline.core.derivation import superseded
 from draftline.core.io import read_json, write_meta
 from draftline.engines.commands import transformers_serve_loads
@@ -45,6 +45,14 @@ from draftline.regenerate.launch import regenerate_command
 from draftline.regenerate.progress import failure_error, progress_bar
 from draftline.regenerate.replay import ProgressHooks, ReplayJob, Sampling, regenerate_all
 from draftline.regenerate.settings import SETTING_NAMES, engine_record, wanted_settings
+from draftline.regenerate.spot_check import (
+    SCORES_PROMPTS,
+    Scorer,
+    SpotCheck,
+    SpotCheckFailed,
+    sample_kept,
+    spot_check,
+)
 from draftline.regenerate.store import (
     SUPERSEDED,
     Finished,
@@ -74,6 +82,7 @@ class RegenerateRun:
     model_name: str
     api_key: str | None
     out: Path
+    verify: ResumeConfig = ResumeConfig()  # the spot-check of kept conversations
 
 
 class Pending(NamedTuple):
@@ -141,17 +150,28 @@ class Sent(NamedTuple):
     seen: list[dict]
     start: float
     slots: int | None
+    spot: SpotCheck | None = None  # the spot-check of kept conversations (None: no server up)
 
 
 def regenerate(
-    cfg: RegenerateConfig, card: TargetCard, prompts_path: str | Path, out: Path
+    cfg: RegenerateConfig,
+    card: TargetCard,
+    prompts_path: str | Path,
+    out: Path,
+    verify: ResumeConfig | None = None,
 ) -> Regenerated:
     """Regenerates the prompts of `prompts_path` not yet in out/conversations.jsonl (append-only,
     keyed by prompt id); failures.jsonl gets one line per conversation that failed in this run."""
     engine = cfg.external_engine if cfg.backend == "external" else cfg.backend
     check_backend(cfg, card, engine)
     run = RegenerateRun(
-        cfg, card, engine, cfg.served_model_name or card.model, endpoint_api_key(cfg), out
+        cfg,
+        card,
+        engine,
+        cfg.served_model_name or card.model,
+        endpoint_api_key(cfg),
+        out,
+        verify or ResumeConfig(),
     )
     p = pending(cfg, engine, card, prompts_path, out)
     conversations_path = out / "conversations.jsonl"
@@ -296,6 +316,7 @@ def send(run: RegenerateRun, p: Pending) -> Sent:
     with server as launched:
         urls = urls or [launched]
         seen = preflight_endpoints(run, urls, count_ids)
+        spot = check_kept(run, p, urls[0], count_ids, tokenizer)  # before anything moves
         set_aside_superseded(p.finished)
         import aiohttp  # noqa: F401  its import is set-up, not sending time
 
@@ -316,7 +337,39 @@ def send(run: RegenerateRun, p: Pending) -> Sent:
                 raise RegenerateError(
                     "regenerate: interrupted; finished conversations are kept, a rerun sends the rest"
                 ) from None
-    return Sent(tally, seen, start, slots)
+    return Sent(tally, seen, start, slots, spot)
+
+
+def check_kept(
+    run: RegenerateRun, p: Pending, url: str, prompt_ids: Callable, tokenizer
+) -> SpotCheck:
+    """resume.verify_sample kept conversations scored by the server at `url`
+    (draftline/regenerate/spot_check.py); RegenerateError when one disagrees."""
+    n = run.verify.verify_sample
+    result = SpotCheck(n)
+    if n == 0:
+        result.not_run = "resume.verify_sample is 0"
+    elif run.engine not in SCORES_PROMPTS:
+        result.not_run = f"{run.engine} servers do not score a prompt (prompt_logprobs)"
+    rows = sample_kept(run.out / "conversations.jsonl", p.finished.done, n, seed=0)
+    if result.not_run is None and not rows:
+        result.not_run = "no conversation kept"
+    if result.not_run is not None:
+        if p.finished.done:
+            log.info(f"regenerate: kept conversations not spot-checked: {result.not_run}")
+        return result
+    scorer = Scorer(url, run.model_name, run.api_key, prompt_ids)
+    try:
+        result = spot_check(rows, scorer, run.verify.verify_margin, n, tokenizer)
+    except SpotCheckFailed as err:
+        raise RegenerateError(str(err)) from None
+    log.info(
+        f"regenerate: spot-check: {len(result.checked)} kept conversations scored by {url}, "
+        f"{result.tokens} answer tokens, {result.near_ties} near ties within "
+        f"resume.verify_margin {run.verify.verify_margin}"
+        + "".join(f"; {v} skipped ({k})" for k, v in result.skipped.items())
+    )
+    return result
 
 
 def replay_job(run: RegenerateRun, p: Pending, count_ids: Callable) -> ReplayJob:
@@ -439,6 +492,8 @@ def run_report(run: RegenerateRun, p: Pending, sent: Sent, elapsed: float) -> di
         "prompts": prompts,
         "reused": prompts - todo,
         "resume": resume,
+        # kept conversations scored by the server before they were trusted (spot_check.py)
+        "spot_check": sent.spot.as_dict() if sent.spot else {"not_run": "no server started"},
         "sent": tally.done if tally else 0,
         "ok": tally.ok if tally else 0,
         "failed": tally.failed if tally else 0,
@@ -524,7 +579,8 @@ def run(params, paths: Paths) -> Regenerated:
     the result, whose report the stage writes and whose `error` fails it."""
     cfg = params.regenerate
     card = TargetCard.load(paths.card)
-    result = regenerate(cfg, card, str(paths.prompts), paths.out)
+    verify = getattr(params, "resume", None)
+    result = regenerate(cfg, card, str(paths.prompts), paths.out, verify)
     # meta.json holds only what shapes the conversations: the operational settings (ports,
     # endpoints, concurrency, timeouts, the engine and its launch arguments) go to the report and
     # each line's engine record, so changing them keeps every conversation
