@@ -10,7 +10,7 @@ The report goes to its last argument; backend vllm's server log beside it
 import sys
 from pathlib import Path
 
-from draftline.core.config import stage_sections
+from draftline.core.config import ResumeConfig, stage_sections
 from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.hidden_states.config import HiddenStatesConfig
@@ -21,7 +21,10 @@ from draftline.train.config import TrainConfig
 def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> None:
     # train: train.pack_len only sizes the online mode's forwards named when the disk is short
     # (a message; no output depends on it, so dvc.yaml does not list it)
-    params = stage_sections(hidden_states=HiddenStatesConfig, train=TrainConfig)
+    # resume: how many kept files are recomputed before they are trusted (operational)
+    params = stage_sections(
+        hidden_states=HiddenStatesConfig, train=TrainConfig, resume=ResumeConfig
+    )
     apply_thread_policy("hidden_states")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
     from draftline.hidden_states.extract import Paths, run

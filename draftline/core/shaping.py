@@ -169,6 +169,8 @@ BOOKKEEPING: tuple[str, ...] = (
     "draftline/hidden_states/plan.py",
     "draftline/hidden_states/disk.py",
     "draftline/hidden_states/resume.py",
+    # the spot-check of kept files: it recomputes and compares, it writes nothing
+    "draftline/hidden_states/spot_check.py",
     # tokenize: the streamed, incremental run, its params, the line order and hashes (each
     # conversation's rows are keyed on its line's hash), the previous output kept, the report
     "draftline/tokens/tokenize.py",

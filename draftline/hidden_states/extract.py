@@ -43,6 +43,7 @@ from draftline.hidden_states.capture import DTYPES, check_aux_layer_ids
 from draftline.hidden_states.config import HiddenStatesError
 from draftline.hidden_states.disk import check_disk
 from draftline.hidden_states.files import hs_path
+from draftline.hidden_states.spot_check import Kept, StatesCheck, StatesMismatch, check_kept_states
 from draftline.targets.model import load_target_model
 
 if TYPE_CHECKING:
@@ -64,15 +65,28 @@ class ExtractionJob:
     tokenized: Path
     out: Path
     log_path: Path
+    verify_sample: int = 8  # resume.verify_sample: kept files recomputed before extracting
 
 
-def run_hf(job: ExtractionJob, todo: dict[int, int]) -> int:
-    """Backend hf: the target runs here, batch by batch; returns the tokens done."""
+def run_hf(job: ExtractionJob, todo: dict[int, int], kept: list[int]) -> StatesCheck:
+    """Backend hf: the target runs here, batch by batch, once a few `kept` rows recomputed agree
+    with their files (spot_check.py); returns that check."""
     cfg = job.cfg
     resolved = resume.resolved_settings(cfg, job.card, job.aux_ids)  # as the states' key has them
     device, dtype = resolved["device"], DTYPES[resolved["compute_dtype"]]
     model = load_target_model(job.card, device, dtype, cfg.device_map)
     store_dtype = hs_format.storage_dtype(cfg.format, cfg.dtype)
+    with torch.inference_mode():
+        try:
+            files = Kept(job.rows, kept, job.out, job.aux_ids, store_dtype)
+            checked = check_kept_states(model, files, job.verify_sample)
+        except StatesMismatch as err:
+            raise HiddenStatesError(str(err)) from None
+    if checked.checked:
+        log.info(
+            f"hidden_states: spot-check: {len(checked.checked)} kept files recomputed, largest "
+            f"difference {checked.largest_gap:.3g} {checked.unit} (tolerance {checked.tolerance})"
+        )
     batches = BatchJob(job.aux_ids, job.out, store_dtype, cfg.token_budget)
     start = time.perf_counter()
     columns = (
@@ -91,7 +105,8 @@ def run_hf(job: ExtractionJob, todo: dict[int, int]) -> int:
             tokens += n_tokens
             bar.update(task, advance=n_rows, tps=tokens / (time.perf_counter() - start))
 
-        return extract_batches(model, job.rows, todo, batches, advance)
+        extract_batches(model, job.rows, todo, batches, advance)
+    return checked
 
 
 def vllm_extract_serve(job: ExtractionJob, staging: Path, longest: int, port: int) -> list[str]:
@@ -333,14 +348,17 @@ class Paths(NamedTuple):
 
 
 def extract_hidden_states(
-    cfg: HiddenStatesConfig, card: TargetCard, paths: Paths, pack_len: int
+    cfg: HiddenStatesConfig, card: TargetCard, paths: Paths, pack_len: int, verify_sample: int = 8
 ) -> dict:
     """The hidden_states stage's work (see the module docstring); returns its report. paths.card
     names the card in messages; paths.log takes the vLLM server's log; pack_len (train.pack_len)
-    sizes the online mode's forwards in the refusal when the disk is short."""
+    sizes the online mode's forwards in the refusal when the disk is short; verify_sample
+    (resume.verify_sample) kept files are recomputed before extracting (spot_check.py)."""
     aux_ids = check_extraction_inputs(card, paths.card, paths.tokenized)
     rows = load_from_disk(str(paths.tokenized))
-    job = ExtractionJob(cfg, card, aux_ids, rows, paths.tokenized, paths.out, paths.log)
+    job = ExtractionJob(
+        cfg, card, aux_ids, rows, paths.tokenized, paths.out, paths.log, verify_sample
+    )
     out = paths.out
     H, store_dtype = card.hidden_size, hs_format.storage_dtype(cfg.format, cfg.dtype)
 
@@ -368,9 +386,12 @@ def extract_hidden_states(
     write_meta(out, "hidden_states", cfg.model_dump(), complete=False, **meta)
     todo = work.todo
     start = time.perf_counter()
+    kept = [i for i in range(len(rows)) if i not in todo]
+    checked = StatesCheck(job.verify_sample, not_run="nothing to extract: the target is not loaded")
     if todo and cfg.backend == "hf":
-        run_hf(job, todo)
+        checked = run_hf(job, todo, kept)
     elif todo:
+        checked.not_run = "backend vllm: the states come from a server, not recomputed here"
         run_vllm(job, todo)
         missing, _ = resume.pending_rows(rows, out, H, store_dtype, False)
         if missing:
@@ -382,6 +403,7 @@ def extract_hidden_states(
     (out / BATCHES_FILE).unlink(missing_ok=True)  # complete: the batches of this run are done
     write_meta(out, "hidden_states", cfg.model_dump(), complete=True, **meta)
     report = offline_report(job, work, elapsed, free)
+    report["spot_check"] = checked.as_dict()  # kept files recomputed before extracting
     log.info(
         f"hidden_states: {len(todo)} rows extracted ({report['tokens_per_s']} tok/s), {work.done} reused"
     )
@@ -393,4 +415,6 @@ def run(params, paths: Paths) -> dict:
     paths.out (offline) or only its meta.json (online); the report. train.pack_len sizes the
     online mode's forwards named when the disk is short."""
     card = TargetCard.load(paths.card)
-    return extract_hidden_states(params.hidden_states, card, paths, params.train.pack_len)
+    verify = getattr(params, "resume", None)
+    sample = verify.verify_sample if verify is not None else 8
+    return extract_hidden_states(params.hidden_states, card, paths, params.train.pack_len, sample)

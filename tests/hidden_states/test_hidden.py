@@ -1216,3 +1216,49 @@ def test_wherever_the_stored_bytes_change_the_key_changes(subsets, random_target
     save_file({k: v * 1.01 for k, v in load_file(weights).items()}, str(weights), {"format": "pt"})
     key, data = extract("weights")
     assert data != base_bytes and key != base_key
+
+
+def test_kept_files_are_recomputed_before_they_are_trusted(subsets, random_target, tmp_path):
+    """resume.verify_sample kept files are recomputed by the target loaded for the rows still to
+    extract: files as the target makes them pass; files whose values another target made (the
+    key matched, the values did not) stop the stage before anything is written."""
+    import shutil
+
+    from draftline.hidden_states.config import HiddenStatesConfig
+    from draftline.hidden_states.extract import Paths, extract_hidden_states
+
+    cfg = HiddenStatesConfig(device="cpu", dtype="bfloat16", token_budget=1024)
+    out = tmp_path / "hs"
+    paths = Paths(subsets / "card.json", subsets / "tokenized_20", out, tmp_path / "hs.log")
+    extract_hidden_states(cfg, random_target, paths, 64)
+    backup = tmp_path / "made"
+    shutil.copytree(out, backup)
+    for i in (3, 4):
+        hs_path(out, i).unlink()
+    report = extract_hidden_states(cfg, random_target, paths, 64, verify_sample=5)
+    spot = report["spot_check"]
+    assert spot["checked"] == 5 and spot["not_run"] is None
+    assert spot["largest_gap"] <= spot["tolerance"] and spot["unit"] == "ulps of torch.bfloat16"
+    assert report["reused"] == 18 and report["extracted_now"] == 2
+
+    # the same files with every kept value nudged by 5%: same names, tokens and meta
+    shutil.rmtree(out)
+    shutil.copytree(backup, out)
+    from safetensors.torch import load_file
+
+    for i in range(20):
+        data = load_file(str(hs_path(out, i)))
+        ids = data["token_ids"].tolist()
+        save_hidden_states(
+            hs_path(out, i), ids, data["hidden_states"].float() * 1.05, torch.bfloat16
+        )
+    hs_path(out, 7).unlink()
+    written = {f.name: f.stat().st_mtime_ns for f in out.iterdir()}
+    with pytest.raises(Exception, match="spot-check of kept hidden-state files failed: row"):
+        extract_hidden_states(cfg, random_target, paths, 64, verify_sample=3)
+    assert not hs_path(out, 7).exists()
+    assert {f.name: f.stat().st_mtime_ns for f in out.iterdir() if f.name != "meta.json"} == {
+        k: v for k, v in written.items() if k != "meta.json"
+    }
+    report = extract_hidden_states(cfg, random_target, paths, 64, verify_sample=0)
+    assert report["spot_check"]["not_run"] == "resume.verify_sample is 0"
