@@ -283,6 +283,9 @@ def test_modules_loaded_by_name_are_in_the_closure_of_what_launches_them():
     assert "draftline/engines/batch_server.py" in closure(ROOT, "stages.regenerate")
     run_py = (ROOT / "draftline/regenerate/run.py").read_text()
     assert "import batch_server" not in run_py  # found by name, not by an unused import
+    # only where it is launched: an edit to the batch server reruns regenerate and no other stage
+    for stage in ("hidden_states", "train", "probe", "evaluate", "benchmark"):
+        assert "draftline/engines/batch_server.py" not in closure(ROOT, f"stages.{stage}"), stage
 
 
 # Python 3.11 to Python 3.13 tokenize this alike once f-string parts are joined back

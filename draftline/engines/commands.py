@@ -40,10 +40,6 @@ from draftline.engines.config import VllmEngineConfig, vllm_engine
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
 
-# The module regenerate.backend hf launches. Named, not imported: the regenerate stage imports it,
-# so that an edit to it (which changes the answers) reruns that stage and no other.
-HF_BATCH_SERVER = "draftline.engines.batch_server"
-
 
 class CommandError(DraftlineError, ValueError):
     """A server command that cannot be built as asked (the message names the setting)."""
@@ -113,11 +109,11 @@ def transformers_serve_command(
 def hf_batch_serve_command(
     s: ServeSettings,
     batch: BatchSettings,
-    stats_file: Path | None = None,
-    module: str = HF_BATCH_SERVER,
+    stats_file: Path | None,
+    module: str,
 ) -> list[str]:
-    """`module` (draftline.engines.batch_server) pinned to the target: greedy batches of the
-    requests in flight; its stats (batches, near-tie tokens) in stats_file."""
+    """`module` (draftline/regenerate/launch.py HF_BATCH_SERVER) pinned to the target: greedy
+    batches of the requests in flight; its stats (batches, near-tie tokens) in stats_file."""
     cmd = [
         sys.executable,
         "-m",

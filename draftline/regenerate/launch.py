@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.engines.commands import (
-    HF_BATCH_SERVER,
     BatchSettings,
     ServeSettings,
     hf_batch_serve_command,
@@ -17,6 +16,11 @@ from draftline.engines.commands import (
 )
 from draftline.engines.config import vllm_engine
 from draftline.engines.servers import has_cuda
+
+# The module regenerate.backend hf launches. Named, not imported, and named here, where only the
+# regenerate stage reads it: an edit to it (which changes the answers) reruns that stage and no
+# other (draftline/core/code.py follows a module named in a string into the closure that names it).
+HF_BATCH_SERVER = "draftline.engines.batch_server"
 
 if TYPE_CHECKING:
     from draftline.core.card import TargetCard
