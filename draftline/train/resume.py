@@ -6,7 +6,8 @@ epoch's packing plan, RNG states, partial-epoch metric sums, the history and the
 far, plus the key of what made it and the key's parts (`run_derivation`, draftline/core/derivation.py:
 params, the target's weights, data, init, draft vocabulary, device, the code that shapes the state,
 pins). A rerun with the same key continues from it, after checking that its weights fit the draft;
-another key starts fresh and says what changed. A finished run leaves only last_run.json.
+another key starts fresh and says what changed. A finished run keeps its final state beside
+last_run.json: a rerun under the same key then trains nothing. A finished run leaves only last_run.json.
 """
 
 from __future__ import annotations
@@ -172,10 +173,10 @@ def check_state_fits(state: dict, model, path: Path) -> None:
 
 
 def finish_state(state_dir: Path, summary: dict) -> None:
-    """The run is complete: drop the resume state, keep a small record of the finished run."""
-    state_dir = Path(state_dir)
-    (state_dir / STATE_FILE).unlink(missing_ok=True)
-    write_json(state_dir / LAST_RUN_FILE, summary)
+    """The run is complete: a small record of it beside its final state, which stays (saved at the
+    last epoch's end): a rerun under the same key (a log line or a report edited: the stage is
+    stale, what it makes is not) resumes at the end and writes the same draft without training."""
+    write_json(Path(state_dir) / LAST_RUN_FILE, summary)
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:

@@ -242,9 +242,16 @@ def _resume(loop: _Loop) -> dict | None:
     set_rng_states(state["rng"])
     loop.pos = {k: state[k] for k in loop.pos}
     pos = loop.pos
-    log.info(
-        f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of {loop.total_steps}"
-    )
+    if pos["epoch"] >= loop.cfg.epochs:
+        log.info(
+            f"the finished run's state matches (step {pos['step']} of {loop.total_steps}): "
+            "nothing to train, the best epoch's weights are written again"
+        )
+    else:
+        log.info(
+            f"resuming at epoch {pos['epoch']}, batch {pos['batch']}, step {pos['step']} of "
+            f"{loop.total_steps}"
+        )
     return {k: pos[k] for k in ("epoch", "batch", "step")}
 
 

@@ -272,9 +272,28 @@ def test_stage_output_meta_and_curves(reference, data):
     tau = (run / "train" / "plots" / "metrics" / "val" / "tau_sim.tsv").read_text().splitlines()
     assert tau[0] == "step\ttau_sim" and len(tau) == 3  # one row per epoch
     assert float(tau[2].split()[1]) > float(tau[1].split()[1]) > 1.0  # it learns
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        train_state.LAST_RUN_FILE
-    ]  # resume state dropped
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
+        [train_state.LAST_RUN_FILE, train_state.STATE_FILE]
+    )  # the final state kept: a rerun under the same key trains nothing
+
+
+def test_a_rerun_under_the_same_key_trains_nothing_and_writes_the_same_draft(
+    reference, data, tmp_path, capsys
+):
+    """The stage rerun after a log-line edit (stale for DVC, the same key for the state): the
+    finished run's state is resumed at its end, no step runs, and the draft is byte-identical."""
+    import shutil
+
+    ref_run, ref_report = reference
+    run = tmp_path / "again"
+    shutil.copytree(ref_run, run)
+    before = (run / "draft" / "model.safetensors").read_bytes()
+    with pytest.MonkeyPatch.context() as mp:
+        report = run_stage_in_process(data, run, mp)
+    assert "nothing to train" in capsys.readouterr().out
+    assert report["resumed_at"]["epoch"] == 2 and report["steps"] == ref_report["steps"]
+    assert report["val_tau_sim"] == ref_report["val_tau_sim"]
+    assert (run / "draft" / "model.safetensors").read_bytes() == before
 
 
 def test_kill_mid_epoch_then_resume_matches_uninterrupted_run(reference, data, tmp_path):
