@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 PACKAGES = ("draftline", "torch", "transformers", "tokenizers", "speculators", "datasets", "numpy")
@@ -79,7 +80,11 @@ def write_machine_facts() -> Path | None:
         return None
     path = Path.cwd() / MACHINE_DIR / f"{stage}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    # ran_at: every run leaves its own record, so verify-repro tells a stage that was rerun from
+    # one that was not, even where the rerun made the same bytes (draftline/tools/verify_repro.py)
+    ran_at = datetime.now(UTC).isoformat(timespec="microseconds")
     path.write_text(
-        json.dumps({"stage": stage, **machine_facts()}, indent=1, sort_keys=True) + "\n"
+        json.dumps({"stage": stage, "ran_at": ran_at, **machine_facts()}, indent=1, sort_keys=True)
+        + "\n"
     )
     return path

@@ -15,7 +15,12 @@ The contract (README, docs/operations.md) and its tolerances are in `reproducibi
 - `decisions`: the serving decisions per load: yes in one run and no in the other is outside;
   undecided on either side is not (the passes could not tell).
 Exit status 1 names every output or figure outside the contract; a figure missing on either side
-is outside it too. Reads the committed side with `git show`, so it needs a git work tree.
+is outside it too. Only what was rerun is compared: a stage whose run record
+(`reports/machine/<stage>.json`, written by every run with the time it ran) is the committed one
+was not rerun, and its outputs and figures are listed as not compared; a workspace where no stage
+was rerun (an untouched checkout) has nothing to compare and exits 1 saying so, rather than pass
+by comparing the committed run with itself. Reads the committed side with `git show`, so it needs
+a git work tree.
 """
 
 from __future__ import annotations
@@ -103,6 +108,24 @@ def within(committed, yours, tol: dict) -> tuple[bool, float | None]:
     diff = yours - committed
     limit = tol.get("abs", 0.0) + tol.get("rel", 0.0) * abs(committed)
     return abs(diff) <= limit + 1e-12, diff
+
+
+def rerun_stages(root: Path, rev: str) -> dict[str, bool]:
+    """{stage: whether the workspace reran it}: its run record in reports/machine/ differs from
+    the one committed in `rev` (each run writes the time it ran), or `rev` has none."""
+    out = {}
+    for path in sorted((root / "reports" / "machine").glob("*.json")):
+        committed = git_show(root, rev, str(path.relative_to(root)))
+        out[path.stem] = committed is None or committed != path.read_text()
+    return out
+
+
+def stage_of_file(lock: dict[str, dict[str, str]], file: str) -> str | None:
+    """The stage whose outputs hold `file` (an output itself, or inside an output directory)."""
+    for stage, outs in lock.items():
+        if any(file == p or file.startswith(p.rstrip("/") + "/") for p in outs):
+            return stage
+    return None
 
 
 def compare_outputs(contract: dict, committed: dict, yours: dict) -> list[dict]:
@@ -204,6 +227,8 @@ def render(report: dict) -> str:
         state = (
             "same" if not row["differ"] else ("DIFFERS" if not row["ok"] else "differs (allowed)")
         )
+        if not row.get("rerun", True):
+            state = "not rerun (not compared)"
         lines.append(
             f"  {row['kind']:<10} {row['stage']:<28} {state}"
             + (f": {', '.join(row['differ'])}" if row["differ"] else "")
@@ -215,6 +240,8 @@ def render(report: dict) -> str:
             if row["inside"]
             else ("OUTSIDE" if row["kind"] == "within" else "outside (reported)")
         )
+        if not row.get("rerun", True):
+            mark = "not rerun (not compared)"
         diff = f"{row['diff']:+.4g}" if row["diff"] is not None else "-"
         lines.append(
             f"  {row['figure']:<52} {row['committed']!s:>9} -> {row['yours']!s:<9} {diff:>9}  "
@@ -222,6 +249,8 @@ def render(report: dict) -> str:
         )
     for row in report.get("decisions", []):
         mark = "ok" if row["ok"] else "CONTRADICTS"
+        if not row.get("rerun", True):
+            mark = "not rerun (not compared)"
         lines.append(
             f"  {row['figure']:<52} {row['committed']!s:>9} -> {row['yours']!s:<9} {'':>9}  "
             f"{'decision':<16} {mark}"
@@ -232,6 +261,8 @@ def render(report: dict) -> str:
             for fact, (a, b) in facts.items():
                 lines.append(f"    {stage}: {fact}: {a} -> {b}")
     failed = report["failed"]
+    if report.get("not_rerun"):
+        lines += ["", f"  not rerun, not compared: {', '.join(report['not_rerun'])}"]
     lines += [
         "",
         f"verify-repro: {len(failed)} outside the contract"
@@ -241,7 +272,8 @@ def render(report: dict) -> str:
 
 
 def verify(root: Path, rev: str = "HEAD", contract_path: Path | None = None) -> dict:
-    """The comparison as a report dict (render() prints it; `failed` names what is outside)."""
+    """The comparison as a report dict (render() prints it; `failed` names what is outside).
+    VerifyError when nothing was rerun (see the module docstring)."""
     if git_show(root, rev, "dvc.lock") is None:
         raise VerifyError(
             f"verify-repro: {root} has no dvc.lock committed in {rev!r} (a git work tree with a committed run is needed)"
@@ -249,17 +281,34 @@ def verify(root: Path, rev: str = "HEAD", contract_path: Path | None = None) -> 
     contract = yaml.safe_load((contract_path or root / CONTRACT).read_text())
     committed = lock_outs(git_show(root, rev, "dvc.lock"))
     yours = lock_outs((root / "dvc.lock").read_text() if (root / "dvc.lock").is_file() else None)
+    rerun = rerun_stages(root, rev)
+    if not any(rerun.values()):
+        raise VerifyError(
+            "verify-repro: nothing rerun to compare: every run record in reports/machine/ is the "
+            f"one committed in {rev!r} (an untouched checkout, or a `dvc repro` that found "
+            "nothing stale); run `make repro` (`dvc repro -f` to redo a run that is up to date) "
+            "first"
+        )
     outputs = compare_outputs(contract, committed, yours)
     figures = compare_figures(root, rev, contract)
     decisions = compare_decisions(root, rev, contract)
-    failed = [r["stage"] for r in outputs if not r["ok"]] + [
-        r["figure"] for r in [*figures, *decisions] if not r["ok"]
+    for row in outputs:  # a stage not rerun holds the committed outputs: nothing to compare
+        missing = row["stage"] not in committed or row["stage"] not in yours
+        row["rerun"] = rerun.get(row["stage"], False) or missing
+    for row in [*figures, *decisions]:
+        stage = stage_of_file(yours, row["figure"].partition("#")[0])
+        row["rerun"] = rerun.get(stage, False) if stage else True
+    compared = [r for r in [*outputs, *figures, *decisions] if r["rerun"]]
+    failed = [r["stage"] for r in outputs if r["rerun"] and not r["ok"]] + [
+        r["figure"] for r in [*figures, *decisions] if r["rerun"] and not r["ok"]
     ]
     return {
         "rev": rev,
         "outputs": outputs,
         "figures": figures,
         "decisions": decisions,
+        "not_rerun": sorted(stage for stage, ran in rerun.items() if not ran),
+        "compared": len(compared),
         "machine": machine_differences(root, rev),
         "failed": failed,
     }

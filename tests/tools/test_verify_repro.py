@@ -36,15 +36,20 @@ def lock(md5s: dict[str, str]) -> str:
     return yaml.safe_dump({"schema": "2.0", "stages": stages})
 
 
-def write(root: Path, md5s: dict, acceptance: float, machine: str = "AVX512") -> None:
+def write(
+    root: Path, md5s: dict, acceptance: float, machine: str = "AVX512", ran_at: str = "rerun"
+) -> None:
+    """A run of the stages in md5s: the lock, the figures, and each stage's run record."""
     (root / "dvc.lock").write_text(lock(md5s))
     (root / "reports/machine").mkdir(parents=True, exist_ok=True)
     (root / "reports/acceptance.json").write_text(json.dumps({"acceptance_length": acceptance}))
     (root / "reports/benchmark.json").write_text(
         json.dumps({"speedup": 1.19 if machine == "AVX512" else 0.88})
     )
-    facts = {"stage": "train", "cpu": {"model": "cpu"}, "torch": {"cpu_capability": machine}}
-    (root / "reports/machine/train.json").write_text(json.dumps(facts))
+    for stage in md5s:
+        facts = {"stage": stage, "ran_at": ran_at, "cpu": {"model": "cpu"}}
+        facts["torch"] = {"cpu_capability": machine}
+        (root / f"reports/machine/{stage}.json").write_text(json.dumps(facts))
 
 
 @pytest.fixture
@@ -59,7 +64,7 @@ def committed(tmp_path: Path) -> Path:
             }
         )
     )
-    write(tmp_path, {"mix": "a", "prepare@x": "b", "train": "c"}, 3.49)
+    write(tmp_path, {"mix": "a", "prepare@x": "b", "train": "c"}, 3.49, ran_at="committed")
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "run")
@@ -108,6 +113,7 @@ def test_a_decision_reversed_is_named_and_an_undecided_one_is_not(committed):
     decisions(c1="yes", c4="yes", c16="undecided")
     git(committed, "add", ".")
     git(committed, "commit", "-qm", "decided")
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "c"}, 3.49)  # rerun
     decisions(c1="yes", c4="undecided", c16="no")
     report = verify(committed)
     assert report["failed"] == [] and [r["ok"] for r in report["decisions"]] == [True] * 3
@@ -120,6 +126,27 @@ def test_a_decision_reversed_is_named_and_an_undecided_one_is_not(committed):
 def test_a_stage_missing_from_the_run_is_named(committed):
     write(committed, {"prepare@x": "b", "train": "c"}, 3.49)
     assert verify(committed)["failed"] == ["mix"]
+
+
+def test_an_untouched_checkout_has_nothing_rerun_to_compare_and_does_not_pass(committed):
+    """Every run record is the committed one: comparing the committed run with itself would pass
+    by accident, so it says there is nothing rerun and exits 1."""
+    with pytest.raises(VerifyError, match="nothing rerun to compare"):
+        verify(committed)
+    with pytest.raises(VerifyError, match="nothing rerun to compare"):
+        main(["--root", str(committed)])
+
+
+def test_a_stage_that_was_not_rerun_is_listed_and_not_compared(committed, capsys):
+    """Only train reran (its record is new); mix and prepare@x hold the committed outputs and
+    are said to be not compared, whatever their lock entries."""
+    write(committed, {"train": "OTHER"}, 3.40)
+    (committed / "dvc.lock").write_text(lock({"mix": "a", "prepare@x": "b", "train": "OTHER"}))
+    report = verify(committed)
+    assert report["not_rerun"] == ["mix", "prepare@x"] and report["failed"] == []
+    main(["--root", str(committed)])
+    out = capsys.readouterr().out
+    assert "not rerun (not compared)" in out and "not rerun, not compared: mix, prepare@x" in out
 
 
 def test_without_a_committed_run_it_says_so(tmp_path):
