@@ -362,6 +362,10 @@ def test_regeneration_through_vllm_survives_a_sigkill_of_the_server(tmp_path, se
     report = read_json(workdir / "report.json")
     assert report["reused"] == len(before) and report["sent"] == len(rows) - len(before)
     assert report["turns_with_token_ids"] == report["requests"]  # vLLM streams token ids
+    # before sending, the kept conversations were scored by the relaunched vLLM server itself
+    # (prompt_logprobs, teacher-forced: draftline/regenerate/spot_check.py) and passed
+    spot = report["spot_check"]
+    assert spot["not_run"] is None and spot["checked"] == min(8, len(before)) and spot["tokens"]
 
     # the built-in hf backend on the same conversations: the same greedy answers
     hf = tmp_path / "hf"
