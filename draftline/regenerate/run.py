@@ -57,6 +57,7 @@ from draftline.regenerate.store import (
     SUPERSEDED,
     Finished,
     PromptFile,
+    canonical_order,
     load_finished,
     set_aside_superseded,
 )
@@ -197,6 +198,8 @@ def regenerate(
             p.finished
         )  # nothing to send: lines to move or bring back, or a cut line
     report = run_report(run, p, sent, time.perf_counter() - sent.start)
+    # the same conversations, the same bytes, whatever order they finished in or path they took
+    canonical_order(conversations_path, p.digests)
     # over every conversation the next stages will read, so a rerun that sends nothing checks too
     report["check"] = length_check(
         conversations_path, p.by_id, p.tags["fingerprint"], cfg.max_length_share

@@ -37,13 +37,14 @@ from pathlib import Path
 from draftline.core.io import atomic_path
 from draftline.core.regenerated import run_of
 from draftline.regenerate.config import RegenerateError
-from draftline.regenerate.index import entry as index_entry
 from draftline.regenerate.index import (
+    all_entries,
     prompt_line,
     read_index,
     remove_index,
     write_index,
 )
+from draftline.regenerate.index import entry as index_entry
 from draftline.regenerate.settings import (
     Wanted,
     changed_fields,
@@ -560,6 +561,45 @@ def refresh_index(finished: Finished) -> None:
     plan = finished.plan
     if not plan.indexed or plan.refreshed:
         write_index(finished.path, plan.entries)
+
+
+def canonical_order(path: Path, digests: Mapping[str, str]) -> bool:
+    """Rewrites conversations.jsonl in the order tokenize reads it (draftline/tokens/lines.py):
+    by the run that wrote a line, then the prompt's place in `digests` (the prompt file's ids in
+    order, each with the prompt_line of its raw line), lines of ids no longer prompted last (by
+    run, then id). Answers finish in whatever order the server returns them, and a rerun appends
+    after what it kept: without this the same conversations made by another path, or by the same
+    path on a busier machine, hash differently. The index is written anew in the same order,
+    each prompted line's entry holding its prompt's raw-line digest (every such line was checked
+    against its prompt in this run), so its bytes do not depend on which start parsed what.
+    Called at the end of a stage run that set aside what does not hold: a line nobody could read
+    is left where it is (nothing is reordered) for the next run to set aside. Writes nothing when
+    the file and its index already are in this order; True when the lines moved. A kill leaves
+    the old order or the new one (atomic rename), never a mixture, and at worst no index."""
+    path = Path(path)
+    entries = list(all_entries(path))
+    if not entries or any(e.id is None for e in entries):
+        return False
+    place = {pid: i for i, pid in enumerate(digests)}
+    order = sorted(
+        entries,
+        key=lambda e: (e.id not in place, e.run, place.get(e.id, 0), e.id, e.start),
+    )
+    index, at = [], 0
+    for e in order:
+        size = e.end - e.start
+        index.append(e._replace(start=at, end=at + size, prompt_line=digests.get(e.id)))
+        at += size
+    moved = [e.start for e in order] != [e.start for e in entries]
+    if moved:
+        remove_index(path)  # a kill before the new index leaves none, never a wrong one
+        with atomic_path(path) as tmp, open(path, "rb") as src, open(tmp, "wb") as dst:
+            for e in order:
+                src.seek(e.start)
+                dst.write(src.read(e.end - e.start))
+    if moved or index != read_index(path):
+        write_index(path, index)
+    return moved
 
 
 def restore(

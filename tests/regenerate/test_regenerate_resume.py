@@ -210,3 +210,68 @@ def test_a_rerun_reads_and_hashes_only_the_prompts_whose_line_changed(tmp_path, 
     done, counts, by_id = rerun()
     assert hashed == [rows[4]["id"]] and list(by_id._rows) == [rows[4]["id"]]
     assert counts["stale_prompt"] == 1 and rows[4]["id"] not in done and len(done) == 11
+
+
+def test_the_same_conversations_reached_by_two_paths_have_the_same_bytes(tmp_path, stub):
+    """canonical_order: answers that finished in another order, or came in two runs where
+    another path took one, end as the same file and index bytes: the order tokenize reads (run,
+    then the prompt's place), lines of ids no longer prompted last; an ordered file is left
+    untouched, and a line nobody can read stops the reordering."""
+    import os
+
+    from draftline.regenerate.store import PromptFile, canonical_order
+
+    url, _ = stub()
+    rows = prompts(10)
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    by_id = PromptFile(tmp_path / "train.jsonl")
+    run_rows([url], rows, tmp_path)  # four in flight: lines in the order answers finished
+    made = (tmp_path / "c.jsonl").read_bytes().splitlines(keepends=True)
+    by_pid = {json.loads(line)["id"]: line for line in made}
+    run2 = {  # what a second run would have written for prompts 2 and 7, and a line of a
+        pid: json.dumps(
+            {**json.loads(by_pid[pid]), "regeneration": {"fingerprint": "f", "run": 2}}
+        ).encode()
+        + b"\n"
+        for pid in (rows[2]["id"], rows[7]["id"])
+    }
+    gone = json.dumps({"id": "no_longer_prompted", "messages": [], "regeneration": {}}) + "\n"
+
+    def ordered(lines: list[bytes], name: str) -> tuple[bytes, bytes]:
+        d = tmp_path / name
+        d.mkdir()
+        path = d / "c.jsonl"
+        path.write_bytes(b"".join(lines))
+        assert canonical_order(path, by_id.digests) == (lines != sorted_lines)
+        return path.read_bytes(), index_path(path).read_bytes()
+
+    first = [by_pid[r["id"]] for r in rows if r["id"] not in run2]
+    sorted_lines = [*first, *run2.values(), gone.encode()]
+    paths = {
+        "one order": sorted_lines,
+        "reversed": sorted_lines[::-1],
+        "kept after": [gone.encode(), *run2.values(), *first[::2], *first[1::2]],
+    }
+    results = {name: ordered(lines, name) for name, lines in paths.items()}
+    assert len(set(results.values())) == 1
+    data, _ = results["one order"]
+    ids = [json.loads(line)["id"] for line in data.splitlines()]
+    assert ids == [*(json.loads(line)["id"] for line in first), *run2, "no_longer_prompted"]
+    path = tmp_path / "one order" / "c.jsonl"
+    assert [e._replace(prompt_line=None) for e in read_index(path)] == parsed_entries(path)
+    assert [e.prompt_line for e in read_index(path)] == [
+        *(by_id.digests[i] for i in ids[:-1]),
+        None,
+    ]
+    stamps = {f: f.stat().st_mtime_ns for f in (path, index_path(path))}
+    os.utime(path, ns=(1, 1))
+    os.utime(index_path(path), ns=(1, 1))
+    assert canonical_order(path, by_id.digests) is False  # in order: nothing written
+    assert all(f.stat().st_mtime_ns == 1 for f in stamps)
+
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "c.jsonl").write_bytes(b"".join(sorted_lines[::-1]) + b"{not json\n")
+    before = (torn / "c.jsonl").read_bytes()
+    assert canonical_order(torn / "c.jsonl", by_id.digests) is False
+    assert (torn / "c.jsonl").read_bytes() == before
