@@ -34,7 +34,13 @@ def draft_figures(workspace: Path, name: str, out_dir: Path, run_seconds: float 
     decided = verdict["decisions"][str(serve)]
     rev = experiment_ref(name, workspace)
     train = json.loads(git_show(rev, "reports/train.detail.json", workspace))
-    steps, step_s = train["steps"], train["step_seconds"]
+    # the step time: in the train run's record (draftline/core/machine.py), or in the report of
+    # an experiment made before the record held it
+    step_s = train.get("step_seconds")
+    if step_s is None:
+        record = json.loads(git_show(rev, "reports/machine/train.json", workspace))
+        step_s = record["run_facts"]["train.detail.json"]["step_seconds"]
+    steps = train["steps"]
     return {
         "longest_trained_row": context["trained_rows"]["longest"],
         "pack_len": context["trained_rows"]["pack_len"],

@@ -341,8 +341,14 @@ def run_stage(stage: Stage, work: Path, env: dict, limit_s: float, log_dir: Path
     began = time.perf_counter()
     with open(log_path, "w") as log:
         # its own process group: a stage past its limit goes with every process it started (torchrun's workers)
+        # DVC_STAGE as DVC sets it: the stage leaves its run record (timings) in reports/machine/
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=cwd,
+            env=dict(env, DVC_STAGE=stage.name),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             code = proc.wait(timeout=limit_s)
@@ -365,6 +371,13 @@ def read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def run_facts(sub: Path, stage: Stage, report: str) -> dict:
+    """The figures of the stage's run kept out of its hashed report (timings), from its run
+    record (draftline/core/machine.py)."""
+    record = read(sub / "reports" / "machine" / f"{stage.name}.json")
+    return (record.get("run_facts") or {}).get(report) or {}
+
+
 def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
     """tokens/s, acceptance length and speedup, from the reports the stage wrote."""
     sub = work / stage.cwd
@@ -382,7 +395,7 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
     if module == "stages.hidden_states":
         rep = read(reports / "hidden_states.json")
         return {
-            "tokens_per_s": rep.get("tokens_per_s"),
+            "tokens_per_s": run_facts(sub, stage, "hidden_states.json").get("tokens_per_s"),
             "tokens": rep.get("tokens_extracted_now"),
             "mode": rep.get("mode"),
             "format": rep.get("format"),
@@ -394,7 +407,7 @@ def stage_numbers(stage: Stage, work: Path, seconds: float) -> dict:
             "val_tau_sim": rep.get("val_tau_sim"),
             "best_epoch": rep.get("best_epoch"),
             "steps": rep.get("steps"),
-            "step_seconds": rep.get("step_seconds"),
+            "step_seconds": run_facts(sub, stage, "train.detail.json").get("step_seconds"),
             "hidden_states": rep.get("hidden_states_format"),
             "hidden_states_mode": rep.get("hidden_states_mode"),
         }

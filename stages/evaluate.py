@@ -47,7 +47,7 @@ def main(
     apply_thread_policy("evaluate")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_metrics
     from draftline.evaluate.compare import CompareError
-    from draftline.evaluate.run import Paths, run
+    from draftline.evaluate.run import RUN_FACTS, Paths, run
 
     paths = Paths(*map(Path, (card_path, draft_dir, eval_path, plots_dir)), dev="--dev" in flags)
     try:
@@ -56,11 +56,11 @@ def main(
         raise SystemExit(f"error: {err}") from None
     if done.is_empty:
         print(f"evaluate: {eval_path} holds no prompts (mix.dev_samples: 0): nothing to measure")
-        write_metrics(report_path, done.report, ["prompts"])
+        write_metrics(report_path, done.report, ["prompts"], RUN_FACTS)
         return
     # the engine that measured the headline beside it (hf: the built-in one; vllm)
     headline = ["acceptance_length", "tau_sim", "tokens_per_step", "engine"]
-    write_metrics(report_path, done.report, headline)
+    write_metrics(report_path, done.report, headline, RUN_FACTS)
     if failure:  # the report shows both engines; the stage fails (DVC keeps nothing of it)
         raise SystemExit(f"error: {failure}")
 

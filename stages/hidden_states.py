@@ -27,11 +27,12 @@ def main(card_path: str, tokenized_dir: str, out_dir: str, report_path: str) -> 
     )
     apply_thread_policy("hidden_states")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
-    from draftline.hidden_states.extract import Paths, run
+    from draftline.core.machine import without_run_facts
+    from draftline.hidden_states.extract import RUN_FACTS, Paths, run
 
     log = Path(report_path).with_suffix(".vllm.log")
     report = run(params, Paths(Path(card_path), Path(tokenized_dir), Path(out_dir), log))
-    write_json(report_path, report)
+    write_json(report_path, without_run_facts(report, RUN_FACTS, Path(report_path).name))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ def main(card_path: str, prompts_path: str, out_dir: str, report_path: str) -> N
     apply_thread_policy("regenerate")  # before torch loads: draftline/core/threads.py
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from draftline.core.io import write_json
-    from draftline.regenerate.run import Paths, run
+    from draftline.core.machine import without_run_facts
+    from draftline.regenerate.run import RUN_FACTS, Paths, run
 
     result = run(params, Paths(Path(card_path), Path(prompts_path), Path(out_dir)))
-    write_json(report_path, result.report)
+    write_json(report_path, without_run_facts(result.report, RUN_FACTS, Path(report_path).name))
     if result.error:
         raise SystemExit(result.error)
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -106,9 +106,16 @@ def detail_path(metrics_path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.detail{path.suffix}")
 
 
-def write_metrics(path: str | Path, report: dict, headline: list[str]) -> None:
+def write_metrics(
+    path: str | Path, report: dict, headline: list[str], run_facts: Collection[str] = ()
+) -> None:
     """The headline figures, flat, in the metrics file (what `dvc exp show` and `dvc metrics diff`
-    show, one column each); the whole report in its detail file beside it (detail_path)."""
+    show, one column each); the whole report in its detail file beside it (detail_path), without
+    the figures named in `run_facts` (timings: they go to the run's record,
+    draftline/core/machine.py)."""
+    from draftline.core.machine import without_run_facts
+
+    report = without_run_facts(report, run_facts, detail_path(path).name)
     write_json(detail_path(path), report)
     write_json(path, {key: report[key] for key in headline if key in report})
 

@@ -6,6 +6,11 @@ explain such a difference without causing one: they are written to `reports/mach
 in the DVC workspace a stage runs in (DVC_STAGE names the stage), which no stage depends on and
 no hashed output holds (`meta.json` keeps only what made an artifact). `draftline verify-repro`
 prints them beside the figures it compares.
+
+The figures of a run that a rerun of the same work on the same machine does not repeat (seconds,
+rates, free disk space, how a server happened to batch) go there too, under `run_facts`, taken out
+of the stage's report by `without_run_facts`: the reports DVC hashes then hold only what the work
+made, and the same work on the same machine gives the same bytes (reproducibility.yaml).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +27,7 @@ PACKAGES = ("draftline", "torch", "transformers", "tokenizers", "speculators", "
 ENVIRONMENT = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd")
 MACHINE_DIR = "reports/machine"  # inside the workspace DVC runs the stage in
+RUN_FACTS: dict[str, dict] = {}  # {report file name: {"a/b" path in its report: value}}
 
 
 def cpu_facts() -> dict:
@@ -71,6 +78,29 @@ def machine_facts() -> dict:
     return facts
 
 
+def without_run_facts(report: dict, keys: Collection[str], name: str) -> dict:
+    """`report` without the figures whose key is in `keys`, at any depth; they are kept for this
+    run's record (write_machine_facts) under `name` (the report's file name) and their path in it
+    ("partitions/short/seconds")."""
+    moved = RUN_FACTS.setdefault(name, {})
+
+    def strip(node, path: str):
+        if isinstance(node, dict):
+            kept = {}
+            for key, value in node.items():
+                where = f"{path}/{key}" if path else str(key)
+                if key in keys:
+                    moved[where] = value
+                else:
+                    kept[key] = strip(value, where)
+            return kept
+        if isinstance(node, list):
+            return [strip(value, f"{path}/{i}") for i, value in enumerate(node)]
+        return node
+
+    return strip(report, "")
+
+
 def write_machine_facts() -> Path | None:
     """reports/machine/<stage>.json in the workspace of the DVC stage running this process (DVC
     sets DVC_STAGE and runs the command in the workspace's root); None outside DVC (tests, a stage
@@ -83,8 +113,8 @@ def write_machine_facts() -> Path | None:
     # ran_at: every run leaves its own record, so verify-repro tells a stage that was rerun from
     # one that was not, even where the rerun made the same bytes (draftline/tools/verify_repro.py)
     ran_at = datetime.now(UTC).isoformat(timespec="microseconds")
-    path.write_text(
-        json.dumps({"stage": stage, "ran_at": ran_at, **machine_facts()}, indent=1, sort_keys=True)
-        + "\n"
-    )
+    record = {"stage": stage, "ran_at": ran_at, **machine_facts()}
+    if RUN_FACTS:
+        record["run_facts"] = RUN_FACTS
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path

@@ -37,6 +37,9 @@ from draftline.evaluate.vllm_engine import vllm_only_run, with_vllm
 SET_PLOT_KEYS = ("acceptance_length", "tokens_per_step", "tau_sim", "prompts")
 
 log = logging.getLogger(__name__)
+# the report's figures of this run only (the engine's start-up and generation times): they go to
+# the run's record, out of the hashed report (draftline/core/machine.py)
+RUN_FACTS = ("load_s", "generate_s", "wall_s")
 
 
 class Paths(NamedTuple):

@@ -314,6 +314,11 @@ def check_disk_for(job: ExtractionJob, work: resume.PendingWork, pack_len: int) 
         ) from None
 
 
+# the report's figures of this run only (speed, free disk space): they go to the run's record,
+# out of the hashed report (draftline/core/machine.py)
+RUN_FACTS = ("tokens_per_s", "free_bytes_before")
+
+
 def offline_report(job: ExtractionJob, work: resume.PendingWork, elapsed: float, free: int) -> dict:
     """The report of an offline run: rows reused and extracted, its speed, and the stored format."""
     cfg, H = job.cfg, job.card.hidden_size

@@ -478,6 +478,18 @@ async def send_over_pool(
         await close_pool(pool)
 
 
+# the report's figures of this run only (timings, how the server happened to batch): they go to
+# the run's record, out of the hashed report (draftline/core/machine.py)
+RUN_FACTS = (
+    "seconds",
+    "conversations_per_s",
+    "requests_per_s",
+    "completion_tokens_per_s",
+    "streamed_tokens_per_s",
+    "server",
+)
+
+
 def run_report(run: RegenerateRun, p: Pending, sent: Sent, elapsed: float) -> dict:
     """reports/regenerate.json: the prompts of `p`, those of p.todo sent in this run."""
     cfg, out = run.cfg, run.out
