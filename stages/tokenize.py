@@ -7,13 +7,14 @@
 The report goes to its last argument. More rows cut at tokenize.max_length than
 tokenize.max_truncated_share fails the stage after the report is written (its `check` says how
 many, and which max_length would do). The output persists across runs (dvc.yaml: persist); what a
-rerun keeps is the library's.
+rerun keeps is the library's, once resume.verify_sample of the kept conversations tokenized again
+give their kept rows (the report's `spot_check`).
 """
 
 import sys
 from pathlib import Path
 
-from draftline.core.config import stage_sections
+from draftline.core.config import ResumeConfig, stage_sections
 from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
 from draftline.tokens.config import TokenizeConfig
@@ -23,7 +24,9 @@ from draftline.tokens.config import TokenizeConfig
 def main(
     card_path: str, prompts_path: str, regenerated_path: str, out_dir: str, report_path: str
 ) -> None:
-    params = stage_sections(tokenize=TokenizeConfig)
+    # resume: how many kept conversations are tokenized again before their rows are trusted
+    # (operational: dvc.yaml does not list it)
+    params = stage_sections(tokenize=TokenizeConfig, resume=ResumeConfig)
     apply_thread_policy("tokenize")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_json
     from draftline.tokens.report import truncation_error
@@ -51,6 +54,13 @@ def main(
             if done["all_tokenized_because"]
             else ""
         )
+    )
+    spot = report["spot_check"]
+    print(
+        f"tokenize: spot-check: {spot['checked']} kept conversations tokenized again gave their "
+        f"{spot['rows']} kept rows"
+        if spot["not_run"] is None
+        else f"tokenize: spot-check not run: {spot['not_run']}"
     )
     if error := truncation_error(report):
         raise SystemExit(error)

@@ -95,7 +95,9 @@ class ResumeConfig(Section):
     (operational: a change never reruns a stage)."""
 
     # kept units spot-checked before a rerun trusts them (regenerate: conversations scored by the
-    # server answering now, draftline/regenerate/spot_check.py); 0 turns the check off
+    # server answering now, draftline/regenerate/spot_check.py; tokenize: conversations tokenized
+    # again, draftline/tokens/previous.py; hidden_states: files recomputed by the loaded target,
+    # draftline/hidden_states/spot_check.py); 0 turns the check off
     verify_sample: int = operational(8, ge=0)
     # nats: a kept token the scorer ranks below its top pick by at most this is a near tie
     verify_margin: float = operational(0.1, gt=0)

@@ -1,17 +1,27 @@
 """The previous tokenized output a rerun may keep: made under the same key (rows_key in
 draftline/tokens/tokenize.py), its index and shards there at their sizes, and how many of its
-shards stay as they are. Bookkeeping: nothing here shapes a row (draftline/core/shaping.py)."""
+shards stay as they are. Bookkeeping: nothing here shapes a row (draftline/core/shaping.py).
+
+The spot-check of what is kept: a key that matches and files at their sizes say nothing of the
+rows' values, and a key can miss what shapes them (a tokenizer setting it does not hold, a rows
+file edited in place). So before a rerun trusts them, `resume.verify_sample` of the conversations
+it keeps (chosen by a fixed seed) are tokenized again by the tokenizer and template loaded now
+and must give the very rows kept; a mismatch stops the stage before anything is written, naming
+the conversation, what differs and the user's choice (tokenize.py, check_kept_rows).
+"""
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.io import read_json
 from draftline.core.shaping import CODE_CHANGED
-from draftline.tokens.output import short_sha
+from draftline.tokens.chat import first_difference
+from draftline.tokens.output import FEATURES, short_sha
 
 if TYPE_CHECKING:
     from draftline.tokens.lines import Line
@@ -97,3 +107,70 @@ def kept_prefix(prev: Previous | None, lines: list[Line]) -> int:
         covered += shard["conversations"]
         kept += 1
     return kept
+
+
+# ---- the spot-check of kept rows --------------------------------------------------------------
+
+
+@dataclass
+class RowsCheck:
+    """The report's `spot_check`: how many kept conversations were tokenized again and gave their
+    rows as kept, or why none was."""
+
+    sample: int  # resume.verify_sample
+    checked: int = 0  # conversations
+    rows: int = 0  # their rows compared, field by field
+    not_run: str | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "sample": self.sample,
+            "checked": self.checked,
+            "rows": self.rows,
+            "not_run": self.not_run,
+        }
+
+
+def sample_kept(kept: list, n: int) -> list:
+    """Up to n of the kept conversations, in their order: the same ones on every rerun of the same
+    output (a fixed seed), so the report does not change between them."""
+    chosen = random.Random(0).sample(range(len(kept)), min(n, len(kept)))
+    return [kept[k] for k in sorted(chosen)]
+
+
+def rows_difference(kept: list[dict], now: list[dict], tokenizer) -> str | None:
+    """What first differs between a conversation's kept rows and the rows it gives now (fields
+    as output.FEATURES names them), None when they are the same."""
+    if len(kept) != len(now):
+        return f"it gives {len(now)} rows now, {len(kept)} kept"
+    for k, (a, b) in enumerate(zip(kept, now)):
+        for name in FEATURES:
+            x, y = a[name], b[name]
+            if x == y:
+                continue
+            if not isinstance(x, list):
+                return f"row {k} {name}: kept {x!r}, now {y!r}"
+            at = first_difference(x, y)
+            kept_value, now_value = (_at(ids, at, name == "input_ids", tokenizer) for ids in (x, y))
+            return (
+                f"row {k} {name} first differs at position {at}: kept {kept_value}, now {now_value}"
+            )
+    return None
+
+
+def _at(ids: list[int], at: int, token: bool, tokenizer) -> str:
+    """ids[at] as the message shows it: with its token's text for an input id."""
+    if at >= len(ids):
+        return f"the row's end ({len(ids)} tokens)"
+    return f"{ids[at]} ({tokenizer.convert_ids_to_tokens(ids[at])!r})" if token else str(ids[at])
+
+
+def mismatch_message(conversation: str, difference: str, out: Path) -> str:
+    """The stage's error when a kept conversation no longer gives its rows."""
+    return (
+        f"error: the spot-check of kept tokenized rows failed: conversation {conversation}: "
+        f"{difference}. The rows kept in {out} and the tokenizer and chat template loaded now "
+        "disagree: something that shapes the rows changed in a way their key (meta.json) does not "
+        "see, or the rows were edited. Nothing was written. Rerun fresh (move "
+        f"{out} aside) or keep the rows as they are (resume.verify_sample: 0)"
+    )

@@ -29,7 +29,9 @@ hash) what each conversation gave, so the report and token_freq.pt are rebuilt f
 reading a row. What a run holds in memory: one batch, the shard being written (frequency arrays
 of the vocabulary's size), and per conversation its id and hash: 100k conversations of 4k tokens
 (6 GB of rows) need the same memory as 1k, bar those ids and hashes. The output persists: see
-tokenize_dataset for what a rerun keeps.
+tokenize_dataset for what a rerun keeps. Before it keeps rows, resume.verify_sample of their
+conversations are tokenized again and must give them (check_kept_rows: the key can miss what
+shapes a row, and says nothing of a file edited in place).
 
 This module is the run around the rows, not what they hold: what a conversation gives is
 draftline/tokens/rows.py (over draftline/tokens/chat.py), the shards and their frequencies
@@ -41,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +53,7 @@ from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
-from draftline.core.io import file_sha256, read_json, write_meta
+from draftline.core.io import file_sha256, read_json, text_sha256, write_meta
 from draftline.core.shaping import shaping_fingerprint
 from draftline.tokens.chat import end_of_turn_tokens
 from draftline.tokens.lines import Line, regenerated_lines
@@ -65,7 +68,15 @@ from draftline.tokens.output import (
     token_frequencies,
     write_dataset_files,
 )
-from draftline.tokens.previous import Previous, kept_prefix, previous_output
+from draftline.tokens.previous import (
+    Previous,
+    RowsCheck,
+    kept_prefix,
+    mismatch_message,
+    previous_output,
+    rows_difference,
+    sample_kept,
+)
 from draftline.tokens.report import index_report, no_rows_message
 from draftline.tokens.rows import plan_batch, tokenize_batch
 
@@ -98,26 +109,60 @@ def tokenizer_sha256(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def template_source(tokenizer) -> str:
+    """The chat template the tokenizer renders with, as the card hashes it (draftline/targets/
+    model.py build_card: named templates joined in a stable order)."""
+    template = tokenizer.chat_template
+    if template is not None and not isinstance(template, str):
+        template = "\n".join(f"{k}:{v}" for k, v in sorted(dict(template).items()))
+    return template or ""
+
+
+def template_special_tokens(tokenizer) -> dict:
+    """The special tokens the chat template may read, by name: apply_chat_template passes each as
+    a variable (Llama 3's template starts with bos_token), and they are set in
+    tokenizer_config.json, not in the definition tokenizer_sha256 hashes. A name the template only
+    mentions counts too: a key that holds too much costs a retokenization, one that holds too
+    little keeps wrong rows."""
+    source = template_source(tokenizer)
+    return {
+        name: value
+        for name, value in sorted(tokenizer.special_tokens_map.items())
+        if re.search(rf"\b{re.escape(name)}\b", source)
+    }
+
+
 def rows_key(
     card: TargetCard, tokenizer, cfg: TokenizeConfig, template_kwargs: dict, stops: list[str]
 ) -> dict:
     """Everything the rows of a conversation depend on besides its line: a previous output made
-    under another key is tokenized again whole."""
+    under another key is tokenized again whole. tests/tokens/test_rows_key.py changes each of
+    them in turn and checks that wherever the rows change, this key does."""
     import importlib.metadata as md
 
     shaping = output_shaping(cfg)
     shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
-    return {
+    key = {
         # the code that shapes the rows, its prose left out (draftline/core/shaping.py)
         "shaping_code": shaping_fingerprint("tokenize"),
         "tokenizer_sha256": tokenizer_sha256(tokenizer),
-        "chat_template_sha256": card.chat_template_sha256,
+        # the template the tokenizer renders with: the card's value while the card and the
+        # tokenizer's files agree, the files' where the card was not made again after an edit
+        "chat_template_sha256": text_sha256(template_source(tokenizer)),
         "vocab_size": card.vocab_size,
         "params": shaping,
         "chat_template_kwargs": template_kwargs,
         "end_of_turn_tokens": stops,
         "versions": {pkg: md.version(pkg) for pkg in ("transformers", "tokenizers", "jinja2")},
     }
+    # Absent when they shape nothing (a template that reads no special token; special tokens
+    # matched as such), so that a key made before they were recorded still matches there.
+    if special := template_special_tokens(tokenizer):
+        key["template_special_tokens"] = special
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if getattr(backend, "encode_special_tokens", False):  # split_special_tokens: <|im_end|> as text
+        key["split_special_tokens"] = True
+    return key
 
 
 # ---- the stage's work -------------------------------------------------------------------------
@@ -131,22 +176,18 @@ def recorded_template_kwargs(regenerated_path: str) -> dict:
     return regen_params.get("chat_template_kwargs") or {}
 
 
-def start_output(
-    out: Path, key: dict, key_sha: str, lines: list[Line], vocab_size: int
-) -> tuple[Previous | None, str, ShardWriter, int]:
-    """(the previous output, why none, a ShardWriter holding its kept shards, how many): the
-    output directory made ready, a previous output with nothing to keep and partial files gone."""
-    prev, why_all = previous_output(out, key)
+def start_output(out: Path, prev: Previous | None, key_sha: str, kept: int, vocab_size: int):
+    """A ShardWriter holding the previous output's first `kept` shards: the output directory made
+    ready, a previous output with nothing to keep and partial files gone."""
     if prev is None and out.exists():  # nothing to keep: no stale shard survives
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     for stray in out.glob(".*.tmp"):  # a killed run's partial files
         stray.unlink()
     writer = ShardWriter(out, key_sha, vocab_size, SHARD_CONVERSATIONS, BATCH_CONVERSATIONS)
-    kept = kept_prefix(prev, lines)
     for shard in prev.shards[:kept] if prev else []:
         writer.keep(shard)
-    return prev, why_all, writer, kept
+    return writer
 
 
 class Reuse:
@@ -154,7 +195,7 @@ class Reuse:
     (id, sha256): an unchanged one's rows are copied from the previous shards, not tokenized again."""
 
     def __init__(self, out: Path, prev: Previous | None, start: int):
-        self.out, self.prev = out, prev
+        self.out, self.prev, self.start = out, prev, start
         self.reusable = {}  # (id, sha256) -> its position in the previous output
         if prev is not None:
             self.reusable = {key: i for i, key in enumerate(prev.keys) if i >= start}
@@ -172,6 +213,16 @@ class Reuse:
             mapped[k] = pa.ipc.open_stream(pa.memory_map(str(self.out / prev.shards[k]["file"])))
             mapped[k] = mapped[k].read_all()
         return mapped[k].slice(prev.row_start[i], json.loads(prev.lines[i])["rows"])
+
+    def kept(self, lines: list[Line]) -> list[tuple[Line, int]]:
+        """(line, its position in the previous output) of each conversation whose rows this run
+        keeps: those of the kept shards (the first `start`), then those copied."""
+        out = list(zip(lines[: self.start], range(self.start)))  # kept_prefix: the same keys
+        for line in lines[self.start :]:
+            i = self.reusable.get((line.id, line.sha256))
+            if i is not None:
+                out.append((line, i))
+        return out
 
 
 @dataclass
@@ -228,6 +279,49 @@ class BatchFiles:
             self.index.write(raw)
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """What makes a conversation's rows now, besides its line (the spot-check's view of a run)."""
+
+    tokenizer: object
+    stops: list[str]
+    template_kwargs: dict
+    card: TargetCard
+    cfg: TokenizeConfig
+
+
+def check_kept_rows(
+    reuse: Reuse, lines: list[Line], n: int, regenerated_path: str, rendering: Rendering
+) -> RowsCheck:
+    """Up to n of the conversations whose rows this run keeps (draftline/tokens/previous.py:
+    sample_kept) tokenized again as a fresh run would, their rows compared with those kept;
+    TokenizeError at the first that differs. Reads only: it runs before anything is written."""
+    result = RowsCheck(n)
+    if n == 0:
+        result.not_run = "resume.verify_sample is 0"
+        return result
+    chosen = sample_kept(reuse.kept(lines), n)
+    if not chosen:
+        result.not_run = "no rows kept from a previous output"
+        return result
+    batch = []
+    with open(regenerated_path, "rb") as source:
+        for line, _ in chosen:
+            source.seek(line.offset)
+            batch.append((line, json.loads(source.read(line.size))))
+    tok = rendering.tokenizer
+    plans = plan_batch(tok, batch, rendering.stops, rendering.template_kwargs)
+    made = tokenize_batch(tok, batch, plans, rendering.card, rendering.cfg)
+    for (line, i), (_, now) in zip(chosen, made):
+        difference = rows_difference(reuse.rows(i).to_pylist(), now, tok)
+        if difference is not None:
+            raise TokenizeError(mismatch_message(line.id, difference, reuse.out))
+        result.checked += 1
+        result.rows += len(now)
+    reuse.mapped.clear()
+    return result
+
+
 def run_batches(
     batches: list[list[Line]],
     files: BatchFiles,
@@ -258,11 +352,18 @@ def run_batches(
 
 
 def tokenize_dataset(
-    card: TargetCard, prompts_path: str, regenerated_path: str, out_dir: str, cfg: TokenizeConfig
+    card: TargetCard,
+    prompts_path: str,
+    regenerated_path: str,
+    out_dir: str,
+    cfg: TokenizeConfig,
+    verify_sample: int = 8,
 ) -> dict:
     """Tokenize the regenerated conversations into `out_dir` (Arrow shards in the layout
     `datasets.load_from_disk` reads, token_freq.pt, conversations.jsonl, meta.json); the report.
-    TokenizeError when no row comes out or a token id falls outside the target vocabulary.
+    TokenizeError when no row comes out, a token id falls outside the target vocabulary, or a kept
+    conversation tokenized again does not give its kept rows (verify_sample of them, from
+    resume.verify_sample: check_kept_rows; the report's `spot_check`).
 
     The output persists across runs: a conversation whose line is unchanged, under the same key
     (rows_key), keeps its rows. The shards that hold only the first conversations of the new
@@ -283,9 +384,13 @@ def tokenize_dataset(
     key_sha = short_sha(key)
 
     out = Path(out_dir)
-    prev, why_all, writer, kept = start_output(out, key, key_sha, lines, card.vocab_size)
-    start = sum(s["conversations"] for s in writer.shards)
+    prev, why_all = previous_output(out, key)
+    kept = kept_prefix(prev, lines)
+    start = sum(s["conversations"] for s in prev.shards[:kept]) if prev else 0
     reuse = Reuse(out, prev, start)
+    rendering = Rendering(tokenizer, stops, template_kwargs, card, cfg)
+    checked = check_kept_rows(reuse, lines, verify_sample, regenerated_path, rendering)
+    writer = start_output(out, prev, key_sha, kept, card.vocab_size)
     counts = Counter()
     todo = lines[start:]
     batches = [
@@ -328,6 +433,7 @@ def tokenize_dataset(
         key=key,
     )
     report["incremental"] = incremental_report(why_all, counts, kept, len(writer.shards))
+    report["spot_check"] = checked.as_dict()  # kept conversations tokenized again and compared
     return report
 
 
@@ -383,9 +489,10 @@ class Paths(NamedTuple):
 
 def run(params, paths: Paths) -> dict:
     """Stage `tokenize`: the regenerated conversations tokenized by params.tokenize into
-    paths.out; the report (truncation_error says whether it fails). TokenizeError as
-    tokenize_dataset."""
+    paths.out, params.resume.verify_sample kept conversations checked first; the report
+    (truncation_error says whether it fails). TokenizeError as tokenize_dataset."""
     card = TargetCard.load(paths.card)
-    return tokenize_dataset(
-        card, str(paths.prompts), str(paths.regenerated), str(paths.out), params.tokenize
-    )
+    verify = getattr(params, "resume", None)
+    sample = verify.verify_sample if verify is not None else 8
+    args = str(paths.prompts), str(paths.regenerated), str(paths.out), params.tokenize
+    return tokenize_dataset(card, *args, verify_sample=sample)

@@ -362,11 +362,20 @@ def test_server_token_ids_are_checked_per_source_and_can_be_used_verbatim(tmp_pa
     assert row["seq_len"] == len(row["input_ids"]) == len(retokenized[1]["input_ids"]) + 1
 
 
-def write_run(root: Path, card: TargetCard, prompts: list[str], lines: list[dict], max_length=512):
-    """params.yaml, card, train prompts and the regenerated file with `lines` in file order."""
+def write_run(
+    root: Path,
+    card: TargetCard,
+    prompts: list[str],
+    lines: list[dict],
+    max_length=512,
+    verify_sample: int | None = None,
+):
+    """params.yaml, card, train prompts and the regenerated file with `lines` in file order;
+    `verify_sample`: params.yaml resume.verify_sample (absent: the default)."""
+    resume = "" if verify_sample is None else f"resume: {{verify_sample: {verify_sample}}}\n"
     (root / "params.yaml").write_text(
         "samples: 10\ndatasets:\n  d: {path: d.jsonl, format: openai}\nmix:\n  weights: {d: 1.0}\n"
-        f"tokenize: {{max_length: {max_length}}}\n"
+        f"tokenize: {{max_length: {max_length}}}\n" + resume
     )
     card.write(root / "card.json")
     (root / "regenerated").mkdir(exist_ok=True)
@@ -378,13 +387,15 @@ def write_run(root: Path, card: TargetCard, prompts: list[str], lines: list[dict
 
 def dataset_files(root: Path) -> dict:
     """What a from-scratch run and an incremental one must agree on: every row, the frequencies
-    file byte for byte, the index, the dataset fingerprint and the report but its `incremental`."""
+    file byte for byte, the index, the dataset fingerprint and the report but its `incremental`
+    and `spot_check` (what a rerun kept, and how many of those it checked)."""
     from datasets import load_from_disk
 
     out = root / "tokenized"
     meta = json.loads((out / "meta.json").read_text())
     report = json.loads((root / "tokenize.json").read_text())
     report.pop("incremental")
+    report.pop("spot_check")
     return {
         "rows": load_from_disk(str(out)).with_format(None).to_dict(),
         "token_freq": (out / "token_freq.pt").read_bytes(),
@@ -547,3 +558,103 @@ def test_a_damaged_previous_output_is_tokenized_again_and_strays_removed(
     again = run(tmp_path)["incremental"]
     assert again["all_tokenized_because"] == f"previous output incomplete ({shard.name})"
     assert again["conversations_tokenized"] == 10 and dataset_files(tmp_path) == before
+
+
+def output_files(out: Path) -> dict:
+    """Every file of the output by name: its bytes and modification time."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.iterdir())}
+
+
+def test_kept_rows_are_tokenized_again_before_they_are_trusted(
+    tmp_path, random_target, monkeypatch
+):
+    """resume.verify_sample of the conversations a rerun keeps (in kept shards and copied alike)
+    are tokenized again and must give their kept rows. Rows as made pass, and the report says so
+    the same way on every rerun; a token id edited in a kept shard (its size and meta.json as
+    they were: the key matches) stops the stage naming the conversation, the position, both ids
+    and the choices, with nothing written; verify_sample 0 keeps the rows unchecked and says so."""
+    import struct
+
+    from datasets import load_from_disk
+    from draftline.tokens import tokenize as tokenization
+
+    monkeypatch.setattr(tokenization, "SHARD_CONVERSATIONS", 4)
+    rng = random.Random(6)
+    convs = [{"id": f"c{k}", **arithmetic(rng), "regeneration": {"run": 1}} for k in range(6)]
+    ids = [c["id"] for c in convs]
+    write_run(tmp_path, random_target, ids, convs, verify_sample=10)
+    first = run(tmp_path)["spot_check"]
+    assert first == {
+        "sample": 10,
+        "checked": 0,
+        "rows": 0,
+        "not_run": "no rows kept from a previous output",
+    }
+
+    # c5 regenerated again: c0-c3 stay in their shard, c4 is copied, c5 tokenized
+    changed = copy.deepcopy(convs)
+    changed[5]["messages"][-1]["content"] += " Again."
+    write_run(tmp_path, random_target, ids, changed, verify_sample=10)
+    report = run(tmp_path)
+    assert report["incremental"]["conversations_kept"] == 4
+    assert report["incremental"]["conversations_copied"] == 1
+    assert report["spot_check"] == {"sample": 10, "checked": 5, "rows": 5, "not_run": None}
+    write_run(tmp_path, random_target, ids, changed, verify_sample=3)
+    assert run(tmp_path)["spot_check"]["checked"] == 3
+    again = (tmp_path / "tokenize.json").read_bytes()
+    assert run(tmp_path)["spot_check"]["checked"] == 3
+    assert (tmp_path / "tokenize.json").read_bytes() == again  # the same sample, the same report
+
+    # one stored token id of c1 edited in place in the first (kept) shard
+    out = tmp_path / "tokenized"
+    row = load_from_disk(str(out)).with_format(None)[1]
+    assert row["id"] == "c1"
+    k = len(row["input_ids"]) // 2
+    made, edited = row["input_ids"][k], (row["input_ids"][k] + 1) % random_target.vocab_size
+    (shard,) = [s["file"] for s in json.loads((out / "meta.json").read_text())["shards"][:1]]
+    data = (out / shard).read_bytes()
+    stored = struct.pack(f"<{len(row['input_ids'])}q", *row["input_ids"])  # the row's ids
+    assert data.count(stored) == 1
+    ids_now = [*row["input_ids"][:k], edited, *row["input_ids"][k + 1 :]]
+    (out / shard).write_bytes(data.replace(stored, struct.pack(f"<{len(ids_now)}q", *ids_now)))
+    write_run(tmp_path, random_target, ids, changed, verify_sample=10)
+    before, report_before = output_files(out), (tmp_path / "tokenize.json").stat().st_mtime_ns
+    with pytest.raises(SystemExit) as failed:
+        run(tmp_path)
+    message = str(failed.value)
+    assert "spot-check of kept tokenized rows failed: conversation c1: row 0 input_ids" in message
+    assert f"first differs at position {k}: kept {edited} (" in message
+    assert f"now {made} (" in message
+    assert "Nothing was written" in message and "move tokenized aside" in message
+    assert "resume.verify_sample: 0" in message
+    assert output_files(out) == before
+    assert (tmp_path / "tokenize.json").stat().st_mtime_ns == report_before
+
+    # the user's other choice: keep the rows as they are, unchecked
+    write_run(tmp_path, random_target, ids, changed, verify_sample=0)
+    report = run(tmp_path)
+    assert report["spot_check"]["not_run"] == "resume.verify_sample is 0"
+    assert report["spot_check"]["checked"] == 0 and report["incremental"]["conversations_kept"] == 6
+    assert load_from_disk(str(out)).with_format(None)[1]["input_ids"][k] == edited
+
+
+def test_a_rows_difference_names_the_row_field_and_position():
+    from draftline.tokens.previous import rows_difference
+
+    class Tokens:
+        def convert_ids_to_tokens(self, i):
+            return f"t{i}"
+
+    row = {"id": "a", "part": 0, "input_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "seq_len": 3}
+    tok = Tokens()
+    assert rows_difference([row], [dict(row)], tok) is None
+    assert rows_difference([row], [], tok) == "it gives 0 rows now, 1 kept"
+    mask = {**row, "loss_mask": [0, 0, 1]}
+    assert (
+        rows_difference([row], [mask], tok)
+        == "row 0 loss_mask first differs at position 1: kept 1, now 0"
+    )
+    longer = {**row, "input_ids": [5, 6, 7, 8], "seq_len": 4}
+    assert rows_difference([row], [longer], tok) == (
+        "row 0 input_ids first differs at position 3: kept the row's end (3 tokens), now 8 ('t8')"
+    )
