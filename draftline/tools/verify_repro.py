@@ -9,8 +9,13 @@ The contract (README, docs/operations.md) and its tolerances are in `reproducibi
   work: prepared and mixed data, the shipped tiny target);
 - `may_differ`: stages whose outputs are byte-identical on the same machine and environment but
   follow from float kernels elsewhere (greedy answers at near ties, hidden states, the draft): a
-  difference is listed with its reason, never failed;
+  difference is listed with its reason and failed only where the stage's run record shows the
+  committed machine facts (MACHINE_KEYS: the same CPU, kernels, threads and versions), unless the
+  entry says `measured: true` (serving throughput differs on one machine too);
 - `within`: figures (`file#/json/pointer`) with an absolute or relative tolerance;
+- `paired`: per-prompt figures (`file#/pointer` to {prompt id: value}) compared prompt by prompt:
+  the interval of the mean paired difference (Student t, two-sided at 1 - 2 alpha, the
+  equivalence test's) must lie inside +-margin; the same prompts on both sides;
 - `reported`: figures compared and shown but never failed (serving throughput on a shared CPU).
 - `decisions`: the serving decisions per load: yes in one run and no in the other is outside;
   undecided on either side is not (the passes could not tell).
@@ -134,6 +139,7 @@ def compare_outputs(contract: dict, committed: dict, yours: dict) -> list[dict]:
     for kind in ("identical", "may_differ"):
         for entry in contract.get(kind, []):
             pattern, why = (entry, "") if isinstance(entry, str) else (entry["stage"], entry["why"])
+            measured = isinstance(entry, dict) and bool(entry.get("measured"))
             for stage in sorted(n for n in {*committed, *yours} if fnmatch.fnmatch(n, pattern)):
                 a, b = committed.get(stage), yours.get(stage)
                 differ = sorted(
@@ -149,7 +155,16 @@ def compare_outputs(contract: dict, committed: dict, yours: dict) -> list[dict]:
                             + " lock)"
                         ],
                     )
-                rows.append({"stage": stage, "kind": kind, "differ": differ, "ok": ok, "why": why})
+                rows.append(
+                    {
+                        "stage": stage,
+                        "kind": kind,
+                        "differ": differ,
+                        "ok": ok,
+                        "why": why,
+                        "measured": measured,
+                    }
+                )
     return rows
 
 
@@ -177,6 +192,53 @@ def compare_figures(root: Path, rev: str, contract: dict) -> list[dict]:
     return rows
 
 
+def paired_interval(diffs: list[float], alpha: float) -> tuple[float, float, float, float]:
+    """(mean, sd, low, high) of paired differences: the two-sided 1 - 2 alpha Student t interval
+    of their mean (one observation: the difference itself, no spread to estimate)."""
+    from scipy import stats
+
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    half = stats.t.ppf(1 - alpha, n - 1) * sd / n**0.5 if n > 1 and sd > 0 else 0.0
+    return mean, sd, mean - half, mean + half
+
+
+def compare_paired(root: Path, rev: str, contract: dict) -> list[dict]:
+    """One row per `paired` figure: the prompts' paired differences (yours - committed), their
+    mean and interval against +-margin. Outside: prompts on one side only (another eval set is
+    not a rerun), or an interval reaching past the margin."""
+    rows = []
+    for ref, spec in (contract.get("paired") or {}).items():
+        margin, alpha = spec["margin"], spec.get("alpha", 0.05)
+        committed, yours = figure(root, rev, ref), figure(root, None, ref)
+        row = {"figure": ref, "kind": "paired", "margin": margin, "alpha": alpha}
+        if not isinstance(committed, dict) or not isinstance(yours, dict) or not committed:
+            rows.append({**row, "ok": False, "why": "missing on one side"})
+            continue
+        if set(committed) != set(yours):
+            only = sorted(set(committed) ^ set(yours))
+            rows.append({**row, "ok": False, "why": f"other prompts: {', '.join(only[:3])}"})
+            continue
+        diffs = [yours[p] - committed[p] for p in sorted(committed)]
+        mean, sd, low, high = paired_interval(diffs, alpha)
+        ok = -margin - 1e-12 <= low and high <= margin + 1e-12
+        rows.append(
+            {
+                **row,
+                "prompts": len(diffs),
+                "changed": sum(d != 0 for d in diffs),
+                "mean": round(mean, 4),
+                "sd": round(sd, 4),
+                "low": round(low, 4),
+                "high": round(high, 4),
+                "ok": ok,
+                "why": "" if ok else f"the interval [{low:+.3f}, {high:+.3f}] leaves +-{margin:g}",
+            }
+        )
+    return rows
+
+
 CONTRADICTS = {("yes", "no"), ("no", "yes")}
 
 
@@ -196,7 +258,8 @@ def compare_decisions(root: Path, rev: str, contract: dict) -> list[dict]:
 
 
 def machine_differences(root: Path, rev: str) -> dict[str, dict]:
-    """{stage: {fact: [committed, yours]}} for the machine facts that differ (reports/machine/)."""
+    """{stage: {fact: [committed, yours]}} for the machine facts that differ (reports/machine/),
+    with an empty dict for a stage whose facts are all the committed ones (the same machine)."""
     out = {}
     for path in sorted((root / "reports" / "machine").glob("*.json")):
         rel = str(path.relative_to(root))
@@ -212,8 +275,7 @@ def machine_differences(root: Path, rev: str) -> dict[str, dict]:
                 b = b.get(k) if isinstance(b, dict) else None
             if a != b:
                 diff[".".join(keys)] = [a, b]
-        if diff:
-            out[path.stem] = diff
+        out[path.stem] = diff
     return out
 
 
@@ -227,6 +289,8 @@ def render(report: dict) -> str:
         state = (
             "same" if not row["differ"] else ("DIFFERS" if not row["ok"] else "differs (allowed)")
         )
+        if row["differ"] and row.get("same_machine") and not row["ok"]:
+            state = "DIFFERS on the committed machine"
         if not row.get("rerun", True):
             state = "not rerun (not compared)"
         lines.append(
@@ -247,6 +311,18 @@ def render(report: dict) -> str:
             f"  {row['figure']:<52} {row['committed']!s:>9} -> {row['yours']!s:<9} {diff:>9}  "
             f"tol {tolerance_text(row['tolerance']):<12} {mark}"
         )
+    for row in report.get("paired", []):
+        mark = "ok" if row["ok"] else "OUTSIDE"
+        if not row.get("rerun", True):
+            mark = "not rerun (not compared)"
+        if "mean" in row:
+            text = (
+                f"{row['prompts']} prompts, {row['changed']} changed, mean {row['mean']:+.4f} "
+                f"[{row['low']:+.4f}, {row['high']:+.4f}]"
+            )
+        else:
+            text = row["why"]
+        lines.append(f"  {row['figure']:<52} {text}  margin +-{row['margin']:g}  {mark}")
     for row in report.get("decisions", []):
         mark = "ok" if row["ok"] else "CONTRADICTS"
         if not row.get("rerun", True):
@@ -291,25 +367,32 @@ def verify(root: Path, rev: str = "HEAD", contract_path: Path | None = None) -> 
         )
     outputs = compare_outputs(contract, committed, yours)
     figures = compare_figures(root, rev, contract)
+    paired = compare_paired(root, rev, contract)
     decisions = compare_decisions(root, rev, contract)
+    machine = machine_differences(root, rev)
     for row in outputs:  # a stage not rerun holds the committed outputs: nothing to compare
         missing = row["stage"] not in committed or row["stage"] not in yours
         row["rerun"] = rerun.get(row["stage"], False) or missing
-    for row in [*figures, *decisions]:
+        # the committed machine facts: what may differ between machines must not differ here
+        row["same_machine"] = machine.get(row["stage"]) == {}
+        if row["kind"] == "may_differ" and row["same_machine"] and not row["measured"]:
+            row["ok"] = not row["differ"]
+    for row in [*figures, *paired, *decisions]:
         stage = stage_of_file(yours, row["figure"].partition("#")[0])
         row["rerun"] = rerun.get(stage, False) if stage else True
-    compared = [r for r in [*outputs, *figures, *decisions] if r["rerun"]]
+    compared = [r for r in [*outputs, *figures, *paired, *decisions] if r["rerun"]]
     failed = [r["stage"] for r in outputs if r["rerun"] and not r["ok"]] + [
-        r["figure"] for r in [*figures, *decisions] if r["rerun"] and not r["ok"]
+        r["figure"] for r in [*figures, *paired, *decisions] if r["rerun"] and not r["ok"]
     ]
     return {
         "rev": rev,
         "outputs": outputs,
         "figures": figures,
+        "paired": paired,
         "decisions": decisions,
         "not_rerun": sorted(stage for stage, ran in rerun.items() if not ran),
         "compared": len(compared),
-        "machine": machine_differences(root, rev),
+        "machine": {stage: facts for stage, facts in machine.items() if facts},
         "failed": failed,
     }
 

@@ -140,7 +140,7 @@ def test_an_untouched_checkout_has_nothing_rerun_to_compare_and_does_not_pass(co
 def test_a_stage_that_was_not_rerun_is_listed_and_not_compared(committed, capsys):
     """Only train reran (its record is new); mix and prepare@x hold the committed outputs and
     are said to be not compared, whatever their lock entries."""
-    write(committed, {"train": "OTHER"}, 3.40)
+    write(committed, {"train": "OTHER"}, 3.40, machine="AVX2")
     (committed / "dvc.lock").write_text(lock({"mix": "a", "prepare@x": "b", "train": "OTHER"}))
     report = verify(committed)
     assert report["not_rerun"] == ["mix", "prepare@x"] and report["failed"] == []
@@ -188,3 +188,65 @@ def test_run_facts_inside_the_regenerated_output_are_left_out_of_its_hash():
         ["dvc", "check-ignore", "datasets/regenerated/conversations.jsonl"], cwd=ROOT, check=False
     )
     assert kept.returncode == 1
+
+
+def test_on_the_committed_machine_what_may_differ_elsewhere_must_not(committed, capsys):
+    """The same machine facts in the stage's run record: the float stages' outputs must have the
+    committed bytes (the same-machine promise); a stage the contract calls measured (serving
+    throughput) may differ there too."""
+    contract = yaml.safe_load((committed / "reproducibility.yaml").read_text())
+    contract["may_differ"].append({"stage": "bench", "why": "measured", "measured": True})
+    (committed / "reproducibility.yaml").write_text(yaml.safe_dump(contract))
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "c", "bench": "B"}, 3.49, ran_at="c")
+    git(committed, "add", ".")
+    git(committed, "commit", "-qm", "a run with its benchmark")
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "OTHER", "bench": "X"}, 3.49)
+    report = verify(committed)
+    rows = {r["stage"]: r for r in report["outputs"]}
+    assert rows["train"]["same_machine"] and not rows["train"]["ok"]
+    assert rows["bench"]["ok"] and report["failed"] == ["train"]
+    with pytest.raises(VerifyError, match="outside the contract: train"):
+        main(["--root", str(committed)])
+    assert "DIFFERS on the committed machine" in capsys.readouterr().out
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "c", "bench": "X"}, 3.49)
+    assert verify(committed)["failed"] == []  # the same bytes again: within
+
+
+def per_prompt(root: Path, values: dict[str, float]) -> None:
+    (root / "reports/acceptance.detail.json").write_text(
+        json.dumps({"per_prompt_acceptance": values})
+    )
+
+
+def test_per_prompt_acceptance_is_compared_prompt_by_prompt(committed):
+    """`paired`: the same prompts' acceptance, the interval of the mean paired difference inside
+    the margin. A rerun that drifts on a few prompts passes; every prompt 0.3 lower (a headline
+    that `abs 0.3` would let through) fails, as does a run on other prompts."""
+    contract = yaml.safe_load((committed / "reproducibility.yaml").read_text())
+    ref = "reports/acceptance.detail.json#/per_prompt_acceptance"
+    contract["paired"] = {ref: {"margin": 0.1, "alpha": 0.05}}
+    (committed / "reproducibility.yaml").write_text(yaml.safe_dump(contract))
+    base = {f"p{i}": 2.0 + (i % 5) / 4 for i in range(24)}
+    per_prompt(committed, base)
+    git(committed, "add", ".")
+    git(committed, "commit", "-qm", "per-prompt figures")
+
+    def verdict(values: dict) -> dict:
+        write(committed, {"mix": "a", "prepare@x": "b", "train": "OTHER"}, 3.2, machine="AVX2")
+        per_prompt(committed, values)
+        report = verify(committed)
+        (row,) = report["paired"]
+        return row | {"failed": report["failed"]}
+
+    same = verdict(base)
+    assert same["ok"] and same["changed"] == 0 and same["low"] == same["high"] == 0
+    drift = {
+        p: v + (0.25 if p in ("p3", "p11") else -0.2 if p == "p7" else 0) for p, v in base.items()
+    }
+    row = verdict(drift)
+    assert row["ok"] and row["changed"] == 3 and row["failed"] == []
+    lower = verdict({p: v - 0.3 for p, v in base.items()})
+    assert not lower["ok"] and lower["mean"] == -0.3 and lower["failed"] == [ref]
+    assert "leaves +-0.1" in lower["why"]
+    other = verdict({**{p: v for p, v in base.items() if p != "p0"}, "q0": 2.0})
+    assert not other["ok"] and "other prompts: p0, q0" in other["why"]
