@@ -478,9 +478,11 @@ async def send_over_pool(
         await close_pool(pool)
 
 
-# the report's figures of this run only (timings, how the server happened to batch): they go to
-# the run's record, out of the hashed report (draftline/core/machine.py)
+# the report's figures of this run only (timings, how the server happened to batch, the port a
+# launched server got): they go to the run's record, out of the hashed report
+# (draftline/core/machine.py)
 RUN_FACTS = (
+    "url",
     "seconds",
     "conversations_per_s",
     "requests_per_s",

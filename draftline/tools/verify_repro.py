@@ -15,7 +15,9 @@ The contract (README, docs/operations.md) and its tolerances are in `reproducibi
 - `within`: figures (`file#/json/pointer`) with an absolute or relative tolerance;
 - `paired`: per-prompt figures (`file#/pointer` to {prompt id: value}) compared prompt by prompt:
   the interval of the mean paired difference (Student t, two-sided at 1 - 2 alpha, the
-  equivalence test's) must lie inside +-margin; the same prompts on both sides;
+  equivalence test's) must lie inside +-margin; the same prompts on both sides. `margin:
+  committed_interval` takes the half-width of the committed run's own interval of its mean at
+  the same confidence: a rerun may differ by less than the eval set resolves, not by more;
 - `reported`: figures compared and shown but never failed (serving throughput on a shared CPU).
 - `decisions`: the serving decisions per load: yes in one run and no in the other is outside;
   undecided on either side is not (the passes could not tell).
@@ -214,8 +216,11 @@ def compare_paired(root: Path, rev: str, contract: dict) -> list[dict]:
         committed, yours = figure(root, rev, ref), figure(root, None, ref)
         row = {"figure": ref, "kind": "paired", "margin": margin, "alpha": alpha}
         if not isinstance(committed, dict) or not isinstance(yours, dict) or not committed:
-            rows.append({**row, "ok": False, "why": "missing on one side"})
+            rows.append({**row, "margin": 0.0, "ok": False, "why": "missing on one side"})
             continue
+        if margin == "committed_interval":  # what the committed run itself resolves
+            mean, _, low, _ = paired_interval(list(committed.values()), alpha)
+            margin = row["margin"] = round(mean - low, 4)
         if set(committed) != set(yours):
             only = sorted(set(committed) ^ set(yours))
             rows.append({**row, "ok": False, "why": f"other prompts: {', '.join(only[:3])}"})

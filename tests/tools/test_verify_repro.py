@@ -250,3 +250,48 @@ def test_per_prompt_acceptance_is_compared_prompt_by_prompt(committed):
     assert "leaves +-0.1" in lower["why"]
     other = verdict({**{p: v for p, v in base.items() if p != "p0"}, "q0": 2.0})
     assert not other["ok"] and "other prompts: p0, q0" in other["why"]
+
+
+def test_the_margin_can_be_what_the_committed_run_resolves(committed):
+    """margin committed_interval: the half-width of the committed run's own interval of its mean
+    (here 24 prompts of sd 0.36: 0.12 at 90%); every prompt 0.3 lower is outside it, a rerun with
+    the committed values inside."""
+    contract = yaml.safe_load((committed / "reproducibility.yaml").read_text())
+    ref = "reports/acceptance.detail.json#/per_prompt_acceptance"
+    contract["paired"] = {ref: {"margin": "committed_interval", "alpha": 0.05}}
+    (committed / "reproducibility.yaml").write_text(yaml.safe_dump(contract))
+    base = {f"p{i}": 2.0 + (i % 5) / 4 for i in range(24)}
+    per_prompt(committed, base)
+    git(committed, "add", ".")
+    git(committed, "commit", "-qm", "per-prompt figures")
+    write(committed, {"mix": "a", "prepare@x": "b", "train": "OTHER"}, 3.2, machine="AVX2")
+    (row,) = verify(committed)["paired"]
+    assert row["ok"] and row["margin"] == pytest.approx(0.1235, abs=1e-4)
+    per_prompt(committed, {p: v - 0.3 for p, v in base.items()})
+    (row,) = verify(committed)["paired"]
+    assert not row["ok"] and row["margin"] == pytest.approx(0.1235, abs=1e-4)
+
+
+def test_the_committed_default_run_0_3_lower_is_outside_the_shipped_contract(tmp_path):
+    """The shipped contract on the committed default's per-prompt acceptance: the same values
+    pass; every eval prompt 0.3 lower (a headline the old `abs 0.3` let through) fails."""
+    files = ["reproducibility.yaml"] + [
+        f"reports/{name}.detail.json" for name in ("acceptance", "acceptance_dev")
+    ]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text((ROOT / f).read_text())
+    write(tmp_path, {"train": "c"}, 3.0, ran_at="committed")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "the default")
+    write(tmp_path, {"train": "OTHER"}, 3.0, machine="AVX2")
+    report = verify(tmp_path)
+    rows = {r["figure"].split("#")[0]: r for r in report["paired"]}
+    assert all(r["ok"] and r["changed"] == 0 for r in rows.values())
+    detail = tmp_path / "reports/acceptance.detail.json"
+    data = json.loads(detail.read_text())
+    data["per_prompt_acceptance"] = {p: v - 0.3 for p, v in data["per_prompt_acceptance"].items()}
+    detail.write_text(json.dumps(data))
+    report = verify(tmp_path)
+    assert "reports/acceptance.detail.json#/per_prompt_acceptance" in report["failed"]
