@@ -25,6 +25,7 @@ LONGEST_FIRST = [
     "test_regenerate_real_server.py",
     "test_regenerate_slow_server.py",
     "test_regenerate_resume.py",
+    "test_regenerate_key.py",
     "test_regenerate_replay.py",
     "test_batch_server.py",
     "test_conversation_store.py",

@@ -39,6 +39,7 @@ from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
 from draftline.draft.checkpoint import architecture_of, read_draft_facts
 from draftline.draft.init_checks import InitMismatch, init_weights_problem, read_init_config
 from draftline.draft.preflight import check_vocab
+from draftline.engines.config import vllm_engine
 from draftline.probe.extraction import ProbeFailed, probe_offline, probe_online, probe_prompt_ids
 
 if TYPE_CHECKING:
@@ -158,12 +159,16 @@ def extraction_key(card: TargetCard, hs: HiddenStatesConfig, path: str) -> str:
     """sha256 of what decides whether `path` extracts this target: the card, the format and dtype,
     the vLLM settings (interpreter, endpoint, parallelism, memory, context length, extra arguments),
     online the transfer, and the code that runs and checks the extraction (SHAPES["probe"] of
-    draftline/core/shaping.py)."""
+    draftline/core/shaping.py). The interpreter is engines.vllm.python of ./params.yaml, resolved
+    (the one every vLLM launch of the run reads: draftline/engines/config.py vllm_engine)."""
     settings = {
         "code": shaping_fingerprint("probe"),
         # what the vLLM path runs with: the vLLM environment's pins (CPU and CUDA builds) and the
         # packages here that shape the check (draftline/core/derivation.py)
         "pins": pins("probe", vllm=True),
+        # ...and the interpreter that has vLLM: another one is another vLLM, whatever the pins of
+        # the project's vLLM environment say
+        "interpreter": vllm_engine().resolved_python(),
         "path": path,
         "format": hs.format,
         "dtype": hs.dtype,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftline.core.config import output_shaping
@@ -73,44 +74,66 @@ def answer_shaping_args(extra_args: list[str]) -> list[list[str]]:
 
 
 # the settings that are no regenerate param: answer_derivation's, as digests
-DERIVED = ("target_weights", "code", "pins")
+DERIVED = ("target_weights", "generation_config", "code", "pins")
 
 # what a rerun calls a changed setting (the others by their param's name)
 SETTING_NAMES = {
     "model": "target",
     "revision": "target revision",
     "target_weights": "target weights",
+    "generation_config": "target generation config",
     "chat_template_sha256": "chat template",
     "code": "the code that shapes them",
     "pins": "environment pins",
 }
 
 
+def generation_config_digest(model: str) -> str | None:
+    """sha256 of a local target's generation_config.json, its keys sorted: the decoding defaults
+    every engine applies to what a request leaves unset (the batch server's logits processors:
+    repetition_penalty...; transformers serve's do_sample, top_k; vLLM's --generation-config
+    auto). None for a hub id (its revision names it) or a target without one."""
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.dumps(json.loads(path.read_text()), sort_keys=True).encode()
+    except ValueError:  # not JSON: its bytes
+        data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest()
+
+
 def answer_derivation(card: TargetCard) -> Derivation:
     """The share of the answers' key (draftline/core/derivation.py) that is not a regenerate
-    param: the target's weights, the code that shapes the answers (SHAPES["regenerate"]: the
-    replay, the requests, the batch server's decoding) and the pins of the engines that answer
-    (the batch server's torch and transformers, the vLLM environment's pins)."""
+    param: the target's weights and generation config, the code that shapes the answers
+    (SHAPES["regenerate"]: the replay, the requests, the batch server's decoding) and the pins of
+    the engines that answer (the batch server's torch and transformers, the vLLM environment's
+    pins)."""
     return derive(
         "regenerate",
         params={},
-        inputs={"target_weights": weights_digest(card.model)},
+        inputs={
+            "target_weights": weights_digest(card.model),
+            "generation_config": generation_config_digest(card.model),
+        },
         vllm=True,
     )
 
 
 def regeneration_settings(cfg: RegenerateConfig, card: TargetCard) -> dict:
-    """Everything that shapes the answers: the target and its weights, its chat template, the
-    output-shaping regenerate params (draftline/regenerate/config.py), the answer-shaping launch
-    arguments, the code that shapes the answers and the engines' pins (`answer_derivation`, as
-    short digests: every line records them). A line made under other settings is superseded and
-    its conversation sent again."""
+    """Everything that shapes the answers: the target, its weights and generation config, its
+    chat template, the output-shaping regenerate params (draftline/regenerate/config.py), the
+    answer-shaping launch arguments, the code that shapes the answers and the engines' pins
+    (`answer_derivation`, as short digests: every line records them). A line made under other
+    settings is superseded and its conversation sent again."""
     parts = answer_derivation(card).parts
     weights = parts["inputs"]["target_weights"]
+    generation = parts["inputs"]["generation_config"]
     return {
         "model": card.model,
         "revision": card.revision,
         "target_weights": weights[:16] if weights else None,
+        "generation_config": generation[:16] if generation else None,
         "chat_template_sha256": card.chat_template_sha256,
         **output_shaping(cfg),
         "answer_shaping_args": answer_shaping_args(cfg.extra_args),
@@ -146,6 +169,9 @@ def wanted_settings(cfg: RegenerateConfig, card: TargetCard) -> Wanted:
     settings = plain(regeneration_settings(cfg, card))
     defaults = plain(output_shaping(RegenerateConfig()))
     defaults["answer_shaping_args"] = []
+    # a line made before the generation config was recorded: taken as made under today's (as
+    # migrate.py takes old-format lines as made by today's weights), not regenerated for it
+    defaults["generation_config"] = settings["generation_config"]
     return Wanted(fingerprint(settings), settings, defaults)
 
 

@@ -390,7 +390,9 @@ def run_builtin(cfg: TrainConfig, card: TargetCard, job: TrainJob, on_epoch):
     matches; each epoch's record to on_epoch."""
     paths, source = job.paths, job.source
     device = resolve_device(cfg.device)
-    inputs = {"data": job.data_sha256, "init": job.init_sha256, "vocab": dir_sha256(paths.vocab)}
+    # the vocabulary's maps are .npy files (d2t, t2d): the digest reads them, not only its json
+    vocab = dir_sha256(paths.vocab, ("*.json", "*.safetensors", "*.npy"))
+    inputs = {"data": job.data_sha256, "init": job.init_sha256, "vocab": vocab}
     wanted = run_derivation(
         cfg.model_dump(),
         card,
@@ -457,7 +459,10 @@ def train(
         else None,
         source=hidden_states_source(paths.hs),
         data_sha256=training_data_sha256(paths.tokenized, paths.hs),
-        init_sha256=dir_sha256(init_source) if init_source else None,
+        # an EAGLE / SpecForge init may hold its weights as pytorch_model.bin
+        init_sha256=dir_sha256(init_source, ("*.json", "*.safetensors", "*.bin", "*.pt"))
+        if init_source
+        else None,
     )
 
     with Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None) as live:
