@@ -392,11 +392,16 @@ def extract_hidden_states(
     todo = work.todo
     start = time.perf_counter()
     kept = [i for i in range(len(rows)) if i not in todo]
-    checked = StatesCheck(job.verify_sample, not_run="nothing to extract: the target is not loaded")
-    if todo and cfg.backend == "hf":
+    checked = StatesCheck(
+        job.verify_sample, not_run="resume.verify_sample is 0" if kept else "no file kept"
+    )
+    # kept files are recomputed whenever the stage reruns, also with nothing to extract: DVC
+    # reruns it when what it depends on changed, which is when kept files need the proof
+    if cfg.backend == "hf" and (todo or (kept and job.verify_sample > 0)):
         checked = run_hf(job, todo, kept)
-    elif todo:
+    elif cfg.backend != "hf":
         checked.not_run = "backend vllm: the states come from a server, not recomputed here"
+    if todo and cfg.backend != "hf":
         run_vllm(job, todo)
         missing, _ = resume.pending_rows(rows, out, H, store_dtype, False)
         if missing:

@@ -3,13 +3,14 @@ loaded for this run recomputes a few of them and the stored values must agree.
 
 A file is kept because the directory's key matches (draftline/hidden_states/resume.py `derivation`)
 and the file itself checks out (its header, shape, dtype and token ids). What neither sees: the
-values. So when the target is loaded anyway (backend hf, rows to extract), `resume.verify_sample`
+values. So with backend hf, before any row is extracted, `resume.verify_sample`
 kept rows (chosen by a fixed seed) are captured again, one row per forward, and compared with their
 files after the stored dtype's rounding: each value within TOLERANCE_ULPS ulps of the stored dtype
 (batch make-ups round fp32 states a little differently; another target differs by far more). A
 mismatch stops the stage before any file is written, naming the row, the largest difference and the
 user's choice. Not run, and said so in the report: backend vllm (the states come from a server),
-format fp8 (per-token scales), nothing kept, nothing to extract (the target is not loaded).
+format fp8 (per-token scales), nothing kept. A rerun with nothing to extract loads the target
+for the check all the same (the stage reran because something it depends on changed).
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def regenerate(
         log.info(f"regenerate: {reason.replace('_', ' ')}: {', '.join(lines)}")
 
     sent = Sent(None, [], time.perf_counter(), None)
-    if p.todo:
+    if p.todo or spot_checks(run, p):  # kept work is checked whenever the stage reruns
         sent = send(run, p)
     else:
         set_aside_superseded(
@@ -341,6 +341,14 @@ def send(run: RegenerateRun, p: Pending) -> Sent:
                     "regenerate: interrupted; finished conversations are kept, a rerun sends the rest"
                 ) from None
     return Sent(tally, seen, start, slots, spot)
+
+
+def spot_checks(run: RegenerateRun, p: Pending) -> bool:
+    """Whether the kept conversations are scored by the server answering now: some are kept,
+    resume.verify_sample asks for it, and the engine scores a prompt. Then a rerun with nothing to
+    send still starts the server (or asks the external one) to check them: DVC reruns the stage
+    when what it depends on changed, which is when kept answers need the proof."""
+    return bool(p.finished.done and run.verify.verify_sample > 0 and run.engine in SCORES_PROMPTS)
 
 
 def check_kept(

@@ -1232,6 +1232,9 @@ def test_kept_files_are_recomputed_before_they_are_trusted(subsets, random_targe
     assert spot["checked"] == 5 and spot["not_run"] is None
     assert spot["largest_gap"] <= spot["tolerance"] and spot["unit"] == "ulps of torch.bfloat16"
     assert report["reused"] == 18 and report["extracted_now"] == 2
+    # nothing to extract: the target is loaded for the check all the same
+    report = extract_hidden_states(cfg, random_target, paths, 64, verify_sample=4)
+    assert report["extracted_now"] == 0 and report["spot_check"]["checked"] == 4
 
     # the same files with every kept value nudged by 5%: same names, tokens and meta
     shutil.rmtree(out)
@@ -1252,5 +1255,8 @@ def test_kept_files_are_recomputed_before_they_are_trusted(subsets, random_targe
     assert {f.name: f.stat().st_mtime_ns for f in out.iterdir() if f.name != "meta.json"} == {
         k: v for k, v in written.items() if k != "meta.json"
     }
+    hs_path(out, 7).write_bytes((backup / hs_path(out, 7).name).read_bytes())
+    with pytest.raises(Exception, match="spot-check of kept hidden-state files failed: row"):
+        extract_hidden_states(cfg, random_target, paths, 64, verify_sample=3)  # none to extract
     report = extract_hidden_states(cfg, random_target, paths, 64, verify_sample=0)
     assert report["spot_check"]["not_run"] == "resume.verify_sample is 0"

@@ -73,3 +73,25 @@ def test_kept_answers_are_scored_and_a_server_on_another_model_stops_the_stage(
     )
     assert (workdir / "out/conversations.jsonl").read_bytes() == kept  # nothing moved or sent
     assert len(output_rows(workdir)) == 4
+
+    # nothing to send (the four kept prompts only): the kept ones are still scored, and caught
+    with batch_server(other.model, chatty_target.model, tmp_path / "served2") as url:
+        stage_dir(
+            workdir,
+            chatty_target,
+            rows[:4],
+            backend="external",
+            endpoints=[url],
+            external_engine="hf",
+            **common,
+        )
+        proc = run_stage(workdir)
+    assert proc.returncode != 0 and "the spot-check of kept conversations failed" in proc.stderr
+    assert (workdir / "out/conversations.jsonl").read_bytes() == kept
+
+    # and with the launched server on the target itself, nothing to send: scored and passed
+    stage_dir(workdir, chatty_target, rows[:4], port=free_port("127.0.0.1"), **common)
+    proc = run_stage(workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((workdir / "report.json").read_text())
+    assert report["sent"] == 0 and report["spot_check"]["checked"] == 4
