@@ -127,12 +127,16 @@ def rerun_stages(root: Path, rev: str) -> dict[str, bool]:
     return out
 
 
-def stage_of_file(lock: dict[str, dict[str, str]], file: str) -> str | None:
-    """The stage whose outputs hold `file` (an output itself, or inside an output directory)."""
-    for stage, outs in lock.items():
-        if any(file == p or file.startswith(p.rstrip("/") + "/") for p in outs):
-            return stage
-    return None
+def stage_of_file(lock: dict[str, dict[str, str]], file: str, ran=()) -> str | None:
+    """The stage whose outputs hold `file` (an output itself, or inside an output directory),
+    one that left a run record (`ran`) first: a lock keeps the entries of stages since renamed
+    (`evaluate` before `evaluate@eval`), and those never run again."""
+    holders = [
+        stage
+        for stage, outs in lock.items()
+        if any(file == p or file.startswith(p.rstrip("/") + "/") for p in outs)
+    ]
+    return next((s for s in holders if s in ran), holders[0] if holders else None)
 
 
 def compare_outputs(contract: dict, committed: dict, yours: dict) -> list[dict]:
@@ -383,7 +387,7 @@ def verify(root: Path, rev: str = "HEAD", contract_path: Path | None = None) -> 
         if row["kind"] == "may_differ" and row["same_machine"] and not row["measured"]:
             row["ok"] = not row["differ"]
     for row in [*figures, *paired, *decisions]:
-        stage = stage_of_file(yours, row["figure"].partition("#")[0])
+        stage = stage_of_file(yours, row["figure"].partition("#")[0], rerun)
         row["rerun"] = rerun.get(stage, False) if stage else True
     compared = [r for r in [*outputs, *figures, *paired, *decisions] if r["rerun"]]
     failed = [r["stage"] for r in outputs if r["rerun"] and not r["ok"]] + [

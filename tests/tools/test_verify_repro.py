@@ -295,3 +295,26 @@ def test_the_committed_default_run_0_3_lower_is_outside_the_shipped_contract(tmp
     detail.write_text(json.dumps(data))
     report = verify(tmp_path)
     assert "reports/acceptance.detail.json#/per_prompt_acceptance" in report["failed"]
+
+
+def test_a_figure_is_read_as_the_stage_that_ran_even_beside_a_stale_lock_entry(committed):
+    """A lock keeps the entry of a stage since renamed (`evaluate` before `evaluate@eval`) with
+    the same outputs; the figure belongs to the stage that left a run record, so a rerun of it
+    is compared, not said to be not rerun."""
+    contract = yaml.safe_load((committed / "reproducibility.yaml").read_text())
+    contract["may_differ"].append({"stage": "ev*", "why": "acceptance"})
+    (committed / "reproducibility.yaml").write_text(yaml.safe_dump(contract))
+    stages = {
+        "evaluate": {"cmd": "x", "outs": [{"path": "reports/acceptance.json", "md5": "old"}]},
+        "ev@eval": {"cmd": "x", "outs": [{"path": "reports/acceptance.json", "md5": "a"}]},
+    }
+    text = yaml.safe_dump({"schema": "2.0", "stages": stages})
+    (committed / "dvc.lock").write_text(text)
+    (committed / "reports/machine/ev@eval.json").write_text(json.dumps({"ran_at": "c"}))
+    git(committed, "add", ".")
+    git(committed, "commit", "-qm", "a lock with a stale entry")
+    (committed / "reports/machine/ev@eval.json").write_text(json.dumps({"ran_at": "rerun"}))
+    (committed / "reports/acceptance.json").write_text(json.dumps({"acceptance_length": 2.0}))
+    report = verify(committed)
+    (row,) = [r for r in report["figures"] if r["figure"].startswith("reports/acceptance")]
+    assert row["rerun"] and not row["ok"] and row["figure"] in report["failed"]
