@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.derivation import UNRECORDED, Derivation
 from draftline.core.io import read_json
-from draftline.core.shaping import CODE_CHANGED
 from draftline.tokens.chat import first_difference
 from draftline.tokens.output import FEATURES, short_sha
 
@@ -50,13 +50,10 @@ def previous_output(out: Path, key: dict) -> tuple[Previous | None, str]:
     except (OSError, ValueError, KeyError, TypeError):
         return None, "previous output without an index"
     if meta.get("key_sha256") != short_sha(key):
-        old = meta.get("key") if isinstance(meta.get("key"), dict) else {}
-        changed = sorted(k for k in key if old.get(k) != key[k])
-        others = [k for k in changed if k != "shaping_code"]
-        why = [f"made under another key ({', '.join(others)})"] if others else []
-        if "shaping_code" in changed:  # draftline/core/shaping.py, SHAPES["tokenize"]
-            why.append(CODE_CHANGED)
-        return None, "; ".join(why) or "made under another key (unrecorded)"
+        # what changed, named as every kept output names it ("params (max_length)", "the code
+        # that shapes them": draftline/core/derivation.py); `key` is a Derivation's record
+        changed = Derivation("tokenize", key["parts"]).changed(meta.get("key"))
+        return None, UNRECORDED if changed == [UNRECORDED] else f"{', '.join(changed)} changed"
     for shard in shards:
         for name, size in ((shard["file"], shard["bytes"]), (shard["freq"], None)):
             path = out / name

@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from draftline.core.card import TargetCard
 from draftline.core.config import output_shaping
+from draftline.core.derivation import Derivation, derive
 from draftline.core.io import file_sha256, read_json, text_sha256, write_meta
-from draftline.core.shaping import shaping_fingerprint
 from draftline.tokens.chat import end_of_turn_tokens
 from draftline.tokens.lines import Line, regenerated_lines
 from draftline.tokens.output import (
@@ -132,37 +132,40 @@ def template_special_tokens(tokenizer) -> dict:
     }
 
 
+def rows_derivation(
+    card: TargetCard, tokenizer, cfg: TokenizeConfig, template_kwargs: dict, stops: list[str]
+) -> Derivation:
+    """Everything the rows of a conversation depend on besides its line, as every kept output's
+    key is derived (draftline/core/derivation.py): the shaping tokenize params, the tokenizer and
+    the template it renders with (and what they read), the code that shapes the rows
+    (SHAPES["tokenize"], prose left out) and the pins of transformers, tokenizers and jinja2. A
+    previous output made under another key is tokenized again whole.
+    tests/tokens/test_rows_key.py changes each of them in turn and checks that wherever the rows
+    change, this key does."""
+    shaping = output_shaping(cfg)
+    shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
+    inputs = {
+        "tokenizer": tokenizer_sha256(tokenizer),
+        # the template the tokenizer renders with: the card's value while the card and the
+        # tokenizer's files agree, the files' where the card was not made again after an edit
+        "chat_template": text_sha256(template_source(tokenizer)),
+        "vocab_size": card.vocab_size,
+        "chat_template_kwargs": template_kwargs,
+        "end_of_turn_tokens": stops,
+        # the special tokens the template reads (bos_token...), and whether they are matched
+        "template_special_tokens": template_special_tokens(tokenizer),
+        "split_special_tokens": bool(
+            getattr(getattr(tokenizer, "backend_tokenizer", None), "encode_special_tokens", False)
+        ),
+    }
+    return derive("tokenize", params=shaping, inputs=inputs)
+
+
 def rows_key(
     card: TargetCard, tokenizer, cfg: TokenizeConfig, template_kwargs: dict, stops: list[str]
 ) -> dict:
-    """Everything the rows of a conversation depend on besides its line: a previous output made
-    under another key is tokenized again whole. tests/tokens/test_rows_key.py changes each of
-    them in turn and checks that wherever the rows change, this key does."""
-    import importlib.metadata as md
-
-    shaping = output_shaping(cfg)
-    shaping.pop("max_truncated_share", None)  # decides whether the stage passes, not the rows
-    key = {
-        # the code that shapes the rows, its prose left out (draftline/core/shaping.py)
-        "shaping_code": shaping_fingerprint("tokenize"),
-        "tokenizer_sha256": tokenizer_sha256(tokenizer),
-        # the template the tokenizer renders with: the card's value while the card and the
-        # tokenizer's files agree, the files' where the card was not made again after an edit
-        "chat_template_sha256": text_sha256(template_source(tokenizer)),
-        "vocab_size": card.vocab_size,
-        "params": shaping,
-        "chat_template_kwargs": template_kwargs,
-        "end_of_turn_tokens": stops,
-        "versions": {pkg: md.version(pkg) for pkg in ("transformers", "tokenizers", "jinja2")},
-    }
-    # Absent when they shape nothing (a template that reads no special token; special tokens
-    # matched as such), so that a key made before they were recorded still matches there.
-    if special := template_special_tokens(tokenizer):
-        key["template_special_tokens"] = special
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if getattr(backend, "encode_special_tokens", False):  # split_special_tokens: <|im_end|> as text
-        key["split_special_tokens"] = True
-    return key
+    """rows_derivation's record: what meta.json holds as `key` (its short sha as `key_sha256`)."""
+    return rows_derivation(card, tokenizer, cfg, template_kwargs, stops).record()
 
 
 # ---- the stage's work -------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def test_every_tokenize_param_is_classified(random_target):
     assert all(kind_of(TokenizeConfig, f) == "shaping" for f in KEYED_PARAMS)
     tok = card_tokenizer(random_target)
     key = rows_key(random_target, tok, TokenizeConfig(), {}, end_of_turn_tokens(tok))
-    assert set(key["params"]) == KEYED_PARAMS
+    assert set(key["parts"]["params"]) == KEYED_PARAMS
 
 
 def split_a_token(tok, ids: list[int]) -> list[int]:

@@ -484,13 +484,14 @@ def test_rows_survive_a_bookkeeping_edit_and_are_redone_when_the_code_that_shape
     """The rows' key holds the code of SHAPES["tokenize"] (draftline/core/shaping.py), read here
     from a copy of the source tree: an edit to tokenize.py (a progress label) keeps every row; an
     edit to chat.py's code tokenizes them all again, and the report says why."""
+    from draftline.core import derivation
+    from draftline.core.derivation import UNRECORDED
     from draftline.core.shaping import CODE_CHANGED, shaping_fingerprint
-    from draftline.tokens import tokenize as tokenization
     from draftline.tokens.output import short_sha
     from tests.core.test_shaping import copy_code, edit
 
     code = copy_code(tmp_path / "code")
-    monkeypatch.setattr(tokenization, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
+    monkeypatch.setattr(derivation, "shaping_fingerprint", lambda n: shaping_fingerprint(n, code))
     rng = random.Random(5)
     convs = [{"id": f"c{k}", **arithmetic(rng), "regeneration": {"run": 1}} for k in range(6)]
     root = tmp_path / "run"
@@ -509,13 +510,13 @@ def test_rows_survive_a_bookkeeping_edit_and_are_redone_when_the_code_that_shape
     assert again["conversations_tokenized"] == 6 and again["conversations_kept"] == 0
     assert dataset_files(root) == made  # the copy's edit runs nowhere: the same rows again
 
-    # an output made before: its key held chat.py's code and a hand-bumped ROW_FORMAT
+    # an output made before keys were derived (draftline/core/derivation.py): a flat key that
+    # held chat.py's code and a hand-bumped ROW_FORMAT; what made it is not recorded as parts
     meta = json.loads((root / "tokenized" / "meta.json").read_text())
-    del meta["key"]["shaping_code"]
-    meta["key"].update(row_format=1, chat_code_sha256="0" * 64)
+    meta["key"] = {"row_format": 1, "chat_code_sha256": "0" * 64, "params": {}}
     meta["key_sha256"] = short_sha(meta["key"])
     (root / "tokenized" / "meta.json").write_text(json.dumps(meta))
-    assert run(root)["incremental"]["all_tokenized_because"] == CODE_CHANGED
+    assert run(root)["incremental"]["all_tokenized_because"] == UNRECORDED
     assert dataset_files(root) == made
 
 
