@@ -193,7 +193,9 @@ def regenerate_stage(
             for p in prompts
         ],
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # as DVC runs it: the run's timings go to its record, out of the hashed report
+    # (draftline/core/machine.py run_facts)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DVC_STAGE": "regenerate"}
     proc = subprocess.run(
         [
             sys.executable,
@@ -212,16 +214,17 @@ def regenerate_stage(
     if proc.returncode != 0:
         raise SystemExit(f"regenerate stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = read_json(repo / "report.json")
+    facts = read_json(repo / "reports" / "machine" / "regenerate.json")["run_facts"]["report.json"]
     answers = {}
     for row in read_jsonl(repo / "regenerated" / "conversations.jsonl"):
         answers[row["id"]] = (row["messages"][-1].get("content") or "").strip()
     return {
-        "seconds": report["seconds"],
+        "seconds": facts["seconds"],
         "completion_tokens": report["completion_tokens"],
-        "tokens_per_s": report["completion_tokens_per_s"],
+        "tokens_per_s": facts["completion_tokens_per_s"],
         "ok": report["ok"],
         "failed": report["failed"],
-        "server": report.get("server"),
+        "server": facts.get("server"),
         "answers": answers,
         "settings": {
             k: regen[k]

@@ -166,7 +166,10 @@ def test_faults_sigkill_and_rerun_lose_nothing_duplicate_nothing(
     done = output_rows(workdir)
     ids = [r["id"] for r in done]
     assert len(ids) == len(set(ids)) == 30 and set(ids) == {r["id"] for r in rows}
-    assert done[: len(before)] == before  # kept as written, the new ones appended
+    # kept as written and first (their run), in the prompts' order once the run ended
+    # (regenerate's canonical order); the new ones after them
+    place = {r["id"]: i for i, r in enumerate(rows)}
+    assert done[: len(before)] == sorted(before, key=lambda r: place[r["id"]])
     report = read_json(workdir / "report.json")
     assert report["reused"] == len(before) and report["resume"]["bad_lines"] == 1
     assert report["sent"] == report["ok"] == 30 - len(before) and report["failed"] == 0
