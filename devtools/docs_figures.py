@@ -1239,6 +1239,13 @@ def make_exps_example(r: Reports) -> str:
     )
 
 
+def free_label(method: str) -> str:
+    """A benchmark.free method as the tables name it (its title, draftline/draft/free.py)."""
+    from draftline.draft.free import FREE_METHODS
+
+    return FREE_METHODS[method].title if method in FREE_METHODS else method
+
+
 def drafter_label(method: str) -> str:
     """A drafter as the tables name it (its label, draftline/draft/methods/); an unknown one as is."""
     return drafter(method).label if method in names() else method
@@ -1399,7 +1406,7 @@ def served_drafters(path: str, data: dict) -> str:
     loads = sorted(int(key.rsplit("_c", 1)[1]) for key in first if key.startswith("speedup_c"))
     rows = [
         [
-            drafter_label(method),
+            f"{free_label(method)} (no trained draft)" if f.get("free") else drafter_label(method),
             fmt(f["val_tau_sim"], ".2f") if f["val_tau_sim"] is not None else "-",
             fmt(f["served_acceptance_length"], ".2f"),
             f"{f['decision']}: {interval(f)} at k={fmt(f['k'], 'd')}",

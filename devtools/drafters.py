@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from draftline.benchmark.intervals import above, below, inside
 from draftline.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +137,40 @@ def served_figures(decisions: dict, level: dict, serve: int, acceptance) -> dict
     }
 
 
+def free_decision(f: dict, margin: float) -> str:
+    """A free method's speedup interval decided as a draft's is (draftline/benchmark/intervals.py)."""
+    iv = {"low": f["free_low"], "high": f["free_high"]}
+    if above(iv):
+        return "yes"
+    if below(iv):
+        return "no"
+    return "no_gain" if inside(iv, margin) else "undecided"
+
+
+def free_rows(verdict: dict, level: dict, serve: int) -> dict:
+    """The speculation served with no trained draft (benchmark.free) in the same run, a row each:
+    its speedup over the same baseline passes at every load, at its one k."""
+    rows = {}
+    for name, free in ((verdict.get("free") or {}).get("methods") or {}).items():
+        by_load = {
+            c: {
+                "decision": free_decision(f, verdict["margin"]),
+                "k": f["free_k"],
+                "speedup": f["free_speedup"],
+                "low": f["free_low"],
+                "high": f["free_high"],
+            }
+            for c, f in free["by_load"].items()
+        }
+        spec = (level.get("free") or {}).get(name) or {}
+        rows[name] = {
+            "val_tau_sim": None,
+            "free": True,
+            **served_figures(by_load, spec, serve, spec.get("acceptance_length")),
+        }
+    return rows
+
+
 def served(rev: str, root: Path = ROOT) -> dict:
     """Every method of one benchmark run with benchmark.compare: {name: method} of the compared
     drafts is their benchmark.compare name; their train figures from <draft>/train.json."""
@@ -166,6 +201,7 @@ def served(rev: str, root: Path = ROOT) -> dict:
             "val_tau_sim": tau,
             **served_figures(by_load, spec, serve, spec.get("acceptance_length")),
         }
+    methods.update(free_rows(v, level, serve))
     return {
         "params": {key: params[key] for key in SHARED},
         "methods": methods,

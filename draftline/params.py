@@ -10,7 +10,6 @@ import yaml
 from pydantic import ValidationError, model_validator
 
 from draftline.benchmark.config import BenchmarkConfig
-from draftline.benchmark.free import unavailable
 from draftline.core.config import (
     ParamsError,
     ResumeConfig,
@@ -21,6 +20,7 @@ from draftline.core.config import (
     shaping,
 )
 from draftline.data.config import Datasets, MixConfig, check_eval_sets, check_weights
+from draftline.draft.free import unavailable
 from draftline.draft.params import method_named, serving, titles
 from draftline.engines.config import EnginesConfig
 from draftline.evaluate.config import EvaluateConfig

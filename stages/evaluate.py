@@ -21,6 +21,7 @@ and with eval sets or drafts to compare, sets.json and the table sets.md.
 import sys
 from pathlib import Path
 
+from draftline.benchmark.config import BenchmarkConfig
 from draftline.core.config import stage_sections
 from draftline.core.errors import entry_point
 from draftline.core.threads import apply_thread_policy
@@ -40,9 +41,14 @@ def main(
 ) -> None:
     if unknown := sorted(set(flags) - {"--dev"}):
         raise SystemExit(f"error: unknown options {unknown}; known: --dev")
-    # train: train.init and its conversion flags, the draft fine-tuning started from (compared)
+    # train: train.init and its conversion flags, the draft fine-tuning started from (compared);
+    # benchmark: its `free` methods, replayed over the same greedy outputs
     params = stage_sections(
-        samples=int, evaluate=EvaluateConfig, engines=EnginesConfig, train=TrainConfig
+        samples=int,
+        evaluate=EvaluateConfig,
+        engines=EnginesConfig,
+        train=TrainConfig,
+        benchmark=BenchmarkConfig,
     )
     apply_thread_policy("evaluate")  # before torch loads: draftline/core/threads.py
     from draftline.core.io import write_metrics

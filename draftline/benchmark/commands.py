@@ -59,7 +59,7 @@ def free_serve_command(
     k: int,
     port: int | None = None,
 ) -> list[str]:
-    """The server command line of a benchmark.free method (draftline/benchmark/free.py): no draft
+    """The server command line of a benchmark.free method (draftline/draft/free.py): no draft
     model, k tokens per step from the method itself; `port` as benchmark_serve_command's."""
     draft = served_engine(engine).free_draft(cfg, method, k)
     return engine_serve_command(card, _serve(engine, cfg, port, draft))

@@ -9,7 +9,6 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from draftline.benchmark.engine_kinds import engine_served
-from draftline.benchmark.free import DEFAULT_FREE, UnknownFreeMethod, free_method
 from draftline.core.config import (
     TIE_TOLERANCE,
     Port,
@@ -19,6 +18,7 @@ from draftline.core.config import (
     shaping,
 )
 from draftline.core.errors import DraftlineError
+from draftline.draft.free import DEFAULT_FREE, UnknownFreeMethod, free_method
 
 
 class BenchmarkError(DraftlineError):
@@ -71,7 +71,7 @@ class SglangBenchConfig(Section):
 
 
 class FreeBenchConfig(Section):
-    """One method of benchmark.free: served with no draft at one k (draftline/benchmark/free.py)."""
+    """One method of benchmark.free: served with no draft at one k (draftline/draft/free.py)."""
 
     # draft tokens per step of its one server (vLLM num_speculative_tokens)
     k: int = shaping(2, ge=1)
@@ -136,7 +136,7 @@ class BenchmarkConfig(TargetPlacement):
     # speculation that needs no trained draft, {method: {k, speculative_config}}: one server each,
     # beside the draft's against the same baseline; the verdict says per load whether the draft
     # beats it (paired interval) and deploy.json names the better one. Registered methods:
-    # draftline/benchmark/free.py (ngram; suffix where arctic-inference installs). Measured by the
+    # draftline/draft/free.py (ngram; suffix where arctic-inference installs). Measured by the
     # engines that serve it (vLLM); another engine's report says it was not measured
     free: dict[str, FreeBenchConfig] = shaping(DEFAULT_FREE, validate_default=True)
     # device, device_map, dtype (TargetPlacement): hf only

@@ -13,7 +13,6 @@ import urllib.request
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from draftline.benchmark.engine_kinds import SERVED, forget_kind, register_kind
-from draftline.benchmark.free import free_method
 from draftline.benchmark.hf import benchmark_hf
 from draftline.benchmark.spec_metrics import (
     add_counters,
@@ -23,6 +22,7 @@ from draftline.benchmark.spec_metrics import (
 )
 from draftline.benchmark.sweep import Sweep
 from draftline.draft.checkpoint import draft_method, load_draft
+from draftline.draft.free import free_method
 from draftline.draft.methods import drafter, serving, titles
 from draftline.engines.commands import SpeculativeDraft
 from draftline.engines.probes import EngineProbe, engine_probe
@@ -67,7 +67,7 @@ class ServedEngine(Protocol):
 
     def free_draft(self, cfg: BenchmarkConfig, method: str, k: int) -> SpeculativeDraft:
         """The speculative part of its serve command for a method that needs no trained draft
-        (benchmark.free, draftline/benchmark/free.py), drafting k tokens per step; NoServer where
+        (benchmark.free, draftline/draft/free.py), drafting k tokens per step; NoServer where
         it serves none."""
 
     def given_draft(self, cfg: BenchmarkConfig) -> str | None:

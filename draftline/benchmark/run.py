@@ -27,10 +27,10 @@ from draftline.benchmark.commands import (
 from draftline.benchmark.config import BenchmarkError
 from draftline.benchmark.engines import engine_named, served_engines
 from draftline.benchmark.forecast import read_points as read_forecast_points
-from draftline.benchmark.free import free_method
 from draftline.benchmark.preflight import preflight_deploy
 from draftline.core.card import TargetCard
 from draftline.core.io import read_json, read_jsonl, write_json
+from draftline.draft.free import free_method
 from draftline.draft.sglang_export import SglangExportError, export_sglang
 from draftline.engines.preflight import PreflightError
 from draftline.evaluate.context import deploy_context, served_context_limit

@@ -85,7 +85,7 @@ class Mode:
     draft_path: str | None
     k: int | None
     draft: str | None = None  # None: this run's draft; else the benchmark.compare / free name
-    free: bool = False  # `draft` names a benchmark.free method (draftline/benchmark/free.py)
+    free: bool = False  # `draft` names a benchmark.free method (draftline/draft/free.py)
 
     @property
     def speculative(self) -> bool:

@@ -13,9 +13,9 @@ import math
 from draftline.benchmark import intervals
 from draftline.benchmark.costs import CostModel, cost_model, model_break_even, needs, step_costs
 from draftline.benchmark.forecast import build_report
-from draftline.benchmark.free import free_method
 from draftline.benchmark.sweep import Level
 from draftline.benchmark.verdict_words import verdict_words
+from draftline.draft.free import free_method
 
 
 def paired(spec: dict, base: dict) -> list[float]:

@@ -373,7 +373,7 @@ def generate_offline_data_command(run: OfflineDataRun) -> list[str]:
 @dataclass(frozen=True)
 class SpeculativeDraft:
     """The draft a vLLM or SGLang server attaches, in the engine's own terms; path None for a
-    method that needs no draft model (vLLM's ngram, suffix: draftline/benchmark/free.py)."""
+    method that needs no draft model (vLLM's ngram, suffix: draftline/draft/free.py)."""
 
     path: str | None
     method: str  # vLLM speculative_config.method, SGLang --speculative-algorithm

@@ -37,6 +37,7 @@ from draftline.evaluate.acceptance import (
     simulated_acceptance,
 )
 from draftline.evaluate.context import by_context
+from draftline.evaluate.lookup import free_acceptance
 from draftline.evaluate.paired import per_prompt_acceptance
 from draftline.tokens.chat import chat_prompt_ids, first_turn_prompt
 
@@ -118,12 +119,19 @@ def turn_prompts(models, row: dict, replies: list[list[int]]) -> list[int]:
 
 
 def measure_rows(
-    models, cfg: EvaluateConfig, aux_ids: list[int], rows: list[dict], first_turns: bool = False
+    models,
+    cfg: EvaluateConfig,
+    aux_ids: list[int],
+    rows: list[dict],
+    first_turns: bool = False,
+    free: dict | None = None,
 ) -> dict:
     """One draft on one set: every user turn of every row (first_turns: each row's first, as the
     headline asks the held-out split) decoded speculatively and greedily (the lossless check),
     acceptance length, tokens per step, per position and tau_sim, and each row's own acceptance
-    (its turns pooled: draftline/evaluate/paired.py pairs drafts over them)."""
+    (its turns pooled: draftline/evaluate/paired.py pairs drafts over them); with `free`
+    (benchmark.free), those methods replayed over the same greedy outputs
+    (draftline/evaluate/lookup.py)."""
     tally = EvaluationTally()
     row_of: dict[str, str] = {}  # each turn asked -> its row
     for row in rows:
@@ -155,16 +163,19 @@ def measure_rows(
             tally.steps, cfg.context_buckets, cfg.confidence, "verification step context"
         ),
         "per_prompt": per_prompt_acceptance(tally.steps, row_of.__getitem__),
+        **({"free": free_acceptance(free, tally.prompt_ids, tally.greedy, cfg.k)} if free else {}),
     }
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """What to measure: the sets' rows (the held-out split first) and the drafts (name -> its
-    speculators-format directory), this run's draft first."""
+    speculators-format directory), this run's draft first; `free` (benchmark.free): the methods
+    that need no draft, replayed over the target's greedy outputs of each set."""
 
     sets: dict[str, list[dict]]
     drafts: dict[str, Path]
+    free: dict = dataclasses.field(default_factory=dict)
 
 
 def compare_builtin(
@@ -182,8 +193,10 @@ def compare_builtin(
             log.info(f"evaluate: draft {draft_name} on {set_name} ({len(rows)} prompts)")
             # the split as the headline measured this run's draft on it: first turns only, so
             # every draft is measured on the same prompts there too
+            # the greedy outputs are the target's, the same whichever draft: replayed once
+            free = comparison.free if draft_name == TRAINED else None
             results[set_name][draft_name] = measure_rows(
-                models, cfg, card.aux_ids, rows, first_turns=set_name == HELD_OUT
+                models, cfg, card.aux_ids, rows, set_name == HELD_OUT, free
             )
     return {
         name: {draft: row[draft] for draft in comparison.drafts} for name, row in results.items()
@@ -219,14 +232,36 @@ def gains(results: dict) -> dict:
     }
 
 
+def free_columns(results: dict) -> list[str]:
+    """The benchmark.free methods any set's trained-draft row replayed (the table's columns)."""
+    names: list[str] = []
+    for row in results.values():
+        for name, f in ((row.get(TRAINED) or {}).get("free") or {}).items():
+            if f.get("replayed") and name not in names:
+                names.append(name)
+    return names
+
+
 def sets_table(results: dict, engine: str, k: int) -> str:
     """The set x draft table (markdown): acceptance length, tokens per step in brackets, and the
     gain over init when there is one; a set's prompts, with its turns where rows have several."""
     drafts = list(next(iter(results.values())))
     gain = gains(results)
-    header = ["set", "prompts", *drafts, *(["gain over init"] if gain else [])]
+    free = free_columns(results)
+    header = [
+        "set",
+        "prompts",
+        *drafts,
+        *(f"{name} (no draft)" for name in free),
+        *(["gain over init"] if gain else []),
+    ]
     lines = [
-        f"Acceptance length (tokens per step) at k = {k}, per eval set and draft; engine: {engine}.",
+        f"Acceptance length (tokens per step) at k = {k}, per eval set and draft; engine: {engine}."
+        + (
+            " No draft: replayed over the target's greedy outputs (draftline/evaluate/lookup.py)."
+            if free
+            else ""
+        ),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -240,6 +275,13 @@ def sets_table(results: dict, engine: str, k: int) -> str:
             r = row[draft]
             tps = "" if r["tokens_per_step"] is None else f" ({r['tokens_per_step']:.2f})"
             cells.append(f"{r['acceptance_length']:.3f}{tps}")
+        for name in free:
+            f = ((row.get(TRAINED) or {}).get("free") or {}).get(name) or {}
+            cells.append(
+                f"{f['acceptance_length']:.3f} ({f['tokens_per_step']:.2f})"
+                if f.get("replayed")
+                else "—"
+            )
         if gain:
             cells.append(f"{gain[name]:+.3f}" if name in gain else "")
         lines.append("| " + " | ".join(cells) + " |")

@@ -31,6 +31,7 @@ from draftline.evaluate.compare import (
     set_rows,
     sets_table,
 )
+from draftline.evaluate.lookup import free_acceptance
 from draftline.evaluate.paired import paired_report, paired_table
 from draftline.evaluate.vllm_engine import vllm_only_run, with_vllm
 
@@ -93,6 +94,10 @@ def measure(params, card: TargetCard, paths: Paths, others: dict[str, Path], set
         measured = evaluate_draft(cfg, card, draft, prompts, params.samples)
         if cfg.engine == "vllm" and not paths.dev:
             measured, failure = with_vllm(measured, cfg, card, draft, params.engines.vllm)
+    if measured.greedy:  # speculation with no draft replayed over the same greedy outputs
+        measured.report["free"] = free_acceptance(
+            params.benchmark.free, measured.prompt_ids, measured.greedy, cfg.k
+        )
     if not paths.dev and failure is None:
         measured = with_comparison(measured, params, card, paths, Comparison(sets, others))
     plots = dict(measured.plots)
@@ -124,6 +129,7 @@ def builtin_figures(report: dict) -> dict | None:
         # as measure_rows gives it (the collapse test is the context summary's)
         "by_context": {k: v for k, v in report["by_context"].items() if k != "collapse"},
         "per_prompt": report.get("per_prompt_acceptance"),
+        "free": report.get("free"),
     }
 
 
@@ -138,7 +144,9 @@ def with_comparison(
     if not sets and len(drafts) == 1:
         return measured
     comparison = Comparison(
-        {HELD_OUT: list(read_jsonl(paths.prompts))[: cfg.prompts], **sets}, drafts
+        {HELD_OUT: list(read_jsonl(paths.prompts))[: cfg.prompts], **sets},
+        drafts,
+        params.benchmark.free,
     )
     builtin = builtin_figures(measured.report)
     if builtin is None:  # the target does not fit the built-in engine: vLLM measures each pair

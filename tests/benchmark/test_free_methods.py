@@ -1,4 +1,4 @@
-"""Speculation that needs no trained draft (benchmark.free, draftline/benchmark/free.py): the
+"""Speculation that needs no trained draft (benchmark.free, draftline/draft/free.py): the
 registry, the n-gram server's command (no draft model), the params checks, the servers the sweep
 adds, the verdict's paired draft-vs-n-gram comparison on recorded passes (checked against scipy by
 hand) and deploy.json naming the better one."""
@@ -16,7 +16,7 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from draftline.benchmark import free, intervals, verdict
+from draftline.benchmark import intervals, verdict
 from draftline.benchmark.commands import benchmark_serve_command, free_serve_command
 from draftline.benchmark.config import BenchmarkConfig
 from draftline.benchmark.engines import NoServer
@@ -25,6 +25,7 @@ from draftline.benchmark.server import sweep_modes
 from draftline.benchmark.sweep import Level, Sweep, levels_from
 from draftline.core.config import ParamsError
 from draftline.core.io import read_json
+from draftline.draft import free
 from draftline.params import parse_params
 from tests.engines.test_engines import (  # noqa: F401 - draft_dir: the fixture
     LOAD,

@@ -84,3 +84,34 @@ def test_runs_on_another_budget_or_missing_are_refused(repo):
         compare("base", ["short"], root=repo)
     with pytest.raises(SystemExit, match="no single experiment named 'nope'"):
         compare("base", ["nope"], root=repo)
+
+
+def test_speculation_with_no_draft_gets_a_row_decided_as_a_drafts_is():
+    from devtools.drafters import free_rows
+
+    def load(speedup, low, high):
+        return {"free_k": 2, "free_speedup": speedup, "free_low": low, "free_high": high}
+
+    verdict = {
+        "margin": 0.05,
+        "free": {
+            "methods": {
+                "ngram": {
+                    "by_load": {
+                        "1": load(0.48, 0.42, 0.55),
+                        "4": load(1.01, 0.97, 1.04),
+                        "16": load(1.2, 1.1, 1.3),
+                    }
+                }
+            }
+        },
+    }
+    level = {"free": {"ngram": {"acceptance_length": 1.38, "passes": 12}}}
+    row = free_rows(verdict, level, 4)["ngram"]
+    assert row["free"] and row["val_tau_sim"] is None
+    assert (row["decision"], row["k"], row["speedup"]) == ("no_gain", 2, 1.01)
+    assert (row["speedup_c1"], row["low_c16"]) == (0.48, 1.1)
+    assert row["served_acceptance_length"] == 1.38 and row["passes"] == 12
+    verdict["free"]["methods"]["ngram"]["by_load"]["4"] = load(0.5, 0.44, 0.58)
+    assert free_rows(verdict, level, 4)["ngram"]["decision"] == "no"
+    assert free_rows({"margin": 0.05}, level, 4) == {}

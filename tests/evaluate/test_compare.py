@@ -94,16 +94,24 @@ def test_sets_and_drafts_side_by_side(tmp_path, trained_draft, eagle3_draft_dir)
     # the trained draft on the split is the headline's own measurement
     assert held[TRAINED]["acceptance_length"] == report["acceptance_length"]
     assert held[TRAINED]["tau_sim"] == report["tau_sim"]
-    # the draft it started from is the same weights here: the same figures, a gain of 0
+    # the draft it started from is the same weights here: the same figures, a gain of 0; the
+    # speculation with no draft is replayed once per set, beside the trained draft
+    free = {name: row[TRAINED].pop("free") for name, row in sets["results"].items()}
     assert held[INIT] == {**held[TRAINED], "lossless_checked_prompts": 3}
     assert chat2[INIT] == chat2[TRAINED] and sets["gain_over_init"] == {HELD_OUT: 0, "chat2": 0}
+    assert free[HELD_OUT] == report["free"]
+    ngram = free["chat2"]["ngram"]
+    assert ngram["replayed"] and ngram["k"] == 2 and ngram["prompts"] == 4  # every turn
+    assert 1.0 <= ngram["acceptance_length"] <= 3 and ngram["rounds"] >= 4
+    assert list(free[HELD_OUT]["ngram"]["per_prompt"]) == ["e0", "e1", "e2"]
     # two rows of two turns each, every turn checked lossless
     assert chat2[TRAINED]["prompts"] == 2 and chat2[TRAINED]["turns"] == 4
     assert chat2[TRAINED]["lossless_checked_prompts"] == 4
     assert chat2[TRAINED]["acceptance_length"] > chat2["other"]["acceptance_length"] >= 1.0
     table = (ws / "plots/sets.md").read_text()
-    assert "| set | prompts | trained | init | other | gain over init |" in table
+    assert "| set | prompts | trained | init | other | ngram (no draft) | gain over init |" in table
     assert f"| chat2 | 2 (4 turns) | {chat2[TRAINED]['acceptance_length']:.3f}" in table
+    assert f"| {ngram['acceptance_length']:.3f} ({ngram['tokens_per_step']:.2f}) |" in table
     assert "at k = 2" in table
     # paired over prompts (draftline/evaluate/paired.py): init is the same weights, so its gain is
     # 0 on every prompt; a row asked turn by turn is one prompt, its turns pooled

@@ -8,12 +8,15 @@ it. The benchmark serves each beside the draft's servers against the same baseli
 (draftline/benchmark/verdict.py `free_comparisons`). Callers ask `free_method(name)` and never
 compare a method's name.
 
-- `ngram` (prompt lookup, vLLM's own n-gram proposer; its CPU build runs it too): the k tokens that
-  followed the latest earlier occurrence of the context's last n tokens, n from prompt_lookup_max
-  down to prompt_lookup_min.
+- `ngram` (prompt lookup, vLLM's own n-gram proposer; its CPU build runs it too): the longest n in
+  [prompt_lookup_min, prompt_lookup_max] whose last n tokens of the context occurred earlier in it,
+  and the (up to) k tokens that followed that n-gram's earliest occurrence (vLLM's rule,
+  vllm/v1/spec_decode/ngram_proposer.py). It proposes from the context alone, so evaluate replays
+  it over the target's greedy outputs (`propose`; draftline/evaluate/lookup.py).
 - `suffix` (suffix decoding): Arctic Inference's suffix trees over the prompt and past responses;
   vLLM imports `arctic_inference` for it (`pip install arctic-inference`), not installable here:
-  the params check refuses it, naming the package, where the serving interpreter lacks it.
+  the params check refuses it, naming the package, where the serving interpreter lacks it. Its
+  trees grow over the responses the server has given, so it has no offline replay.
 
 Light on purpose: it imports nothing of draftline, so the params schema validates benchmark.free
 without the engines' code.
@@ -22,6 +25,7 @@ without the engines' code.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
 
@@ -47,6 +51,10 @@ class FreeMethod(Protocol):
 
     def vllm_speculative(self, k: int, settings: dict) -> dict:
         """vLLM's speculative_config at k draft tokens per step: no draft model."""
+
+    def propose(self, context: Sequence[int], k: int, settings: dict) -> list[int] | None:
+        """The draft tokens (at most k) it proposes after `context`, from the context alone; None
+        where proposing takes the serving engine's state (no offline replay)."""
 
 
 def _vllm(method: str, k: int, defaults: dict, settings: dict) -> dict:
@@ -84,6 +92,26 @@ class Ngram:
     def vllm_speculative(self, k: int, settings: dict) -> dict:
         return _vllm(self.name, k, self.defaults, settings)
 
+    def propose(self, context: Sequence[int], k: int, settings: dict) -> list[int] | None:
+        merged = {**self.defaults, **settings}
+        lo, hi = merged["prompt_lookup_min"], merged["prompt_lookup_max"]
+        size = len(context)
+        for n in range(min(hi, size - 1), lo - 1, -1):
+            tail = list(context[size - n :])
+            start = _earliest(context, tail, size - n)
+            if start is not None:
+                return list(context[start + n : start + n + k])
+        return []
+
+
+def _earliest(context: Sequence[int], ngram: list[int], before: int) -> int | None:
+    """The first position j < before where context[j : j + len(ngram)] is the n-gram."""
+    first, n = ngram[0], len(ngram)
+    for j in range(before):
+        if context[j] == first and list(context[j : j + n]) == ngram:
+            return j
+    return None
+
 
 class Suffix:
     name: ClassVar[str] = "suffix"
@@ -111,6 +139,9 @@ class Suffix:
     def vllm_speculative(self, k: int, settings: dict) -> dict:
         return _vllm(self.name, k, self.defaults, settings)
 
+    def propose(self, context: Sequence[int], k: int, settings: dict) -> list[int] | None:
+        return None  # its suffix trees hold the server's past responses
+
 
 FREE_METHODS: dict[str, FreeMethod] = {m.name: m for m in (Ngram(), Suffix())}
 
@@ -132,7 +163,7 @@ def free_method(name: str) -> FreeMethod:
     if name not in FREE_METHODS:
         raise UnknownFreeMethod(
             f"{name!r} is none of the registered free methods {', '.join(FREE_METHODS)} "
-            "(draftline/benchmark/free.py)"
+            "(draftline/draft/free.py)"
         )
     return FREE_METHODS[name]
 
