@@ -3,7 +3,9 @@ run: the evaluate stage's own measurement (draftline/evaluate/acceptance.py, bui
 rows of `pydoc_long` (draftline/data/pydoc_long.py) at the lengths given, for a run whose params
 leave the set off (the SmolLM2 recipe's). Writes OUT (JSON): the buckets with their intervals,
 reasoning vs answer, the draft's trained length and the prompts past it, the source text's
-version, and the wall time it took.
+version, the wall time it took, and `free`: the workspace's benchmark.free methods replayed over
+the same greedy outputs (draftline/evaluate/lookup.py: n-gram prompt lookup, where a long prompt
+gives it the most to copy), overall and per prompt.
 
     python -m devtools.context_eval <workspace> reports/recipe_smollm2/context_d500-emb-head-verdict.json \
         --lengths 512 1024 2048 4096 --per-length 2 --buckets 1024 2048 4096
@@ -38,11 +40,13 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     args = ap.parse_args()
 
+    from draftline.benchmark.config import BenchmarkConfig
     from draftline.core.card import TargetCard
     from draftline.data.pydoc_long import PydocLongConfig, build_rows, reference
     from draftline.evaluate import acceptance
     from draftline.evaluate.config import EvaluateConfig
     from draftline.evaluate.context import beyond_trained
+    from draftline.evaluate.lookup import free_acceptance
     from draftline.train.data import trained_rows
 
     out = args.out.resolve()
@@ -68,6 +72,8 @@ def main() -> None:
     if trained is None:  # a draft trained before train recorded it: from its data and pack_len
         lengths = {i: len(ids) + len(run.greedy.get(i, [])) for i, ids in run.prompt_ids.items()}
         report["trained_length"] = beyond_trained(lengths, rows_trained["longest"])
+    free = BenchmarkConfig.model_validate(params.get("benchmark") or {}).free
+    replayed = free_acceptance(free, run.prompt_ids, run.greedy, cfg.k)
     ref = reference()
     write_json(
         out,
@@ -89,6 +95,8 @@ def main() -> None:
             "trained_length": report["trained_length"],
             "trained_rows": rows_trained,
             "lossless_checked_prompts": report["lossless_checked_prompts"],
+            "per_prompt": report.get("per_prompt_acceptance"),
+            "free": replayed,
             "seconds": seconds,
         },
     )

@@ -547,4 +547,6 @@ def test_fine_tune_from_the_draft_shows_start_and_trained_side_by_side(repo):
         assert all(row[d]["acceptance_length"] >= 1.0 for d in row)
     assert set(sets["gain_over_init"]) == {"heldout", "chitchat_more"}
     table = (repo / "reports/evaluate/sets.md").read_text()
-    assert "| set | prompts | trained | init | gain over init |" in table
+    # the n-gram prompt lookup of benchmark.free, replayed over the target's greedy outputs
+    assert "| set | prompts | trained | init | ngram (no draft) | gain over init |" in table
+    assert all(row["trained"]["free"]["ngram"]["replayed"] for row in sets["results"].values())

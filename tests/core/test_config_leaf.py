@@ -5,7 +5,9 @@ import cycle runs through the configs, and an edit to one phase's config reruns 
 stages (with check_params). One exception: train's config takes train.method's names and sections
 from the methods' facts (draftline/draft/params/), which import only core/ and themselves when they
 run; what the drafters do (draftline/draft/methods/) is only in the closure of the stages that run
-them, so an edit to a drafter's forward reruns neither hidden_states nor check_params."""
+them, so an edit to a drafter's forward reruns neither hidden_states nor check_params. Likewise
+benchmark's config takes benchmark.free's names and defaults from the registry of the methods that
+need no draft (draftline/draft/free.py), which imports nothing of the project."""
 
 import ast
 from pathlib import Path
@@ -25,6 +27,10 @@ def project_imports(path: Path) -> set[str]:
     return {n for n in imported if n.split(".")[0] in ("draftline", "stages") or n.startswith(".")}
 
 
+def test_the_free_methods_registry_imports_nothing_of_the_project():
+    assert not project_imports(ROOT / "draftline/draft/free.py")
+
+
 def test_core_config_imports_no_project_module():
     assert project_imports(ROOT / "draftline/core/config.py") == {"draftline.core.errors"}
     assert project_imports(ROOT / "draftline/core/errors.py") == {
@@ -37,7 +43,12 @@ def test_core_config_imports_no_project_module():
 
 # what a phase's config may import beyond core/ and its own package, and why: each method's facts
 # module owns train.method's name, its params section and the train params it refuses
-ALSO = {"draftline/train/config.py": ("draftline.draft.params",)}
+ALSO = {
+    "draftline/train/config.py": ("draftline.draft.params",),
+    # the registry of speculation with no draft owns benchmark.free's names and defaults; evaluate
+    # replays them too, so it lives beside the drafters, not in benchmark/
+    "draftline/benchmark/config.py": ("draftline.draft.free",),
+}
 
 
 def test_a_phase_config_imports_only_core_and_its_own_package():
