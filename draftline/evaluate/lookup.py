@@ -61,7 +61,8 @@ def free_acceptance(free: dict, prompt_ids: dict, greedy: dict, k: int) -> dict:
             rounds += r
             emitted += e
             drafted += d
-            per_prompt[pid] = mean(r)
+            if r:  # an empty output has no step to count (as the draft's per-prompt figures)
+                per_prompt[pid] = mean(r)
         summary = acceptance_summary(rounds, k, emitted)
         with_proposal = [r for r, d in zip(rounds, drafted, strict=True) if d]
         out[name] = {

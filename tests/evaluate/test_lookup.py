@@ -76,6 +76,9 @@ def test_free_acceptance_reports_each_method_and_says_which_cannot_replay():
     assert ngram["acceptance_length_drafted"] == 3
     assert ngram["per_prompt"] == {"a": pytest.approx(5 / 3, abs=1e-4), "b": 1.0}
     assert out["suffix"] == {"replayed": False, "why": "suffix decoding has no offline replay"}
+    # a prompt the target answered with nothing has no step: no per-prompt figure, no round
+    empty = free_acceptance(free, {**prompts, "c": [1, 2]}, {**greedy, "c": []}, 3)["ngram"]
+    assert "c" not in empty["per_prompt"] and empty["rounds"] == 5 and empty["prompts"] == 3
     assert Suffix().propose([1, 2, 1, 2], 2, {}) is None
 
 
